@@ -1,0 +1,51 @@
+"""Wiring in one place: which adapters serve the ports, made once per process, lazily."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketlearn.config import Settings, load_settings
+from bucketlearn.ports import BlobStore, Registry, TaskQueue
+
+
+@dataclass
+class Services:
+    """Everything a service function needs; built by ``google_services`` or ``memory_services``."""
+
+    settings: Settings
+    store: BlobStore
+    queue: TaskQueue
+    registry: Registry
+    clock: Callable[[], float] = time.time
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+def google_services(settings: Settings | None = None) -> Services:
+    """Services backed by Google Cloud (or the emulators named in the settings)."""
+    from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
+    from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
+    from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
+
+    settings = settings or load_settings()
+    return Services(settings=settings, store=GcsBlobStore(settings), queue=PubSubQueue(settings),
+                    registry=FirestoreRegistry(settings))
+
+
+@functools.lru_cache(maxsize=1)
+def process_services() -> Services:
+    """The process-wide Services for entry points (made on first use, then reused)."""
+    return google_services()
+
+
+def memory_services(settings: Settings | None = None) -> Services:
+    from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
+
+    return Services(settings=settings or Settings(), store=MemoryBlobStore(), queue=MemoryQueue(),
+                    registry=MemoryRegistry())

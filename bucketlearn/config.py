@@ -1,0 +1,317 @@
+"""Typed configuration in one place. Nothing else in bucketlearn reads ``os.environ``.
+
+Precedence for a job's options (documented in the README):
+
+    CLI flag  >  object metadata  >  environment (BUCKETLEARN_DEFAULT_<KEY>)  >  built-in default
+
+The CLI turns its flags into object metadata when it uploads, so inside the upload function the
+order is metadata > environment > default. Deployment settings (bucket names, topic, limits) come
+from the environment only; Terraform's ``env_vars`` output and the local stack set them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketlearn.errors import ConfigError
+
+ENV_PREFIX = "BUCKETLEARN_"
+DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
+MODEL_KINDS = ("auto", "mlp", "cnn")
+FAILURE_POLICIES = ("fail", "skip")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """How one upload option is parsed and bounded."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+
+OPTION_SPECS: tuple[OptionSpec, ...] = (
+    OptionSpec("label_column", str, None,
+               "name of the label column; default 'label' if present, else the last column"),
+    OptionSpec("epochs", int, 10, "passes over the training rows", 1, 1000),
+    OptionSpec("batch_size", int, 32, "rows per gradient step", 1, 8192),
+    OptionSpec("learning_rate", float, 0.001, "Adam learning rate", 1e-7, 1.0),
+    OptionSpec("rows_per_shard", int, 256, "training rows per task (one shard)", 8, 1_000_000),
+    OptionSpec("holdout_fraction", float, 0.2,
+               "share of every class kept out of training for evaluation", 0.01, 0.5),
+    OptionSpec("model", str, "auto", "model family: auto, mlp or cnn", choices=MODEL_KINDS),
+    OptionSpec("buffer_size", int, 2,
+               "deltas folded into each new version (FedBuff K)", 1, 1000),
+    OptionSpec("max_staleness", int, 16,
+               "deltas whose base is more versions behind the head are retrained", 0, 100_000),
+    OptionSpec("seed", int, 0, "seed for the split, initial weights and shuffling", 0, 2**31 - 1),
+    OptionSpec("max_failed_tasks", int, 0,
+               "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
+               0, 1_000_000),
+)
+OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
+_SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The options one job trains with; every field is validated."""
+
+    label_column: str | None = None
+    epochs: int = 10
+    batch_size: int = 32
+    learning_rate: float = 0.001
+    rows_per_shard: int = 256
+    holdout_fraction: float = 0.2
+    model: str = "auto"
+    buffer_size: int = 2
+    max_staleness: int = 16
+    seed: int = 0
+    max_failed_tasks: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> JobOptions:
+        return cls(**{k: v for k, v in values.items() if k in OPTION_NAMES})
+
+    def with_overrides(self, **overrides: Any) -> JobOptions:
+        """Return a copy with the non-None overrides applied (after validation)."""
+        parsed = {k: parse_option(k, v, "override") for k, v in overrides.items() if v is not None}
+        return dataclasses.replace(self, **parsed)
+
+    def to_metadata(self, only: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Object metadata (strings) for the options in ``only`` (all when None)."""
+        values = self.to_dict() if only is None else dict(only)
+        return {k: str(v) for k, v in values.items() if v is not None}
+
+
+def parse_option(name: str, raw: Any, source: str) -> Any:
+    """Parse one option value; raise ConfigError naming the key, the expectation and the value."""
+    spec = _SPEC_BY_NAME.get(name)
+    if spec is None:
+        raise ConfigError(name, "one of " + ", ".join(OPTION_NAMES), name, source)
+    if raw is None:
+        return None
+    if spec.kind is str:
+        value = str(raw).strip()
+        if spec.choices is not None:
+            value = value.lower()
+            if value not in spec.choices:
+                raise ConfigError(name, "one of " + ", ".join(spec.choices), raw, source)
+        elif not value or len(value) > 256:
+            raise ConfigError(name, "a non-empty name of at most 256 characters", raw, source)
+        return value
+    if spec.kind is int:
+        if isinstance(raw, bool):
+            raise ConfigError(name, "a whole number", raw, source)
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise ConfigError(name, _range_text("a whole number", spec), raw, source) from None
+    else:
+        try:
+            value = float(str(raw).strip()) if not isinstance(raw, (int, float)) else float(raw)
+        except ValueError:
+            raise ConfigError(name, _range_text("a number", spec), raw, source) from None
+        if not math.isfinite(value):
+            raise ConfigError(name, _range_text("a finite number", spec), raw, source)
+    if (spec.minimum is not None and value < spec.minimum) or (
+        spec.maximum is not None and value > spec.maximum
+    ):
+        noun = "a whole number" if spec.kind is int else "a number"
+        raise ConfigError(name, _range_text(noun, spec), raw, source)
+    return value
+
+
+def _range_text(noun: str, spec: OptionSpec) -> str:
+    return f"{noun} from {spec.minimum:g} to {spec.maximum:g}"
+
+
+def resolve_options(
+    metadata: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> JobOptions:
+    """Build JobOptions: overrides (CLI) > metadata > environment defaults > built-in defaults.
+
+    Args:
+        metadata: the uploaded object's custom metadata. Keys that are not options are ignored
+            (other tools add their own), but a key that looks like ours with a typo is not
+            silently dropped: keys are compared with '-' and '_' folded.
+        overrides: values given on the command line (None means "not given").
+        environ: the environment to read defaults from (``os.environ`` when None).
+
+    Raises:
+        ConfigError: a value is of the wrong type or out of range.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for spec in OPTION_SPECS:
+        env_key = DEFAULT_OPTION_PREFIX + spec.name.upper()
+        if env.get(env_key) not in (None, ""):
+            values[spec.name] = parse_option(spec.name, env[env_key], f"environment {env_key}")
+    for key, raw in (metadata or {}).items():
+        name = normalize_option_key(key)
+        if name in _SPEC_BY_NAME:
+            values[name] = parse_option(name, raw, "object metadata")
+    for key, raw in (overrides or {}).items():
+        if raw is not None:
+            values[key] = parse_option(key, raw, "command line")
+    return JobOptions(**values)
+
+
+def normalize_option_key(key: str) -> str:
+    """Fold metadata spellings ('Batch-Size', 'x-goog-meta-epochs') onto option names."""
+    folded = key.strip().lower().replace("-", "_")
+    if folded.startswith("x_goog_meta_"):
+        folded = folded[len("x_goog_meta_"):]
+    return folded
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input limits, enforced before expensive work."""
+
+    max_file_bytes: int = 2 * 1024**3
+    max_columns: int = 20_000
+    max_classes: int = 1_000
+    max_line_bytes: int = 16 * 1024**2
+    max_tasks_per_epoch: int = 10_000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where bucketlearn's state lives, and how hard it tries. Read from the environment."""
+
+    project: str = "bucketlearn-local"
+    uploads_bucket: str = "bucketlearn-uploads"
+    work_bucket: str = "bucketlearn-work"
+    deltas_bucket: str = "bucketlearn-deltas"
+    models_bucket: str = "bucketlearn-models"
+    tasks_topic: str = "bucketlearn-tasks"
+    tasks_subscription: str = "bucketlearn-tasks-workers"
+    firestore_database: str = "(default)"
+    storage_emulator_host: str | None = None
+    pubsub_emulator_host: str | None = None
+    firestore_emulator_host: str | None = None
+    max_task_attempts: int = 5
+    ack_deadline_seconds: int = 60
+    lease_seconds: float = 120.0
+    max_event_age_seconds: float = 24 * 3600.0
+    eval_max_rows: int = 5_000
+    log_format: str = "text"
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def uses_emulators(self) -> bool:
+        return bool(self.storage_emulator_host or self.pubsub_emulator_host
+                    or self.firestore_emulator_host)
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that reproduce these settings in another process."""
+        env = {
+            "GOOGLE_CLOUD_PROJECT": self.project,
+            "BUCKETLEARN_PROJECT": self.project,
+            "BUCKETLEARN_UPLOADS_BUCKET": self.uploads_bucket,
+            "BUCKETLEARN_WORK_BUCKET": self.work_bucket,
+            "BUCKETLEARN_DELTAS_BUCKET": self.deltas_bucket,
+            "BUCKETLEARN_MODELS_BUCKET": self.models_bucket,
+            "BUCKETLEARN_TASKS_TOPIC": self.tasks_topic,
+            "BUCKETLEARN_TASKS_SUBSCRIPTION": self.tasks_subscription,
+            "BUCKETLEARN_FIRESTORE_DATABASE": self.firestore_database,
+            "BUCKETLEARN_MAX_TASK_ATTEMPTS": str(self.max_task_attempts),
+            "BUCKETLEARN_LOG_FORMAT": self.log_format,
+        }
+        for key, value in (
+            ("STORAGE_EMULATOR_HOST", self.storage_emulator_host),
+            ("PUBSUB_EMULATOR_HOST", self.pubsub_emulator_host),
+            ("FIRESTORE_EMULATOR_HOST", self.firestore_emulator_host),
+        ):
+            if value:
+                env[key] = value
+        return env
+
+
+# Environment variable -> (Settings field, parser). The Terraform env_vars output sets these.
+SETTINGS_ENV: dict[str, tuple[str, type]] = {
+    "BUCKETLEARN_UPLOADS_BUCKET": ("uploads_bucket", str),
+    "BUCKETLEARN_WORK_BUCKET": ("work_bucket", str),
+    "BUCKETLEARN_DELTAS_BUCKET": ("deltas_bucket", str),
+    "BUCKETLEARN_MODELS_BUCKET": ("models_bucket", str),
+    "BUCKETLEARN_TASKS_TOPIC": ("tasks_topic", str),
+    "BUCKETLEARN_TASKS_SUBSCRIPTION": ("tasks_subscription", str),
+    "BUCKETLEARN_FIRESTORE_DATABASE": ("firestore_database", str),
+    "BUCKETLEARN_MAX_TASK_ATTEMPTS": ("max_task_attempts", int),
+    "BUCKETLEARN_ACK_DEADLINE_SECONDS": ("ack_deadline_seconds", int),
+    "BUCKETLEARN_LEASE_SECONDS": ("lease_seconds", float),
+    "BUCKETLEARN_MAX_EVENT_AGE_SECONDS": ("max_event_age_seconds", float),
+    "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
+    "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
+}
+LIMITS_ENV: dict[str, str] = {
+    "BUCKETLEARN_MAX_FILE_BYTES": "max_file_bytes",
+    "BUCKETLEARN_MAX_COLUMNS": "max_columns",
+    "BUCKETLEARN_MAX_CLASSES": "max_classes",
+    "BUCKETLEARN_MAX_LINE_BYTES": "max_line_bytes",
+    "BUCKETLEARN_MAX_TASKS_PER_EPOCH": "max_tasks_per_epoch",
+}
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read Settings from the environment; raise ConfigError naming a bad variable."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    project = env.get("BUCKETLEARN_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT")
+    if project:
+        values["project"] = project
+    for key, (name, kind) in SETTINGS_ENV.items():
+        raw = env.get(key)
+        if raw in (None, ""):
+            continue
+        values[name] = _parse_env(key, raw, kind)
+    limits = {name: _parse_env(key, env[key], int) for key, name in LIMITS_ENV.items()
+              if env.get(key) not in (None, "")}
+    values["limits"] = Limits(**limits)
+    values["storage_emulator_host"] = env.get("STORAGE_EMULATOR_HOST") or None
+    values["pubsub_emulator_host"] = env.get("PUBSUB_EMULATOR_HOST") or None
+    values["firestore_emulator_host"] = env.get("FIRESTORE_EMULATOR_HOST") or None
+    settings = Settings(**values)
+    if settings.log_format not in ("text", "json"):
+        raise ConfigError("BUCKETLEARN_LOG_FORMAT", "'text' or 'json'", settings.log_format,
+                          "environment")
+    return settings
+
+
+def _parse_env(key: str, raw: str, kind: type) -> Any:
+    if kind is str:
+        return raw
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(key, f"a {'whole ' if kind is int else ''}number", raw,
+                          "environment") from None
+    if value <= 0:
+        raise ConfigError(key, "a positive number", raw, "environment")
+    return value
+
+
+def local_state_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Directory holding the local stack's state file and logs (BUCKETLEARN_HOME or ./.bucketlearn)."""
+    env = os.environ if environ is None else environ
+    return env.get("BUCKETLEARN_HOME") or os.path.join(os.getcwd(), ".bucketlearn")
+
+
+def environ_snapshot() -> dict[str, str]:
+    """A copy of the process environment, for starting child processes."""
+    return dict(os.environ)

@@ -1,0 +1,87 @@
+"""Errors: one base class, narrow subclasses, messages that say what was expected and found.
+
+Entry points map these to outcomes: a ``PermanentError`` rejects (ack, record the reason),
+a ``TransientError`` retries (nack / non-2xx), anything else is a bug and is retried too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BucketlearnError(Exception):
+    """Base class for every error bucketlearn raises on purpose."""
+
+
+class PermanentError(BucketlearnError):
+    """Retrying cannot help: the input or the job is wrong."""
+
+
+class TransientError(BucketlearnError):
+    """A backend was unavailable or contended; the same call may succeed later."""
+
+
+class ConfigError(PermanentError):
+    """A setting or an upload option has a value bucketlearn cannot use."""
+
+    def __init__(self, key: str, expected: str, found: Any, source: str = "") -> None:
+        self.key = key
+        self.expected = expected
+        self.found = found
+        self.source = source
+        where = f" (from {source})" if source else ""
+        super().__init__(f"option '{key}'{where}: expected {expected}; found: {found!r}")
+
+
+@dataclass
+class InputProblem:
+    """Where and why an uploaded file is unusable; travels into the REJECTED job document."""
+
+    file: str
+    message: str
+    row: int | None = None
+    column: str | None = None
+    expected: str | None = None
+    found: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One sentence naming the file, the row and column, what was expected and found."""
+        where = [self.file]
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.column is not None:
+            where.append(f"column '{self.column}'")
+        text = ", ".join(where) + ": " + self.message
+        if self.expected is not None:
+            text += f"; expected {self.expected}"
+        if self.found is not None:
+            text += f"; found: {self.found}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "row": self.row,
+            "column": self.column,
+            "message": self.message,
+            "expected": self.expected,
+            "found": self.found,
+        }
+
+
+class InvalidInputError(PermanentError):
+    """The uploaded CSV cannot be trained on; ``problem`` says where and why."""
+
+    def __init__(self, problem: InputProblem) -> None:
+        self.problem = problem
+        super().__init__(problem.describe())
+
+
+class NotFoundError(BucketlearnError):
+    """A blob, job or version that was asked for does not exist."""
+
+
+class JobStateError(PermanentError):
+    """An operation does not fit the job's current state (e.g. download before any version)."""

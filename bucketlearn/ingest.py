@@ -1,0 +1,601 @@
+"""Ingestion: stream an uploaded CSV, validate it, deal its rows into stratified shards + holdout.
+
+Two streaming passes over the file, each holding one pyarrow block at a time:
+
+1. *Scan*: parse every row (structure, UTF-8), read only the label column; count rows per class.
+2. *Deal*: convert features to float32, check they are finite, and send each row either to the
+   holdout (a systematic, per-class sample: exactly ``round(f * n_c)`` rows of every class) or to
+   a training shard. Row ``j`` of class ``c``'s training rows goes to shard
+   ``floor((j + u_c) * T / n_c)``, so every shard gets the same share of every class, contiguous in
+   file order, whatever the file's order (a CSV sorted by label included).
+
+Shard rows are buffered per shard and written as ``part-NNNN.npz`` objects when a shard is
+complete or when the buffers reach ``buffer_bytes``; memory therefore stays flat as the file grows
+(invariant 5). A shard may end up as several parts; the manifest lists them.
+
+Any problem ends in ``InvalidInputError`` whose ``InputProblem`` names the file, the data row
+(1-based, header excluded) and the column, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from bucketlearn import codec, layout
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.errors import InputProblem, InvalidInputError
+from bucketlearn.ports import BlobStore
+
+log = logging.getLogger(__name__)
+
+Opener = Callable[[], IO[bytes]]
+DEFAULT_BUFFER_BYTES = 64 * 1024**2
+HOLDOUT_PART_BYTES = 16 * 1024**2
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """An upload to read: a name for messages, its size and a way to open it (again)."""
+
+    display_name: str
+    size: int
+    opener: Opener
+
+
+@dataclass
+class Shard:
+    index: int
+    rows: int = 0
+    parts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    """Everything the split produced; stored as ``jobs/<job>/manifest.json`` in the work bucket."""
+
+    job_id: str
+    source: str
+    feature_names: list[str]
+    label_column: str
+    classes: list[str]
+    label_kind: str
+    class_counts: list[int]
+    rows: int
+    train_rows: int
+    holdout_rows: int
+    shards: list[Shard]
+    holdout_parts: list[str]
+    mean: list[float]
+    variance: list[float]
+
+    def to_json(self) -> bytes:
+        data = dict(self.__dict__)
+        data["shards"] = [s.__dict__ for s in self.shards]
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Manifest:
+        data = json.loads(raw)
+        data["shards"] = [Shard(**s) for s in data["shards"]]
+        return cls(**data)
+
+    def summary(self) -> dict[str, Any]:
+        """Dataset facts for the job document (no per-feature statistics)."""
+        return {
+            "rows": self.rows,
+            "train_rows": self.train_rows,
+            "holdout_rows": self.holdout_rows,
+            "features": len(self.feature_names),
+            "label_column": self.label_column,
+            "classes": self.classes,
+            "label_kind": self.label_kind,
+            "class_counts": self.class_counts,
+            "shards": len(self.shards),
+        }
+
+
+def _problem(file: str, message: str, **kw: Any) -> InvalidInputError:
+    return InvalidInputError(InputProblem(file=file, message=message, **kw))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# --- header ------------------------------------------------------------------------------------
+
+def read_header(source: SourceFile, limits: Limits) -> list[str]:
+    """Check the file as a whole (size, compression, binary) and return its column names."""
+    name = source.display_name
+    if source.size == 0:
+        raise _problem(name, "the file is empty", expected="a header line and data rows",
+                       found="0 bytes")
+    if source.size > limits.max_file_bytes:
+        raise _problem(name, "the file is larger than the limit",
+                       expected=f"at most {limits.max_file_bytes} bytes",
+                       found=f"{source.size} bytes")
+    with source.opener() as stream:
+        head = stream.read(min(limits.max_line_bytes, 1 << 20) + 1)
+    if head.startswith(_GZIP_MAGIC):
+        raise _problem(name, "the file is gzip-compressed", expected="a plain-text CSV "
+                       "(decompress it before uploading)", found="gzip data")
+    if b"\x00" in head[:65536]:
+        raise _problem(name, "the file is not text", expected="a UTF-8 CSV",
+                       found="binary data (NUL bytes)")
+    if head.startswith(_BOM):
+        head = head[len(_BOM):]
+    end = head.find(b"\n")
+    if end < 0:
+        if len(head) > limits.max_line_bytes:
+            raise _problem(name, "the header line is longer than the limit", row=0,
+                           expected=f"lines of at most {limits.max_line_bytes} bytes",
+                           found="a longer line")
+        end = len(head)
+    line = head[:end].rstrip(b"\r")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _problem(name, "the header is not UTF-8", row=0, expected="UTF-8 text",
+                       found=f"byte 0x{line[exc.start]:02x} at position {exc.start}") from None
+    names = next(csv.reader([text]), [])
+    if not names or all(not n.strip() for n in names):
+        raise _problem(name, "the header line is empty", row=0,
+                       expected="a header line naming the columns", found=_short(text))
+    if len(names) > limits.max_columns:
+        raise _problem(name, "too many columns", row=0,
+                       expected=f"at most {limits.max_columns} columns",
+                       found=f"{len(names)} columns")
+    seen: dict[str, int] = {}
+    for position, column in enumerate(names, start=1):
+        stripped = column.strip()
+        if not stripped:
+            raise _problem(name, "a column has no name", row=0, column=f"#{position}",
+                           expected="a name for every column", found="an empty name")
+        if stripped in seen:
+            raise _problem(name, "duplicate column name", row=0, column=stripped,
+                           expected="unique column names",
+                           found=f"'{stripped}' at columns {seen[stripped]} and {position}")
+        seen[stripped] = position
+    if len(names) < 2:
+        raise _problem(name, "the file has a single column", row=0,
+                       expected="at least one feature column and a label column",
+                       found=f"only '{names[0]}'")
+    return [n.strip() for n in names]
+
+
+def choose_label_column(columns: list[str], requested: str | None, file: str) -> str:
+    """The label column: the one requested, else 'label' if present, else the last column."""
+    if requested is not None:
+        if requested not in columns:
+            raise _problem(file, "the label column is missing", column=requested,
+                           expected=f"a column named '{requested}'",
+                           found="columns " + _short(", ".join(columns), 200))
+        return requested
+    return "label" if "label" in columns else columns[-1]
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+def _batches(source: SourceFile, columns: list[str], label: str, limits: Limits,
+             include: list[str] | None) -> Any:
+    block = max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+    types = {c: (pa.string() if c == label else pa.float32()) for c in columns}
+    stream = source.opener()
+    reader = pacsv.open_csv(
+        stream,
+        read_options=pacsv.ReadOptions(block_size=block, column_names=columns, skip_rows=1),
+        parse_options=pacsv.ParseOptions(newlines_in_values=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, include_columns=include, strings_can_be_null=False,
+            quoted_strings_can_be_null=False),
+    )
+    try:
+        yield from reader
+    finally:
+        stream.close()
+
+
+def _diagnose(source: SourceFile, columns: list[str], label: str, arrow_message: str) -> InvalidInputError:
+    """Re-read the file with Python's csv module to name the first bad row and column exactly."""
+    file = source.display_name
+    label_index = columns.index(label)
+    with source.opener() as raw:
+        first = raw.read(3)
+        if first != _BOM:
+            raw.seek(0)
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+        reader = csv.reader(text)
+        row_number = 0
+        try:
+            next(reader, None)
+            for row_number, row in enumerate(reader, start=1):
+                problem = _check_row(file, row, row_number, columns, label_index)
+                if problem is not None:
+                    return problem
+        except UnicodeDecodeError as exc:
+            return _problem(file, "the file is not UTF-8 text", row=row_number + 1,
+                            expected="UTF-8 text",
+                            found=f"byte 0x{exc.object[exc.start]:02x}")
+        except csv.Error as exc:
+            return _problem(file, "the row is not valid CSV", row=row_number + 1,
+                            expected="well-formed CSV", found=str(exc))
+    return _problem(file, "the CSV could not be parsed", expected="well-formed CSV",
+                    found=arrow_message)
+
+
+def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
+               label_index: int) -> InvalidInputError | None:
+    if len(row) != len(columns):
+        return _problem(file, "the row has the wrong number of fields", row=row_number,
+                        expected=f"{len(columns)} fields", found=f"{len(row)} fields")
+    for index, value in enumerate(row):
+        if index == label_index:
+            if not value.strip():
+                return _problem(file, "the label is empty", row=row_number,
+                                column=columns[index], expected="a class label",
+                                found="an empty value")
+            continue
+        problem = _check_number(file, value, row_number, columns[index])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _check_number(file: str, value: str, row_number: int, column: str) -> InvalidInputError | None:
+    if not value.strip():
+        return _problem(file, "a feature value is empty", row=row_number, column=column,
+                        expected="a number", found="an empty value")
+    try:
+        number = float(value)
+    except ValueError:
+        return _problem(file, "a feature value is not a number", row=row_number, column=column,
+                        expected="a number", found=_short(value))
+    if not math.isfinite(number):
+        return _problem(file, "a feature value is not finite", row=row_number, column=column,
+                        expected="a finite number", found=_short(value))
+    return None
+
+
+def _features(batch: pa.RecordBatch, feature_names: list[str]) -> np.ndarray:
+    out = np.empty((batch.num_rows, len(feature_names)), dtype=np.float32)
+    for j, name in enumerate(feature_names):
+        column = batch.column(name)
+        if column.null_count:
+            column = column.fill_null(np.nan)
+        out[:, j] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[str],
+                      row_offset: int, file: str) -> InvalidInputError | None:
+    bad = ~np.isfinite(x)
+    if not bad.any():
+        return None
+    rows, cols = np.nonzero(bad)
+    first = int(np.argmin(rows * x.shape[1] + cols))
+    r, c = int(rows[first]), int(cols[first])
+    column = feature_names[c]
+    if batch.column(column).is_null()[r].as_py():
+        return _problem(file, "a feature value is empty", row=row_offset + r + 1, column=column,
+                        expected="a number", found="an empty value")
+    return _problem(file, "a feature value is not finite", row=row_offset + r + 1, column=column,
+                    expected="a finite number", found=str(x[r, c]))
+
+
+# --- pass 1: scan --------------------------------------------------------------------------------
+
+def scan_labels(source: SourceFile, columns: list[str], label: str,
+                limits: Limits) -> tuple[list[str], list[int]]:
+    """Pass 1: parse every row, read the labels; return (label values, counts) in first-seen order."""
+    counts: dict[str, int] = {}
+    rows = 0
+    try:
+        for batch in _batches(source, columns, label, limits, include=[label]):
+            labels = batch.column(0)
+            empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
+            if pc.any(empty).as_py():
+                r = int(pc.index(empty, True).as_py())
+                raise _problem(source.display_name, "the label is empty", row=rows + r + 1,
+                               column=label, expected="a class label", found="an empty value")
+            for item in pc.value_counts(labels).to_pylist():
+                value = item["values"].strip()
+                counts[value] = counts.get(value, 0) + item["counts"]
+            if len(counts) > limits.max_classes:
+                raise _problem(source.display_name, "too many distinct labels", column=label,
+                               expected=f"at most {limits.max_classes} classes",
+                               found=f"more than {limits.max_classes} (by row {rows + batch.num_rows})")
+            rows += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        raise _diagnose(source, columns, label, str(exc)) from None
+    if rows == 0:
+        raise _problem(source.display_name, "the file has a header but no data rows",
+                       expected="at least one data row", found="0 rows")
+    return list(counts), list(counts.values())
+
+
+def order_classes(values: list[str], counts: list[int], file: str,
+                  label: str) -> tuple[list[str], list[int], str]:
+    """Sort class names (numerically when every label is an integer); return (names, counts, kind)."""
+    if len(values) < 2:
+        raise _problem(file, "every row has the same label", column=label,
+                       expected="at least two classes", found=f"only '{_short(values[0])}'")
+    kind = "int"
+    try:
+        keys = [int(v) for v in values]
+    except ValueError:
+        kind = "str"
+    if kind == "int":
+        normalized = [str(k) for k in keys]
+        merged: dict[str, int] = {}
+        for name, count in zip(normalized, counts):
+            merged[name] = merged.get(name, 0) + count
+        names = sorted(merged, key=int)
+        return names, [merged[n] for n in names], kind
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return [values[i] for i in order], [counts[i] for i in order], kind
+
+
+# --- dealing -------------------------------------------------------------------------------------
+
+def holdout_count(n: int, fraction: float, phase: float) -> int:
+    """Rows of an n-row class the systematic holdout rule selects."""
+    return int(math.floor(n * fraction + phase)) - int(math.floor(phase))
+
+
+def _holdout_mask(j: np.ndarray, fraction: float, phase: float) -> np.ndarray:
+    return np.floor((j + 1) * fraction + phase) > np.floor(j * fraction + phase)
+
+
+def _shard_of(j_train: np.ndarray, n_train: int, shards: int, phase: float) -> np.ndarray:
+    return np.minimum(((j_train + phase) * shards / max(n_train, 1)).astype(np.int64), shards - 1)
+
+
+class _ShardWriter:
+    """Buffers rows per shard; writes a part when a shard is complete or memory is at budget."""
+
+    def __init__(self, store: BlobStore, bucket: str, job_id: str, expected: np.ndarray,
+                 buffer_bytes: int) -> None:
+        self.store, self.bucket, self.job_id = store, bucket, job_id
+        self.expected = expected
+        self.received = np.zeros_like(expected)
+        self.buffers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.buffered_bytes: dict[int, int] = {}
+        self.total_bytes = 0
+        self.buffer_bytes = buffer_bytes
+        self.shards = [Shard(i) for i in range(len(expected))]
+
+    def add(self, shard: int, x: np.ndarray, y: np.ndarray) -> None:
+        self.buffers.setdefault(shard, []).append((x, y))
+        size = x.nbytes + y.nbytes
+        self.buffered_bytes[shard] = self.buffered_bytes.get(shard, 0) + size
+        self.total_bytes += size
+        self.received[shard] += len(y)
+        if self.received[shard] >= self.expected[shard]:
+            self.flush(shard)
+        while self.total_bytes > self.buffer_bytes and self.buffered_bytes:
+            self.flush(max(self.buffered_bytes, key=self.buffered_bytes.__getitem__))
+
+    def flush(self, shard: int) -> None:
+        chunks = self.buffers.pop(shard, None)
+        if not chunks:
+            return
+        self.total_bytes -= self.buffered_bytes.pop(shard)
+        x = np.concatenate([c[0] for c in chunks])
+        y = np.concatenate([c[1] for c in chunks])
+        record = self.shards[shard]
+        path = layout.shard_part_path(self.job_id, shard, len(record.parts))
+        self.store.write_bytes(self.bucket, path, codec.encode_arrays({"x": x, "y": y}),
+                               "application/octet-stream")
+        record.parts.append(path)
+        record.rows += len(y)
+
+    def close(self) -> list[Shard]:
+        for shard in list(self.buffers):
+            self.flush(shard)
+        return self.shards
+
+
+class _HoldoutWriter:
+    def __init__(self, store: BlobStore, bucket: str, job_id: str) -> None:
+        self.store, self.bucket, self.job_id = store, bucket, job_id
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.bytes = 0
+        self.parts: list[str] = []
+        self.rows = 0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        if len(y) == 0:
+            return
+        self.chunks.append((x, y))
+        self.bytes += x.nbytes + y.nbytes
+        if self.bytes >= HOLDOUT_PART_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.chunks:
+            return
+        x = np.concatenate([c[0] for c in self.chunks])
+        y = np.concatenate([c[1] for c in self.chunks])
+        path = layout.holdout_part_path(self.job_id, len(self.parts))
+        self.store.write_bytes(self.bucket, path, codec.encode_arrays({"x": x, "y": y}),
+                               "application/octet-stream")
+        self.parts.append(path)
+        self.rows += len(y)
+        self.chunks, self.bytes = [], 0
+
+
+class _RunningStats:
+    """Chan et al. parallel mean/variance over row blocks, in float64."""
+
+    def __init__(self, width: int) -> None:
+        self.n = 0
+        self.mean = np.zeros(width)
+        self.m2 = np.zeros(width)
+
+    def add(self, x: np.ndarray) -> None:
+        if len(x) == 0:
+            return
+        block = x.astype(np.float64)
+        n_b = len(block)
+        mean_b = block.mean(axis=0)
+        m2_b = ((block - mean_b) ** 2).sum(axis=0)
+        total = self.n + n_b
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * (n_b / total)
+        self.m2 = self.m2 + m2_b + delta**2 * (self.n * n_b / total)
+        self.n = total
+
+    def variance(self) -> np.ndarray:
+        var = self.m2 / max(self.n, 1)
+        # A feature constant in training data would divide by ~0 at prediction time: leave it
+        # unscaled instead (variance 1) so unseen values cannot explode.
+        return np.where(var < 1e-12, 1.0, var)
+
+
+def class_phases(seed: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class random phases for the holdout rule and the shard dealing."""
+    rng = np.random.default_rng([seed, 7919])
+    return rng.random(classes), rng.random(classes)
+
+
+def split_upload(
+    source: SourceFile,
+    store: BlobStore,
+    work_bucket: str,
+    job_id: str,
+    options: JobOptions,
+    limits: Limits,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+) -> Manifest:
+    """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
+
+    Args:
+        source: the upload (name, size, opener for streaming reads).
+        store: where shard and holdout parts and the manifest are written.
+        work_bucket: bucket name for those objects.
+        job_id: the job the objects belong to (their prefix).
+        options: the job's options (label column, shard size, holdout fraction, seed).
+        limits: input limits, checked before expensive work.
+        buffer_bytes: memory budget for shard buffers.
+
+    Returns:
+        The manifest (also written to ``jobs/<job>/manifest.json``).
+
+    Raises:
+        InvalidInputError: the file cannot be trained on; the problem names row and column.
+    """
+    file = source.display_name
+    columns = read_header(source, limits)
+    label = choose_label_column(columns, options.label_column, file)
+    feature_names = [c for c in columns if c != label]
+    raw_values, raw_counts = scan_labels(source, columns, label, limits)
+    classes, class_counts, label_kind = order_classes(raw_values, raw_counts, file, label)
+    class_index = {name: i for i, name in enumerate(classes)}
+    hold_phase, deal_phase = class_phases(options.seed, len(classes))
+    holdout_per_class = [holdout_count(n, options.holdout_fraction, hold_phase[c])
+                         for c, n in enumerate(class_counts)]
+    train_per_class = [n - h for n, h in zip(class_counts, holdout_per_class)]
+    train_rows = sum(train_per_class)
+    if train_rows < 1 or sum(holdout_per_class) < 1:
+        raise _problem(file, "too few rows to train and evaluate", column=label,
+                       expected="enough rows for a training split and a holdout "
+                                f"(holdout_fraction={options.holdout_fraction})",
+                       found=f"{sum(class_counts)} rows")
+    shards = max(1, round(train_rows / options.rows_per_shard))
+    if shards > limits.max_tasks_per_epoch:
+        raise _problem(file, "the file would need too many shards",
+                       expected=f"at most {limits.max_tasks_per_epoch} shards per epoch "
+                                "(raise rows_per_shard)",
+                       found=f"{shards} shards of {options.rows_per_shard} rows")
+    expected = np.zeros(shards, dtype=np.int64)
+    for c, n in enumerate(train_per_class):
+        for start in range(0, n, 1 << 20):
+            j = np.arange(start, min(n, start + (1 << 20)))
+            expected += np.bincount(_shard_of(j, n, shards, deal_phase[c]), minlength=shards)
+    writer = _ShardWriter(store, work_bucket, job_id, expected, buffer_bytes)
+    holdout = _HoldoutWriter(store, work_bucket, job_id)
+    stats = _RunningStats(len(feature_names))
+    seen = np.zeros(len(classes), dtype=np.int64)
+    seen_train = np.zeros(len(classes), dtype=np.int64)
+    row_offset = 0
+    try:
+        for batch in _batches(source, columns, label, limits, include=None):
+            x = _features(batch, feature_names)
+            problem = _first_non_finite(x, batch, feature_names, row_offset, file)
+            if problem is not None:
+                raise problem
+            labels = batch.column(label).to_pylist()
+            if label_kind == "int":
+                y = np.fromiter((class_index[str(int(v))] for v in labels), np.int32, len(labels))
+            else:
+                y = np.fromiter((class_index[v.strip()] for v in labels), np.int32, len(labels))
+            is_holdout = np.zeros(len(y), dtype=bool)
+            shard_of_row = np.full(len(y), -1, dtype=np.int64)
+            for c in np.unique(y):
+                rows_c = np.nonzero(y == c)[0]
+                j = seen[c] + np.arange(len(rows_c))
+                hold = _holdout_mask(j, options.holdout_fraction, hold_phase[c])
+                seen[c] += len(rows_c)
+                is_holdout[rows_c[hold]] = True
+                train_rows_c = rows_c[~hold]
+                j_train = seen_train[c] + np.arange(len(train_rows_c))
+                seen_train[c] += len(train_rows_c)
+                shard_of_row[train_rows_c] = _shard_of(j_train, train_per_class[c], shards,
+                                                       deal_phase[c])
+            holdout.add(x[is_holdout], y[is_holdout])
+            train = ~is_holdout
+            stats.add(x[train])
+            order = np.argsort(shard_of_row[train], kind="stable")
+            tx, ty, ts = x[train][order], y[train][order], shard_of_row[train][order]
+            bounds = np.flatnonzero(np.diff(ts)) + 1
+            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)]):
+                if stop > start:
+                    writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
+            row_offset += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        raise _diagnose(source, columns, label, str(exc)) from None
+    shard_list = writer.close()
+    holdout.flush()
+    manifest = Manifest(
+        job_id=job_id, source=file, feature_names=feature_names, label_column=label,
+        classes=classes, label_kind=label_kind, class_counts=class_counts,
+        rows=int(sum(class_counts)), train_rows=int(train_rows), holdout_rows=holdout.rows,
+        shards=shard_list, holdout_parts=holdout.parts,
+        mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
+    )
+    store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
+                      "application/json")
+    log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows", file, manifest.rows,
+             len(classes), shards, holdout.rows)
+    return manifest
+
+
+def load_parts(store: BlobStore, bucket: str, paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Read shard or holdout parts and concatenate them into (x, y)."""
+    xs, ys = [], []
+    for path in paths:
+        arrays, _ = codec.decode_arrays(store.read_bytes(bucket, path), path)
+        xs.append(arrays["x"])
+        ys.append(arrays["y"])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def decode_utf8_safe(data: bytes) -> str:
+    """Decode bytes for a message, replacing what is not UTF-8."""
+    return codecs.decode(data, "utf-8", errors="replace")

@@ -1,0 +1,69 @@
+"""Job document shapes and the status object every client (CLI, dashboard) shows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bucketlearn import layout
+from bucketlearn.ports import TaskMessage
+
+QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
+TERMINAL = (DONE, REJECTED, FAILED)
+STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED)
+
+# Phases refine the status: what the pipeline is doing right now.
+SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
+
+
+def is_terminal(job: Mapping[str, Any] | None) -> bool:
+    return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
+
+
+def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> dict[str, Any]:
+    """The status a user sees (``bucketlearn status --json``); stable keys, documented in README."""
+    dataset = job.get("dataset") or {}
+    options = job.get("options") or {}
+    head = job.get("head") or {}
+    result = {
+        "job_id": job.get("job_id"),
+        "status": job.get("status"),
+        "phase": job.get("phase"),
+        "version": job.get("version"),
+        "epoch": job.get("epoch"),
+        "epochs": options.get("epochs"),
+        "accuracy": head.get("holdout_accuracy"),
+        "loss": head.get("holdout_loss"),
+        "train_loss": head.get("train_loss"),
+        "tasks_planned": job.get("tasks_planned"),
+        "tasks_applied": job.get("tasks_applied"),
+        "tasks_failed": job.get("tasks_failed"),
+        "samples_seen": job.get("samples_seen"),
+        "error": job.get("error"),
+        "error_detail": job.get("error_detail"),
+        "source": job.get("source"),
+        "classes": dataset.get("classes"),
+        "rows": dataset.get("rows"),
+        "created_at": job.get("created_at"),
+        "updated_at": job.get("updated_at"),
+        "finished_at": job.get("finished_at"),
+        "model_path": job.get("model_path"),
+    }
+    if models_bucket and result["model_path"]:
+        result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
+    return result
+
+
+def epoch_messages(job_id: str, epoch: int, seed: int,
+                   shards: list[dict[str, Any]]) -> list[TaskMessage]:
+    """One task per shard, in an order reshuffled every epoch."""
+    order = np.random.default_rng([seed, epoch, 17]).permutation(len(shards))
+    return [TaskMessage(job_id=job_id, epoch=epoch, task_index=int(shards[i]["index"]),
+                        parts=tuple(shards[i]["parts"]), rows=int(shards[i]["rows"]))
+            for i in order]
+
+
+def task_doc_id(job_id: str, epoch: int, task_index: int) -> str:
+    return layout.task_id_for(job_id, epoch, task_index).split(":", 1)[1]

@@ -1,0 +1,117 @@
+"""Names: job ids, task ids and every object path bucketlearn writes.
+
+Object names written by bucketlearn are built only from job ids, numbers and random nonces, never
+from a user's object name, so nothing a user uploads can steer a write elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+_SLUG_RE = re.compile(r"[^a-z0-9]+")
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-[0-9a-f]{12}$")
+DELTA_RE = re.compile(
+    r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4})/t(?P<task>\d{5})/(?P<nonce>[0-9a-f]{16})"
+    r"(?P<kind>\.npz|\.failed\.json)$"
+)
+
+
+def job_id_for(bucket_name: str, object_name: str, generation: int | str) -> str:
+    """Derive the job id of one upload: the same (bucket, object, generation) gives the same id.
+
+    Returns:
+        ``<slug>-<12 hex>``, e.g. ``digits-3f2a9c1b7e4d``; the slug is for people, the hash for
+        uniqueness.
+    """
+    base = object_name.rsplit("/", 1)[-1]
+    if base.lower().endswith(".csv"):
+        base = base[:-4]
+    slug = _SLUG_RE.sub("-", base.lower()).strip("-")[:28].strip("-") or "upload"
+    digest = hashlib.sha256(f"{bucket_name}\x00{object_name}\x00{generation}".encode()).hexdigest()
+    return f"{slug}-{digest[:12]}"
+
+
+def is_job_id(text: str) -> bool:
+    return bool(JOB_ID_RE.match(text))
+
+
+def task_id_for(job_id: str, epoch: int, task_index: int) -> str:
+    return f"{job_id}:e{epoch:04d}:t{task_index:05d}"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+# --- work bucket -------------------------------------------------------------------------------
+
+def shard_part_path(job_id: str, task_index: int, part: int) -> str:
+    return f"jobs/{job_id}/shards/t{task_index:05d}/part-{part:04d}.npz"
+
+
+def holdout_part_path(job_id: str, part: int) -> str:
+    return f"jobs/{job_id}/holdout/part-{part:04d}.npz"
+
+
+def manifest_path(job_id: str) -> str:
+    return f"jobs/{job_id}/manifest.json"
+
+
+def job_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/"
+
+
+# --- models bucket -----------------------------------------------------------------------------
+
+def weights_path(job_id: str, version: int, nonce: str) -> str:
+    """Write-once name of a version's weights; the nonce makes a crashed attempt's object unique."""
+    return f"weights/{job_id}/v{version:06d}-{nonce}.npz"
+
+
+def model_path(job_id: str, version: int | None = None) -> str:
+    """The exported Keras model: ``models/<job>/latest.keras`` or ``models/<job>/v000012.keras``."""
+    if version is None:
+        return f"models/{job_id}/latest.keras"
+    return f"models/{job_id}/v{version:06d}.keras"
+
+
+# --- deltas bucket -----------------------------------------------------------------------------
+
+def epoch_delta_prefix(job_id: str, epoch: int) -> str:
+    return f"{job_id}/e{epoch:04d}/"
+
+
+def delta_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:
+    """Write-once name of one training attempt's delta."""
+    return f"{job_id}/e{epoch:04d}/t{task_index:05d}/{nonce}.npz"
+
+
+def failure_marker_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:
+    """Written when a task failed for good, so that the aggregator hears about it."""
+    return f"{job_id}/e{epoch:04d}/t{task_index:05d}/{nonce}.failed.json"
+
+
+@dataclass(frozen=True)
+class DeltaName:
+    job_id: str
+    epoch: int
+    task_index: int
+    nonce: str
+    failed: bool
+
+
+def parse_delta_path(name: str) -> DeltaName | None:
+    """Parse a deltas-bucket object name; None for objects bucketlearn did not write."""
+    match = DELTA_RE.match(name)
+    if not match:
+        return None
+    return DeltaName(
+        job_id=match["job"],
+        epoch=int(match["epoch"]),
+        task_index=int(match["task"]),
+        nonce=match["nonce"],
+        failed=match["kind"] == ".failed.json",
+    )

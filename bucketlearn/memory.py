@@ -1,0 +1,235 @@
+"""In-memory implementations of the ports: for unit tests of the core and for ``train-local``.
+
+They keep the semantics the services rely on (write-once names, create-if-absent, transactional
+version commits, leases) so unit tests exercise the same decisions the real adapters see.
+Integration tests run the same contract against the Google adapters on the emulators.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any
+
+from bucketlearn.errors import NotFoundError
+from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
+
+
+class MemoryBlobStore:
+    def __init__(self) -> None:
+        self._objects: dict[tuple[str, str], tuple[bytes, BlobInfo]] = {}
+        self._lock = threading.Lock()
+        self._generation = 1000
+
+    def write_bytes(self, bucket: str, name: str, data: bytes, content_type: str,
+                    metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        with self._lock:
+            self._generation += 1
+            info = BlobInfo(bucket, name, len(data), self._generation, dict(metadata or {}),
+                            content_type)
+            self._objects[(bucket, name)] = (bytes(data), info)
+            return info
+
+    def read_bytes(self, bucket: str, name: str) -> bytes:
+        with self._lock:
+            if (bucket, name) not in self._objects:
+                raise NotFoundError(f"gs://{bucket}/{name}: no such object")
+            return self._objects[(bucket, name)][0]
+
+    def open_read(self, bucket: str, name: str) -> IO[bytes]:
+        return io.BytesIO(self.read_bytes(bucket, name))
+
+    def stat(self, bucket: str, name: str) -> BlobInfo | None:
+        with self._lock:
+            found = self._objects.get((bucket, name))
+            return found[1] if found else None
+
+    def list(self, bucket: str, prefix: str = "") -> Iterator[BlobInfo]:
+        with self._lock:
+            infos = sorted((info for (b, n), (_, info) in self._objects.items()
+                            if b == bucket and n.startswith(prefix)), key=lambda i: i.name)
+        return iter(infos)
+
+    def delete(self, bucket: str, name: str) -> None:
+        with self._lock:
+            self._objects.pop((bucket, name), None)
+
+
+class _MemoryReceived:
+    def __init__(self, queue: MemoryQueue, message: TaskMessage, attempt: int) -> None:
+        self.message: TaskMessage | None = message
+        self.raw = b""
+        self.delivery_attempt: int | None = attempt
+        self._queue = queue
+
+    def ack(self) -> None:
+        self._queue.acked.append(self.message)
+
+    def nack(self) -> None:
+        assert self.message is not None
+        self._queue.redeliver(self.message, (self.delivery_attempt or 0) + 1)
+
+    def extend(self, seconds: int) -> None:
+        return None
+
+
+class MemoryQueue:
+    """A FIFO with explicit nack/redelivery; unacked messages are redelivered on nack only."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[TaskMessage, int]] = deque()
+        self._lock = threading.Lock()
+        self.published: list[TaskMessage] = []
+        self.acked: list[TaskMessage | None] = []
+
+    def publish(self, messages: Sequence[TaskMessage]) -> None:
+        with self._lock:
+            for message in messages:
+                self._items.append((message, 1))
+                self.published.append(message)
+
+    def redeliver(self, message: TaskMessage, attempt: int) -> None:
+        with self._lock:
+            self._items.append((message, attempt))
+
+    def pull(self, timeout: float) -> _MemoryReceived | None:
+        with self._lock:
+            if not self._items:
+                return None
+            message, attempt = self._items.popleft()
+        return _MemoryReceived(self, message, attempt)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class MemoryRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.versions: dict[tuple[str, int], dict[str, Any]] = {}
+        self.epochs: dict[tuple[str, int], dict[str, Any]] = {}
+        self.tasks: dict[tuple[str, str], dict[str, Any]] = {}
+        self.leases: dict[str, tuple[str, float]] = {}
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.commits = 0
+
+    def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool:
+        with self._lock:
+            if job_id in self.jobs:
+                return False
+            self.jobs[job_id] = copy.deepcopy(dict(doc))
+            return True
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.jobs.get(job_id))
+
+    def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            if job_id not in self.jobs:
+                raise NotFoundError(f"job {job_id}: no such job")
+            self.jobs[job_id].update(copy.deepcopy(dict(fields)))
+
+    def update_job_if(self, job_id: str, expect: Mapping[str, Any],
+                      fields: Mapping[str, Any]) -> bool:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or any(job.get(k) != v for k, v in expect.items()):
+                return False
+            job.update(copy.deepcopy(dict(fields)))
+            return True
+
+    def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: j.get("created_at", 0), reverse=True)
+            return copy.deepcopy(jobs[:limit])
+
+    def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
+                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or job.get("claim") != claim or job.get("phase") != "splitting":
+                return False
+            self.versions[(job_id, int(version_doc["version"]))] = copy.deepcopy(dict(version_doc))
+            self.epochs[(job_id, int(epoch_doc["epoch"]))] = copy.deepcopy(dict(epoch_doc))
+            job.update(copy.deepcopy(dict(job_fields)))
+            return True
+
+    def commit_version(self, commit: VersionCommit) -> bool:
+        with self._lock:
+            job = self.jobs.get(commit.job_id)
+            if job is None or job.get("version") != commit.base_version:
+                return False
+            epoch = self.epochs.get((commit.job_id, commit.epoch))
+            if epoch is None:
+                return False
+            done = set(epoch.get("applied", [])) | set(epoch.get("failed", []))
+            if done & (set(commit.applied) | set(commit.failed)):
+                return False
+            version = int(commit.version_doc["version"])
+            if (commit.job_id, version) in self.versions:
+                return False
+            self.versions[(commit.job_id, version)] = copy.deepcopy(commit.version_doc)
+            epoch["applied"] = list(epoch.get("applied", [])) + list(commit.applied)
+            epoch["failed"] = list(epoch.get("failed", [])) + list(commit.failed)
+            if commit.next_epoch_doc is not None:
+                self.epochs[(commit.job_id, int(commit.next_epoch_doc["epoch"]))] = copy.deepcopy(
+                    commit.next_epoch_doc)
+            job.update(copy.deepcopy(commit.job_fields))
+            self.commits += 1
+            return True
+
+    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.versions.get((job_id, version)))
+
+    def list_versions(self, job_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return copy.deepcopy([v for (j, _), v in sorted(self.versions.items()) if j == job_id])
+
+    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.epochs.get((job_id, epoch)))
+
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
+        with self._lock:
+            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0})
+            task["attempts"] += 1
+            task.update(copy.deepcopy(dict(fields)))
+            return int(task["attempts"])
+
+    def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0}).update(
+                copy.deepcopy(dict(fields)))
+
+    def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return copy.deepcopy([t for (j, _), t in sorted(self.tasks.items()) if j == job_id])
+
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        with self._lock:
+            current = self.leases.get(name)
+            now = time.time()
+            if current is None or current[0] == holder or current[1] < now:
+                self.leases[name] = (holder, now + seconds)
+                return True
+            return False
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._lock:
+            if self.leases.get(name, ("", 0))[0] == holder:
+                del self.leases[name]
+
+    def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.workers.setdefault(worker_id, {"worker_id": worker_id}).update(dict(fields))
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return copy.deepcopy(list(self.workers.values()))

@@ -1,0 +1,146 @@
+"""Model builder and export. TensorFlow/Keras is imported lazily: importing bucketlearn is cheap.
+
+The exported ``.keras`` takes raw feature rows in the CSV's column order (normalization is the
+model's first layer) and carries ``bucketlearn.json`` inside the archive with the feature names,
+the label column and the class names, so ``bucketlearn predict`` returns original label values.
+Only built-in layers are used, so ``keras.models.load_model(path)`` works without bucketlearn and
+with ``safe_mode=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from bucketlearn.errors import InvalidInputError, InputProblem, PermanentError
+
+SIDECAR_NAME = "bucketlearn.json"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str
+    n_features: int
+    n_classes: int
+    image_shape: tuple[int, int, int] | None
+    seed: int
+    learning_rate: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["image_shape"] = list(self.image_shape) if self.image_shape else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        shape = data.get("image_shape")
+        return cls(kind=data["kind"], n_features=int(data["n_features"]),
+                   n_classes=int(data["n_classes"]),
+                   image_shape=tuple(shape) if shape else None,  # type: ignore[arg-type]
+                   seed=int(data["seed"]), learning_rate=float(data["learning_rate"]))
+
+
+def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
+    """A square image layout (h, w, channels) for the feature count, if there is one."""
+    for channels in (3, 1):
+        if n_features % channels:
+            continue
+        side = math.isqrt(n_features // channels)
+        if side * side * channels == n_features:
+            return (side, side, channels)
+    return None
+
+
+def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
+                learning_rate: float, file: str = "") -> ModelSpec:
+    """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side ≥ 16, else an MLP."""
+    shape = image_shape_for(n_features)
+    kind = requested
+    if requested == "auto":
+        kind = "cnn" if shape is not None and shape[0] >= 16 else "mlp"
+    if kind == "cnn" and (shape is None or shape[0] < 4):
+        raise InvalidInputError(InputProblem(
+            file=file, message="model 'cnn' needs square image features",
+            expected="h*h or h*h*3 feature columns with h >= 4 (or model=mlp/auto)",
+            found=f"{n_features} feature columns"))
+    return ModelSpec(kind=kind, n_features=n_features, n_classes=n_classes,
+                     image_shape=shape if kind == "cnn" else None, seed=seed,
+                     learning_rate=learning_rate)
+
+
+def keras_module() -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras  # noqa: PLC0415 - deliberately lazy: TF takes seconds to import
+
+    return keras
+
+
+def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> Any:
+    """Build and compile the Keras model; the same spec and seed give the same initial weights."""
+    keras = keras_module()
+    keras.utils.set_random_seed(spec.seed)
+    inputs = keras.Input(shape=(spec.n_features,), name="features")
+    x = keras.layers.Normalization(mean=np.asarray(mean, dtype=np.float32),
+                                   variance=np.asarray(variance, dtype=np.float32),
+                                   name="normalize")(inputs)
+    if spec.kind == "cnn":
+        assert spec.image_shape is not None
+        x = keras.layers.Reshape(spec.image_shape)(x)
+        x = keras.layers.Conv2D(16, 3, activation="relu", padding="same")(x)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Conv2D(32, 3, activation="relu", padding="same")(x)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Flatten()(x)
+        x = keras.layers.Dense(64, activation="relu")(x)
+    elif spec.kind == "mlp":
+        x = keras.layers.Dense(128, activation="relu")(x)
+        x = keras.layers.Dense(64, activation="relu")(x)
+    else:
+        raise PermanentError(f"model kind: expected 'mlp' or 'cnn'; found: {spec.kind!r}")
+    outputs = keras.layers.Dense(spec.n_classes, activation="softmax", name="probabilities")(x)
+    model = keras.Model(inputs, outputs, name=f"bucketlearn_{spec.kind}")
+    compile_model(model, spec.learning_rate)
+    return model
+
+
+def compile_model(model: Any, learning_rate: float) -> None:
+    keras = keras_module()
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+
+def export_keras(model: Any, sidecar: dict[str, Any]) -> bytes:
+    """Serialize the model to ``.keras`` bytes with ``bucketlearn.json`` inside the archive."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with zipfile.ZipFile(path, "a") as archive:
+            archive.writestr(SIDECAR_NAME, json.dumps(sidecar, indent=2))
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def read_sidecar(path: str) -> dict[str, Any]:
+    """The metadata bucketlearn stored inside a ``.keras`` archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read(SIDECAR_NAME))
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+        raise PermanentError(
+            f"{path}: expected a .keras model exported by bucketlearn (with {SIDECAR_NAME}); "
+            f"found: {exc}") from None
+
+
+def load_model(path: str) -> tuple[Any, dict[str, Any]]:
+    """Load a ``.keras`` model in safe mode (no lambdas, no pickled code) and its sidecar."""
+    sidecar = read_sidecar(path)
+    keras = keras_module()
+    model = keras.models.load_model(path, safe_mode=True, compile=False)
+    return model, sidecar

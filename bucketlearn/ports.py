@@ -1,0 +1,135 @@
+"""Ports in front of the cloud services: blob storage, task queue, model registry.
+
+Each has one Google adapter (``bucketlearn.adapters``; the same code serves the emulators) and
+one in-memory implementation (``bucketlearn.memory``) for unit tests and ``train-local``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    bucket: str
+    name: str
+    size: int
+    generation: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+
+
+class BlobStore(Protocol):
+    def write_bytes(self, bucket: str, name: str, data: bytes, content_type: str,
+                    metadata: Mapping[str, str] | None = None) -> BlobInfo: ...
+
+    def read_bytes(self, bucket: str, name: str) -> bytes: ...
+
+    def open_read(self, bucket: str, name: str) -> IO[bytes]: ...
+
+    def stat(self, bucket: str, name: str) -> BlobInfo | None: ...
+
+    def list(self, bucket: str, prefix: str = "") -> Iterator[BlobInfo]: ...
+
+    def delete(self, bucket: str, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """One unit of training work: a shard of one epoch of one job."""
+
+    job_id: str
+    epoch: int
+    task_index: int
+    parts: tuple[str, ...]
+    rows: int
+
+    @property
+    def task_id(self) -> str:
+        from bucketlearn.layout import task_id_for
+
+        return task_id_for(self.job_id, self.epoch, self.task_index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
+                "parts": list(self.parts), "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
+        return cls(job_id=str(data["job_id"]), epoch=int(data["epoch"]),
+                   task_index=int(data["task_index"]), parts=tuple(data["parts"]),
+                   rows=int(data["rows"]))
+
+
+class ReceivedTask(Protocol):
+    message: TaskMessage | None
+    raw: bytes
+    delivery_attempt: int | None
+
+    def ack(self) -> None: ...
+
+    def nack(self) -> None: ...
+
+    def extend(self, seconds: int) -> None: ...
+
+
+class TaskQueue(Protocol):
+    def publish(self, messages: Sequence[TaskMessage]) -> None: ...
+
+    def pull(self, timeout: float) -> ReceivedTask | None: ...
+
+
+@dataclass
+class VersionCommit:
+    """Everything one new version changes, committed in one transaction."""
+
+    job_id: str
+    base_version: int
+    version_doc: dict[str, Any]
+    epoch: int
+    applied: list[int]
+    failed: list[int]
+    job_fields: dict[str, Any]
+    next_epoch_doc: dict[str, Any] | None = None
+
+
+class Registry(Protocol):
+    """The model registry and job ledger (Firestore in the cloud)."""
+
+    def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool: ...
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None: ...
+
+    def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None: ...
+
+    def update_job_if(self, job_id: str, expect: Mapping[str, Any],
+                      fields: Mapping[str, Any]) -> bool: ...
+
+    def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
+                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool: ...
+
+    def commit_version(self, commit: VersionCommit) -> bool: ...
+
+    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None: ...
+
+    def list_versions(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None: ...
+
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int: ...
+
+    def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None: ...
+
+    def list_tasks(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool: ...
+
+    def release_lease(self, name: str, holder: str) -> None: ...
+
+    def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None: ...
+
+    def list_workers(self) -> list[dict[str, Any]]: ...

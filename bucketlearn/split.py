@@ -1,0 +1,198 @@
+"""The upload service: one finalized CSV upload -> one job, split into shards, epoch 1 published."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from bucketlearn import codec, jobs, layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.config import resolve_options
+from bucketlearn.errors import (
+    ConfigError,
+    InputProblem,
+    InvalidInputError,
+    TransientError,
+)
+from bucketlearn.ingest import Manifest, SourceFile, split_upload
+from bucketlearn.model import build_model, choose_spec
+
+log = logging.getLogger(__name__)
+
+MAX_OBJECT_NAME = 1024
+
+
+class Outcome(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+    IGNORED = "ignored"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True)
+class StorageEvent:
+    """The fields of an Eventarc ``object.finalized`` event that bucketlearn uses."""
+
+    bucket: str
+    name: str
+    generation: int
+    size: int = 0
+    event_time: float | None = None
+
+    @classmethod
+    def from_cloudevent_data(cls, data: dict[str, Any], event_time: float | None = None
+                             ) -> StorageEvent:
+        return cls(bucket=str(data["bucket"]), name=str(data["name"]),
+                   generation=int(data.get("generation") or 0), size=int(data.get("size") or 0),
+                   event_time=event_time)
+
+
+def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | None]:
+    """Turn one upload event into (at most) one job.
+
+    Returns:
+        (outcome, job id). ACCEPTED: the job was split and epoch 1 published; DUPLICATE: a
+        re-delivered event for a job that exists; REJECTED: the job ended with a reason;
+        IGNORED: not an upload bucketlearn trains on.
+
+    Raises:
+        TransientError: another invocation is splitting the same upload right now, or a backend
+            failed; the event should be retried.
+    """
+    if not event.name.lower().endswith(".csv"):
+        log.info("ignoring gs://%s/%s: not a .csv object", event.bucket, event.name)
+        return Outcome.IGNORED, None
+    now = svc.clock()
+    if event.event_time and now - event.event_time > svc.settings.max_event_age_seconds:
+        log.warning("dropping event for gs://%s/%s: older than %ss", event.bucket, event.name,
+                    svc.settings.max_event_age_seconds)
+        return Outcome.IGNORED, None
+    job_id = layout.job_id_for(event.bucket, event.name, event.generation)
+    file = f"gs://{event.bucket}/{event.name}"
+    claim = layout.new_nonce()
+    doc = {
+        "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
+        "source": {"bucket": event.bucket, "name": event.name, "generation": event.generation,
+                   "size": event.size},
+        "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
+        "version": None, "epoch": 0, "published_epoch": 0, "tasks_applied": 0,
+        "tasks_failed": 0, "samples_seen": 0, "error": None,
+    }
+    if not svc.registry.create_job(job_id, doc):
+        existing = svc.registry.get_job(job_id) or {}
+        if existing.get("phase") == jobs.SPLITTING:
+            if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
+                raise TransientError(f"job {job_id} is being split by another invocation")
+            if not svc.registry.update_job_if(job_id, {"claim": existing.get("claim")},
+                                              {"claim": claim, "claimed_at": now}):
+                raise TransientError(f"job {job_id}: lost the race to take over a stale split")
+            log.warning("job %s: taking over a split abandoned since %s", job_id,
+                        existing.get("claimed_at"))
+        elif existing.get("phase") == jobs.TRAINING and \
+                int(existing.get("published_epoch") or 0) < int(existing.get("epoch") or 0):
+            publish_pending_epoch(svc, existing)
+            return Outcome.ACCEPTED, job_id
+        else:
+            log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
+            return Outcome.DUPLICATE, job_id
+    if len(event.name) > MAX_OBJECT_NAME or any(ord(ch) < 32 for ch in event.name):
+        reject(svc, job_id, InputProblem(file=file[:200], message="the object name is not usable",
+                                         expected="a name without control characters, at most "
+                                                  f"{MAX_OBJECT_NAME} characters",
+                                         found=repr(event.name[:80])))
+        return Outcome.REJECTED, job_id
+    info = svc.store.stat(event.bucket, event.name)
+    if info is None or info.generation != event.generation:
+        found = "no object" if info is None else f"generation {info.generation}"
+        reject(svc, job_id, InputProblem(
+            file=file, message="the upload was deleted or replaced before it could be read",
+            expected=f"generation {event.generation}", found=found))
+        return Outcome.REJECTED, job_id
+    try:
+        options = resolve_options(metadata=info.metadata)
+    except ConfigError as exc:
+        reject(svc, job_id, InputProblem(file=file, message=f"invalid upload option '{exc.key}'",
+                                         column=None, expected=exc.expected,
+                                         found=repr(exc.found)))
+        return Outcome.REJECTED, job_id
+    svc.registry.update_job(job_id, {"options": options.to_dict(), "updated_at": svc.clock()})
+    source = SourceFile(display_name=file, size=info.size,
+                        opener=lambda: svc.store.open_read(event.bucket, event.name))
+    settings = svc.settings
+    try:
+        manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
+                                settings.limits)
+        spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
+                           options.seed, options.learning_rate, file)
+    except InvalidInputError as exc:
+        reject(svc, job_id, exc.problem)
+        return Outcome.REJECTED, job_id
+    start_training(svc, job_id, claim, manifest, spec.to_dict(), options.to_dict())
+    job = svc.registry.get_job(job_id)
+    assert job is not None
+    if int(job.get("published_epoch") or 0) < int(job.get("epoch") or 0):
+        publish_pending_epoch(svc, job)
+    return Outcome.ACCEPTED, job_id
+
+
+def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
+                   spec: dict[str, Any], options: dict[str, Any]) -> None:
+    """Write version 0 (initial weights) and make the job trainable, if we still own the split."""
+    from bucketlearn.model import ModelSpec  # noqa: PLC0415
+
+    model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance)
+    data = codec.encode_weights(model.get_weights(), {"job_id": job_id, "version": 0})
+    weights_path = layout.weights_path(job_id, 0, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.models_bucket, weights_path, data,
+                          "application/octet-stream")
+    now = svc.clock()
+    tasks_per_epoch = len(manifest.shards)
+    version_doc = {
+        "version": 0, "parent": None, "weights_path": weights_path,
+        "checksum": codec.checksum(data), "epoch": 0, "tasks_applied": [], "samples": 0,
+        "train_loss": None, "holdout_accuracy": None, "holdout_loss": None, "created_at": now,
+    }
+    epoch_doc = {"epoch": 1, "planned": tasks_per_epoch, "applied": [], "failed": [],
+                 "created_at": now}
+    job_fields = {
+        "phase": jobs.TRAINING, "version": 0, "epoch": 1, "published_epoch": 0,
+        "tasks_per_epoch": tasks_per_epoch,
+        "tasks_planned": tasks_per_epoch * int(options["epochs"]),
+        "dataset": manifest.summary(), "model": spec, "updated_at": now,
+        "head": {"version": 0, "weights_path": weights_path, "holdout_accuracy": None,
+                 "holdout_loss": None, "train_loss": None},
+    }
+    if not svc.registry.start_training(job_id, claim, job_fields, version_doc, epoch_doc):
+        raise TransientError(f"job {job_id}: another invocation took over the split")
+
+
+def publish_pending_epoch(svc: Services, job: dict[str, Any]) -> None:
+    """Publish the tasks of the job's current epoch if that has not happened yet (idempotent)."""
+    from bucketlearn.ingest import Manifest  # noqa: PLC0415
+
+    job_id, epoch = job["job_id"], int(job["epoch"])
+    raw = svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id))
+    manifest = Manifest.from_json(raw)
+    shards = [s.__dict__ for s in manifest.shards]
+    messages = jobs.epoch_messages(job_id, epoch, int(job["options"]["seed"]), shards)
+    svc.queue.publish(messages)
+    svc.registry.update_job(job_id, {"published_epoch": epoch, "updated_at": svc.clock()})
+    log.info("job %s: published %d tasks of epoch %d", job_id, len(messages), epoch)
+
+
+def reject(svc: Services, job_id: str, problem: InputProblem) -> None:
+    """End a job as REJECTED with a reason naming file, row and column; remove its partial shards."""
+    now = svc.clock()
+    svc.registry.update_job(job_id, {
+        "status": jobs.REJECTED, "phase": "rejected", "error": problem.describe(),
+        "error_detail": problem.to_dict(), "updated_at": now, "finished_at": now,
+    })
+    log.warning("job %s rejected: %s", job_id, problem.describe())
+    try:
+        for info in list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))):
+            svc.store.delete(svc.settings.work_bucket, info.name)
+    except Exception:  # noqa: BLE001 - cleanup is best effort; lifecycle rules catch the rest
+        log.exception("job %s: could not remove partial shards", job_id)

@@ -1,0 +1,57 @@
+"""The local training step (one task on one shard) and holdout evaluation.
+
+Workers keep one compiled model per job and reset its *weights* to the head version before each
+task; the Adam moments are kept between tasks of the same job, so a task's first steps continue
+the optimizer's trajectory instead of restarting it cold (a cold restart makes early Adam steps
+large and noisy, one of the ways distributed training loses to serial).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    weights: list[np.ndarray]
+    train_loss: float
+    examples: int
+    seconds: float
+
+
+def shuffle_rows(x: np.ndarray, y: np.ndarray, seed: int, epoch: int, task_index: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Reshuffle a shard's rows, differently every epoch, reproducibly."""
+    order = np.random.default_rng([seed, epoch, task_index]).permutation(len(y))
+    return x[order], y[order]
+
+
+def train_on_shard(model: Any, base_weights: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
+                   batch_size: int, seed: int, epoch: int, task_index: int) -> LocalResult:
+    """Train one pass over the shard starting from ``base_weights``; return the new weights."""
+    started = time.perf_counter()
+    model.set_weights(list(base_weights))
+    xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
+    history = model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+    loss = float(history.history["loss"][-1])
+    return LocalResult(weights=[np.asarray(w) for w in model.get_weights()], train_loss=loss,
+                       examples=len(ys), seconds=time.perf_counter() - started)
+
+
+def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray
+             ) -> tuple[float, float]:
+    """Holdout (accuracy, loss) of ``weights`` (or the model's current weights when None)."""
+    if weights is not None:
+        model.set_weights(list(weights))
+    result = model.evaluate(x, y, batch_size=1024, verbose=0, return_dict=True)
+    return float(result["accuracy"]), float(result["loss"])
+
+
+def subtract(new: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(n, dtype=np.float32) - np.asarray(b, dtype=np.float32)
+            for n, b in zip(new, base)]

@@ -1,0 +1,211 @@
+"""The learner: pull one task, train it from the head version, write the delta, then ack.
+
+Delivery is at least once, so a task may be trained twice; the aggregator applies it once.
+Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
+``max_task_attempts`` the task is marked FAILED, a failure marker is written to the deltas
+bucket (so the aggregator hears of it) and the message is acked.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+from bucketlearn import codec, jobs, layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.errors import NotFoundError, PermanentError
+from bucketlearn.ingest import load_parts
+from bucketlearn.ports import ReceivedTask, TaskMessage
+from bucketlearn.runtime import job_runtime
+from bucketlearn.training import subtract, train_on_shard
+
+log = logging.getLogger(__name__)
+
+
+class Decision(enum.Enum):
+    ACK = "ack"
+    NACK = "nack"
+
+
+class _LeaseExtender:
+    """Keeps a message's ack deadline ahead of a long task."""
+
+    def __init__(self, received: ReceivedTask, deadline: int) -> None:
+        self.received, self.deadline = received, deadline
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.deadline / 2):
+            try:
+                self.received.extend(self.deadline)
+            except Exception:  # noqa: BLE001 - a missed extension means a redelivery, not a loss
+                log.warning("could not extend the ack deadline", exc_info=True)
+
+    def __enter__(self) -> _LeaseExtender:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+class Learner:
+    def __init__(self, svc: Services, worker_id: str | None = None) -> None:
+        self.svc = svc
+        self.worker_id = worker_id or svc.identity
+        self.tasks_done = 0
+        self.started_at = svc.clock()
+
+    def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
+        try:
+            self.svc.registry.heartbeat(self.worker_id, {
+                "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
+                "job_id": task.job_id if task else None,
+                "task_id": task.task_id if task else None,
+                "tasks_done": self.tasks_done, "started_at": self.started_at,
+            })
+        except Exception:  # noqa: BLE001 - heartbeats are advisory
+            log.warning("heartbeat failed", exc_info=True)
+
+    def handle(self, received: ReceivedTask) -> Decision:
+        """Process one delivered task; return whether to ack or nack it."""
+        if received.message is None:
+            log.error("dropping a task message that is not valid JSON: %r", received.raw[:200])
+            return Decision.ACK
+        task = received.message
+        with _LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
+            return self.process(task)
+
+    def process(self, task: TaskMessage) -> Decision:
+        svc, registry = self.svc, self.svc.registry
+        job = registry.get_job(task.job_id)
+        if job is None or jobs.is_terminal(job):
+            log.info("task %s: job is %s, nothing to do", task.task_id,
+                     job.get("status") if job else "gone")
+            return Decision.ACK
+        if int(job.get("epoch") or 0) > task.epoch:
+            return Decision.ACK  # that epoch is complete: every one of its tasks was applied
+        epoch_doc = registry.get_epoch(task.job_id, task.epoch) or {}
+        if task.task_index in set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", [])):
+            return Decision.ACK  # a duplicate delivery of a task already applied
+        doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
+        now = svc.clock()
+        attempts = registry.record_attempt(task.job_id, doc_id, {
+            "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
+            "state": "RUNNING", "worker_id": self.worker_id, "started_at": now, "rows": task.rows,
+        })
+        if attempts > svc.settings.max_task_attempts:
+            self.fail_task(task, doc_id, attempts - 1)
+            return Decision.ACK
+        self.heartbeat("busy", task)
+        try:
+            timings = self.train(task, job)
+        except Exception as exc:  # noqa: BLE001 - every failure is counted, then retried
+            log.warning("task %s attempt %d failed: %s", task.task_id, attempts, exc,
+                        exc_info=not isinstance(exc, (PermanentError, NotFoundError)))
+            registry.update_task(task.job_id, doc_id, {
+                "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "finished_at": svc.clock()})
+            return Decision.NACK
+        self.tasks_done += 1
+        registry.update_task(task.job_id, doc_id, {"state": "TRAINED", "finished_at": svc.clock(),
+                                                   "error": None, **timings})
+        self.heartbeat("idle")
+        return Decision.ACK
+
+    def train(self, task: TaskMessage, job: dict[str, Any]) -> dict[str, Any]:
+        """Train the task from the head version and write its delta; return timings."""
+        svc = self.svc
+        t0 = time.perf_counter()
+        runtime = job_runtime(svc, job)
+        head = job["head"]
+        base = runtime.weights(head["weights_path"])
+        x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
+        model = runtime.model
+        t1 = time.perf_counter()
+        result = train_on_shard(model, base, x, y, int(job["options"]["batch_size"]),
+                                int(job["options"]["seed"]), task.epoch, task.task_index)
+        t2 = time.perf_counter()
+        meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
+                "task_index": task.task_index, "base_version": int(head["version"]),
+                "examples": result.examples, "train_loss": result.train_loss,
+                "worker_id": self.worker_id}
+        data = codec.encode_weights(subtract(result.weights, base), meta)
+        path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
+        svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream",
+                              metadata={k: str(v) for k, v in meta.items()})
+        t3 = time.perf_counter()
+        return {"fetch_seconds": t1 - t0, "train_seconds": t2 - t1, "write_seconds": t3 - t2,
+                "base_version": int(head["version"]), "train_loss": result.train_loss,
+                "delta_path": path}
+
+    def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:
+        """Give up on a task: mark it FAILED and tell the aggregator with a failure marker."""
+        svc = self.svc
+        previous = next((t for t in svc.registry.list_tasks(task.job_id)
+                         if t.get("task_id") == task.task_id), {})
+        error = previous.get("error") or "unknown error"
+        reason = f"task {task.task_id} failed after {attempts} attempts: {error}"
+        marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
+                  "task_index": task.task_index, "attempts": attempts, "error": reason}
+        path = layout.failure_marker_path(task.job_id, task.epoch, task.task_index,
+                                          layout.new_nonce())
+        svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
+                              "application/json", metadata={"failed": "true"})
+        svc.registry.update_task(task.job_id, doc_id, {"state": "FAILED", "error": error,
+                                                       "finished_at": svc.clock()})
+        log.error("%s", reason)
+
+    def run(self, stop: threading.Event, max_tasks: int | None = None,
+            pull_timeout: float = 10.0) -> int:
+        """Pull and process tasks until ``stop`` is set (or ``max_tasks`` are done)."""
+        handled = 0
+        self.heartbeat("idle")
+        last_beat = time.monotonic()
+        while not stop.is_set() and (max_tasks is None or handled < max_tasks):
+            try:
+                received = self.svc.queue.pull(timeout=pull_timeout)
+            except Exception:  # noqa: BLE001 - the queue may be briefly unavailable
+                log.warning("pull failed; retrying", exc_info=True)
+                stop.wait(2.0)
+                continue
+            if time.monotonic() - last_beat > 10:
+                self.heartbeat("idle")
+                last_beat = time.monotonic()
+            if received is None:
+                continue
+            try:
+                decision = self.handle(received)
+            except Exception:  # noqa: BLE001 - backend trouble: let the message come back
+                log.error("task handling failed:\n%s", traceback.format_exc())
+                decision = Decision.NACK
+            try:
+                received.ack() if decision is Decision.ACK else received.nack()
+            except Exception:  # noqa: BLE001 - an unacked message is redelivered: no loss
+                log.warning("ack/nack failed", exc_info=True)
+            handled += 1
+        self.heartbeat("stopped")
+        return handled
+
+
+def main() -> None:
+    """Entry point of a worker process (``bucketlearn worker``)."""
+    from bucketlearn.bootstrap import process_services  # noqa: PLC0415
+    from bucketlearn.logs import setup_logging  # noqa: PLC0415
+
+    svc = process_services()
+    setup_logging(svc.settings.log_format)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    learner = Learner(svc)
+    log.info("worker %s started", learner.worker_id)
+    learner.run(stop)
