@@ -315,3 +315,19 @@ def local_state_dir(environ: Mapping[str, str] | None = None) -> str:
 def environ_snapshot() -> dict[str, str]:
     """A copy of the process environment, for starting child processes."""
     return dict(os.environ)
+
+
+def export_emulator_env(settings: Settings) -> None:
+    """Make the emulator hosts in ``settings`` visible to Google client libraries that read them
+    from the environment (Firestore's client does); the only place bucketlearn writes os.environ."""
+    for key, value in (("STORAGE_EMULATOR_HOST", settings.storage_emulator_host),
+                       ("PUBSUB_EMULATOR_HOST", settings.pubsub_emulator_host),
+                       ("FIRESTORE_EMULATOR_HOST", settings.firestore_emulator_host)):
+        if value:
+            os.environ[key] = value
+
+
+def target_is_cloud(environ: Mapping[str, str] | None = None) -> bool:
+    """True when BUCKETLEARN_TARGET=cloud: ignore a running local stack, use the environment."""
+    env = os.environ if environ is None else environ
+    return env.get("BUCKETLEARN_TARGET", "").lower() == "cloud"

@@ -34,6 +34,11 @@ class MemoryBlobStore:
             self._objects[(bucket, name)] = (bytes(data), info)
             return info
 
+    def write_file(self, bucket: str, name: str, path: str, content_type: str,
+                   metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        with open(path, "rb") as handle:
+            return self.write_bytes(bucket, name, handle.read(), content_type, metadata)
+
     def read_bytes(self, bucket: str, name: str) -> bytes:
         with self._lock:
             if (bucket, name) not in self._objects:

@@ -209,3 +209,7 @@ def main() -> None:
     learner = Learner(svc)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
+
+
+if __name__ == "__main__":
+    main()

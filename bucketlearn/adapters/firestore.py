@@ -1,0 +1,258 @@
+"""Firestore adapter for the Registry port (also serves the Firestore emulator).
+
+Layout::
+
+    jobs/{job}                      status, options, dataset, head pointer, counters
+    jobs/{job}/versions/{v:06d}     one per version: weights path, checksum, tasks applied, metrics
+    jobs/{job}/epochs/{e:04d}       planned task count, applied and failed task indices
+    jobs/{job}/tasks/{e-t}          per task: attempts, state, worker, timings (workers write)
+    leases/{name}                   one aggregation writer per job
+    workers/{id}                    heartbeats
+
+Only the aggregator writes a job's head and versions, under its lease, in one transaction per
+version; workers write only task and worker documents, so the head document sees ~1 write per
+version. Leases are taken with create/update *preconditions*, not transactions: the emulator
+stalls ~30 s on contended transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+
+from bucketlearn.config import Settings
+from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.ports import VersionCommit
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = 30.0
+_TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
+              gexc.Aborted, gexc.RetryError)
+
+
+def make_client(settings: Settings) -> firestore.Client:
+    if settings.firestore_emulator_host:
+        from google.auth.credentials import AnonymousCredentials  # noqa: PLC0415
+
+        from bucketlearn.config import export_emulator_env  # noqa: PLC0415
+
+        export_emulator_env(settings)
+        return firestore.Client(project=settings.project, database=settings.firestore_database,
+                                credentials=AnonymousCredentials())
+    return firestore.Client(project=settings.project, database=settings.firestore_database)
+
+
+def _transient(what: str, exc: Exception) -> TransientError:
+    return TransientError(f"firestore {what}: {type(exc).__name__}: {exc}")
+
+
+class FirestoreRegistry:
+    def __init__(self, settings: Settings, client: firestore.Client | None = None) -> None:
+        self.client = client or make_client(settings)
+
+    # -- references -----------------------------------------------------------------------------
+    def _job(self, job_id: str) -> firestore.DocumentReference:
+        return self.client.collection("jobs").document(job_id)
+
+    def _version(self, job_id: str, version: int) -> firestore.DocumentReference:
+        return self._job(job_id).collection("versions").document(f"{version:06d}")
+
+    def _epoch(self, job_id: str, epoch: int) -> firestore.DocumentReference:
+        return self._job(job_id).collection("epochs").document(f"{epoch:04d}")
+
+    def _task(self, job_id: str, task_id: str) -> firestore.DocumentReference:
+        return self._job(job_id).collection("tasks").document(task_id)
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool:
+        try:
+            self._job(job_id).create(dict(doc), timeout=TIMEOUT)
+            return True
+        except gexc.AlreadyExists:
+            return False
+        except gexc.Conflict:
+            return False
+        except _TRANSIENT as exc:
+            raise _transient("create job", exc) from exc
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            snap = self._job(job_id).get(timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("get job", exc) from exc
+        return snap.to_dict() if snap.exists else None
+
+    def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
+        try:
+            self._job(job_id).update(dict(fields), timeout=TIMEOUT)
+        except gexc.NotFound:
+            raise NotFoundError(f"job {job_id}: no such job") from None
+        except _TRANSIENT as exc:
+            raise _transient("update job", exc) from exc
+
+    def update_job_if(self, job_id: str, expect: Mapping[str, Any],
+                      fields: Mapping[str, Any]) -> bool:
+        ref = self._job(job_id)
+        try:
+            snap = ref.get(timeout=TIMEOUT)
+            data = snap.to_dict() if snap.exists else None
+            if data is None or any(data.get(k) != v for k, v in expect.items()):
+                return False
+            ref.update(dict(fields), option=self.client.write_option(
+                last_update_time=snap.update_time), timeout=TIMEOUT)
+            return True
+        except (gexc.FailedPrecondition, gexc.NotFound):
+            return False
+        except _TRANSIENT as exc:
+            raise _transient("conditional update", exc) from exc
+
+    def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]:
+        query = (self.client.collection("jobs")
+                 .order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit))
+        try:
+            return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
+        except _TRANSIENT as exc:
+            raise _transient("list jobs", exc) from exc
+
+    def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
+                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
+        job_ref = self._job(job_id)
+
+        @firestore.transactional
+        def run(transaction: firestore.Transaction) -> bool:
+            snap = job_ref.get(transaction=transaction)
+            data = snap.to_dict() if snap.exists else None
+            if data is None or data.get("claim") != claim or data.get("phase") != "splitting":
+                return False
+            transaction.set(self._version(job_id, int(version_doc["version"])), dict(version_doc))
+            transaction.set(self._epoch(job_id, int(epoch_doc["epoch"])), dict(epoch_doc))
+            transaction.update(job_ref, dict(job_fields))
+            return True
+
+        try:
+            return bool(run(self.client.transaction()))
+        except _TRANSIENT as exc:
+            raise _transient("start training", exc) from exc
+
+    def commit_version(self, commit: VersionCommit) -> bool:
+        job_ref = self._job(commit.job_id)
+        epoch_ref = self._epoch(commit.job_id, commit.epoch)
+        version_ref = self._version(commit.job_id, int(commit.version_doc["version"]))
+
+        @firestore.transactional
+        def run(transaction: firestore.Transaction) -> bool:
+            job_snap = job_ref.get(transaction=transaction)
+            epoch_snap = epoch_ref.get(transaction=transaction)
+            version_snap = version_ref.get(transaction=transaction)
+            job = job_snap.to_dict() if job_snap.exists else None
+            epoch = epoch_snap.to_dict() if epoch_snap.exists else None
+            if job is None or epoch is None or version_snap.exists:
+                return False
+            if job.get("version") != commit.base_version:
+                return False
+            done = set(epoch.get("applied", [])) | set(epoch.get("failed", []))
+            if done & (set(commit.applied) | set(commit.failed)):
+                return False
+            transaction.create(version_ref, dict(commit.version_doc))
+            transaction.update(epoch_ref, {
+                "applied": list(epoch.get("applied", [])) + list(commit.applied),
+                "failed": list(epoch.get("failed", [])) + list(commit.failed)})
+            if commit.next_epoch_doc is not None:
+                transaction.set(self._epoch(commit.job_id, int(commit.next_epoch_doc["epoch"])),
+                                dict(commit.next_epoch_doc))
+            transaction.update(job_ref, dict(commit.job_fields))
+            return True
+
+        try:
+            return bool(run(self.client.transaction(max_attempts=5)))
+        except _TRANSIENT as exc:
+            raise _transient("commit version", exc) from exc
+
+    # -- versions, epochs, tasks ------------------------------------------------------------------
+    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
+        snap = self._version(job_id, version).get(timeout=TIMEOUT)
+        return snap.to_dict() if snap.exists else None
+
+    def list_versions(self, job_id: str) -> list[dict[str, Any]]:
+        query = self._job(job_id).collection("versions").order_by("version")
+        return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
+
+    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
+        try:
+            snap = self._epoch(job_id, epoch).get(timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("get epoch", exc) from exc
+        return snap.to_dict() if snap.exists else None
+
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
+        ref = self._task(job_id, task_id)
+        try:
+            ref.set({**dict(fields), "attempts": firestore.Increment(1)}, merge=True,
+                    timeout=TIMEOUT)
+            snap = ref.get(timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("record attempt", exc) from exc
+        return int((snap.to_dict() or {}).get("attempts", 1))
+
+    def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
+        try:
+            self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("update task", exc) from exc
+
+    def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
+        return [snap.to_dict() for snap in
+                self._job(job_id).collection("tasks").stream(timeout=TIMEOUT)]
+
+    # -- leases and heartbeats --------------------------------------------------------------------
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        import time  # noqa: PLC0415
+
+        ref = self.client.collection("leases").document(name)
+        now = time.time()
+        body = {"holder": holder, "expires_at": now + seconds, "acquired_at": now}
+        try:
+            try:
+                ref.create(body, timeout=TIMEOUT)
+                return True
+            except (gexc.AlreadyExists, gexc.Conflict):
+                pass
+            snap = ref.get(timeout=TIMEOUT)
+            if not snap.exists:
+                ref.create(body, timeout=TIMEOUT)
+                return True
+            current = snap.to_dict() or {}
+            if current.get("holder") != holder and float(current.get("expires_at", 0)) > now:
+                return False
+            ref.update(body, option=self.client.write_option(last_update_time=snap.update_time),
+                       timeout=TIMEOUT)
+            return True
+        except (gexc.AlreadyExists, gexc.Conflict, gexc.FailedPrecondition, gexc.NotFound):
+            return False
+        except _TRANSIENT as exc:
+            raise _transient("acquire lease", exc) from exc
+
+    def release_lease(self, name: str, holder: str) -> None:
+        ref = self.client.collection("leases").document(name)
+        try:
+            snap = ref.get(timeout=TIMEOUT)
+            if snap.exists and (snap.to_dict() or {}).get("holder") == holder:
+                ref.delete(option=self.client.write_option(last_update_time=snap.update_time),
+                           timeout=TIMEOUT)
+        except (gexc.FailedPrecondition, gexc.NotFound):
+            return
+        except _TRANSIENT:
+            log.warning("could not release lease %s; it expires by itself", name)
+
+    def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None:
+        self.client.collection("workers").document(worker_id).set(dict(fields), merge=True,
+                                                                  timeout=TIMEOUT)
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        return [snap.to_dict() for snap in
+                self.client.collection("workers").stream(timeout=TIMEOUT)]

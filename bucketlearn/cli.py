@@ -1,0 +1,461 @@
+"""The ``bucketlearn`` command line.
+
+Talks to the local stack when one is running in this directory (``.bucketlearn/local.json``),
+otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET=cloud`` forces
+the cloud even when a local stack runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bucketlearn import jobs, layout
+from bucketlearn.config import (
+    OPTION_SPECS,
+    JobOptions,
+    Settings,
+    load_settings,
+    local_state_dir,
+    resolve_options,
+    target_is_cloud,
+)
+from bucketlearn.errors import BucketlearnError, ConfigError
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
+
+
+# --- settings and services ---------------------------------------------------------------------
+
+def state_home() -> Path:
+    return Path(local_state_dir())
+
+
+def cli_settings() -> Settings:
+    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+
+    if not target_is_cloud():
+        state = read_state(state_home())
+        if state is not None:
+            return load_settings({**os.environ, **state["env"]})
+    return load_settings()
+
+
+def services(settings: Settings | None = None) -> Any:
+    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
+
+    return google_services(settings or cli_settings())
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    for spec in OPTION_SPECS:
+        flag = "--" + spec.name.replace("_", "-")
+        parser.add_argument(flag, dest=spec.name, default=None, metavar=spec.name.upper(),
+                            help=f"{spec.help} (default: {spec.default})")
+
+
+def option_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {spec.name: getattr(args, spec.name) for spec in OPTION_SPECS
+            if getattr(args, spec.name, None) is not None}
+
+
+def emit(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+# --- local stack -------------------------------------------------------------------------------
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    from bucketlearn.local.stack import LocalStack, read_state  # noqa: PLC0415
+
+    home = state_home()
+    state = read_state(home)
+    if state is not None:
+        print(f"a local stack is already running (pid {state['pid']})")
+        print_urls(state["urls"])
+        return EXIT_OK
+    if args.detach:
+        return start_detached(home, args.workers)
+    from bucketlearn.logs import setup_logging  # noqa: PLC0415
+
+    setup_logging()
+    stack = LocalStack(home=home, workers=args.workers)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stack.start()
+    print(f"local stack up ({args.workers} workers); logs in {home / 'logs'}", flush=True)
+    print_urls(stack.urls)
+    try:
+        stack.supervise(stop)
+    finally:
+        stack.stop()
+    return EXIT_OK
+
+
+def start_detached(home: Path, workers: int, timeout: float = 300.0) -> int:
+    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    log_path = home / "logs" / "supervisor.log"
+    with open(log_path, "ab") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bucketlearn.cli", "local", "up", "--workers", str(workers)],
+            stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "BUCKETLEARN_HOME": str(home)})
+    print(f"starting the local stack in the background (log: {log_path}) …", flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = read_state(home)
+        if state is not None:
+            print_urls(state["urls"])
+            print("stop it with: bucketlearn local down")
+            return EXIT_OK
+        if proc.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+            print(f"the local stack failed to start:\n{tail}", file=sys.stderr)
+            return EXIT_JOB_FAILED
+        time.sleep(0.5)
+    print(f"the local stack did not come up within {timeout:.0f}s; see {log_path}",
+          file=sys.stderr)
+    return EXIT_TIMEOUT
+
+
+def print_urls(urls: dict[str, str]) -> None:
+    if "dashboard" in urls:
+        print(f"dashboard: {urls['dashboard']}")
+    for name in ("storage", "pubsub", "firestore", "upload_fn", "delta_fn"):
+        if name in urls:
+            print(f"{name}: {urls[name]}")
+
+
+def cmd_local_down(args: argparse.Namespace) -> int:
+    from bucketlearn.local.stack import stop_from_state  # noqa: PLC0415
+
+    if stop_from_state(state_home()):
+        print("local stack stopped")
+    else:
+        print("no local stack is running here")
+    return EXIT_OK
+
+
+def cmd_local_env(args: argparse.Namespace) -> int:
+    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+
+    state = read_state(state_home())
+    if state is None:
+        print("no local stack is running here (start one with: bucketlearn local up --detach)",
+              file=sys.stderr)
+        return EXIT_JOB_FAILED
+    for key, value in sorted(state["env"].items()):
+        print(f"export {key}={value}")
+    return EXIT_OK
+
+
+def cmd_local_status(args: argparse.Namespace) -> int:
+    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+
+    state = read_state(state_home())
+    if state is None:
+        print("no local stack is running here")
+        return EXIT_JOB_FAILED
+    if args.json:
+        emit(state)
+        return EXIT_OK
+    print_urls(state["urls"])
+    for name, info in state["processes"].items():
+        print(f"{name:12s} pid {info['pid']}  {'up' if info['alive'] else 'DOWN'}  "
+              f"restarts {info['restarts']}  log {info['log']}")
+    return EXIT_OK
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"{path}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    overrides = option_overrides(args)
+    resolve_options(overrides=overrides)  # fail here, not after the upload, on a bad flag
+    svc = services()
+    name = args.name or path.name
+    metadata = {k: str(v) for k, v in overrides.items()}
+    info = svc.store.write_file(svc.settings.uploads_bucket, name, str(path), "text/csv",
+                                metadata)
+    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
+    if not args.json:
+        print(job_id, flush=True)
+    if not args.wait:
+        if args.json:
+            emit({"job_id": job_id, "object": f"gs://{info.bucket}/{info.name}",
+                  "generation": info.generation})
+        return EXIT_OK
+    return follow(svc, job_id, args.timeout, args.json)
+
+
+def follow(svc: Any, job_id: str, timeout: float, as_json: bool) -> int:
+    """Follow a job until it ends, with a one-line progress display on stderr."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    tty = sys.stderr.isatty()
+    job = None
+    while time.monotonic() < deadline:
+        job = svc.registry.get_job(job_id)
+        if job is not None:
+            line = progress_line(job)
+            if line != last:
+                print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n",
+                      file=sys.stderr, flush=True)
+                last = line
+            if jobs.is_terminal(job):
+                break
+        time.sleep(1.0)
+    if tty:
+        print(file=sys.stderr)
+    if job is None or not jobs.is_terminal(job):
+        print(f"job {job_id}: still not finished after {timeout:.0f}s", file=sys.stderr)
+        return EXIT_TIMEOUT
+    status = jobs.status_object(job, svc.settings.models_bucket)
+    if as_json:
+        emit(status)
+    else:
+        print_status(status)
+    return EXIT_OK if job["status"] == jobs.DONE else EXIT_JOB_FAILED
+
+
+def progress_line(job: dict[str, Any]) -> str:
+    status = jobs.status_object(job)
+    acc = status["accuracy"]
+    acc_text = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+    return (f"{status['job_id']}: {status['status']} ({status['phase']}) "
+            f"epoch {status['epoch'] or 0}/{status['epochs'] or '?'} v{status['version'] or 0} "
+            f"tasks {status['tasks_applied'] or 0}/{status['tasks_planned'] or '?'} "
+            f"holdout accuracy {acc_text}")
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"job:       {status['job_id']}")
+    print(f"status:    {status['status']}")
+    if status.get("error"):
+        print(f"error:     {status['error']}")
+    print(f"version:   {status['version']}")
+    acc = status.get("accuracy")
+    print(f"accuracy:  {acc:.4f}" if isinstance(acc, (int, float)) else "accuracy:  -")
+    print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
+          f"{status.get('tasks_failed') or 0} failed")
+    if status.get("model_uri"):
+        print(f"model:     {status['model_uri']}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    svc = services()
+    if args.job:
+        job = svc.registry.get_job(args.job)
+        if job is None:
+            print(f"job {args.job}: no such job", file=sys.stderr)
+            return EXIT_JOB_FAILED
+        status = jobs.status_object(job, svc.settings.models_bucket)
+        emit(status) if args.json else print_status(status)
+        return EXIT_OK
+    rows = [jobs.status_object(j, svc.settings.models_bucket) for j in svc.registry.list_jobs(50)]
+    if args.json:
+        emit(rows)
+        return EXIT_OK
+    if not rows:
+        print("no jobs yet")
+    for s in rows:
+        acc = s["accuracy"]
+        acc_text = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+        print(f"{s['job_id']:42s} {s['status']:9s} v{s['version'] or 0:<5} {acc_text:7s} "
+              f"{(s['error'] or '')[:80]}")
+    return EXIT_OK
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from bucketlearn.models_io import model_bytes  # noqa: PLC0415
+
+    svc = services()
+    data, version = model_bytes(svc, args.job, args.version)
+    out = Path(args.output or f"{args.job}.keras")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    print(f"wrote {out} (job {args.job}, version {version})")
+    return EXIT_OK
+
+
+def cmd_train_local(args: argparse.Namespace) -> int:
+    from bucketlearn.models_io import serial_sidecar  # noqa: PLC0415
+    from bucketlearn.serial import train_local  # noqa: PLC0415
+
+    options = resolve_options(overrides=option_overrides(args))
+    result = train_local(args.file, options, load_settings().limits)
+    if args.output:
+        from bucketlearn.model import export_keras  # noqa: PLC0415
+
+        Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
+            result.manifest, options, result.accuracy)))
+    report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
+              "train_rows": result.manifest.train_rows,
+              "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict()}
+    if args.output:
+        report["model"] = args.output
+    if args.json:
+        emit(report)
+    else:
+        print(f"holdout accuracy {result.accuracy:.4f} (loss {result.loss:.4f}) on "
+              f"{result.manifest.holdout_rows} rows; trained in {result.seconds:.1f}s")
+        if args.output:
+            print(f"model: {args.output}")
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bucketlearn.models_io import predict_file  # noqa: PLC0415
+
+    result = predict_file(args.model, args.file, args.output)
+    if args.json:
+        emit(result)
+        return EXIT_OK
+    if args.output:
+        print(f"wrote {result['rows']} predictions to {args.output}")
+    else:
+        for value in result["predictions"]:
+            print(value)
+    if result.get("accuracy") is not None:
+        print(f"accuracy {result['accuracy']:.4f} against column '{result['label_column']}'",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bucketlearn.local.stack import read_state, repo_root  # noqa: PLC0415
+
+    home = state_home()
+    if read_state(home) is None:
+        code = start_detached(home, args.workers)
+        if code != EXIT_OK:
+            return code
+    state = read_state(home)
+    assert state is not None
+    data = Path(args.file or repo_root() / "data" / "digits.csv")
+    svc = services(load_settings({**os.environ, **state["env"]}))
+    info = svc.store.write_file(svc.settings.uploads_bucket, data.name, str(data), "text/csv", {})
+    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
+    print(f"submitted {data} as job {job_id}; training …", flush=True)
+    code = follow(svc, job_id, args.timeout, as_json=False)
+    if code != EXIT_OK:
+        return code
+    from bucketlearn.models_io import model_bytes  # noqa: PLC0415
+
+    blob, version = model_bytes(svc, job_id, None)
+    out = Path(args.output_dir) / f"{job_id}.keras"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(blob)
+    job = svc.registry.get_job(job_id) or {}
+    accuracy = (job.get("head") or {}).get("holdout_accuracy")
+    print()
+    print(f"holdout accuracy: {accuracy:.4f}")
+    print(f"model:            {out.resolve()}  (version {version})")
+    print(f"dashboard:        {state['urls'].get('dashboard', '(not running)')}")
+    print("the local stack keeps running; stop it with: bucketlearn local down")
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from bucketlearn.worker import main as worker_main  # noqa: PLC0415
+
+    worker_main()
+    return EXIT_OK
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bucketlearn", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    local = sub.add_parser("local", help="the local stack on emulators")
+    local_sub = local.add_subparsers(dest="local_command", required=True)
+    up = local_sub.add_parser("up", help="start emulators, functions, relay, workers, dashboard")
+    up.add_argument("--workers", type=int, default=2, help="learner processes (default 2)")
+    up.add_argument("--detach", action="store_true", help="run in the background and return")
+    up.set_defaults(func=cmd_local_up)
+    local_sub.add_parser("down", help="stop the local stack").set_defaults(func=cmd_local_down)
+    local_sub.add_parser("env", help="print export lines for the emulators").set_defaults(
+        func=cmd_local_env)
+    st = local_sub.add_parser("status", help="processes of the local stack")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_local_status)
+
+    submit = sub.add_parser("submit", help="upload a CSV; prints the job id")
+    submit.add_argument("file")
+    submit.add_argument("--name", help="object name in the uploads bucket (default: file name)")
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    submit.add_argument("--json", action="store_true", help="print the final status as JSON")
+    add_option_flags(submit)
+    submit.set_defaults(func=cmd_submit)
+
+    status = sub.add_parser("status", help="a job's status (or all jobs)")
+    status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    download = sub.add_parser("download", help="write a job's model as .keras")
+    download.add_argument("job")
+    download.add_argument("--version", type=int, default=None, help="a version (default: latest)")
+    download.add_argument("-o", "--output", help="output path (default: <job>.keras)")
+    download.set_defaults(func=cmd_download)
+
+    train = sub.add_parser("train-local", help="the serial baseline, in one process")
+    train.add_argument("file")
+    train.add_argument("-o", "--output", help="also save the model as .keras")
+    train.add_argument("--json", action="store_true")
+    add_option_flags(train)
+    train.set_defaults(func=cmd_train_local)
+
+    predict = sub.add_parser("predict", help="predict label values for every row of a CSV")
+    predict.add_argument("model")
+    predict.add_argument("file")
+    predict.add_argument("-o", "--output", help="write predictions to this CSV")
+    predict.add_argument("--json", action="store_true")
+    predict.set_defaults(func=cmd_predict)
+
+    demo = sub.add_parser("demo", help="local stack up, train the sample data, download the model")
+    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--file", help="CSV to train on (default: data/digits.csv)")
+    demo.add_argument("--output-dir", default="bucketlearn-demo")
+    demo.add_argument("--timeout", type=float, default=1800.0)
+    demo.set_defaults(func=cmd_demo)
+
+    sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
+        func=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BucketlearnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

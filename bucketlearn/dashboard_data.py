@@ -1,0 +1,540 @@
+"""The dashboard's read side: registry documents -> rows and frames the page shows.
+
+Everything here is a plain function of documents (and ``now``), so it is unit-tested without
+Streamlit or a backend. ``dashboard/app.py`` only lays the results out. The dashboard never writes
+model state; its one write is the upload form's CSV (``upload_csv``), exactly what the CLI does.
+
+Documents read (field names as written by split.py, aggregator.py and worker.py):
+
+* job: status, phase, file/source, created_at, version, epoch, options, dataset, head,
+  tasks_planned, tasks_applied, tasks_failed, started_at, error, error_detail;
+* version: version, epoch, created_at, samples, tasks_applied/tasks_failed (task ids),
+  holdout_accuracy, holdout_loss, train_loss;
+* task: task_id, epoch, task_index, state, attempts, worker_id, started_at, finished_at,
+  fetch_seconds, train_seconds, write_seconds, error;
+* worker heartbeat: worker_id, state, last_seen, job_id, task_id, tasks_done.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bucketlearn import jobs, layout
+from bucketlearn.bootstrap import Services, google_services
+from bucketlearn.config import OPTION_SPECS, parse_option
+from bucketlearn.ports import BlobStore, Registry
+
+ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
+RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
+ETA_WINDOW_SECONDS = 120.0    # the ETA extrapolates the throughput of the last two minutes
+TASK_STATES = ("queued", "running", "retrying", "done", "failed")
+_BIN_CHOICES = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
+_MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
+
+VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy", "holdout_loss",
+                   "train_loss", "samples", "tasks")
+THROUGHPUT_COLUMNS = ("time", "samples_per_s", "tasks_per_min")
+TASK_COLUMNS = ("task_id", "epoch", "task_index", "state", "attempts", "worker_id", "started",
+                "seconds", "fetch_seconds", "train_seconds", "write_seconds", "rows", "error")
+
+
+def get_services() -> Services:
+    """The dashboard's Services (settings from the environment). Tests replace this function."""
+    return google_services()
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+def _float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _int(value: Any) -> int:
+    number = _float(value)
+    return int(number) if number is not None else 0
+
+
+def _count(value: Any) -> int:
+    """Task counts in version docs are lists of task ids; tolerate plain numbers."""
+    if isinstance(value, (list, tuple, set)):
+        return len(value)
+    return _int(value)
+
+
+def timestamp(value: Any) -> pd.Timestamp | None:
+    """Float epoch seconds -> a UTC timestamp (None when missing)."""
+    seconds = _float(value)
+    return None if seconds is None else pd.Timestamp(seconds, unit="s", tz="UTC")
+
+
+def format_duration(seconds: float | None) -> str:
+    """'45s', '3m 20s', '2h 05m', '1d 3h'; an em dash when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    total = max(0, round(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m {total % 60:02d}s"
+    if total < 86400:
+        return f"{total // 3600}h {total % 3600 // 60:02d}m"
+    return f"{total // 86400}d {total % 86400 // 3600}h"
+
+
+def format_percent(value: Any) -> str:
+    number = _float(value)
+    return "—" if number is None else f"{number:.1%}"
+
+
+def format_number(value: Any, digits: int = 4) -> str:
+    number = _float(value)
+    return "—" if number is None else f"{number:.{digits}f}"
+
+
+def source_file(job: Mapping[str, Any]) -> str:
+    """The uploaded object, as gs://bucket/name."""
+    if job.get("file"):
+        return str(job["file"])
+    source = job.get("source") or {}
+    if source.get("bucket") and source.get("name"):
+        return f"gs://{source['bucket']}/{source['name']}"
+    return ""
+
+
+def reason(job: Mapping[str, Any]) -> str:
+    """Why a job ended badly (REJECTED/FAILED), in one plain sentence; '' otherwise."""
+    return str(job.get("error") or "") if job.get("status") in (jobs.REJECTED, jobs.FAILED) else ""
+
+
+def rejection_details(job: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The structured reason of a REJECTED job (file, row, column, expected, found)."""
+    detail = job.get("error_detail") or {}
+    order = ("file", "row", "column", "message", "expected", "found")
+    return [{"field": key, "value": str(detail[key])} for key in order
+            if detail.get(key) is not None]
+
+
+# --- rates, ETA ----------------------------------------------------------------------------------
+
+def _version_times(versions: Iterable[Mapping[str, Any]]) -> list[tuple[float, Mapping[str, Any]]]:
+    out = [(_float(v.get("created_at")), v) for v in versions]
+    return sorted(((t, v) for t, v in out if t is not None), key=lambda item: item[0])
+
+
+def _tasks_in(version: Mapping[str, Any]) -> int:
+    return _count(version.get("tasks_applied")) + _count(version.get("tasks_failed"))
+
+
+def current_rate(versions: Iterable[Mapping[str, Any]], now: float,
+                 window: float = RATE_WINDOW_SECONDS) -> dict[str, float]:
+    """Samples/s and tasks/min committed in the last ``window`` seconds.
+
+    The window never reaches back before training started (version 0), so a job that began
+    ten seconds ago is not diluted over a whole minute.
+    """
+    timed = _version_times(versions)
+    if not timed:
+        return {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+    span = min(window, now - timed[0][0])
+    if span <= 0:
+        return {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+    recent = [v for t, v in timed if now - window < t <= now]
+    samples = sum(_int(v.get("samples")) for v in recent)
+    tasks = sum(_tasks_in(v) for v in recent)
+    return {"samples_per_s": samples / span, "tasks_per_min": tasks * 60.0 / span}
+
+
+def remaining_tasks(job: Mapping[str, Any]) -> int | None:
+    planned = _int(job.get("tasks_planned"))
+    if planned <= 0:
+        return None
+    return max(0, planned - _int(job.get("tasks_applied")) - _int(job.get("tasks_failed")))
+
+
+def eta_seconds(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]], now: float,
+                window: float = ETA_WINDOW_SECONDS) -> float | None:
+    """Seconds until every planned task is applied, at the recent rate; None when unknown."""
+    if jobs.is_terminal(job):
+        return None
+    remaining = remaining_tasks(job)
+    if remaining is None:
+        return None
+    if remaining == 0:
+        return 0.0
+    per_minute = current_rate(versions, now, window)["tasks_per_min"]
+    return remaining * 60.0 / per_minute if per_minute > 0 else None
+
+
+def progress(job: Mapping[str, Any]) -> float | None:
+    """tasks_applied / tasks_planned in [0, 1]; None before the job is split."""
+    planned = _int(job.get("tasks_planned"))
+    if planned <= 0:
+        return None
+    return min(1.0, _int(job.get("tasks_applied")) / planned)
+
+
+# --- jobs overview -------------------------------------------------------------------------------
+
+def overview_rows(job_docs: Iterable[Mapping[str, Any]],
+                  versions_by_job: Mapping[str, list[dict[str, Any]]], now: float
+                  ) -> list[dict[str, Any]]:
+    """One row per job, newest first: what the jobs table shows."""
+    rows = []
+    for job in job_docs:
+        job_id = str(job.get("job_id") or "")
+        head = job.get("head") or {}
+        eta = eta_seconds(job, versions_by_job.get(job_id, []), now)
+        status = str(job.get("status") or "")
+        if status == jobs.DONE:
+            eta_text = "finished"
+        elif jobs.is_terminal(job):
+            eta_text = ""
+        else:
+            eta_text = format_duration(eta)
+        rows.append({
+            "job_id": job_id,
+            "link": f"?job={job_id}",
+            "status": status,
+            "phase": str(job.get("phase") or ""),
+            "source": source_file(job),
+            "created": timestamp(job.get("created_at")),
+            "created_at": _float(job.get("created_at")),
+            "version": job.get("version"),
+            "accuracy": _float(head.get("holdout_accuracy")),
+            "progress": progress(job),
+            "tasks": (f"{_int(job.get('tasks_applied'))}/{_int(job.get('tasks_planned'))}"
+                      if job.get("tasks_planned") else ""),
+            "eta": eta_text,
+            "eta_seconds": eta,
+            "reason": reason(job),
+        })
+    rows.sort(key=lambda r: r["created_at"] or 0.0, reverse=True)
+    return rows
+
+
+def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
+    """The documents the overview needs: the jobs, and the versions of the jobs still training."""
+    job_docs = registry.list_jobs(limit)
+    versions = {job["job_id"]: registry.list_versions(job["job_id"]) for job in job_docs
+                if not jobs.is_terminal(job) and job.get("phase") == jobs.TRAINING}
+    return {"jobs": job_docs, "versions": versions}
+
+
+# --- one job -----------------------------------------------------------------------------------
+
+def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
+    """Every document the job page shows, read in one go (None if there is no such job)."""
+    job = registry.get_job(job_id)
+    if job is None:
+        return None
+    epoch = _int(job.get("epoch"))
+    return {
+        "job": job,
+        "versions": registry.list_versions(job_id),
+        "tasks": registry.list_tasks(job_id),
+        "workers": registry.list_workers(),
+        "epoch": registry.get_epoch(job_id, epoch) if epoch > 0 else None,
+    }
+
+
+def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: float
+                ) -> dict[str, Any]:
+    """The headline numbers of the job page."""
+    status = jobs.status_object(job)
+    options = job.get("options") or {}
+    return {
+        **status,
+        "source": source_file(job),
+        "epochs": options.get("epochs"),
+        "progress": progress(job),
+        "remaining": remaining_tasks(job),
+        "eta_seconds": eta_seconds(job, versions, now),
+        "reason": reason(job),
+    }
+
+
+def epoch_progress(epoch_doc: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Tasks planned/applied/failed in the current epoch."""
+    if not epoch_doc:
+        return None
+    return {"epoch": _int(epoch_doc.get("epoch")), "planned": _int(epoch_doc.get("planned")),
+            "applied": _count(epoch_doc.get("applied")), "failed": _count(epoch_doc.get("failed"))}
+
+
+def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Accuracy and losses per version (and its commit time), sorted by version."""
+    rows = [{
+        "version": _int(v.get("version")),
+        "epoch": _int(v.get("epoch")),
+        "time": timestamp(v.get("created_at")),
+        "created_at": _float(v.get("created_at")),
+        "holdout_accuracy": _float(v.get("holdout_accuracy")),
+        "holdout_loss": _float(v.get("holdout_loss")),
+        "train_loss": _float(v.get("train_loss")),
+        "samples": _int(v.get("samples")),
+        "tasks": _tasks_in(v),
+    } for v in versions]
+    frame = pd.DataFrame(rows, columns=list(VERSION_COLUMNS))
+    for column in ("holdout_accuracy", "holdout_loss", "train_loss", "created_at"):
+        frame[column] = frame[column].astype("float64")
+    return frame.sort_values("version", kind="stable").reset_index(drop=True)
+
+
+def choose_bin_seconds(span: float, target_bins: int = 40) -> int:
+    """A round bin width giving about ``target_bins`` bins over ``span`` seconds."""
+    wanted = max(span, 1.0) / target_bins
+    return next((b for b in _BIN_CHOICES if b >= wanted), _BIN_CHOICES[-1])
+
+
+def throughput_frame(versions: Iterable[Mapping[str, Any]], now: float | None = None,
+                     bin_seconds: int | None = None) -> pd.DataFrame:
+    """Samples/s and tasks/min per time bin, from training start (version 0) to ``now``.
+
+    Empty bins are kept (as zeros) so a stall shows as a drop, not as a straight line.
+    """
+    timed = _version_times(versions)
+    if not timed:
+        return pd.DataFrame(columns=list(THROUGHPUT_COLUMNS))
+    start = timed[0][0]
+    end = max(timed[-1][0], now if now is not None else timed[-1][0])
+    width = bin_seconds or choose_bin_seconds(end - start)
+    count = int((end - start) // width) + 1
+    index = np.array([min(int((t - start) // width), count - 1) for t, _ in timed])
+    samples = np.bincount(index, weights=[_int(v.get("samples")) for _, v in timed],
+                          minlength=count)
+    tasks = np.bincount(index, weights=[_tasks_in(v) for _, v in timed], minlength=count)
+    times = pd.to_datetime(start + np.arange(count) * width, unit="s", utc=True)
+    return pd.DataFrame({"time": times, "samples_per_s": samples / width,
+                         "tasks_per_min": tasks * 60.0 / width})
+
+
+# --- workers and tasks ---------------------------------------------------------------------------
+
+def is_alive(worker: Mapping[str, Any], now: float, alive_seconds: float = ALIVE_SECONDS) -> bool:
+    seen = _float(worker.get("last_seen"))
+    return seen is not None and now - seen <= alive_seconds and worker.get("state") != "stopped"
+
+
+def worker_rows(workers: Iterable[Mapping[str, Any]], now: float, job_id: str | None = None,
+                alive_seconds: float = ALIVE_SECONDS) -> list[dict[str, Any]]:
+    """One row per worker: alive or not, and what it is doing (alive first)."""
+    rows = []
+    for worker in workers:
+        alive = is_alive(worker, now, alive_seconds)
+        state = str(worker.get("state") or "")
+        seen = _float(worker.get("last_seen"))
+        if not alive:
+            doing = "stopped" if state == "stopped" else "gone (no heartbeat)"
+        elif state == "busy" and worker.get("task_id"):
+            doing = f"training {worker['task_id']}"
+        else:
+            doing = state or "idle"
+        rows.append({
+            "worker_id": str(worker.get("worker_id") or ""),
+            "alive": alive,
+            "doing": doing,
+            "job_id": worker.get("job_id") if alive else None,
+            "this_job": bool(alive and job_id and worker.get("job_id") == job_id),
+            "tasks_done": _int(worker.get("tasks_done")),
+            "last_seen_ago": format_duration(now - seen) if seen is not None else "—",
+        })
+    rows.sort(key=lambda r: (not r["alive"], not r["this_job"], r["worker_id"]))
+    return rows
+
+
+def alive_count(workers: Iterable[Mapping[str, Any]], now: float,
+                alive_seconds: float = ALIVE_SECONDS) -> int:
+    return sum(is_alive(w, now, alive_seconds) for w in workers)
+
+
+def task_state_counts(job: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]]
+                      ) -> dict[str, int]:
+    """queued (planned but never started), running, retrying, done (trained), failed."""
+    counts = dict.fromkeys(TASK_STATES, 0)
+    known = 0
+    for task in tasks:
+        known += 1
+        state = str(task.get("state") or "").upper()
+        key = {"RUNNING": "running", "RETRYING": "retrying", "TRAINED": "done",
+               "FAILED": "failed"}.get(state)
+        if key:
+            counts[key] += 1
+    counts["queued"] = max(0, _int(job.get("tasks_planned")) - known)
+    return counts
+
+
+def task_frame(tasks: Iterable[Mapping[str, Any]], now: float) -> pd.DataFrame:
+    """Per-task timings, most recently started first. ``seconds`` runs on for a RUNNING task."""
+    tasks = list(tasks)
+    rows = []
+    for task in tasks:
+        started, finished = _float(task.get("started_at")), _float(task.get("finished_at"))
+        state = str(task.get("state") or "")
+        if started is not None and state == "RUNNING":
+            seconds = now - started
+        elif started is not None and finished is not None:
+            seconds = finished - started
+        else:
+            seconds = None
+        rows.append({
+            "task_id": str(task.get("task_id") or ""), "epoch": _int(task.get("epoch")),
+            "task_index": _int(task.get("task_index")), "state": state,
+            "attempts": _int(task.get("attempts")), "worker_id": task.get("worker_id"),
+            "started": timestamp(started), "seconds": seconds,
+            "fetch_seconds": _float(task.get("fetch_seconds")),
+            "train_seconds": _float(task.get("train_seconds")),
+            "write_seconds": _float(task.get("write_seconds")),
+            "rows": _int(task.get("rows")), "error": task.get("error") or "",
+        })
+    frame = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
+    for column in ("seconds", "fetch_seconds", "train_seconds", "write_seconds"):
+        frame[column] = frame[column].astype("float64")
+    frame["_started"] = [_float(t.get("started_at")) or 0.0 for t in tasks]
+    frame = frame.sort_values(["_started", "task_id"], ascending=[False, True], kind="stable")
+    return frame.drop(columns="_started").reset_index(drop=True)
+
+
+def timing_summary(tasks: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Median, 90th percentile and max of fetch/train/write seconds over trained tasks."""
+    trained = [t for t in tasks if str(t.get("state") or "") == "TRAINED"]
+    rows = []
+    for phase in ("fetch", "train", "write"):
+        values = [v for v in (_float(t.get(f"{phase}_seconds")) for t in trained) if v is not None]
+        if values:
+            rows.append({"phase": phase, "tasks": len(values),
+                         "median_s": float(np.median(values)),
+                         "p90_s": float(np.percentile(values, 90)), "max_s": float(max(values))})
+    return pd.DataFrame(rows, columns=["phase", "tasks", "median_s", "p90_s", "max_s"])
+
+
+# --- options and dataset facts ---------------------------------------------------------------------
+
+def option_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The job's options (every OPTION_SPECS entry), marking those that differ from the default."""
+    options = job.get("options") or {}
+    rows = []
+    for spec in OPTION_SPECS:
+        value = options.get(spec.name, spec.default)
+        rows.append({"option": spec.name, "value": "" if value is None else str(value),
+                     "default": "" if spec.default is None else str(spec.default),
+                     "changed": "yes" if value != spec.default else ""})
+    return rows
+
+
+def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Rows, columns, classes and shards of the job's dataset (empty before the split)."""
+    dataset = job.get("dataset") or {}
+    if not dataset:
+        return {}
+    classes = list(dataset.get("classes") or [])
+    features = _int(dataset.get("features"))
+    shown = ", ".join(str(c) for c in classes[:20]) + (" …" if len(classes) > 20 else "")
+    return {
+        "rows": _int(dataset.get("rows")),
+        "train rows": _int(dataset.get("train_rows")),
+        "holdout rows": _int(dataset.get("holdout_rows")),
+        "columns": features + 1,
+        "feature columns": features,
+        "label column": str(dataset.get("label_column") or ""),
+        "classes": len(classes),
+        "class names": shown,
+        "shards": _int(dataset.get("shards")),
+        "tasks per epoch": _int(job.get("tasks_per_epoch")),
+    }
+
+
+# --- model downloads -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One exported ``.keras`` model in the models bucket."""
+
+    path: str
+    version: int | None  # None: latest.keras
+    size: int
+
+    @property
+    def label(self) -> str:
+        return "latest" if self.version is None else f"v{self.version}"
+
+    @property
+    def file_name(self) -> str:
+        job_id = self.path.split("/")[1] if self.path.count("/") >= 2 else "model"
+        return f"{job_id}-{self.label}.keras"
+
+
+def model_files(store: BlobStore, models_bucket: str, job_id: str) -> list[ModelFile]:
+    """Exported models of a job: latest first, then numbered versions, newest first."""
+    latest = layout.model_path(job_id)
+    prefix = latest.rsplit("/", 1)[0] + "/"
+    found = []
+    for info in store.list(models_bucket, prefix):
+        base = info.name[len(prefix):]
+        if info.name == latest:
+            found.append(ModelFile(info.name, None, info.size))
+        elif (match := _MODEL_FILE_RE.match(base)) is not None:
+            found.append(ModelFile(info.name, int(match["version"]), info.size))
+    return sorted(found, key=lambda f: (f.version is not None, -(f.version or 0)))
+
+
+def download_note(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]],
+                  files: list[ModelFile]) -> str:
+    """Which versions can be downloaded, and why the others cannot."""
+    exported = {f.version for f in files if f.version is not None}
+    numbers = sorted(_int(v.get("version")) for v in versions)
+    missing = [n for n in numbers if n not in exported]
+    if not any(f.version is None for f in files):
+        if job.get("status") in (jobs.REJECTED, jobs.FAILED):
+            return "This job ended without a model, so there is nothing to download."
+        return ("No model exported yet: the final version is exported as "
+                f"{layout.model_path(str(job.get('job_id')))} when training finishes.")
+    if not missing:
+        return ""
+    span = f"v{missing[0]}" if len(missing) == 1 else f"v{missing[0]}–v{missing[-1]}"
+    if len(missing) != missing[-1] - missing[0] + 1:
+        span = f"{len(missing)} versions"
+    return (f"Only exported versions can be downloaded; {span} exist only as internal "
+            "training weights (no .keras export), so only the latest model is offered for them.")
+
+
+# --- upload ------------------------------------------------------------------------------------
+
+def option_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
+    """Form values -> object metadata. Blank means default (left out); bad values raise
+    ConfigError naming the option, as the CLI does."""
+    metadata = {}
+    for name, value in raw.items():
+        if value is None or str(value).strip() == "":
+            continue
+        metadata[name] = str(parse_option(name, value, "upload form"))
+    return metadata
+
+
+def upload_object_name(file_name: str) -> str:
+    """The uploads-bucket object name for an uploaded file: its base name, ending in .csv."""
+    base = re.split(r"[\\/]", file_name.strip())[-1].strip()
+    base = "".join(ch for ch in base if ch.isprintable()) or "upload.csv"
+    return base if base.lower().endswith(".csv") else base + ".csv"
+
+
+def upload_csv(svc: Services, file_name: str, data: bytes, metadata: Mapping[str, str]
+               ) -> tuple[str, str]:
+    """Write an uploaded CSV to the uploads bucket with its options; return (job id, gs:// uri).
+
+    The upload function picks the object up from there, exactly as for ``bucketlearn upload``.
+    """
+    bucket = svc.settings.uploads_bucket
+    name = upload_object_name(file_name)
+    info = svc.store.write_bytes(bucket, name, data, "text/csv", dict(metadata))
+    return layout.job_id_for(bucket, name, info.generation), f"gs://{bucket}/{name}"

@@ -1,0 +1,61 @@
+"""Decode Cloud Function events, call one core function, log the outcome.
+
+Kept apart from ``functions/main.py`` so the decoding is unit-testable without the framework.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from bucketlearn.bootstrap import process_services
+from bucketlearn.logs import setup_logging
+
+log = logging.getLogger(__name__)
+_configured = False
+
+
+def _services() -> Any:
+    global _configured
+    svc = process_services()
+    if not _configured:
+        setup_logging(svc.settings.log_format)
+        _configured = True
+    return svc
+
+
+def _event_time(cloud_event: Any) -> float | None:
+    raw = cloud_event["time"] if "time" in cloud_event else None
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def on_upload(cloud_event: Any) -> str:
+    """Storage finalize event on the uploads bucket -> split (at most one job per upload)."""
+    from bucketlearn.split import StorageEvent, handle_upload  # noqa: PLC0415
+
+    svc = _services()
+    event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
+    if event.bucket != svc.settings.uploads_bucket:
+        log.warning("on_upload: ignoring an event for bucket %s (expected %s)", event.bucket,
+                    svc.settings.uploads_bucket)
+        return "ignored"
+    outcome, job_id = handle_upload(svc, event)
+    log.info("upload gs://%s/%s -> %s (job %s)", event.bucket, event.name, outcome.value, job_id)
+    return outcome.value
+
+
+def on_delta(cloud_event: Any) -> str:
+    """Storage finalize event on the deltas bucket -> aggregate that job."""
+    from bucketlearn.aggregator import handle_delta_event  # noqa: PLC0415
+
+    svc = _services()
+    data = cloud_event.data
+    outcome, job_id = handle_delta_event(svc, str(data["bucket"]), str(data["name"]))
+    log.info("delta %s -> %s (job %s)", data["name"], outcome.value, job_id)
+    return outcome.value

@@ -1,0 +1,126 @@
+"""Local stand-in for Eventarc's storage trigger.
+
+Polls the watched buckets, and for every new object generation POSTs a binary-mode CloudEvent
+(``google.cloud.storage.object.v1.finalized``, StorageObjectData JSON body) to the function that
+watches that bucket. Like Eventarc with ``RETRY_POLICY_RETRY``, a non-2xx answer or a connection
+error is retried with exponential backoff (up to ``max_age`` seconds), so a function crash never
+loses an event. ``duplicate`` delivers every event twice (fault injection: at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import requests
+
+from bucketlearn.ports import BlobInfo, BlobStore
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPE = "google.cloud.storage.object.v1.finalized"
+POST_TIMEOUT = 600.0
+
+
+def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
+    """Headers and JSON body of a binary-mode storage CloudEvent for one object generation."""
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    headers = {
+        "ce-id": uuid.uuid4().hex,
+        "ce-specversion": "1.0",
+        "ce-type": EVENT_TYPE,
+        "ce-source": f"//storage.googleapis.com/projects/_/buckets/{info.bucket}",
+        "ce-subject": f"objects/{info.name}",
+        "ce-time": now,
+        "content-type": "application/json",
+    }
+    body = {
+        "kind": "storage#object",
+        "bucket": info.bucket,
+        "name": info.name,
+        "generation": str(info.generation),
+        "metageneration": "1",
+        "size": str(info.size),
+        "contentType": info.content_type or "application/octet-stream",
+        "metadata": info.metadata,
+        "timeCreated": now,
+        "updated": now,
+    }
+    return headers, body
+
+
+class StorageEventRelay:
+    def __init__(self, store: BlobStore, routes: dict[str, str], poll_seconds: float = 0.3,
+                 duplicate: bool = False, max_age: float = 3600.0, workers: int = 8,
+                 on_delivered: Callable[[BlobInfo, int], None] | None = None) -> None:
+        self.store = store
+        self.routes = routes
+        self.poll_seconds = poll_seconds
+        self.duplicate = duplicate
+        self.max_age = max_age
+        self.on_delivered = on_delivered
+        self.seen: set[tuple[str, str, int]] = set()
+        self.stop_event = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay")
+        self.thread = threading.Thread(target=self._loop, name="relay-poll", daemon=True)
+        self.delivered = 0
+
+    def start(self, skip_existing: bool = True) -> None:
+        if skip_existing:
+            for bucket in self.routes:
+                for info in self.store.list(bucket):
+                    self.seen.add((bucket, info.name, info.generation))
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=10)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            for bucket, url in self.routes.items():
+                try:
+                    infos = list(self.store.list(bucket))
+                except Exception:  # noqa: BLE001 - storage down: poll again later
+                    log.warning("relay: cannot list gs://%s", bucket, exc_info=True)
+                    continue
+                for info in infos:
+                    key = (bucket, info.name, info.generation)
+                    if key in self.seen:
+                        continue
+                    self.seen.add(key)
+                    copies = 2 if self.duplicate else 1
+                    for _ in range(copies):
+                        self.pool.submit(self._deliver, url, info)
+            self.stop_event.wait(self.poll_seconds)
+
+    def _deliver(self, url: str, info: BlobInfo) -> None:
+        headers, body = cloudevent_for(info)
+        started = time.monotonic()
+        delay = 0.5
+        attempt = 0
+        while not self.stop_event.is_set():
+            attempt += 1
+            try:
+                response = requests.post(url, json=body, headers=headers, timeout=POST_TIMEOUT)
+                if response.status_code < 300:
+                    self.delivered += 1
+                    if self.on_delivered:
+                        self.on_delivered(info, attempt)
+                    return
+                log.info("relay: %s answered %s for %s; retrying", url, response.status_code,
+                         info.name)
+            except requests.RequestException as exc:
+                log.info("relay: %s unreachable for %s (%s); retrying", url, info.name, exc)
+            if time.monotonic() - started > self.max_age:
+                log.error("relay: giving up on gs://%s/%s after %d attempts", info.bucket,
+                          info.name, attempt)
+                return
+            self.stop_event.wait(delay)
+            delay = min(delay * 2, 10.0)

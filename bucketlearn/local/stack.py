@@ -1,0 +1,359 @@
+"""The local stack: the same code as the cloud, on emulators and local processes.
+
+``LocalStack.start()`` brings up, each on a free port and logging to ``<home>/logs/``:
+the Pub/Sub and Firestore emulators (gcloud), gcp-storage-emulator, both functions under
+functions-framework, the storage-event relay (a thread), N learner workers and the Streamlit
+dashboard. It creates buckets, topic and subscription, waits for health, and writes
+``<home>/local.json`` so later CLI commands in the same directory find it. ``stop()`` ends every
+process it started (whole process groups: gcloud starts Java children).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bucketlearn.config import Settings, load_settings
+from bucketlearn.errors import BucketlearnError
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "local.json"
+PROJECT = "bucketlearn-local"
+INSTALL_HINT = (
+    "The local stack needs the Google Cloud SDK's emulators and Java 17+.\n"
+    "  gcloud:   https://cloud.google.com/sdk/docs/install (or apt: google-cloud-cli)\n"
+    "  emulators: gcloud components install beta pubsub-emulator cloud-firestore-emulator\n"
+    "             (apt: google-cloud-cli-pubsub-emulator google-cloud-cli-firestore-emulator)\n"
+    "  Java:     apt install openjdk-17-jre-headless (or any JRE >= 17 on PATH)"
+)
+
+
+class StackError(BucketlearnError):
+    """The local stack could not start or is not running."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_prerequisites() -> None:
+    """Raise StackError with install instructions if gcloud's emulators or Java are missing."""
+    missing = [tool for tool in ("gcloud", "java") if shutil.which(tool) is None]
+    if missing:
+        raise StackError(f"missing on PATH: {', '.join(missing)}\n{INSTALL_HINT}")
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StackError(f"java -version failed: {exc}\n{INSTALL_HINT}") from exc
+    text = out.stderr + out.stdout
+    major = _java_major(text)
+    if major is not None and major < 11:
+        raise StackError(f"Java {major} found; the emulators need Java 17+\n{INSTALL_HINT}")
+
+
+def _java_major(text: str) -> int | None:
+    import re  # noqa: PLC0415
+
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str]
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
+        self.popen = subprocess.Popen(self.argv, stdout=handle, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, env=self.env,
+                                      start_new_session=True, cwd=str(repo_root()))
+        handle.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None:
+            return
+        stop_group(self.popen.pid, timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=1)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (fault injection)."""
+        if self.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def stop_group(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM a process group, then SIGKILL it if it has not gone within ``timeout``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool = False) -> None:
+    """Wait until ``url`` answers (2xx, or any status with ``ok_any``); fail fast if proc died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen is not None and proc.popen.poll() is not None:
+            raise StackError(f"{proc.name} exited with code {proc.popen.returncode} while "
+                             f"starting; last log lines ({proc.log_path}):\n{proc.tail()}")
+        try:
+            response = requests.get(url, timeout=2)
+            if ok_any or response.status_code < 300:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.25)
+    tail = f"\nlast log lines ({proc.log_path}):\n{proc.tail()}" if proc else ""
+    raise StackError(f"{url} did not answer within {timeout:.0f}s{tail}")
+
+
+@dataclass
+class LocalStack:
+    home: Path
+    workers: int = 2
+    dashboard: bool = True
+    duplicate_events: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    settings: Settings | None = None
+    urls: dict[str, str] = field(default_factory=dict)
+    relay: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, timeout: float = 240.0) -> LocalStack:
+        check_prerequisites()
+        self.home.mkdir(parents=True, exist_ok=True)
+        logs = self.home / "logs"
+        ports = {name: free_port() for name in
+                 ("pubsub", "firestore", "storage", "upload_fn", "delta_fn", "dashboard")}
+        self.settings = Settings(
+            project=PROJECT,
+            storage_emulator_host=f"http://127.0.0.1:{ports['storage']}",
+            pubsub_emulator_host=f"127.0.0.1:{ports['pubsub']}",
+            firestore_emulator_host=f"127.0.0.1:{ports['firestore']}",
+        )
+        overrides = {k: v for k, v in self.extra_env.items() if k.startswith("BUCKETLEARN_")}
+        if overrides:
+            self.settings = load_settings({**self.settings.to_env(), **overrides})
+        base_env = {**os.environ, **self.extra_env, **self.settings.to_env(),
+                    "PYTHONUNBUFFERED": "1", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+                    "TF_CPP_MIN_LOG_LEVEL": "2"}
+        bin_dir = Path(sys.executable).parent
+        try:
+            self._spawn("pubsub", ["gcloud", "beta", "emulators", "pubsub", "start",
+                                   f"--host-port=127.0.0.1:{ports['pubsub']}",
+                                   f"--project={PROJECT}", "--quiet"], logs, base_env)
+            self._spawn("firestore", ["gcloud", "emulators", "firestore", "start",
+                                      f"--host-port=127.0.0.1:{ports['firestore']}", "--quiet"],
+                        logs, base_env)
+            self._spawn("storage", [str(bin_dir / "gcp-storage-emulator"), "start",
+                                    "--host=127.0.0.1", f"--port={ports['storage']}",
+                                    "--in-memory"], logs, base_env)
+            self.urls.update(
+                pubsub=f"http://127.0.0.1:{ports['pubsub']}",
+                firestore=f"http://127.0.0.1:{ports['firestore']}",
+                storage=f"http://127.0.0.1:{ports['storage']}")
+            wait_http(self.urls["storage"] + "/storage/v1/b?project=" + PROJECT, timeout,
+                      self.procs["storage"])
+            wait_http(self.urls["pubsub"], timeout, self.procs["pubsub"])
+            wait_http(self.urls["firestore"], timeout, self.procs["firestore"])
+            self._create_resources()
+            source = str(repo_root() / "functions" / "main.py")
+            fn_env = {**base_env, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+            for name, target in (("upload_fn", "on_upload"), ("delta_fn", "on_delta")):
+                self._spawn(name, [str(bin_dir / "functions-framework"), "--target", target,
+                                   "--signature-type", "cloudevent", "--source", source,
+                                   "--host", "127.0.0.1", "--port", str(ports[name])],
+                            logs, fn_env)
+                self.urls[name] = f"http://127.0.0.1:{ports[name]}/"
+            for i in range(self.workers):
+                self.start_worker(i)
+            if self.dashboard and (repo_root() / "dashboard" / "app.py").exists():
+                self._spawn("dashboard", [str(bin_dir / "streamlit"), "run",
+                                          str(repo_root() / "dashboard" / "app.py"),
+                                          "--server.headless", "true",
+                                          "--server.address", "127.0.0.1",
+                                          "--server.port", str(ports["dashboard"]),
+                                          "--browser.gatherUsageStats", "false"],
+                            logs, base_env)
+                self.urls["dashboard"] = f"http://127.0.0.1:{ports['dashboard']}"
+            for name in ("upload_fn", "delta_fn"):
+                wait_http(self.urls[name], timeout, self.procs[name], ok_any=True)
+            self._start_relay()
+            if "dashboard" in self.urls:
+                wait_http(self.urls["dashboard"] + "/_stcore/health", timeout,
+                          self.procs["dashboard"])
+        except BaseException:
+            self.stop()
+            raise
+        self.write_state()
+        return self
+
+    def _spawn(self, name: str, argv: list[str], logs: Path, env: dict[str, str]) -> Proc:
+        proc = Proc(name, argv, logs / f"{name}.log", env)
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, index: int) -> Proc:
+        assert self.settings is not None
+        env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
+               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
+               "TF_NUM_INTEROP_THREADS": "1"}
+        return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.worker"],
+                           self.home / "logs", env)
+
+    def _create_resources(self) -> None:
+        from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
+        from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
+
+        assert self.settings is not None
+        store = GcsBlobStore(self.settings)
+        for bucket in (self.settings.uploads_bucket, self.settings.work_bucket,
+                       self.settings.deltas_bucket, self.settings.models_bucket):
+            store.ensure_bucket(bucket)
+        PubSubQueue(self.settings).ensure_topology()
+
+    def _start_relay(self) -> None:
+        from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
+        from bucketlearn.local.relay import StorageEventRelay  # noqa: PLC0415
+
+        assert self.settings is not None
+        self.relay = StorageEventRelay(
+            GcsBlobStore(self.settings),
+            {self.settings.uploads_bucket: self.urls["upload_fn"],
+             self.settings.deltas_bucket: self.urls["delta_fn"]},
+            duplicate=self.duplicate_events)
+        self.relay.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+        state = self.home / STATE_FILE
+        with contextlib.suppress(FileNotFoundError):
+            state.unlink()
+
+    def supervise(self, stop: threading.Event | None = None) -> None:
+        """Restart crashed workers and functions until ``stop`` is set (foreground mode)."""
+        stop = stop or self._stop
+        while not stop.wait(1.0):
+            for name, proc in list(self.procs.items()):
+                if proc.alive() or not (name.startswith("worker-") or name.endswith("_fn")):
+                    continue
+                log.warning("%s exited (code %s); restarting", name,
+                            proc.popen.returncode if proc.popen else None)
+                proc.restarts += 1
+                proc.start()
+            self.write_state()
+
+    # -- state file -------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        assert self.settings is not None
+        return {
+            "pid": os.getpid(),
+            "env": self.settings.to_env(),
+            "urls": self.urls,
+            "processes": {n: {"pid": p.popen.pid if p.popen else None, "log": str(p.log_path),
+                              "alive": p.alive(), "restarts": p.restarts}
+                          for n, p in self.procs.items()},
+            "started_at": time.time(),
+        }
+
+    def write_state(self) -> None:
+        path = self.home / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state(), indent=2))
+        tmp.replace(path)
+
+
+def read_state(home: Path) -> dict[str, Any] | None:
+    """The running stack's state, or None when none is running in ``home``."""
+    path = home / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    try:
+        os.kill(int(state["pid"]), 0)
+    except (OSError, KeyError, ValueError):
+        return None
+    return state
+
+
+def stop_from_state(home: Path, timeout: float = 30.0) -> bool:
+    """Stop a stack started by another process (``bucketlearn local down``)."""
+    state = read_state(home)
+    if state is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(state["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(state["pid"]), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    for info in state.get("processes", {}).values():  # belt and braces: nothing left behind
+        if info.get("pid"):
+            stop_group(int(info["pid"]), timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(state["pid"]), signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        (home / STATE_FILE).unlink()
+    return True

@@ -1,0 +1,115 @@
+"""Getting models out: download any version as ``.keras``, and predict original label values."""
+
+from __future__ import annotations
+
+import csv
+from typing import Any
+
+import numpy as np
+
+from bucketlearn import jobs, layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.config import JobOptions
+from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
+
+
+def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:
+    """The ``.keras`` bytes of a job's model: latest (default) or a given version.
+
+    Exported files are used when they exist; any other version is built from its stored weights.
+    """
+    from bucketlearn.aggregator import model_sidecar  # noqa: PLC0415
+    from bucketlearn.model import export_keras  # noqa: PLC0415
+    from bucketlearn.runtime import JobRuntime  # noqa: PLC0415
+
+    job = svc.registry.get_job(job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id}: no such job")
+    if job.get("version") is None:
+        raise JobStateError(f"job {job_id} is {job.get('status')}: it has no model version yet"
+                            + (f" ({job['error']})" if job.get("error") else ""))
+    head = int(job["version"])
+    wanted = head if version is None else version
+    if not 0 <= wanted <= head:
+        raise JobStateError(f"job {job_id}: expected a version from 0 to {head}; found {wanted}")
+    bucket = svc.settings.models_bucket
+    exported = layout.model_path(job_id) if (version is None and job.get("status") == jobs.DONE) \
+        else layout.model_path(job_id, wanted)
+    try:
+        return svc.store.read_bytes(bucket, exported), wanted
+    except NotFoundError:
+        pass
+    doc = svc.registry.get_version(job_id, wanted)
+    if doc is None:
+        raise NotFoundError(f"job {job_id}: version {wanted} has no document")
+    runtime = JobRuntime(svc, job)
+    model = runtime.model
+    model.set_weights(runtime.weights(doc["weights_path"]))
+    sidecar = model_sidecar(dict(job, version=wanted), runtime.manifest,
+                            doc.get("holdout_accuracy"))
+    return export_keras(model, sidecar), wanted
+
+
+def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float) -> dict[str, Any]:
+    return {"format": 1, "job_id": None, "version": None, "trained_by": "train-local",
+            "feature_names": manifest.feature_names, "label_column": manifest.label_column,
+            "class_names": manifest.classes, "label_kind": manifest.label_kind,
+            "holdout_accuracy": accuracy, "options": options.to_dict(),
+            "source": manifest.source}
+
+
+def _normalize_label(value: Any, kind: str) -> str:
+    text = str(value).strip()
+    if kind == "int":
+        try:
+            return str(int(float(text)))
+        except ValueError:
+            return text
+    return text
+
+
+def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str, Any]:
+    """Predict every row of a CSV; return predictions (original label values) and accuracy."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.csv as pacsv  # noqa: PLC0415
+
+    from bucketlearn.model import load_model  # noqa: PLC0415
+
+    model, sidecar = load_model(model_path)
+    features: list[str] = sidecar["feature_names"]
+    label = sidecar.get("label_column")
+    classes: list[str] = sidecar["class_names"]
+    header = pacsv.open_csv(csv_path).schema.names
+    missing = [f for f in features if f not in header]
+    if missing:
+        raise PermanentError(
+            f"{csv_path}: expected the model's feature columns; missing: "
+            f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
+    types = {f: pa.float32() for f in features}
+    if label in header:
+        types[label] = pa.string()
+    try:
+        table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
+            column_types=types, include_columns=features + ([label] if label in header else [])))
+    except pa.ArrowInvalid as exc:
+        raise PermanentError(f"{csv_path}: expected numeric feature values; found: {exc}") from None
+    x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
+    if not np.isfinite(x).all():
+        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
+        raise PermanentError(f"{csv_path}: row {row}: expected finite feature values")
+    probabilities = model.predict(x.astype(np.float32), batch_size=1024, verbose=0)
+    predicted = [classes[i] for i in np.argmax(probabilities, axis=1)]
+    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "accuracy": None}
+    if label in header:
+        truth = [_normalize_label(v, sidecar.get("label_kind", "str"))
+                 for v in table.column(label).to_pylist()]
+        result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth)]))
+    if output:
+        with open(output, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["row", "prediction"])
+            writer.writerows((i + 1, p) for i, p in enumerate(predicted))
+        result["output"] = output
+    else:
+        result["predictions"] = predicted
+    return result

@@ -1,0 +1,6 @@
+"""Learner worker entry point (the container's command): pull tasks until SIGTERM."""
+
+from bucketlearn.worker import main
+
+if __name__ == "__main__":
+    main()
