@@ -83,7 +83,7 @@ def fold(
     """
     if len(updates) != len(weights):
         raise ValueError(f"expected one weight per update; found {len(weights)} for {len(updates)}")
-    live = [(u, w) for u, w in zip(updates, weights) if w > 0]
+    live = [(u, w) for u, w in zip(updates, weights, strict=True) if w > 0]
     if not live:
         return None
     new = [np.array(layer, dtype=np.float64) for layer in head]
@@ -92,7 +92,7 @@ def fold(
             raise ValueError(
                 f"task {update.task_index}: expected {len(new)} weight arrays; "
                 f"found {len(update.delta)}")
-        for i, (layer, d) in enumerate(zip(new, update.delta)):
+        for i, (layer, d) in enumerate(zip(new, update.delta, strict=True)):
             if layer.shape != np.shape(d):
                 raise ValueError(
                     f"task {update.task_index}: layer {i} expected shape {layer.shape}; "

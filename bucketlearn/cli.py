@@ -21,7 +21,6 @@ from typing import Any
 from bucketlearn import jobs, layout
 from bucketlearn.config import (
     OPTION_SPECS,
-    JobOptions,
     Settings,
     load_settings,
     local_state_dir,

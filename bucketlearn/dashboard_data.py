@@ -264,6 +264,25 @@ def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: flo
     }
 
 
+def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) of the job page's metric row, from ``job_summary``."""
+    return [
+        ("Status", f"{summary['status']} ({summary['phase']})"),
+        ("Version", "—" if summary["version"] is None else str(summary["version"])),
+        ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
+        ("Holdout accuracy", format_percent(summary["accuracy"])),
+        ("Holdout loss", format_number(summary["loss"])),
+        ("Train loss", format_number(summary["train_loss"])),
+    ]
+
+
+def progress_text(summary: Mapping[str, Any]) -> str:
+    """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished')."""
+    eta = ("finished" if summary["status"] == jobs.DONE
+           else f"ETA {format_duration(summary['eta_seconds'])}")
+    return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
+
+
 def epoch_progress(epoch_doc: Mapping[str, Any] | None) -> dict[str, int] | None:
     """Tasks planned/applied/failed in the current epoch."""
     if not epoch_doc:
@@ -418,7 +437,7 @@ def timing_summary(tasks: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["phase", "tasks", "median_s", "p90_s", "max_s"])
 
 
-# --- options and dataset facts ---------------------------------------------------------------------
+# --- options and dataset facts -----------------------------------------------------------------
 
 def option_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
     """The job's options (every OPTION_SPECS entry), marking those that differ from the default."""
@@ -454,7 +473,7 @@ def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# --- model downloads -------------------------------------------------------------------------------
+# --- model downloads ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ModelFile:

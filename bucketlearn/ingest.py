@@ -343,7 +343,7 @@ def order_classes(values: list[str], counts: list[int], file: str,
     if kind == "int":
         normalized = [str(k) for k in keys]
         merged: dict[str, int] = {}
-        for name, count in zip(normalized, counts):
+        for name, count in zip(normalized, counts, strict=False):
             merged[name] = merged.get(name, 0) + count
         names = sorted(merged, key=int)
         return names, [merged[n] for n in names], kind
@@ -510,7 +510,7 @@ def split_upload(
     hold_phase, deal_phase = class_phases(options.seed, len(classes))
     holdout_per_class = [holdout_count(n, options.holdout_fraction, hold_phase[c])
                          for c, n in enumerate(class_counts)]
-    train_per_class = [n - h for n, h in zip(class_counts, holdout_per_class)]
+    train_per_class = [n - h for n, h in zip(class_counts, holdout_per_class, strict=False)]
     train_rows = sum(train_per_class)
     if train_rows < 1 or sum(holdout_per_class) < 1:
         raise _problem(file, "too few rows to train and evaluate", column=label,
@@ -564,7 +564,7 @@ def split_upload(
             order = np.argsort(shard_of_row[train], kind="stable")
             tx, ty, ts = x[train][order], y[train][order], shard_of_row[train][order]
             bounds = np.flatnonzero(np.diff(ts)) + 1
-            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)]):
+            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)], strict=False):
                 if stop > start:
                     writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
             row_offset += batch.num_rows

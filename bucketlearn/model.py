@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.errors import InvalidInputError, InputProblem, PermanentError
+from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
 
 SIDECAR_NAME = "bucketlearn.json"
 

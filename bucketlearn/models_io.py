@@ -103,7 +103,7 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     if label in header:
         truth = [_normalize_label(v, sidecar.get("label_kind", "str"))
                  for v in table.column(label).to_pylist()]
-        result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth)]))
+        result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth, strict=False)]))
     if output:
         with open(output, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)

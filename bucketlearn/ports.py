@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from bucketlearn.layout import task_id_for
+
 
 @dataclass(frozen=True)
 class BlobInfo:
@@ -51,8 +53,6 @@ class TaskMessage:
 
     @property
     def task_id(self) -> str:
-        from bucketlearn.layout import task_id_for
-
         return task_id_for(self.job_id, self.epoch, self.task_index)
 
     def to_dict(self) -> dict[str, Any]:

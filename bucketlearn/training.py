@@ -54,4 +54,4 @@ def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y:
 
 def subtract(new: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(n, dtype=np.float32) - np.asarray(b, dtype=np.float32)
-            for n, b in zip(new, base)]
+            for n, b in zip(new, base, strict=True)]

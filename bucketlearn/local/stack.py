@@ -158,6 +158,73 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool =
 
 
 @dataclass
+class Emulators:
+    """The Pub/Sub, Firestore and Cloud Storage emulators, on free ports."""
+
+    logs: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def start(self, timeout: float = 240.0) -> Emulators:
+        check_prerequisites()
+        self.ports = {name: free_port() for name in ("pubsub", "firestore", "storage")}
+        env = {**os.environ, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+        for key in ("STORAGE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST"):
+            env.pop(key, None)
+        bin_dir = Path(sys.executable).parent
+        argvs = {
+            "pubsub": ["gcloud", "beta", "emulators", "pubsub", "start",
+                       f"--host-port=127.0.0.1:{self.ports['pubsub']}", f"--project={PROJECT}",
+                       "--quiet"],
+            "firestore": ["gcloud", "emulators", "firestore", "start",
+                          f"--host-port=127.0.0.1:{self.ports['firestore']}", "--quiet"],
+            "storage": [str(bin_dir / "gcp-storage-emulator"), "start", "--host=127.0.0.1",
+                        f"--port={self.ports['storage']}", "--in-memory"],
+        }
+        try:
+            for name, argv in argvs.items():
+                proc = Proc(name, argv, self.logs / f"{name}.log", env)
+                proc.start()
+                self.procs[name] = proc
+                self.urls[name] = f"http://127.0.0.1:{self.ports[name]}"
+            wait_http(self.urls["storage"] + "/storage/v1/b?project=" + PROJECT, timeout,
+                      self.procs["storage"])
+            wait_http(self.urls["pubsub"], timeout, self.procs["pubsub"])
+            wait_http(self.urls["firestore"], timeout, self.procs["firestore"])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def settings(self, prefix: str = "bucketlearn") -> Settings:
+        """Settings pointing at these emulators, with resource names under ``prefix``."""
+        return Settings(
+            project=PROJECT,
+            uploads_bucket=f"{prefix}-uploads", work_bucket=f"{prefix}-work",
+            deltas_bucket=f"{prefix}-deltas", models_bucket=f"{prefix}-models",
+            tasks_topic=f"{prefix}-tasks", tasks_subscription=f"{prefix}-tasks-workers",
+            storage_emulator_host=self.urls["storage"],
+            pubsub_emulator_host=f"127.0.0.1:{self.ports['pubsub']}",
+            firestore_emulator_host=f"127.0.0.1:{self.ports['firestore']}",
+        )
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+    def stop_one(self, name: str) -> None:
+        """Stop one emulator (fault injection); ``restart_one`` brings it back on the same port."""
+        self.procs[name].stop()
+
+    def restart_one(self, name: str, timeout: float = 120.0) -> None:
+        proc = self.procs[name]
+        proc.start()
+        wait_http(self.urls[name] + ("/storage/v1/b?project=" + PROJECT
+                                     if name == "storage" else ""), timeout, proc)
+
+
+@dataclass
 class LocalStack:
     home: Path
     workers: int = 2
@@ -168,47 +235,29 @@ class LocalStack:
     settings: Settings | None = None
     urls: dict[str, str] = field(default_factory=dict)
     relay: Any = None
+    emulators: Emulators | None = None
+    name_prefix: str = "bucketlearn"
+    _own_emulators: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, timeout: float = 240.0) -> LocalStack:
-        check_prerequisites()
         self.home.mkdir(parents=True, exist_ok=True)
         logs = self.home / "logs"
-        ports = {name: free_port() for name in
-                 ("pubsub", "firestore", "storage", "upload_fn", "delta_fn", "dashboard")}
-        self.settings = Settings(
-            project=PROJECT,
-            storage_emulator_host=f"http://127.0.0.1:{ports['storage']}",
-            pubsub_emulator_host=f"127.0.0.1:{ports['pubsub']}",
-            firestore_emulator_host=f"127.0.0.1:{ports['firestore']}",
-        )
-        overrides = {k: v for k, v in self.extra_env.items() if k.startswith("BUCKETLEARN_")}
-        if overrides:
-            self.settings = load_settings({**self.settings.to_env(), **overrides})
-        base_env = {**os.environ, **self.extra_env, **self.settings.to_env(),
-                    "PYTHONUNBUFFERED": "1", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-                    "TF_CPP_MIN_LOG_LEVEL": "2"}
-        bin_dir = Path(sys.executable).parent
         try:
-            self._spawn("pubsub", ["gcloud", "beta", "emulators", "pubsub", "start",
-                                   f"--host-port=127.0.0.1:{ports['pubsub']}",
-                                   f"--project={PROJECT}", "--quiet"], logs, base_env)
-            self._spawn("firestore", ["gcloud", "emulators", "firestore", "start",
-                                      f"--host-port=127.0.0.1:{ports['firestore']}", "--quiet"],
-                        logs, base_env)
-            self._spawn("storage", [str(bin_dir / "gcp-storage-emulator"), "start",
-                                    "--host=127.0.0.1", f"--port={ports['storage']}",
-                                    "--in-memory"], logs, base_env)
-            self.urls.update(
-                pubsub=f"http://127.0.0.1:{ports['pubsub']}",
-                firestore=f"http://127.0.0.1:{ports['firestore']}",
-                storage=f"http://127.0.0.1:{ports['storage']}")
-            wait_http(self.urls["storage"] + "/storage/v1/b?project=" + PROJECT, timeout,
-                      self.procs["storage"])
-            wait_http(self.urls["pubsub"], timeout, self.procs["pubsub"])
-            wait_http(self.urls["firestore"], timeout, self.procs["firestore"])
+            if self.emulators is None:
+                self.emulators = Emulators(logs)
+                self._own_emulators = True
+                self.emulators.start(timeout)
+            self.urls.update(self.emulators.urls)
+            settings = self.emulators.settings(self.name_prefix)
+            overrides = {k: v for k, v in self.extra_env.items() if k.startswith("BUCKETLEARN_")}
+            self.settings = load_settings({**settings.to_env(), **overrides})
             self._create_resources()
+            base_env = {**os.environ, **self.extra_env, **self.settings.to_env(),
+                        "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+            bin_dir = Path(sys.executable).parent
+            ports = {name: free_port() for name in ("upload_fn", "delta_fn", "dashboard")}
             source = str(repo_root() / "functions" / "main.py")
             fn_env = {**base_env, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
             for name, target in (("upload_fn", "on_upload"), ("delta_fn", "on_delta")):
@@ -254,6 +303,9 @@ class LocalStack:
         return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.worker"],
                            self.home / "logs", env)
 
+    def worker_procs(self) -> list[Proc]:
+        return [p for n, p in self.procs.items() if n.startswith("worker-")]
+
     def _create_resources(self) -> None:
         from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
         from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
@@ -284,6 +336,8 @@ class LocalStack:
             self.relay = None
         for proc in reversed(list(self.procs.values())):
             proc.stop()
+        if self._own_emulators and self.emulators is not None:
+            self.emulators.stop()
         state = self.home / STATE_FILE
         with contextlib.suppress(FileNotFoundError):
             state.unlink()

@@ -1,0 +1,272 @@
+"""bucketlearn dashboard: ``streamlit run dashboard/app.py``.
+
+Layout and widgets only; what is shown is computed in ``bucketlearn.dashboard_data`` (unit-tested).
+Services come from ``dashboard_data.get_services()`` (settings from the environment), made once per
+process. The page never writes model state; the upload form writes a CSV to the uploads bucket.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import streamlit as st
+
+from bucketlearn import dashboard_data as dd
+from bucketlearn import jobs
+from bucketlearn.config import OPTION_SPECS
+from bucketlearn.errors import ConfigError
+
+JOB_LIMIT = 100
+REFRESH_SECONDS = 3
+UNREADABLE = object()  # a query failed (already reported)
+
+st.set_page_config(page_title="bucketlearn", page_icon="🪣", layout="wide")
+
+
+@st.cache_resource(show_spinner=False)
+def services() -> dd.Services:
+    return dd.get_services()
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def overview_data(limit: int) -> dict:
+    return dd.overview_bundle(services().registry, limit)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def job_data(job_id: str) -> dict | None:
+    return dd.job_bundle(services().registry, job_id)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def model_files(job_id: str) -> list[dd.ModelFile]:
+    svc = services()
+    return dd.model_files(svc.store, svc.settings.models_bucket, job_id)
+
+
+def upload_form() -> None:
+    with st.sidebar.form("upload", clear_on_submit=False):
+        st.subheader("Train on a CSV")
+        file = st.file_uploader("CSV file", type=["csv"])
+        st.caption("Options: leave blank for the default.")
+        raw = {}
+        for spec in OPTION_SPECS:
+            if spec.choices:
+                raw[spec.name] = st.selectbox(
+                    spec.name, ("", *spec.choices), help=spec.help,
+                    format_func=lambda c, d=spec.default: c or f"default ({d})")
+            else:
+                default = "auto" if spec.default is None else spec.default
+                raw[spec.name] = st.text_input(spec.name, placeholder=f"default: {default}",
+                                               help=spec.help)
+        submitted = st.form_submit_button("Upload and train", type="primary")
+    if not submitted:
+        return
+    if file is None:
+        st.sidebar.error("Choose a CSV file first.")
+        return
+    try:
+        metadata = dd.option_metadata(raw)
+    except ConfigError as exc:
+        st.sidebar.error(str(exc))
+        return
+    try:
+        job_id, uri = dd.upload_csv(services(), file.name, file.getvalue(), metadata)
+    except Exception as exc:  # noqa: BLE001 - shown to the user, who can simply retry
+        st.sidebar.error(f"Upload failed: {exc}")
+        return
+    st.sidebar.success(f"Uploaded to `{uri}`.\n\nJob id: `{job_id}` — [open it](?job={job_id})")
+
+
+def read(load, *args):
+    """A cached query; a backend hiccup shows as a warning (the next refresh retries)."""
+    try:
+        return load(*args)
+    except Exception as exc:  # noqa: BLE001 - shown to the user; the fragment retries
+        st.warning(f"Could not read bucketlearn's state: {exc}")
+        return UNREADABLE
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def jobs_overview() -> None:
+    bundle = read(overview_data, JOB_LIMIT)
+    if bundle is UNREADABLE:
+        return
+    rows = dd.overview_rows(bundle["jobs"], bundle["versions"], time.time())
+    if not rows:
+        st.info("No jobs yet. Upload a CSV (sidebar) or drop one into the uploads bucket.")
+        return
+    st.dataframe(
+        pd.DataFrame(rows), hide_index=True, width="stretch",
+        column_order=("link", "status", "source", "created", "version", "accuracy", "progress",
+                      "tasks", "eta", "reason"),
+        column_config={
+            "link": st.column_config.LinkColumn("job", display_text=r"\?job=(.*)"),
+            "created": st.column_config.DatetimeColumn("created (UTC)",
+                                                       format="YYYY-MM-DD HH:mm:ss"),
+            "version": st.column_config.NumberColumn("head version"),
+            "accuracy": st.column_config.NumberColumn("holdout accuracy", format="percent"),
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0,
+                                                        max_value=1.0, format="percent"),
+            "tasks": "tasks applied/planned",
+            "eta": "ETA",
+            "reason": st.column_config.TextColumn("reason", width="large"),
+        })
+    for row in [r for r in rows if r["status"] == jobs.REJECTED][:5]:
+        st.error(f"**{row['job_id']}** was rejected: {row['reason']}")
+
+
+def pick_job(job_docs: list[dict]) -> str | None:
+    ids = [j["job_id"] for j in job_docs]
+    status = {j["job_id"]: j.get("status") for j in job_docs}
+    wanted = st.query_params.get("job")
+    if wanted and wanted not in ids:
+        ids.insert(0, wanted)
+    if not ids:
+        return None
+    picked = st.selectbox("Job", ids, index=ids.index(wanted) if wanted in ids else 0,
+                          key="job_picker", format_func=lambda i: f"{i}  ({status.get(i) or '?'})")
+    if picked != wanted:  # the URL names the job shown: shareable, and stable as jobs arrive
+        st.query_params["job"] = picked
+    return picked
+
+
+def metric_row(items: list[tuple[str, str]]) -> None:
+    for column, (label, value) in zip(st.columns(len(items)), items, strict=True):
+        column.metric(label, value)
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def job_page() -> None:
+    overview = read(overview_data, JOB_LIMIT)
+    job_id = None if overview is UNREADABLE else pick_job(overview["jobs"])
+    bundle = UNREADABLE if job_id is None else read(job_data, job_id)
+    if bundle is None:
+        st.warning(f"No job `{job_id}`.")
+    if bundle is None or bundle is UNREADABLE:
+        return
+    now = time.time()
+    job, versions, tasks = bundle["job"], bundle["versions"], bundle["tasks"]
+    s = dd.job_summary(job, versions, now)
+    created = dd.timestamp(s["created_at"])
+    when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
+    st.caption(f"`{s['source']}`{when}")
+    if s["status"] == jobs.REJECTED:
+        st.error(f"Rejected: {s['reason']}")
+        st.table(pd.DataFrame(dd.rejection_details(job)))
+        options_tab(job)
+        return
+    if s["status"] == jobs.FAILED:
+        st.error(f"Failed: {s['reason']}")
+    metric_row(dd.headline_metrics(s))
+    if s["progress"] is not None:
+        st.progress(s["progress"], text=dd.progress_text(s))
+    tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
+    with tabs[0]:
+        training_tab(versions)
+    with tabs[1]:
+        throughput_tab(versions, now)
+    with tabs[2]:
+        workers_tab(job, tasks, bundle["workers"], bundle["epoch"], now)
+    with tabs[3]:
+        options_tab(job)
+    with tabs[4]:
+        model_tab(job, versions)
+
+
+def training_tab(versions: list[dict]) -> None:
+    frame = dd.version_frame(versions)
+    if frame["holdout_accuracy"].notna().sum() == 0:
+        st.info("No evaluated version yet: the first one is committed after the first deltas.")
+        return
+    x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
+    left, right = st.columns(2)
+    left.markdown("**Holdout accuracy**")
+    left.line_chart(frame, x=x, y="holdout_accuracy")
+    right.markdown("**Loss**")
+    right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
+
+
+def throughput_tab(versions: list[dict], now: float) -> None:
+    rate = dd.current_rate(versions, now)
+    metric_row([("Samples/s (last minute)", f"{rate['samples_per_s']:.1f}"),
+                ("Tasks/min (last minute)", f"{rate['tasks_per_min']:.1f}")])
+    frame = dd.throughput_frame(versions, now)
+    if len(frame) < 2:
+        st.caption("Throughput charts appear once training has run for a little while.")
+        return
+    left, right = st.columns(2)
+    left.markdown("**Samples/s**")
+    left.line_chart(frame, x="time", y="samples_per_s")
+    right.markdown("**Tasks/min**")
+    right.line_chart(frame, x="time", y="tasks_per_min")
+
+
+def workers_tab(job: dict, tasks: list[dict], workers: list[dict], epoch: dict | None,
+                now: float) -> None:
+    counts = dd.task_state_counts(job, tasks)
+    metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
+               + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
+    current = dd.epoch_progress(epoch)
+    if current:
+        st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
+                   f"tasks applied, {current['failed']} failed.")
+    st.markdown("**Workers** (alive = heartbeat within 30 s)")
+    st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job["job_id"])), hide_index=True,
+                 width="stretch")
+    summary = dd.timing_summary(tasks)
+    if not summary.empty:
+        st.markdown("**Task timings (trained tasks, seconds)**")
+        st.dataframe(summary, hide_index=True)
+    st.markdown("**Tasks**")
+    st.dataframe(dd.task_frame(tasks, now), hide_index=True, width="stretch", column_config={
+        "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
+
+
+def options_tab(job: dict) -> None:
+    left, right = st.columns(2)
+    left.markdown("**Options**")
+    left.dataframe(pd.DataFrame(dd.option_rows(job)), hide_index=True, width="stretch")
+    right.markdown("**Dataset**")
+    facts = dd.dataset_facts(job)
+    if facts:
+        right.dataframe(pd.DataFrame(facts.items(), columns=["fact", "value"]).astype(str),
+                        hide_index=True, width="stretch")
+    else:
+        right.caption("Not split yet (or rejected before splitting).")
+
+
+def model_tab(job: dict, versions: list[dict]) -> None:
+    files = read(model_files, job["job_id"])
+    if files is UNREADABLE:
+        return
+    note = dd.download_note(job, versions, files)
+    if files:
+        choice = st.selectbox("Model file", files, format_func=lambda f: f"{f.label} "
+                              f"({f.size / 1e6:.2f} MB)", key="model_choice")
+        svc = services()
+        st.download_button(f"Download {choice.label}.keras", key="model_download",
+                           data=lambda: svc.store.read_bytes(svc.settings.models_bucket,
+                                                             choice.path),
+                           file_name=choice.file_name, mime="application/octet-stream",
+                           on_click="ignore", type="primary")
+    if note:
+        st.info(note)
+
+
+def main() -> None:
+    st.title("bucketlearn")
+    try:
+        services()
+    except Exception as exc:  # noqa: BLE001 - show a misconfiguration instead of a traceback
+        st.error(f"Cannot reach bucketlearn's services: {exc}")
+        st.stop()
+    upload_form()
+    st.header("Jobs")
+    jobs_overview()
+    st.header("Job")
+    job_page()
+
+
+main()

@@ -1,0 +1,39 @@
+output "env_vars" {
+  description = "Environment variables bucketlearn reads, as deployed (export them to use the CLI against this environment)."
+  value       = module.bucketlearn.env_vars
+}
+
+output "uploads_bucket" {
+  description = "Upload CSVs here to start jobs."
+  value       = module.bucketlearn.uploads_bucket
+}
+
+output "models_bucket" {
+  description = "Trained models: models/<job>/latest.keras."
+  value       = module.bucketlearn.models_bucket
+}
+
+output "dashboard_url" {
+  description = "Dashboard URL (sign in with an account listed in dashboard_users)."
+  value       = module.bucketlearn.dashboard_url
+}
+
+output "artifact_registry" {
+  description = "Docker repository for the images."
+  value       = module.bucketlearn.artifact_registry
+}
+
+output "worker_pool" {
+  description = "Learner worker pool resource name."
+  value       = module.bucketlearn.worker_pool
+}
+
+output "autoscaler_job" {
+  description = "Cloud Run job running `bucketlearn autoscale` every minute."
+  value       = module.bucketlearn.autoscaler_job
+}
+
+output "dead_letter_subscription" {
+  description = "Subscription holding dead-lettered tasks."
+  value       = module.bucketlearn.dead_letter_subscription
+}

@@ -1,0 +1,49 @@
+variable "project_id" {
+  type        = string
+  description = "Google Cloud project id to deploy into."
+}
+
+variable "region" {
+  type        = string
+  default     = "europe-west1"
+  description = "Region for every regional resource."
+}
+
+variable "name_prefix" {
+  type        = string
+  default     = "bucketlearn"
+  description = "Prefix of resource names; change it to run two environments in one project."
+}
+
+variable "worker_image" {
+  type        = string
+  description = "Worker image reference (infra/deploy.sh builds and passes it)."
+}
+
+variable "dashboard_image" {
+  type        = string
+  description = "Dashboard image reference (infra/deploy.sh builds and passes it)."
+}
+
+variable "function_source_zip" {
+  type        = string
+  description = "Path of the functions source zip (infra/package-functions.sh builds it)."
+}
+
+variable "dashboard_users" {
+  type        = list(string)
+  default     = []
+  description = "Principals allowed through IAP to the dashboard, e.g. [\"user:you@example.com\"]. infra/deploy.sh adds the gcloud account that deploys."
+}
+
+variable "min_workers" {
+  type        = number
+  default     = 0
+  description = "Fewest learner workers (0 scales to zero when idle)."
+}
+
+variable "max_workers" {
+  type        = number
+  default     = 4
+  description = "Most learner workers."
+}

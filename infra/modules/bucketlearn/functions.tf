@@ -1,0 +1,117 @@
+# Two Cloud Functions (2nd gen) from one source archive (functions/main.py holds both entry
+# points, bucketlearn/ is vendored next to it). Each is triggered through Eventarc by objects
+# finalized in one bucket; Eventarc storage triggers filter by bucket only, which is why deltas
+# have their own bucket.
+#
+# retry_policy = RETRY_POLICY_RETRY: Eventarc is at-least-once and, with retries on, re-delivers
+# an event whose function raised (transient trouble or a crash mid-way); the core makes every
+# handler idempotent (invariants 1 and 2) and returns normally for permanent failures (a
+# rejected upload), so a bad file does not crash-loop. Events older than
+# BUCKETLEARN_MAX_EVENT_AGE_SECONDS are dropped by the core.
+#
+# ingress ALLOW_INTERNAL_ONLY: only Eventarc (Pub/Sub push inside the project) reaches them; the
+# only invoker is the trigger service account (iam.tf). No HTTP trigger, no public invoker.
+
+resource "google_cloudfunctions2_function" "split" {
+  name        = "${var.name_prefix}-split"
+  project     = var.project_id
+  location    = var.region
+  description = "bucketlearn: split an uploaded CSV into shards, create the job, publish epoch-0 tasks"
+  labels      = local.labels
+
+  build_config {
+    runtime         = var.function_runtime
+    entry_point     = "on_upload"
+    service_account = var.function_build_service_account == null ? null : "projects/${var.project_id}/serviceAccounts/${var.function_build_service_account}"
+    source {
+      storage_source {
+        bucket = google_storage_bucket.sources.name
+        object = google_storage_bucket_object.functions_source.name
+      }
+    }
+  }
+
+  service_config {
+    min_instance_count               = 0
+    max_instance_count               = var.split_max_instances
+    max_instance_request_concurrency = 1
+    available_memory                 = var.function_memory
+    available_cpu                    = var.function_cpu
+    timeout_seconds                  = var.function_timeout_seconds
+    environment_variables            = local.runtime_env
+    ingress_settings                 = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision   = true
+    service_account_email            = google_service_account.split.email
+  }
+
+  event_trigger {
+    trigger_region        = var.region
+    event_type            = "google.cloud.storage.object.v1.finalized"
+    retry_policy          = "RETRY_POLICY_RETRY"
+    service_account_email = google_service_account.eventarc.email
+    event_filters {
+      attribute = "bucket"
+      value     = google_storage_bucket.uploads.name
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.eventarc_receiver,
+    google_project_iam_member.gcs_agent_pubsub_publisher,
+    google_storage_bucket_iam_member.split,
+    google_pubsub_topic_iam_member.split_publisher,
+    google_project_iam_member.firestore_users,
+  ]
+}
+
+resource "google_cloudfunctions2_function" "aggregate" {
+  name        = "${var.name_prefix}-aggregate"
+  project     = var.project_id
+  location    = var.region
+  description = "bucketlearn: fold weight deltas into the next version, evaluate, publish the next epoch, export the model"
+  labels      = local.labels
+
+  build_config {
+    runtime         = var.function_runtime
+    entry_point     = "on_delta"
+    service_account = var.function_build_service_account == null ? null : "projects/${var.project_id}/serviceAccounts/${var.function_build_service_account}"
+    source {
+      storage_source {
+        bucket = google_storage_bucket.sources.name
+        object = google_storage_bucket_object.functions_source.name
+      }
+    }
+  }
+
+  service_config {
+    min_instance_count               = 0
+    max_instance_count               = var.aggregate_max_instances
+    max_instance_request_concurrency = 1
+    available_memory                 = var.function_memory
+    available_cpu                    = var.function_cpu
+    timeout_seconds                  = var.function_timeout_seconds
+    environment_variables            = local.runtime_env
+    ingress_settings                 = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision   = true
+    service_account_email            = google_service_account.aggregate.email
+  }
+
+  event_trigger {
+    trigger_region        = var.region
+    event_type            = "google.cloud.storage.object.v1.finalized"
+    retry_policy          = "RETRY_POLICY_RETRY"
+    service_account_email = google_service_account.eventarc.email
+    event_filters {
+      attribute = "bucket"
+      value     = google_storage_bucket.deltas.name
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.eventarc_receiver,
+    google_project_iam_member.gcs_agent_pubsub_publisher,
+    google_storage_bucket_iam_member.aggregate,
+    google_pubsub_topic_iam_member.aggregate_publisher,
+    google_project_iam_member.firestore_users,
+  ]
+}

@@ -1,0 +1,333 @@
+# One service account per component, each granted only what its code does, on the one bucket,
+# topic, subscription, service or job it touches. No primitive roles (owner/editor/viewer), no
+# allUsers/allAuthenticatedUsers. Project-level grants exist only where the service has no
+# narrower resource (each says why).
+#
+# Bucket roles, chosen from what the code writes (bucketlearn/layout.py):
+#   objectViewer  read + list
+#   objectCreator create only: enough for write-once names (deltas, weights carry a random nonce)
+#   objectUser    read, list, create, overwrite, delete: needed where names are rewritten
+#                 (re-delivered split rewrites shards; latest.keras is overwritten; the aggregator
+#                 and split delete what they consumed / abandoned)
+
+# --- service accounts --------------------------------------------------------------------------
+
+resource "google_service_account" "split" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-split"
+  display_name = "bucketlearn split function"
+  description  = "Runs the on_upload Cloud Function: reads uploads, writes shards, creates jobs, publishes tasks."
+}
+
+resource "google_service_account" "aggregate" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-aggregate"
+  display_name = "bucketlearn aggregate function"
+  description  = "Runs the on_delta Cloud Function: folds deltas into versions, exports models, publishes the next epoch."
+}
+
+resource "google_service_account" "worker" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-worker"
+  display_name = "bucketlearn learner worker"
+  description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes deltas."
+}
+
+resource "google_service_account" "dashboard" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-dashboard"
+  display_name = "bucketlearn dashboard"
+  description  = "Runs the Streamlit dashboard: reads Firestore and models, writes CSV uploads."
+}
+
+resource "google_service_account" "autoscaler" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-autoscaler"
+  display_name = "bucketlearn autoscaler"
+  description  = "Runs `bucketlearn autoscale`: reads the task backlog metric, sets the worker pool's instance count."
+}
+
+resource "google_service_account" "scheduler" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-scheduler"
+  display_name = "bucketlearn autoscaler trigger"
+  description  = "Identity of the Cloud Scheduler job that starts the autoscaler job; may only run that job."
+}
+
+resource "google_service_account" "eventarc" {
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-events"
+  display_name = "bucketlearn Eventarc triggers"
+  description  = "Identity of the Eventarc storage triggers; may only receive events and invoke the two functions."
+}
+
+# --- Cloud Storage -----------------------------------------------------------------------------
+
+locals {
+  split_bucket_roles = {
+    uploads = { bucket = google_storage_bucket.uploads.name, role = "roles/storage.objectViewer" }
+    work    = { bucket = google_storage_bucket.work.name, role = "roles/storage.objectUser" }
+    models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectCreator" }
+  }
+
+  aggregate_bucket_roles = {
+    work   = { bucket = google_storage_bucket.work.name, role = "roles/storage.objectViewer" }
+    deltas = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectUser" }
+    models = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectUser" }
+  }
+
+  worker_bucket_roles = {
+    work   = { bucket = google_storage_bucket.work.name, role = "roles/storage.objectViewer" }
+    models = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectViewer" }
+    deltas = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectCreator" }
+  }
+
+  # The upload form writes <name>.csv to the uploads bucket; uploading a name again overwrites
+  # it (a new generation, a new job), which needs storage.objects.delete, hence objectUser.
+  dashboard_bucket_roles = {
+    uploads = { bucket = google_storage_bucket.uploads.name, role = "roles/storage.objectUser" }
+    models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectViewer" }
+  }
+}
+
+resource "google_storage_bucket_iam_member" "split" {
+  for_each = local.split_bucket_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.split.email}"
+}
+
+resource "google_storage_bucket_iam_member" "aggregate" {
+  for_each = local.aggregate_bucket_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.aggregate.email}"
+}
+
+resource "google_storage_bucket_iam_member" "worker" {
+  for_each = local.worker_bucket_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.worker.email}"
+}
+
+resource "google_storage_bucket_iam_member" "dashboard" {
+  for_each = local.dashboard_bucket_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.dashboard.email}"
+}
+
+# --- Pub/Sub -----------------------------------------------------------------------------------
+
+resource "google_pubsub_topic_iam_member" "split_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.tasks.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.split.email}"
+}
+
+resource "google_pubsub_topic_iam_member" "aggregate_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.tasks.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.aggregate.email}"
+}
+
+resource "google_pubsub_subscription_iam_member" "worker_subscriber" {
+  project      = var.project_id
+  subscription = google_pubsub_subscription.tasks.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${google_service_account.worker.email}"
+}
+
+# Dead-lettering is done by the Pub/Sub service agent: it must be able to publish to the
+# dead-letter topic and to acknowledge (subscriber) on the source subscription.
+resource "google_pubsub_topic_iam_member" "pubsub_agent_dead_letter_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.dead_letter.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${local.pubsub_service_agent}"
+
+  depends_on = [google_project_service_identity.pubsub]
+}
+
+resource "google_pubsub_subscription_iam_member" "pubsub_agent_tasks_subscriber" {
+  project      = var.project_id
+  subscription = google_pubsub_subscription.tasks.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${local.pubsub_service_agent}"
+
+  depends_on = [google_project_service_identity.pubsub]
+}
+
+# --- Firestore ---------------------------------------------------------------------------------
+#
+# Project level: Firestore has no per-database (or per-collection) IAM resource for data access;
+# roles/datastore.* can only be granted on the project. var.firestore_iam_condition narrows the
+# grant to bucketlearn's database with an IAM condition on resource.name.
+
+locals {
+  firestore_writers = {
+    split     = google_service_account.split.email
+    aggregate = google_service_account.aggregate.email
+    worker    = google_service_account.worker.email
+  }
+}
+
+resource "google_project_iam_member" "firestore_users" {
+  for_each = local.firestore_writers
+
+  project = var.project_id
+  role    = "roles/datastore.user"
+  member  = "serviceAccount:${each.value}"
+
+  dynamic "condition" {
+    for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []
+    content {
+      title       = "bucketlearn-firestore-only"
+      description = "Only the bucketlearn Firestore database"
+      expression  = "resource.name == \"${condition.value}\""
+    }
+  }
+}
+
+# The dashboard only reads job, version and worker documents.
+resource "google_project_iam_member" "firestore_viewers" {
+  project = var.project_id
+  role    = "roles/datastore.viewer"
+  member  = "serviceAccount:${google_service_account.dashboard.email}"
+
+  dynamic "condition" {
+    for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []
+    content {
+      title       = "bucketlearn-firestore-only"
+      description = "Only the bucketlearn Firestore database"
+      expression  = "resource.name == \"${condition.value}\""
+    }
+  }
+}
+
+# --- Eventarc storage triggers -----------------------------------------------------------------
+
+# Project level: roles/eventarc.eventReceiver is only grantable on the project.
+resource "google_project_iam_member" "eventarc_receiver" {
+  project = var.project_id
+  role    = "roles/eventarc.eventReceiver"
+  member  = "serviceAccount:${google_service_account.eventarc.email}"
+}
+
+# The trigger delivers events by invoking the functions' Cloud Run services: invoker on those two
+# services only (a 2nd-gen function's service has the function's name).
+resource "google_cloud_run_v2_service_iam_member" "eventarc_invokes_split" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloudfunctions2_function.split.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.eventarc.email}"
+}
+
+resource "google_cloud_run_v2_service_iam_member" "eventarc_invokes_aggregate" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloudfunctions2_function.aggregate.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.eventarc.email}"
+}
+
+# Project level: the Cloud Storage service agent publishes object notifications to topics that
+# Eventarc creates and names itself, so there is no topic to scope this to.
+resource "google_project_iam_member" "gcs_agent_pubsub_publisher" {
+  project = var.project_id
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
+}
+
+# Pub/Sub pushes the events with an OIDC token of the trigger account; projects whose Pub/Sub
+# agent predates April 2021 need this grant explicitly. Scoped to that one account.
+resource "google_service_account_iam_member" "pubsub_agent_token_creator" {
+  service_account_id = google_service_account.eventarc.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = "serviceAccount:${local.pubsub_service_agent}"
+
+  depends_on = [google_project_service_identity.pubsub, google_project_service_identity.eventarc]
+}
+
+# --- autoscaler --------------------------------------------------------------------------------
+
+# Resize the worker pool - this pool only. (roles/run.developer is the narrowest predefined role
+# with run.workerPools.update; a custom role with just get+update would be narrower still.)
+resource "google_cloud_run_v2_worker_pool_iam_member" "autoscaler_developer" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_worker_pool.learners.name
+  role     = "roles/run.developer"
+  member   = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# Updating a Cloud Run resource requires actAs on the identity it runs as: only the worker's
+# account, not the project's.
+resource "google_service_account_iam_member" "autoscaler_acts_as_worker" {
+  service_account_id = google_service_account.worker.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# Project level: Cloud Monitoring time series (the subscription backlog) have no resource-level
+# IAM; monitoring.viewer is read-only.
+resource "google_project_iam_member" "autoscaler_monitoring_viewer" {
+  project = var.project_id
+  role    = "roles/monitoring.viewer"
+  member  = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# Cloud Scheduler may start the autoscaler job and nothing else (run.invoker carries
+# run.jobs.run on this job).
+resource "google_cloud_run_v2_job_iam_member" "scheduler_invoker" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_job.autoscaler.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.scheduler.email}"
+}
+
+# --- dashboard access --------------------------------------------------------------------------
+
+# IAP: people need roles/iap.httpsResourceAccessor on this service; IAP itself (its service agent)
+# is the only caller of the service.
+resource "google_iap_web_cloud_run_service_iam_member" "dashboard_users" {
+  for_each = local.dashboard_iap ? toset(var.dashboard_users) : toset([])
+
+  project                = var.project_id
+  location               = var.region
+  cloud_run_service_name = google_cloud_run_v2_service.dashboard.name
+  role                   = "roles/iap.httpsResourceAccessor"
+  member                 = each.value
+}
+
+resource "google_cloud_run_v2_service_iam_member" "iap_invokes_dashboard" {
+  count = local.dashboard_iap ? 1 : 0
+
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.dashboard.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${local.iap_service_agent}"
+
+  depends_on = [google_project_service_identity.iap]
+}
+
+# Internal load balancer mode: the named people (through your load balancer) invoke directly.
+resource "google_cloud_run_v2_service_iam_member" "dashboard_invokers" {
+  for_each = local.dashboard_iap ? toset([]) : toset(var.dashboard_users)
+
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.dashboard.name
+  role     = "roles/run.invoker"
+  member   = each.value
+}

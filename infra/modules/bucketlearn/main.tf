@@ -1,0 +1,160 @@
+# bucketlearn on Google Cloud. The resources are split by concern:
+#   storage.tf    buckets (uploads, work, deltas, models, function sources)
+#   pubsub.tf     tasks topic, pull subscription, dead-letter topic and its sink subscription
+#   firestore.tf  database and security rules
+#   functions.tf  split (on_upload) and aggregate (on_delta) Cloud Functions with Eventarc triggers
+#   workers.tf    learner worker pool, autoscaler job, Cloud Scheduler trigger
+#   dashboard.tf  Streamlit dashboard on Cloud Run behind IAP (or internal ingress)
+#   iam.tf        one service account per component and every grant, scoped to one resource
+#                 wherever the service allows it
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+locals {
+  project_number = data.google_project.this.number
+
+  labels = merge(var.labels, { app = "bucketlearn" })
+
+  bucket_prefix = "${var.project_id}-${var.name_prefix}"
+
+  tasks_topic_name        = "${var.name_prefix}-tasks"
+  tasks_subscription_name = "${var.name_prefix}-tasks-workers"
+
+  # The settings every component reads (bucketlearn.config.SETTINGS_ENV plus the project). The
+  # functions, the worker pool, the autoscaler job and the dashboard all get exactly this map
+  # (plus var.extra_env), and the env_vars output returns it, so the local stack, `bucketlearn`
+  # on a laptop and the cloud read the same names. tests/infra checks the names against
+  # bucketlearn.config.
+  app_env = {
+    GOOGLE_CLOUD_PROJECT             = var.project_id
+    BUCKETLEARN_PROJECT              = var.project_id
+    BUCKETLEARN_UPLOADS_BUCKET       = google_storage_bucket.uploads.name
+    BUCKETLEARN_WORK_BUCKET          = google_storage_bucket.work.name
+    BUCKETLEARN_DELTAS_BUCKET        = google_storage_bucket.deltas.name
+    BUCKETLEARN_MODELS_BUCKET        = google_storage_bucket.models.name
+    BUCKETLEARN_TASKS_TOPIC          = google_pubsub_topic.tasks.name
+    BUCKETLEARN_TASKS_SUBSCRIPTION   = google_pubsub_subscription.tasks.name
+    BUCKETLEARN_FIRESTORE_DATABASE   = var.firestore_database
+    BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
+    BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
+    BUCKETLEARN_LOG_FORMAT           = "json"
+  }
+
+  runtime_env = merge(var.extra_env, local.app_env)
+
+  # What `bucketlearn autoscale` needs besides the app settings: which pool to resize and the
+  # bounds. Kept out of env_vars because only the autoscaler reads them.
+  autoscaler_env = {
+    BUCKETLEARN_WORKER_POOL = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.worker_pool_name}"
+    BUCKETLEARN_MIN_WORKERS = tostring(var.min_workers)
+    BUCKETLEARN_MAX_WORKERS = tostring(var.max_workers)
+  }
+
+  worker_pool_name = "${var.name_prefix}-learners"
+
+  # Google-managed service agents that get grants in iam.tf.
+  pubsub_service_agent = "service-${local.project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+  iap_service_agent    = "service-${local.project_number}@gcp-sa-iap.iam.gserviceaccount.com"
+
+  firestore_database_resource = "projects/${var.project_id}/databases/${var.firestore_database}"
+
+  apis = toset(concat([
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "eventarc.googleapis.com",
+    "firestore.googleapis.com",
+    "iam.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+    "storage.googleapis.com",
+    ],
+    var.firestore_rules == null ? [] : ["firebaserules.googleapis.com"],
+    var.dashboard_access == "iap" ? ["iap.googleapis.com"] : [],
+  ))
+}
+
+resource "google_project_service" "apis" {
+  for_each = var.enable_apis ? local.apis : toset([])
+
+  project            = var.project_id
+  service            = each.value
+  disable_on_destroy = false
+}
+
+# Make Google create the service agents now (they are otherwise created lazily, on first use),
+# so the grants to them in iam.tf succeed on a fresh project.
+resource "google_project_service_identity" "pubsub" {
+  provider = google-beta
+
+  project = var.project_id
+  service = "pubsub.googleapis.com"
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_project_service_identity" "eventarc" {
+  provider = google-beta
+
+  project = var.project_id
+  service = "eventarc.googleapis.com"
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_project_service_identity" "iap" {
+  provider = google-beta
+  count    = var.dashboard_access == "iap" ? 1 : 0
+
+  project = var.project_id
+  service = "iap.googleapis.com"
+
+  depends_on = [google_project_service.apis]
+}
+
+# The Cloud Storage service agent publishes the bucket notifications behind Eventarc storage
+# triggers; this data source also creates it if needed.
+data "google_storage_project_service_account" "gcs" {
+  project = var.project_id
+
+  depends_on = [google_project_service.apis]
+}
+
+# --- Artifact Registry -------------------------------------------------------------------------
+
+resource "google_artifact_registry_repository" "images" {
+  #checkov:skip=CKV_GCP_84:Images hold only open-source code and bucketlearn itself, no data; Google-managed encryption is sufficient.
+  project       = var.project_id
+  location      = var.region
+  repository_id = var.artifact_repository_id
+  format        = "DOCKER"
+  description   = "bucketlearn worker and dashboard images"
+  labels        = local.labels
+
+  cleanup_policy_dry_run = false
+
+  # KEEP wins over DELETE: the newest versions are kept however old they are.
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = var.keep_image_versions
+    }
+  }
+
+  cleanup_policies {
+    id     = "delete-old"
+    action = "DELETE"
+    condition {
+      tag_state  = "ANY"
+      older_than = "2592000s"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}

@@ -1,0 +1,112 @@
+# Tasks: one message per shard per epoch, published by both functions, pulled by the workers.
+#
+# Encryption: Google-managed keys. The messages carry ids and object names, never training data
+# (that stays in the buckets), so CMEK is not required; add kms_key_name if your policy says so.
+
+resource "google_pubsub_topic" "tasks" {
+  #checkov:skip=CKV_GCP_83:Messages hold only ids and object names (no training data); Google-managed encryption is sufficient.
+  name    = local.tasks_topic_name
+  project = var.project_id
+  labels  = local.labels
+
+  depends_on = [google_project_service.apis]
+}
+
+# Where Pub/Sub moves a task after max_delivery_attempts deliveries (a message that crashes the
+# worker before the app can record the attempt). The app itself gives up after max_task_attempts.
+resource "google_pubsub_topic" "dead_letter" {
+  #checkov:skip=CKV_GCP_83:Messages hold only ids and object names (no training data); Google-managed encryption is sufficient.
+  name    = "${var.name_prefix}-tasks-dead-letter"
+  project = var.project_id
+  labels  = local.labels
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_pubsub_subscription" "tasks" {
+  name    = local.tasks_subscription_name
+  project = var.project_id
+  topic   = google_pubsub_topic.tasks.id
+  labels  = local.labels
+
+  # The worker's streaming pull extends leases while a task trains; 60 s bounds how long a
+  # killed worker's task waits before someone else gets it (invariant 4).
+  ack_deadline_seconds         = var.ack_deadline_seconds
+  message_retention_duration   = var.message_retention_duration
+  retain_acked_messages        = false
+  enable_exactly_once_delivery = var.enable_exactly_once_delivery
+  enable_message_ordering      = false
+
+  # Never delete the subscription for inactivity (the default is 31 days without pulls, which a
+  # quiet project reaches easily).
+  expiration_policy {
+    ttl = ""
+  }
+
+  retry_policy {
+    minimum_backoff = var.retry_minimum_backoff
+    maximum_backoff = var.retry_maximum_backoff
+  }
+
+  dynamic "dead_letter_policy" {
+    for_each = var.dead_letter_enabled ? [var.max_delivery_attempts] : []
+    content {
+      dead_letter_topic     = google_pubsub_topic.dead_letter.id
+      max_delivery_attempts = dead_letter_policy.value
+    }
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.max_task_attempts < var.max_delivery_attempts
+      error_message = "max_task_attempts must be below max_delivery_attempts: the app must record a failed task before Pub/Sub dead-letters it."
+    }
+  }
+}
+
+# Keeps dead-lettered messages (a topic without a subscription drops them) for inspection and
+# replay: `gcloud pubsub subscriptions pull <name> --limit 10`.
+resource "google_pubsub_subscription" "dead_letter_sink" {
+  name    = "${var.name_prefix}-tasks-dead-letter-sink"
+  project = var.project_id
+  topic   = google_pubsub_topic.dead_letter.id
+  labels  = local.labels
+
+  ack_deadline_seconds       = 60
+  message_retention_duration = var.message_retention_duration
+  retain_acked_messages      = true
+
+  expiration_policy {
+    ttl = ""
+  }
+}
+
+# Anything in the dead-letter sink means a task crashed its worker max_delivery_attempts times.
+resource "google_monitoring_alert_policy" "dead_letters" {
+  project               = var.project_id
+  display_name          = "${var.name_prefix}: tasks dead-lettered"
+  combiner              = "OR"
+  notification_channels = var.alert_notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "messages in ${google_pubsub_subscription.dead_letter_sink.name}"
+    condition_threshold {
+      filter          = "resource.type = \"pubsub_subscription\" AND resource.labels.subscription_id = \"${google_pubsub_subscription.dead_letter_sink.name}\" AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "A bucketlearn task was delivered ${var.max_delivery_attempts} times without being acknowledged. Pull it from `${google_pubsub_subscription.dead_letter_sink.name}` and check the worker logs for its task id."
+  }
+
+  depends_on = [google_project_service.apis]
+}

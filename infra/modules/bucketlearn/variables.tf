@@ -1,0 +1,498 @@
+# --- where -------------------------------------------------------------------------------------
+
+variable "project_id" {
+  type        = string
+  description = "Google Cloud project id that holds every bucketlearn resource."
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project_id))
+    error_message = "project_id must be a Google Cloud project id: 6-30 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "region" {
+  type        = string
+  description = "Region for the buckets, functions, Eventarc triggers, Cloud Run resources, Artifact Registry and Cloud Scheduler. Buckets are regional so that Eventarc storage triggers can live in the same region."
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+$", var.region))
+    error_message = "region must be a Google Cloud region such as europe-west1 or us-central1 (not a multi-region)."
+  }
+}
+
+variable "name_prefix" {
+  type        = string
+  default     = "bucketlearn"
+  description = "Prefix of every resource name (topics, functions, services, service accounts). Bucket names are \"<project_id>-<name_prefix>-<role>\" because bucket names are global."
+
+  validation {
+    # Service account ids are 6-30 characters; the longest suffix used is "-autoscaler" (11).
+    condition     = can(regex("^[a-z][a-z0-9-]{1,17}[a-z0-9]$", var.name_prefix))
+    error_message = "name_prefix must be 3-19 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen."
+  }
+}
+
+variable "labels" {
+  type        = map(string)
+  default     = {}
+  description = "Labels added to every resource that takes labels (app=bucketlearn is always added)."
+}
+
+variable "enable_apis" {
+  type        = bool
+  default     = true
+  description = "Enable the Google APIs bucketlearn needs (google_project_service, never disabled on destroy). Set false when a platform team manages APIs."
+}
+
+variable "deletion_protection" {
+  type        = bool
+  default     = true
+  description = "Protect stateful resources: buckets are not force-destroyed, the Firestore database keeps delete protection and is abandoned (not deleted) on destroy, and Cloud Run resources keep deletion_protection. Set false in throw-away environments so teardown works."
+}
+
+# --- storage -----------------------------------------------------------------------------------
+
+variable "work_retention_days" {
+  type        = number
+  default     = 7
+  description = "Days after which objects in the work bucket (shards, holdout, manifests) are deleted by a lifecycle rule. Must exceed the longest training job."
+
+  validation {
+    condition     = var.work_retention_days >= 1 && var.work_retention_days <= 365 && floor(var.work_retention_days) == var.work_retention_days
+    error_message = "work_retention_days must be a whole number from 1 to 365."
+  }
+}
+
+variable "deltas_retention_days" {
+  type        = number
+  default     = 1
+  description = "Days after which weight deltas are deleted. The aggregator deletes the deltas it has applied; this rule only sweeps leftovers (duplicates, deltas of failed jobs)."
+
+  validation {
+    condition     = var.deltas_retention_days >= 1 && var.deltas_retention_days <= 30 && floor(var.deltas_retention_days) == var.deltas_retention_days
+    error_message = "deltas_retention_days must be a whole number from 1 to 30."
+  }
+}
+
+variable "uploads_noncurrent_retention_days" {
+  type        = number
+  default     = 7
+  description = "The uploads bucket is versioned (a job reads its upload by generation, and re-uploading the same name must not pull the old generation from under a running split). Noncurrent generations are deleted after this many days."
+
+  validation {
+    condition     = var.uploads_noncurrent_retention_days >= 1 && floor(var.uploads_noncurrent_retention_days) == var.uploads_noncurrent_retention_days
+    error_message = "uploads_noncurrent_retention_days must be a whole number of at least 1."
+  }
+}
+
+variable "models_noncurrent_versions" {
+  type        = number
+  default     = 5
+  description = "The models bucket is versioned (models/<job>/latest.keras is overwritten on every export); keep this many noncurrent generations of each object."
+
+  validation {
+    condition     = var.models_noncurrent_versions >= 1 && floor(var.models_noncurrent_versions) == var.models_noncurrent_versions
+    error_message = "models_noncurrent_versions must be a whole number of at least 1."
+  }
+}
+
+# --- Pub/Sub -----------------------------------------------------------------------------------
+
+variable "ack_deadline_seconds" {
+  type        = number
+  default     = 60
+  description = "Ack deadline of the tasks subscription; the worker extends its lease while it trains. Passed to the app as BUCKETLEARN_ACK_DEADLINE_SECONDS so both agree."
+
+  validation {
+    condition     = var.ack_deadline_seconds >= 10 && var.ack_deadline_seconds <= 600
+    error_message = "ack_deadline_seconds must be from 10 to 600 (Pub/Sub limits)."
+  }
+}
+
+variable "dead_letter_enabled" {
+  type        = bool
+  default     = true
+  description = "Attach a dead-letter policy to the tasks subscription. Leave true in the cloud; the switch exists for projects whose org policy forbids the Pub/Sub service agent grants."
+}
+
+variable "max_delivery_attempts" {
+  type        = number
+  default     = 10
+  description = "Deliveries of one task message before Pub/Sub moves it to the dead-letter topic. The app gives up earlier (max_task_attempts) and records the failure; this is the backstop for messages that crash the worker before it can record anything."
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100 && floor(var.max_delivery_attempts) == var.max_delivery_attempts
+    error_message = "max_delivery_attempts must be a whole number from 5 to 100 (Pub/Sub limits)."
+  }
+}
+
+variable "max_task_attempts" {
+  type        = number
+  default     = 5
+  description = "Attempts the app allows one task before it marks it failed (BUCKETLEARN_MAX_TASK_ATTEMPTS). Must be below max_delivery_attempts so the app, not the dead-letter topic, normally decides."
+
+  validation {
+    condition     = var.max_task_attempts >= 1 && floor(var.max_task_attempts) == var.max_task_attempts
+    error_message = "max_task_attempts must be a whole number of at least 1."
+  }
+}
+
+variable "retry_minimum_backoff" {
+  type        = string
+  default     = "10s"
+  description = "Minimum delay before Pub/Sub redelivers a nacked or expired task (exponential backoff)."
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.retry_minimum_backoff)) && try(tonumber(trimsuffix(var.retry_minimum_backoff, "s")) <= 600, false)
+    error_message = "retry_minimum_backoff must be a duration in whole seconds, such as \"10s\", of at most 600s."
+  }
+}
+
+variable "retry_maximum_backoff" {
+  type        = string
+  default     = "600s"
+  description = "Maximum delay before Pub/Sub redelivers a nacked or expired task (exponential backoff)."
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.retry_maximum_backoff)) && try(tonumber(trimsuffix(var.retry_maximum_backoff, "s")) <= 600, false)
+    error_message = "retry_maximum_backoff must be a duration in whole seconds, such as \"600s\", of at most 600s."
+  }
+}
+
+variable "message_retention_duration" {
+  type        = string
+  default     = "604800s"
+  description = "How long unacknowledged task and dead-letter messages are kept (default 7 days)."
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.message_retention_duration)) && try(tonumber(trimsuffix(var.message_retention_duration, "s")) >= 600 && tonumber(trimsuffix(var.message_retention_duration, "s")) <= 604800, false)
+    error_message = "message_retention_duration must be from \"600s\" to \"604800s\"."
+  }
+}
+
+variable "enable_exactly_once_delivery" {
+  type        = bool
+  default     = false
+  description = "Pub/Sub exactly-once delivery on the tasks subscription. Off by default: the aggregator is idempotent on task ids anyway (invariant 2) and exactly-once lowers throughput."
+}
+
+variable "alert_notification_channels" {
+  type        = list(string)
+  default     = []
+  description = "Cloud Monitoring notification channel ids for the alert on messages in the dead-letter subscription (the alert exists either way and shows in the console)."
+}
+
+# --- Firestore ---------------------------------------------------------------------------------
+
+variable "firestore_database" {
+  type        = string
+  default     = "(default)"
+  description = "Firestore database id (BUCKETLEARN_FIRESTORE_DATABASE)."
+
+  validation {
+    condition     = var.firestore_database == "(default)" || can(regex("^[a-z][a-z0-9-]{2,61}[a-z0-9]$", var.firestore_database))
+    error_message = "firestore_database must be \"(default)\" or 4-63 lowercase letters, digits or hyphens starting with a letter."
+  }
+}
+
+variable "create_firestore_database" {
+  type        = bool
+  default     = true
+  description = "Create the Firestore database. Set false when the project already has it (a project has one (default) database; import it instead if you want Terraform to own it)."
+}
+
+variable "firestore_location" {
+  type        = string
+  default     = null
+  description = "Firestore location id (a region such as europe-west1, or a multi-region such as eur3 / nam5). Defaults to var.region. Cannot be changed after creation."
+}
+
+variable "firestore_point_in_time_recovery" {
+  type        = bool
+  default     = false
+  description = "Enable Firestore point-in-time recovery (7 days of versions, billed as storage)."
+}
+
+variable "firestore_rules" {
+  type        = string
+  default     = null
+  description = "Contents of the Firestore security rules to release (infra/firestore.rules denies all client access; server code uses IAM and is not subject to rules). null: do not manage rules."
+}
+
+variable "firestore_iam_condition" {
+  type        = bool
+  default     = false
+  description = "Add an IAM condition (resource.name == projects/<p>/databases/<db>) to the project-level Firestore grants so they cover only bucketlearn's database. Off by default; turn on for a shared project after checking it against your org's conditions support."
+}
+
+# --- Cloud Functions ---------------------------------------------------------------------------
+
+variable "function_source_zip" {
+  type        = string
+  description = "Path to the zip holding functions/main.py, functions/requirements.txt and a vendored copy of bucketlearn/ (infra/package-functions.sh builds it). Its MD5 is part of the object name, so a changed zip redeploys both functions."
+
+  validation {
+    condition     = endswith(var.function_source_zip, ".zip")
+    error_message = "function_source_zip must be the path of a .zip file."
+  }
+}
+
+variable "function_runtime" {
+  type        = string
+  default     = "python311"
+  description = "Cloud Functions runtime of both functions."
+
+  validation {
+    condition     = contains(["python311", "python312"], var.function_runtime)
+    error_message = "function_runtime must be python311 or python312 (bucketlearn supports Python 3.11 and 3.12)."
+  }
+}
+
+variable "function_memory" {
+  type        = string
+  default     = "2Gi"
+  description = "Memory of each function instance; TensorFlow plus one model and one shard fits in 2Gi."
+
+  validation {
+    condition     = contains(["1Gi", "2Gi", "4Gi", "8Gi", "16Gi"], var.function_memory)
+    error_message = "function_memory must be one of 1Gi, 2Gi, 4Gi, 8Gi, 16Gi."
+  }
+}
+
+variable "function_cpu" {
+  type        = string
+  default     = "1"
+  description = "vCPUs of each function instance (2Gi needs at least 1; 4Gi at least 2 in practice)."
+
+  validation {
+    condition     = contains(["1", "2", "4", "8"], var.function_cpu)
+    error_message = "function_cpu must be one of 1, 2, 4, 8."
+  }
+}
+
+variable "function_timeout_seconds" {
+  type        = number
+  default     = 540
+  description = "Timeout of each event-driven function invocation; Eventarc-triggered functions allow at most 540 s."
+
+  validation {
+    condition     = var.function_timeout_seconds >= 60 && var.function_timeout_seconds <= 540
+    error_message = "function_timeout_seconds must be from 60 to 540."
+  }
+}
+
+variable "split_max_instances" {
+  type        = number
+  default     = 5
+  description = "Maximum instances of the split (upload) function; one upload per instance at a time."
+
+  validation {
+    condition     = var.split_max_instances >= 1 && var.split_max_instances <= 100
+    error_message = "split_max_instances must be from 1 to 100."
+  }
+}
+
+variable "aggregate_max_instances" {
+  type        = number
+  default     = 10
+  description = "Maximum instances of the aggregate (delta) function. Per job there is a single writer (a Firestore lease); other instances return fast and their deltas are folded by the holder."
+
+  validation {
+    condition     = var.aggregate_max_instances >= 1 && var.aggregate_max_instances <= 100
+    error_message = "aggregate_max_instances must be from 1 to 100."
+  }
+}
+
+variable "function_build_service_account" {
+  type        = string
+  default     = null
+  description = "Email of a service account Cloud Build uses to build the functions (null: the project's default build account). Recommended in production: a dedicated account with roles/cloudbuild.builds.builder."
+}
+
+# --- images ------------------------------------------------------------------------------------
+
+variable "artifact_repository_id" {
+  type        = string
+  default     = "bucketlearn"
+  description = "Id of the Artifact Registry Docker repository created for the worker and dashboard images."
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,62}$", var.artifact_repository_id))
+    error_message = "artifact_repository_id must be lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "keep_image_versions" {
+  type        = number
+  default     = 10
+  description = "Artifact Registry cleanup keeps this many most recent versions of each image; older ones are deleted after 30 days."
+
+  validation {
+    condition     = var.keep_image_versions >= 1
+    error_message = "keep_image_versions must be at least 1."
+  }
+}
+
+variable "worker_image" {
+  type        = string
+  description = "Learner worker image (workers/Dockerfile), preferably by digest: REGION-docker.pkg.dev/PROJECT/REPO/worker@sha256:... The autoscaler job runs the same image."
+
+  validation {
+    condition     = length(regexall("^[a-z0-9.-]+(:[0-9]+)?/[^ ]+(:[A-Za-z0-9_.-]+|@sha256:[0-9a-f]{64})$", var.worker_image)) == 1
+    error_message = "worker_image must be a full image reference with a tag or a digest, such as europe-west1-docker.pkg.dev/p/bucketlearn/worker:abc123."
+  }
+}
+
+variable "dashboard_image" {
+  type        = string
+  description = "Dashboard image (dashboard/Dockerfile), preferably by digest."
+
+  validation {
+    condition     = length(regexall("^[a-z0-9.-]+(:[0-9]+)?/[^ ]+(:[A-Za-z0-9_.-]+|@sha256:[0-9a-f]{64})$", var.dashboard_image)) == 1
+    error_message = "dashboard_image must be a full image reference with a tag or a digest."
+  }
+}
+
+# --- workers and autoscaler --------------------------------------------------------------------
+
+variable "min_workers" {
+  type        = number
+  default     = 0
+  description = "Fewest learner workers the autoscaler keeps (0: scale to zero when there is no backlog). Also the instance count the worker pool is created with."
+
+  validation {
+    condition     = var.min_workers >= 0 && floor(var.min_workers) == var.min_workers
+    error_message = "min_workers must be a whole number of at least 0."
+  }
+}
+
+variable "max_workers" {
+  type        = number
+  default     = 10
+  description = "Most learner workers the autoscaler starts."
+
+  validation {
+    condition     = var.max_workers >= 1 && var.max_workers <= 1000 && floor(var.max_workers) == var.max_workers
+    error_message = "max_workers must be a whole number from 1 to 1000."
+  }
+}
+
+variable "worker_cpu" {
+  type        = string
+  default     = "2"
+  description = "vCPUs of each learner worker."
+
+  validation {
+    condition     = contains(["1", "2", "4", "6", "8"], var.worker_cpu)
+    error_message = "worker_cpu must be one of 1, 2, 4, 6, 8."
+  }
+}
+
+variable "worker_memory" {
+  type        = string
+  default     = "4Gi"
+  description = "Memory of each learner worker (one model and one shard)."
+
+  validation {
+    condition     = can(regex("^[0-9]+(Mi|Gi)$", var.worker_memory))
+    error_message = "worker_memory must look like 4Gi or 2048Mi."
+  }
+}
+
+variable "worker_pool_launch_stage" {
+  type        = string
+  default     = "BETA"
+  description = "launch_stage sent for the worker pool and the dashboard service. BETA lets the API accept worker-pool manual scaling and Cloud Run IAP while they are in preview; GA once both are GA in your project. Later drift of this field is ignored."
+
+  validation {
+    condition     = contains(["ALPHA", "BETA", "GA"], var.worker_pool_launch_stage)
+    error_message = "worker_pool_launch_stage must be ALPHA, BETA or GA."
+  }
+}
+
+variable "autoscaler_schedule" {
+  type        = string
+  default     = "* * * * *"
+  description = "Cron schedule (UTC) of the autoscaler job; every minute by default, the finest Cloud Scheduler allows."
+
+  validation {
+    condition     = length(split(" ", trimspace(var.autoscaler_schedule))) == 5
+    error_message = "autoscaler_schedule must be a five-field cron expression."
+  }
+}
+
+variable "autoscaler_paused" {
+  type        = bool
+  default     = false
+  description = "Pause the Cloud Scheduler job that runs the autoscaler (the pool then keeps its current instance count)."
+}
+
+variable "scheduler_region" {
+  type        = string
+  default     = null
+  description = "Region of the Cloud Scheduler job when var.region has no Cloud Scheduler (null: var.region)."
+}
+
+# --- dashboard ---------------------------------------------------------------------------------
+
+variable "dashboard_access" {
+  type        = string
+  default     = "iap"
+  description = <<-EOT
+    How people reach the dashboard; it is never public (no allUsers invoker):
+      "iap"         - Identity-Aware Proxy enabled directly on the Cloud Run service; only
+                      dashboard_users get through (roles/iap.httpsResourceAccessor).
+      "internal_lb" - ingress restricted to internal traffic and Cloud Load Balancing; put your
+                      own HTTPS load balancer (with IAP) in front; dashboard_users get run.invoker.
+  EOT
+
+  validation {
+    condition     = contains(["iap", "internal_lb"], var.dashboard_access)
+    error_message = "dashboard_access must be \"iap\" or \"internal_lb\"."
+  }
+}
+
+variable "dashboard_users" {
+  type        = list(string)
+  default     = []
+  description = "IAM principals allowed to use the dashboard, e.g. [\"user:ana@example.com\", \"group:ml@example.com\"]. allUsers and allAuthenticatedUsers are refused."
+
+  validation {
+    condition = alltrue([
+      for m in var.dashboard_users :
+      can(regex("^(user|group|domain|serviceAccount|principal|principalSet):.+", m))
+    ])
+    error_message = "Each dashboard_users entry must be an IAM principal with a type prefix (user:, group:, domain:, serviceAccount:, principal:, principalSet:); allUsers and allAuthenticatedUsers are not allowed."
+  }
+}
+
+variable "dashboard_max_instances" {
+  type        = number
+  default     = 2
+  description = "Maximum dashboard instances (Streamlit keeps a websocket per viewer; session affinity is on)."
+
+  validation {
+    condition     = var.dashboard_max_instances >= 1 && var.dashboard_max_instances <= 100
+    error_message = "dashboard_max_instances must be from 1 to 100."
+  }
+}
+
+# --- app settings ------------------------------------------------------------------------------
+
+variable "extra_env" {
+  type        = map(string)
+  default     = {}
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS. Names the module sets itself cannot be overridden here."
+
+  validation {
+    condition = alltrue([
+      for k in keys(var.extra_env) : can(regex("^BUCKETLEARN_[A-Z0-9_]+$", k)) && !contains([
+        "BUCKETLEARN_PROJECT", "BUCKETLEARN_UPLOADS_BUCKET", "BUCKETLEARN_WORK_BUCKET",
+        "BUCKETLEARN_DELTAS_BUCKET", "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC",
+        "BUCKETLEARN_TASKS_SUBSCRIPTION", "BUCKETLEARN_FIRESTORE_DATABASE",
+        "BUCKETLEARN_ACK_DEADLINE_SECONDS", "BUCKETLEARN_MAX_TASK_ATTEMPTS", "BUCKETLEARN_LOG_FORMAT",
+      ], k)
+    ])
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscription, database, project, ack deadline, max task attempts, log format)."
+  }
+}

@@ -1,0 +1,176 @@
+# Learner workers: a Cloud Run worker pool.
+#
+# Why a worker pool and not a Cloud Run service with min instances:
+#   * The worker is a long-running pull loop with no HTTP server. A worker pool is the Cloud Run
+#     resource made for that: no endpoint, no request timeout, CPU always allocated. A service
+#     would need a dummy listener on $PORT, `cpu_idle = false`, and min instances pinned, and
+#     would still be scaled on request load it never receives.
+#   * Backlog scaling needs an external controller either way (worker pools do not autoscale on
+#     Pub/Sub backlog; services scale on requests/CPU). The worker pool's manual instance count
+#     is made for external controllers: changing it does not create a revision.
+#   Documented alternative, if worker pools are not available in your region/org: a
+#   google_cloud_run_v2_service with template.scaling min = max = N, cpu_idle = false, ingress
+#   internal, a tiny health listener in the worker, and the autoscaler updating
+#   scaling.manual_instance_count of the service (Cloud Run services support manual scaling
+#   too). The scaling policy in bucketlearn is the same; only the resource it resizes changes.
+#
+# The resource is in the GA `google` provider since 6.45 (it was google-beta only before), so no
+# google-beta provider is needed here; launch_stage BETA lets the API accept manual scaling
+# while that is a preview feature.
+#
+# Shutdown: Cloud Run sends SIGTERM and kills 10 s later. The worker stops pulling and nacks; a
+# task it could not finish is redelivered after its ack deadline (invariant 4), and the
+# aggregator ignores a second delta of an applied task (invariant 2).
+
+resource "google_cloud_run_v2_worker_pool" "learners" {
+  name                = local.worker_pool_name
+  project             = var.project_id
+  location            = var.region
+  description         = "bucketlearn learner workers (pull tasks, train, write deltas)"
+  labels              = local.labels
+  launch_stage        = var.worker_pool_launch_stage
+  deletion_protection = var.deletion_protection
+
+  # Manual scaling (the default mode). Terraform sets the starting count; from then on the
+  # autoscaler owns it (see ignore_changes).
+  scaling {
+    manual_instance_count = var.min_workers
+  }
+
+  template {
+    service_account = google_service_account.worker.email
+    labels          = local.labels
+
+    containers {
+      name  = "learner"
+      image = var.worker_image
+
+      resources {
+        limits = {
+          cpu    = var.worker_cpu
+          memory = var.worker_memory
+        }
+      }
+
+      dynamic "env" {
+        for_each = local.runtime_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [
+      # Set by the autoscaler every minute; Terraform must not reset it on the next apply.
+      scaling[0].manual_instance_count,
+      launch_stage,
+      client,
+      client_version,
+    ]
+  }
+
+  depends_on = [
+    google_project_service.apis,
+    google_storage_bucket_iam_member.worker,
+    google_pubsub_subscription_iam_member.worker_subscriber,
+    google_project_iam_member.firestore_users,
+  ]
+}
+
+# --- autoscaler --------------------------------------------------------------------------------
+#
+# Every minute Cloud Scheduler starts a one-task Cloud Run job that runs `bucketlearn autoscale`
+# (same image as the workers). The command reads the tasks subscription's backlog
+# (pubsub.googleapis.com/subscription/num_undelivered_messages and oldest_unacked_message_age
+# from Cloud Monitoring), applies bucketlearn's scaling policy (desired workers from backlog,
+# clamped to [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS], scale-down cool-down) - the same
+# policy the local supervisor uses - and, if the answer differs, sets the worker pool's
+# manual_instance_count through the Cloud Run Admin API. It exits; nothing runs between ticks.
+# A run that fails or overlaps the next one is harmless: each run only sets an absolute count.
+
+resource "google_cloud_run_v2_job" "autoscaler" {
+  name                = "${var.name_prefix}-autoscaler"
+  project             = var.project_id
+  location            = var.region
+  labels              = local.labels
+  deletion_protection = var.deletion_protection
+
+  template {
+    task_count  = 1
+    parallelism = 1
+    labels      = local.labels
+
+    template {
+      service_account = google_service_account.autoscaler.email
+      max_retries     = 0
+      # Shorter than the schedule's period so runs do not pile up.
+      timeout = "50s"
+
+      containers {
+        name    = "autoscaler"
+        image   = var.worker_image
+        command = ["bucketlearn"]
+        args    = ["autoscale"]
+
+        resources {
+          limits = {
+            cpu    = "1"
+            memory = "1Gi"
+          }
+        }
+
+        dynamic "env" {
+          for_each = merge(local.runtime_env, local.autoscaler_env)
+          content {
+            name  = env.key
+            value = env.value
+          }
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [launch_stage, client, client_version]
+  }
+
+  depends_on = [
+    google_project_service.apis,
+    google_cloud_run_v2_worker_pool_iam_member.autoscaler_developer,
+    google_project_iam_member.autoscaler_monitoring_viewer,
+  ]
+}
+
+resource "google_cloud_scheduler_job" "autoscaler" {
+  name             = "${var.name_prefix}-autoscaler"
+  project          = var.project_id
+  region           = coalesce(var.scheduler_region, var.region)
+  description      = "Runs the bucketlearn autoscaler job (resizes the learner worker pool from the task backlog)"
+  schedule         = var.autoscaler_schedule
+  time_zone        = "Etc/UTC"
+  paused           = var.autoscaler_paused
+  attempt_deadline = "30s"
+
+  retry_config {
+    # The next tick is a minute away; a retry would only overlap it.
+    retry_count = 0
+  }
+
+  http_target {
+    http_method = "POST"
+    uri         = "https://run.googleapis.com/v2/projects/${var.project_id}/locations/${var.region}/jobs/${google_cloud_run_v2_job.autoscaler.name}:run"
+
+    oauth_token {
+      service_account_email = google_service_account.scheduler.email
+      scope                 = "https://www.googleapis.com/auth/cloud-platform"
+    }
+  }
+
+  depends_on = [
+    google_project_service.apis,
+    google_cloud_run_v2_job_iam_member.scheduler_invoker,
+  ]
+}

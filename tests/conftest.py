@@ -1,0 +1,57 @@
+"""Shared fixtures: environment isolation and one set of real emulators per test session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ISOLATED_PREFIXES = ("BUCKETLEARN_",)
+ISOLATED_KEYS = ("STORAGE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST",
+                 "GOOGLE_CLOUD_PROJECT")
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test sees the developer's bucketlearn settings or a running local stack."""
+    for key in list(os.environ):
+        if key.startswith(ISOLATED_PREFIXES) or key in ISOLATED_KEYS:
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("BUCKETLEARN_HOME", str(tmp_path / "bucketlearn-home"))
+
+
+@pytest.fixture(scope="session")
+def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The real Pub/Sub, Firestore and Storage emulators on free ports, stopped at the end."""
+    from bucketlearn.local.stack import Emulators
+
+    logs = tmp_path_factory.mktemp("emulator-logs")
+    emus = Emulators(logs).start(timeout=180)
+    try:
+        yield emus
+    finally:
+        emus.stop()
+
+
+def unique_prefix(label: str) -> str:
+    return f"t{uuid.uuid4().hex[:8]}-{label}"[:30]
+
+
+@pytest.fixture
+def cloud(emulators: object) -> object:
+    """Google-adapter Services on the emulators, with fresh buckets, topic and subscription."""
+    from bucketlearn.bootstrap import google_services
+    from bucketlearn.config import export_emulator_env
+
+    settings = emulators.settings(unique_prefix("it"))  # type: ignore[attr-defined]
+    export_emulator_env(settings)
+    svc = google_services(settings)
+    for bucket in (settings.uploads_bucket, settings.work_bucket, settings.deltas_bucket,
+                   settings.models_bucket):
+        svc.store.ensure_bucket(bucket)
+    svc.queue.ensure_topology()
+    return svc

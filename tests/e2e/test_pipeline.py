@@ -1,0 +1,187 @@
+"""The whole flow on real emulators: upload -> split -> tasks -> workers -> deltas -> versions.
+
+These tests drive the ``bucketlearn`` CLI in a subprocess, as a user would, against a LocalStack
+whose functions, relay and workers are real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bucketlearn import layout
+from bucketlearn.bootstrap import google_services
+from bucketlearn.config import JobOptions
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "data" / "digits.csv"
+
+
+def cli(stack: Any, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BUCKETLEARN_HOME": str(stack.home)}
+    return subprocess.run([sys.executable, "-m", "bucketlearn.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=REPO)
+
+
+def submit_and_wait(stack: Any, path: Path, *flags: str, timeout: float = 500) -> dict[str, Any]:
+    result = cli(stack, "submit", str(path), "--wait", "--json", "--timeout", str(timeout),
+                 *flags, timeout=timeout + 60)
+    assert result.stdout.strip(), f"no output; stderr:\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout)
+
+
+def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
+    """Versions dense from 0, each planned task applied exactly once (invariants 2 and 3)."""
+    job = svc.registry.get_job(job_id)
+    versions = svc.registry.list_versions(job_id)
+    assert [v["version"] for v in versions] == list(range(job["version"] + 1))
+    assert all(v["parent"] == v["version"] - 1 for v in versions[1:])
+    applied = [t for v in versions for t in v["tasks_applied"]]
+    assert len(applied) == len(set(applied)), "a task was applied twice"
+    planned = {layout.task_id_for(job_id, e, t) for e in range(1, job["options"]["epochs"] + 1)
+               for t in range(job["tasks_per_epoch"])}
+    assert set(applied) == planned
+    assert job["tasks_applied"] == len(planned) == job["tasks_planned"]
+    for v in versions[1:]:  # each version's weights object exists (written before the commit)
+        assert svc.store.stat(svc.settings.models_bucket, v["weights_path"]) is not None
+    return versions
+
+
+@pytest.fixture(scope="module")
+def stack(make_stack: Any) -> Any:
+    return make_stack("main", workers=2)
+
+
+def test_digits_trains_to_a_downloadable_model(stack: Any, tmp_path: Path) -> None:
+    """make-demo path: digits reach >= 0.95 holdout accuracy; the .keras predicts from raw rows."""
+    # Execute
+    status = submit_and_wait(stack, DIGITS)
+    # Assert
+    assert status["status"] == "DONE", status
+    assert status["accuracy"] >= 0.95
+    svc = google_services(stack.settings)
+    assert_ledger_consistent(svc, status["job_id"])
+    model_path = tmp_path / "digits.keras"
+    result = cli(stack, "download", status["job_id"], "-o", str(model_path))
+    assert result.returncode == 0, result.stderr
+    import keras
+
+    model = keras.models.load_model(model_path)  # plain Keras, no bucketlearn objects
+    raw = np.loadtxt(DIGITS, delimiter=",", skiprows=1)
+    predicted = model.predict(raw[:, :-1], verbose=0).argmax(axis=1)
+    assert np.mean(predicted == raw[:, -1]) > 0.95
+    predict = cli(stack, "predict", str(model_path), str(DIGITS), "--json")
+    report = json.loads(predict.stdout)
+    assert report["rows"] == 1797 and report["accuracy"] > 0.95
+    assert set(report["predictions"]) == {str(d) for d in range(10)}
+    earlier = tmp_path / "v1.keras"
+    assert cli(stack, "download", status["job_id"], "--version", "1", "-o",
+               str(earlier)).returncode == 0
+    assert keras.models.load_model(earlier).count_params() == model.count_params()
+
+
+def test_sorted_csv_matches_serial_training(stack: Any, tmp_path: Path) -> None:
+    """A label-sorted CSV trained by 2 workers lands within 1 point of train-local."""
+    # Prepare
+    lines = DIGITS.read_text().splitlines()
+    rows = sorted(lines[1:], key=lambda line: int(line.rsplit(",", 1)[1]))
+    sorted_csv = tmp_path / "digits_sorted.csv"
+    sorted_csv.write_text("\n".join([lines[0], *rows]) + "\n")
+    from bucketlearn.serial import train_local
+
+    # Execute
+    serial = train_local(str(sorted_csv), JobOptions())
+    status = submit_and_wait(stack, sorted_csv)
+    # Assert
+    assert status["status"] == "DONE", status
+    assert abs(status["accuracy"] - serial.accuracy) <= 0.01 + 1e-9, (status["accuracy"],
+                                                                       serial.accuracy)
+
+
+def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Path) -> None:
+    """A ragged row ends as REJECTED naming file, row and expectation; the next upload trains."""
+    # Prepare
+    bad = tmp_path / "ragged.csv"
+    bad.write_text("a,b,label\n1,2,x\n3,4,y\n5,6\n7,8,x\n")
+    good = tmp_path / "small.csv"
+    lines = DIGITS.read_text().splitlines()
+    good.write_text("\n".join(lines[:601]) + "\n")
+    # Execute
+    rejected = submit_and_wait(stack, bad)
+    trained = submit_and_wait(stack, good, "--epochs", "2")
+    # Assert
+    assert rejected["status"] == "REJECTED"
+    assert "ragged.csv" in rejected["error"] and "row 3" in rejected["error"]
+    assert "expected 3 fields" in rejected["error"]
+    assert rejected["error_detail"]["row"] == 3
+    assert trained["status"] == "DONE" and trained["accuracy"] > 0.5
+
+
+def test_worker_killed_mid_task_loses_nothing(make_stack: Any) -> None:
+    """SIGKILL a worker while it trains: its task is redelivered and the job completes exactly."""
+    # Prepare
+    stack = make_stack("kill", workers=2,
+                       extra_env={"BUCKETLEARN_ACK_DEADLINE_SECONDS": "10"})
+    svc = google_services(stack.settings)
+    info = svc.store.write_file(stack.settings.uploads_bucket, "digits.csv", str(DIGITS),
+                                "text/csv", {"epochs": "3"})
+    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
+    victim = stack.worker_procs()[0]
+    # Execute: wait until the victim is training, then kill it
+    deadline = time.monotonic() + 120
+    killed = False
+    while time.monotonic() < deadline and not killed:
+        running = [t for t in (svc.registry.list_tasks(job_id) if svc.registry.get_job(job_id)
+                               else []) if t.get("state") == "RUNNING"
+                   and str(t.get("worker_id", "")).endswith(f"-{victim.popen.pid}")]
+        if running:
+            victim.kill()
+            killed = True
+        time.sleep(0.05)
+    assert killed, "the victim never picked up a task"
+    job = wait_terminal(svc, job_id, 400)
+    # Assert
+    assert job["status"] == "DONE", job.get("error")
+    assert_ledger_consistent(svc, job_id)
+    attempts = [t["attempts"] for t in svc.registry.list_tasks(job_id)]
+    assert max(attempts) >= 2, "no task was redelivered after the kill"
+
+
+def test_duplicate_events_start_one_job(make_stack: Any) -> None:
+    """Every storage event delivered twice: one job per upload, every task applied once."""
+    # Prepare
+    stack = make_stack("dup", workers=2, duplicate_events=True)
+    svc = google_services(stack.settings)
+    # Execute
+    info = svc.store.write_file(stack.settings.uploads_bucket, "digits.csv", str(DIGITS),
+                                "text/csv", {"epochs": "2"})
+    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
+    job = wait_terminal(svc, job_id, 400)
+    # Assert
+    assert job["status"] == "DONE", job.get("error")
+    same_upload = [j for j in svc.registry.list_jobs(500)
+                   if j.get("source", {}).get("bucket") == info.bucket]
+    assert [j["job_id"] for j in same_upload] == [job_id]
+    assert_ledger_consistent(svc, job_id)
+    log_text = (stack.home / "logs" / "upload_fn.log").read_text()
+    assert "duplicate" in log_text or "being split by another invocation" in log_text
+
+
+def wait_terminal(svc: Any, job_id: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        job = svc.registry.get_job(job_id)
+        if job and job.get("status") in ("DONE", "REJECTED", "FAILED"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout}s: {job}")

@@ -1,0 +1,501 @@
+"""Static checks of the Terraform in infra/ and of the Dockerfiles (no cloud, no provider).
+
+``terraform validate`` needs the Google provider, which cannot be downloaded here, so these tests
+check what can be checked offline:
+
+* ``terraform fmt -check -recursive infra`` (skipped if terraform is not installed);
+* the structure of every ``.tf`` file, parsed with python-hcl2 (skipped if not installed): the
+  environment the code reads (``bucketlearn.config``) reaches every component, Pub/Sub
+  dead-lettering, the Eventarc bucket filters, least-privilege IAM, no public members;
+* the Dockerfiles (pinned base image, non-root user);
+* checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bucketlearn.config import LIMITS_ENV, SETTINGS_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+MODULE = INFRA / "modules" / "bucketlearn"
+EXAMPLE = INFRA / "examples" / "dev"
+DOCKERFILES = {
+    "worker": (ROOT / "workers" / "Dockerfile", ["python", "workers/main.py"]),
+    "dashboard": (ROOT / "dashboard" / "Dockerfile",
+                  ["streamlit", "run", "dashboard/app.py", "--server.port=8080",
+                   "--server.address=0.0.0.0"]),
+}
+
+PROJECT_ENV = {"GOOGLE_CLOUD_PROJECT", "BUCKETLEARN_PROJECT"}
+# The settings a deployed component cannot do without: where the data and the queue are.
+CLOUD_ENV = {key for key, (field, _kind) in SETTINGS_ENV.items()
+             if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}
+FORBIDDEN_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
+
+
+def tf_files() -> list[Path]:
+    return sorted(p for p in INFRA.rglob("*.tf") if ".terraform" not in p.parts)
+
+
+# --- terraform fmt -----------------------------------------------------------------------------
+
+def test_terraform_fmt() -> None:
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed (https://developer.hashicorp.com/terraform/install)"
+                    "; `terraform fmt -check -recursive infra` not run")
+    result = subprocess.run([terraform, "fmt", "-check", "-recursive", "-diff", "infra"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"terraform fmt found unformatted files:\n{result.stdout}"
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == '"' and text[-1] == '"' and '"' not in text[1:-1].replace('\\"', ""):
+        return text[1:-1]
+    return text
+
+
+def _norm(node: Any) -> Any:
+    """python-hcl2 output without its bookkeeping keys and with literal strings unquoted
+    (python-hcl2 >= 7 keeps the quotes of labels and string literals)."""
+    if isinstance(node, dict):
+        return {_unquote(k): _norm(v) for k, v in node.items() if not k.startswith("__")}
+    if isinstance(node, list):
+        return [_norm(v) for v in node]
+    if isinstance(node, str):
+        return _unquote(node)
+    return node
+
+
+class Config:
+    """One Terraform directory (module or root), parsed."""
+
+    def __init__(self, directory: Path) -> None:
+        hcl2 = pytest.importorskip(
+            "hcl2", reason="python-hcl2 is not installed (pip install python-hcl2); "
+                           "structural Terraform checks not run")
+        self.files: dict[str, dict[str, Any]] = {}
+        for path in sorted(directory.glob("*.tf")):
+            with path.open() as handle:
+                self.files[path.name] = _norm(hcl2.load(handle))
+
+    def blocks(self, kind: str) -> Iterator[Any]:
+        for parsed in self.files.values():
+            yield from parsed.get(kind, [])
+
+    def resources(self, rtype: str | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        for entry in self.blocks("resource"):
+            for type_name, named in entry.items():
+                for name, body in named.items():
+                    if rtype is None or type_name == rtype:
+                        yield type_name, name, body
+
+    def resource(self, rtype: str, name: str) -> dict[str, Any]:
+        for type_name, rname, body in self.resources(rtype):
+            if rname == name:
+                return body
+        raise AssertionError(f"no resource {rtype}.{name}")
+
+    @property
+    def locals(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for block in self.blocks("locals"):
+            merged.update(block)
+        return merged
+
+    @property
+    def variables(self) -> dict[str, dict[str, Any]]:
+        return {name: body for entry in self.blocks("variable") for name, body in entry.items()}
+
+    @property
+    def outputs(self) -> dict[str, dict[str, Any]]:
+        return {name: body for entry in self.blocks("output") for name, body in entry.items()}
+
+    def expand(self, value: Any, seen: frozenset[str] = frozenset()) -> str:
+        """The text of ``value`` with every local it references expanded, recursively: enough
+        to find every role, member or bucket an expression can produce."""
+        text = json.dumps(value) if not isinstance(value, str) else value
+        parts = [text]
+        for ref in sorted(set(re.findall(r"local\.(\w+)", text)) - seen):
+            if ref in self.locals:
+                parts.append(self.expand(self.locals[ref], seen | {ref}))
+        return "\n".join(parts)
+
+    def env_names(self, value: Any, seen: frozenset[str] = frozenset()) -> set[str]:
+        """Environment variable names an env map expression yields (literal map keys, through
+        local references and merge())."""
+        if isinstance(value, dict):
+            return set(value)
+        names: set[str] = set()
+        for ref in sorted(set(re.findall(r"local\.(\w+)", str(value))) - seen):
+            names |= self.env_names(self.locals.get(ref, {}), seen | {ref})
+        return names
+
+
+@pytest.fixture(scope="module")
+def module() -> Config:
+    return Config(MODULE)
+
+
+@pytest.fixture(scope="module")
+def example() -> Config:
+    return Config(EXAMPLE)
+
+
+def dynamic_blocks(body: Any, label: str) -> list[dict[str, Any]]:
+    """Every ``dynamic "<label>"`` block anywhere inside ``body``."""
+    found: list[dict[str, Any]] = []
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if key == "dynamic":
+                for entry in value:
+                    if label in entry:
+                        found.append(entry[label])
+            else:
+                found.extend(dynamic_blocks(value, label))
+    elif isinstance(body, list):
+        for item in body:
+            found.extend(dynamic_blocks(item, label))
+    return found
+
+
+def has_block(body: dict[str, Any], name: str) -> bool:
+    return name in body or bool(dynamic_blocks({"dynamic": body.get("dynamic", [])}, name))
+
+
+# --- layout and hygiene ------------------------------------------------------------------------
+
+def test_expected_files_exist() -> None:
+    for path in [
+        MODULE / "versions.tf", MODULE / "variables.tf", MODULE / "outputs.tf",
+        EXAMPLE / "main.tf", EXAMPLE / "variables.tf", EXAMPLE / "outputs.tf",
+        EXAMPLE / "terraform.tfvars.example", INFRA / "firestore.rules",
+        ROOT / "functions" / "requirements.txt", ROOT / ".dockerignore",
+    ]:
+        assert path.is_file(), f"missing {path.relative_to(ROOT)}"
+    for script in ("deploy.sh", "teardown.sh", "package-functions.sh"):
+        path = INFRA / script
+        text = path.read_text()
+        assert os.access(path, os.X_OK), f"infra/{script} is not executable"
+        assert text.startswith("#!/usr/bin/env bash"), f"infra/{script} is not a bash script"
+        assert "set -euo pipefail" in text, f"infra/{script} lacks set -euo pipefail"
+
+
+def test_provider_versions_are_pinned(module: Config, example: Config) -> None:
+    for config in (module, example):
+        (terraform,) = list(config.blocks("terraform"))
+        assert ">= 1.5" in terraform["required_version"]
+        providers = terraform["required_providers"][0] if isinstance(
+            terraform["required_providers"], list) else terraform["required_providers"]
+        for name in ("google", "google-beta"):
+            version = providers[name]["version"]
+            assert re.search(r">=\s*6\.\d+", version) and "< 7.0" in version, (name, version)
+
+
+def test_every_variable_is_typed_and_described(module: Config, example: Config) -> None:
+    for config in (module, example):
+        for name, body in config.variables.items():
+            assert "type" in body, f"variable {name} has no type"
+            assert str(body.get("description", "")).strip(), f"variable {name} has no description"
+
+
+def test_checkov_skips_have_reasons() -> None:
+    for path in tf_files():
+        for line in path.read_text().splitlines():
+            match = re.search(r"#\s*checkov:skip=([A-Z_0-9]+)(?::(.*))?", line)
+            if match:
+                assert match.group(2) and len(match.group(2).strip()) >= 20, (
+                    f"{path.relative_to(ROOT)}: checkov skip {match.group(1)} without a reason")
+
+
+# --- environment -------------------------------------------------------------------------------
+
+def test_cloud_env_names_are_the_ones_the_code_reads() -> None:
+    assert CLOUD_ENV == {
+        "BUCKETLEARN_UPLOADS_BUCKET", "BUCKETLEARN_WORK_BUCKET", "BUCKETLEARN_DELTAS_BUCKET",
+        "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC", "BUCKETLEARN_TASKS_SUBSCRIPTION",
+        "BUCKETLEARN_FIRESTORE_DATABASE"}
+
+
+def test_app_env_has_exactly_known_names(module: Config) -> None:
+    app_env = module.locals["app_env"]
+    names = set(app_env)
+    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV
+    assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
+    assert CLOUD_ENV | PROJECT_ENV <= names, f"missing: {(CLOUD_ENV | PROJECT_ENV) - names}"
+    assert app_env["BUCKETLEARN_LOG_FORMAT"] == "json"
+    assert module.env_names(module.outputs["env_vars"]["value"]) == names
+
+
+def test_every_component_gets_the_cloud_env(module: Config) -> None:
+    needed = CLOUD_ENV | PROJECT_ENV
+    for name in ("split", "aggregate"):
+        function = module.resource("google_cloudfunctions2_function", name)
+        env = module.env_names(function["service_config"][0]["environment_variables"])
+        assert needed <= env, f"function {name} lacks {needed - env}"
+    for rtype, name in [("google_cloud_run_v2_worker_pool", "learners"),
+                        ("google_cloud_run_v2_job", "autoscaler"),
+                        ("google_cloud_run_v2_service", "dashboard")]:
+        blocks = dynamic_blocks(module.resource(rtype, name), "env")
+        assert len(blocks) == 1, f"{rtype}.{name} should set its env with one dynamic block"
+        env = module.env_names(blocks[0]["for_each"])
+        assert needed <= env, f"{rtype}.{name} lacks {needed - env}"
+
+
+def test_subscription_ack_deadline_matches_the_app(module: Config) -> None:
+    subscription = module.resource("google_pubsub_subscription", "tasks")
+    assert subscription["ack_deadline_seconds"] == "${var.ack_deadline_seconds}"
+    assert module.variables["ack_deadline_seconds"]["default"] == 60
+    assert "var.ack_deadline_seconds" in module.locals["app_env"][
+        "BUCKETLEARN_ACK_DEADLINE_SECONDS"]
+
+
+# --- Pub/Sub -----------------------------------------------------------------------------------
+
+def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config) -> None:
+    subscriptions = list(module.resources("google_pubsub_subscription"))
+    assert {name for _t, name, _b in subscriptions} >= {"tasks", "dead_letter_sink"}
+    for _type, name, body in subscriptions:
+        if name == "dead_letter_sink":
+            assert "dead_letter_topic" not in json.dumps(body)
+            assert "google_pubsub_topic.dead_letter" in body["topic"]
+            continue
+        assert has_block(body, "dead_letter_policy"), f"subscription {name} has no dead_letter_policy"
+        assert "retry_policy" in body, f"subscription {name} has no retry_policy"
+        (dlq,) = dynamic_blocks(body, "dead_letter_policy")
+        assert "var.max_delivery_attempts" in dlq["for_each"] + json.dumps(dlq["content"])
+    assert module.variables["max_delivery_attempts"]["default"] == 10
+    assert module.variables["dead_letter_enabled"]["default"] is True
+
+
+def test_pubsub_service_agent_can_dead_letter(module: Config) -> None:
+    agent = module.locals["pubsub_service_agent"]
+    assert re.fullmatch(r"service-\$\{local\.project_number\}@gcp-sa-pubsub\.iam\.gserviceaccount\.com",
+                        agent), agent
+    grants = {(rtype, body["role"], body.get("topic") or body.get("subscription"))
+              for rtype, _name, body in module.resources()
+              if rtype in ("google_pubsub_topic_iam_member", "google_pubsub_subscription_iam_member")
+              and "local.pubsub_service_agent" in body["member"]}
+    assert ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+            "${google_pubsub_topic.dead_letter.name}") in grants
+    assert ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
+            "${google_pubsub_subscription.tasks.name}") in grants
+
+
+# --- functions ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "entry_point", "bucket"), [
+    ("split", "on_upload", "uploads"),
+    ("aggregate", "on_delta", "deltas"),
+])
+def test_function_triggers(module: Config, name: str, entry_point: str, bucket: str) -> None:
+    function = module.resource("google_cloudfunctions2_function", name)
+    build = function["build_config"][0]
+    assert build["entry_point"] == entry_point
+    assert build["runtime"] == "${var.function_runtime}"
+    assert "google_storage_bucket_object.functions_source" in json.dumps(build["source"])
+    trigger = function["event_trigger"][0]
+    assert trigger["event_type"] == "google.cloud.storage.object.v1.finalized"
+    assert trigger["retry_policy"] == "RETRY_POLICY_RETRY"
+    (event_filter,) = trigger["event_filters"]
+    assert event_filter["attribute"] == "bucket"
+    assert event_filter["value"] == f"${{google_storage_bucket.{bucket}.name}}"
+    service = function["service_config"][0]
+    assert service["timeout_seconds"] == "${var.function_timeout_seconds}"
+    assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
+    assert f"google_service_account.{name}." in service["service_account_email"]
+    assert module.variables["function_runtime"]["default"] == "python311"
+    assert module.variables["function_timeout_seconds"]["default"] == 540
+    assert module.variables["function_memory"]["default"] == "2Gi"
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+def test_buckets(module: Config) -> None:
+    buckets = {name: body for _t, name, body in module.resources("google_storage_bucket")}
+    assert {"uploads", "work", "deltas", "models"} <= set(buckets)
+    for name, body in buckets.items():
+        assert body["uniform_bucket_level_access"] is True, name
+        assert body["public_access_prevention"] == "enforced", name
+    assert buckets["models"]["versioning"][0]["enabled"] is True
+    ages = {name: [rule["condition"][0].get("age") for rule in body.get("lifecycle_rule", [])
+                   if rule["action"][0]["type"] == "Delete"]
+            for name, body in buckets.items()}
+    assert "${var.deltas_retention_days}" in ages["deltas"]
+    assert "${var.work_retention_days}" in ages["work"]
+    assert module.variables["deltas_retention_days"]["default"] == 1
+
+
+# --- IAM ---------------------------------------------------------------------------------------
+
+def iam_resources(config: Config) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for rtype, name, body in config.resources():
+        if "_iam_" in rtype:
+            yield rtype, name, body
+
+
+def test_no_primitive_roles_and_no_public_members(module: Config, example: Config) -> None:
+    seen = 0
+    for config in (module, example):
+        for rtype, name, body in iam_resources(config):
+            seen += 1
+            roles = config.expand([body.get("role"), body.get("for_each")])
+            members = config.expand([body.get("member"), body.get("members"), body.get("for_each")])
+            for role in FORBIDDEN_ROLES:
+                assert not re.search(re.escape(role) + r'(?![\w.])', roles), f"{rtype}.{name}: {role}"
+            for member in PUBLIC_MEMBERS:
+                assert member not in members, f"{rtype}.{name}: {member}"
+    assert seen >= 10
+    # Members that come from variables: refused by validation and absent from defaults.
+    users = module.variables["dashboard_users"]
+    assert users["default"] == []
+    assert "validation" in users
+    # And nowhere in any .tf file as a literal.
+    for path in tf_files():
+        text = path.read_text()
+        assert not re.search(r'"(allUsers|allAuthenticatedUsers)"', text), path
+        assert not re.search(r'"roles/(owner|editor|viewer)"', text), path
+
+
+def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> None:
+    allowed = {"roles/datastore.user", "roles/datastore.viewer", "roles/eventarc.eventReceiver",
+               "roles/monitoring.viewer", "roles/pubsub.publisher"}
+    for _rtype, name, body in module.resources("google_project_iam_member"):
+        assert body["role"] in allowed, f"project-level {body['role']} ({name})"
+        if body["role"] == "roles/pubsub.publisher":
+            # Only the Cloud Storage service agent (Eventarc makes its topics), never our accounts.
+            assert "google_storage_project_service_account" in body["member"], name
+
+
+def test_one_service_account_per_component(module: Config) -> None:
+    accounts = {name for _t, name, _b in module.resources("google_service_account")}
+    assert {"split", "aggregate", "worker", "dashboard", "autoscaler"} <= accounts
+    function_accounts = {
+        module.resource("google_cloudfunctions2_function", n)["service_config"][0][
+            "service_account_email"] for n in ("split", "aggregate")}
+    assert len(function_accounts) == 2
+    pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
+    assert "google_service_account.worker." in pool["template"][0]["service_account"]
+    dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
+    assert "google_service_account.dashboard." in dashboard["template"][0]["service_account"]
+    job = module.resource("google_cloud_run_v2_job", "autoscaler")
+    assert "google_service_account.autoscaler." in job["template"][0]["template"][0][
+        "service_account"]
+
+
+def test_dashboard_is_not_public(module: Config) -> None:
+    dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
+    assert "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER" in dashboard["ingress"]
+    assert dashboard["iap_enabled"] == "${local.dashboard_iap}"
+    assert set(module.variables["dashboard_access"]["default"].split()) <= {"iap", "internal_lb"}
+
+
+def test_autoscaler_runs_every_minute_and_owns_the_instance_count(module: Config) -> None:
+    job = module.resource("google_cloud_run_v2_job", "autoscaler")
+    container = job["template"][0]["template"][0]["containers"][0]
+    assert container["command"] == ["bucketlearn"] and container["args"] == ["autoscale"]
+    env = module.env_names(dynamic_blocks(job, "env")[0]["for_each"])
+    assert {"BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS"} <= env
+    scheduler = module.resource("google_cloud_scheduler_job", "autoscaler")
+    assert scheduler["schedule"] == "${var.autoscaler_schedule}"
+    assert module.variables["autoscaler_schedule"]["default"] == "* * * * *"
+    assert "google_cloud_run_v2_job.autoscaler.name" in scheduler["http_target"][0]["uri"]
+    pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
+    assert "${scaling[0].manual_instance_count}" in pool["lifecycle"][0]["ignore_changes"]
+    grant = module.resource("google_cloud_run_v2_worker_pool_iam_member", "autoscaler_developer")
+    assert grant["role"] == "roles/run.developer"
+    assert "google_cloud_run_v2_worker_pool.learners" in grant["name"]
+
+
+# --- Dockerfiles and requirements --------------------------------------------------------------
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", path.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+@pytest.mark.parametrize("component", sorted(DOCKERFILES))
+def test_dockerfile(component: str) -> None:
+    path, cmd = DOCKERFILES[component]
+    instructions = dockerfile_instructions(path)
+    froms = [rest for keyword, rest in instructions if keyword == "FROM"]
+    assert froms, "no FROM"
+    for image in froms:
+        image = image.split()[0]
+        pinned_version = re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image)
+        assert pinned_version, f"{path.name}: FROM {image} is not pinned to a patch release"
+    users = [rest for keyword, rest in instructions if keyword == "USER"]
+    assert users, f"{path.name} has no USER"
+    assert users[-1].split(":")[0] not in {"root", "0"}, f"{path.name} runs as root"
+    assert any(k == "HEALTHCHECK" for k, _ in instructions), f"{path.name}: HEALTHCHECK (or NONE)"
+    for keyword, rest in instructions:
+        if keyword == "RUN" and "pip install" in rest:
+            assert "--no-cache-dir" in rest, f"{path.name}: pip install without --no-cache-dir"
+        if keyword in ("COPY", "ADD"):
+            assert not re.match(r"^\.\s", rest), f"{path.name}: copies the whole context"
+    (final_cmd,) = [rest for keyword, rest in instructions if keyword == "CMD"][-1:]
+    assert json.loads(final_cmd) == cmd
+
+
+def test_functions_requirements_match_pyproject() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = {re.sub(r"\s+", "", dep) for dep in pyproject["project"]["dependencies"]}
+    lines = (ROOT / "functions" / "requirements.txt").read_text().splitlines()
+    have = {re.sub(r"\s+", "", line) for line in lines if line.strip() and not line.startswith("#")}
+    assert have == wanted
+
+
+# --- checkov -----------------------------------------------------------------------------------
+
+def checkov_command() -> list[str] | None:
+    for candidate in (ROOT / ".venv-checkov" / "bin" / "checkov", shutil.which("checkov")):
+        if candidate and Path(candidate).is_file():
+            return [str(candidate)]
+    try:
+        import checkov  # noqa: F401
+    except ImportError:
+        return None
+    return [sys.executable, "-m", "checkov.main"]
+
+
+def test_checkov() -> None:
+    command = checkov_command()
+    if command is None:
+        pytest.skip("checkov is not installed: run tests/infra/install_checkov.sh (creates "
+                    ".venv-checkov; checkov's pins conflict with the project venv)")
+    result = subprocess.run(
+        [*command, "-d", "infra", "--quiet", "--compact", "--framework", "terraform",
+         "--skip-download", "--output", "json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.stdout.strip(), f"checkov printed nothing:\n{result.stderr[-3000:]}"
+    reports = json.loads(result.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    failed = [check for report in reports
+              for check in report.get("results", {}).get("failed_checks", [])]
+    summary = [report.get("summary", {}) for report in reports]
+    assert sum(s.get("passed", 0) for s in summary) > 0, f"checkov checked nothing: {summary}"
+    assert not failed, "checkov failed checks:\n" + "\n".join(
+        f"{c['check_id']} {c['resource']} {c['file_path']}:{c['file_line_range']}"
+        f" {c.get('check_name', '')}" for c in failed)

@@ -1,0 +1,247 @@
+"""The dashboard page rendered by Streamlit's AppTest on seeded registry documents.
+
+AppTest runs ``dashboard/app.py`` in this process, so replacing
+``bucketlearn.dashboard_data.get_services`` here is what the app sees. For now the ``registry`` and
+``store`` fixtures are the in-memory implementations; they are seeded only through the port
+methods (create_job, start_training, commit_version, ...), so they can be swapped for the
+Firestore/GCS emulator fixtures without touching the tests.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from bucketlearn import dashboard_data, layout
+from bucketlearn.bootstrap import Services, memory_services
+from bucketlearn.ports import VersionCommit
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+RUNNING_ID = "digits-0123456789ab"
+DONE_ID = "iris-00000000000d"
+REJECTED_ID = "broken-0000000000ee"
+REASON = ("gs://bucketlearn-uploads/broken.csv, row 17, column 'petal_width': "
+          "a value is not a number; expected a number; found: 'abc'")
+
+
+@pytest.fixture
+def services() -> Services:
+    return memory_services()
+
+
+@pytest.fixture
+def registry(services):
+    return services.registry
+
+
+@pytest.fixture
+def store(services):
+    return services.store
+
+
+@pytest.fixture
+def app(services, monkeypatch):
+    """The app, wired to the test's services (and with Streamlit's caches emptied)."""
+    monkeypatch.setattr(dashboard_data, "get_services", lambda: services)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    yield AppTest.from_file(str(APP), default_timeout=60)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
+def _job(job_id: str, name: str, created: float) -> dict:
+    return {
+        "job_id": job_id, "status": "QUEUED", "phase": "splitting",
+        "source": {"bucket": "bucketlearn-uploads", "name": name, "generation": 1, "size": 10},
+        "file": f"gs://bucketlearn-uploads/{name}", "created_at": created,
+        "updated_at": created, "claimed_at": created, "claim": "c", "version": None,
+        "epoch": 0, "published_epoch": 0, "tasks_applied": 0, "tasks_failed": 0,
+        "samples_seen": 0, "error": None,
+    }
+
+
+def _train(registry, job_id: str, start: float, accuracies: list[float], epochs: int = 3,
+           tasks_per_epoch: int = 4) -> None:
+    """Make the job trainable (version 0) and commit one version per accuracy, 2 tasks each."""
+    options = {"epochs": epochs, "batch_size": 32, "seed": 0, "buffer_size": 2,
+               "max_failed_tasks": 0, "learning_rate": 0.001, "rows_per_shard": 256,
+               "holdout_fraction": 0.2, "model": "auto", "max_staleness": 16,
+               "label_column": None}
+    registry.update_job(job_id, {"options": options})
+    dataset = {"rows": 1000, "train_rows": 800, "holdout_rows": 200, "features": 4,
+               "label_column": "species", "classes": ["a", "b", "c"], "shards": tasks_per_epoch}
+    assert registry.start_training(
+        job_id, "c",
+        {"phase": "training", "version": 0, "epoch": 1, "published_epoch": 1,
+         "tasks_per_epoch": tasks_per_epoch, "tasks_planned": tasks_per_epoch * epochs,
+         "dataset": dataset, "updated_at": start,
+         "head": {"version": 0, "weights_path": "w0", "holdout_accuracy": None}},
+        {"version": 0, "parent": None, "weights_path": "w0", "epoch": 0, "tasks_applied": [],
+         "samples": 0, "holdout_accuracy": None, "holdout_loss": None, "train_loss": None,
+         "created_at": start},
+        {"epoch": 1, "planned": tasks_per_epoch, "applied": [], "failed": [],
+         "created_at": start})
+    applied = 0
+    for n, accuracy in enumerate(accuracies, start=1):
+        epoch, first = 1 + applied // tasks_per_epoch, applied % tasks_per_epoch
+        indices = [first, first + 1]
+        applied += 2
+        now = start + 10 * n
+        complete = applied % tasks_per_epoch == 0 and epoch < epochs
+        head = {"version": n, "weights_path": f"w{n}", "holdout_accuracy": accuracy,
+                "holdout_loss": 1 - accuracy, "train_loss": 1.2 - accuracy}
+        assert registry.commit_version(VersionCommit(
+            job_id=job_id, base_version=n - 1, epoch=epoch, applied=indices, failed=[],
+            version_doc={"version": n, "parent": n - 1, "weights_path": f"w{n}", "epoch": epoch,
+                         "tasks_applied": [layout.task_id_for(job_id, epoch, i)
+                                           for i in indices],
+                         "tasks_failed": [], "samples": 400, "train_loss": 1.2 - accuracy,
+                         "holdout_accuracy": accuracy, "holdout_loss": 1 - accuracy,
+                         "created_at": now},
+            job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
+                        "samples_seen": 400 * n, "head": head, "updated_at": now,
+                        **({"epoch": epoch + 1} if complete else {})},
+            next_epoch_doc=({"epoch": epoch + 1, "planned": tasks_per_epoch, "applied": [],
+                             "failed": [], "created_at": now} if complete else None)))
+        for i in indices:
+            doc_id = f"e{epoch:04d}:t{i:05d}"
+            registry.record_attempt(job_id, doc_id, {
+                "task_id": layout.task_id_for(job_id, epoch, i), "epoch": epoch,
+                "task_index": i, "state": "RUNNING", "worker_id": "w1",
+                "started_at": now - 5, "rows": 200})
+            registry.update_task(job_id, doc_id, {
+                "state": "TRAINED", "finished_at": now - 1, "fetch_seconds": 0.5,
+                "train_seconds": 3.0, "write_seconds": 0.5})
+
+
+@pytest.fixture
+def seeded(services, registry, store):
+    now = time.time()
+    registry.create_job(RUNNING_ID, _job(RUNNING_ID, "digits.csv", now - 100))
+    _train(registry, RUNNING_ID, now - 50, [0.5, 0.75, 0.875])
+    registry.heartbeat("w1", {"worker_id": "w1", "state": "busy", "last_seen": now - 2,
+                              "job_id": RUNNING_ID,
+                              "task_id": layout.task_id_for(RUNNING_ID, 2, 2), "tasks_done": 6})
+    registry.heartbeat("w0", {"worker_id": "w0", "state": "idle", "last_seen": now - 300,
+                              "job_id": None, "task_id": None, "tasks_done": 1})
+
+    registry.create_job(DONE_ID, _job(DONE_ID, "iris.csv", now - 400))
+    _train(registry, DONE_ID, now - 390, [0.6, 0.9], epochs=1)
+    registry.update_job(DONE_ID, {"status": "DONE", "phase": "done", "finished_at": now - 300,
+                                  "model_path": layout.model_path(DONE_ID)})
+    bucket = services.settings.models_bucket
+    store.write_bytes(bucket, layout.model_path(DONE_ID), b"keras-latest", "application/x")
+    store.write_bytes(bucket, layout.model_path(DONE_ID, 2), b"keras-v2", "application/x")
+
+    registry.create_job(REJECTED_ID, _job(REJECTED_ID, "broken.csv", now - 10))
+    registry.update_job(REJECTED_ID, {
+        "status": "REJECTED", "phase": "rejected", "error": REASON, "finished_at": now - 9,
+        "error_detail": {"file": "gs://bucketlearn-uploads/broken.csv", "row": 17,
+                         "column": "petal_width", "message": "a value is not a number",
+                         "expected": "a number", "found": "'abc'"}})
+    return now
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _run(app: AppTest, job_id: str | None = None) -> AppTest:
+    if job_id is not None:
+        app.query_params["job"] = job_id
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
+
+
+def test_overview_lists_every_job(app, seeded):
+    at = _run(app)
+    table = at.dataframe[0].value
+    assert set(table["job_id"]) == {RUNNING_ID, DONE_ID, REJECTED_ID}
+    by_id = table.set_index("job_id")
+    assert by_id.loc[RUNNING_ID, "status"] == "RUNNING"
+    assert by_id.loc[RUNNING_ID, "source"] == "gs://bucketlearn-uploads/digits.csv"
+    assert by_id.loc[RUNNING_ID, "version"] == 3
+    assert by_id.loc[RUNNING_ID, "accuracy"] == 0.875
+    assert by_id.loc[RUNNING_ID, "tasks"] == "6/12"
+    assert by_id.loc[RUNNING_ID, "eta"] not in ("", "—")
+    assert by_id.loc[DONE_ID, "status"] == "DONE" and by_id.loc[DONE_ID, "eta"] == "finished"
+
+
+def test_rejected_job_shows_its_reason(app, seeded):
+    at = _run(app)
+    assert at.dataframe[0].value.set_index("job_id").loc[REJECTED_ID, "reason"] == REASON
+    assert any(REASON in e.value and REJECTED_ID in e.value for e in at.error)
+    at = _run(app, REJECTED_ID)
+    assert any(e.value == f"Rejected: {REASON}" for e in at.error)
+    assert "Version" not in _metrics(at)  # no training numbers for a job that never trained
+    details = dict(zip(at.table[0].value["field"], at.table[0].value["value"], strict=True))
+    assert details["row"] == "17" and details["column"] == "petal_width"
+
+
+def test_job_page_shows_the_head_version_and_accuracy(app, seeded):
+    at = _run(app, RUNNING_ID)
+    assert at.selectbox(key="job_picker").value == RUNNING_ID
+    metrics = _metrics(at)
+    assert metrics["Version"] == "3"
+    assert metrics["Epoch"] == "2 / 3"
+    assert metrics["Holdout accuracy"] == "87.5%"
+    assert metrics["Holdout loss"] == "0.1250"
+    assert metrics["Train loss"] == "0.3250"
+    assert metrics["Workers alive"] == "1"
+    assert metrics["Tasks done"] == "6" and metrics["Tasks queued"] == "6"
+    assert float(metrics["Samples/s (last minute)"]) > 0
+    assert "6 of 12 tasks applied" in at.get("progress")[0].proto.text
+
+
+def test_job_page_defaults_to_the_newest_job_and_follows_the_picker(app, seeded):
+    at = _run(app)
+    assert at.selectbox(key="job_picker").value == REJECTED_ID
+    assert at.query_params["job"] == REJECTED_ID
+    at.selectbox(key="job_picker").select(DONE_ID).run()
+    assert not at.exception
+    assert at.query_params["job"] == DONE_ID
+    assert _metrics(at)["Version"] == "2"
+
+
+def test_done_job_offers_its_exported_models(app, seeded):
+    at = _run(app, DONE_ID)
+    assert _metrics(at)["Holdout accuracy"] == "90.0%" and _metrics(at)["Epoch"] == "1 / 1"
+    choices = at.selectbox(key="model_choice").options
+    assert [c.split(" ")[0] for c in choices] == ["latest", "v2"]
+    assert len(at.get("download_button")) == 1
+    facts = {d.value.iloc[i, 0]: d.value.iloc[i, 1] for d in at.dataframe
+             if list(d.value.columns) == ["fact", "value"] for i in range(len(d.value))}
+    assert facts["rows"] == "1000" and facts["classes"] == "3" and facts["shards"] == "4"
+    assert any("v0–v1" in i.value for i in at.info)
+
+
+def test_unknown_job_in_the_url_is_reported(app, seeded):
+    at = _run(app, "nope-000000000000")
+    assert any("nope-000000000000" in w.value for w in at.warning)
+
+
+def test_upload_form_without_a_file_says_so(app):
+    at = _run(app)
+    at.sidebar.button[0].click().run()
+    assert not at.exception
+    assert any("Choose a CSV file" in e.value for e in at.sidebar.error)
+
+
+def test_registry_failure_is_shown_not_raised(app, registry, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ConnectionError("firestore unavailable")
+
+    monkeypatch.setattr(registry, "list_jobs", broken)
+    at = _run(app)
+    assert any("firestore unavailable" in w.value for w in at.warning)
+
+
+def test_empty_registry_renders(app):
+    at = _run(app)
+    assert any("No jobs yet" in i.value for i in at.info)

@@ -1,0 +1,231 @@
+"""The aggregation service on the in-memory ports: whole pipeline, duplicate deltas, commits."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from bucketlearn import jobs, layout
+from bucketlearn.aggregator import aggregate_job, handle_delta_event
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import JobOptions
+from bucketlearn.memory import MemoryRegistry
+from bucketlearn.ports import VersionCommit
+from bucketlearn.serial import simulate_pipeline
+from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from bucketlearn.worker import Learner
+from tests.unit.helpers import write_blobs_csv
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """simulate_pipeline on 600 rows of 3 well-separated blobs, 2 epochs, 64 rows per shard."""
+    path = write_blobs_csv(tmp_path_factory.mktemp("sim") / "blobs.csv", n_rows=600,
+                           n_classes=3, n_features=4)
+    return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64), workers=2)
+
+
+def test_pipeline_finishes_done(pipeline):
+    """The job ends DONE after both epochs, with a usable model."""
+    # Prepare
+    job = pipeline["job"]
+    # Execute
+    status = jobs.status_object(job)
+    # Assert
+    assert status["status"] == jobs.DONE
+    assert status["phase"] == "done"
+    assert status["epoch"] == 2 and status["epochs"] == 2
+    assert status["tasks_failed"] == 0
+    assert status["accuracy"] > 0.9  # the blobs are far apart
+
+
+def test_versions_are_dense(pipeline):
+    """Versions are 0..N with no gap, each the child of the previous; N is the head."""
+    # Prepare
+    job, svc = pipeline["job"], pipeline["svc"]
+    # Execute
+    versions = svc.registry.list_versions(job["job_id"])
+    # Assert
+    numbers = [v["version"] for v in versions]
+    assert numbers == list(range(job["version"] + 1))
+    assert len(numbers) > 2
+    assert [v["parent"] for v in versions] == [None] + numbers[:-1]
+    assert job["head"]["weights_path"] == versions[-1]["weights_path"]
+
+
+def test_every_task_applied_exactly_once(pipeline):
+    """Σ tasks_applied over versions == tasks_planned, and every task id appears once."""
+    # Prepare
+    job, versions = pipeline["job"], pipeline["versions"]
+    expected = {layout.task_id_for(job["job_id"], e, t)
+                for e in (1, 2) for t in range(job["tasks_per_epoch"])}
+    # Execute
+    applied = [task for v in versions for task in v["tasks_applied"]]
+    # Assert
+    assert len(applied) == job["tasks_planned"] == 2 * job["tasks_per_epoch"]
+    assert len(set(applied)) == len(applied)
+    assert set(applied) == expected
+    assert job["tasks_applied"] == job["tasks_planned"]
+
+
+def test_final_model_is_exported(pipeline):
+    """models/<job>/latest.keras exists in the models bucket (and v<N>.keras)."""
+    # Prepare
+    job, svc = pipeline["job"], pipeline["svc"]
+    bucket = svc.settings.models_bucket
+    # Execute
+    latest = svc.store.stat(bucket, layout.model_path(job["job_id"]))
+    versioned = svc.store.stat(bucket, layout.model_path(job["job_id"], job["version"]))
+    # Assert
+    assert latest is not None and latest.size > 0
+    assert versioned is not None
+    assert job["model_path"] == f"models/{job['job_id']}/latest.keras"
+    assert svc.store.read_bytes(bucket, latest.name)[:2] == b"PK"
+
+
+def test_no_deltas_left_behind(pipeline):
+    """Every applied delta is removed from the deltas bucket."""
+    # Prepare
+    job, svc = pipeline["job"], pipeline["svc"]
+    # Execute
+    left = list(svc.store.list(svc.settings.deltas_bucket, f"{job['job_id']}/"))
+    # Assert
+    assert left == []
+
+
+def test_duplicate_delta_is_applied_once(tmp_path):
+    """Two copies of one task's delta (different nonces) give one application (invariant 2)."""
+    # Prepare
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "dup.csv", n_rows=120, n_classes=3, n_features=4, seed=3)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, "dup.csv", path.read_bytes(),
+                                 "text/csv", JobOptions(epochs=1, rows_per_shard=32,
+                                                        buffer_size=1).to_metadata())
+    outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                      info.size))
+    assert outcome is Outcome.ACCEPTED
+    task = svc.queue.pull(0).message
+    timings = Learner(svc, "w1").train(task, svc.registry.get_job(job_id))
+    bucket = svc.settings.deltas_bucket
+    first = svc.store.stat(bucket, timings["delta_path"])
+    delta_bytes = svc.store.read_bytes(bucket, first.name)
+    copy_path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
+    svc.store.write_bytes(bucket, copy_path, delta_bytes, "application/octet-stream",
+                          metadata=first.metadata)
+    # Execute: aggregate with both copies present, then deliver a third copy late
+    result = aggregate_job(svc, job_id)
+    late_path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
+    svc.store.write_bytes(bucket, late_path, delta_bytes, "application/octet-stream",
+                          metadata=first.metadata)
+    late_outcome, late_job = handle_delta_event(svc, bucket, late_path)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    versions = svc.registry.list_versions(job_id)
+    applied = [t for v in versions for t in v["tasks_applied"]]
+    assert result is Outcome.ACCEPTED and (late_outcome, late_job) == (Outcome.ACCEPTED, job_id)
+    assert applied == [task.task_id]
+    assert [v["version"] for v in versions] == [0, 1]
+    assert job["tasks_applied"] == 1 and job["version"] == 1
+    assert svc.registry.get_epoch(job_id, 1)["applied"] == [task.task_index]
+    assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
+
+
+def test_foreign_delta_names_are_ignored():
+    """A deltas-bucket object bucketlearn did not write is IGNORED."""
+    # Prepare
+    svc = memory_services()
+    # Execute
+    outcome, job_id = handle_delta_event(svc, svc.settings.deltas_bucket, "notes/readme.txt")
+    # Assert
+    assert (outcome, job_id) == (Outcome.IGNORED, None)
+
+
+JOB = "j-000000000000"
+
+
+@pytest.fixture
+def registry():
+    """A MemoryRegistry holding one job at version 0 with epoch 1 of 4 tasks."""
+    reg = MemoryRegistry()
+    reg.create_job(JOB, {"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None})
+    started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1},
+                                 {"version": 0}, {"epoch": 1, "planned": 4, "applied": [],
+                                                  "failed": []})
+    assert started
+    return reg
+
+
+def commit(base, applied, failed=(), next_epoch=None):
+    return VersionCommit(job_id=JOB, base_version=base,
+                         version_doc={"version": base + 1, "parent": base}, epoch=1,
+                         applied=list(applied), failed=list(failed),
+                         job_fields={"version": base + 1}, next_epoch_doc=next_epoch)
+
+
+def test_commit_version_advances_the_head(registry):
+    """A commit on the current head succeeds and records the applied tasks."""
+    # Prepare
+    change = commit(0, [1, 2])
+    # Execute
+    ok = registry.commit_version(change)
+    # Assert
+    assert ok is True
+    assert registry.get_job(JOB)["version"] == 1
+    assert registry.get_version(JOB, 1) == {"version": 1, "parent": 0}
+    assert registry.get_epoch(JOB, 1)["applied"] == [1, 2]
+
+
+def test_commit_version_refuses_stale_base(registry):
+    """A second commit on base 0 after the head moved is refused and changes nothing."""
+    # Prepare
+    assert registry.commit_version(commit(0, [1]))
+    before = copy.deepcopy((registry.jobs, registry.versions, registry.epochs))
+    # Execute
+    ok = registry.commit_version(commit(0, [2]))
+    # Assert
+    assert ok is False
+    assert (registry.jobs, registry.versions, registry.epochs) == before
+    assert registry.commits == 1
+
+
+def test_commit_version_checks_the_base_not_only_the_version_number(registry):
+    """A commit whose base is not the head is refused even if its version number is free."""
+    # Prepare
+    assert registry.commit_version(commit(0, [1]))
+    stale = commit(0, [2])
+    stale.version_doc = {"version": 5, "parent": 0}
+    # Execute
+    ok = registry.commit_version(stale)
+    # Assert
+    assert ok is False
+    assert registry.get_version(JOB, 5) is None
+    assert registry.get_epoch(JOB, 1)["applied"] == [1]
+
+
+def test_commit_version_refuses_reapplying_a_task(registry):
+    """Committing a task already applied (or failed) in the epoch is refused."""
+    # Prepare
+    assert registry.commit_version(commit(0, [1], failed=[3]))
+    # Execute
+    again_applied = registry.commit_version(commit(1, [2, 1]))
+    again_failed = registry.commit_version(commit(1, [3]))
+    fresh = registry.commit_version(commit(1, [2]))
+    # Assert
+    assert again_applied is False and again_failed is False
+    assert fresh is True
+    assert registry.get_epoch(JOB, 1)["applied"] == [1, 2]
+    assert registry.get_epoch(JOB, 1)["failed"] == [3]
+    assert registry.get_job(JOB)["version"] == 2
+
+
+def test_commit_version_opens_next_epoch(registry):
+    """A commit carrying next_epoch_doc creates that epoch's document."""
+    # Prepare
+    change = commit(0, [0, 1, 2, 3], next_epoch={"epoch": 2, "planned": 4, "applied": [],
+                                                 "failed": []})
+    # Execute
+    ok = registry.commit_version(change)
+    # Assert
+    assert ok is True
+    assert registry.get_epoch(JOB, 2)["planned"] == 4

@@ -1,0 +1,397 @@
+"""The dashboard's read side on hand-built documents (no Streamlit, no backend)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from bucketlearn import dashboard_data as dd
+from bucketlearn import layout
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import OPTION_NAMES, resolve_options
+from bucketlearn.errors import ConfigError
+
+T0 = 1_700_000_000.0
+
+
+def job_doc(job_id: str = "digits-0123456789ab", **fields):
+    doc = {
+        "job_id": job_id, "status": "RUNNING", "phase": "training",
+        "source": {"bucket": "up", "name": "digits.csv", "generation": 7, "size": 100},
+        "file": "gs://up/digits.csv", "created_at": T0, "updated_at": T0 + 100,
+        "version": 3, "epoch": 2, "tasks_applied": 6, "tasks_failed": 0, "tasks_planned": 20,
+        "tasks_per_epoch": 4, "samples_seen": 1500,
+        "options": {"epochs": 5, "batch_size": 32, "seed": 0},
+        "dataset": {"rows": 1000, "train_rows": 800, "holdout_rows": 200, "features": 64,
+                    "label_column": "label", "classes": ["0", "1", "2"], "shards": 4},
+        "head": {"version": 3, "holdout_accuracy": 0.875, "holdout_loss": 0.41,
+                 "train_loss": 0.52},
+        "error": None,
+    }
+    doc.update(fields)
+    return doc
+
+
+def version(n: int, at: float, samples: int = 0, tasks: int = 0, acc=None, loss=None,
+            train=None, failed: int = 0):
+    return {"version": n, "epoch": 1, "created_at": at, "samples": samples,
+            "tasks_applied": [f"j:e0001:t{i:05d}" for i in range(tasks)],
+            "tasks_failed": [f"j:e0001:t{i:05d}" for i in range(failed)],
+            "holdout_accuracy": acc, "holdout_loss": loss, "train_loss": train}
+
+
+VERSIONS = [
+    {**version(0, T0), "tasks_failed": None},  # version 0 as split.py writes it (no tasks_failed)
+    version(1, T0 + 10, samples=400, tasks=2, acc=0.5, loss=1.2, train=1.5),
+    version(2, T0 + 20, samples=400, tasks=2, acc=0.75, loss=0.8, train=1.0),
+    version(3, T0 + 30, samples=400, tasks=2, acc=0.875, loss=0.41, train=0.52),
+]
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "—"), (float("nan"), "—"), (0, "0s"), (45.4, "45s"), (200, "3m 20s"),
+    (7500, "2h 05m"), (97200, "1d 3h"), (-3, "0s"),
+])
+def test_format_duration(seconds, text):
+    assert dd.format_duration(seconds) == text
+
+
+def test_format_percent_and_number():
+    assert dd.format_percent(0.875) == "87.5%"
+    assert dd.format_percent(None) == "—"
+    assert dd.format_number(0.41) == "0.4100"
+    assert dd.format_number("x") == "—"
+
+
+def test_source_file_falls_back_to_the_source_map():
+    assert dd.source_file(job_doc()) == "gs://up/digits.csv"
+    assert dd.source_file(job_doc(file=None)) == "gs://up/digits.csv"
+    assert dd.source_file({"job_id": "x"}) == ""
+
+
+# --- rates and ETA -------------------------------------------------------------------------------
+
+def test_current_rate_counts_the_last_minute_only():
+    versions = [version(0, T0), version(1, T0 + 10, 100, 1),
+                version(2, T0 + 100, 600, 3), version(3, T0 + 130, 600, 3)]
+    rate = dd.current_rate(versions, now=T0 + 140, window=60)
+    assert rate["samples_per_s"] == pytest.approx(1200 / 60)
+    assert rate["tasks_per_min"] == pytest.approx(6.0)
+
+
+def test_current_rate_does_not_dilute_a_young_job_over_the_whole_window():
+    rate = dd.current_rate(VERSIONS, now=T0 + 30, window=60)
+    assert rate["samples_per_s"] == pytest.approx(1200 / 30)
+    assert rate["tasks_per_min"] == pytest.approx(6 * 60 / 30)
+
+
+def test_current_rate_counts_failed_tasks_and_is_zero_without_versions():
+    rate = dd.current_rate([version(0, T0), version(1, T0 + 10, 0, 0, failed=2)], T0 + 20, 60)
+    assert rate["tasks_per_min"] == pytest.approx(2 * 60 / 20)
+    assert dd.current_rate([], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+    assert dd.current_rate([version(0, T0)], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+
+
+def test_eta_extrapolates_the_recent_task_rate():
+    # 6 tasks in 30 s -> 12 tasks/min; 14 remaining -> 70 s.
+    assert dd.eta_seconds(job_doc(), VERSIONS, now=T0 + 30) == pytest.approx(70.0)
+
+
+def test_eta_is_unknown_when_stalled_or_not_split_and_none_for_terminal_jobs():
+    assert dd.eta_seconds(job_doc(), VERSIONS, now=T0 + 1000) is None  # nothing in 2 minutes
+    assert dd.eta_seconds(job_doc(tasks_planned=None), VERSIONS, T0 + 30) is None
+    assert dd.eta_seconds(job_doc(status="DONE"), VERSIONS, T0 + 30) is None
+    assert dd.eta_seconds(job_doc(tasks_applied=19, tasks_failed=1), VERSIONS, T0 + 30) == 0.0
+
+
+def test_progress():
+    assert dd.progress(job_doc()) == pytest.approx(0.3)
+    assert dd.progress(job_doc(tasks_planned=0)) is None
+    assert dd.progress(job_doc(tasks_applied=25)) == 1.0
+
+
+# --- overview ------------------------------------------------------------------------------------
+
+def test_overview_rows_show_every_job_newest_first():
+    running = job_doc("run-000000000001", created_at=T0)
+    done = job_doc("done-000000000002", status="DONE", phase="done", created_at=T0 + 5,
+                   tasks_applied=20)
+    rejected = job_doc("bad-000000000003", status="REJECTED", phase="rejected",
+                       created_at=T0 + 9, version=None, head=None, tasks_planned=None,
+                       dataset=None, error="gs://up/bad.csv, row 3, column 'x': not a number")
+    rows = dd.overview_rows([running, done, rejected], {"run-000000000001": VERSIONS}, T0 + 30)
+    assert [r["job_id"] for r in rows] == ["bad-000000000003", "done-000000000002",
+                                           "run-000000000001"]
+    bad, fin, run = rows
+    assert bad["status"] == "REJECTED"
+    assert bad["reason"] == "gs://up/bad.csv, row 3, column 'x': not a number"
+    assert bad["progress"] is None and bad["tasks"] == "" and bad["eta"] == ""
+    assert fin["eta"] == "finished" and fin["reason"] == ""
+    assert run["link"] == "?job=run-000000000001"
+    assert run["source"] == "gs://up/digits.csv"
+    assert run["created"] == pd.Timestamp(T0, unit="s", tz="UTC")
+    assert run["version"] == 3 and run["accuracy"] == 0.875
+    assert run["tasks"] == "6/20" and run["progress"] == pytest.approx(0.3)
+    assert run["eta"] == "1m 10s"
+
+
+def test_reason_is_only_shown_for_jobs_that_ended_badly():
+    assert dd.reason(job_doc(error="leftover")) == ""
+    assert dd.reason(job_doc(status="FAILED", error="3 task(s) failed")) == "3 task(s) failed"
+
+
+def test_rejection_details_lists_the_known_fields_in_order():
+    job = job_doc(status="REJECTED", error_detail={"file": "gs://up/x.csv", "row": 3,
+                                                   "column": "a", "message": "bad",
+                                                   "expected": "a number", "found": "'x'"})
+    assert [d["field"] for d in dd.rejection_details(job)] == [
+        "file", "row", "column", "message", "expected", "found"]
+    assert dd.rejection_details(job_doc()) == []
+
+
+def test_overview_bundle_reads_versions_of_training_jobs_only():
+    svc = memory_services()
+    reg = svc.registry
+    reg.create_job("a-000000000001", job_doc("a-000000000001"))
+    reg.create_job("b-000000000002", job_doc("b-000000000002", status="DONE", phase="done"))
+    bundle = dd.overview_bundle(reg)
+    assert {j["job_id"] for j in bundle["jobs"]} == {"a-000000000001", "b-000000000002"}
+    assert list(bundle["versions"]) == ["a-000000000001"]
+
+
+# --- one job -------------------------------------------------------------------------------------
+
+def test_job_summary_has_the_headline_numbers():
+    summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
+    assert summary["version"] == 3 and summary["epoch"] == 2 and summary["epochs"] == 5
+    assert summary["accuracy"] == 0.875 and summary["loss"] == 0.41
+    assert summary["train_loss"] == 0.52
+    assert summary["remaining"] == 14 and summary["eta_seconds"] == pytest.approx(70.0)
+
+
+def test_headline_metrics_and_progress_text():
+    summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
+    assert dict(dd.headline_metrics(summary)) == {
+        "Status": "RUNNING (training)", "Version": "3", "Epoch": "2 / 5",
+        "Holdout accuracy": "87.5%", "Holdout loss": "0.4100", "Train loss": "0.5200"}
+    assert dd.progress_text(summary) == "6 of 20 tasks applied · ETA 1m 10s"
+    queued = dd.job_summary(job_doc(status="QUEUED", phase="splitting", version=None, head=None,
+                                    tasks_planned=None, options=None), [], T0)
+    assert dict(dd.headline_metrics(queued))["Version"] == "—"
+    assert dict(dd.headline_metrics(queued))["Holdout accuracy"] == "—"
+    done = dd.job_summary(job_doc(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
+    assert dd.progress_text(done) == "20 of 20 tasks applied · finished"
+
+
+def test_job_bundle_reads_everything_or_none():
+    svc = memory_services()
+    assert dd.job_bundle(svc.registry, "nope-000000000000") is None
+    svc.registry.create_job("a-000000000001", job_doc("a-000000000001", epoch=0))
+    bundle = dd.job_bundle(svc.registry, "a-000000000001")
+    assert bundle["job"]["job_id"] == "a-000000000001"
+    assert bundle["versions"] == [] and bundle["tasks"] == [] and bundle["epoch"] is None
+
+
+def test_epoch_progress():
+    assert dd.epoch_progress(None) is None
+    assert dd.epoch_progress({"epoch": 2, "planned": 4, "applied": [0, 3], "failed": [1]}) == {
+        "epoch": 2, "planned": 4, "applied": 2, "failed": 1}
+
+
+def test_version_frame_by_version_and_time():
+    frame = dd.version_frame(list(reversed(VERSIONS)))
+    assert list(frame["version"]) == [0, 1, 2, 3]
+    assert math.isnan(frame["holdout_accuracy"][0])
+    assert list(frame["holdout_accuracy"][1:]) == [0.5, 0.75, 0.875]
+    assert list(frame["train_loss"][1:]) == [1.5, 1.0, 0.52]
+    assert list(frame["tasks"]) == [0, 2, 2, 2]
+    assert frame["time"][3] == pd.Timestamp(T0 + 30, unit="s", tz="UTC")
+    empty = dd.version_frame([])
+    assert empty.empty and list(empty.columns) == list(dd.VERSION_COLUMNS)
+
+
+def test_throughput_frame_bins_and_keeps_empty_bins():
+    versions = [version(0, T0), version(1, T0 + 3, 100, 1), version(2, T0 + 8, 300, 2),
+                version(3, T0 + 27, 50, 1)]
+    frame = dd.throughput_frame(versions, now=T0 + 29, bin_seconds=10)
+    assert list(frame.columns) == list(dd.THROUGHPUT_COLUMNS)
+    assert list(frame["samples_per_s"]) == [40.0, 0.0, 5.0]
+    assert list(frame["tasks_per_min"]) == [18.0, 0.0, 6.0]
+    assert frame["time"][1] == pd.Timestamp(T0 + 10, unit="s", tz="UTC")
+    # up to now: a stall shows as trailing zero bins
+    assert list(dd.throughput_frame(versions, now=T0 + 45, bin_seconds=10)["samples_per_s"]) == [
+        40.0, 0.0, 5.0, 0.0, 0.0]
+    assert dd.throughput_frame([], now=T0).empty
+
+
+def test_choose_bin_seconds_is_round():
+    assert dd.choose_bin_seconds(0) == 5
+    assert dd.choose_bin_seconds(600) == 15
+    assert dd.choose_bin_seconds(3600) == 120
+    assert dd.choose_bin_seconds(10**9) == 86400
+
+
+# --- workers and tasks ---------------------------------------------------------------------------
+
+WORKERS = [
+    {"worker_id": "w-idle", "state": "idle", "last_seen": T0 + 95, "job_id": None,
+     "task_id": None, "tasks_done": 4},
+    {"worker_id": "w-busy", "state": "busy", "last_seen": T0 + 99, "job_id": "a-000000000001",
+     "task_id": "a-000000000001:e0001:t00002", "tasks_done": 7},
+    {"worker_id": "w-gone", "state": "busy", "last_seen": T0 + 60, "job_id": "a-000000000001",
+     "task_id": "a-000000000001:e0001:t00001", "tasks_done": 1},
+    {"worker_id": "w-stop", "state": "stopped", "last_seen": T0 + 99, "tasks_done": 2},
+]
+
+
+def test_workers_alive_means_a_heartbeat_within_30_seconds():
+    assert dd.alive_count(WORKERS, now=T0 + 100) == 2
+    assert dd.is_alive(WORKERS[0], now=T0 + 125)
+    assert not dd.is_alive(WORKERS[0], now=T0 + 125.5)
+    assert not dd.is_alive({"worker_id": "x"}, now=T0)
+
+
+def test_worker_rows_say_what_each_is_doing():
+    rows = dd.worker_rows(WORKERS, now=T0 + 100, job_id="a-000000000001")
+    assert [r["worker_id"] for r in rows] == ["w-busy", "w-idle", "w-gone", "w-stop"]
+    by_id = {r["worker_id"]: r for r in rows}
+    assert by_id["w-busy"]["doing"] == "training a-000000000001:e0001:t00002"
+    assert by_id["w-busy"]["this_job"] is True
+    assert by_id["w-idle"]["doing"] == "idle" and by_id["w-idle"]["last_seen_ago"] == "5s"
+    assert by_id["w-gone"]["doing"] == "gone (no heartbeat)"
+    assert by_id["w-gone"]["job_id"] is None and by_id["w-gone"]["this_job"] is False
+    assert by_id["w-stop"]["doing"] == "stopped"
+
+
+TASKS = [
+    {"task_id": "a:e0001:t00000", "epoch": 1, "task_index": 0, "state": "TRAINED",
+     "attempts": 1, "worker_id": "w1", "started_at": T0, "finished_at": T0 + 4,
+     "fetch_seconds": 1.0, "train_seconds": 2.5, "write_seconds": 0.5, "rows": 200},
+    {"task_id": "a:e0001:t00001", "epoch": 1, "task_index": 1, "state": "TRAINED",
+     "attempts": 2, "worker_id": "w2", "started_at": T0 + 1, "finished_at": T0 + 5,
+     "fetch_seconds": 3.0, "train_seconds": 0.5, "write_seconds": 0.5, "rows": 200},
+    {"task_id": "a:e0001:t00002", "epoch": 1, "task_index": 2, "state": "RUNNING",
+     "attempts": 1, "worker_id": "w1", "started_at": T0 + 6, "rows": 200},
+    {"task_id": "a:e0001:t00003", "epoch": 1, "task_index": 3, "state": "RETRYING",
+     "attempts": 1, "worker_id": "w2", "started_at": T0 + 2, "finished_at": T0 + 3,
+     "error": "TransientError: boom"},
+    {"task_id": "a:e0002:t00000", "epoch": 2, "task_index": 0, "state": "FAILED",
+     "attempts": 5, "worker_id": "w2", "started_at": T0 + 7, "finished_at": T0 + 8,
+     "error": "PermanentError: bad shard"},
+]
+
+
+def test_task_state_counts_queued_is_planned_minus_known():
+    counts = dd.task_state_counts(job_doc(tasks_planned=20), TASKS)
+    assert counts == {"queued": 15, "running": 1, "retrying": 1, "done": 2, "failed": 1}
+    assert dd.task_state_counts(job_doc(tasks_planned=None), [])["queued"] == 0
+
+
+def test_task_frame_has_timings_newest_first():
+    frame = dd.task_frame(TASKS, now=T0 + 10)
+    assert list(frame["task_id"]) == ["a:e0002:t00000", "a:e0001:t00002", "a:e0001:t00003",
+                                      "a:e0001:t00001", "a:e0001:t00000"]
+    row = frame.set_index("task_id").loc["a:e0001:t00000"]
+    assert row["seconds"] == 4.0 and row["train_seconds"] == 2.5 and row["attempts"] == 1
+    running = frame.set_index("task_id").loc["a:e0001:t00002"]
+    assert running["seconds"] == 4.0 and math.isnan(running["train_seconds"])
+    assert frame.set_index("task_id").loc["a:e0002:t00000"]["error"] == "PermanentError: bad shard"
+    assert dd.task_frame([], now=T0).empty
+
+
+def test_timing_summary_over_trained_tasks():
+    summary = dd.timing_summary(TASKS).set_index("phase")
+    assert summary.loc["fetch", "tasks"] == 2
+    assert summary.loc["fetch", "median_s"] == 2.0 and summary.loc["fetch", "max_s"] == 3.0
+    assert summary.loc["train", "median_s"] == 1.5
+    assert dd.timing_summary([]).empty
+
+
+# --- options, dataset ----------------------------------------------------------------------------
+
+def test_option_rows_cover_every_option_and_mark_changes():
+    rows = {r["option"]: r for r in dd.option_rows(job_doc())}
+    assert tuple(rows) == OPTION_NAMES
+    assert rows["epochs"]["value"] == "5" and rows["epochs"]["changed"] == "yes"
+    assert rows["batch_size"]["changed"] == ""
+    assert rows["label_column"]["value"] == "" and rows["learning_rate"]["value"] == "0.001"
+
+
+def test_dataset_facts():
+    facts = dd.dataset_facts(job_doc())
+    assert facts["rows"] == 1000 and facts["columns"] == 65 and facts["feature columns"] == 64
+    assert facts["classes"] == 3 and facts["class names"] == "0, 1, 2"
+    assert facts["shards"] == 4 and facts["tasks per epoch"] == 4
+    assert dd.dataset_facts(job_doc(dataset=None)) == {}
+    many = dd.dataset_facts(job_doc(dataset={"classes": [str(i) for i in range(30)]}))
+    assert many["class names"].endswith("…")
+
+
+# --- model downloads ------------------------------------------------------------------------------
+
+def test_model_files_lists_latest_first_and_ignores_other_objects():
+    svc = memory_services()
+    store, bucket, job = svc.store, svc.settings.models_bucket, "a-000000000001"
+    store.write_bytes(bucket, layout.model_path(job, 12), b"v12", "application/octet-stream")
+    store.write_bytes(bucket, layout.model_path(job), b"latest!", "application/octet-stream")
+    store.write_bytes(bucket, layout.model_path(job, 3), b"v3", "application/octet-stream")
+    store.write_bytes(bucket, layout.weights_path(job, 3, "ab"), b"w", "application/octet-stream")
+    store.write_bytes(bucket, f"models/{job}/notes.txt", b"x", "text/plain")
+    store.write_bytes(bucket, layout.model_path("a-000000000002"), b"o", "x")
+    files = dd.model_files(store, bucket, job)
+    assert [f.label for f in files] == ["latest", "v12", "v3"]
+    assert files[0].size == 7 and files[0].path == f"models/{job}/latest.keras"
+    assert files[0].file_name == f"{job}-latest.keras"
+    assert dd.model_files(store, bucket, "none-000000000000") == []
+
+
+def test_download_note_says_which_versions_cannot_be_downloaded():
+    job = job_doc("a-000000000001", status="DONE", version=3)
+    latest = dd.ModelFile("models/a-000000000001/latest.keras", None, 1)
+    v3 = dd.ModelFile("models/a-000000000001/v000003.keras", 3, 1)
+    note = dd.download_note(job, VERSIONS, [latest, v3])
+    assert "v0–v2" in note and "latest" in note
+    assert dd.download_note(job, VERSIONS[3:], [latest, v3]) == ""
+    assert "No model exported yet" in dd.download_note(job_doc(), VERSIONS, [])
+    assert "without a model" in dd.download_note(job_doc(status="REJECTED"), [], [])
+
+
+# --- upload ---------------------------------------------------------------------------------------
+
+def test_option_metadata_leaves_blanks_out_and_parses_the_rest():
+    metadata = dd.option_metadata({"epochs": " 3 ", "batch_size": "", "model": "MLP",
+                                   "label_column": None, "learning_rate": "0.01"})
+    assert metadata == {"epochs": "3", "model": "mlp", "learning_rate": "0.01"}
+    assert resolve_options(metadata=metadata, environ={}).epochs == 3
+
+
+def test_option_metadata_rejects_bad_values_naming_the_option():
+    with pytest.raises(ConfigError) as err:
+        dd.option_metadata({"epochs": "0"})
+    assert "epochs" in str(err.value)
+    with pytest.raises(ConfigError):
+        dd.option_metadata({"model": "transformer"})
+
+
+@pytest.mark.parametrize(("given", "name"), [
+    ("digits.csv", "digits.csv"), ("C:\\data\\iris.CSV", "iris.CSV"), ("a/b/c.csv", "c.csv"),
+    ("noext", "noext.csv"), ("", "upload.csv"), ("x\x00y.csv", "xy.csv"),
+])
+def test_upload_object_name(given, name):
+    assert dd.upload_object_name(given) == name
+
+
+def test_upload_csv_writes_the_upload_with_its_options_and_returns_the_job_id():
+    svc = memory_services()
+    job_id, uri = dd.upload_csv(svc, "digits.csv", b"a,label\n1,0\n", {"epochs": "3"})
+    bucket = svc.settings.uploads_bucket
+    info = svc.store.stat(bucket, "digits.csv")
+    assert info is not None and info.metadata == {"epochs": "3"}
+    assert info.content_type == "text/csv"
+    assert svc.store.read_bytes(bucket, "digits.csv") == b"a,label\n1,0\n"
+    assert job_id == layout.job_id_for(bucket, "digits.csv", info.generation)
+    assert layout.is_job_id(job_id) and uri == f"gs://{bucket}/digits.csv"

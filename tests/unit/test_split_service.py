@@ -1,0 +1,212 @@
+"""split.handle_upload on the in-memory ports: one upload -> one job, duplicates, rejections."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketlearn import jobs, layout
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import Limits, Settings
+from bucketlearn.ingest import Manifest
+from bucketlearn.memory import MemoryBlobStore
+from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from tests.unit.helpers import REPO_DIR, csv_bytes
+
+
+def upload(svc, name, data, metadata=None):
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, name, data, "text/csv",
+                                 metadata=metadata)
+    return StorageEvent(info.bucket, info.name, info.generation, info.size)
+
+
+def work_objects(svc, job_id):
+    return [i.name for i in svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))]
+
+
+@pytest.fixture(scope="module")
+def digits_job():
+    """digits.csv uploaded with epochs=1 and handled once (builds the Keras model: slow)."""
+    svc = memory_services()
+    data = (REPO_DIR / "data" / "digits.csv").read_bytes()
+    event = upload(svc, "digits.csv", data, metadata={"epochs": "1"})
+    outcome, job_id = handle_upload(svc, event)
+    return svc, event, outcome, job_id, data
+
+
+def test_upload_is_accepted_as_one_job(digits_job):
+    """An upload gives ACCEPTED and exactly one job, in training, with its options."""
+    # Prepare
+    svc, event, outcome, job_id, _ = digits_job
+    # Execute
+    job = svc.registry.get_job(job_id)
+    # Assert
+    assert outcome is Outcome.ACCEPTED
+    assert job_id == layout.job_id_for(event.bucket, event.name, event.generation)
+    assert [j["job_id"] for j in svc.registry.list_jobs()] == [job_id]
+    assert job["phase"] == jobs.TRAINING and not jobs.is_terminal(job)
+    assert job["options"]["epochs"] == 1
+    assert job["dataset"]["rows"] == 1797 and len(job["dataset"]["classes"]) == 10
+    assert job["version"] == 0 and job["epoch"] == 1 and job["published_epoch"] == 1
+    assert job["tasks_planned"] == job["tasks_per_epoch"]
+
+
+def test_one_task_published_per_shard(digits_job):
+    """Epoch 1 publishes one message per shard, each naming that shard's parts and rows."""
+    # Prepare
+    svc, _, _, job_id, _ = digits_job
+    manifest = Manifest.from_json(
+        svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id)))
+    # Execute
+    messages = [m for m in svc.queue.published if m.job_id == job_id]
+    # Assert
+    assert len(messages) == len(manifest.shards) == svc.registry.get_job(job_id)[
+        "tasks_per_epoch"]
+    assert sorted(m.task_index for m in messages) == list(range(len(manifest.shards)))
+    by_index = {s.index: s for s in manifest.shards}
+    for m in messages:
+        assert m.epoch == 1
+        assert list(m.parts) == by_index[m.task_index].parts
+        assert m.rows == by_index[m.task_index].rows
+    assert svc.registry.get_version(job_id, 0)["weights_path"].startswith(f"weights/{job_id}/")
+
+
+def test_redelivered_event_is_duplicate_and_publishes_nothing(digits_job):
+    """The same event again: DUPLICATE, same job id, no new messages, no new job (invariant 1)."""
+    # Prepare
+    svc, event, _, job_id, _ = digits_job
+    published_before = len(svc.queue.published)
+    jobs_before = len(svc.registry.list_jobs())
+    work_before = work_objects(svc, job_id)
+    # Execute
+    outcome, again = handle_upload(svc, event)
+    # Assert
+    assert outcome is Outcome.DUPLICATE
+    assert again == job_id
+    assert len(svc.queue.published) == published_before
+    assert len(svc.registry.list_jobs()) == jobs_before
+    assert work_objects(svc, job_id) == work_before
+
+
+def test_new_generation_is_a_new_job(digits_job):
+    """Overwriting the object (new generation) starts a new job with a new id."""
+    # Prepare
+    svc, event, _, job_id, data = digits_job
+    new_event = upload(svc, "digits.csv", data, metadata={"epochs": "1"})
+    # Execute
+    outcome, new_job_id = handle_upload(svc, new_event)
+    # Assert
+    assert new_event.generation != event.generation
+    assert outcome is Outcome.ACCEPTED
+    assert new_job_id != job_id
+    assert new_job_id == layout.job_id_for(new_event.bucket, new_event.name,
+                                           new_event.generation)
+    assert len([m for m in svc.queue.published if m.job_id == new_job_id]) == \
+        svc.registry.get_job(new_job_id)["tasks_per_epoch"]
+
+
+class RecordingStore(MemoryBlobStore):
+    """A MemoryBlobStore that remembers every name written."""
+
+    def __init__(self):
+        super().__init__()
+        self.written = []
+
+    def write_bytes(self, bucket, name, data, content_type, metadata=None):
+        self.written.append((bucket, name))
+        return super().write_bytes(bucket, name, data, content_type, metadata)
+
+
+def test_bad_csv_is_rejected_and_its_partial_shards_removed():
+    """A bad value late in a multi-block file: REJECTED naming row/column, no shards left."""
+    # Prepare: 1 MB read blocks; shards of the first block are complete and written before
+    # the 'inf' in the second block is seen
+    settings = Settings(limits=Limits(max_line_bytes=1024))
+    svc = memory_services(settings)
+    svc.store = RecordingStore()
+    rows = [[i, (i * 7) % 13, i % 3] for i in range(150_000)]
+    rows[149_000][1] = "inf"
+    event = upload(svc, "late-bad.csv", csv_bytes(["id", "f1", "label"], rows),
+                   metadata={"rows_per_shard": "5000"})
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    shard_writes = [n for b, n in svc.store.written
+                    if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
+    assert shard_writes, "precondition: some shards were written before the bad row"
+    assert outcome is Outcome.REJECTED
+    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job)
+    assert job["error_detail"]["row"] == 149_001
+    assert job["error_detail"]["column"] == "f1"
+    assert "row 149001" in job["error"] and "column 'f1'" in job["error"]
+    assert "expected a finite number" in job["error"] and "found: inf" in job["error"]
+    assert work_objects(svc, job_id) == []
+    assert svc.queue.published == []
+
+
+def test_small_bad_csv_is_rejected_with_row_and_column():
+    """A non-numeric feature: REJECTED, the job's error names the row and the column."""
+    # Prepare
+    svc = memory_services()
+    rows = [[i, i % 2] for i in range(20)]
+    rows[4][0] = "twelve"
+    event = upload(svc, "bad.csv", csv_bytes(["x", "label"], rows))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert job["status"] == jobs.REJECTED
+    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (5, "x")
+    assert job["error"].startswith(f"gs://{event.bucket}/bad.csv, row 5, column 'x'")
+    assert work_objects(svc, job_id) == []
+    assert svc.queue.published == []
+    assert handle_upload(svc, event) == (Outcome.DUPLICATE, job_id)
+
+
+def test_invalid_metadata_is_rejected_naming_the_option():
+    """epochs=-1 in the object metadata: REJECTED, the error names 'epochs' and the value."""
+    # Prepare
+    svc = memory_services()
+    event = upload(svc, "ok.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]),
+                   metadata={"epochs": "-1"})
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert job["status"] == jobs.REJECTED
+    assert "'epochs'" in job["error"]
+    assert "expected a whole number from 1 to 1000" in job["error"]
+    assert "'-1'" in job["error"]
+    assert svc.queue.published == []
+    assert work_objects(svc, job_id) == []
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "data.csv.gz", "folder/"])
+def test_non_csv_objects_are_ignored(name):
+    """Objects that are not .csv are ignored: no job."""
+    # Prepare
+    svc = memory_services()
+    event = upload(svc, name, b"whatever")
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    assert (outcome, job_id) == (Outcome.IGNORED, None)
+    assert svc.registry.list_jobs() == []
+
+
+def test_replaced_object_is_rejected():
+    """An event for a generation that is no longer current is REJECTED, not trained."""
+    # Prepare
+    svc = memory_services()
+    data = csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)])
+    old = upload(svc, "r.csv", data)
+    upload(svc, "r.csv", data)
+    # Execute
+    outcome, job_id = handle_upload(svc, old)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert f"expected generation {old.generation}" in job["error"]
+    assert svc.queue.published == []
