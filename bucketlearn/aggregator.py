@@ -20,7 +20,8 @@ from typing import Any
 from bucketlearn import aggregation, codec, jobs, layout
 from bucketlearn.aggregation import DeltaUpdate
 from bucketlearn.bootstrap import Services
-from bucketlearn.errors import TransientError
+from bucketlearn.codec import CorruptObjectError
+from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.model import export_keras
 from bucketlearn.ports import BlobInfo, VersionCommit
 from bucketlearn.runtime import job_runtime
@@ -223,13 +224,28 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
     head_version = int(job["version"])
     base = runtime.weights(head["weights_path"])
     updates = []
+    corrupt: list[int] = []
     for ref in plan.apply:
-        weights, meta = codec.decode_weights(svc.store.read_bytes(settings.deltas_bucket, ref.name),
-                                             ref.name)
+        try:
+            weights, meta = codec.decode_weights(
+                svc.store.read_bytes(settings.deltas_bucket, ref.name), ref.name)
+            if [w.shape for w in weights] != [b.shape for b in base]:
+                raise CorruptObjectError(f"{ref.name}: expected layer shapes "
+                                         f"{[b.shape for b in base]}; found "
+                                         f"{[w.shape for w in weights]}")
+        except (CorruptObjectError, NotFoundError) as exc:
+            log.error("job %s: unusable delta %s (%s); retraining task %d", job_id, ref.name, exc,
+                      ref.task_index)
+            corrupt.append(ref.task_index)
+            continue
         updates.append(DeltaUpdate(task_index=ref.task_index,
                                    base_version=int(meta.get("base_version", ref.base_version)),
                                    examples=int(meta.get("examples", ref.examples)),
                                    delta=weights, train_loss=meta.get("train_loss")))
+    if corrupt:
+        _requeue(svc, job, corrupt)
+    if not updates and not plan.failed:
+        return False
     failures = []
     for ref in plan.failed:
         try:

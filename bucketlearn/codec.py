@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,12 +42,21 @@ def encode_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any] | No
 def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read ``.npz`` bytes without ever unpickling; return (arrays, metadata)."""
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise CorruptObjectError(f"{what}: expected a .npz archive; found a single array")
+        with loaded as archive:
             arrays = {key: archive[key] for key in archive.files}
+    except CorruptObjectError:
+        raise
     except ValueError as exc:  # raised for object arrays when allow_pickle=False
         raise CorruptObjectError(f"{what}: expected a pickle-free .npz archive; found: {exc}") from exc
-    except (OSError, EOFError, KeyError) as exc:
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise CorruptObjectError(f"{what}: expected a .npz archive; found unreadable bytes ({exc})") from exc
+    for key, value in arrays.items():
+        if not isinstance(value, np.ndarray) or value.dtype == object:
+            raise CorruptObjectError(f"{what}: expected a numeric array as entry {key!r}; "
+                                     f"found: {type(value).__name__}")
     meta: dict[str, Any] = {}
     raw_meta = arrays.pop(META_KEY, None)
     if raw_meta is not None:

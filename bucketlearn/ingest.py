@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import codecs
 import csv
-import io
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -46,6 +46,8 @@ DEFAULT_BUFFER_BYTES = 64 * 1024**2
 HOLDOUT_PART_BYTES = 16 * 1024**2
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
+_NUMBER_RE = re.compile(
+    r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,7 @@ def _batches(source: SourceFile, columns: list[str], label: str, limits: Limits,
         parse_options=pacsv.ParseOptions(newlines_in_values=False),
         convert_options=pacsv.ConvertOptions(
             column_types=types, include_columns=include, strings_can_be_null=False,
-            quoted_strings_can_be_null=False),
+            quoted_strings_can_be_null=False, null_values=[""]),
     )
     try:
         yield from reader
@@ -212,31 +214,36 @@ def _batches(source: SourceFile, columns: list[str], label: str, limits: Limits,
 
 
 def _diagnose(source: SourceFile, columns: list[str], label: str, arrow_message: str) -> InvalidInputError:
-    """Re-read the file with Python's csv module to name the first bad row and column exactly."""
+    """Re-read the file line by line to name the first bad row and column exactly.
+
+    Rows are numbered like the fast path numbers them: data rows from 1, blank lines skipped.
+    """
     file = source.display_name
     label_index = columns.index(label)
     with source.opener() as raw:
-        first = raw.read(3)
-        if first != _BOM:
-            raw.seek(0)
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
-        reader = csv.reader(text)
+        raw.readline()  # the header, already checked
         row_number = 0
-        try:
-            next(reader, None)
-            for row_number, row in enumerate(reader, start=1):
-                problem = _check_row(file, row, row_number, columns, label_index)
-                if problem is not None:
-                    return problem
-        except UnicodeDecodeError as exc:
-            return _problem(file, "the file is not UTF-8 text", row=row_number + 1,
-                            expected="UTF-8 text",
-                            found=f"byte 0x{exc.object[exc.start]:02x}")
-        except csv.Error as exc:
-            return _problem(file, "the row is not valid CSV", row=row_number + 1,
-                            expected="well-formed CSV", found=str(exc))
+        for line_number, line in enumerate(raw, start=2):
+            stripped = line.rstrip(b"\r\n")
+            if not stripped.strip():
+                continue
+            row_number += 1
+            try:
+                text = stripped.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return _problem(file, "the row is not UTF-8 text", row=row_number,
+                                expected="UTF-8 text",
+                                found=f"byte 0x{stripped[exc.start]:02x}")
+            try:
+                row = next(csv.reader([text]), [])
+            except csv.Error as exc:
+                return _problem(file, "the row is not valid CSV", row=row_number,
+                                expected="well-formed CSV", found=str(exc))
+            problem = _check_row(file, row, row_number, columns, label_index)
+            if problem is not None:
+                return problem
     return _problem(file, "the CSV could not be parsed", expected="well-formed CSV",
-                    found=arrow_message)
+                    found=_short(arrow_message, 300))
 
 
 def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
@@ -261,11 +268,10 @@ def _check_number(file: str, value: str, row_number: int, column: str) -> Invali
     if not value.strip():
         return _problem(file, "a feature value is empty", row=row_number, column=column,
                         expected="a number", found="an empty value")
-    try:
-        number = float(value)
-    except ValueError:
+    if not _NUMBER_RE.match(value.strip()):
         return _problem(file, "a feature value is not a number", row=row_number, column=column,
                         expected="a number", found=_short(value))
+    number = float(value)
     if not math.isfinite(number):
         return _problem(file, "a feature value is not finite", row=row_number, column=column,
                         expected="a finite number", found=_short(value))

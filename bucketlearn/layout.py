@@ -14,7 +14,7 @@ from dataclasses import dataclass
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-[0-9a-f]{12}$")
 DELTA_RE = re.compile(
-    r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4})/t(?P<task>\d{5})/(?P<nonce>[0-9a-f]{16})"
+    r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4,})/t(?P<task>\d{5,})/(?P<nonce>[0-9a-f]{16})"
     r"(?P<kind>\.npz|\.failed\.json)$"
 )
 

@@ -45,6 +45,7 @@ CLOUD_ENV = {key for key, (field, _kind) in SETTINGS_ENV.items()
              if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}
 FORBIDDEN_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
+PUBSUB_IAM = ("google_pubsub_topic_iam_member", "google_pubsub_subscription_iam_member")
 
 
 def tf_files() -> list[Path]:
@@ -66,8 +67,9 @@ def test_terraform_fmt() -> None:
 # --- parsing -----------------------------------------------------------------------------------
 
 def _unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == '"' and text[-1] == '"' and '"' not in text[1:-1].replace('\\"', ""):
-        return text[1:-1]
+    inner = text[1:-1]
+    if len(text) >= 2 and text[0] == text[-1] == '"' and '"' not in inner.replace('\\"', ""):
+        return inner
     return text
 
 
@@ -107,7 +109,7 @@ class Config:
                         yield type_name, name, body
 
     def resource(self, rtype: str, name: str) -> dict[str, Any]:
-        for type_name, rname, body in self.resources(rtype):
+        for _type_name, rname, body in self.resources(rtype):
             if rname == name:
                 return body
         raise AssertionError(f"no resource {rtype}.{name}")
@@ -276,7 +278,7 @@ def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config
             assert "dead_letter_topic" not in json.dumps(body)
             assert "google_pubsub_topic.dead_letter" in body["topic"]
             continue
-        assert has_block(body, "dead_letter_policy"), f"subscription {name} has no dead_letter_policy"
+        assert has_block(body, "dead_letter_policy"), f"subscription {name}: no dead_letter_policy"
         assert "retry_policy" in body, f"subscription {name} has no retry_policy"
         (dlq,) = dynamic_blocks(body, "dead_letter_policy")
         assert "var.max_delivery_attempts" in dlq["for_each"] + json.dumps(dlq["content"])
@@ -286,12 +288,11 @@ def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config
 
 def test_pubsub_service_agent_can_dead_letter(module: Config) -> None:
     agent = module.locals["pubsub_service_agent"]
-    assert re.fullmatch(r"service-\$\{local\.project_number\}@gcp-sa-pubsub\.iam\.gserviceaccount\.com",
-                        agent), agent
+    assert re.fullmatch(
+        r"service-\$\{local\.project_number\}@gcp-sa-pubsub\.iam\.gserviceaccount\.com", agent)
     grants = {(rtype, body["role"], body.get("topic") or body.get("subscription"))
               for rtype, _name, body in module.resources()
-              if rtype in ("google_pubsub_topic_iam_member", "google_pubsub_subscription_iam_member")
-              and "local.pubsub_service_agent" in body["member"]}
+              if rtype in PUBSUB_IAM and "local.pubsub_service_agent" in body["member"]}
     assert ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
             "${google_pubsub_topic.dead_letter.name}") in grants
     assert ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
@@ -358,7 +359,8 @@ def test_no_primitive_roles_and_no_public_members(module: Config, example: Confi
             roles = config.expand([body.get("role"), body.get("for_each")])
             members = config.expand([body.get("member"), body.get("members"), body.get("for_each")])
             for role in FORBIDDEN_ROLES:
-                assert not re.search(re.escape(role) + r'(?![\w.])', roles), f"{rtype}.{name}: {role}"
+                pattern = re.escape(role) + r"(?![\w.])"
+                assert not re.search(pattern, roles), f"{rtype}.{name}: {role}"
             for member in PUBLIC_MEMBERS:
                 assert member not in members, f"{rtype}.{name}: {member}"
     assert seen >= 10
@@ -444,8 +446,8 @@ def test_dockerfile(component: str) -> None:
     assert froms, "no FROM"
     for image in froms:
         image = image.split()[0]
-        pinned_version = re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image)
-        assert pinned_version, f"{path.name}: FROM {image} is not pinned to a patch release"
+        pinned = re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image)
+        assert pinned, f"{path.name}: FROM {image} is not pinned to a patch release"
     users = [rest for keyword, rest in instructions if keyword == "USER"]
     assert users, f"{path.name} has no USER"
     assert users[-1].split(":")[0] not in {"root", "0"}, f"{path.name} runs as root"
@@ -485,10 +487,12 @@ def test_checkov() -> None:
     if command is None:
         pytest.skip("checkov is not installed: run tests/infra/install_checkov.sh (creates "
                     ".venv-checkov; checkov's pins conflict with the project venv)")
+    # checkov runs in its own venv: do not let this interpreter's module path leak into it.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     result = subprocess.run(
         [*command, "-d", "infra", "--quiet", "--compact", "--framework", "terraform",
          "--skip-download", "--output", "json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.stdout.strip(), f"checkov printed nothing:\n{result.stderr[-3000:]}"
     reports = json.loads(result.stdout)
     reports = reports if isinstance(reports, list) else [reports]

@@ -94,10 +94,6 @@ def test_garbage_bytes_are_refused(data):
     assert str(excinfo.value).startswith("obj: expected")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG codec.py:48 decode_arrays catches (OSError, EOFError, KeyError) but not "
-    "zipfile.BadZipFile, so a truncated archive (e.g. an interrupted upload) escapes as "
-    "BadZipFile instead of CorruptObjectError"))
 @pytest.mark.parametrize("cut", ["truncated", "zip-magic-only"])
 def test_truncated_archive_is_refused(cut):
     """A cut-off .npz (zip magic, broken body) raises CorruptObjectError."""
@@ -112,10 +108,6 @@ def test_truncated_archive_is_refused(cut):
     assert str(excinfo.value).startswith("w.npz: expected")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG codec.py:45 decode_arrays returns whatever np.load yields per member; a zip member "
-    "without the .npy suffix (e.g. 'w0000') comes back as raw bytes, so decode_weights returns "
-    "bytes where it promises np.ndarray instead of raising CorruptObjectError"))
 def test_non_array_member_is_refused():
     """A zip member that is not an .npy array is not returned as a weight."""
     # Prepare

@@ -45,12 +45,7 @@ BAD_CASES = [
     pytest.param(BAD / "inf_feature.csv", {}, {}, 7, "b", "not finite", "a finite number",
                  "inf", id="inf"),
     pytest.param(BAD / "nan_feature.csv", {}, {}, 2, "a", "not finite", "a finite number",
-                 "nan", id="nan", marks=xfail_bug(
-                     "BUG ingest.py:204 ConvertOptions keeps pyarrow's default null_values "
-                     "('nan', 'NaN', 'NA', 'N/A', 'null', ...), so a 'nan' feature becomes "
-                     "null and ingest.py:294-296 reports it as "
-                     "'a feature value is empty; found: an empty value' instead of "
-                     "'not finite; found: nan'")),
+                 "nan", id="nan"),
     pytest.param(BAD / "empty_label.csv", {}, {}, 6, "label", "the label is empty",
                  "a class label", "an empty value", id="empty-label"),
     pytest.param(BAD / "blank_label.csv", {}, {}, 10, "label", "the label is empty",
@@ -69,11 +64,7 @@ BAD_CASES = [
     pytest.param(BAD / "binary.csv", {}, {}, None, None, "not text", "a UTF-8 CSV",
                  "binary data (NUL bytes)", id="binary-nul"),
     pytest.param(BAD / "non_utf8_label.csv", {}, {}, 8, ANY, "not UTF-8", "UTF-8 text",
-                 "byte 0xe9", id="non-utf8-label", marks=xfail_bug(
-                     "BUG ingest.py:222,231-232 _diagnose decodes through io.TextIOWrapper, which "
-                     "decodes a whole 8 KiB chunk on the first read, so the UnicodeDecodeError "
-                     "surfaces while reading the header (row_number 0) and the problem says "
-                     "row 1 for a bad byte on row 8 (any row in the first 8 KiB)")),
+                 "byte 0xe9", id="non-utf8-label"),
     pytest.param(GOOD / "plain.csv", {"label_column": "target"}, {}, None, "target",
                  "the label column is missing", "a column named 'target'",
                  "columns a, b, label", id="label-column-missing"),
@@ -86,16 +77,9 @@ BAD_CASES = [
                  "too many distinct labels", "at most 2 classes", "more than 2",
                  id="too-many-classes"),
     pytest.param(BAD / "underscore_number.csv", {}, {}, 5, "b", "not a number", "a number",
-                 "1_0", id="underscore-number", marks=xfail_bug(
-                     "BUG ingest.py:265 _check_number uses Python float(), which accepts "
-                     "'1_0'; pyarrow refuses it, so _diagnose finds no bad row and the "
-                     "problem has no row/column ('the CSV could not be parsed')")),
+                 "1_0", id="underscore-number"),
     pytest.param(BAD / "blank_line_then_bad_value.csv", {}, {}, ANY, "b", "not a number",
-                 "a number", "abc", id="blank-line-then-bad-value", marks=xfail_bug(
-                     "BUG ingest.py:227-228 _diagnose feeds csv.reader's [] for a blank line "
-                     "to _check_row, which reports 'wrong number of fields; found: 0 fields' "
-                     "for the blank line (which pyarrow accepts and skips) instead of the real "
-                     "problem ('abc' in column b on the next line)")),
+                 "a number", "abc", id="blank-line-then-bad-value"),
 ]
 
 

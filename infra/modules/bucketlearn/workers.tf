@@ -70,6 +70,11 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
       client,
       client_version,
     ]
+
+    precondition {
+      condition     = var.min_workers <= var.max_workers
+      error_message = "min_workers must not exceed max_workers."
+    }
   }
 
   depends_on = [

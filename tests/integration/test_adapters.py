@@ -1,0 +1,183 @@
+"""Port contracts, run against the in-memory implementations *and* the real emulators.
+
+The same assertions on both keep the fakes honest: what unit tests rely on is what the Google
+adapters do on the emulators.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
+from bucketlearn.ports import TaskMessage, VersionCommit
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["memory", "emulator"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        from bucketlearn.bootstrap import memory_services
+
+        svc = memory_services()
+        return svc
+    return request.getfixturevalue("cloud")
+
+
+def new_job(registry: Any, **extra: Any) -> str:
+    job_id = f"job-{uuid.uuid4().hex[:12]}"
+    doc = {"job_id": job_id, "status": "QUEUED", "phase": "splitting", "claim": "c1",
+           "version": None, "epoch": 0, "created_at": time.time(), **extra}
+    assert registry.create_job(job_id, doc) is True
+    return job_id
+
+
+def test_create_job_is_create_once(backend: Any) -> None:
+    """A second create for the same job id is refused (invariant 1 rests on this)."""
+    registry = backend.registry
+    job_id = new_job(registry)
+    assert registry.create_job(job_id, {"job_id": job_id, "status": "QUEUED"}) is False
+    assert registry.get_job(job_id)["phase"] == "splitting"
+
+
+def test_update_job_if_compares_fields(backend: Any) -> None:
+    registry = backend.registry
+    job_id = new_job(registry)
+    assert registry.update_job_if(job_id, {"claim": "other"}, {"claim": "c2"}) is False
+    assert registry.update_job_if(job_id, {"claim": "c1"}, {"claim": "c2"}) is True
+    assert registry.get_job(job_id)["claim"] == "c2"
+
+
+def start(registry: Any, job_id: str, planned: int = 3) -> None:
+    ok = registry.start_training(
+        job_id, "c1", {"phase": "training", "version": 0, "epoch": 1},
+        {"version": 0, "parent": None, "weights_path": "w0"},
+        {"epoch": 1, "planned": planned, "applied": [], "failed": []})
+    assert ok
+
+
+def commit(job_id: str, base: int, applied: list[int], failed: list[int] | None = None,
+           epoch: int = 1) -> VersionCommit:
+    return VersionCommit(job_id=job_id, base_version=base,
+                         version_doc={"version": base + 1, "parent": base},
+                         epoch=epoch, applied=applied, failed=failed or [],
+                         job_fields={"version": base + 1})
+
+
+def test_start_training_requires_the_claim(backend: Any) -> None:
+    registry = backend.registry
+    job_id = new_job(registry)
+    assert registry.start_training(job_id, "not-mine", {"phase": "training"},
+                                   {"version": 0}, {"epoch": 1, "planned": 1}) is False
+    start(registry, job_id)
+    assert registry.get_job(job_id)["version"] == 0
+
+
+def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> None:
+    """Invariants 2 and 3 at the registry: stale bases and re-applied tasks are refused."""
+    # Prepare
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    # Execute / Assert
+    assert registry.commit_version(commit(job_id, 0, [0, 1])) is True
+    assert registry.commit_version(commit(job_id, 0, [2])) is False  # stale base
+    assert registry.commit_version(commit(job_id, 1, [1])) is False  # task 1 applied already
+    assert registry.commit_version(commit(job_id, 1, [], failed=[2])) is True
+    assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1, 2]
+    epoch = registry.get_epoch(job_id, 1)
+    assert sorted(epoch["applied"]) == [0, 1] and epoch["failed"] == [2]
+    assert registry.get_job(job_id)["version"] == 2
+
+
+def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
+    registry = backend.registry
+    name = f"lease-{uuid.uuid4().hex[:8]}"
+    assert registry.acquire_lease(name, "a", 30) is True
+    assert registry.acquire_lease(name, "b", 30) is False
+    assert registry.acquire_lease(name, "a", 30) is True  # renewal by the holder
+    registry.release_lease(name, "b")  # not the holder: no effect
+    assert registry.acquire_lease(name, "b", 30) is False
+    registry.release_lease(name, "a")
+    assert registry.acquire_lease(name, "b", 0.5) is True
+    time.sleep(1.0)
+    assert registry.acquire_lease(name, "c", 30) is True  # b's lease expired
+
+
+def test_record_attempt_counts(backend: Any) -> None:
+    registry = backend.registry
+    job_id = new_job(registry)
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}) == 1
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}) == 2
+    registry.update_task(job_id, "e0001-t00000", {"state": "TRAINED"})
+    [task] = registry.list_tasks(job_id)
+    assert task["attempts"] == 2 and task["state"] == "TRAINED"
+
+
+def test_blob_store_round_trip_stream_list_delete(backend: Any) -> None:
+    store = backend.store
+    bucket = backend.settings.work_bucket
+    prefix = f"t-{uuid.uuid4().hex[:8]}/"
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    info = store.write_bytes(bucket, prefix + "a.bin", payload, "application/octet-stream",
+                             {"k": "v"})
+    store.write_bytes(bucket, prefix + "b.bin", b"b", "application/octet-stream")
+    assert info.size == len(payload)
+    assert store.read_bytes(bucket, prefix + "a.bin") == payload
+    with store.open_read(bucket, prefix + "a.bin") as stream:
+        assert stream.read(10) == payload[:10]
+        rest = stream.read()
+    assert rest == payload[10:]
+    stat = store.stat(bucket, prefix + "a.bin")
+    assert stat is not None and stat.metadata == {"k": "v"} and stat.generation > 0
+    assert [i.name for i in store.list(bucket, prefix)] == [prefix + "a.bin", prefix + "b.bin"]
+    store.delete(bucket, prefix + "a.bin")
+    store.delete(bucket, prefix + "a.bin")  # deleting twice is fine
+    assert store.stat(bucket, prefix + "a.bin") is None
+    assert [i.name for i in store.list(bucket, prefix)] == [prefix + "b.bin"]
+
+
+def test_new_generation_on_overwrite(backend: Any) -> None:
+    store = backend.store
+    bucket = backend.settings.uploads_bucket
+    first = store.write_bytes(bucket, "same.csv", b"a", "text/csv")
+    second = store.write_bytes(bucket, "same.csv", b"b", "text/csv")
+    assert second.generation != first.generation
+
+
+def test_queue_publish_pull_ack_and_nack_redelivers(backend: Any) -> None:
+    queue = backend.queue
+    message = TaskMessage(job_id="j-1", epoch=1, task_index=3, parts=("p0", "p1"), rows=10)
+    queue.publish([message])
+    received = pull_within(queue, 30)
+    assert received.message == message
+    received.nack()
+    again = pull_within(queue, 30)
+    assert again.message == message
+    again.ack()
+    assert pull_within(queue, 3, allow_none=True) is None
+
+
+def pull_within(queue: Any, seconds: float, allow_none: bool = False) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = queue.pull(timeout=2)
+        if got is not None:
+            return got
+    if allow_none:
+        return None
+    raise AssertionError(f"no message within {seconds}s")
+
+
+def test_memory_types_are_the_ones_under_test() -> None:
+    """Guard: the memory backends used above are the module's real classes."""
+    from bucketlearn.bootstrap import memory_services
+
+    svc = memory_services()
+    assert isinstance(svc.store, MemoryBlobStore)
+    assert isinstance(svc.queue, MemoryQueue)
+    assert isinstance(svc.registry, MemoryRegistry)
