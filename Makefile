@@ -5,7 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo down test test-unit test-integration test-e2e lint bench clean
+.PHONY: install demo down test test-unit test-integration test-e2e test-infra lint bench clean \
+        checkov fmt-infra deploy teardown
+CHECKOV_STAMP := .venv-checkov/.installed-stamp
 
 install: $(STAMP)
 
@@ -21,8 +23,27 @@ demo: install
 down: install
 	$(VENV)/bin/bucketlearn local down
 
-test: install
+# checkov lives in its own venv: it pins packaging<24 and ships a conflicting `hcl2` module.
+checkov: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP): tests/infra/install_checkov.sh
+	tests/infra/install_checkov.sh $(PYTHON)
+	touch $(CHECKOV_STAMP)
+
+test: install checkov
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-infra: install checkov
+	$(PY) -m pytest -q tests/infra $(PYTEST_ARGS)
+
+fmt-infra:
+	terraform fmt -check -recursive infra
+
+deploy:
+	infra/deploy.sh --project $(PROJECT)
+
+teardown:
+	infra/teardown.sh
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
@@ -34,10 +55,10 @@ test-e2e: install
 	$(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests benchmarks data
+	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data
 
 bench: install
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) .bucketlearn .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-checkov .bucketlearn .pytest_cache .ruff_cache

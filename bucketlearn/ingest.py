@@ -223,7 +223,7 @@ def _diagnose(source: SourceFile, columns: list[str], label: str, arrow_message:
     with source.opener() as raw:
         raw.readline()  # the header, already checked
         row_number = 0
-        for line_number, line in enumerate(raw, start=2):
+        for line in raw:
             stripped = line.rstrip(b"\r\n")
             if not stripped.strip():
                 continue
@@ -383,6 +383,7 @@ class _ShardWriter:
         self.buffers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.buffered_bytes: dict[int, int] = {}
         self.total_bytes = 0
+        self.peak_bytes = 0
         self.buffer_bytes = buffer_bytes
         self.shards = [Shard(i) for i in range(len(expected))]
 
@@ -391,6 +392,7 @@ class _ShardWriter:
         size = x.nbytes + y.nbytes
         self.buffered_bytes[shard] = self.buffered_bytes.get(shard, 0) + size
         self.total_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.total_bytes)
         self.received[shard] += len(y)
         if self.received[shard] >= self.expected[shard]:
             self.flush(shard)
@@ -418,8 +420,9 @@ class _ShardWriter:
 
 
 class _HoldoutWriter:
-    def __init__(self, store: BlobStore, bucket: str, job_id: str) -> None:
+    def __init__(self, store: BlobStore, bucket: str, job_id: str, part_bytes: int) -> None:
         self.store, self.bucket, self.job_id = store, bucket, job_id
+        self.part_bytes = part_bytes
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0
         self.parts: list[str] = []
@@ -430,7 +433,7 @@ class _HoldoutWriter:
             return
         self.chunks.append((x, y))
         self.bytes += x.nbytes + y.nbytes
-        if self.bytes >= HOLDOUT_PART_BYTES:
+        if self.bytes >= self.part_bytes:
             self.flush()
 
     def flush(self) -> None:
@@ -535,7 +538,8 @@ def split_upload(
             j = np.arange(start, min(n, start + (1 << 20)))
             expected += np.bincount(_shard_of(j, n, shards, deal_phase[c]), minlength=shards)
     writer = _ShardWriter(store, work_bucket, job_id, expected, buffer_bytes)
-    holdout = _HoldoutWriter(store, work_bucket, job_id)
+    holdout = _HoldoutWriter(store, work_bucket, job_id,
+                             max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
     stats = _RunningStats(len(feature_names))
     seen = np.zeros(len(classes), dtype=np.int64)
     seen_train = np.zeros(len(classes), dtype=np.int64)

@@ -18,7 +18,7 @@ def main(out: str = "data/digits.csv") -> None:
     header = ",".join([f"pixel{i:04d}" for i in range(pixels.shape[1])] + ["label"])
     with open(out, "w", encoding="utf-8", newline="\n") as handle:
         handle.write(header + "\n")
-        for row, label in zip(pixels, digits.target):
+        for row, label in zip(pixels, digits.target, strict=True):
             handle.write(",".join(map(str, row)) + f",{label}\n")
 
 

@@ -130,6 +130,10 @@ echo "==> packaging the functions"
 
 write_tfvars "$WORKER_IMAGE" "$DASHBOARD_IMAGE"
 
+# Terraform needs these two before it can read the project or enable anything else.
+echo "==> enabling the Service Usage and Resource Manager APIs"
+gcloud services enable serviceusage.googleapis.com cloudresourcemanager.googleapis.com --project "$PROJECT"
+
 echo "==> terraform init"
 tf init -input=false
 

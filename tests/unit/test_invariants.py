@@ -1,0 +1,222 @@
+"""ARCHITECTURE.md's invariants, each pinned by a test that fails if it breaks.
+
+1 one job per upload ........ test_split_service.py (duplicate event), e2e duplicate events
+2 each task applied once .... test_aggregator_service.py (duplicate delta), e2e ledgers
+3 dense versions, weights
+  before commit ............. here: crash between weights write and commit
+4 nothing lost .............. here: aggregator crash and rerun; e2e: worker SIGKILL
+5 bounded memory ............ here: shard buffers and reads bounded, same for 1x and 4x the rows
+6 no pickle ................. here: Keras safe mode; test_codec.py: pickled arrays refused
+7 clear answer on bad input . test_ingest_validation.py, test_split_service.py, e2e rejection
+"""
+
+from __future__ import annotations
+
+import io
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bucketlearn import aggregator, ingest, layout
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.ports import BlobInfo
+from bucketlearn.split import StorageEvent, handle_upload
+from bucketlearn.worker import Decision, Learner
+from tests.unit.helpers import blobs_rows, csv_bytes, write_blobs_csv
+
+
+def start_job(tmp_path: Path, epochs: int = 1, buffer_size: int = 2) -> tuple[Any, str]:
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, "blobs.csv", path.read_bytes(),
+                                 "text/csv", {"epochs": str(epochs), "rows_per_shard": "64",
+                                              "buffer_size": str(buffer_size)})
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    assert job_id is not None
+    return svc, job_id
+
+
+def train_pending(svc: Any, count: int) -> None:
+    learner = Learner(svc, "w1")
+    for _ in range(count):
+        received = svc.queue.pull(0)
+        assert received is not None
+        assert learner.process(received.message) is Decision.ACK
+        received.ack()
+
+
+def weight_objects(svc: Any, job_id: str) -> set[str]:
+    return {i.name for i in svc.store.list(svc.settings.models_bucket, f"weights/{job_id}/")}
+
+
+def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariants 3 and 4: the crash leaves an unreferenced object; the rerun applies everything."""
+    # Prepare
+    svc, job_id = start_job(tmp_path)
+    train_pending(svc, 2)
+    before = weight_objects(svc, job_id)
+    real_commit = svc.registry.commit_version
+
+    def crash(commit: Any) -> bool:
+        raise RuntimeError("killed between the weights write and the commit")
+
+    monkeypatch.setattr(svc.registry, "commit_version", crash)
+    # Execute
+    with pytest.raises(RuntimeError):
+        aggregator.aggregate_job(svc, job_id)
+    # Assert: an orphan weights object, the head still on v0 and pointing at v0's object
+    orphans = weight_objects(svc, job_id) - before
+    assert len(orphans) == 1
+    job = svc.registry.get_job(job_id)
+    assert job["version"] == 0 and job["head"]["weights_path"] in before
+    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0]
+    # Execute: the lease expires, the event is retried
+    monkeypatch.setattr(svc.registry, "commit_version", real_commit)
+    svc.registry.leases.clear()
+    aggregator.aggregate_job(svc, job_id)
+    train_pending(svc, len(svc.queue))
+    aggregator.aggregate_job(svc, job_id)
+    # Assert: everything applied exactly once, versions dense, head never points at the orphan
+    job = svc.registry.get_job(job_id)
+    versions = svc.registry.list_versions(job_id)
+    assert job["status"] == "DONE"
+    assert [v["version"] for v in versions] == list(range(job["version"] + 1))
+    applied = [t for v in versions for t in v["tasks_applied"]]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+    assert all(v["weights_path"] not in orphans for v in versions)
+
+
+def test_rerun_after_commit_changes_nothing(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 2: a crash after the commit (before cleanup/ack) is retried without effect."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=2)
+    train_pending(svc, 2)
+    monkeypatch.setattr(aggregator, "_collect_garbage", lambda svc, refs: None)  # deltas stay
+    aggregator.aggregate_job(svc, job_id)
+    after_first = svc.registry.get_job(job_id)
+    # Execute: the same event delivered again, the deltas still in the bucket
+    aggregator.aggregate_job(svc, job_id)
+    aggregator.aggregate_job(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job["version"] == after_first["version"] == 1
+    assert job["tasks_applied"] == 2
+    assert len(svc.registry.list_versions(job_id)) == 2
+
+
+def test_aggregator_refuses_to_fold_when_the_lease_is_held(tmp_path: Path) -> None:
+    """One writer per job: a second invocation returns BUSY and changes nothing."""
+    # Prepare
+    svc, job_id = start_job(tmp_path)
+    train_pending(svc, 2)
+    assert svc.registry.acquire_lease(f"aggregate-{job_id}", "someone-else", 60)
+    # Execute
+    outcome = aggregator.aggregate_job(svc, job_id)
+    # Assert
+    assert outcome.value == "busy"
+    assert svc.registry.get_job(job_id)["version"] == 0
+
+
+class CountingStream(io.BytesIO):
+    """Records the largest single read, to show the reader streams."""
+
+    largest_read = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        CountingStream.largest_read = max(CountingStream.largest_read, len(data))
+        return data
+
+
+class DiscardingStore:
+    """Accepts writes and keeps nothing, so only the ingester's own memory is traced."""
+
+    def write_bytes(self, bucket: str, name: str, data: bytes, content_type: str,
+                    metadata: Any = None) -> BlobInfo:
+        return BlobInfo(bucket, name, len(data), 1)
+
+
+def split_rows(n_rows: int, buffer_bytes: int) -> tuple[int, int, int]:
+    data = csv_bytes([f"f{j}" for j in range(16)] + ["label"],
+                     sorted(blobs_rows(n_rows, 5, 16), key=lambda r: r[-1]))
+    source = ingest.SourceFile("sorted.csv", len(data), lambda: CountingStream(data))
+    peaks: list[int] = []
+    real = ingest._ShardWriter.close
+
+    def close(self: Any) -> Any:
+        peaks.append(self.peak_bytes)
+        return real(self)
+
+    ingest._ShardWriter.close = close  # type: ignore[method-assign]
+    try:
+        tracemalloc.start()
+        ingest.split_upload(source, DiscardingStore(), "work", "job", JobOptions(rows_per_shard=64),
+                            Limits(max_line_bytes=64 * 1024), buffer_bytes=buffer_bytes)
+        _, traced_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        ingest._ShardWriter.close = real  # type: ignore[method-assign]
+    return peaks[0], traced_peak, len(data)
+
+
+def test_ingest_memory_does_not_grow_with_the_file() -> None:
+    """Invariant 5: shard buffers stay under budget and the file is read in blocks, 1x or 4x rows.
+
+    A label-sorted file is the worst case for buffering (every shard waits for every class).
+    Peak RSS against file size is measured in benchmarks/ (ingestion), not here.
+    """
+    # Prepare
+    budget = 256 * 1024
+    CountingStream.largest_read = 0
+    # Execute
+    peak_small, traced_small, size_small = split_rows(4_000, budget)
+    peak_large, traced_large, size_large = split_rows(16_000, budget)
+    # Assert
+    assert size_large > 3.5 * size_small
+    assert peak_small <= budget + 256 * 1024 and peak_large <= budget + 256 * 1024
+    assert CountingStream.largest_read <= 2 * 1024 * 1024  # read in blocks, never whole
+
+
+def test_keras_safe_mode_refuses_code_in_a_model(tmp_path: Path) -> None:
+    """Invariant 6: a .keras carrying a Lambda (arbitrary code) is refused at load."""
+    import keras
+
+    from bucketlearn.errors import PermanentError
+    from bucketlearn.model import SIDECAR_NAME, load_model
+
+    # Prepare
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Lambda(lambda x: x * 2)(inputs)
+    path = tmp_path / "evil.keras"
+    keras.Model(inputs, outputs).save(path)
+    import zipfile
+
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr(SIDECAR_NAME, '{"feature_names": ["a", "b", "c"], "class_names": []}')
+    # Execute / Assert
+    with pytest.raises((ValueError, PermanentError)) as excinfo:
+        load_model(str(path))
+    assert "safe" in str(excinfo.value).lower() or "lambda" in str(excinfo.value).lower()
+
+
+def test_shards_and_deltas_are_pickle_free(tmp_path: Path) -> None:
+    """Invariant 6: every stored array object loads with allow_pickle=False."""
+    # Prepare
+    svc, job_id = start_job(tmp_path)
+    train_pending(svc, 2)
+    names = [(b, i.name) for b in (svc.settings.work_bucket, svc.settings.deltas_bucket,
+                                   svc.settings.models_bucket)
+             for i in svc.store.list(b) if i.name.endswith(".npz")]
+    # Assert
+    assert names
+    for bucket, name in names:
+        with np.load(io.BytesIO(svc.store.read_bytes(bucket, name)), allow_pickle=False) as z:
+            assert all(z[k].dtype != object for k in z.files)
+    assert any(layout.parse_delta_path(n) for _, n in names)
