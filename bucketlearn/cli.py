@@ -81,17 +81,20 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         print(f"a local stack is already running (pid {state['pid']})")
         print_urls(state["urls"])
         return EXIT_OK
+    scaling = scaling_policy(args)
     if args.detach:
-        return start_detached(home, args.workers)
+        return start_detached(home, args.workers, args.min_workers, args.max_workers)
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
 
     setup_logging()
-    stack = LocalStack(home=home, workers=args.workers)
+    stack = LocalStack(home=home, workers=args.workers, scaling=scaling)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stack.start()
-    print(f"local stack up ({args.workers} workers); logs in {home / 'logs'}", flush=True)
+    sizing = (f"{args.workers} workers" if scaling is None else
+              f"{scaling.min_workers}-{scaling.max_workers} workers, autoscaled on backlog")
+    print(f"local stack up ({sizing}); logs in {home / 'logs'}", flush=True)
     print_urls(stack.urls)
     try:
         stack.supervise(stop)
@@ -100,14 +103,29 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def start_detached(home: Path, workers: int, timeout: float = 300.0) -> int:
+def scaling_policy(args: argparse.Namespace) -> Any:
+    """A ScalingPolicy when --min-workers/--max-workers are given, else None (fixed --workers)."""
+    if args.min_workers is None and args.max_workers is None:
+        return None
+    from bucketlearn.scaling import ScalingPolicy  # noqa: PLC0415
+
+    minimum = 0 if args.min_workers is None else args.min_workers
+    maximum = max(minimum, 1) if args.max_workers is None else args.max_workers
+    return ScalingPolicy(min_workers=minimum, max_workers=maximum,
+                         scale_down_cooldown_seconds=args.cooldown)
+
+
+def start_detached(home: Path, workers: int, min_workers: int | None = None,
+                   max_workers: int | None = None, timeout: float = 300.0) -> int:
     from bucketlearn.local.stack import read_state  # noqa: PLC0415
 
     (home / "logs").mkdir(parents=True, exist_ok=True)
     log_path = home / "logs" / "supervisor.log"
     with open(log_path, "ab") as handle:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketlearn.cli", "local", "up", "--workers", str(workers)],
+            [sys.executable, "-m", "bucketlearn.cli", "local", "up", "--workers", str(workers),
+             *(["--min-workers", str(min_workers)] if min_workers is not None else []),
+             *(["--max-workers", str(max_workers)] if max_workers is not None else [])],
             stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env={**os.environ, "BUCKETLEARN_HOME": str(home)})
     print(f"starting the local stack in the background (log: {log_path}) …", flush=True)
@@ -369,6 +387,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_autoscale(args: argparse.Namespace) -> int:
+    """One step of the cloud autoscaler (run every minute by Cloud Scheduler)."""
+    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
+    from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
+    from bucketlearn.logs import setup_logging  # noqa: PLC0415
+    from bucketlearn.scaling import CloudRunWorkerPool, ScalingPolicy, autoscale_once  # noqa: PLC0415
+
+    settings = load_settings()
+    setup_logging(settings.log_format)
+    pool_name, minimum, maximum, cooldown = load_autoscaler_settings()
+    svc = google_services(settings)
+    state = svc.registry.get_control("autoscaler") or {}
+    decision = autoscale_once(svc.registry, CloudRunWorkerPool(pool_name),
+                              ScalingPolicy(minimum, maximum,
+                                            scale_down_cooldown_seconds=cooldown),
+                              time.time(), state)
+    svc.registry.set_control("autoscaler", {"last_change_at": state.get("last_change_at"),
+                                            "last_decision": decision})
+    emit(decision)
+    return EXIT_OK
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from bucketlearn.worker import main as worker_main  # noqa: PLC0415
 
@@ -386,6 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
     local_sub = local.add_subparsers(dest="local_command", required=True)
     up = local_sub.add_parser("up", help="start emulators, functions, relay, workers, dashboard")
     up.add_argument("--workers", type=int, default=2, help="learner processes (default 2)")
+    up.add_argument("--min-workers", type=int, default=None,
+                    help="autoscale on backlog: fewest workers (0 scales to zero when idle)")
+    up.add_argument("--max-workers", type=int, default=None,
+                    help="autoscale on backlog: most workers")
+    up.add_argument("--cooldown", type=float, default=30.0,
+                    help="seconds between scaling down steps when autoscaling (default 30)")
     up.add_argument("--detach", action="store_true", help="run in the background and return")
     up.set_defaults(func=cmd_local_up)
     local_sub.add_parser("down", help="stop the local stack").set_defaults(func=cmd_local_down)
@@ -438,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
         func=cmd_worker)
+    sub.add_parser("autoscale", help="one step of the cloud autoscaler (sets the worker "
+                   "pool's instance count from the backlog)").set_defaults(func=cmd_autoscale)
     return parser
 
 

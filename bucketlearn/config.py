@@ -331,3 +331,25 @@ def target_is_cloud(environ: Mapping[str, str] | None = None) -> bool:
     """True when BUCKETLEARN_TARGET=cloud: ignore a running local stack, use the environment."""
     env = os.environ if environ is None else environ
     return env.get("BUCKETLEARN_TARGET", "").lower() == "cloud"
+
+
+def load_autoscaler_settings(environ: Mapping[str, str] | None = None
+                             ) -> tuple[str, int, int, float]:
+    """(worker pool resource name, min, max, cool-down seconds) for ``bucketlearn autoscale``."""
+    env = os.environ if environ is None else environ
+    pool = env.get("BUCKETLEARN_WORKER_POOL", "")
+    if not pool.startswith("projects/") or "/workerPools/" not in pool:
+        raise ConfigError("BUCKETLEARN_WORKER_POOL",
+                          "projects/<p>/locations/<region>/workerPools/<name>", pool, "environment")
+    values = []
+    for key, default in (("BUCKETLEARN_MIN_WORKERS", "0"), ("BUCKETLEARN_MAX_WORKERS", "4"),
+                         ("BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS", "120")):
+        raw = env.get(key) or default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(key, "a number", raw, "environment") from None
+        if value < 0:
+            raise ConfigError(key, "a number >= 0", raw, "environment")
+        values.append(value)
+    return pool, int(values[0]), int(values[1]), values[2]

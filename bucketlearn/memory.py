@@ -121,6 +121,7 @@ class MemoryRegistry:
         self.tasks: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[str, tuple[str, float]] = {}
         self.workers: dict[str, dict[str, Any]] = {}
+        self.controls: dict[str, dict[str, Any]] = {}
         self.commits = 0
 
     def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool:
@@ -238,3 +239,11 @@ class MemoryRegistry:
     def list_workers(self) -> list[dict[str, Any]]:
         with self._lock:
             return copy.deepcopy(list(self.workers.values()))
+
+    def get_control(self, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.controls.get(name))
+
+    def set_control(self, name: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.controls.setdefault(name, {}).update(copy.deepcopy(dict(fields)))

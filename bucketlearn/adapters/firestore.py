@@ -8,6 +8,7 @@ Layout::
     jobs/{job}/tasks/{e-t}          per task: attempts, state, worker, timings (workers write)
     leases/{name}                   one aggregation writer per job
     workers/{id}                    heartbeats
+    control/{name}                  controller state (the autoscaler's last change)
 
 Only the aggregator writes a job's head and versions, under its lease, in one transaction per
 version; workers write only task and worker documents, so the head document sees ~1 write per
@@ -256,3 +257,11 @@ class FirestoreRegistry:
     def list_workers(self) -> list[dict[str, Any]]:
         return [snap.to_dict() for snap in
                 self.client.collection("workers").stream(timeout=TIMEOUT)]
+
+    def get_control(self, name: str) -> dict[str, Any] | None:
+        snap = self.client.collection("control").document(name).get(timeout=TIMEOUT)
+        return snap.to_dict() if snap.exists else None
+
+    def set_control(self, name: str, fields: Mapping[str, Any]) -> None:
+        self.client.collection("control").document(name).set(dict(fields), merge=True,
+                                                              timeout=TIMEOUT)

@@ -237,6 +237,10 @@ class LocalStack:
     relay: Any = None
     emulators: Emulators | None = None
     name_prefix: str = "bucketlearn"
+    scaling: Any = None  # a bucketlearn.scaling.ScalingPolicy, or None for a fixed worker count
+    _retired: set[str] = field(default_factory=set)
+    _registry: Any = None
+    _last_scale_at: float | None = None
     _own_emulators: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -266,7 +270,8 @@ class LocalStack:
                                    "--host", "127.0.0.1", "--port", str(ports[name])],
                             logs, fn_env)
                 self.urls[name] = f"http://127.0.0.1:{ports[name]}/"
-            for i in range(self.workers):
+            initial = self.workers if self.scaling is None else self.scaling.min_workers
+            for i in range(initial):
                 self.start_worker(i)
             if self.dashboard and (repo_root() / "dashboard" / "app.py").exists():
                 self._spawn("dashboard", [str(bin_dir / "streamlit"), "run",
@@ -342,18 +347,59 @@ class LocalStack:
         with contextlib.suppress(FileNotFoundError):
             state.unlink()
 
-    def supervise(self, stop: threading.Event | None = None) -> None:
-        """Restart crashed workers and functions until ``stop`` is set (foreground mode)."""
+    def supervise(self, stop: threading.Event | None = None, interval: float = 1.0) -> None:
+        """Restart crashed processes and, with a scaling policy, size the worker set, until
+        ``stop`` is set (foreground mode)."""
         stop = stop or self._stop
-        while not stop.wait(1.0):
+        while not stop.wait(interval):
             for name, proc in list(self.procs.items()):
-                if proc.alive() or not (name.startswith("worker-") or name.endswith("_fn")):
+                if name in self._retired or proc.alive() or not (
+                        name.startswith("worker-") or name.endswith("_fn")):
                     continue
                 log.warning("%s exited (code %s); restarting", name,
                             proc.popen.returncode if proc.popen else None)
                 proc.restarts += 1
                 proc.start()
+            if self.scaling is not None:
+                try:
+                    self.rescale()
+                except Exception:  # noqa: BLE001 - the registry may be briefly unreachable
+                    log.warning("autoscaling step failed", exc_info=True)
             self.write_state()
+
+    def live_workers(self) -> list[Proc]:
+        return [p for n, p in self.procs.items()
+                if n.startswith("worker-") and n not in self._retired]
+
+    def rescale(self) -> int:
+        """One local autoscaling step with the shared policy; returns the worker count."""
+        from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
+        from bucketlearn.scaling import desired_workers, outstanding_tasks  # noqa: PLC0415
+
+        assert self.settings is not None and self.scaling is not None
+        if self._registry is None:
+            self._registry = FirestoreRegistry(self.settings)
+        outstanding = outstanding_tasks(self._registry)
+        current = len(self.live_workers())
+        now = time.time()
+        desired = desired_workers(self.scaling, outstanding, current, self._last_scale_at, now)
+        if desired > current:
+            for _ in range(desired - current):
+                self.start_worker(self._next_worker_index())
+        elif desired < current:
+            for proc in self.live_workers()[desired - current:]:  # newest first
+                self._retired.add(proc.name)
+                threading.Thread(target=proc.stop, kwargs={"timeout": 600.0},
+                                 daemon=True).start()  # SIGTERM: finishes its task, then exits
+        if desired != current:
+            self._last_scale_at = now
+            log.info("autoscale: %d outstanding tasks, workers %d -> %d", outstanding, current,
+                     desired)
+        return desired
+
+    def _next_worker_index(self) -> int:
+        indices = [int(n.split("-", 1)[1]) for n in self.procs if n.startswith("worker-")]
+        return max(indices, default=-1) + 1
 
     # -- state file -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

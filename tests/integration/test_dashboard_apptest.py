@@ -1,10 +1,9 @@
 """The dashboard page rendered by Streamlit's AppTest on seeded registry documents.
 
 AppTest runs ``dashboard/app.py`` in this process, so replacing
-``bucketlearn.dashboard_data.get_services`` here is what the app sees. For now the ``registry`` and
-``store`` fixtures are the in-memory implementations; they are seeded only through the port
-methods (create_job, start_training, commit_version, ...), so they can be swapped for the
-Firestore/GCS emulator fixtures without touching the tests.
+``bucketlearn.dashboard_data.get_services`` here is what the app sees. The services are the real
+Google adapters on the session's Firestore and Storage emulators (Firestore emptied before each
+test), seeded through the port methods (create_job, start_training, commit_version, ...).
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from bucketlearn import dashboard_data, layout
-from bucketlearn.bootstrap import Services, memory_services
+from bucketlearn.bootstrap import Services
 from bucketlearn.ports import VersionCommit
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -28,9 +28,16 @@ REASON = ("gs://bucketlearn-uploads/broken.csv, row 17, column 'petal_width': "
           "a value is not a number; expected a number; found: 'abc'")
 
 
+pytestmark = pytest.mark.integration
+
+
 @pytest.fixture
-def services() -> Services:
-    return memory_services()
+def services(cloud, emulators) -> Services:
+    """Emulator-backed services with an empty Firestore."""
+    url = (f"{emulators.urls['firestore']}/emulator/v1/projects/{cloud.settings.project}"
+           "/databases/(default)/documents")
+    requests.delete(url, timeout=10).raise_for_status()
+    return cloud
 
 
 @pytest.fixture
