@@ -122,6 +122,27 @@ class Proc:
             return ""
 
 
+def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL whatever is left after ``timeout``."""
+    pids = [p.popen.pid for p in procs if p.popen is not None]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        if proc.popen is None:
+            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    for proc in procs:
+        if proc.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=5)
+
+
 def stop_group(pid: int, timeout: float = 10.0) -> None:
     """SIGTERM a process group, then SIGKILL it if it has not gone within ``timeout``."""
     try:
@@ -210,8 +231,7 @@ class Emulators:
         )
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
+        stop_all(list(self.procs.values()))
 
     def stop_one(self, name: str) -> None:
         """Stop one emulator (fault injection); ``restart_one`` brings it back on the same port."""
@@ -241,6 +261,7 @@ class LocalStack:
     _retired: set[str] = field(default_factory=set)
     _registry: Any = None
     _last_scale_at: float | None = None
+    _started_at: float = field(default_factory=time.time)
     _own_emulators: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -339,10 +360,10 @@ class LocalStack:
         if self.relay is not None:
             self.relay.stop()
             self.relay = None
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
+        owned = list(self.procs.values())
         if self._own_emulators and self.emulators is not None:
-            self.emulators.stop()
+            owned += list(self.emulators.procs.values())
+        stop_all(owned)
         state = self.home / STATE_FILE
         with contextlib.suppress(FileNotFoundError):
             state.unlink()
@@ -404,14 +425,21 @@ class LocalStack:
     # -- state file -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         assert self.settings is not None
+        emulators = (self.emulators.procs if self._own_emulators and self.emulators is not None
+                     else {})
         return {
             "pid": os.getpid(),
             "env": self.settings.to_env(),
             "urls": self.urls,
             "processes": {n: {"pid": p.popen.pid if p.popen else None, "log": str(p.log_path),
                               "alive": p.alive(), "restarts": p.restarts}
-                          for n, p in self.procs.items()},
-            "started_at": time.time(),
+                          for n, p in self.procs.items() if n not in self._retired},
+            "emulators": {n: {"pid": p.popen.pid if p.popen else None, "log": str(p.log_path),
+                              "alive": p.alive()} for n, p in emulators.items()},
+            "workers": len(self.live_workers()),
+            "scaling": None if self.scaling is None else {
+                "min_workers": self.scaling.min_workers, "max_workers": self.scaling.max_workers},
+            "started_at": self._started_at,
         }
 
     def write_state(self) -> None:
@@ -435,7 +463,7 @@ def read_state(home: Path) -> dict[str, Any] | None:
     return state
 
 
-def stop_from_state(home: Path, timeout: float = 30.0) -> bool:
+def stop_from_state(home: Path, timeout: float = 60.0) -> bool:
     """Stop a stack started by another process (``bucketlearn local down``)."""
     state = read_state(home)
     if state is None:
@@ -449,7 +477,8 @@ def stop_from_state(home: Path, timeout: float = 30.0) -> bool:
         except ProcessLookupError:
             break
         time.sleep(0.2)
-    for info in state.get("processes", {}).values():  # belt and braces: nothing left behind
+    leftovers = [*state.get("processes", {}).values(), *state.get("emulators", {}).values()]
+    for info in leftovers:  # belt and braces: nothing left behind
         if info.get("pid"):
             stop_group(int(info["pid"]), timeout=5)
     with contextlib.suppress(ProcessLookupError):
