@@ -57,8 +57,11 @@ test-e2e: install
 lint: install
 	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data
 
+# Full benchmarks (minutes on 2 cores; run on an idle machine). BENCH_ARGS, e.g. "--only ingest".
+BENCH_ARGS ?=
 bench: install
-	$(PY) -m benchmarks.run
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-checkov .bucketlearn .pytest_cache .ruff_cache

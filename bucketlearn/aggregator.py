@@ -22,6 +22,7 @@ from bucketlearn.aggregation import DeltaUpdate
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.faults import crash_point
 from bucketlearn.model import export_keras
 from bucketlearn.ports import BlobInfo, VersionCommit
 from bucketlearn.runtime import job_runtime
@@ -312,6 +313,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         job_fields["epoch"] = epoch + 1
         next_epoch_doc = {"epoch": epoch + 1, "planned": job["tasks_per_epoch"], "applied": [],
                           "failed": [], "created_at": now}
+    crash_point(settings, "aggregator.before_commit")
     commit = VersionCommit(job_id=job_id, base_version=head_version, version_doc=version_doc,
                            epoch=epoch, applied=[u.task_index for u in updates],
                            failed=[int(f["task_index"]) for f in failures],
@@ -321,6 +323,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         return False
     log.info("job %s: v%d (epoch %d, %d deltas, %d failed) holdout accuracy %s", job_id,
              new_version, epoch, len(updates), len(failures), accuracy)
+    crash_point(settings, "aggregator.after_commit")
     return True
 
 

@@ -23,6 +23,11 @@ from bucketlearn.errors import ConfigError
 ENV_PREFIX = "BUCKETLEARN_"
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
+FAULT_POINTS = frozenset({
+    "aggregator.before_commit",   # weights written, version not committed: the process dies
+    "aggregator.after_commit",    # version committed, event not yet acknowledged: dies
+    "queue.duplicate_publish",    # every task message is published twice
+})
 FAILURE_POLICIES = ("fail", "skip")
 
 
@@ -207,11 +212,15 @@ class Settings:
     firestore_emulator_host: str | None = None
     max_task_attempts: int = 5
     ack_deadline_seconds: int = 60
-    lease_seconds: float = 120.0
+    lease_seconds: float = 60.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
     log_format: str = "text"
     limits: Limits = field(default_factory=Limits)
+    # Fault injection for the reliability suite (BUCKETLEARN_FAULTS=point,point…); each point
+    # fires once per BUCKETLEARN_FAULT_DIR (a marker file survives the process restart).
+    faults: frozenset[str] = frozenset()
+    fault_dir: str | None = None
 
     @property
     def uses_emulators(self) -> bool:
@@ -232,7 +241,13 @@ class Settings:
             "BUCKETLEARN_FIRESTORE_DATABASE": self.firestore_database,
             "BUCKETLEARN_MAX_TASK_ATTEMPTS": str(self.max_task_attempts),
             "BUCKETLEARN_LOG_FORMAT": self.log_format,
+            "BUCKETLEARN_ACK_DEADLINE_SECONDS": str(self.ack_deadline_seconds),
+            "BUCKETLEARN_LEASE_SECONDS": str(self.lease_seconds),
         }
+        if self.faults:
+            env["BUCKETLEARN_FAULTS"] = ",".join(sorted(self.faults))
+        if self.fault_dir:
+            env["BUCKETLEARN_FAULT_DIR"] = self.fault_dir
         for key, value in (
             ("STORAGE_EMULATOR_HOST", self.storage_emulator_host),
             ("PUBSUB_EMULATOR_HOST", self.pubsub_emulator_host),
@@ -283,6 +298,13 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     limits = {name: _parse_env(key, env[key], int) for key, name in LIMITS_ENV.items()
               if env.get(key) not in (None, "")}
     values["limits"] = Limits(**limits)
+    faults = {f.strip() for f in (env.get("BUCKETLEARN_FAULTS") or "").split(",") if f.strip()}
+    unknown = faults - FAULT_POINTS
+    if unknown:
+        raise ConfigError("BUCKETLEARN_FAULTS", "points from " + ", ".join(sorted(FAULT_POINTS)),
+                          ",".join(sorted(unknown)), "environment")
+    values["faults"] = frozenset(faults)
+    values["fault_dir"] = env.get("BUCKETLEARN_FAULT_DIR") or None
     values["storage_emulator_host"] = env.get("STORAGE_EMULATOR_HOST") or None
     values["pubsub_emulator_host"] = env.get("PUBSUB_EMULATOR_HOST") or None
     values["firestore_emulator_host"] = env.get("FIRESTORE_EMULATOR_HOST") or None

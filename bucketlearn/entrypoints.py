@@ -9,8 +9,12 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from werkzeug.exceptions import ServiceUnavailable
+
 from bucketlearn.bootstrap import process_services
+from bucketlearn.errors import TransientError
 from bucketlearn.logs import setup_logging
+from bucketlearn.split import Outcome
 
 log = logging.getLogger(__name__)
 _configured = False
@@ -35,6 +39,10 @@ def _event_time(cloud_event: Any) -> float | None:
         return None
 
 
+class RetryLater(ServiceUnavailable):
+    """Answered as HTTP 503 (no traceback): Eventarc / the local relay retry with backoff."""
+
+
 def on_upload(cloud_event: Any) -> str:
     """Storage finalize event on the uploads bucket -> split (at most one job per upload)."""
     from bucketlearn.split import StorageEvent, handle_upload  # noqa: PLC0415
@@ -45,7 +53,12 @@ def on_upload(cloud_event: Any) -> str:
         log.warning("on_upload: ignoring an event for bucket %s (expected %s)", event.bucket,
                     svc.settings.uploads_bucket)
         return "ignored"
-    outcome, job_id = handle_upload(svc, event)
+    try:
+        outcome, job_id = handle_upload(svc, event)
+    except TransientError as exc:
+        log.warning("upload gs://%s/%s: %s; the event will be retried", event.bucket, event.name,
+                    exc)
+        raise RetryLater(str(exc)) from exc
     log.info("upload gs://%s/%s -> %s (job %s)", event.bucket, event.name, outcome.value, job_id)
     return outcome.value
 
@@ -56,6 +69,14 @@ def on_delta(cloud_event: Any) -> str:
 
     svc = _services()
     data = cloud_event.data
-    outcome, job_id = handle_delta_event(svc, str(data["bucket"]), str(data["name"]))
+    try:
+        outcome, job_id = handle_delta_event(svc, str(data["bucket"]), str(data["name"]))
+    except TransientError as exc:
+        log.warning("delta %s: %s; the event will be retried", data["name"], exc)
+        raise RetryLater(str(exc)) from exc
     log.info("delta %s -> %s (job %s)", data["name"], outcome.value, job_id)
+    if outcome is Outcome.BUSY:
+        # Another invocation holds the job's lease. It re-checks before it lets go, but if it
+        # dies it never will: so this event comes back (with backoff) until someone folds it.
+        raise RetryLater(f"job {job_id}: another invocation is aggregating; retry later")
     return outcome.value

@@ -48,6 +48,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _NUMBER_RE = re.compile(
     r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,85 @@ def _short(value: Any, limit: int = 60) -> str:
 
 # --- header ------------------------------------------------------------------------------------
 
+# (magic bytes, what the file is, message, expected, found): formats people upload by mistake.
+_SIGNATURES: tuple[tuple[bytes, str, str, str], ...] = (
+    (_GZIP_MAGIC, "the file is gzip-compressed", "a plain-text CSV (decompress it before uploading)",
+     "gzip data"),
+    (b"BZh", "the file is bzip2-compressed", "a plain-text CSV (decompress it before uploading)",
+     "bzip2 data"),
+    (b"\xfd7zXZ\x00", "the file is xz-compressed",
+     "a plain-text CSV (decompress it before uploading)", "xz data"),
+    (b"\x28\xb5\x2f\xfd", "the file is zstd-compressed",
+     "a plain-text CSV (decompress it before uploading)", "zstd data"),
+    (b"PK\x03\x04", "the file is a ZIP archive",
+     "a plain-text CSV (save a spreadsheet as CSV, UTF-8)", "ZIP data (e.g. an .xlsx workbook)"),
+    (b"\x89PNG\r\n\x1a\n", "the file is an image", "a UTF-8 CSV", "PNG image data"),
+    (b"\xff\xd8\xff", "the file is an image", "a UTF-8 CSV", "JPEG image data"),
+    (b"GIF8", "the file is an image", "a UTF-8 CSV", "GIF image data"),
+    (b"%PDF-", "the file is a PDF document", "a UTF-8 CSV", "PDF data"),
+    (b"PAR1", "the file is a Parquet file", "a UTF-8 CSV", "Parquet data"),
+    (b"\xff\xfe", "the file is UTF-16 (or UTF-32) text", "UTF-8 text (save the CSV as UTF-8)",
+     "a UTF-16 little-endian byte-order mark"),
+    (b"\xfe\xff", "the file is UTF-16 (or UTF-32) text", "UTF-8 text (save the CSV as UTF-8)",
+     "a UTF-16 big-endian byte-order mark"),
+)
+_JSON_START = re.compile(rb'\A\s*(\{\s*["}]|\[\s*[\[{"\]])')
+_MARKUP_START = re.compile(rb"\A\s*<(!doctype|html|\?xml|head|body|!--|svg|table|div)\b",
+                           re.IGNORECASE)
+_SNIFF_BYTES = 65536
+
+
+def _sniff(name: str, head: bytes) -> None:
+    """Refuse files that are plainly not CSV text (compressed, binary, JSON, HTML), by name."""
+    for magic, message, expected, found in _SIGNATURES:
+        if head.startswith(magic):
+            raise _problem(name, message, expected=expected, found=found)
+    if b"\x00" in head[:_SNIFF_BYTES]:
+        raise _problem(name, "the file is not text", expected="a UTF-8 CSV",
+                       found="binary data (NUL bytes)")
+    text = head[len(_BOM):] if head.startswith(_BOM) else head
+    first_line = decode_utf8_safe(text.lstrip()[:200].split(b"\n", 1)[0]).strip()
+    if _JSON_START.match(text):
+        raise _problem(name, "the file is JSON, not CSV",
+                       expected="a CSV with a header line naming the columns",
+                       found=f"JSON starting with {_short(first_line, 40)!r}")
+    if _MARKUP_START.match(text):
+        raise _problem(name, "the file is HTML or XML, not CSV",
+                       expected="a CSV with a header line naming the columns",
+                       found=f"markup starting with {_short(first_line, 40)!r}")
+
+
+def _first_line(stream: IO[bytes], head: bytes, limit: int) -> tuple[bytes, bool]:
+    """(the first line without its line break, whether it is longer than ``limit``)."""
+    buffer = bytearray(head)
+    while b"\n" not in buffer and len(buffer) <= limit:
+        more = stream.read(1 << 20)
+        if not more:
+            break
+        buffer += more
+    end = buffer.find(b"\n")
+    if end < 0:
+        end = len(buffer)
+    line = bytes(buffer[:end])
+    if line.startswith(_BOM):
+        line = line[len(_BOM):]
+    line = line[:-1] if line.endswith(b"\r") else line
+    return line[: limit + 1], len(line) > limit
+
+
+def _separator_hint(text: str) -> str:
+    for separator, spelled in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")):
+        if separator in text:
+            return f" (the separator must be a comma; this line seems to use {spelled})"
+    return ""
+
+
+def _header_column_at(line: bytes, position: int) -> str | None:
+    """'#N' for the header field that holds byte ``position`` (None if the quoting is unclear)."""
+    prefix = line[:position]
+    return None if b'"' in prefix else f"#{prefix.count(b',') + 1}"
+
+
 def read_header(source: SourceFile, limits: Limits) -> list[str]:
     """Check the file as a whole (size, compression, binary) and return its column names."""
     name = source.display_name
@@ -133,32 +213,31 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
                        expected=f"at most {limits.max_file_bytes} bytes",
                        found=f"{source.size} bytes")
     with source.opener() as stream:
-        head = stream.read(min(limits.max_line_bytes, 1 << 20) + 1)
-    if head.startswith(_GZIP_MAGIC):
-        raise _problem(name, "the file is gzip-compressed", expected="a plain-text CSV "
-                       "(decompress it before uploading)", found="gzip data")
-    if b"\x00" in head[:65536]:
-        raise _problem(name, "the file is not text", expected="a UTF-8 CSV",
-                       found="binary data (NUL bytes)")
-    if head.startswith(_BOM):
-        head = head[len(_BOM):]
-    end = head.find(b"\n")
-    if end < 0:
-        if len(head) > limits.max_line_bytes:
-            raise _problem(name, "the header line is longer than the limit", row=0,
-                           expected=f"lines of at most {limits.max_line_bytes} bytes",
-                           found="a longer line")
-        end = len(head)
-    line = head[:end].rstrip(b"\r")
+        head = stream.read(_SNIFF_BYTES)
+        _sniff(name, head)
+        line, too_long = _first_line(stream, head, limits.max_line_bytes)
+    if b"\r" in line:
+        raise _problem(name, "the header line contains a carriage return", row=0,
+                       expected="LF or CRLF line ends",
+                       found="a CR inside the first line (CR-only line ends, as in old Mac files?)")
+    if too_long:
+        raise _problem(name, "the header line is longer than the limit", row=0,
+                       expected=f"lines of at most {limits.max_line_bytes} bytes",
+                       found="a longer line")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _problem(name, "the header is not UTF-8", row=0, expected="UTF-8 text",
+        raise _problem(name, "the header is not UTF-8", row=0,
+                       column=_header_column_at(line, exc.start), expected="UTF-8 text",
                        found=f"byte 0x{line[exc.start]:02x} at position {exc.start}") from None
-    names = next(csv.reader([text]), [])
+    try:
+        names = next(csv.reader([text]), [])
+    except csv.Error as exc:
+        raise _problem(name, "the header is not valid CSV", row=0,
+                       expected="comma-separated column names", found=str(exc)) from None
     if not names or all(not n.strip() for n in names):
         raise _problem(name, "the header line is empty", row=0,
-                       expected="a header line naming the columns", found=_short(text))
+                       expected="a header line naming the columns", found=repr(_short(text)))
     if len(names) > limits.max_columns:
         raise _problem(name, "too many columns", row=0,
                        expected=f"at most {limits.max_columns} columns",
@@ -177,7 +256,7 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
     if len(names) < 2:
         raise _problem(name, "the file has a single column", row=0,
                        expected="at least one feature column and a label column",
-                       found=f"only '{names[0]}'")
+                       found=f"only '{_short(names[0])}'{_separator_hint(names[0])}")
     return [n.strip() for n in names]
 
 
@@ -213,41 +292,121 @@ def _batches(source: SourceFile, columns: list[str], label: str, limits: Limits,
         stream.close()
 
 
-def _diagnose(source: SourceFile, columns: list[str], label: str, arrow_message: str) -> InvalidInputError:
+def _lines(stream: IO[bytes], limit: int) -> Any:
+    """Yield the stream's lines without line breaks, reading in blocks (any stream is fast).
+
+    A line longer than ``limit`` is yielded cut to ``limit + 1`` bytes, and nothing after it.
+    """
+    pending = b""
+    while True:
+        chunk = stream.read(1 << 20)
+        if not chunk:
+            if pending:
+                yield pending[: limit + 2].rstrip(b"\r")
+            return
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            yield pending[start:end].rstrip(b"\r")
+            start = end + 1
+        pending = pending[start:]
+        if len(pending) > limit + 1:
+            yield pending[: limit + 1]
+            return
+
+
+def _split_fields(text: str, limit: int) -> list[str]:
+    """A line's fields, as pyarrow reads them (plain split when nothing is quoted)."""
+    if '"' not in text:
+        return text.split(",")
+    if csv.field_size_limit() < limit:  # the csv module's default (128 KiB) is below ours
+        csv.field_size_limit(limit)
+    return next(csv.reader([text]), [])
+
+
+def _diagnose(source: SourceFile, columns: list[str], label: str, limits: Limits,
+              arrow_message: str, target_row: int | None = None) -> InvalidInputError | None:
     """Re-read the file line by line to name the first bad row and column exactly.
 
-    Rows are numbered like the fast path numbers them: data rows from 1, blank lines skipped.
+    Rows are numbered like the fast path numbers them: data rows from 1, empty lines skipped.
+    With ``target_row``, only that row is checked (the fast path already knows where the problem
+    is and wants its exact text); None when that row shows no problem. Without it, a problem the
+    line-by-line check cannot see is reported with pyarrow's message.
     """
     file = source.display_name
     label_index = columns.index(label)
+    limit = limits.max_line_bytes
     with source.opener() as raw:
-        raw.readline()  # the header, already checked
+        lines = _lines(raw, limit)
+        next(lines, None)  # the header, already checked
         row_number = 0
-        for line in raw:
-            stripped = line.rstrip(b"\r\n")
-            if not stripped.strip():
+        for line in lines:
+            if len(line) > limit:
+                return _problem(file, "the row is longer than the limit", row=row_number + 1,
+                                expected=f"lines of at most {limit} bytes",
+                                found=f"a line of more than {limit} bytes")
+            if not line:
                 continue
             row_number += 1
-            try:
-                text = stripped.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return _problem(file, "the row is not UTF-8 text", row=row_number,
-                                expected="UTF-8 text",
-                                found=f"byte 0x{stripped[exc.start]:02x}")
-            try:
-                row = next(csv.reader([text]), [])
-            except csv.Error as exc:
-                return _problem(file, "the row is not valid CSV", row=row_number,
-                                expected="well-formed CSV", found=str(exc))
-            problem = _check_row(file, row, row_number, columns, label_index)
-            if problem is not None:
+            if target_row is not None and row_number < target_row:
+                continue
+            problem = _check_line(file, line, row_number, columns, label_index, limit)
+            if problem is not None or target_row is not None:
                 return problem
+    if target_row is not None:
+        return None
     return _problem(file, "the CSV could not be parsed", expected="well-formed CSV",
                     found=_short(arrow_message, 300))
 
 
+def _diagnosed(source: SourceFile, columns: list[str], label: str, limits: Limits,
+               arrow_message: str) -> InvalidInputError:
+    problem = _diagnose(source, columns, label, limits, arrow_message)
+    assert problem is not None  # without target_row, _diagnose always names a problem
+    return problem
+
+
+def _check_line(file: str, line: bytes, row_number: int, columns: list[str], label_index: int,
+                limit: int) -> InvalidInputError | None:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _problem(file, "the row is not UTF-8 text", row=row_number,
+                        column=_column_of_bad_byte(line, columns, limit),
+                        expected="UTF-8 text", found=f"byte 0x{line[exc.start]:02x}")
+    if text.count('"') % 2:
+        return _problem(file, "a quoted field is not closed on its line", row=row_number,
+                        expected="quoted fields closed on the same line (no line breaks inside)",
+                        found=_short(text))
+    if '"' not in text and text.count(",") != len(columns) - 1 and text.strip(", \t"):
+        return _problem(file, "the row has the wrong number of fields", row=row_number,
+                        expected=f"{len(columns)} fields", found=f"{text.count(',') + 1} fields")
+    try:
+        row = _split_fields(text, limit)
+    except csv.Error as exc:
+        return _problem(file, "the row is not valid CSV", row=row_number,
+                        expected="well-formed CSV", found=str(exc))
+    return _check_row(file, row, row_number, columns, label_index)
+
+
+def _column_of_bad_byte(line: bytes, columns: list[str], limit: int) -> str | None:
+    """The column whose field holds the first byte that is not UTF-8 (None if unclear)."""
+    try:
+        fields = _split_fields(line.decode("utf-8", errors="surrogateescape"), limit)
+    except csv.Error:
+        return None
+    if len(fields) != len(columns):
+        return None
+    return next((columns[i] for i, value in enumerate(fields)
+                 if any("\udc80" <= ch <= "\udcff" for ch in value)), None)
+
+
 def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
                label_index: int) -> InvalidInputError | None:
+    if all(not value.strip() for value in row):
+        return _problem(file, "the row has no values", row=row_number,
+                        expected=f"{len(columns)} values (the features and a label)",
+                        found="only commas" if len(row) > 1 else "only whitespace")
     if len(row) != len(columns):
         return _problem(file, "the row has the wrong number of fields", row=row_number,
                         expected=f"{len(columns)} fields", found=f"{len(row)} fields")
@@ -265,16 +424,21 @@ def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
 
 
 def _check_number(file: str, value: str, row_number: int, column: str) -> InvalidInputError | None:
-    if not value.strip():
+    text = value.strip()
+    if not text:
         return _problem(file, "a feature value is empty", row=row_number, column=column,
                         expected="a number", found="an empty value")
-    if not _NUMBER_RE.match(value.strip()):
+    if not _NUMBER_RE.match(text):
         return _problem(file, "a feature value is not a number", row=row_number, column=column,
                         expected="a number", found=_short(value))
-    number = float(value)
-    if not math.isfinite(number):
+    number = float(text)
+    if math.isnan(number) or (math.isinf(number) and "inf" in text.lower()):
         return _problem(file, "a feature value is not finite", row=row_number, column=column,
                         expected="a finite number", found=_short(value))
+    if not abs(number) <= _FLOAT32_MAX:
+        return _problem(file, "a feature value is out of range", row=row_number, column=column,
+                        expected=f"a number from -{_FLOAT32_MAX:.4g} to {_FLOAT32_MAX:.4g} "
+                                 "(32-bit float)", found=_short(value))
     return None
 
 
@@ -289,7 +453,8 @@ def _features(batch: pa.RecordBatch, feature_names: list[str]) -> np.ndarray:
 
 
 def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[str],
-                      row_offset: int, file: str) -> InvalidInputError | None:
+                      row_offset: int, file: str) -> tuple[InvalidInputError, bool] | None:
+    """The first empty or non-finite feature value: (problem, whether it was an empty cell)."""
     bad = ~np.isfinite(x)
     if not bad.any():
         return None
@@ -299,9 +464,9 @@ def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[
     column = feature_names[c]
     if batch.column(column).is_null()[r].as_py():
         return _problem(file, "a feature value is empty", row=row_offset + r + 1, column=column,
-                        expected="a number", found="an empty value")
+                        expected="a number", found="an empty value"), True
     return _problem(file, "a feature value is not finite", row=row_offset + r + 1, column=column,
-                    expected="a finite number", found=str(x[r, c]))
+                    expected="a finite number", found=str(x[r, c])), False
 
 
 # --- pass 1: scan --------------------------------------------------------------------------------
@@ -316,9 +481,18 @@ def scan_labels(source: SourceFile, columns: list[str], label: str,
             labels = batch.column(0)
             empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
             if pc.any(empty).as_py():
-                r = int(pc.index(empty, True).as_py())
-                raise _problem(source.display_name, "the label is empty", row=rows + r + 1,
-                               column=label, expected="a class label", found="an empty value")
+                row = rows + int(pc.index(empty, True).as_py()) + 1
+                # the row may be worse than an empty label (e.g. only commas): say what it is
+                raise _diagnose(source, columns, label, limits, "", target_row=row) or _problem(
+                    source.display_name, "the label is empty", row=row, column=label,
+                    expected="a class label", found="an empty value")
+            broken = pc.match_substring_regex(labels, "[\r\n]")
+            if pc.any(broken).as_py():
+                r = int(pc.index(broken, True).as_py())
+                raise _problem(source.display_name, "a label contains a line break",
+                               row=rows + r + 1, column=label,
+                               expected="a label on one line (no line breaks inside quotes)",
+                               found=repr(_short(labels[r].as_py())))
             for item in pc.value_counts(labels).to_pylist():
                 value = item["values"].strip()
                 counts[value] = counts.get(value, 0) + item["counts"]
@@ -328,7 +502,7 @@ def scan_labels(source: SourceFile, columns: list[str], label: str,
                                found=f"more than {limits.max_classes} (by row {rows + batch.num_rows})")
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
-        raise _diagnose(source, columns, label, str(exc)) from None
+        raise _diagnosed(source, columns, label, limits, str(exc)) from None
     if rows == 0:
         raise _problem(source.display_name, "the file has a header but no data rows",
                        expected="at least one data row", found="0 rows")
@@ -359,8 +533,20 @@ def order_classes(values: list[str], counts: list[int], file: str,
 
 # --- dealing -------------------------------------------------------------------------------------
 
+def holdout_phase(n: int, fraction: float, phase: float) -> float:
+    """The phase the systematic rule uses for an n-row class.
+
+    The random phase is kept unless it would leave a class of two or more rows without any
+    holdout row (n * fraction < 1); then a phase is used that selects exactly one row.
+    """
+    if n >= 2 and math.floor(n * fraction + phase) - math.floor(phase) < 1:
+        return 1.0 - n * fraction / 2
+    return phase
+
+
 def holdout_count(n: int, fraction: float, phase: float) -> int:
-    """Rows of an n-row class the systematic holdout rule selects."""
+    """Rows of an n-row class the systematic holdout rule selects (at least one when n >= 2)."""
+    phase = holdout_phase(n, fraction, phase)
     return int(math.floor(n * fraction + phase)) - int(math.floor(phase))
 
 
@@ -515,8 +701,17 @@ def split_upload(
     feature_names = [c for c in columns if c != label]
     raw_values, raw_counts = scan_labels(source, columns, label, limits)
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts, file, label)
+    single = [name for name, n in zip(classes, class_counts, strict=True) if n < 2]
+    if single:
+        raise _problem(file, "a class has too few rows to train and evaluate", column=label,
+                       expected="at least 2 rows of every class (one to train on, one to "
+                                "evaluate on)",
+                       found=f"{len(single)} of {len(classes)} classes with a single row: "
+                             + _short(", ".join(repr(v) for v in single), 120))
     class_index = {name: i for i, name in enumerate(classes)}
-    hold_phase, deal_phase = class_phases(options.seed, len(classes))
+    random_phase, deal_phase = class_phases(options.seed, len(classes))
+    hold_phase = np.array([holdout_phase(n, options.holdout_fraction, random_phase[c])
+                           for c, n in enumerate(class_counts)])
     holdout_per_class = [holdout_count(n, options.holdout_fraction, hold_phase[c])
                          for c, n in enumerate(class_counts)]
     train_per_class = [n - h for n, h in zip(class_counts, holdout_per_class, strict=False)]
@@ -547,9 +742,14 @@ def split_upload(
     try:
         for batch in _batches(source, columns, label, limits, include=None):
             x = _features(batch, feature_names)
-            problem = _first_non_finite(x, batch, feature_names, row_offset, file)
-            if problem is not None:
-                raise problem
+            found = _first_non_finite(x, batch, feature_names, row_offset, file)
+            if found is not None:
+                problem, empty_cell = found
+                # pyarrow turned the text into float32: re-read the row to quote what it said
+                # (an overflow such as 1e40 is out of range, not 'inf')
+                exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
+                                                          target_row=problem.problem.row)
+                raise exact or problem
             labels = batch.column(label).to_pylist()
             if label_kind == "int":
                 y = np.fromiter((class_index[str(int(v))] for v in labels), np.int32, len(labels))
@@ -579,7 +779,7 @@ def split_upload(
                     writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
-        raise _diagnose(source, columns, label, str(exc)) from None
+        raise _diagnosed(source, columns, label, limits, str(exc)) from None
     shard_list = writer.close()
     holdout.flush()
     manifest = Manifest(

@@ -142,5 +142,14 @@ def load_model(path: str) -> tuple[Any, dict[str, Any]]:
     """Load a ``.keras`` model in safe mode (no lambdas, no pickled code) and its sidecar."""
     sidecar = read_sidecar(path)
     keras = keras_module()
-    model = keras.models.load_model(path, safe_mode=True, compile=False)
+    try:
+        model = keras.models.load_model(path, safe_mode=True, compile=False)
+    except (ValueError, TypeError, KeyError) as exc:
+        # e.g. a Lambda layer: code that safe mode refuses to deserialize. Keras's own message
+        # goes on to suggest turning safe mode off; only its first sentence is passed on.
+        reason = str(exc).split(". ", 1)[0].strip()
+        reason = reason if len(reason) <= 300 else reason[:300] + "…"
+        raise PermanentError(
+            f"{path}: refused to load the model in safe mode; expected a .keras model of "
+            f"built-in layers (as bucketlearn exports); found: {reason}") from None
     return model, sidecar

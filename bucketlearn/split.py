@@ -22,6 +22,25 @@ from bucketlearn.model import build_model, choose_spec
 log = logging.getLogger(__name__)
 
 MAX_OBJECT_NAME = 1024
+_SHOWN_NAME = 200
+
+
+def _is_control(ch: str) -> bool:
+    code = ord(ch)
+    return code < 32 or 127 <= code < 160 or code in (0x2028, 0x2029)
+
+
+def display_uri(bucket: str, name: str) -> str:
+    """``gs://bucket/name`` for messages and logs: control characters escaped, long names cut.
+
+    An object name is user input; a newline in it must not forge a log line or a second line
+    in a job's error.
+    """
+    shown = "".join(f"\\x{ord(ch):02x}" if ord(ch) < 256 and _is_control(ch)
+                    else f"\\u{ord(ch):04x}" if _is_control(ch) else ch for ch in name)
+    if len(name) > MAX_OBJECT_NAME:
+        shown = f"{shown[:_SHOWN_NAME]}…({len(name)} characters)"
+    return f"gs://{bucket}/{shown}"
 
 
 class Outcome(enum.Enum):
@@ -62,16 +81,16 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         TransientError: another invocation is splitting the same upload right now, or a backend
             failed; the event should be retried.
     """
+    file = display_uri(event.bucket, event.name)
     if not event.name.lower().endswith(".csv"):
-        log.info("ignoring gs://%s/%s: not a .csv object", event.bucket, event.name)
+        log.info("ignoring %s: not a .csv object", file)
         return Outcome.IGNORED, None
     now = svc.clock()
     if event.event_time and now - event.event_time > svc.settings.max_event_age_seconds:
-        log.warning("dropping event for gs://%s/%s: older than %ss", event.bucket, event.name,
+        log.warning("dropping event for %s: older than %ss", file,
                     svc.settings.max_event_age_seconds)
         return Outcome.IGNORED, None
     job_id = layout.job_id_for(event.bucket, event.name, event.generation)
-    file = f"gs://{event.bucket}/{event.name}"
     claim = layout.new_nonce()
     doc = {
         "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
@@ -98,11 +117,14 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         else:
             log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
             return Outcome.DUPLICATE, job_id
-    if len(event.name) > MAX_OBJECT_NAME or any(ord(ch) < 32 for ch in event.name):
-        reject(svc, job_id, InputProblem(file=file[:200], message="the object name is not usable",
+    if len(event.name) > MAX_OBJECT_NAME or any(_is_control(ch) for ch in event.name):
+        found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
+                 else "control characters: " + ", ".join(
+                     sorted({f"U+{ord(ch):04X}" for ch in event.name if _is_control(ch)})))
+        reject(svc, job_id, InputProblem(file=file, message="the object name is not usable",
                                          expected="a name without control characters, at most "
                                                   f"{MAX_OBJECT_NAME} characters",
-                                         found=repr(event.name[:80])))
+                                         found=found))
         return Outcome.REJECTED, job_id
     info = svc.store.stat(event.bucket, event.name)
     if info is None or info.generation != event.generation:
@@ -114,9 +136,10 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
     try:
         options = resolve_options(metadata=info.metadata)
     except ConfigError as exc:
+        found = repr(exc.found)
         reject(svc, job_id, InputProblem(file=file, message=f"invalid upload option '{exc.key}'",
                                          column=None, expected=exc.expected,
-                                         found=repr(exc.found)))
+                                         found=found if len(found) <= 80 else found[:80] + "…"))
         return Outcome.REJECTED, job_id
     svc.registry.update_job(job_id, {"options": options.to_dict(), "updated_at": svc.clock()})
     source = SourceFile(display_name=file, size=info.size,

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 import requests
 
@@ -27,6 +28,14 @@ EVENT_TYPE = "google.cloud.storage.object.v1.finalized"
 POST_TIMEOUT = 600.0
 
 
+def header_value(text: str) -> str:
+    """A CloudEvents HTTP header value: percent-encode space, '"', '%' and anything outside
+    printable ASCII (the binding's rule). Object names may hold newlines or any unicode, which
+    HTTP headers cannot carry as is."""
+    return "".join(ch if "!" <= ch <= "~" and ch not in '"%' else quote(ch, safe="")
+                   for ch in text)
+
+
 def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
     """Headers and JSON body of a binary-mode storage CloudEvent for one object generation."""
     now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
@@ -34,8 +43,8 @@ def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
         "ce-id": uuid.uuid4().hex,
         "ce-specversion": "1.0",
         "ce-type": EVENT_TYPE,
-        "ce-source": f"//storage.googleapis.com/projects/_/buckets/{info.bucket}",
-        "ce-subject": f"objects/{info.name}",
+        "ce-source": header_value(f"//storage.googleapis.com/projects/_/buckets/{info.bucket}"),
+        "ce-subject": header_value(f"objects/{info.name}"),
         "ce-time": now,
         "content-type": "application/json",
     }

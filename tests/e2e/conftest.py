@@ -21,7 +21,8 @@ def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
 
     def start(label: str = "e2e", **kwargs: Any) -> Any:
         home = Path(tmp_path_factory.mktemp(f"stack-{label}"))
-        stack = LocalStack(home=home, emulators=emulators, name_prefix=unique_prefix(label),
+        stack = LocalStack(home=home, emulators=kwargs.pop("emulators", emulators),
+                           name_prefix=unique_prefix(label),
                            dashboard=kwargs.pop("dashboard", False), **kwargs)
         stacks.append(stack)
         return stack.start(timeout=180)

@@ -126,56 +126,6 @@ def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Pat
     assert trained["status"] == "DONE" and trained["accuracy"] > 0.5
 
 
-def test_worker_killed_mid_task_loses_nothing(make_stack: Any) -> None:
-    """SIGKILL a worker while it trains: its task is redelivered and the job completes exactly."""
-    # Prepare
-    stack = make_stack("kill", workers=2,
-                       extra_env={"BUCKETLEARN_ACK_DEADLINE_SECONDS": "10"})
-    svc = google_services(stack.settings)
-    info = svc.store.write_file(stack.settings.uploads_bucket, "digits.csv", str(DIGITS),
-                                "text/csv", {"epochs": "3"})
-    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
-    victim = stack.worker_procs()[0]
-    # Execute: wait until the victim is training, then kill it
-    deadline = time.monotonic() + 120
-    killed = False
-    while time.monotonic() < deadline and not killed:
-        running = [t for t in (svc.registry.list_tasks(job_id) if svc.registry.get_job(job_id)
-                               else []) if t.get("state") == "RUNNING"
-                   and str(t.get("worker_id", "")).endswith(f"-{victim.popen.pid}")]
-        if running:
-            victim.kill()
-            killed = True
-        time.sleep(0.05)
-    assert killed, "the victim never picked up a task"
-    job = wait_terminal(svc, job_id, 400)
-    # Assert
-    assert job["status"] == "DONE", job.get("error")
-    assert_ledger_consistent(svc, job_id)
-    attempts = [t["attempts"] for t in svc.registry.list_tasks(job_id)]
-    assert max(attempts) >= 2, "no task was redelivered after the kill"
-
-
-def test_duplicate_events_start_one_job(make_stack: Any) -> None:
-    """Every storage event delivered twice: one job per upload, every task applied once."""
-    # Prepare
-    stack = make_stack("dup", workers=2, duplicate_events=True)
-    svc = google_services(stack.settings)
-    # Execute
-    info = svc.store.write_file(stack.settings.uploads_bucket, "digits.csv", str(DIGITS),
-                                "text/csv", {"epochs": "2"})
-    job_id = layout.job_id_for(info.bucket, info.name, info.generation)
-    job = wait_terminal(svc, job_id, 400)
-    # Assert
-    assert job["status"] == "DONE", job.get("error")
-    same_upload = [j for j in svc.registry.list_jobs(500)
-                   if j.get("source", {}).get("bucket") == info.bucket]
-    assert [j["job_id"] for j in same_upload] == [job_id]
-    assert_ledger_consistent(svc, job_id)
-    log_text = (stack.home / "logs" / "upload_fn.log").read_text()
-    assert "duplicate" in log_text or "being split by another invocation" in log_text
-
-
 def wait_terminal(svc: Any, job_id: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     job: dict[str, Any] | None = None

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import io
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from bucketlearn import jobs, split
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -43,3 +47,71 @@ def write_blobs_csv(path: Path, n_rows: int = 600, n_classes: int = 3, n_feature
     header = [f"f{j}" for j in range(n_features)] + ["label"]
     path.write_bytes(csv_bytes(header, blobs_rows(n_rows, n_classes, n_features, seed)))
     return path
+
+
+# --- bad-input cases (tests/data/bad/cases.json) -----------------------------------------------
+
+BAD_DIR = DATA_DIR / "bad"
+LONG_LINE_BYTES = 10 * 1000 * 1000  # the 'long_line' generator's line: 10 MB
+LONG_NAME_CHARS = 1100  # the 'long_name' generator's object name (GCS allows 1024)
+
+
+def load_bad_cases() -> list[dict]:
+    """The bad-input manifest: one dict per case (see tests/data/bad/README.md)."""
+    import json
+
+    return json.loads((BAD_DIR / "cases.json").read_text(encoding="utf-8"))
+
+
+def bad_case_path(case: dict, tmp_dir: Path) -> Path:
+    """The file to upload for a case: committed under tests/data/bad, or generated into tmp_dir."""
+    if case.get("generate") != "long_line":
+        return BAD_DIR / case["file"]
+    path = tmp_dir / case["file"]
+    if not path.exists():
+        rows = [f"{i}.5,{2 * i},{i % 2}".encode() for i in range(1, 13)]
+        rows[4] = b"5.5," + b"x" * (LONG_LINE_BYTES - 6) + b",1"  # data row 5, column b
+        path.write_bytes(b"a,b,label\n" + b"\n".join(rows) + b"\n")
+    return path
+
+
+def bad_case_object_name(case: dict) -> str:
+    """The object name a case is uploaded under."""
+    if case.get("generate") == "long_name":
+        segment = "d" * 99 + "/"  # 100-character path segments, as a deep folder would give
+        name = segment * (LONG_NAME_CHARS // 100)
+        return name[: LONG_NAME_CHARS - len("long.csv")] + "long.csv"
+    return case.get("object_name") or case["file"]
+
+
+def bad_case_id(case: dict) -> str:
+    return case["id"]
+
+
+def expected_uri(bucket: str, name: str) -> str:
+    """How the file must be named in the reason (control characters escaped, long names cut)."""
+    plain = len(name) <= split.MAX_OBJECT_NAME and not any(
+        unicodedata.category(ch) == "Cc" or ch in "\u2028\u2029" for ch in name)
+    return f"gs://{bucket}/{name}" if plain else split.display_uri(bucket, name)
+
+
+def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: str,
+                            name: str) -> None:
+    """The REJECTED job's error and error_detail say what the manifest says they say."""
+    error, detail = job["error"], job["error_detail"]
+    uri = expected_uri(bucket, name)
+    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job), job
+    assert error.startswith(uri), (error, uri)
+    assert detail["file"] == uri
+    assert (detail["row"], detail["column"]) == (case["row"], case["column"]), detail
+    if case["row"] is not None:
+        assert f"row {case['row']}" in error
+    if case["column"] is not None:
+        assert f"column '{case['column']}'" in error
+    assert case["message_contains"] in detail["message"], detail
+    assert case["expected_contains"] in detail["expected"], detail
+    assert case["found_contains"] in detail["found"], detail
+    assert f"expected {detail['expected']}" in error
+    assert f"found: {detail['found']}" in error
+    # one printable line: no object name or cell value can forge a log line
+    assert not any(unicodedata.category(ch) == "Cc" for ch in error), repr(error)

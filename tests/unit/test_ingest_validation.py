@@ -63,7 +63,7 @@ BAD_CASES = [
                  "gzip data", id="gzip"),
     pytest.param(BAD / "binary.csv", {}, {}, None, None, "not text", "a UTF-8 CSV",
                  "binary data (NUL bytes)", id="binary-nul"),
-    pytest.param(BAD / "non_utf8_label.csv", {}, {}, 8, ANY, "not UTF-8", "UTF-8 text",
+    pytest.param(BAD / "non_utf8_label.csv", {}, {}, 8, "label", "not UTF-8", "UTF-8 text",
                  "byte 0xe9", id="non-utf8-label"),
     pytest.param(GOOD / "plain.csv", {"label_column": "target"}, {}, None, "target",
                  "the label column is missing", "a column named 'target'",

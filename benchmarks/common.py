@@ -1,0 +1,239 @@
+"""Shared helpers: machine facts, result files, generated data, the emulators, job polling."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DIGITS = REPO / "data" / "digits.csv"
+MB = 1_000_000  # file sizes, throughput and RSS are all in MB = 10^6 bytes
+
+PACKAGES = ("tensorflow-cpu", "tensorflow", "keras", "numpy", "pyarrow", "pandas",
+            "google-cloud-firestore", "google-cloud-storage", "google-cloud-pubsub",
+            "gcp-storage-emulator", "functions-framework")
+
+
+# --- machine and result files ----------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = round(int(line.split()[1]) * 1024 / 1024**3, 1)
+    versions = {}
+    for name in PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    try:
+        nproc = len(os.sched_getaffinity(0))
+    except AttributeError:
+        nproc = os.cpu_count() or 0
+    return {
+        "nproc": nproc, "cpu_model": cpu, "ram_gib": ram,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "packages": versions, "load_average_at_start": list(os.getloadavg()),
+    }
+
+
+def code_state() -> dict[str, Any]:
+    """The commit measured, and which tracked files differed from it (the tree may be dirty)."""
+    import hashlib
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=30).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    ingest = REPO / "bucketlearn" / "ingest.py"
+    return {"commit": git("rev-parse", "--short", "HEAD") or None,
+            "modified": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no",
+                                                   "bucketlearn").splitlines()],
+            "ingest_py_sha256": hashlib.sha256(ingest.read_bytes()).hexdigest()[:16]
+            if ingest.exists() else None}
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def write_result(out: Path, name: str, result: dict[str, Any]) -> Path:
+    """Write ``<out>/<name>.json`` atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def new_result(name: str, smoke: bool, params: dict[str, Any]) -> dict[str, Any]:
+    """The skeleton every benchmark fills: figures (raw), ratios (against a same-run baseline),
+    goals (each with target, value and met), notes (what the numbers mean, what was reduced)."""
+    return {"benchmark": name, "date": now_iso(), "smoke": smoke, "machine": machine(),
+            "code": code_state(), "params": params, "figures": {}, "ratios": {}, "goals": [], "notes": [],
+            "seconds": None}
+
+
+def goal(result: dict[str, Any], name: str, value: float | None, target: str,
+         met: bool | None) -> None:
+    result["goals"].append({"name": name, "value": value, "target": target, "met": met})
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+def proc_status_mb(key: str, pid: int | str = "self") -> float | None:
+    """A ``/proc/<pid>/status`` memory field (VmRSS, VmHWM) in MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024 / MB
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUCKETLEARN_")}
+    for key in ("STORAGE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST"):
+        env.pop(key, None)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def make_hmnist_module() -> Any:
+    """``data/make_hmnist.py`` (not a package) loaded by path."""
+    spec = importlib.util.spec_from_file_location("bench_make_hmnist", REPO / "data" / "make_hmnist.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_hmnist(path: Path, count: int | None = None, size_mb: float | None = None,
+                 sorted_by_label: bool = False, seed: int = 0) -> int:
+    return int(make_hmnist_module().write_csv(str(path), count=count, size_mb=size_mb, seed=seed,
+                                              sorted_by_label=sorted_by_label))
+
+
+def sorted_copy(source: Path, target: Path) -> Path:
+    """The same CSV with its rows grouped by the label (last column), numerically."""
+    lines = source.read_text().splitlines()
+    rows = sorted(lines[1:], key=lambda line: int(line.rsplit(",", 1)[1]))
+    target.write_text("\n".join([lines[0], *rows]) + "\n")
+    return target
+
+
+@contextlib.contextmanager
+def scratch_dir(label: str) -> Iterator[Path]:
+    """A temporary directory outside the repository, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"bucketlearn-bench-{label}-") as tmp:
+        yield Path(tmp)
+
+
+def warm_page_cache(path: Path) -> None:
+    with open(path, "rb") as handle:
+        while handle.read(16 << 20):
+            pass
+
+
+# --- the local stack ---------------------------------------------------------------------------
+
+def unique_prefix(label: str) -> str:
+    return f"b{uuid.uuid4().hex[:8]}-{label}"[:30]
+
+
+@contextlib.contextmanager
+def emulators(home: Path) -> Iterator[Any]:
+    """The three emulators on free ports, shared by the stacks of one benchmark."""
+    from bucketlearn.local.stack import Emulators
+
+    emus = Emulators(home / "emulator-logs").start(timeout=240)
+    try:
+        yield emus
+    finally:
+        emus.stop()
+
+
+def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        job = svc.registry.get_job(job_id)
+        if job and job.get("status") in ("DONE", "REJECTED", "FAILED"):
+            return job
+        time.sleep(poll)
+    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
+                       f"{ {k: (job or {}).get(k) for k in ('status', 'phase', 'epoch', 'version')} }")
+
+
+def submit(svc: Any, path: Path, options: Any, name: str | None = None) -> tuple[str, float]:
+    """Upload like ``bucketlearn submit`` (options as object metadata); return (job id, t0)."""
+    from bucketlearn import layout
+
+    started = time.time()
+    info = svc.store.write_file(svc.settings.uploads_bucket, name or path.name, str(path),
+                                "text/csv", options.to_metadata())
+    return layout.job_id_for(info.bucket, info.name, info.generation), started
+
+
+def median(values: list[float]) -> float | None:
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    """Count, total, median, p90 and max of a list of seconds."""
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return {"n": 0, "total": None, "median": None, "p90": None, "max": None}
+    return {"n": len(ordered), "total": round(sum(ordered), 4), "median": round(median(ordered), 4),
+            "p90": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 4),
+            "max": round(ordered[-1], 4)}

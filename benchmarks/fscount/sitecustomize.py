@@ -1,0 +1,128 @@
+"""Firestore RPC counter for benchmark child processes (workers, functions).
+
+``benchmarks.scale`` puts this directory on PYTHONPATH and sets BUCKETLEARN_BENCH_FS_COUNT_DIR for
+the local stack's processes; Python then imports this module at start-up. It wraps the Firestore
+GAPIC client's ``commit`` (every document write goes through it: ``set``/``create``/``update``/
+``delete`` as a one-write batch, transactions as one commit of all their writes),
+``batch_get_documents`` and ``run_query``, counts writes per collection, and rewrites
+``<dir>/<pid>.json`` after every call. Without the variable it does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+_DIR = os.environ.get("BUCKETLEARN_BENCH_FS_COUNT_DIR")
+
+
+def _collection(path: str) -> str:
+    """'projects/p/databases/d/documents/jobs/J/tasks/T' -> 'jobs/tasks'."""
+    tail = path.split("/documents/", 1)[-1].split("/")
+    return "/".join(tail[0::2])
+
+
+def _cmdline() -> str:
+    """The process's command line (``sys.argv`` is not final yet when sitecustomize runs)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return " ".join(sys.argv)[:300]
+
+
+def _install(directory: str) -> None:
+    from google.cloud.firestore_v1.services.firestore import client as gapic
+
+    lock = threading.Lock()
+    counts: dict[str, object] = {}
+
+    def reset() -> None:
+        counts.clear()
+        counts.update(pid=os.getpid(), argv=_cmdline(), commits=0,
+                      commits_failed=0, writes=0, writes_failed=0, writes_by_collection={},
+                      writes_failed_by_collection={}, transactional_commits=0,
+                      lookups=0, documents_looked_up=0, queries=0)
+
+    def dump() -> None:
+        path = os.path.join(directory, f"{os.getpid()}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(counts, handle)
+        os.replace(tmp, path)
+
+    def names(request: object) -> list[str]:
+        writes = request.get("writes", []) if isinstance(request, dict) else getattr(
+            request, "writes", [])
+        out = []
+        for write in writes:
+            pb = type(write).pb(write) if hasattr(type(write), "pb") else write
+            which = pb.WhichOneof("operation")
+            if which == "update":
+                out.append(pb.update.name)
+            elif which == "delete":
+                out.append(pb.delete)
+            elif which == "transform":
+                out.append(pb.transform.document)
+            else:
+                out.append("?")
+        return out
+
+    original_commit = gapic.FirestoreClient.commit
+    original_get = gapic.FirestoreClient.batch_get_documents
+    original_query = gapic.FirestoreClient.run_query
+
+    def commit(self: object, request: object = None, *args: object, **kwargs: object) -> object:
+        docs = names(request)
+        transactional = bool(request.get("transaction") if isinstance(request, dict)
+                             else getattr(request, "transaction", b""))
+        try:
+            response = original_commit(self, request, *args, **kwargs)
+        except Exception:
+            with lock:
+                counts["commits_failed"] += 1
+                counts["writes_failed"] += len(docs)
+                by = counts["writes_failed_by_collection"]
+                for doc in docs:
+                    by[_collection(doc)] = by.get(_collection(doc), 0) + 1
+                dump()
+            raise
+        with lock:
+            counts["commits"] += 1
+            counts["writes"] += len(docs)
+            counts["transactional_commits"] += int(transactional)
+            by = counts["writes_by_collection"]
+            for doc in docs:
+                by[_collection(doc)] = by.get(_collection(doc), 0) + 1
+            dump()
+        return response
+
+    def batch_get(self: object, request: object = None, *args: object, **kwargs: object) -> object:
+        docs = request.get("documents", []) if isinstance(request, dict) else getattr(
+            request, "documents", [])
+        with lock:
+            counts["lookups"] += 1
+            counts["documents_looked_up"] += len(docs)
+            dump()
+        return original_get(self, request, *args, **kwargs)
+
+    def query(self: object, request: object = None, *args: object, **kwargs: object) -> object:
+        with lock:
+            counts["queries"] += 1
+            dump()
+        return original_query(self, request, *args, **kwargs)
+
+    reset()
+    os.register_at_fork(after_in_child=reset)  # gunicorn forks its worker from the arbiter
+    gapic.FirestoreClient.commit = commit
+    gapic.FirestoreClient.batch_get_documents = batch_get
+    gapic.FirestoreClient.run_query = query
+
+
+if _DIR:
+    try:
+        _install(_DIR)
+    except Exception as exc:  # never break the process being measured
+        print(f"fscount: not installed: {exc}", file=sys.stderr)

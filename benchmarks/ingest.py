@@ -1,0 +1,180 @@
+"""Benchmark 1 — ingestion: the upload function's split against pyarrow and pandas loading the file.
+
+Generated HMNIST-shaped CSVs (``data/make_hmnist.py``: 2,352 integer pixel columns + label, shuffled)
+of about 50 MB and 500 MB are written to a temporary directory outside the repository, read once to
+put them in the page cache, and handed to each contender in a *fresh* process
+(``benchmarks.ingest_worker``), so every peak RSS is that contender's own. Throughput is file MB
+(10^6 bytes) divided by the wall time of the call (imports and interpreter start excluded).
+
+Goals (issue 6): split throughput >= 0.5x pyarrow's on the same file; split peak RSS at ~500 MB
+<= 1.2x its peak at ~50 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import MB, goal, log
+
+FULL = {"sizes_mb": [50, 500], "repeats": {"50": 3, "500": 1},
+        "contenders": ["split", "split-tempdir", "split-bounded", "pyarrow", "pandas"],
+        "emulator_sizes_mb": [50],
+        "probes": {"50": ["probe-stages"], "500": ["probe-readahead"]}}
+SMOKE = {"sizes_mb": [1], "repeats": {"1": 1}, "contenders": ["split", "pyarrow", "pandas"],
+         "emulator_sizes_mb": []}
+
+
+def run_contender(contender: str, path: Path, extra_args: list[str] | None = None,
+                  env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """One contender in a fresh process; its JSON line, plus the parent's view of its peak RSS."""
+    argv = [sys.executable, "-m", "benchmarks.ingest_worker", contender, str(path),
+            *(extra_args or [])]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, cwd=common.REPO,
+                                env=env or common.bench_env())
+        assert proc.stdout is not None
+        started = time.monotonic()
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0 or not out.strip():
+            err.seek(0)
+            raise RuntimeError(f"{contender} on {path.name} failed ({proc.returncode}):\n"
+                               f"{err.read().decode(errors='replace')[-3000:]}")
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    result["ru_maxrss_mb"] = usage.ru_maxrss * 1024 / MB  # Linux: KiB
+    result["process_seconds"] = time.monotonic() - started
+    return result
+
+
+def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest run's figures; peak RSS is the largest seen over the runs."""
+    best = dict(min(runs, key=lambda r: r["seconds"]))
+    best["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    best["runs"] = len(runs)
+    best["all_seconds"] = [round(r["seconds"], 3) for r in runs]
+    return best
+
+
+def emulator_run(path: Path, tmp: Path) -> dict[str, Any]:
+    """split-emulator: stream the CSV from gcp-storage-emulator, write the parts back to it."""
+    from bucketlearn.adapters.gcs import GcsBlobStore
+    from bucketlearn.config import Settings
+    from bucketlearn.local.stack import PROJECT, Proc, free_port, stop_all, wait_http
+
+    port = free_port()
+    proc = Proc("storage", [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start",
+                            "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+                tmp / "storage-emulator.log", common.bench_env())
+    proc.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/storage/v1/b?project=" + PROJECT, 120, proc)
+        store = GcsBlobStore(Settings(storage_emulator_host=url))
+        for bucket in ("bench-uploads", "bench-work"):
+            store.ensure_bucket(bucket)
+        started = time.perf_counter()
+        store.write_file("bench-uploads", path.name, str(path), "text/csv")
+        upload_seconds = time.perf_counter() - started
+        result = run_contender("split-emulator", path,
+                               ["--bucket", "bench-uploads", "--object", path.name,
+                                "--work-bucket", "bench-work"],
+                               env=common.bench_env(STORAGE_EMULATOR_HOST=url))
+        result["upload_seconds"] = upload_seconds
+        return result
+    finally:
+        stop_all([proc])
+
+
+def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = params or dict(SMOKE if smoke else FULL)
+    result = common.new_result("ingest", smoke, params)
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    with common.scratch_dir("ingest") as tmp:
+        for size in params["sizes_mb"]:
+            path = tmp / f"hmnist_{size}mb.csv"
+            log(f"ingest: generating {path.name}")
+            rows = common.write_hmnist(path, size_mb=size)
+            common.warm_page_cache(path)
+            entry: dict[str, Any] = {"file_mb": path.stat().st_size / MB, "rows": rows,
+                                     "contenders": {}}
+            repeats = int(params["repeats"].get(str(size), 1))
+            for contender in params["contenders"]:
+                runs = []
+                for _ in range(repeats):
+                    log(f"ingest: {contender} on {path.name}")
+                    runs.append(run_contender(contender, path))
+                entry["contenders"][contender] = best_of(runs)
+            for probe in params.get("probes", {}).get(str(size), []):
+                log(f"ingest: {probe} on {path.name}")
+                entry.setdefault("diagnosis", {})[probe] = run_contender(probe, path)
+            if size in params["emulator_sizes_mb"]:
+                log(f"ingest: split-emulator on {path.name}")
+                try:
+                    entry["contenders"]["split-emulator"] = emulator_run(path, tmp)
+                except Exception as exc:  # the emulator figure is optional context
+                    entry["contenders"]["split-emulator"] = {"error": str(exc)[:500]}
+            figures[str(size)] = entry
+            path.unlink()
+    result["figures"] = figures
+    ratios: dict[str, Any] = {}
+    for size, entry in figures.items():
+        c = entry["contenders"]
+        ratios[f"split_vs_pyarrow_throughput_{size}mb"] = c["split"]["mb_per_s"] / c["pyarrow"]["mb_per_s"]
+        ratios[f"split_vs_pandas_throughput_{size}mb"] = c["split"]["mb_per_s"] / c["pandas"]["mb_per_s"]
+        ratios[f"split_vs_pyarrow_peak_rss_{size}mb"] = c["split"]["peak_rss_mb"] / c["pyarrow"]["peak_rss_mb"]
+        if "split-bounded" in c:
+            ratios[f"split_bounded_vs_pyarrow_throughput_{size}mb"] = (
+                c["split-bounded"]["mb_per_s"] / c["pyarrow"]["mb_per_s"])
+    sizes = sorted(figures, key=float)
+    small, large = sizes[0], sizes[-1]
+    for contender in params["contenders"]:
+        if len(sizes) > 1:
+            ratios[f"{contender}_peak_rss_growth_{small}_to_{large}mb"] = (
+                figures[large]["contenders"][contender]["peak_rss_mb"]
+                / figures[small]["contenders"][contender]["peak_rss_mb"])
+    result["ratios"] = ratios
+    for size in sizes:
+        value = ratios[f"split_vs_pyarrow_throughput_{size}mb"]
+        goal(result, f"split throughput / pyarrow.read_csv throughput ({size} MB)", value,
+             ">= 0.5", value >= 0.5)
+    if len(sizes) > 1:
+        value = ratios[f"split_peak_rss_growth_{small}_to_{large}mb"]
+        goal(result, f"split peak RSS {large} MB / {small} MB", value, "<= 1.2", value <= 1.2)
+    else:
+        result["notes"].append("smoke: one file size, so the RSS-growth goal is not evaluated")
+    result["notes"].append(
+        "split reads the file twice (pass 1 labels, pass 2 features); its MB/s is file size / "
+        "total time, i.e. what the upload function delivers, not per pass")
+    result["notes"].append(
+        "split parts are encoded (.npz) as in production and handed to a store that discards "
+        "them ('split'), writes them to a temp dir ('split-tempdir') or to gcp-storage-emulator "
+        "('split-emulator', which also streams the CSV from the emulator)")
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for entry in result["figures"].values():
+        base = entry["contenders"].get("pyarrow", {})
+        for name, c in entry["contenders"].items():
+            if "error" in c:
+                rows.append([f"{entry['file_mb']:.0f} MB", name, "error", "", "", ""])
+                continue
+            ratio = (f"{c['mb_per_s'] / base['mb_per_s']:.2f}x" if base else "")
+            rows.append([f"{entry['file_mb']:.0f} MB", name, f"{c['mb_per_s']:.1f}", ratio,
+                         f"{c['peak_rss_mb']:.0f}", f"{c['seconds']:.2f}"])
+    return rows
+
+
+TABLE_HEADER = ["file", "contender", "MB/s", "vs pyarrow", "peak RSS (MB)", "seconds"]

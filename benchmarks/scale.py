@@ -1,0 +1,467 @@
+"""Benchmark 4 — control-plane scale.
+
+A. Throughput with 1, 2, 4, 8, 16 worker processes (real local stack on the emulators) on a job
+   whose model is so small that compute is negligible: a generated CSV with 4 features and 2
+   classes (MLP, ~9k parameters), ``rows_per_shard=8`` (one gradient step per task), 64 tasks per
+   epoch, 2 epochs. Each stack is warmed with a tiny job first (TensorFlow imports in every worker
+   that got a task). Measured from Firestore timestamps: tasks/s and versions/s over the training
+   span (first task started -> last version committed), plus CPU seconds per component (from
+   /proc, by process group) over the measured job — which is how we say *why* it saturates.
+B. Aggregator deltas/s for a ~1M-parameter model (7,800 features x MLP 128-64 x 2 classes =
+   1,006,914 parameters):
+     * in-process micro-benchmark: decode K deltas + weights + fold + encode (no I/O);
+     * end to end on the in-memory ports: a real job (split, version 0) whose 40 epoch-1 deltas are
+       written directly, then ``aggregate_job`` folds them — "backlog" (all 40 waiting: up to
+       4K = 8 per version) and "streaming" (2 at a time: K = 2 per version), including the holdout
+       evaluation and the version commit.
+C. Firestore writes per applied task, *measured*: every process of the stack loads
+   ``benchmarks/fscount/sitecustomize.py``, which counts the writes in every Firestore commit RPC by
+   collection; the counts over the measured job are divided by its applied tasks. Next to it the
+   figure *derived* from the code paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.common import goal, log, stats
+
+FULL = {
+    "workers": [1, 2, 4, 8, 16],
+    "tiny": {"features": 4, "classes": 2, "tasks_per_epoch": 64, "epochs": 2,
+             "rows_per_shard": 8},
+    "aggregator": {"features": 7800, "classes": 2, "rows": 400, "rows_per_shard": 8,
+                   "micro_k": [1, 2, 8], "end_to_end": True},
+}
+SMOKE = {
+    "workers": [],
+    "tiny": {"features": 4, "classes": 2, "tasks_per_epoch": 64, "epochs": 2, "rows_per_shard": 8},
+    "aggregator": {"features": 7800, "classes": 2, "rows": 400, "rows_per_shard": 8,
+                   "micro_k": [1, 2], "end_to_end": False},
+}
+FSCOUNT_DIR = Path(__file__).resolve().parent / "fscount"
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+def write_tiny_csv(path: Path, features: int, classes: int, rows: int, seed: int = 0) -> Path:
+    """Gaussian blobs, one per class (learnable, but the point is the control plane)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, rows)
+    centers = rng.normal(0, 2, (classes, features))
+    x = centers[labels] + rng.normal(0, 1, (rows, features))
+    header = ",".join([f"f{i}" for i in range(features)] + ["label"])
+    body = "\n".join(",".join(f"{v:.4f}" for v in row) + f",{int(c)}"
+                     for row, c in zip(x, labels, strict=True))
+    path.write_text(header + "\n" + body + "\n")
+    return path
+
+
+def rows_for_tasks(tasks: int, rows_per_shard: int, holdout: float = 0.2) -> int:
+    return int(round(tasks * rows_per_shard / (1 - holdout)))
+
+
+def mlp_shapes(features: int, classes: int) -> list[tuple[int, ...]]:
+    """Weight shapes of bucketlearn's MLP (Normalization holds no weights in Keras 3)."""
+    return [(features, 128), (128,), (128, 64), (64,), (64, classes), (classes,)]
+
+
+# --- B. aggregator -------------------------------------------------------------------------------
+
+def aggregator_micro(features: int, classes: int, ks: list[int], repeats: int = 5
+                     ) -> dict[str, Any]:
+    from bucketlearn import aggregation, codec
+    from bucketlearn.aggregation import DeltaUpdate
+
+    rng = np.random.default_rng(0)
+    shapes = mlp_shapes(features, classes)
+    base = [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+    params = int(sum(w.size for w in base))
+    out: dict[str, Any] = {"parameters": params, "delta_bytes": None, "by_k": {}}
+    for k in ks:
+        blobs = [codec.encode_weights([rng.normal(0, 1e-3, s).astype(np.float32) for s in shapes],
+                                      {"base_version": 0, "examples": 8}) for _ in range(k)]
+        out["delta_bytes"] = len(blobs[0])
+        timings: dict[str, list[float]] = {"decode": [], "fold": [], "encode": [], "total": []}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            updates = [DeltaUpdate(i, 0, 8, codec.decode_weights(b)[0]) for i, b in enumerate(blobs)]
+            t1 = time.perf_counter()
+            new = aggregation.fold(base, updates, aggregation.delta_weights(updates, 0, 8))
+            t2 = time.perf_counter()
+            codec.encode_weights(new or base, {"version": 1})
+            t3 = time.perf_counter()
+            for key, value in (("decode", t1 - t0), ("fold", t2 - t1), ("encode", t3 - t2),
+                               ("total", t3 - t0)):
+                timings[key].append(value)
+        med = {key: common.median(values) for key, values in timings.items()}
+        out["by_k"][str(k)] = {**{f"{key}_seconds": v for key, v in med.items()},
+                               "deltas_per_second": k / med["total"],
+                               "versions_per_second": 1 / med["total"]}
+    return out
+
+
+def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard: int,
+                          tmp: Path) -> dict[str, Any]:
+    """A real job on the in-memory ports; its epoch-1 deltas written directly, then folded."""
+    from bucketlearn import codec, layout
+    from bucketlearn.aggregator import aggregate_job
+    from bucketlearn.bootstrap import memory_services
+    from bucketlearn.config import JobOptions
+    from bucketlearn.split import StorageEvent, handle_upload
+
+    path = write_tiny_csv(tmp / "wide.csv", features, classes, rows)
+    out: dict[str, Any] = {}
+    for mode in ("backlog", "streaming"):
+        svc = memory_services()
+        options = JobOptions(rows_per_shard=rows_per_shard, epochs=2)
+        info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
+                                     "text/csv", options.to_metadata())
+        _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                    info.size))
+        assert job_id is not None
+        job = svc.registry.get_job(job_id)
+        base, _ = codec.decode_weights(svc.store.read_bytes(svc.settings.models_bucket,
+                                                            job["head"]["weights_path"]))
+        tasks = int(job["tasks_per_epoch"])
+        rng = np.random.default_rng(1)
+
+        def write_delta(index: int, svc: Any = svc, job_id: str = job_id,
+                        base: list[np.ndarray] = base, rng: Any = rng) -> None:
+            head = int(svc.registry.get_job(job_id)["version"])  # trained on the current head
+            meta = {"job_id": job_id, "task_id": layout.task_id_for(job_id, 1, index), "epoch": 1,
+                    "task_index": index, "base_version": head, "examples": rows_per_shard,
+                    "train_loss": 0.5, "worker_id": "bench"}
+            data = codec.encode_weights([rng.normal(0, 1e-4, w.shape).astype(np.float32)
+                                         for w in base], meta)
+            svc.store.write_bytes(svc.settings.deltas_bucket,
+                                  layout.delta_path(job_id, 1, index, layout.new_nonce()), data,
+                                  "application/octet-stream",
+                                  metadata={k: str(v) for k, v in meta.items()})
+
+        aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
+        elapsed = 0.0
+        if mode == "backlog":
+            for index in range(tasks):
+                write_delta(index)
+            t = time.perf_counter()
+            aggregate_job(svc, job_id)
+            elapsed = time.perf_counter() - t
+        else:
+            for start in range(0, tasks, 2):
+                for index in range(start, min(tasks, start + 2)):
+                    write_delta(index)
+                t = time.perf_counter()
+                aggregate_job(svc, job_id)
+                elapsed += time.perf_counter() - t
+        job = svc.registry.get_job(job_id)
+        versions = svc.registry.list_versions(job_id)
+        applied = int(job.get("tasks_applied") or 0)
+        out[mode] = {"tasks": tasks, "deltas_applied": applied, "versions": len(versions) - 1,
+                     "seconds": elapsed, "deltas_per_second": applied / elapsed,
+                     "versions_per_second": (len(versions) - 1) / elapsed,
+                     "epoch_after": job["epoch"],
+                     "holdout_rows": job["dataset"]["holdout_rows"]}
+    return out
+
+
+# --- A + C. the stack ----------------------------------------------------------------------------
+
+def _counts(directory: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for path in directory.glob("*.json"):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def _role(argv: str) -> str:
+    if "bucketlearn.worker" in argv:
+        return "worker"
+    if "on_delta" in argv:
+        return "aggregator (delta_fn)"
+    if "on_upload" in argv:
+        return "split (upload_fn)"
+    return "other"
+
+
+def counts_diff(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+                ) -> dict[str, Any]:
+    """Writes (and reads) per role and per collection between two snapshots."""
+    total: dict[str, Any] = {"writes": 0, "writes_failed": 0, "commits": 0,
+                             "transactional_commits": 0, "documents_looked_up": 0, "queries": 0,
+                             "by_role": {}, "by_collection": {}, "failed_by_collection": {}}
+    for pid, now in after.items():
+        prev = before.get(pid, {})
+        role = _role(str(now.get("argv", "")))
+        entry = total["by_role"].setdefault(role, {"writes": 0, "writes_failed": 0,
+                                                   "documents_looked_up": 0, "queries": 0})
+        for key in ("writes", "writes_failed", "commits", "transactional_commits",
+                    "documents_looked_up", "queries"):
+            delta = int(now.get(key, 0)) - int(prev.get(key, 0))
+            total[key] += delta
+            if key in entry:
+                entry[key] += delta
+        for field, target in (("writes_by_collection", "by_collection"),
+                              ("writes_failed_by_collection", "failed_by_collection")):
+            for coll, n in now.get(field, {}).items():
+                delta = int(n) - int(prev.get(field, {}).get(coll, 0))
+                if delta:
+                    total[target][coll] = total[target].get(coll, 0) + delta
+    return total
+
+
+def _cpu_seconds_by_pgid() -> dict[int, float]:
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw.rsplit(")", 1)[1].split()
+        pgid = int(fields[2])
+        out[pgid] = out.get(pgid, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
+    """CPU seconds so far per component (process groups; the relay runs in this process)."""
+    by_pgid = _cpu_seconds_by_pgid()
+    out: dict[str, float] = {}
+    groups = {**{f"emulator:{n}": p for n, p in emus.procs.items()}, **stack.procs}
+    for name, proc in groups.items():
+        if proc.popen is None:
+            continue
+        key = "workers" if name.startswith("worker-") else name
+        out[key] = out.get(key, 0.0) + by_pgid.get(proc.popen.pid, 0.0)
+    usage = os.times()
+    out["benchmark process (relay, polling)"] = usage.user + usage.system
+    return out
+
+
+def wait_workers_ready(svc: Any, stack: Any, timeout: float = 300) -> int:
+    pids = {str(p.popen.pid) for p in stack.worker_procs() if p.popen}
+    deadline = time.monotonic() + timeout
+    ready = 0
+    while time.monotonic() < deadline:
+        ready = sum(1 for w in svc.registry.list_workers()
+                    if str(w.get("worker_id", "")).rsplit("-", 1)[-1] in pids)
+        if ready >= len(pids):
+            return ready
+        time.sleep(0.5)
+    return ready
+
+
+def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[str, Any]:
+    from bucketlearn.bootstrap import google_services
+    from bucketlearn.config import JobOptions
+    from bucketlearn.local.stack import LocalStack
+
+    counts_dir = tmp / f"fscount-{workers}"
+    counts_dir.mkdir()
+    pythonpath = os.pathsep.join(p for p in (str(FSCOUNT_DIR), os.environ.get("PYTHONPATH")) if p)
+    stack = LocalStack(home=tmp / f"stack-{workers}", workers=workers, dashboard=False,
+                       emulators=emus, name_prefix=common.unique_prefix(f"scale{workers}"),
+                       extra_env={"PYTHONPATH": pythonpath,
+                                  "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)})
+    stack.start(timeout=300)
+    try:
+        svc = google_services(stack.settings)
+        ready = wait_workers_ready(svc, stack)
+        options = JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=tiny["epochs"])
+        warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
+                              rows_for_tasks(max(4, 2 * workers), tiny["rows_per_shard"]), seed=1)
+        log(f"scale: W={workers} warm-up job")
+        warm_id, _ = common.submit(svc, warm, JobOptions(rows_per_shard=tiny["rows_per_shard"],
+                                                          epochs=1))
+        common.wait_terminal(svc, warm_id, timeout=900)
+        warmed = {t.get("worker_id") for t in svc.registry.list_tasks(warm_id)}
+        data = write_tiny_csv(tmp / f"tiny-{workers}.csv", tiny["features"], tiny["classes"],
+                              rows_for_tasks(tiny["tasks_per_epoch"], tiny["rows_per_shard"]))
+        time.sleep(1.0)  # let the warm-up's last writes land before the snapshot
+        before, cpu_before = _counts(counts_dir), cpu_snapshot(stack, emus)
+        log(f"scale: W={workers} measured job")
+        job_id, t0 = common.submit(svc, data, options)
+        job = common.wait_terminal(svc, job_id, timeout=1800)
+        cpu_after = cpu_snapshot(stack, emus)
+        time.sleep(1.0)
+        after = _counts(counts_dir)
+        wall = float(job["finished_at"]) - t0
+        versions = svc.registry.list_versions(job_id)
+        tasks = [t for t in svc.registry.list_tasks(job_id) if t.get("finished_at")]
+        first = min(float(t["started_at"]) for t in tasks)
+        last_version = float(versions[-1]["created_at"])
+        span = last_version - first
+        applied = int(job.get("tasks_applied") or 0)
+        busy = sum(float(t["finished_at"]) - float(t["started_at"]) for t in tasks)
+        writes = counts_diff(before, after)
+        cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
+        deltas_per_version = [len(v.get("tasks_applied", [])) for v in versions[1:]]
+        return {
+            "workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
+            "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+            "tasks_applied": applied, "task_attempts": len(tasks),
+            "versions": len(versions) - 1, "training_span_seconds": span, "wall_seconds": wall,
+            "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,
+            "deltas_per_version": stats([float(n) for n in deltas_per_version]),
+            "worker_utilization": busy / (workers * span),
+            "task_seconds": stats([float(t["finished_at"]) - float(t["started_at"]) for t in tasks]),
+            "train_seconds": stats([float(t.get("train_seconds") or 0) for t in tasks]),
+            "fetch_seconds": stats([float(t.get("fetch_seconds") or 0) for t in tasks]),
+            "write_seconds": stats([float(t.get("write_seconds") or 0) for t in tasks]),
+            "cpu_seconds": cpu, "cpu_capacity_seconds": (os.cpu_count() or 1) * wall,
+            "firestore": writes,
+            "writes_per_applied_task": writes["writes"] / max(applied, 1),
+            "failed_writes_per_applied_task": writes["writes_failed"] / max(applied, 1),
+        }
+    finally:
+        stack.stop()
+
+
+def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
+                            tasks_total: int) -> dict[str, Any]:
+    """Firestore writes per applied task as the code paths say (no contention, no retries).
+
+    worker, per task: record_attempt (set + increment), heartbeat busy, update_task, heartbeat
+    idle = 4. aggregator, per version: the commit transaction (version create, epoch update, job
+    update) = 3, plus the lease refresh before it = 1; per aggregator run that wins the lease:
+    lease create + release = 2 (once per version at worst, once per many versions at best).
+    per epoch: next epoch doc (in the commit) + publish_pending_epoch's job update = 2.
+    per job: create, options update, start_training (version 0, epoch 1, job) = 3, publish
+    update, export update = 7.
+    """
+    worker = 4
+    low_version, high_version = 4, 6
+    per_epoch, per_job = 2, 7
+    fixed = per_epoch / tasks_per_epoch + per_job / max(tasks_total, 1)
+    return {"worker_per_task": worker, "aggregator_per_version": [low_version, high_version],
+            "per_epoch": per_epoch, "per_job": per_job, "deltas_per_version": deltas_per_version,
+            "writes_per_applied_task": [worker + low_version / deltas_per_version + fixed,
+                                        worker + high_version / deltas_per_version + fixed]}
+
+
+def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = params or (SMOKE if smoke else FULL)
+    result = common.new_result("scale", smoke, params)
+    started = time.monotonic()
+    agg = params["aggregator"]
+    figures: dict[str, Any] = {}
+    log("scale: aggregator micro-benchmark (~1M parameters)")
+    figures["aggregator_micro"] = aggregator_micro(agg["features"], agg["classes"], agg["micro_k"])
+    with common.scratch_dir("scale") as tmp:
+        if agg["end_to_end"]:
+            log("scale: aggregator end to end on the memory ports (~1M parameters)")
+            figures["aggregator_memory_e2e"] = aggregator_end_to_end(
+                agg["features"], agg["classes"], agg["rows"], agg["rows_per_shard"], tmp)
+        runs = {}
+        if params["workers"]:
+            with common.emulators(tmp) as emus:
+                for workers in params["workers"]:
+                    log(f"scale: stack with {workers} worker(s)")
+                    runs[str(workers)] = stack_run(workers, emus, tmp, params["tiny"])
+        figures["stack"] = runs
+    ratios: dict[str, Any] = {}
+    for k, f in figures["aggregator_micro"]["by_k"].items():
+        ratios[f"aggregator_micro_k{k}_deltas_per_second"] = f["deltas_per_second"]
+    if runs:
+        base = runs[min(runs, key=int)]
+        for n, r in runs.items():
+            ratios[f"tasks_per_second_{n}w_over_1w"] = r["tasks_per_second"] / base["tasks_per_second"]
+            ratios[f"versions_per_second_{n}w_over_1w"] = (r["versions_per_second"]
+                                                           / base["versions_per_second"])
+        best = max(runs.values(), key=lambda r: r["tasks_per_second"])
+        figures["saturation"] = {"best_workers": best["workers"],
+                                 "best_tasks_per_second": best["tasks_per_second"]}
+        measured = [r["writes_per_applied_task"] for r in runs.values()]
+        ratios["writes_per_applied_task_min"] = min(measured)
+        ratios["writes_per_applied_task_max"] = max(measured)
+        for r in runs.values():
+            r["writes_derived"] = derived_writes_per_task(
+                r["tasks_applied"] / max(1, r["versions"]), params["tiny"]["tasks_per_epoch"],
+                r["tasks_applied"])
+    tiny = params["tiny"]
+    figures["writes_derived"] = derived_writes_per_task(2.0, tiny["tasks_per_epoch"],
+                                                        tiny["tasks_per_epoch"] * tiny["epochs"])
+    if not runs:
+        result["notes"].append("smoke: the local stack is not started (no tasks/s, versions/s or "
+                               "measured writes); aggregator micro-benchmark only")
+    goal(result, "aggregator deltas/s, ~1M parameters, K=2, in-process (no goal: reported)",
+         figures["aggregator_micro"]["by_k"].get("2", {}).get("deltas_per_second"), "report", None)
+    result["figures"] = figures
+    result["ratios"] = ratios
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+TABLE_HEADER = ["workers", "tasks/s", "vs 1 worker", "versions/s", "deltas/version (median)",
+                "worker utilization", "Firestore writes / applied task", "CPU s (workers / "
+                "delta_fn / firestore / pubsub / storage) per wall s"]
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    runs = result["figures"].get("stack", {})
+    base = runs[min(runs, key=int)]["tasks_per_second"] if runs else None
+    for n, r in runs.items():
+        cpu = r["cpu_seconds"]
+        wall = r["wall_seconds"]
+        share = " / ".join(f"{cpu.get(k, 0.0) / wall:.2f}" for k in (
+            "workers", "delta_fn", "emulator:firestore", "emulator:pubsub", "emulator:storage"))
+        rows.append([n, f"{r['tasks_per_second']:.2f}", f"{r['tasks_per_second'] / base:.2f}x",
+                     f"{r['versions_per_second']:.2f}", f"{r['deltas_per_version']['median']:.0f}",
+                     f"{100 * r['worker_utilization']:.0f}%", f"{r['writes_per_applied_task']:.2f}",
+                     share])
+    if not runs:
+        rows.append(["not run", "", "", "", "", "", "", ""])
+    return rows
+
+
+def extra_tables(result: dict[str, Any]) -> list[str]:
+    from benchmarks.run import md_table
+
+    f = result["figures"]
+    micro = f["aggregator_micro"]
+    rows = [[f"in-process, K={k}", f"{v['decode_seconds'] * 1000:.1f}", f"{v['fold_seconds'] * 1000:.1f}",
+             f"{v['encode_seconds'] * 1000:.1f}", f"{v['deltas_per_second']:.1f}",
+             f"{v['versions_per_second']:.1f}"] for k, v in micro["by_k"].items()]
+    for mode, v in f.get("aggregator_memory_e2e", {}).items():
+        rows.append([f"memory ports end to end, {mode} ({v['versions']} versions)", "", "", "",
+                     f"{v['deltas_per_second']:.1f}", f"{v['versions_per_second']:.1f}"])
+    tables = [md_table([f"aggregator, {micro['parameters']:,} parameters "
+                        f"({micro['delta_bytes'] / 1e6:.1f} MB per delta)", "decode ms", "fold ms",
+                        "encode ms", "deltas/s", "versions/s"], rows)]
+    derived = f.get("writes_derived")
+    runs = f.get("stack", {})
+    if derived:
+        low, high = derived["writes_per_applied_task"]
+        rows = [["derived, K=2 deltas per version", f"{low:.2f}–{high:.2f}",
+                 f"worker {derived['worker_per_task']} per task + aggregator "
+                 f"{derived['aggregator_per_version'][0]}–{derived['aggregator_per_version'][1]} "
+                 f"per version / deltas per version + {derived['per_epoch']} per epoch + "
+                 f"{derived['per_job']} per job", ""]]
+        for n, r in runs.items():
+            fs = r["firestore"]
+            by = ", ".join(f"{k} {v}" for k, v in sorted(fs["by_collection"].items()))
+            roles = ", ".join(f"{k} {v['writes']}" for k, v in sorted(fs["by_role"].items()))
+            d_low, d_high = r["writes_derived"]["writes_per_applied_task"]
+            rows.append([f"measured, {n} worker(s)", f"{r['writes_per_applied_task']:.2f}",
+                         f"{fs['writes']} writes for {r['tasks_applied']} tasks; by role: {roles}; "
+                         f"by collection: {by}; plus {fs['writes_failed']} failed lease creates "
+                         f"(contention, {r['failed_writes_per_applied_task']:.2f}/task)",
+                         f"{d_low:.2f}–{d_high:.2f} at {r['tasks_applied'] / r['versions']:.1f} "
+                         "deltas/version"])
+        tables.append(md_table(["Firestore writes per applied task", "value", "how",
+                                "derived for that run"], rows))
+    return tables

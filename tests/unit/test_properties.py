@@ -1,0 +1,273 @@
+"""Property-based tests (hypothesis): the CSV reader, its error rows, folding and fold planning.
+
+(a) any small valid numeric CSV splits without losing or duplicating a row, with every class in
+    the holdout and every shard holding its share of every class (within one row);
+(b) one corruption of a valid CSV (a non-numeric token, a dropped field, an empty label) always
+    raises InvalidInputError naming the corrupted data row, never another exception;
+(c) ``aggregation.fold`` is linear, ignores zero-weight deltas and does not depend on the order
+    of deltas; ``aggregator.plan_fold`` never applies a task twice or a task already done.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from bucketlearn import aggregation
+from bucketlearn.aggregation import DeltaUpdate
+from bucketlearn.aggregator import MAX_DELTAS_PER_VERSION_FACTOR, DeltaRef, plan_fold
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.errors import InvalidInputError
+from bucketlearn.ingest import load_parts, split_upload
+from bucketlearn.memory import MemoryBlobStore
+from tests.unit.helpers import csv_bytes, source_from_bytes
+
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAST = settings(max_examples=100, deadline=None)
+
+
+# --- (a) CSV reader: valid files -----------------------------------------------------------------
+
+@st.composite
+def valid_tables(draw: st.DrawFn) -> tuple[list[str], list[list[object]], list[int]]:
+    """(header, rows, class of each row): an 'id' feature (unique), 1-5 more, 2-5 classes."""
+    n_features = draw(st.integers(2, 6))
+    class_sizes = draw(st.lists(st.integers(5, 30), min_size=2, max_size=5))
+    labels = [c for c, n in enumerate(class_sizes) for _ in range(n)]
+    order = draw(st.permutations(range(len(labels))))
+    values = st.floats(-1e6, 1e6, allow_nan=False, width=32)
+    rows: list[list[object]] = []
+    for row_id, index in enumerate(order):
+        features = [repr(float(v)) for v in draw(st.lists(values, min_size=n_features - 1,
+                                                          max_size=n_features - 1))]
+        rows.append([row_id, *features, f"class-{labels[index]}"])
+    header = ["id"] + [f"f{j}" for j in range(1, n_features)] + ["label"]
+    return header, rows, [labels[i] for i in order]
+
+
+@SETTINGS
+@given(table=valid_tables(), rows_per_shard=st.integers(8, 64),
+       holdout_fraction=st.floats(0.1, 0.4), seed=st.integers(0, 2**31 - 1),
+       buffer_bytes=st.sampled_from([512, 4096, 64 * 1024**2]))
+def test_split_keeps_every_row_once_with_balanced_shards(table, rows_per_shard, holdout_fraction,
+                                                         seed, buffer_bytes) -> None:
+    """No row lost or duplicated; every class in the holdout; shards within ±1 row per class."""
+    # Prepare
+    header, rows, classes_of_rows = table
+    store = MemoryBlobStore()
+    options = JobOptions(rows_per_shard=rows_per_shard, holdout_fraction=holdout_fraction,
+                         seed=seed)
+    # Execute
+    manifest = split_upload(source_from_bytes(csv_bytes(header, rows)), store, "work",
+                            "prop-000000000000", options, Limits(), buffer_bytes=buffer_bytes)
+    # Assert: every row exactly once, with its own label
+    k = len(manifest.classes)
+    shards = [load_parts(store, "work", s.parts) for s in manifest.shards]
+    x_hold, y_hold = load_parts(store, "work", manifest.holdout_parts)
+    ids = np.concatenate([x[:, 0] for x, _ in shards] + [x_hold[:, 0]]).astype(np.int64)
+    labels = np.concatenate([y for _, y in shards] + [y_hold])
+    assert sorted(ids.tolist()) == list(range(len(rows)))
+    expected = [manifest.classes.index(f"class-{c}") for c in classes_of_rows]
+    np.testing.assert_array_equal(labels[np.argsort(ids)], expected)
+    assert manifest.rows == len(rows) == manifest.train_rows + manifest.holdout_rows
+    # every class is in the holdout, and in training
+    assert set(np.unique(y_hold).tolist()) == set(range(k))
+    train_counts = np.bincount(np.concatenate([y for _, y in shards]), minlength=k)
+    assert (train_counts >= 1).all()
+    # every shard holds its share of every class, within one row
+    per_shard = np.array([np.bincount(y, minlength=k) for _, y in shards])
+    share = train_counts / len(shards)
+    assert np.all(np.abs(per_shard - share) <= 1.0 + 1e-9), (per_shard, share)
+    assert [s.rows for s in manifest.shards] == [len(y) for _, y in shards]
+
+
+# --- (b) CSV reader: one corruption ---------------------------------------------------------------
+
+def _parses_as_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+NON_NUMERIC = st.text(
+    alphabet=st.characters(whitelist_categories=("L", "N", "P", "S"),
+                           blacklist_characters=',"\r\n'),
+    min_size=1, max_size=8).filter(lambda t: t.strip() != "" and not _parses_as_number(t))
+
+
+@SETTINGS
+@given(table=valid_tables(), data=st.data(),
+       kind=st.sampled_from(["non_numeric", "drop_field", "empty_label"]))
+def test_one_corruption_is_reported_at_its_row(table, data, kind) -> None:
+    """InvalidInputError whose problem.row is the corrupted data row (1-based), nothing else."""
+    # Prepare
+    header, rows, _ = table
+    target = data.draw(st.integers(0, len(rows) - 1), label="row index")
+    row = [str(v) for v in rows[target]]
+    if kind == "non_numeric":
+        column = data.draw(st.integers(0, len(row) - 2), label="feature column")
+        row[column] = data.draw(NON_NUMERIC, label="token")
+    elif kind == "drop_field":
+        del row[data.draw(st.integers(0, len(row) - 1), label="dropped field")]
+    else:
+        row[-1] = data.draw(st.sampled_from(["", " ", "   "]), label="empty label")
+    corrupted = [*rows[:target], row, *rows[target + 1:]]
+    source = source_from_bytes(csv_bytes(header, corrupted), "corrupt.csv")
+    # Execute
+    with pytest.raises(InvalidInputError) as excinfo:
+        split_upload(source, MemoryBlobStore(), "work", "prop-000000000000",
+                     JobOptions(rows_per_shard=8), Limits())
+    # Assert
+    problem = excinfo.value.problem
+    assert problem.row == target + 1, (kind, row, problem)
+    assert problem.file == "corrupt.csv"
+    assert problem.expected and problem.found
+    if kind == "non_numeric":
+        assert problem.column == header[column]
+    if kind == "empty_label":
+        assert problem.column == "label"
+
+
+# --- (c) aggregation.fold and plan_fold ------------------------------------------------------------
+
+SHAPES = st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3)
+FINITE = st.floats(-10, 10, allow_nan=False, width=32)
+
+
+@st.composite
+def layers(draw: st.DrawFn, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
+    return [np.array(draw(st.lists(FINITE, min_size=r * c, max_size=r * c)),
+                     dtype=np.float32).reshape(r, c) for r, c in shapes]
+
+
+@st.composite
+def fold_inputs(draw: st.DrawFn, n_deltas: int = 2):
+    shapes = draw(SHAPES)
+    head = draw(layers(shapes))
+    deltas = [DeltaUpdate(task_index=i, base_version=0, examples=10, delta=draw(layers(shapes)))
+              for i in range(n_deltas)]
+    weights = [draw(st.floats(0.01, 4)) for _ in range(n_deltas)]
+    return head, deltas, weights
+
+
+def assert_layers_close(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype == np.float32
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
+
+
+@FAST
+@given(inputs=fold_inputs())
+def test_fold_is_linear(inputs) -> None:
+    """fold(A and B) == fold(B) applied to fold(A), up to float32 rounding."""
+    # Prepare
+    head, (a, b), (wa, wb) = inputs
+    # Execute
+    both = aggregation.fold(head, [a, b], [wa, wb])
+    first = aggregation.fold(head, [a], [wa])
+    assert first is not None
+    then = aggregation.fold(first, [b], [wb])
+    # Assert
+    assert both is not None and then is not None
+    assert_layers_close(both, then)
+    expected = [h.astype(np.float64) + wa * da.astype(np.float64) + wb * db.astype(np.float64)
+                for h, da, db in zip(head, a.delta, b.delta, strict=True)]
+    assert_layers_close(both, [e.astype(np.float32) for e in expected])
+
+
+@FAST
+@given(inputs=fold_inputs(n_deltas=3), server_lr=st.floats(0.1, 2))
+def test_zero_weight_deltas_change_nothing(inputs, server_lr) -> None:
+    """A delta of weight 0 is ignored: same result without it; only zero weights give None."""
+    # Prepare
+    head, (a, b, z), (wa, wb, _) = inputs
+    # Execute
+    with_zero = aggregation.fold(head, [a, z, b], [wa, 0.0, wb], server_lr)
+    without = aggregation.fold(head, [a, b], [wa, wb], server_lr)
+    only_zero = aggregation.fold(head, [z, a], [0.0, 0.0], server_lr)
+    # Assert
+    assert with_zero is not None and without is not None
+    for x, y in zip(with_zero, without, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert only_zero is None
+
+
+@FAST
+@given(inputs=fold_inputs(n_deltas=4), data=st.data())
+def test_fold_does_not_depend_on_delta_order(inputs, data) -> None:
+    """Any permutation of (delta, weight) pairs folds to the same weights."""
+    # Prepare
+    head, deltas, weights = inputs
+    order = data.draw(st.permutations(range(len(deltas))))
+    # Execute
+    straight = aggregation.fold(head, deltas, weights)
+    shuffled = aggregation.fold(head, [deltas[i] for i in order], [weights[i] for i in order])
+    # Assert
+    assert straight is not None and shuffled is not None
+    assert_layers_close(straight, shuffled)
+
+
+@st.composite
+def fold_plans(draw: st.DrawFn):
+    planned = draw(st.integers(1, 16))
+    head_version = draw(st.integers(0, 40))
+    done = draw(st.lists(st.integers(0, planned - 1), unique=True, max_size=planned))
+    cut = draw(st.integers(0, len(done)))
+    applied, failed = done[:cut], done[cut:]
+    refs = []
+    for i in range(draw(st.integers(0, 30))):
+        task = draw(st.integers(-2, planned + 2))
+        refs.append(DeltaRef(name=f"job/e0001/t{max(task, 0):05d}/{i:016x}.npz",
+                             task_index=task, failed=draw(st.booleans()),
+                             base_version=draw(st.integers(0, head_version)),
+                             examples=draw(st.integers(0, 100))))
+    return (head_version, planned, applied, failed, refs, draw(st.integers(1, 6)),
+            draw(st.integers(0, 8)))
+
+
+@FAST
+@given(args=fold_plans())
+def test_plan_fold_applies_each_task_at_most_once_and_never_a_done_one(args) -> None:
+    """apply + failed: distinct planned tasks, none already applied/failed, fresh enough."""
+    # Prepare
+    head_version, planned, applied, failed, refs, buffer_size, max_staleness = args
+    done = set(applied) | set(failed)
+    # Execute
+    plan = plan_fold(head_version, planned, applied, failed, refs, buffer_size, max_staleness)
+    # Assert
+    chosen = [r.task_index for r in plan.apply + plan.failed]
+    assert len(chosen) == len(set(chosen)), "a task would be applied twice"
+    assert not set(chosen) & done, "a task already applied or failed would be applied again"
+    assert all(0 <= t < planned for t in chosen)
+    assert all(not r.failed and head_version - r.base_version <= max_staleness
+               for r in plan.apply)
+    assert all(r.failed for r in plan.failed)
+    assert all(any(r is s for s in refs) for r in plan.apply + plan.failed + plan.garbage)
+    assert not any(r is g for r in plan.apply + plan.failed for g in plan.garbage)
+    assert not set(plan.requeue) & (done | set(chosen))
+    assert len(plan.requeue) == len(set(plan.requeue))
+    assert len(plan.apply) <= max(buffer_size, 1) * MAX_DELTAS_PER_VERSION_FACTOR
+
+
+@FAST
+@given(args=fold_plans())
+def test_plan_fold_then_commit_never_reapplies(args) -> None:
+    """Replaying the plan after committing it (a re-delivered event) applies nothing new twice."""
+    # Prepare
+    head_version, planned, applied, failed, refs, buffer_size, max_staleness = args
+    first = plan_fold(head_version, planned, applied, failed, refs, buffer_size, max_staleness)
+    assume(first.commits)
+    applied_after = [*applied, *(r.task_index for r in first.apply)]
+    failed_after = [*failed, *(r.task_index for r in first.failed)]
+    # Execute: the same deltas are listed again (not yet garbage-collected)
+    second = plan_fold(head_version + 1, planned, applied_after, failed_after, refs,
+                       buffer_size, max_staleness)
+    # Assert
+    again = {r.task_index for r in second.apply + second.failed}
+    assert not again & (set(applied_after) | set(failed_after))
