@@ -45,21 +45,22 @@ class RetryLater(ServiceUnavailable):
 
 def on_upload(cloud_event: Any) -> str:
     """Storage finalize event on the uploads bucket -> split (at most one job per upload)."""
-    from bucketlearn.split import StorageEvent, handle_upload  # noqa: PLC0415
+    from bucketlearn.split import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
     svc = _services()
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
     if event.bucket != svc.settings.uploads_bucket:
-        log.warning("on_upload: ignoring an event for bucket %s (expected %s)", event.bucket,
+        log.warning("on_upload: ignoring an event for bucket %r (expected %s)", event.bucket,
                     svc.settings.uploads_bucket)
         return "ignored"
     try:
         outcome, job_id = handle_upload(svc, event)
     except TransientError as exc:
-        log.warning("upload gs://%s/%s: %s; the event will be retried", event.bucket, event.name,
-                    exc)
+        log.warning("upload %s: %s; the event will be retried",
+                    display_uri(event.bucket, event.name), exc)
         raise RetryLater(str(exc)) from exc
-    log.info("upload gs://%s/%s -> %s (job %s)", event.bucket, event.name, outcome.value, job_id)
+    log.info("upload %s -> %s (job %s)", display_uri(event.bucket, event.name), outcome.value,
+             job_id)
     return outcome.value
 
 
@@ -72,9 +73,9 @@ def on_delta(cloud_event: Any) -> str:
     try:
         outcome, job_id = handle_delta_event(svc, str(data["bucket"]), str(data["name"]))
     except TransientError as exc:
-        log.warning("delta %s: %s; the event will be retried", data["name"], exc)
+        log.warning("delta %r: %s; the event will be retried", data["name"], exc)
         raise RetryLater(str(exc)) from exc
-    log.info("delta %s -> %s (job %s)", data["name"], outcome.value, job_id)
+    log.info("delta %r -> %s (job %s)", data["name"], outcome.value, job_id)
     if outcome is Outcome.BUSY:
         # Another invocation holds the job's lease. It re-checks before it lets go, but if it
         # dies it never will: so this event comes back (with backoff) until someone folds it.
