@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .PHONY: install demo down test test-unit test-integration test-e2e test-infra lint bench clean \
-        checkov fmt-infra deploy teardown
+        checkov fmt-infra deploy teardown browser
 CHECKOV_STAMP := .venv-checkov/.installed-stamp
 
 install: $(STAMP)
@@ -30,7 +30,13 @@ $(CHECKOV_STAMP): tests/infra/install_checkov.sh
 	tests/infra/install_checkov.sh $(PYTHON)
 	touch $(CHECKOV_STAMP)
 
-test: install checkov
+# The dashboard's browser test drives Debian's chromium with its chromedriver.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || \
+	  echo "could not install chromium + chromium-driver (needs apt and root); the browser test will skip"
+
+test: install checkov browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-infra: install checkov

@@ -267,7 +267,7 @@ def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: flo
 def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, value) of the job page's metric row, from ``job_summary``."""
     return [
-        ("Status", f"{summary['status']} ({summary['phase']})"),
+        ("Status", str(summary["status"])),
         ("Version", "—" if summary["version"] is None else str(summary["version"])),
         ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
         ("Holdout accuracy", format_percent(summary["accuracy"])),
@@ -279,7 +279,7 @@ def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 def progress_text(summary: Mapping[str, Any]) -> str:
     """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished')."""
     eta = ("finished" if summary["status"] == jobs.DONE
-           else f"ETA {format_duration(summary['eta_seconds'])}")
+           else f"{summary['phase']} · ETA {format_duration(summary['eta_seconds'])}")
     return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
 
 

@@ -300,7 +300,8 @@ class LocalStack:
                                           "--server.headless", "true",
                                           "--server.address", "127.0.0.1",
                                           "--server.port", str(ports["dashboard"]),
-                                          "--browser.gatherUsageStats", "false"],
+                                          "--browser.gatherUsageStats", "false",
+                                          "--client.toolbarMode", "viewer"],
                             logs, base_env)
                 self.urls["dashboard"] = f"http://127.0.0.1:{ports['dashboard']}"
             for name in ("upload_fn", "delta_fn"):

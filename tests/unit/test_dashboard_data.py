@@ -176,9 +176,9 @@ def test_job_summary_has_the_headline_numbers():
 def test_headline_metrics_and_progress_text():
     summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
     assert dict(dd.headline_metrics(summary)) == {
-        "Status": "RUNNING (training)", "Version": "3", "Epoch": "2 / 5",
+        "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
         "Holdout accuracy": "87.5%", "Holdout loss": "0.4100", "Train loss": "0.5200"}
-    assert dd.progress_text(summary) == "6 of 20 tasks applied · ETA 1m 10s"
+    assert dd.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
     queued = dd.job_summary(job_doc(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
     assert dict(dd.headline_metrics(queued))["Version"] == "—"
