@@ -377,7 +377,7 @@ def test_no_primitive_roles_and_no_public_members(module: Config, example: Confi
 
 def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> None:
     allowed = {"roles/datastore.user", "roles/datastore.viewer", "roles/eventarc.eventReceiver",
-               "roles/monitoring.viewer", "roles/pubsub.publisher"}
+               "roles/pubsub.publisher"}
     for _rtype, name, body in module.resources("google_project_iam_member"):
         assert body["role"] in allowed, f"project-level {body['role']} ({name})"
         if body["role"] == "roles/pubsub.publisher":

@@ -44,7 +44,7 @@ resource "google_service_account" "autoscaler" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-autoscaler"
   display_name = "bucketlearn autoscaler"
-  description  = "Runs `bucketlearn autoscale`: reads the task backlog metric, sets the worker pool's instance count."
+  description  = "Runs `bucketlearn autoscale`: reads the task backlog from Firestore, sets the worker pool's instance count."
 }
 
 resource "google_service_account" "scheduler" {
@@ -176,6 +176,9 @@ locals {
     split     = google_service_account.split.email
     aggregate = google_service_account.aggregate.email
     worker    = google_service_account.worker.email
+    # `bucketlearn autoscale` reads active jobs' epochs (the backlog) and writes its own
+    # control/autoscaler document (the time of its last change, for the cool-down).
+    autoscaler = google_service_account.autoscaler.email
   }
 }
 
@@ -275,14 +278,6 @@ resource "google_service_account_iam_member" "autoscaler_acts_as_worker" {
   service_account_id = google_service_account.worker.name
   role               = "roles/iam.serviceAccountUser"
   member             = "serviceAccount:${google_service_account.autoscaler.email}"
-}
-
-# Project level: Cloud Monitoring time series (the subscription backlog) have no resource-level
-# IAM; monitoring.viewer is read-only.
-resource "google_project_iam_member" "autoscaler_monitoring_viewer" {
-  project = var.project_id
-  role    = "roles/monitoring.viewer"
-  member  = "serviceAccount:${google_service_account.autoscaler.email}"
 }
 
 # Cloud Scheduler may start the autoscaler job and nothing else (run.invoker carries

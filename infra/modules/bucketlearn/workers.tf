@@ -88,9 +88,9 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
 # --- autoscaler --------------------------------------------------------------------------------
 #
 # Every minute Cloud Scheduler starts a one-task Cloud Run job that runs `bucketlearn autoscale`
-# (same image as the workers). The command reads the tasks subscription's backlog
-# (pubsub.googleapis.com/subscription/num_undelivered_messages and oldest_unacked_message_age
-# from Cloud Monitoring), applies bucketlearn's scaling policy (desired workers from backlog,
+# (same image as the workers). The command counts the outstanding tasks (active jobs' current
+# epochs, neither applied nor failed) in Firestore - exact, no metric delay, in-flight tasks
+# included - applies bucketlearn's scaling policy (desired workers from outstanding tasks,
 # clamped to [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS], scale-down cool-down) - the same
 # policy the local supervisor uses - and, if the answer differs, sets the worker pool's
 # manual_instance_count through the Cloud Run Admin API. It exits; nothing runs between ticks.
@@ -145,7 +145,7 @@ resource "google_cloud_run_v2_job" "autoscaler" {
   depends_on = [
     google_project_service.apis,
     google_cloud_run_v2_worker_pool_iam_member.autoscaler_developer,
-    google_project_iam_member.autoscaler_monitoring_viewer,
+    google_project_iam_member.firestore_users,
   ]
 }
 
