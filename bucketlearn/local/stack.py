@@ -68,7 +68,7 @@ def check_prerequisites() -> None:
         raise StackError(f"java -version failed: {exc}\n{INSTALL_HINT}") from exc
     text = out.stderr + out.stdout
     major = _java_major(text)
-    if major is not None and major < 11:
+    if major is not None and major < 17:
         raise StackError(f"Java {major} found; the emulators need Java 17+\n{INSTALL_HINT}")
 
 
@@ -211,8 +211,12 @@ class Emulators:
                 self.urls[name] = f"http://127.0.0.1:{self.ports[name]}"
             wait_http(self.urls["storage"] + "/storage/v1/b?project=" + PROJECT, timeout,
                       self.procs["storage"])
-            wait_http(self.urls["pubsub"], timeout, self.procs["pubsub"])
-            wait_http(self.urls["firestore"], timeout, self.procs["firestore"])
+            for name in ("pubsub", "firestore"):
+                try:
+                    wait_http(self.urls[name], timeout, self.procs[name])
+                except StackError as exc:
+                    raise StackError(f"the {name} emulator did not start: {exc}\n"
+                                     f"{INSTALL_HINT}") from None
         except BaseException:
             self.stop()
             raise

@@ -1,0 +1,37 @@
+"""The local stack says exactly what to install when gcloud's emulators or Java are missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketlearn.local import stack
+
+
+def test_missing_tools_name_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: neither gcloud nor java on PATH
+    monkeypatch.setattr(stack.shutil, "which", lambda tool: None)
+    # Execute
+    with pytest.raises(stack.StackError) as excinfo:
+        stack.check_prerequisites()
+    # Assert
+    message = str(excinfo.value)
+    assert "gcloud, java" in message
+    assert "gcloud components install beta pubsub-emulator cloud-firestore-emulator" in message
+    assert "openjdk-17-jre-headless" in message
+
+
+@pytest.mark.parametrize("text, major", [('openjdk version "17.0.15" 2025-04-15', 17),
+                                         ('java version "1.8.0_392"', 8),
+                                         ("no version here", None)])
+def test_java_version_parsing(text: str, major: int | None) -> None:
+    assert stack._java_major(text) == major
+
+
+def test_old_java_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Done:
+        stdout, stderr = "", 'java version "1.8.0_392"'
+
+    monkeypatch.setattr(stack.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(stack.subprocess, "run", lambda *a, **k: Done())
+    with pytest.raises(stack.StackError, match="Java 8 found"):
+        stack.check_prerequisites()
