@@ -221,6 +221,7 @@ class Settings:
     # fires once per BUCKETLEARN_FAULT_DIR (a marker file survives the process restart).
     faults: frozenset[str] = frozenset()
     fault_dir: str | None = None
+    worker_id: str | None = None  # BUCKETLEARN_WORKER_ID; default <hostname>-<pid>
 
     @property
     def uses_emulators(self) -> bool:
@@ -305,6 +306,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
                           ",".join(sorted(unknown)), "environment")
     values["faults"] = frozenset(faults)
     values["fault_dir"] = env.get("BUCKETLEARN_FAULT_DIR") or None
+    values["worker_id"] = env.get("BUCKETLEARN_WORKER_ID") or None
     values["storage_emulator_host"] = env.get("STORAGE_EMULATOR_HOST") or None
     values["pubsub_emulator_host"] = env.get("PUBSUB_EMULATOR_HOST") or None
     values["firestore_emulator_host"] = env.get("FIRESTORE_EMULATOR_HOST") or None

@@ -60,7 +60,7 @@ class _LeaseExtender:
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None) -> None:
         self.svc = svc
-        self.worker_id = worker_id or svc.identity
+        self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
         self.started_at = svc.clock()
 

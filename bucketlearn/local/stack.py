@@ -94,7 +94,8 @@ class Proc:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
-        self.popen = subprocess.Popen(self.argv, stdout=handle, stderr=subprocess.STDOUT,
+        guarded = [sys.executable, "-m", "bucketlearn.local.guard", *self.argv]
+        self.popen = subprocess.Popen(guarded, stdout=handle, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=self.env,
                                       start_new_session=True, cwd=str(repo_root()))
         handle.close()
@@ -330,7 +331,8 @@ class LocalStack:
         assert self.settings is not None
         env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
                "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-               "TF_NUM_INTEROP_THREADS": "1"}
+               "TF_NUM_INTEROP_THREADS": "1",
+               "BUCKETLEARN_WORKER_ID": f"{self.name_prefix}-worker-{index}"}
         return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.worker"],
                            self.home / "logs", env)
 

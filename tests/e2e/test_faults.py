@@ -89,7 +89,7 @@ def test_worker_sigkill_mid_training(make_stack: Any) -> None:
     # Execute
     wait_for(lambda: svc.registry.get_job(job_id) and [
         t for t in svc.registry.list_tasks(job_id) if t.get("state") == "RUNNING"
-        and str(t.get("worker_id", "")).endswith(f"-{victim.popen.pid}")], 120,
+        and t.get("worker_id") == f"{stack.name_prefix}-worker-0"], 120,
         "the victim to pick up a task")
     victim.kill()
     job = wait_terminal(svc, job_id, 400)
