@@ -37,7 +37,7 @@ browser:
 	  echo "could not install chromium + chromium-driver (needs apt and root); the browser test will skip"
 
 test: install checkov browser
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 test-infra: install checkov
 	$(PY) -m pytest -q tests/infra $(PYTEST_ARGS)
@@ -61,7 +61,7 @@ test-e2e: install
 	$(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data
+	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data benchmarks
 
 # Full benchmarks (minutes on 2 cores; run on an idle machine). BENCH_ARGS, e.g. "--only ingest".
 BENCH_ARGS ?=

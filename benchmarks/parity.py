@@ -35,7 +35,7 @@ FULL = {
                             "options": {"epochs": 3}}},
     "orders": ["shuffled", "sorted"],
     "sim_workers": [1, 2, 4],
-    "stack": {"datasets": ["digits"], "orders": ["shuffled", "sorted"], "workers": 2},
+    "stack": {"datasets": ["digits", "hmnist"], "orders": ["shuffled", "sorted"], "workers": 2},
 }
 SMOKE = {
     "datasets": {"digits": {"source": "data/digits.csv", "options": {"epochs": 1}}},

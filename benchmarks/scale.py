@@ -220,9 +220,10 @@ def counts_diff(before: dict[str, dict[str, Any]], after: dict[str, dict[str, An
     return total
 
 
-def _cpu_seconds_by_pgid() -> dict[int, float]:
+def _process_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds so far) for every live process."""
     ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[int, float] = {}
+    table: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -231,34 +232,53 @@ def _cpu_seconds_by_pgid() -> dict[int, float]:
         except OSError:
             continue
         fields = raw.rsplit(")", 1)[1].split()
-        pgid = int(fields[2])
-        out[pgid] = out.get(pgid, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-    return out
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    return table
+
+
+def _tree_cpu(root: int, table: dict[int, tuple[int, float]],
+              children: dict[int, list[int]]) -> float:
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += table.get(pid, (0, 0.0))[1]
+        todo.extend(children.get(pid, []))
+    return total
 
 
 def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
-    """CPU seconds so far per component (process groups; the relay runs in this process)."""
-    by_pgid = _cpu_seconds_by_pgid()
+    """CPU seconds so far per component: each started process and all its descendants (gcloud's
+    Java emulators included); the relay and the polling run in this process."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
     out: dict[str, float] = {}
     groups = {**{f"emulator:{n}": p for n, p in emus.procs.items()}, **stack.procs}
     for name, proc in groups.items():
         if proc.popen is None:
             continue
         key = "workers" if name.startswith("worker-") else name
-        out[key] = out.get(key, 0.0) + by_pgid.get(proc.popen.pid, 0.0)
+        out[key] = out.get(key, 0.0) + _tree_cpu(proc.popen.pid, table, children)
     usage = os.times()
     out["benchmark process (relay, polling)"] = usage.user + usage.system
     return out
 
 
 def wait_workers_ready(svc: Any, stack: Any, timeout: float = 300) -> int:
+    """Wait until every worker of this stack has written its first heartbeat."""
+    expected = len(stack.worker_procs())
     pids = {str(p.popen.pid) for p in stack.worker_procs() if p.popen}
+    prefix = f"{stack.name_prefix}-worker-"  # explicit worker ids (BUCKETLEARN_WORKER_ID)
+
+    def ours(worker_id: str) -> bool:
+        return worker_id.startswith(prefix) or worker_id.rsplit("-", 1)[-1] in pids
+
     deadline = time.monotonic() + timeout
     ready = 0
     while time.monotonic() < deadline:
-        ready = sum(1 for w in svc.registry.list_workers()
-                    if str(w.get("worker_id", "")).rsplit("-", 1)[-1] in pids)
-        if ready >= len(pids):
+        ready = sum(1 for w in svc.registry.list_workers() if ours(str(w.get("worker_id", ""))))
+        if ready >= expected:
             return ready
         time.sleep(0.5)
     return ready

@@ -173,6 +173,8 @@ class FirestoreRegistry:
             return bool(run(self.client.transaction(max_attempts=5)))
         except _TRANSIENT as exc:
             raise _transient("commit version", exc) from exc
+        except ValueError as exc:  # "Failed to commit transaction in 5 attempts": contention
+            raise _transient("commit version (contended)", exc) from exc
 
     # -- versions, epochs, tasks ------------------------------------------------------------------
     def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:

@@ -31,10 +31,13 @@ def _clients(settings: Settings) -> tuple[pubsub_v1.PublisherClient, pubsub_v1.S
         )
 
         host = settings.pubsub_emulator_host
+        # Reconnect quickly after the emulator (or the network to it) comes back.
+        options = [("grpc.initial_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
         publisher = pubsub_v1.PublisherClient(
-            transport=PublisherGrpcTransport(channel=grpc.insecure_channel(host)))
+            transport=PublisherGrpcTransport(channel=grpc.insecure_channel(host, options)))
         subscriber = pubsub_v1.SubscriberClient(
-            transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(host)))
+            transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(host, options)))
         return publisher, subscriber
     return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
 

@@ -123,7 +123,7 @@ class Proc:
             return ""
 
 
-def stop_all(procs: list[Proc], timeout: float = 15.0) -> None:
+def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
     """SIGTERM every process group at once, then SIGKILL whatever is left after ``timeout``."""
     pids = [p.popen.pid for p in procs if p.popen is not None]
     for pid in pids:
