@@ -209,6 +209,12 @@ class MemoryRegistry:
             task.update(copy.deepcopy(dict(fields)))
             return int(task["attempts"])
 
+    def refund_attempt(self, job_id: str, task_id: str) -> None:
+        with self._lock:
+            task = self.tasks.get((job_id, task_id))
+            if task is not None and task["attempts"] > 0:
+                task["attempts"] -= 1
+
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
             self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0}).update(

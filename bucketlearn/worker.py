@@ -19,13 +19,25 @@ from typing import Any
 
 from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.errors import NotFoundError, PermanentError
+from bucketlearn.errors import NotFoundError, PermanentError, TransientError
 from bucketlearn.ingest import load_parts
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.runtime import job_runtime
 from bucketlearn.training import subtract, train_on_shard
 
 log = logging.getLogger(__name__)
+
+
+TRANSIENT_BACKOFF_SECONDS = 2.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Network trouble and unavailable backends: retry without counting an attempt."""
+    from google.api_core import exceptions as gexc  # noqa: PLC0415
+
+    return isinstance(exc, (TransientError, OSError, gexc.ServiceUnavailable,
+                            gexc.DeadlineExceeded, gexc.InternalServerError, gexc.TooManyRequests,
+                            gexc.Aborted, gexc.RetryError, gexc.GatewayTimeout))
 
 
 class Decision(enum.Enum):
@@ -108,12 +120,23 @@ class Learner:
         self.heartbeat("busy", task)
         try:
             timings = self.train(task, job)
-        except Exception as exc:  # noqa: BLE001 - every failure is counted, then retried
-            log.warning("task %s attempt %d failed: %s", task.task_id, attempts, exc,
-                        exc_info=not isinstance(exc, (PermanentError, NotFoundError)))
-            registry.update_task(task.job_id, doc_id, {
-                "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
-                "finished_at": svc.clock()})
+        except Exception as exc:  # noqa: BLE001 - every failure is retried
+            transient = is_transient(exc)
+            log.warning("task %s attempt %d failed (%s): %s", task.task_id, attempts,
+                        "transient" if transient else "counted", exc,
+                        exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))
+            try:
+                if transient:
+                    # A backend outage is not the task's fault: it must not push a healthy
+                    # task towards FAILED. Give the attempt back and slow the retry loop down.
+                    registry.refund_attempt(task.job_id, doc_id)
+                registry.update_task(task.job_id, doc_id, {
+                    "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    "finished_at": svc.clock()})
+            except Exception:  # noqa: BLE001 - the registry may be the backend that is down
+                log.warning("could not record the failure of %s", task.task_id)
+            if transient:
+                time.sleep(TRANSIENT_BACKOFF_SECONDS)
             return Decision.NACK
         self.tasks_done += 1
         registry.update_task(task.job_id, doc_id, {"state": "TRAINED", "finished_at": svc.clock(),

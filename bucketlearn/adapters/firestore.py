@@ -202,6 +202,13 @@ class FirestoreRegistry:
             raise _transient("record attempt", exc) from exc
         return int((snap.to_dict() or {}).get("attempts", 1))
 
+    def refund_attempt(self, job_id: str, task_id: str) -> None:
+        try:
+            self._task(job_id, task_id).set({"attempts": firestore.Increment(-1)}, merge=True,
+                                            timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("refund attempt", exc) from exc
+
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         try:
             self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)
