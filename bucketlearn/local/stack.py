@@ -123,9 +123,30 @@ class Proc:
             return ""
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc): gcloud starts the emulators' JVMs outside
+    its own process group, so signalling the group alone would miss them."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/task/{current}/children", encoding="ascii") as handle:
+                children = [int(c) for c in handle.read().split()]
+        except (OSError, ValueError):
+            children = []
+        found.extend(children)
+        pending.extend(children)
+    return found
+
+
 def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
-    """SIGTERM every process group at once, then SIGKILL whatever is left after ``timeout``."""
+    """SIGTERM every process group and process tree at once, then SIGKILL what is left."""
     pids = [p.popen.pid for p in procs if p.popen is not None]
+    tree = [child for pid in pids for child in descendants(pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
@@ -138,6 +159,9 @@ def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     for proc in procs:
         if proc.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
