@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,7 +52,32 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
+            low, high = (int(v) for v in handle.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free port for a server to listen on, chosen *below* the kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding port 0 returns) can be taken as the local port
+    of any outgoing connection between our check and the server's bind: the emulators then die
+    with "Address already in use". Client sockets never use ports outside that range.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(10_001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

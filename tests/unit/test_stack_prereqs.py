@@ -35,3 +35,10 @@ def test_old_java_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stack.subprocess, "run", lambda *a, **k: Done())
     with pytest.raises(stack.StackError, match="Java 8 found"):
         stack.check_prerequisites()
+
+
+def test_free_ports_are_below_the_ephemeral_range() -> None:
+    """Client sockets take ephemeral ports; a server port from that range can be stolen."""
+    low, _ = stack._ephemeral_range()
+    ports = {stack.free_port() for _ in range(20)}
+    assert all(10_000 <= port < low for port in ports)
