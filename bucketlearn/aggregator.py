@@ -192,21 +192,14 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
 
 def _requeue(svc: Services, job: dict[str, Any], task_indices: list[int]) -> None:
     """Retrain tasks whose only deltas are too stale to apply."""
-    from bucketlearn.ingest import Manifest  # noqa: PLC0415
-
-    runtime = job_runtime(svc, job)
-    manifest: Manifest = runtime.manifest
-    shards = {s.index: s for s in manifest.shards}
-    epoch = int(job["epoch"])
-    messages = [jobs.TaskMessage(job_id=job["job_id"], epoch=epoch, task_index=i,
-                                 parts=tuple(shards[i].parts), rows=shards[i].rows)
-                for i in task_indices]
-    svc.queue.publish(messages)
-    for index in task_indices:  # the stale deltas have served their purpose
-        for ref in _list_refs(svc, job["job_id"], epoch):
-            if ref.task_index == index and not ref.failed:
-                svc.store.delete(svc.settings.deltas_bucket, ref.name)
-    log.info("job %s: requeued %d stale tasks of epoch %d", job["job_id"], len(messages), epoch)
+    shards = {s.index: s for s in job_runtime(svc, job).manifest.shards}
+    job_id, epoch = job["job_id"], int(job["epoch"])
+    svc.queue.publish([jobs.task_message(job_id, epoch, shards[i]) for i in task_indices])
+    requeued = set(task_indices)
+    for ref in _list_refs(svc, job_id, epoch):  # the stale deltas have served their purpose
+        if ref.task_index in requeued and not ref.failed:
+            svc.store.delete(svc.settings.deltas_bucket, ref.name)
+    log.info("job %s: requeued %d stale tasks of epoch %d", job_id, len(task_indices), epoch)
 
 
 def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:

@@ -249,10 +249,14 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool) -> int:
     return EXIT_OK if job["status"] == jobs.DONE else EXIT_JOB_FAILED
 
 
+def format_accuracy(value: Any) -> str:
+    """A holdout accuracy to four places, or "-" before the first evaluation."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+
 def progress_line(job: dict[str, Any]) -> str:
     status = jobs.status_object(job)
-    acc = status["accuracy"]
-    acc_text = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+    acc_text = format_accuracy(status["accuracy"])
     return (f"{status['job_id']}: {status['status']} ({status['phase']}) "
             f"epoch {status['epoch'] or 0}/{status['epochs'] or '?'} v{status['version'] or 0} "
             f"tasks {status['tasks_applied'] or 0}/{status['tasks_planned'] or '?'} "
@@ -265,8 +269,7 @@ def print_status(status: dict[str, Any]) -> None:
     if status.get("error"):
         print(f"error:     {status['error']}")
     print(f"version:   {status['version']}")
-    acc = status.get("accuracy")
-    print(f"accuracy:  {acc:.4f}" if isinstance(acc, (int, float)) else "accuracy:  -")
+    print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
     print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
           f"{status.get('tasks_failed') or 0} failed")
     if status.get("model_uri"):
@@ -290,8 +293,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs yet")
     for s in rows:
-        acc = s["accuracy"]
-        acc_text = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+        acc_text = format_accuracy(s["accuracy"])
         print(f"{s['job_id']:42s} {s['status']:9s} v{s['version'] or 0:<5} {acc_text:7s} "
               f"{(s['error'] or '')[:80]}")
     return EXIT_OK

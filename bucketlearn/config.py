@@ -20,7 +20,6 @@ from typing import Any
 
 from bucketlearn.errors import ConfigError
 
-ENV_PREFIX = "BUCKETLEARN_"
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 FAULT_POINTS = frozenset({
@@ -28,7 +27,6 @@ FAULT_POINTS = frozenset({
     "aggregator.after_commit",    # version committed, event not yet acknowledged: dies
     "queue.duplicate_publish",    # every task message is published twice
 })
-FAILURE_POLICIES = ("fail", "skip")
 
 
 @dataclass(frozen=True)
@@ -229,33 +227,17 @@ class Settings:
                     or self.firestore_emulator_host)
 
     def to_env(self) -> dict[str, str]:
-        """Environment variables that reproduce these settings in another process."""
-        env = {
-            "GOOGLE_CLOUD_PROJECT": self.project,
-            "BUCKETLEARN_PROJECT": self.project,
-            "BUCKETLEARN_UPLOADS_BUCKET": self.uploads_bucket,
-            "BUCKETLEARN_WORK_BUCKET": self.work_bucket,
-            "BUCKETLEARN_DELTAS_BUCKET": self.deltas_bucket,
-            "BUCKETLEARN_MODELS_BUCKET": self.models_bucket,
-            "BUCKETLEARN_TASKS_TOPIC": self.tasks_topic,
-            "BUCKETLEARN_TASKS_SUBSCRIPTION": self.tasks_subscription,
-            "BUCKETLEARN_FIRESTORE_DATABASE": self.firestore_database,
-            "BUCKETLEARN_MAX_TASK_ATTEMPTS": str(self.max_task_attempts),
-            "BUCKETLEARN_LOG_FORMAT": self.log_format,
-            "BUCKETLEARN_ACK_DEADLINE_SECONDS": str(self.ack_deadline_seconds),
-            "BUCKETLEARN_LEASE_SECONDS": str(self.lease_seconds),
-        }
+        """Environment variables that reproduce these settings in another process
+        (``load_settings(s.to_env()) == s``; the worker id is per process and not exported)."""
+        env = {"GOOGLE_CLOUD_PROJECT": self.project, "BUCKETLEARN_PROJECT": self.project}
+        env.update({key: str(getattr(self, name)) for key, (name, _) in SETTINGS_ENV.items()})
+        env.update({key: str(getattr(self.limits, name)) for key, name in LIMITS_ENV.items()})
         if self.faults:
             env["BUCKETLEARN_FAULTS"] = ",".join(sorted(self.faults))
         if self.fault_dir:
             env["BUCKETLEARN_FAULT_DIR"] = self.fault_dir
-        for key, value in (
-            ("STORAGE_EMULATOR_HOST", self.storage_emulator_host),
-            ("PUBSUB_EMULATOR_HOST", self.pubsub_emulator_host),
-            ("FIRESTORE_EMULATOR_HOST", self.firestore_emulator_host),
-        ):
-            if value:
-                env[key] = value
+        env.update({key: getattr(self, name) for key, name in EMULATOR_ENV.items()
+                    if getattr(self, name)})
         return env
 
 
@@ -274,6 +256,12 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_MAX_EVENT_AGE_SECONDS": ("max_event_age_seconds", float),
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
+}
+# Read by the Google client libraries themselves too (export_emulator_env).
+EMULATOR_ENV: dict[str, str] = {
+    "STORAGE_EMULATOR_HOST": "storage_emulator_host",
+    "PUBSUB_EMULATOR_HOST": "pubsub_emulator_host",
+    "FIRESTORE_EMULATOR_HOST": "firestore_emulator_host",
 }
 LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_FILE_BYTES": "max_file_bytes",
@@ -307,9 +295,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     values["faults"] = frozenset(faults)
     values["fault_dir"] = env.get("BUCKETLEARN_FAULT_DIR") or None
     values["worker_id"] = env.get("BUCKETLEARN_WORKER_ID") or None
-    values["storage_emulator_host"] = env.get("STORAGE_EMULATOR_HOST") or None
-    values["pubsub_emulator_host"] = env.get("PUBSUB_EMULATOR_HOST") or None
-    values["firestore_emulator_host"] = env.get("FIRESTORE_EMULATOR_HOST") or None
+    values.update({name: env.get(key) or None for key, name in EMULATOR_ENV.items()})
     settings = Settings(**values)
     if settings.log_format not in ("text", "json"):
         raise ConfigError("BUCKETLEARN_LOG_FORMAT", "'text' or 'json'", settings.log_format,
@@ -336,19 +322,12 @@ def local_state_dir(environ: Mapping[str, str] | None = None) -> str:
     return env.get("BUCKETLEARN_HOME") or os.path.join(os.getcwd(), ".bucketlearn")
 
 
-def environ_snapshot() -> dict[str, str]:
-    """A copy of the process environment, for starting child processes."""
-    return dict(os.environ)
-
-
 def export_emulator_env(settings: Settings) -> None:
     """Make the emulator hosts in ``settings`` visible to Google client libraries that read them
     from the environment (Firestore's client does); the only place bucketlearn writes os.environ."""
-    for key, value in (("STORAGE_EMULATOR_HOST", settings.storage_emulator_host),
-                       ("PUBSUB_EMULATOR_HOST", settings.pubsub_emulator_host),
-                       ("FIRESTORE_EMULATOR_HOST", settings.firestore_emulator_host)):
-        if value:
-            os.environ[key] = value
+    for key, name in EMULATOR_ENV.items():
+        if getattr(settings, name):
+            os.environ[key] = getattr(settings, name)
 
 
 def target_is_cloud(environ: Mapping[str, str] | None = None) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,13 +56,16 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
     return result
 
 
-def epoch_messages(job_id: str, epoch: int, seed: int,
-                   shards: list[dict[str, Any]]) -> list[TaskMessage]:
+def task_message(job_id: str, epoch: int, shard: Any) -> TaskMessage:
+    """The task that trains one shard (an ``ingest.Shard``) in one epoch."""
+    return TaskMessage(job_id=job_id, epoch=epoch, task_index=int(shard.index),
+                       parts=tuple(shard.parts), rows=int(shard.rows))
+
+
+def epoch_messages(job_id: str, epoch: int, seed: int, shards: Sequence[Any]) -> list[TaskMessage]:
     """One task per shard, in an order reshuffled every epoch."""
     order = np.random.default_rng([seed, epoch, 17]).permutation(len(shards))
-    return [TaskMessage(job_id=job_id, epoch=epoch, task_index=int(shards[i]["index"]),
-                        parts=tuple(shards[i]["parts"]), rows=int(shards[i]["rows"]))
-            for i in order]
+    return [task_message(job_id, epoch, shards[i]) for i in order]
 
 
 def task_doc_id(job_id: str, epoch: int, task_index: int) -> str:

@@ -220,6 +220,10 @@ class MemoryRegistry:
             self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0}).update(
                 copy.deepcopy(dict(fields)))
 
+    def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.tasks.get((job_id, task_id)))
+
     def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
         with self._lock:
             return copy.deepcopy([t for (j, _), t in sorted(self.tasks.items()) if j == job_id])

@@ -154,10 +154,7 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         reject(svc, job_id, exc.problem)
         return Outcome.REJECTED, job_id
     start_training(svc, job_id, claim, manifest, spec.to_dict(), options.to_dict())
-    job = svc.registry.get_job(job_id)
-    assert job is not None
-    if int(job.get("published_epoch") or 0) < int(job.get("epoch") or 0):
-        publish_pending_epoch(svc, job)
+    publish_epoch(svc, job_id, 1, options.seed, manifest)
     return Outcome.ACCEPTED, job_id
 
 
@@ -194,13 +191,15 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
 
 def publish_pending_epoch(svc: Services, job: dict[str, Any]) -> None:
     """Publish the tasks of the job's current epoch if that has not happened yet (idempotent)."""
-    from bucketlearn.ingest import Manifest  # noqa: PLC0415
+    from bucketlearn.runtime import job_runtime  # noqa: PLC0415
 
-    job_id, epoch = job["job_id"], int(job["epoch"])
-    raw = svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id))
-    manifest = Manifest.from_json(raw)
-    shards = [s.__dict__ for s in manifest.shards]
-    messages = jobs.epoch_messages(job_id, epoch, int(job["options"]["seed"]), shards)
+    publish_epoch(svc, job["job_id"], int(job["epoch"]), int(job["options"]["seed"]),
+                  job_runtime(svc, job).manifest)
+
+
+def publish_epoch(svc: Services, job_id: str, epoch: int, seed: int, manifest: Manifest) -> None:
+    """Publish one task per shard for ``epoch``, then record that the epoch is published."""
+    messages = jobs.epoch_messages(job_id, epoch, seed, manifest.shards)
     svc.queue.publish(messages)
     svc.registry.update_job(job_id, {"published_epoch": epoch, "updated_at": svc.clock()})
     log.info("job %s: published %d tasks of epoch %d", job_id, len(messages), epoch)

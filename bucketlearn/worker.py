@@ -173,8 +173,7 @@ class Learner:
     def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:
         """Give up on a task: mark it FAILED and tell the aggregator with a failure marker."""
         svc = self.svc
-        previous = next((t for t in svc.registry.list_tasks(task.job_id)
-                         if t.get("task_id") == task.task_id), {})
+        previous = svc.registry.get_task(task.job_id, doc_id) or {}
         error = previous.get("error") or "unknown error"
         reason = f"task {task.task_id} failed after {attempts} attempts: {error}"
         marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,

@@ -215,6 +215,13 @@ class FirestoreRegistry:
         except _TRANSIENT as exc:
             raise _transient("update task", exc) from exc
 
+    def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
+        try:
+            snap = self._task(job_id, task_id).get(timeout=TIMEOUT)
+        except _TRANSIENT as exc:
+            raise _transient("read task", exc) from exc
+        return snap.to_dict() if snap.exists else None
+
     def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
         return [snap.to_dict() for snap in
                 self._job(job_id).collection("tasks").stream(timeout=TIMEOUT)]

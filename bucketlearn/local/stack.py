@@ -132,9 +132,7 @@ class Proc:
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None:
             return
-        stop_group(self.popen.pid, timeout)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=1)
+        stop_all([self], timeout)
 
     def kill(self) -> None:
         """SIGKILL the process group (fault injection)."""
@@ -166,49 +164,55 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
-    """SIGTERM every process group and process tree at once, then SIGKILL what is left."""
-    pids = [p.popen.pid for p in procs if p.popen is not None]
-    tree = [child for pid in pids for child in descendants(pid)]
+def _signal(groups: list[int], tree: list[int], sig: int) -> None:
     for pid in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    for pid in pids:
+            os.kill(pid, sig)
+    for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, sig)
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_pids(groups: list[int], timeout: float,
+              children: list[subprocess.Popen[bytes]] | None = None) -> None:
+    """SIGTERM each process group and every process below it, all at once; SIGKILL whatever is
+    left after ``timeout``. ``children`` (our own) are reaped by waiting on them; other groups
+    (a detached stack's, found in its state file) are polled."""
+    children = children or []
+    tree = [child for pid in groups for child in descendants(pid)]
+    _signal(groups, tree, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for proc in procs:
-        if proc.popen is None:
-            continue
+    for popen in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for proc in procs:
-        if proc.popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=5)
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+    ours = {popen.pid for popen in children}
+    others = [pid for pid in groups if pid not in ours]
+    while others and time.monotonic() < deadline:
+        others = [pid for pid in others if _group_alive(pid)]
+        time.sleep(0.1)
+    _signal(groups, tree, signal.SIGKILL)
+    for popen in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=5)
+
+
+def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
+    """Stop several processes at once (each with its group and process tree)."""
+    popens = [p.popen for p in procs if p.popen is not None]
+    stop_pids([p.pid for p in popens], timeout, popens)
 
 
 def stop_group(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM a process group, then SIGKILL it if it has not gone within ``timeout``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    """Stop a process group (and its process tree) that is not our child."""
+    stop_pids([pid], timeout)
 
 
 def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool = False) -> None:
