@@ -235,7 +235,8 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         updates.append(DeltaUpdate(task_index=ref.task_index,
                                    base_version=int(meta.get("base_version", ref.base_version)),
                                    examples=int(meta.get("examples", ref.examples)),
-                                   delta=weights, train_loss=meta.get("train_loss")))
+                                   delta=weights, train_loss=meta.get("train_loss"),
+                                   base_applied=_optional_int(meta.get("base_applied"))))
     if corrupt:
         _requeue(svc, job, corrupt)
     if not updates and not plan.failed:
@@ -249,7 +250,9 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
     nominal = max(1, math.ceil(job["dataset"]["train_rows"] / max(1, job["tasks_per_epoch"])))
     new_version = head_version + 1
     if updates:
-        weights = aggregation.delta_weights(updates, head_version, nominal)
+        head_applied = int(job.get("tasks_applied") or 0)
+        delays = aggregation.task_delays(updates, head_version, head_applied)
+        weights = aggregation.delta_weights(updates, head_version, nominal, head_applied)
         new = aggregation.fold(base, updates, weights)
         assert new is not None
         data = codec.encode_weights(new, {"job_id": job_id, "version": new_version})
@@ -260,7 +263,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         accuracy, loss = evaluate(runtime.model, new, x_eval, y_eval)
         checksum = codec.checksum(data)
     else:  # only failures: the version records them, the weights stay the parent's
-        weights, new = [], base
+        weights, delays, new = [], [], base
         weights_path, checksum = head["weights_path"], head.get("checksum")
         accuracy, loss = head.get("holdout_accuracy"), head.get("holdout_loss")
     epoch = int(job["epoch"])
@@ -278,6 +281,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         "tasks_failed": [layout.task_id_for(job_id, epoch, int(f["task_index"]))
                          for f in failures],
         "staleness": [aggregation.staleness(head_version, u.base_version) for u in updates],
+        "delays": delays,
         "delta_weights": [round(w, 6) for w in weights], "samples": samples,
         "train_loss": train_loss, "holdout_accuracy": accuracy, "holdout_loss": loss,
         "created_at": now,
@@ -318,6 +322,13 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
              new_version, epoch, len(updates), len(failures), accuracy)
     crash_point(settings, "aggregator.after_commit")
     return True
+
+
+def _optional_int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def export_final(svc: Services, job: dict[str, Any]) -> None:

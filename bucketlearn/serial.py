@@ -4,11 +4,13 @@
 the same model with the same initial weights and trains it in one process with Keras ``fit``.
 ``simulate_pipeline`` runs the real split, learner and aggregator code on the in-memory ports
 with W workers whose tasks overlap in time (each starts from the head it saw when it pulled), so
-staleness and buffering behave as in the distributed pipeline, minus the network.
+staleness and buffering behave as in the distributed pipeline, minus the network. Each simulated
+worker has its own model and optimizer state, as a worker process does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -72,8 +74,10 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
                                      handle.read(), "text/csv", options.to_metadata())
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
     assert job_id is not None
-    learner = Learner(svc, "sim")
-    in_flight: deque[tuple[Any, dict[str, Any]]] = deque()
+    # one model (and Adam state) per worker, as in separate processes: each its own runtime cache
+    learners = [Learner(dataclasses.replace(svc, cache={}), f"sim-{i}") for i in range(workers)]
+    in_flight: deque[tuple[Any, dict[str, Any], Learner]] = deque()
+    pulled = 0
     started = time.perf_counter()
     for _ in range(1_000_000):
         job = svc.registry.get_job(job_id)
@@ -84,11 +88,12 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
             received = svc.queue.pull(0)
             if received is None:
                 break
-            in_flight.append((received, svc.registry.get_job(job_id)))
+            in_flight.append((received, svc.registry.get_job(job_id), learners[pulled % workers]))
+            pulled += 1
         if not in_flight:
             aggregate_job(svc, job_id)
             continue
-        received, snapshot = in_flight.popleft()
+        received, snapshot, learner = in_flight.popleft()
         task = received.message
         epoch_doc = svc.registry.get_epoch(job_id, task.epoch) or {}
         if int(snapshot["epoch"]) <= task.epoch and task.task_index not in epoch_doc.get(

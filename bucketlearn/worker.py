@@ -159,6 +159,7 @@ class Learner:
         t2 = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "base_version": int(head["version"]),
+                "base_applied": int(job.get("tasks_applied") or 0),
                 "examples": result.examples, "train_loss": result.train_loss,
                 "worker_id": self.worker_id}
         data = codec.encode_weights(subtract(result.weights, base), meta)

@@ -13,6 +13,7 @@ from bucketlearn.aggregation import (
     fold,
     staleness,
     staleness_discount,
+    task_delays,
     weighted_mean_loss,
 )
 
@@ -21,9 +22,10 @@ def _head():
     return [np.array([1.0, 2.0], dtype=np.float32), np.array([3.0], dtype=np.float32)]
 
 
-def _update(task, delta, base=0, examples=10, loss=None):
+def _update(task, delta, base=0, examples=10, loss=None, base_applied=None):
     return DeltaUpdate(task_index=task, base_version=base, examples=examples,
-                       delta=[np.asarray(d, dtype=np.float32) for d in delta], train_loss=loss)
+                       delta=[np.asarray(d, dtype=np.float32) for d in delta], train_loss=loss,
+                       base_applied=base_applied)
 
 
 def test_fold_adds_weighted_sum_of_deltas():
@@ -125,27 +127,26 @@ def test_fold_rejects_weight_count_mismatch():
     assert "one weight per update" in str(excinfo.value)
 
 
-@pytest.mark.parametrize("s, grace, expected", [
-    (0, 0, 1.0),
-    (1, 0, 1.0 / math.sqrt(2.0)),
-    (3, 0, 0.5),
-    (0, 1, 1.0),
-    (1, 1, 1.0),
-    (3, 1, 1.0 / math.sqrt(3.0)),
-    (3, 5, 1.0),
+@pytest.mark.parametrize("delay, exponent, expected", [
+    (0, 1.0, 1.0),
+    (1, 1.0, 0.5),
+    (3, 1.0, 0.25),
+    (-2, 1.0, 1.0),
+    (1, 0.5, 1.0 / math.sqrt(2.0)),
+    (3, 0.5, 0.5),
 ])
-def test_staleness_discount_values(s, grace, expected):
-    """(1 + max(0, s - grace)) ** -0.5 for a few hand-computed points."""
+def test_staleness_discount_values(delay, exponent, expected):
+    """(1 + max(0, delay)) ** -exponent for a few hand-computed points (default exponent 1)."""
     # Prepare / Execute
-    value = staleness_discount(s, exponent=0.5, grace=grace)
+    value = staleness_discount(delay, exponent=exponent)
     # Assert
     assert value == pytest.approx(expected, rel=1e-12)
 
 
-def test_staleness_discount_other_exponent():
-    """exponent 1 gives 1/(1+s)."""
+def test_staleness_discount_default_is_one_over_one_plus_delay():
+    """Asynchronous SGD's rule: a delta 3 tasks late counts a quarter."""
     # Prepare / Execute
-    value = staleness_discount(3, exponent=1.0)
+    value = staleness_discount(3)
     # Assert
     assert value == pytest.approx(0.25)
 
@@ -159,35 +160,63 @@ def test_staleness_counts_versions_since_base(head, base, expected):
     assert value == expected
 
 
-def test_delta_weights_scale_by_example_share_and_staleness():
-    """weight = examples / nominal * discount(staleness)."""
+def test_task_delays_count_deltas_since_base_and_ahead_in_the_fold():
+    """Head has 10 deltas applied. Bases saw 10, 10, 7 and 9: behind 0, 0, 3, 1. Freshest first
+    (ties in order): positions 0, 1, 3, 2, so delays 0, 1, 6, 3."""
     # Prepare
     updates = [
-        _update(0, [[0, 0], [0]], base=4, examples=100),   # fresh, full task
-        _update(1, [[0, 0], [0]], base=4, examples=50),    # fresh, half a task
-        _update(2, [[0, 0], [0]], base=1, examples=100),   # 3 versions stale
-        _update(3, [[0, 0], [0]], base=3, examples=200),   # 1 stale, double task
+        _update(0, [[0, 0], [0]], base=4, base_applied=10),
+        _update(1, [[0, 0], [0]], base=4, base_applied=10),
+        _update(2, [[0, 0], [0]], base=2, base_applied=7),
+        _update(3, [[0, 0], [0]], base=3, base_applied=9),
     ]
     # Execute
-    weights = delta_weights(updates, head_version=4, nominal_examples=100)
+    delays = task_delays(updates, head_version=4, head_applied=10)
     # Assert
-    assert weights == pytest.approx([1.0, 0.5, 0.5, 2.0 / math.sqrt(2.0)])
+    assert delays == [0, 1, 6, 3]
 
 
-def test_delta_weights_grace_forgives_in_flight_versions():
-    """With grace 1, one version of staleness costs nothing."""
+def test_task_delays_estimate_from_versions_without_a_count():
+    """A delta without base_applied (written by an older worker): versions behind times the
+    fold's size, plus its place in the fold: 2 * 2 + 1 and 0 + 0."""
     # Prepare
-    updates = [_update(0, [[0, 0], [0]], base=3, examples=100)]
+    updates = [_update(0, [[0, 0], [0]], base=2), _update(1, [[0, 0], [0]], base=4)]
     # Execute
-    weights = delta_weights(updates, head_version=4, nominal_examples=100, grace=1)
+    delays = task_delays(updates, head_version=4, head_applied=99)
     # Assert
-    assert weights == pytest.approx([1.0])
+    assert delays == [5, 0]
+
+
+def test_one_worker_one_delta_per_version_is_never_discounted():
+    """K=1 with one worker: every delta was trained on the head, so it counts in full (the
+    pipeline then takes exactly serial training's steps)."""
+    # Prepare
+    updates = [_update(0, [[0, 0], [0]], base=7, examples=100, base_applied=7)]
+    # Execute
+    weights = delta_weights(updates, head_version=7, nominal_examples=100, head_applied=7)
+    # Assert
+    assert weights == [1.0]
+
+
+def test_delta_weights_scale_by_example_share_and_delay():
+    """weight = examples / nominal / (1 + delay): delays 0, 1, 6, 3 (as above)."""
+    # Prepare
+    updates = [
+        _update(0, [[0, 0], [0]], base=4, examples=100, base_applied=10),  # fresh, full task
+        _update(1, [[0, 0], [0]], base=4, examples=50, base_applied=10),   # second in the fold
+        _update(2, [[0, 0], [0]], base=2, examples=100, base_applied=7),   # 3 behind, 4th
+        _update(3, [[0, 0], [0]], base=3, examples=200, base_applied=9),   # 1 behind, 3rd
+    ]
+    # Execute
+    weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10)
+    # Assert
+    assert weights == pytest.approx([1.0, 0.25, 1.0 / 7.0, 0.5])
 
 
 def test_delta_weights_zero_nominal_is_treated_as_one():
     """A nominal task size of 0 cannot divide by zero."""
     # Prepare
-    updates = [_update(0, [[0, 0], [0]], base=0, examples=3)]
+    updates = [_update(0, [[0, 0], [0]], base=0, examples=3, base_applied=0)]
     # Execute
     weights = delta_weights(updates, head_version=0, nominal_examples=0)
     # Assert
