@@ -249,10 +249,11 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
             failures.append({"task_index": ref.task_index, "error": "task failed"})
     nominal = max(1, math.ceil(job["dataset"]["train_rows"] / max(1, job["tasks_per_epoch"])))
     new_version = head_version + 1
+    policy = aggregation.policy_for(str((job.get("model") or {}).get("kind", "")))
     if updates:
         head_applied = int(job.get("tasks_applied") or 0)
-        delays = aggregation.task_delays(updates, head_version, head_applied)
-        weights = aggregation.delta_weights(updates, head_version, nominal, head_applied)
+        delays = aggregation.delays(updates, head_version, head_applied, policy)
+        weights = aggregation.delta_weights(updates, head_version, nominal, head_applied, policy)
         new = aggregation.fold(base, updates, weights)
         assert new is not None
         data = codec.encode_weights(new, {"job_id": job_id, "version": new_version})
@@ -281,7 +282,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         "tasks_failed": [layout.task_id_for(job_id, epoch, int(f["task_index"]))
                          for f in failures],
         "staleness": [aggregation.staleness(head_version, u.base_version) for u in updates],
-        "delays": delays,
+        "delays": delays, "delay_unit": policy.unit,
         "delta_weights": [round(w, 6) for w in weights], "samples": samples,
         "train_loss": train_loss, "holdout_accuracy": accuracy, "holdout_loss": loss,
         "created_at": now,

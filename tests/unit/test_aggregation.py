@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from bucketlearn.aggregation import (
+    BY_VERSIONS,
     DeltaUpdate,
     delta_weights,
     fold,
+    policy_for,
     staleness,
     staleness_discount,
     task_delays,
@@ -211,6 +213,33 @@ def test_delta_weights_scale_by_example_share_and_delay():
     weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10)
     # Assert
     assert weights == pytest.approx([1.0, 0.25, 1.0 / 7.0, 0.5])
+
+
+def test_delta_weights_by_versions_for_mlps():
+    """The MLP policy: versions since the base, exponent 0.5, no place-in-fold count:
+    shares 1, 0.5, 1, 2 times (1+0, 1+0, 1+3, 1+1) ** -0.5."""
+    # Prepare
+    updates = [
+        _update(0, [[0, 0], [0]], base=4, examples=100, base_applied=10),
+        _update(1, [[0, 0], [0]], base=4, examples=50, base_applied=10),
+        _update(2, [[0, 0], [0]], base=1, examples=100, base_applied=7),
+        _update(3, [[0, 0], [0]], base=3, examples=200, base_applied=9),
+    ]
+    # Execute
+    weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10,
+                            policy=BY_VERSIONS)
+    # Assert
+    assert weights == pytest.approx([1.0, 0.5, 0.5, 2.0 / math.sqrt(2.0)])
+
+
+@pytest.mark.parametrize("kind, unit, exponent", [("cnn", "tasks", 1.0),
+                                                  ("mlp", "versions", 0.5)])
+def test_policy_follows_the_model_kind(kind, unit, exponent):
+    """CNNs count delays in tasks with 1/(1+d); MLPs in versions with (1+s)^-0.5."""
+    # Prepare / Execute
+    policy = policy_for(kind)
+    # Assert
+    assert (policy.unit, policy.exponent) == (unit, exponent)
 
 
 def test_delta_weights_zero_nominal_is_treated_as_one():
