@@ -26,7 +26,7 @@ from benchmarks import common
 from benchmarks.common import MB, goal, log
 
 FULL = {"sizes_mb": [50, 500], "repeats": {"50": 3, "500": 2},
-        "contenders": ["split", "split-tempdir", "split-bounded", "pyarrow", "pandas"],
+        "contenders": ["split", "split-tempdir", "pyarrow", "pandas"],
         "emulator_sizes_mb": [50],
         "probes": {"50": ["probe-stages"], "500": ["probe-readahead"]}}
 SMOKE = {"sizes_mb": [1], "repeats": {"1": 1}, "contenders": ["split", "pyarrow", "pandas"],
@@ -140,9 +140,6 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             ratios[f"split_vs_pandas_throughput_{size}mb"] = (c["split"]["mb_per_s"]
                                                               / c["pandas"]["mb_per_s"])
         ratios[f"split_vs_pyarrow_peak_rss_{size}mb"] = c["split"]["peak_rss_mb"] / c["pyarrow"]["peak_rss_mb"]
-        if "split-bounded" in c:
-            ratios[f"split_bounded_vs_pyarrow_throughput_{size}mb"] = (
-                c["split-bounded"]["mb_per_s"] / c["pyarrow"]["mb_per_s"])
     sizes = sorted(figures, key=float)
     small, large = sizes[0], sizes[-1]
     for contender in params["contenders"]:
@@ -197,18 +194,19 @@ def extra_tables(result: dict[str, Any]) -> list[str]:
         diagnosis = entry.get("diagnosis", {})
         probe = diagnosis.get("probe-readahead")
         if probe:
-            for key in ("split_block", "block_4mib", "block_1mib"):
-                p = probe[key]
+            for p in (v for v in probe.values() if isinstance(v, dict) and "block_bytes" in v):
+                what = p.get("what") or (f"pyarrow.csv.open_csv, "
+                                          f"{p['block_bytes'] / 2**20:.0f} MiB blocks")
                 growth = (f", RSS +{p['rss_growth_mb']:.0f} MB" if p.get("rss_growth_mb")
                           is not None else "")
-                rows.append([f"pyarrow.csv.open_csv on the {entry['file_mb']:.0f} MB file, "
-                             f"{p['block_bytes'] / 2**20:.0f} MiB blocks: reads issued when the "
-                             "first batch is returned",
+                rows.append([f"{what}, on the {entry['file_mb']:.0f} MB file: reads issued when "
+                             "the first batch is returned",
                              f"{p['reads_after_first_batch']} reads = "
                              f"{p['bytes_read_ahead'] / MB:.0f} MB read ahead{growth}"])
         stages = diagnosis.get("probe-stages")
         if stages:
             peaks = ", ".join(f"{k} {v:.0f} MB" for k, v in stages["transient_peaks_mb"].items())
+            block = stages.get("block_mib", 32)  # results before the bounded reader: 32 MiB
             rows.append([f"split's per-block transient allocations (tracemalloc, "
-                         f"{entry['file_mb']:.0f} MB file, 32 MiB blocks)", peaks])
+                         f"{entry['file_mb']:.0f} MB file, {block:.0f} MiB blocks)", peaks])
     return [md_table(["RSS diagnosis", "measured"], rows)] if rows else []

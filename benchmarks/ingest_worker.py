@@ -3,17 +3,17 @@
     python -m benchmarks.ingest_worker CONTENDER FILE [--bucket B --object O --work-bucket W]
 
 Contenders:
-    split           bucketlearn.ingest.split_upload from a local file; parts are encoded exactly as in
+    split           bucketlearn.ingest.split_upload from a local file, as shipped (4 MiB CSV blocks,
+                    at most 3 read ahead: bucketlearn.readahead); parts are encoded exactly as in
                     production, then handed to a store that *discards* them (isolates ingest cost)
     split-tempdir   the same, the store writes every part to a temporary directory (removed after)
     split-emulator  the upload function's real I/O: the CSV is streamed from gcp-storage-emulator
                     (STORAGE_EMULATOR_HOST) and parts are written back to it
-    split-bounded   EXPERIMENT, not shipped code: 4 MiB CSV blocks and at most 3 blocks read ahead
-                    (the fix proposed for the RSS growth; see docs/BENCHMARKS.md)
     pyarrow         pyarrow.csv.read_csv(FILE) (type inference, multi-threaded)
     pandas          pandas.read_csv(FILE) (C engine)
-    probe-readahead diagnosis: how many blocks pyarrow's streaming reader has read when the first
-                    batch is returned (split's block size, 4 MiB, 1 MiB)
+    probe-readahead diagnosis: how many blocks have been read when the first batch is returned:
+                    pyarrow's streaming reader alone (32 MiB blocks, as split used before; 4 MiB)
+                    and split's bounded reader (4 MiB)
     probe-stages    diagnosis: tracemalloc peaks of split's per-block steps
 
 Peak RSS is the process's VmHWM at the end; ``base_rss_mb`` is VmRSS after imports, before reading.
@@ -28,15 +28,11 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from benchmarks.common import MB, proc_status_mb
-
-BOUNDED_BLOCK_MIB = 4
-BOUNDED_AHEAD_BLOCKS = 3
 
 
 class DiscardStore:
@@ -71,53 +67,6 @@ class TempDirStore(DiscardStore):
         return super().write_bytes(bucket, name, data, content_type, metadata)
 
 
-class _BoundedReader(io.RawIOBase):
-    """A file whose reads wait while more than ``ahead`` blocks are unconsumed (experiment)."""
-
-    def __init__(self, path: str, gate: _Gate) -> None:
-        self.handle = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self.gate = gate
-        self.reads = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        self.gate.wait_for_room(self.reads)
-        self.reads += 1
-        return self.handle.read(size)
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.handle.close()
-        super().close()
-
-
-class _Gate:
-    def __init__(self, ahead: int) -> None:
-        self.ahead = ahead
-        self.consumed = 0
-        self.cond = threading.Condition()
-
-    def wait_for_room(self, reads: int) -> None:
-        with self.cond:  # the timeout only guards against a reader that needs more look-ahead
-            self.cond.wait_for(lambda: reads - self.consumed < self.ahead, timeout=5)
-
-    def advance(self) -> None:
-        with self.cond:
-            self.consumed += 1
-            self.cond.notify_all()
-
-    def reset(self) -> None:
-        with self.cond:
-            self.consumed = 0
-            self.cond.notify_all()
-
-
 def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from bucketlearn import ingest
     from bucketlearn.config import JobOptions, Limits
@@ -127,7 +76,8 @@ def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str,
     limits = Limits()
     size = os.path.getsize(path)
     source = SourceFile(os.path.basename(path), size, lambda: open(path, "rb"))
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"block_mib": ingest.READ_BLOCK_BYTES / 2**20,
+                             "ahead_blocks": ingest.READ_AHEAD_BLOCKS}
     scratch = None
     if store_kind == "discard":
         store: Any = DiscardStore()
@@ -147,21 +97,6 @@ def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str,
         source = SourceFile(f"gs://{args.bucket}/{args.object}", info.size,
                             lambda: gcs.open_read(args.bucket, args.object))
         store, bucket = gcs, args.work_bucket
-    elif store_kind == "bounded":
-        gate = _Gate(BOUNDED_AHEAD_BLOCKS)
-        original = ingest._batches
-
-        def batches(*a: Any, **k: Any) -> Any:
-            gate.reset()
-            for batch in original(*a, **k):
-                yield batch
-                gate.advance()
-
-        ingest._batches = batches  # the experiment: a bounded read-ahead around the same reader
-        limits = Limits(max_line_bytes=BOUNDED_BLOCK_MIB << 19)  # block = 2 x max line = 4 MiB
-        source = SourceFile(os.path.basename(path), size, lambda: _BoundedReader(path, gate))
-        store, bucket = DiscardStore(), "work"
-        extra = {"block_mib": BOUNDED_BLOCK_MIB, "ahead_blocks": BOUNDED_AHEAD_BLOCKS}
     else:
         raise SystemExit(f"unknown store {store_kind}")
     base = proc_status_mb("VmRSS")
@@ -203,18 +138,22 @@ def run_reader(kind: str, path: str) -> dict[str, Any]:
 
 
 def probe_readahead(path: str) -> dict[str, Any]:
-    """How far pyarrow's streaming CSV reader reads ahead of the consumer, with split's options."""
+    """How far the CSV stream is read ahead of the consumer when the first batch is returned."""
     import pyarrow.csv as pacsv
 
-    from bucketlearn import ingest
+    from bucketlearn import ingest, readahead
     from bucketlearn.config import Limits
 
-    limits = Limits()
     columns = ingest.read_header(ingest.SourceFile(path, os.path.getsize(path),
-                                                   lambda: open(path, "rb")), limits)
-    block = max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))  # as ingest._batches
-    out: dict[str, Any] = {"block_bytes_split": block}
-    for label, size in (("split_block", block), ("block_4mib", 4 << 20), ("block_1mib", 1 << 20)):
+                                                   lambda: open(path, "rb")), Limits())
+    out: dict[str, Any] = {}
+    probes = (("pyarrow_32mib", 32 << 20, False,
+               "pyarrow.csv.open_csv alone, 32 MiB blocks (split before the bounded reader)"),
+              ("pyarrow_4mib", 4 << 20, False, "pyarrow.csv.open_csv alone, 4 MiB blocks"),
+              ("split_bounded", ingest.READ_BLOCK_BYTES, True,
+               f"split's reader: open_csv on readahead.BoundedReader, "
+               f"{ingest.READ_BLOCK_BYTES >> 20} MiB blocks, {ingest.READ_AHEAD_BLOCKS} ahead"))
+    for label, size, bounded, what in probes:
         counter = {"reads": 0}
         handle = open(path, "rb")  # noqa: SIM115 - closed below
 
@@ -228,16 +167,26 @@ def probe_readahead(path: str) -> dict[str, Any]:
                 return handle.read(n)
 
         rss0 = proc_status_mb("VmRSS") or 0.0  # meaningful for the first (fresh) probe only
-        reader = pacsv.open_csv(Counting(), read_options=pacsv.ReadOptions(
-            block_size=size, column_names=columns, skip_rows=1),
-            convert_options=pacsv.ConvertOptions(include_columns=[columns[-1]]))
-        reader.read_next_batch()
+        options = pacsv.ReadOptions(block_size=size, column_names=columns, skip_rows=1)
+        convert = pacsv.ConvertOptions(include_columns=[columns[-1]])
+        if bounded:
+            stream = readahead.BoundedReader(Counting(), ahead=ingest.READ_AHEAD_BLOCKS)
+            batches = stream.batches(lambda s, options=options, convert=convert: pacsv.open_csv(
+                s, read_options=options, convert_options=convert))
+            next(batches)
+        else:
+            reader = pacsv.open_csv(Counting(), read_options=options, convert_options=convert)
+            reader.read_next_batch()
         time.sleep(1.5)  # let the background reader run as far as it will
-        out[label] = {"block_bytes": size, "reads_after_first_batch": counter["reads"],
+        out[label] = {"what": what, "block_bytes": size,
+                      "reads_after_first_batch": counter["reads"],
                       "bytes_read_ahead": min(counter["reads"] * size, os.path.getsize(path)),
                       "rss_growth_mb": ((proc_status_mb("VmRSS") or 0.0) - rss0
-                                        if label == "split_block" else None)}
-        reader.close()
+                                        if label == probes[0][0] else None)}
+        if bounded:
+            batches.close()
+        else:
+            reader.close()
         handle.close()
     return {"rows": 0, "seconds": 1.0, "base_rss_mb": None, **out}
 
@@ -278,14 +227,14 @@ def probe_stages(path: str) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     tracemalloc.stop()
     return {"rows": manifest.rows, "seconds": seconds, "base_rss_mb": None,
-            "transient_peaks_mb": peaks}
+            "transient_peaks_mb": peaks, "block_mib": ingest.READ_BLOCK_BYTES / 2**20}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("contender", choices=["split", "split-tempdir", "split-emulator",
-                                              "split-bounded", "pyarrow", "pandas",
-                                              "probe-readahead", "probe-stages"])
+                                              "pyarrow", "pandas", "probe-readahead",
+                                              "probe-stages"])
     parser.add_argument("file")
     parser.add_argument("--bucket")
     parser.add_argument("--object")
@@ -297,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.contender == "probe-stages":
         out = probe_stages(args.file)
     elif args.contender.startswith("split"):
-        store = {"split": "discard", "split-tempdir": "tempdir", "split-emulator": "emulator",
-                 "split-bounded": "bounded"}[args.contender]
+        store = {"split": "discard", "split-tempdir": "tempdir",
+                 "split-emulator": "emulator"}[args.contender]
         out = run_split(args.file, store, args)
     else:
         out = run_reader(args.contender, args.file)

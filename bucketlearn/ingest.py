@@ -1,6 +1,7 @@
 """Ingestion: stream an uploaded CSV, validate it, deal its rows into stratified shards + holdout.
 
-Two streaming passes over the file, each holding one pyarrow block at a time:
+Two streaming passes over the file, each holding a few pyarrow blocks at a time (4 MiB blocks,
+at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahead``):
 
 1. *Scan*: parse every row (structure, UTF-8), read only the label column; count rows per class.
 2. *Deal*: convert features to float32, check they are finite, and send each row either to the
@@ -8,6 +9,10 @@ Two streaming passes over the file, each holding one pyarrow block at a time:
    a training shard. Row ``j`` of class ``c``'s training rows goes to shard
    ``floor((j + u_c) * T / n_c)``, so every shard gets the same share of every class, contiguous in
    file order, whatever the file's order (a CSV sorted by label included).
+
+A row longer than a block makes pyarrow fail ("straddles two block boundaries"); pass 1 then
+starts again with blocks of ``2 x max_line_bytes`` (enough for any row within the limit), and
+pass 2 uses the block size pass 1 succeeded with.
 
 Shard rows are buffered per shard and written as ``part-NNNN.npz`` objects when a shard is
 complete or when the buffers reach ``buffer_bytes``; memory therefore stays flat as the file grows
@@ -34,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from bucketlearn import codec, layout
+from bucketlearn import codec, layout, readahead
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ports import BlobStore
@@ -43,6 +48,8 @@ log = logging.getLogger(__name__)
 
 Opener = Callable[[], IO[bytes]]
 DEFAULT_BUFFER_BYTES = 64 * 1024**2
+READ_BLOCK_BYTES = 4 * 1024**2  # pyarrow's CSV block; larger only for rows that do not fit
+READ_AHEAD_BLOCKS = 3  # blocks read from the source ahead of the batch being processed
 HOLDOUT_PART_BYTES = 16 * 1024**2
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
@@ -273,23 +280,41 @@ def choose_label_column(columns: list[str], requested: str | None, file: str) ->
 
 # --- streaming -----------------------------------------------------------------------------------
 
-def _batches(source: SourceFile, columns: list[str], label: str, limits: Limits,
-             include: list[str] | None) -> Any:
-    block = max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+def _largest_block(limits: Limits) -> int:
+    """A block that holds any row within the line limit: twice the limit (1 to 64 MiB)."""
+    return max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+
+
+def _block_sizes(limits: Limits, block_bytes: int) -> tuple[int, int]:
+    """(the block to try first, the block to retry with when a row does not fit it)."""
+    largest = _largest_block(limits)
+    return min(block_bytes, largest), largest
+
+
+# pyarrow's messages for a row, or the header, that does not fit in one block
+_BLOCK_TOO_SMALL = ("straddling object straddles two block boundaries",
+                    "header is larger than block size")
+
+
+class _BlockTooSmall(Exception):
+    """A row (or the header) is longer than the read block; read again with a larger one."""
+
+
+def _batches(source: SourceFile, columns: list[str], label: str, include: list[str] | None,
+             block_bytes: int) -> Any:
     types = {c: (pa.string() if c == label else pa.float32()) for c in columns}
-    stream = source.opener()
-    reader = pacsv.open_csv(
-        stream,
-        read_options=pacsv.ReadOptions(block_size=block, column_names=columns, skip_rows=1),
-        parse_options=pacsv.ParseOptions(newlines_in_values=False),
-        convert_options=pacsv.ConvertOptions(
-            column_types=types, include_columns=include, strings_can_be_null=False,
-            quoted_strings_can_be_null=False, null_values=[""]),
-    )
+    read_options = pacsv.ReadOptions(block_size=block_bytes, column_names=columns, skip_rows=1)
+    parse_options = pacsv.ParseOptions(newlines_in_values=False)
+    convert_options = pacsv.ConvertOptions(
+        column_types=types, include_columns=include, strings_can_be_null=False,
+        quoted_strings_can_be_null=False, null_values=[""])
+    stream = readahead.BoundedReader(source.opener(), ahead=READ_AHEAD_BLOCKS)
     try:
-        yield from reader
+        yield from stream.batches(lambda s: pacsv.open_csv(
+            s, read_options=read_options, parse_options=parse_options,
+            convert_options=convert_options))
     finally:
-        stream.close()
+        stream.close()  # releases pyarrow's reading thread if it waits for room
 
 
 def _lines(stream: IO[bytes], limit: int) -> Any:
@@ -471,13 +496,19 @@ def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[
 
 # --- pass 1: scan --------------------------------------------------------------------------------
 
-def scan_labels(source: SourceFile, columns: list[str], label: str,
-                limits: Limits) -> tuple[list[str], list[int]]:
-    """Pass 1: parse every row, read the labels; return (label values, counts) in first-seen order."""
+def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                block_bytes: int | None = None) -> tuple[list[str], list[int]]:
+    """Pass 1: parse every row, read the labels; return (label values, counts) in first-seen order.
+
+    ``block_bytes``: the read block, by default one that holds any row within the line limit.
+    With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
+    """
+    largest = _largest_block(limits)
+    block = largest if block_bytes is None else min(block_bytes, largest)
     counts: dict[str, int] = {}
     rows = 0
     try:
-        for batch in _batches(source, columns, label, limits, include=[label]):
+        for batch in _batches(source, columns, label, [label], block):
             labels = batch.column(0)
             empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
             if pc.any(empty).as_py():
@@ -502,6 +533,8 @@ def scan_labels(source: SourceFile, columns: list[str], label: str,
                                found=f"more than {limits.max_classes} (by row {rows + batch.num_rows})")
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
+        if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
+            raise _BlockTooSmall(str(exc)) from None
         raise _diagnosed(source, columns, label, limits, str(exc)) from None
     if rows == 0:
         raise _problem(source.display_name, "the file has a header but no data rows",
@@ -677,6 +710,7 @@ def split_upload(
     options: JobOptions,
     limits: Limits,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    read_block_bytes: int = READ_BLOCK_BYTES,
 ) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
@@ -688,6 +722,8 @@ def split_upload(
         options: the job's options (label column, shard size, holdout fraction, seed).
         limits: input limits, checked before expensive work.
         buffer_bytes: memory budget for shard buffers.
+        read_block_bytes: the CSV read block to try first (a file with a longer row is read
+            with blocks of ``2 x limits.max_line_bytes``, as that always fits).
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -699,7 +735,14 @@ def split_upload(
     columns = read_header(source, limits)
     label = choose_label_column(columns, options.label_column, file)
     feature_names = [c for c in columns if c != label]
-    raw_values, raw_counts = scan_labels(source, columns, label, limits)
+    block, largest = _block_sizes(limits, read_block_bytes)
+    try:
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block)
+    except _BlockTooSmall as exc:  # pass 1 has written nothing: start it again
+        log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks", file, exc, block,
+                 largest)
+        block = largest
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block)
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts, file, label)
     single = [name for name, n in zip(classes, class_counts, strict=True) if n < 2]
     if single:
@@ -740,7 +783,7 @@ def split_upload(
     seen_train = np.zeros(len(classes), dtype=np.int64)
     row_offset = 0
     try:
-        for batch in _batches(source, columns, label, limits, include=None):
+        for batch in _batches(source, columns, label, None, block):
             x = _features(batch, feature_names)
             found = _first_non_finite(x, batch, feature_names, row_offset, file)
             if found is not None:
