@@ -199,16 +199,31 @@ def emulators(home: Path) -> Iterator[Any]:
         emus.stop()
 
 
+@contextlib.contextmanager
+def local_stack(home: Path, workers: int, emus: Any, label: str, timeout: float = 240,
+                **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """A started LocalStack on shared emulators (no dashboard) and its Google services; stopped
+    afterwards. ``kwargs`` go to LocalStack (e.g. ``extra_env``)."""
+    from bucketlearn.bootstrap import google_services
+    from bucketlearn.local.stack import LocalStack
+
+    stack = LocalStack(home=home, workers=workers, dashboard=False, emulators=emus,
+                       name_prefix=unique_prefix(label), **kwargs)
+    stack.start(timeout=timeout)
+    try:
+        yield stack, google_services(stack.settings)
+    finally:
+        stack.stop()
+
+
 def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
-        job = svc.registry.get_job(job_id)
-        if job and job.get("status") in ("DONE", "REJECTED", "FAILED"):
-            return job
-        time.sleep(poll)
-    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
-                       f"{ {k: (job or {}).get(k) for k in ('status', 'phase', 'epoch', 'version')} }")
+    from bucketlearn import jobs
+
+    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll)
+    if job is None or not jobs.is_terminal(job):
+        raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
+                           f"{ {k: (job or {}).get(k) for k in ('status', 'phase', 'epoch', 'version')} }")
+    return job
 
 
 def submit(svc: Any, path: Path, options: Any, name: str | None = None) -> tuple[str, float]:
@@ -219,6 +234,13 @@ def submit(svc: Any, path: Path, options: Any, name: str | None = None) -> tuple
     info = svc.store.write_file(svc.settings.uploads_bucket, name or path.name, str(path),
                                 "text/csv", options.to_metadata())
     return layout.job_id_for(info.bucket, info.name, info.generation), started
+
+
+def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``fn(*args, **kwargs)`` and its wall time in seconds (perf_counter)."""
+    started = time.perf_counter()
+    value = fn(*args, **kwargs)
+    return value, time.perf_counter() - started
 
 
 def median(values: list[float]) -> float | None:

@@ -142,8 +142,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         ratios[f"split_vs_pyarrow_peak_rss_{size}mb"] = c["split"]["peak_rss_mb"] / c["pyarrow"]["peak_rss_mb"]
     sizes = sorted(figures, key=float)
     small, large = sizes[0], sizes[-1]
-    for contender in params["contenders"]:
-        if len(sizes) > 1:
+    if len(sizes) > 1:
+        for contender in params["contenders"]:
             ratios[f"{contender}_peak_rss_growth_{small}_to_{large}mb"] = (
                 figures[large]["contenders"][contender]["peak_rss_mb"]
                 / figures[small]["contenders"][contender]["peak_rss_mb"])

@@ -26,7 +26,6 @@ import io
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -71,11 +70,11 @@ def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str,
     from bucketlearn import ingest
     from bucketlearn.config import JobOptions, Limits
     from bucketlearn.ingest import SourceFile
+    from bucketlearn.serial import local_source
 
     options = JobOptions()
     limits = Limits()
-    size = os.path.getsize(path)
-    source = SourceFile(os.path.basename(path), size, lambda: open(path, "rb"))
+    source = local_source(path)
     extra: dict[str, Any] = {"block_mib": ingest.READ_BLOCK_BYTES / 2**20,
                              "ahead_blocks": ingest.READ_AHEAD_BLOCKS}
     scratch = None
@@ -143,9 +142,9 @@ def probe_readahead(path: str) -> dict[str, Any]:
 
     from bucketlearn import ingest, readahead
     from bucketlearn.config import Limits
+    from bucketlearn.serial import local_source
 
-    columns = ingest.read_header(ingest.SourceFile(path, os.path.getsize(path),
-                                                   lambda: open(path, "rb")), Limits())
+    columns = ingest.read_header(local_source(path), Limits())
     out: dict[str, Any] = {}
     probes = (("pyarrow_32mib", 32 << 20, False,
                "pyarrow.csv.open_csv alone, 32 MiB blocks (split before the bounded reader)"),
@@ -198,6 +197,7 @@ def probe_stages(path: str) -> dict[str, Any]:
 
     from bucketlearn import ingest
     from bucketlearn.config import JobOptions, Limits
+    from bucketlearn.serial import local_source
 
     peaks: dict[str, float] = {}
 
@@ -221,9 +221,8 @@ def probe_stages(path: str) -> dict[str, Any]:
     wrap(ingest._HoldoutWriter, "flush", "holdout_part_concat_and_npz")
     tracemalloc.start()
     started = time.perf_counter()
-    manifest = ingest.split_upload(ingest.SourceFile(path, os.path.getsize(path),
-                                                     lambda: open(path, "rb")),
-                                   DiscardStore(), "work", "bench", JobOptions(), Limits())
+    manifest = ingest.split_upload(local_source(path), DiscardStore(), "work", "bench",
+                                   JobOptions(), Limits())
     seconds = time.perf_counter() - started
     tracemalloc.stop()
     return {"rows": manifest.rows, "seconds": seconds, "base_rss_mb": None,
@@ -254,7 +253,6 @@ def main(argv: list[str] | None = None) -> None:
     out.update(contender=args.contender, file_mb=size / MB, mb_per_s=size / MB / out["seconds"],
                peak_rss_mb=proc_status_mb("VmHWM"), pid=os.getpid())
     print(json.dumps(out), flush=True)
-    sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown (freeing a 3 GB table takes a while)
 
 

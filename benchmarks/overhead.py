@@ -200,31 +200,22 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
 
 
 def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> dict[str, Any]:
-    from bucketlearn.bootstrap import google_services
     from bucketlearn.config import JobOptions
-    from bucketlearn.local.stack import LocalStack
 
     out = {}
-    with common.emulators(tmp) as emus:
-        stack = LocalStack(home=tmp / "stack", workers=workers, dashboard=False, emulators=emus,
-                           name_prefix=common.unique_prefix("overhead"))
-        stack.start(timeout=240)
-        try:
-            svc = google_services(stack.settings)
-            warm = tmp / "warmup.csv"
-            lines = common.DIGITS.read_text().splitlines()
-            warm.write_text("\n".join(lines[:201]) + "\n")
-            log("overhead: warm-up job (imports TensorFlow in the worker and both functions)")
-            job_id, _ = common.submit(svc, warm, JobOptions(epochs=1))
-            common.wait_terminal(svc, job_id, timeout=600)
-            for name, (path, options) in cells.items():
-                log(f"overhead: stack W={workers} {name}")
-                job_id, t0 = common.submit(svc, path, options)
-                common.wait_terminal(svc, job_id, timeout=1800)
-                out[name] = job_timeline(svc, job_id, t0)
-                out[name]["job_id"] = job_id
-        finally:
-            stack.stop()
+    with (common.emulators(tmp) as emus,
+          common.local_stack(tmp / "stack", workers, emus, "overhead") as (_, svc)):
+        warm = tmp / "warmup.csv"
+        lines = common.DIGITS.read_text().splitlines()
+        warm.write_text("\n".join(lines[:201]) + "\n")
+        log("overhead: warm-up job (imports TensorFlow in the worker and both functions)")
+        job_id, _ = common.submit(svc, warm, JobOptions(epochs=1))
+        common.wait_terminal(svc, job_id, timeout=600)
+        for name, (path, options) in cells.items():
+            log(f"overhead: stack W={workers} {name}")
+            job_id, t0 = common.submit(svc, path, options)
+            common.wait_terminal(svc, job_id, timeout=1800)
+            out[name] = {**job_timeline(svc, job_id, t0), "job_id": job_id}
     return out
 
 
@@ -246,14 +237,11 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             serial_runs = []
             for _ in range(int(params.get("serial_repeats", 1))):
                 log(f"overhead: serial {name}")
-                t = time.perf_counter()
-                serial = train_local(str(path), options)
-                serial_runs.append(time.perf_counter() - t)
+                serial, seconds = common.timed(train_local, str(path), options)
+                serial_runs.append(seconds)
             serial_seconds = min(serial_runs)  # the baseline's best case: a conservative ratio
             log(f"overhead: simulation W=1 {name}")
-            t = time.perf_counter()
-            sim = simulate_pipeline(str(path), options, workers=1)
-            sim_seconds = time.perf_counter() - t
+            sim, sim_seconds = common.timed(simulate_pipeline, str(path), options, workers=1)
             figures[name] = {
                 "options": options.to_dict(), "rows": serial.manifest.rows,
                 "tasks_per_epoch": len(serial.manifest.shards),

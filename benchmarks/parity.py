@@ -48,55 +48,42 @@ TOLERANCE_PP = 1.0
 
 def dataset_file(name: str, spec: dict[str, Any], order: str, tmp: Path) -> Path:
     path = tmp / f"{name}_{order}.csv"
-    if name == "digits":
-        lines = common.DIGITS.read_text().splitlines()
-        rows = lines[1:]
-        if order == "sorted":
-            rows = sorted(rows, key=lambda line: int(line.rsplit(",", 1)[1]))
-        else:
-            rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
-        path.write_text("\n".join([lines[0], *rows]) + "\n")
-    else:
+    if name != "digits":
         common.write_hmnist(path, count=int(spec["rows"]), sorted_by_label=order == "sorted")
+    elif order == "sorted":
+        common.sorted_copy(common.DIGITS, path)
+    else:
+        header, *rows = common.DIGITS.read_text().splitlines()
+        rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+        path.write_text("\n".join([header, *rows]) + "\n")
     return path
+
+
+def job_cell(job: dict[str, Any], seconds: float, **extra: Any) -> dict[str, Any]:
+    """A pipeline run's figures from its final job document."""
+    return {"status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+            "versions": int(job["version"]) + 1, "tasks_applied": job.get("tasks_applied"),
+            "holdout_rows": job.get("final_holdout_rows"), "seconds": seconds, **extra}
 
 
 def sim_cell(path: Path, options: Any, workers: int) -> dict[str, Any]:
     from bucketlearn.serial import simulate_pipeline
 
-    started = time.perf_counter()
-    out = simulate_pipeline(str(path), options, workers=workers)
-    job = out["job"]
-    return {"status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
-            "versions": int(job["version"]) + 1, "tasks_applied": job.get("tasks_applied"),
-            "holdout_rows": job.get("final_holdout_rows"),
-            "seconds": time.perf_counter() - started}
+    out, seconds = common.timed(simulate_pipeline, str(path), options, workers=workers)
+    return job_cell(out["job"], seconds)
 
 
 def stack_cells(cells: list[tuple[str, str, Path, Any]], workers: int,
                 tmp: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """Each (dataset, order) file through one real LocalStack with ``workers`` worker processes."""
-    from bucketlearn.bootstrap import google_services
-    from bucketlearn.local.stack import LocalStack
-
     results = {}
-    with common.emulators(tmp) as emus:
-        stack = LocalStack(home=tmp / "stack", workers=workers, dashboard=False, emulators=emus,
-                           name_prefix=common.unique_prefix("parity"))
-        stack.start(timeout=240)
-        try:
-            svc = google_services(stack.settings)
-            for name, order, path, options in cells:
-                log(f"parity: stack W={workers} {name}/{order}")
-                job_id, t0 = common.submit(svc, path, options)
-                job = common.wait_terminal(svc, job_id, timeout=1800)
-                results[(name, order)] = {
-                    "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
-                    "versions": int(job["version"]) + 1, "tasks_applied": job.get("tasks_applied"),
-                    "holdout_rows": job.get("final_holdout_rows"),
-                    "seconds": float(job["finished_at"]) - t0, "job_id": job_id}
-        finally:
-            stack.stop()
+    with (common.emulators(tmp) as emus,
+          common.local_stack(tmp / "stack", workers, emus, "parity") as (_, svc)):
+        for name, order, path, options in cells:
+            log(f"parity: stack W={workers} {name}/{order}")
+            job_id, t0 = common.submit(svc, path, options)
+            job = common.wait_terminal(svc, job_id, timeout=1800)
+            results[(name, order)] = job_cell(job, float(job["finished_at"]) - t0, job_id=job_id)
     return results
 
 
@@ -108,6 +95,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     result = common.new_result("parity", smoke, params)
     started = time.monotonic()
     cells: dict[str, dict[str, Any]] = {}
+    stack = params.get("stack")
     stack_todo = []
     with common.scratch_dir("parity") as tmp:
         for name, spec in params["datasets"].items():
@@ -115,22 +103,20 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             for order in params["orders"]:
                 path = dataset_file(name, spec, order, tmp)
                 log(f"parity: serial {name}/{order}")
-                t = time.perf_counter()
-                serial = train_local(str(path), options)
+                serial, serial_seconds = common.timed(train_local, str(path), options)
                 cell: dict[str, Any] = {
                     "options": options.to_dict(), "rows": serial.manifest.rows,
                     "holdout_rows": serial.manifest.holdout_rows,
-                    "serial": {"accuracy": serial.accuracy, "seconds": time.perf_counter() - t},
+                    "serial": {"accuracy": serial.accuracy, "seconds": serial_seconds},
                     "pipeline": {}}
                 for workers in params["sim_workers"]:
                     log(f"parity: simulation W={workers} {name}/{order}")
                     cell["pipeline"][f"sim-{workers}"] = sim_cell(path, options, workers)
-                stack = params.get("stack")
                 if stack and name in stack["datasets"] and order in stack["orders"]:
                     stack_todo.append((name, order, path, options))
                 cells[f"{name}/{order}"] = cell
         if stack_todo:
-            workers = int(params["stack"]["workers"])
+            workers = int(stack["workers"])
             for (name, order), figures in stack_cells(stack_todo, workers, tmp).items():
                 cells[f"{name}/{order}"]["pipeline"][f"stack-{workers}"] = figures
     ratios: dict[str, Any] = {}

@@ -285,20 +285,16 @@ def wait_workers_ready(svc: Any, stack: Any, timeout: float = 300) -> int:
 
 
 def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[str, Any]:
-    from bucketlearn.bootstrap import google_services
     from bucketlearn.config import JobOptions
-    from bucketlearn.local.stack import LocalStack
 
     counts_dir = tmp / f"fscount-{workers}"
     counts_dir.mkdir()
     pythonpath = os.pathsep.join(p for p in (str(FSCOUNT_DIR), os.environ.get("PYTHONPATH")) if p)
-    stack = LocalStack(home=tmp / f"stack-{workers}", workers=workers, dashboard=False,
-                       emulators=emus, name_prefix=common.unique_prefix(f"scale{workers}"),
-                       extra_env={"PYTHONPATH": pythonpath,
-                                  "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)})
-    stack.start(timeout=300)
-    try:
-        svc = google_services(stack.settings)
+    with common.local_stack(tmp / f"stack-{workers}", workers, emus, f"scale{workers}",
+                            timeout=300,
+                            extra_env={"PYTHONPATH": pythonpath,
+                                       "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)}
+                            ) as (stack, svc):
         ready = wait_workers_ready(svc, stack)
         options = JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=tiny["epochs"])
         warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
@@ -346,8 +342,6 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
             "writes_per_applied_task": writes["writes"] / max(applied, 1),
             "failed_writes_per_applied_task": writes["writes_failed"] / max(applied, 1),
         }
-    finally:
-        stack.stop()
 
 
 def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
@@ -376,7 +370,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("scale", smoke, params)
     started = time.monotonic()
-    agg = params["aggregator"]
+    agg, tiny = params["aggregator"], params["tiny"]
     figures: dict[str, Any] = {}
     log("scale: aggregator micro-benchmark (~1M parameters)")
     figures["aggregator_micro"] = aggregator_micro(agg["features"], agg["classes"], agg["micro_k"])
@@ -390,7 +384,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             with common.emulators(tmp) as emus:
                 for workers in params["workers"]:
                     log(f"scale: stack with {workers} worker(s)")
-                    runs[str(workers)] = stack_run(workers, emus, tmp, params["tiny"])
+                    runs[str(workers)] = stack_run(workers, emus, tmp, tiny)
         figures["stack"] = runs
     ratios: dict[str, Any] = {}
     for k, f in figures["aggregator_micro"]["by_k"].items():
@@ -409,9 +403,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         ratios["writes_per_applied_task_max"] = max(measured)
         for r in runs.values():
             r["writes_derived"] = derived_writes_per_task(
-                r["tasks_applied"] / max(1, r["versions"]), params["tiny"]["tasks_per_epoch"],
+                r["tasks_applied"] / max(1, r["versions"]), tiny["tasks_per_epoch"],
                 r["tasks_applied"])
-    tiny = params["tiny"]
     figures["writes_derived"] = derived_writes_per_task(2.0, tiny["tasks_per_epoch"],
                                                         tiny["tasks_per_epoch"] * tiny["epochs"])
     if not runs:

@@ -119,10 +119,21 @@ def delta_weights(
     policy: StalenessPolicy = BY_TASKS,
 ) -> list[float]:
     """Weight of each delta: example share of a nominal task times its delay discount."""
+    return weigh(updates, head_version, nominal_examples, head_applied, policy)[1]
+
+
+def weigh(
+    updates: Sequence[DeltaUpdate],
+    head_version: int,
+    nominal_examples: int,
+    head_applied: int = 0,
+    policy: StalenessPolicy = BY_TASKS,
+) -> tuple[list[int], list[float]]:
+    """Each delta's delay under ``policy`` and its weight (``delta_weights``), together."""
     nominal = max(1, nominal_examples)
     found = delays(updates, head_version, head_applied, policy)
-    return [(u.examples / nominal) * staleness_discount(d, policy.exponent)
-            for u, d in zip(updates, found, strict=True)]
+    return found, [(u.examples / nominal) * staleness_discount(d, policy.exponent)
+                   for u, d in zip(updates, found, strict=True)]
 
 
 def fold(

@@ -251,9 +251,8 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
     new_version = head_version + 1
     policy = aggregation.policy_for(str((job.get("model") or {}).get("kind", "")))
     if updates:
-        head_applied = int(job.get("tasks_applied") or 0)
-        delays = aggregation.delays(updates, head_version, head_applied, policy)
-        weights = aggregation.delta_weights(updates, head_version, nominal, head_applied, policy)
+        delays, weights = aggregation.weigh(updates, head_version, nominal,
+                                            int(job.get("tasks_applied") or 0), policy)
         new = aggregation.fold(base, updates, weights)
         assert new is not None
         data = codec.encode_weights(new, {"job_id": job_id, "version": new_version})

@@ -221,21 +221,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def follow(svc: Any, job_id: str, timeout: float, as_json: bool) -> int:
     """Follow a job until it ends, with a one-line progress display on stderr."""
-    deadline = time.monotonic() + timeout
-    last = ""
     tty = sys.stderr.isatty()
-    job = None
-    while time.monotonic() < deadline:
-        job = svc.registry.get_job(job_id)
-        if job is not None:
-            line = progress_line(job)
-            if line != last:
-                print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n",
-                      file=sys.stderr, flush=True)
-                last = line
-            if jobs.is_terminal(job):
-                break
-        time.sleep(1.0)
+    shown = [""]
+
+    def show(job: dict[str, Any]) -> None:
+        line = progress_line(job)
+        if line != shown[0]:
+            print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n",
+                  file=sys.stderr, flush=True)
+            shown[0] = line
+
+    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll=1.0, on_update=show)
     if tty:
         print(file=sys.stderr)
     if job is None or not jobs.is_terminal(job):

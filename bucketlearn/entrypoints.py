@@ -53,14 +53,13 @@ def on_upload(cloud_event: Any) -> str:
         log.warning("on_upload: ignoring an event for bucket %r (expected %s)", event.bucket,
                     svc.settings.uploads_bucket)
         return "ignored"
+    shown = display_uri(event.bucket, event.name)
     try:
         outcome, job_id = handle_upload(svc, event)
     except TransientError as exc:
-        log.warning("upload %s: %s; the event will be retried",
-                    display_uri(event.bucket, event.name), exc)
+        log.warning("upload %s: %s; the event will be retried", shown, exc)
         raise RetryLater(str(exc)) from exc
-    log.info("upload %s -> %s (job %s)", display_uri(event.bucket, event.name), outcome.value,
-             job_id)
+    log.info("upload %s -> %s (job %s)", shown, outcome.value, job_id)
     return outcome.value
 
 

@@ -280,15 +280,14 @@ def choose_label_column(columns: list[str], requested: str | None, file: str) ->
 
 # --- streaming -----------------------------------------------------------------------------------
 
-def _largest_block(limits: Limits) -> int:
-    """A block that holds any row within the line limit: twice the limit (1 to 64 MiB)."""
-    return max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+def _block_sizes(limits: Limits, block_bytes: int | None) -> tuple[int, int]:
+    """(the block to try first, the block to retry with when a row does not fit it).
 
-
-def _block_sizes(limits: Limits, block_bytes: int) -> tuple[int, int]:
-    """(the block to try first, the block to retry with when a row does not fit it)."""
-    largest = _largest_block(limits)
-    return min(block_bytes, largest), largest
+    The retry block holds any row within the line limit: twice the limit (1 to 64 MiB); the
+    first is ``block_bytes`` (None: the retry block) but never larger.
+    """
+    largest = max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+    return largest if block_bytes is None else min(block_bytes, largest), largest
 
 
 # pyarrow's messages for a row, or the header, that does not fit in one block
@@ -503,8 +502,7 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
     ``block_bytes``: the read block, by default one that holds any row within the line limit.
     With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
     """
-    largest = _largest_block(limits)
-    block = largest if block_bytes is None else min(block_bytes, largest)
+    block, largest = _block_sizes(limits, block_bytes)
     counts: dict[str, int] = {}
     rows = 0
     try:
@@ -591,6 +589,16 @@ def _shard_of(j_train: np.ndarray, n_train: int, shards: int, phase: float) -> n
     return np.minimum(((j_train + phase) * shards / max(n_train, 1)).astype(np.int64), shards - 1)
 
 
+def _write_part(store: BlobStore, bucket: str, path: str,
+                chunks: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Write buffered (x, y) chunks as one part object; return its rows."""
+    x = np.concatenate([c[0] for c in chunks])
+    y = np.concatenate([c[1] for c in chunks])
+    store.write_bytes(bucket, path, codec.encode_arrays({"x": x, "y": y}),
+                      "application/octet-stream")
+    return len(y)
+
+
 class _ShardWriter:
     """Buffers rows per shard; writes a part when a shard is complete or memory is at budget."""
 
@@ -623,14 +631,10 @@ class _ShardWriter:
         if not chunks:
             return
         self.total_bytes -= self.buffered_bytes.pop(shard)
-        x = np.concatenate([c[0] for c in chunks])
-        y = np.concatenate([c[1] for c in chunks])
         record = self.shards[shard]
         path = layout.shard_part_path(self.job_id, shard, len(record.parts))
-        self.store.write_bytes(self.bucket, path, codec.encode_arrays({"x": x, "y": y}),
-                               "application/octet-stream")
+        record.rows += _write_part(self.store, self.bucket, path, chunks)
         record.parts.append(path)
-        record.rows += len(y)
 
     def close(self) -> list[Shard]:
         for shard in list(self.buffers):
@@ -658,13 +662,9 @@ class _HoldoutWriter:
     def flush(self) -> None:
         if not self.chunks:
             return
-        x = np.concatenate([c[0] for c in self.chunks])
-        y = np.concatenate([c[1] for c in self.chunks])
         path = layout.holdout_part_path(self.job_id, len(self.parts))
-        self.store.write_bytes(self.bucket, path, codec.encode_arrays({"x": x, "y": y}),
-                               "application/octet-stream")
+        self.rows += _write_part(self.store, self.bucket, path, self.chunks)
         self.parts.append(path)
-        self.rows += len(y)
         self.chunks, self.bytes = [], 0
 
 
@@ -679,10 +679,12 @@ class _RunningStats:
     def add(self, x: np.ndarray) -> None:
         if len(x) == 0:
             return
-        block = x.astype(np.float64)
+        block = x.astype(np.float64)  # the one float64 copy: deviations are squared in place
         n_b = len(block)
         mean_b = block.mean(axis=0)
-        m2_b = ((block - mean_b) ** 2).sum(axis=0)
+        block -= mean_b
+        np.square(block, out=block)
+        m2_b = block.sum(axis=0)
         total = self.n + n_b
         delta = mean_b - self.mean
         self.mean = self.mean + delta * (n_b / total)
@@ -694,6 +696,14 @@ class _RunningStats:
         # A feature constant in training data would divide by ~0 at prediction time: leave it
         # unscaled instead (variance 1) so unseen values cannot explode.
         return np.where(var < 1e-12, 1.0, var)
+
+
+def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str) -> np.ndarray:
+    """Class numbers of a batch's labels (int32), looking up each distinct label once."""
+    encoded = labels.dictionary_encode()
+    ids = np.array([class_index[str(int(v)) if label_kind == "int" else v.strip()]
+                    for v in encoded.dictionary.to_pylist()], dtype=np.int32)
+    return ids[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def class_phases(seed: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -793,11 +803,7 @@ def split_upload(
                 exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
                                                           target_row=problem.problem.row)
                 raise exact or problem
-            labels = batch.column(label).to_pylist()
-            if label_kind == "int":
-                y = np.fromiter((class_index[str(int(v))] for v in labels), np.int32, len(labels))
-            else:
-                y = np.fromiter((class_index[v.strip()] for v in labels), np.int32, len(labels))
+            y = _class_ids(batch.column(label), class_index, label_kind)
             is_holdout = np.zeros(len(y), dtype=bool)
             shard_of_row = np.full(len(y), -1, dtype=np.int64)
             for c in np.unique(y):
@@ -812,10 +818,10 @@ def split_upload(
                 shard_of_row[train_rows_c] = _shard_of(j_train, train_per_class[c], shards,
                                                        deal_phase[c])
             holdout.add(x[is_holdout], y[is_holdout])
-            train = ~is_holdout
+            train = np.flatnonzero(~is_holdout)
             stats.add(x[train])
-            order = np.argsort(shard_of_row[train], kind="stable")
-            tx, ty, ts = x[train][order], y[train][order], shard_of_row[train][order]
+            by_shard = train[np.argsort(shard_of_row[train], kind="stable")]
+            tx, ty, ts = x[by_shard], y[by_shard], shard_of_row[by_shard]
             bounds = np.flatnonzero(np.diff(ts)) + 1
             for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)], strict=False):
                 if stop > start:

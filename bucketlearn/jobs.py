@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,24 @@ SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
 
 def is_terminal(job: Mapping[str, Any] | None) -> bool:
     return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
+
+
+def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
+                  on_update: Callable[[dict[str, Any]], None] | None = None
+                  ) -> dict[str, Any] | None:
+    """Read the job every ``poll`` seconds until it is DONE, REJECTED or FAILED, or ``timeout``
+    passes; return the last document read (None if the job never appeared). ``on_update`` sees
+    every document read."""
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        job = registry.get_job(job_id)
+        if job is not None and on_update is not None:
+            on_update(job)
+        if is_terminal(job):
+            break
+        time.sleep(poll)
+    return job
 
 
 def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> dict[str, Any]:

@@ -30,14 +30,19 @@ def _is_control(ch: str) -> bool:
     return code < 32 or 127 <= code < 160 or code in (0x2028, 0x2029)
 
 
+def _escaped(ch: str) -> str:
+    if not _is_control(ch):
+        return ch
+    return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}"
+
+
 def display_uri(bucket: str, name: str) -> str:
     """``gs://bucket/name`` for messages and logs: control characters escaped, long names cut.
 
     An object name is user input; a newline in it must not forge a log line or a second line
     in a job's error.
     """
-    shown = "".join(f"\\x{ord(ch):02x}" if ord(ch) < 256 and _is_control(ch)
-                    else f"\\u{ord(ch):04x}" if _is_control(ch) else ch for ch in name)
+    shown = "".join(_escaped(ch) for ch in name)
     if len(name) > MAX_OBJECT_NAME:
         shown = f"{shown[:_SHOWN_NAME]}…({len(name)} characters)"
     return f"gs://{bucket}/{shown}"

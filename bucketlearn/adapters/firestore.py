@@ -52,6 +52,15 @@ def _transient(what: str, exc: Exception) -> TransientError:
     return TransientError(f"firestore {what}: {type(exc).__name__}: {exc}")
 
 
+def _read(ref: Any, what: str) -> dict[str, Any] | None:
+    """One document, or None when it does not exist; backend failures are transient."""
+    try:
+        snap = ref.get(timeout=TIMEOUT)
+    except _TRANSIENT as exc:
+        raise _transient(what, exc) from exc
+    return snap.to_dict() if snap.exists else None
+
+
 class FirestoreRegistry:
     def __init__(self, settings: Settings, client: firestore.Client | None = None) -> None:
         self.client = client or make_client(settings)
@@ -82,11 +91,7 @@ class FirestoreRegistry:
             raise _transient("create job", exc) from exc
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            snap = self._job(job_id).get(timeout=TIMEOUT)
-        except _TRANSIENT as exc:
-            raise _transient("get job", exc) from exc
-        return snap.to_dict() if snap.exists else None
+        return _read(self._job(job_id), "get job")
 
     def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
         try:
@@ -186,11 +191,7 @@ class FirestoreRegistry:
         return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
     def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
-        try:
-            snap = self._epoch(job_id, epoch).get(timeout=TIMEOUT)
-        except _TRANSIENT as exc:
-            raise _transient("get epoch", exc) from exc
-        return snap.to_dict() if snap.exists else None
+        return _read(self._epoch(job_id, epoch), "get epoch")
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
         ref = self._task(job_id, task_id)
@@ -216,11 +217,7 @@ class FirestoreRegistry:
             raise _transient("update task", exc) from exc
 
     def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
-        try:
-            snap = self._task(job_id, task_id).get(timeout=TIMEOUT)
-        except _TRANSIENT as exc:
-            raise _transient("read task", exc) from exc
-        return snap.to_dict() if snap.exists else None
+        return _read(self._task(job_id, task_id), "read task")
 
     def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
         return [snap.to_dict() for snap in

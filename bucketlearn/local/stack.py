@@ -135,10 +135,9 @@ class Proc:
         stop_all([self], timeout)
 
     def kill(self) -> None:
-        """SIGKILL the process group (fault injection)."""
+        """SIGKILL the process group and its process tree (fault injection)."""
         if self.popen is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
+            _signal([self.popen.pid], descendants(self.popen.pid), signal.SIGKILL)
 
     def tail(self, lines: int = 30) -> str:
         try:

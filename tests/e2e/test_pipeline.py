@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bucketlearn import layout
+from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.config import JobOptions
 
@@ -127,11 +126,8 @@ def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Pat
 
 
 def wait_terminal(svc: Any, job_id: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
-        job = svc.registry.get_job(job_id)
-        if job and job.get("status") in ("DONE", "REJECTED", "FAILED"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish in {timeout}s: {job}")
+    job = jobs.wait_terminal(svc.registry, job_id, timeout)
+    if not jobs.is_terminal(job):
+        raise AssertionError(f"job {job_id} did not finish in {timeout}s: {job}")
+    assert job is not None
+    return job
