@@ -56,6 +56,9 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "deltas folded into each new version (FedBuff K)", 1, 1000),
     OptionSpec("max_staleness", int, 16,
                "deltas whose base is more versions behind the head are retrained", 0, 100_000),
+    OptionSpec("max_pending", int, 2,
+               "trained deltas that may wait for the aggregator before workers pause "
+               "(at least buffer_size)", 1, 100_000),
     OptionSpec("seed", int, 0, "seed for the split, initial weights and shuffling", 0, 2**31 - 1),
     OptionSpec("max_failed_tasks", int, 0,
                "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
@@ -78,6 +81,7 @@ class JobOptions:
     model: str = "auto"
     buffer_size: int = 2
     max_staleness: int = 16
+    max_pending: int = 2
     seed: int = 0
     max_failed_tasks: int = 0
 
@@ -213,6 +217,9 @@ class Settings:
     lease_seconds: float = 60.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
+    # A worker that finds max_pending deltas waiting pauses until the aggregator folds some; it
+    # goes on anyway once the aggregator has made no progress for this long (an outage).
+    flow_stall_seconds: float = 30.0
     log_format: str = "text"
     limits: Limits = field(default_factory=Limits)
     # Fault injection for the reliability suite (BUCKETLEARN_FAULTS=point,point…); each point
@@ -255,6 +262,7 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_LEASE_SECONDS": ("lease_seconds", float),
     "BUCKETLEARN_MAX_EVENT_AGE_SECONDS": ("max_event_age_seconds", float),
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
+    "BUCKETLEARN_FLOW_STALL_SECONDS": ("flow_stall_seconds", float),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
 }
 # Read by the Google client libraries themselves too (export_emulator_env).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -29,6 +30,25 @@ log = logging.getLogger(__name__)
 
 
 TRANSIENT_BACKOFF_SECONDS = 2.0
+FLOW_POLL_SECONDS = 0.1
+HEARTBEAT_SECONDS = 10.0
+
+
+def pending_deltas(svc: Services, job_id: str, epoch: int, done: set[int]) -> int:
+    """Tasks of ``epoch`` with a delta (or failure marker) written but not yet applied."""
+    waiting = set()
+    for info in svc.store.list(svc.settings.deltas_bucket,
+                               layout.epoch_delta_prefix(job_id, epoch)):
+        parsed = layout.parse_delta_path(info.name)
+        if parsed is not None and parsed.job_id == job_id and parsed.task_index not in done:
+            waiting.add(parsed.task_index)
+    return len(waiting)
+
+
+def pending_limit(options: dict[str, Any]) -> int:
+    """How many unapplied deltas a worker lets pile up before it pauses: ``max_pending``, but
+    never below ``buffer_size`` (the aggregator cuts a version only once that many wait)."""
+    return max(int(options.get("max_pending") or 2), int(options.get("buffer_size") or 1))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -70,11 +90,13 @@ class _LeaseExtender:
 
 
 class Learner:
-    def __init__(self, svc: Services, worker_id: str | None = None) -> None:
+    def __init__(self, svc: Services, worker_id: str | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.svc = svc
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
         self.started_at = svc.clock()
+        self.stop = stop or threading.Event()
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
         try:
@@ -108,6 +130,11 @@ class Learner:
         epoch_doc = registry.get_epoch(task.job_id, task.epoch) or {}
         if task.task_index in set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", [])):
             return Decision.ACK  # a duplicate delivery of a task already applied
+        job, waited = self.await_capacity(task, job, epoch_doc)
+        if self.stop.is_set():
+            return Decision.NACK  # shutting down: let another worker have it
+        if jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch:
+            return Decision.ACK  # finished (or failed) while this worker waited
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
         now = svc.clock()
         attempts = registry.record_attempt(task.job_id, doc_id, {
@@ -140,9 +167,52 @@ class Learner:
             return Decision.NACK
         self.tasks_done += 1
         registry.update_task(task.job_id, doc_id, {"state": "TRAINED", "finished_at": svc.clock(),
-                                                   "error": None, **timings})
+                                                   "error": None, "flow_wait_seconds": waited,
+                                                   **timings})
         self.heartbeat("idle")
         return Decision.ACK
+
+    def await_capacity(self, task: TaskMessage, job: dict[str, Any],
+                       epoch_doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Bounded staleness: while ``pending_limit`` deltas of this epoch wait unapplied, pause
+        until the aggregator folds some, so a task trains from a head that has seen them. Workers
+        are faster than the aggregator's version cycle; without the pause they train many tasks
+        from one head and the fold of those same-base deltas overshoots.
+
+        Goes on regardless once the aggregator has shown no progress for
+        ``flow_stall_seconds`` (an outage must slow workers down, not stop them). Returns the
+        job document to train from and the seconds spent waiting.
+        """
+        svc = self.svc
+        limit = pending_limit(job["options"])
+        started = last_progress = time.monotonic()
+        applied: Any = object()  # no count seen yet: the first pass always looks
+        beat = -math.inf
+        for _ in range(10_000_000):
+            if applied != job.get("tasks_applied"):
+                applied = job.get("tasks_applied")
+                last_progress = time.monotonic()
+                done = set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", []))
+                if pending_deltas(svc, task.job_id, task.epoch, done) < limit:
+                    break
+            if time.monotonic() - last_progress > svc.settings.flow_stall_seconds:
+                log.warning("task %s: the aggregator made no progress for %.0f s; training "
+                            "without waiting for it", task.task_id, svc.settings.flow_stall_seconds)
+                break
+            if time.monotonic() - beat > HEARTBEAT_SECONDS:
+                beat = time.monotonic()
+                self.heartbeat("waiting", task)
+            if self.stop.wait(FLOW_POLL_SECONDS):
+                break
+            fresh = svc.registry.get_job(task.job_id)
+            if fresh is None:
+                break
+            job = fresh
+            if jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch:
+                break
+            if applied != job.get("tasks_applied"):
+                epoch_doc = svc.registry.get_epoch(task.job_id, task.epoch) or {}
+        return job, time.monotonic() - started
 
     def train(self, task: TaskMessage, job: dict[str, Any]) -> dict[str, Any]:
         """Train the task from the head version and write its delta; return timings."""
@@ -190,6 +260,7 @@ class Learner:
     def run(self, stop: threading.Event, max_tasks: int | None = None,
             pull_timeout: float = 10.0) -> int:
         """Pull and process tasks until ``stop`` is set (or ``max_tasks`` are done)."""
+        self.stop = stop
         handled = 0
         self.heartbeat("idle")
         last_beat = time.monotonic()
@@ -200,7 +271,7 @@ class Learner:
                 log.warning("pull failed; retrying", exc_info=True)
                 stop.wait(2.0)
                 continue
-            if time.monotonic() - last_beat > 10:
+            if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
                 self.heartbeat("idle")
                 last_beat = time.monotonic()
             if received is None:
@@ -229,7 +300,7 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    learner = Learner(svc)
+    learner = Learner(svc, stop=stop)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
 

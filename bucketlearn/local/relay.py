@@ -64,7 +64,7 @@ def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
 
 
 class StorageEventRelay:
-    def __init__(self, store: BlobStore, routes: dict[str, str], poll_seconds: float = 0.3,
+    def __init__(self, store: BlobStore, routes: dict[str, str], poll_seconds: float = 0.1,
                  duplicate: bool = False, max_age: float = 3600.0, workers: int = 8,
                  on_delivered: Callable[[BlobInfo, int], None] | None = None) -> None:
         self.store = store

@@ -1,4 +1,4 @@
-"""training.py: a task's local steps are serial training's steps over the reshuffled shard."""
+"""training.py: a task's local steps are serial training's steps, and evaluation reads them."""
 
 from __future__ import annotations
 
