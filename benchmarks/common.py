@@ -243,6 +243,11 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return value, time.perf_counter() - started
 
 
+def mean(values: list[float]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
 def median(values: list[float]) -> float | None:
     ordered = sorted(v for v in values if v is not None)
     if not ordered:

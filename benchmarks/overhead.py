@@ -141,11 +141,12 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     v0 = versions[0]
     last = versions[-1]
     wall = float(job["finished_at"]) - t0
-    queue_wait, fetch, train, write, in_task_overhead = [], [], [], [], []
+    queue_wait, flow_wait, fetch, train, write, in_task_overhead = [], [], [], [], [], []
     for t in tasks:
         created = epochs.get(int(t["epoch"]), {}).get("created_at")
-        if created is not None:
-            queue_wait.append(float(t["started_at"]) - float(created))
+        flow_wait.append(float(t.get("flow_wait_seconds") or 0))
+        if created is not None:  # the flow-control pause comes before started_at: not queueing
+            queue_wait.append(float(t["started_at"]) - float(created) - flow_wait[-1])
         fetch.append(float(t.get("fetch_seconds") or 0))
         train.append(float(t.get("train_seconds") or 0))
         write.append(float(t.get("write_seconds") or 0))
@@ -189,7 +190,8 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
         "phases": phases,
         "worker_busy_seconds": busy,
         "per_task": {
-            "queue_wait": stats(queue_wait), "model_fetch": stats(fetch), "training": stats(train),
+            "queue_wait": stats(queue_wait), "waiting_for_aggregator": stats(flow_wait),
+            "model_fetch": stats(fetch), "training": stats(train),
             "delta_write": stats(write), "worker_bookkeeping_in_task": stats(in_task_overhead),
             "gap_between_tasks_same_epoch": stats(gap_within),
             "gap_at_epoch_barrier": stats(gap_barrier),

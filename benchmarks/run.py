@@ -125,6 +125,9 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
         keep = args.datasets.split(",")
         params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
         reduced.append(f"datasets={list(params['datasets'])}")
+    if name == "parity" and args.seeds:
+        params["seeds"] = [int(x) for x in args.seeds.split(",")]
+        reduced.append(f"seeds={params['seeds']}")
     if name == "scale" and args.workers:
         params["workers"] = [int(x) for x in args.workers.split(",")]
         reduced.append(f"workers={params['workers']}")
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", action="store_true", help="do not refresh docs/BENCHMARKS.md")
     parser.add_argument("--sizes", help="ingest: file sizes in MB, e.g. 50 (reduced run)")
     parser.add_argument("--datasets", help="parity/overhead: datasets, e.g. digits (reduced run)")
+    parser.add_argument("--seeds", help="parity: seeds, e.g. 0 (reduced run)")
     parser.add_argument("--workers", help="scale: worker counts, e.g. 1,2,4 (reduced run)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]

@@ -10,6 +10,7 @@ import pytest
 from bucketlearn.aggregation import (
     BY_VERSIONS,
     DeltaUpdate,
+    StalenessPolicy,
     delta_weights,
     fold,
     policy_for,
@@ -200,8 +201,13 @@ def test_one_worker_one_delta_per_version_is_never_discounted():
     assert weights == [1.0]
 
 
-def test_delta_weights_scale_by_example_share_and_delay():
-    """weight = examples / nominal / (1 + delay): delays 0, 1, 6, 3 (as above)."""
+@pytest.mark.parametrize("exponent, discounts", [
+    (1.0, [1.0, 0.5, 1.0 / 7.0, 0.25]),                    # 1 / (1 + delay)
+    (1.5, [1.0, 2.0 ** -1.5, 7.0 ** -1.5, 4.0 ** -1.5]),   # BY_TASKS, the CNN's
+])
+def test_delta_weights_scale_by_example_share_and_delay(exponent, discounts):
+    """weight = examples / nominal * (1 + delay) ** -exponent: delays 0, 1, 6, 3 (as above),
+    shares 1, 0.5, 1, 2."""
     # Prepare
     updates = [
         _update(0, [[0, 0], [0]], base=4, examples=100, base_applied=10),  # fresh, full task
@@ -210,14 +216,20 @@ def test_delta_weights_scale_by_example_share_and_delay():
         _update(3, [[0, 0], [0]], base=3, examples=200, base_applied=9),   # 1 behind, 3rd
     ]
     # Execute
-    weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10)
+    weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10,
+                            policy=StalenessPolicy("tasks", exponent))
     # Assert
-    assert weights == pytest.approx([1.0, 0.25, 1.0 / 7.0, 0.5])
+    shares = [1.0, 0.5, 1.0, 2.0]
+    assert weights == pytest.approx([a * b for a, b in zip(shares, discounts, strict=True)])
 
 
-def test_delta_weights_by_versions_for_mlps():
-    """The MLP policy: versions since the base, exponent 0.5, no place-in-fold count:
-    shares 1, 0.5, 1, 2 times (1+0, 1+0, 1+3, 1+1) ** -0.5."""
+@pytest.mark.parametrize("exponent, discounts", [
+    (0.5, [1.0, 1.0, 0.5, 1.0 / math.sqrt(2.0)]),  # (1+0, 1+0, 1+3, 1+1) ** -0.5
+    (0.0, [1.0, 1.0, 1.0, 1.0]),                    # BY_VERSIONS, the MLP's: constant
+])
+def test_delta_weights_by_versions(exponent, discounts):
+    """Version-counted delays, no place-in-fold count: shares 1, 0.5, 1, 2 times each delta's
+    discount for 0, 0, 3 and 1 versions behind the head."""
     # Prepare
     updates = [
         _update(0, [[0, 0], [0]], base=4, examples=100, base_applied=10),
@@ -227,15 +239,20 @@ def test_delta_weights_by_versions_for_mlps():
     ]
     # Execute
     weights = delta_weights(updates, head_version=4, nominal_examples=100, head_applied=10,
-                            policy=BY_VERSIONS)
+                            policy=StalenessPolicy("versions", exponent))
     # Assert
-    assert weights == pytest.approx([1.0, 0.5, 0.5, 2.0 / math.sqrt(2.0)])
+    shares = [1.0, 0.5, 1.0, 2.0]
+    assert weights == pytest.approx([a * b for a, b in zip(shares, discounts, strict=True)])
 
 
-@pytest.mark.parametrize("kind, unit, exponent", [("cnn", "tasks", 1.0),
-                                                  ("mlp", "versions", 0.5)])
+def test_mlp_policy_is_constant_within_max_staleness():
+    assert BY_VERSIONS == StalenessPolicy("versions", 0.0)
+
+
+@pytest.mark.parametrize("kind, unit, exponent", [("cnn", "tasks", 1.5),
+                                                  ("mlp", "versions", 0.0)])
 def test_policy_follows_the_model_kind(kind, unit, exponent):
-    """CNNs count delays in tasks with 1/(1+d); MLPs in versions with (1+s)^-0.5."""
+    """CNNs count delays in tasks with (1+d)^-1.5; MLPs in versions, undiscounted."""
     # Prepare / Execute
     policy = policy_for(kind)
     # Assert

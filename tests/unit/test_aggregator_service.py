@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from bucketlearn import jobs, layout
+from bucketlearn.aggregation import policy_for
 from bucketlearn.aggregator import aggregate_job, handle_delta_event
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
@@ -72,7 +73,8 @@ def test_every_task_applied_exactly_once(pipeline):
 def test_versions_record_each_deltas_delay_and_weight(pipeline):
     """An MLP job (the blobs have 4 features) counts delays in versions: each version records
     per delta its staleness, its delay (the same, unit "versions") and its weight, which is its
-    example share (here 1: 480 training rows in 8 shards of 60) times (1 + delay) ** -0.5."""
+    example share (here 1: 480 training rows in 8 shards of 60) times the MLP policy's discount
+    (1 + delay) ** -exponent."""
     # Prepare
     versions = pipeline["versions"]
     # Execute
@@ -85,7 +87,7 @@ def test_versions_record_each_deltas_delay_and_weight(pipeline):
         assert v["delays"] == v["staleness"]
         assert len(v["delta_weights"]) == len(v["tasks_applied"])
         for delay, weight in zip(v["delays"], v["delta_weights"], strict=True):
-            assert weight == pytest.approx((1 + delay) ** -0.5, abs=1e-5)
+            assert weight == pytest.approx((1 + delay) ** -policy_for("mlp").exponent, abs=1e-5)
 
 
 def test_final_model_is_exported(pipeline):
