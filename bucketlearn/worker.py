@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import math
 import signal
 import threading
 import time
@@ -187,7 +186,7 @@ class Learner:
         limit = pending_limit(job["options"])
         started = last_progress = time.monotonic()
         applied: Any = object()  # no count seen yet: the first pass always looks
-        beat = -math.inf
+        beat = started - HEARTBEAT_SECONDS + 1.0  # say "waiting" once a wait passes 1 s
         for _ in range(10_000_000):
             if applied != job.get("tasks_applied"):
                 applied = job.get("tasks_applied")

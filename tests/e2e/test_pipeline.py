@@ -104,6 +104,13 @@ def test_sorted_csv_matches_serial_training(stack: Any, tmp_path: Path) -> None:
     assert status["status"] == "DONE", status
     assert abs(status["accuracy"] - serial.accuracy) <= 0.01 + 1e-9, (status["accuracy"],
                                                                        serial.accuracy)
+    # flow control: a worker trains only while fewer than max_pending (2) deltas wait, so a fold
+    # holds at most those plus one in flight per worker (2): never the pile-ups of 6-8 deltas
+    svc = google_services(stack.settings)
+    folds = [len(v["tasks_applied"]) for v in svc.registry.list_versions(status["job_id"])]
+    assert max(folds) <= 2 - 1 + 2, folds
+    tasks = svc.registry.list_tasks(status["job_id"])
+    assert all("flow_wait_seconds" in t for t in tasks if t.get("state") == "TRAINED")
 
 
 def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Path) -> None:

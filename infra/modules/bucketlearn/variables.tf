@@ -482,7 +482,7 @@ variable "dashboard_max_instances" {
 variable "extra_env" {
   type        = map(string)
   default     = {}
-  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS. Names the module sets itself cannot be overridden here."
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_FLOW_STALL_SECONDS. Names the module sets itself cannot be overridden here."
 
   validation {
     condition = alltrue([
