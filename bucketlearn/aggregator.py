@@ -121,7 +121,8 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
     return outcome
 
 
-def _list_refs(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
+def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
+    """The deltas and failure markers of one job's epoch, as listed in the deltas bucket."""
     refs = []
     for info in svc.store.list(svc.settings.deltas_bucket, layout.epoch_delta_prefix(job_id, epoch)):
         parsed = layout.parse_delta_path(info.name)
@@ -160,7 +161,7 @@ def _plan(svc: Services, job: dict[str, Any]) -> FoldPlan:
     options = job["options"]
     return plan_fold(int(job["version"]), int(epoch_doc.get("planned", job["tasks_per_epoch"])),
                      epoch_doc.get("applied", []), epoch_doc.get("failed", []),
-                     _list_refs(svc, job["job_id"], epoch), int(options["buffer_size"]),
+                     list_deltas(svc, job["job_id"], epoch), int(options["buffer_size"]),
                      int(options["max_staleness"]))
 
 
@@ -196,7 +197,7 @@ def _requeue(svc: Services, job: dict[str, Any], task_indices: list[int]) -> Non
     job_id, epoch = job["job_id"], int(job["epoch"])
     svc.queue.publish([jobs.task_message(job_id, epoch, shards[i]) for i in task_indices])
     requeued = set(task_indices)
-    for ref in _list_refs(svc, job_id, epoch):  # the stale deltas have served their purpose
+    for ref in list_deltas(svc, job_id, epoch):  # the stale deltas have served their purpose
         if ref.task_index in requeued and not ref.failed:
             svc.store.delete(svc.settings.deltas_bucket, ref.name)
     log.info("job %s: requeued %d stale tasks of epoch %d", job_id, len(task_indices), epoch)

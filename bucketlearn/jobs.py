@@ -23,6 +23,11 @@ def is_terminal(job: Mapping[str, Any] | None) -> bool:
     return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
 
 
+def done_tasks(epoch_doc: Mapping[str, Any]) -> set[int]:
+    """An epoch's finished task indices: applied, or failed for good."""
+    return set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", []))
+
+
 def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
                   on_update: Callable[[dict[str, Any]], None] | None = None
                   ) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn.errors import NotFoundError
+from bucketlearn.jobs import done_tasks
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
 
@@ -174,7 +175,7 @@ class MemoryRegistry:
             epoch = self.epochs.get((commit.job_id, commit.epoch))
             if epoch is None:
                 return False
-            done = set(epoch.get("applied", [])) | set(epoch.get("failed", []))
+            done = done_tasks(epoch)
             if done & (set(commit.applied) | set(commit.failed)):
                 return False
             version = int(commit.version_doc["version"])

@@ -18,7 +18,9 @@ import traceback
 from typing import Any
 
 from bucketlearn import codec, jobs, layout
+from bucketlearn.aggregator import list_deltas
 from bucketlearn.bootstrap import Services
+from bucketlearn.config import JobOptions
 from bucketlearn.errors import NotFoundError, PermanentError, TransientError
 from bucketlearn.ingest import load_parts
 from bucketlearn.ports import ReceivedTask, TaskMessage
@@ -35,19 +37,19 @@ HEARTBEAT_SECONDS = 10.0
 
 def pending_deltas(svc: Services, job_id: str, epoch: int, done: set[int]) -> int:
     """Tasks of ``epoch`` with a delta (or failure marker) written but not yet applied."""
-    waiting = set()
-    for info in svc.store.list(svc.settings.deltas_bucket,
-                               layout.epoch_delta_prefix(job_id, epoch)):
-        parsed = layout.parse_delta_path(info.name)
-        if parsed is not None and parsed.job_id == job_id and parsed.task_index not in done:
-            waiting.add(parsed.task_index)
-    return len(waiting)
+    return len({ref.task_index for ref in list_deltas(svc, job_id, epoch)} - done)
 
 
 def pending_limit(options: dict[str, Any]) -> int:
     """How many unapplied deltas a worker lets pile up before it pauses: ``max_pending``, but
     never below ``buffer_size`` (the aggregator cuts a version only once that many wait)."""
-    return max(int(options.get("max_pending") or 2), int(options.get("buffer_size") or 1))
+    job_options = JobOptions.from_dict(options)  # a job older than an option gets its default
+    return max(job_options.max_pending, job_options.buffer_size)
+
+
+def _epoch_over(job: dict[str, Any], task: TaskMessage) -> bool:
+    """The job has ended, or the task's epoch is complete (every one of its tasks applied)."""
+    return jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -96,6 +98,7 @@ class Learner:
         self.tasks_done = 0
         self.started_at = svc.clock()
         self.stop = stop or threading.Event()
+        self._beat = 0.0  # when this worker last said "waiting" (time.monotonic)
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
         try:
@@ -127,12 +130,12 @@ class Learner:
         if int(job.get("epoch") or 0) > task.epoch:
             return Decision.ACK  # that epoch is complete: every one of its tasks was applied
         epoch_doc = registry.get_epoch(task.job_id, task.epoch) or {}
-        if task.task_index in set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", [])):
+        if task.task_index in jobs.done_tasks(epoch_doc):
             return Decision.ACK  # a duplicate delivery of a task already applied
         job, waited = self.await_capacity(task, job, epoch_doc)
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it
-        if jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch:
+        if _epoch_over(job, task):
             return Decision.ACK  # finished (or failed) while this worker waited
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
         now = svc.clock()
@@ -182,36 +185,42 @@ class Learner:
         ``flow_stall_seconds`` (an outage must slow workers down, not stop them). Returns the
         job document to train from and the seconds spent waiting.
         """
-        svc = self.svc
         limit = pending_limit(job["options"])
-        started = last_progress = time.monotonic()
-        applied: Any = object()  # no count seen yet: the first pass always looks
-        beat = started - HEARTBEAT_SECONDS + 1.0  # say "waiting" once a wait passes 1 s
-        for _ in range(10_000_000):
-            if applied != job.get("tasks_applied"):
-                applied = job.get("tasks_applied")
-                last_progress = time.monotonic()
-                done = set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", []))
-                if pending_deltas(svc, task.job_id, task.epoch, done) < limit:
-                    break
-            if time.monotonic() - last_progress > svc.settings.flow_stall_seconds:
-                log.warning("task %s: the aggregator made no progress for %.0f s; training "
-                            "without waiting for it", task.task_id, svc.settings.flow_stall_seconds)
+        started = time.monotonic()
+        self._beat = started - HEARTBEAT_SECONDS + 1.0  # say "waiting" once a wait passes 1 s
+        while pending_deltas(self.svc, task.job_id, task.epoch,
+                             jobs.done_tasks(epoch_doc)) >= limit:
+            job, progressed = self._await_progress(task, job)
+            if not progressed:
                 break
-            if time.monotonic() - beat > HEARTBEAT_SECONDS:
-                beat = time.monotonic()
+            epoch_doc = self.svc.registry.get_epoch(task.job_id, task.epoch) or {}
+        return job, time.monotonic() - started
+
+    def _await_progress(self, task: TaskMessage, job: dict[str, Any]
+                        ) -> tuple[dict[str, Any], bool]:
+        """Poll the job until the aggregator applies more deltas; return the latest job document
+        and whether it did (False: the worker stops, the task's epoch is over, or
+        ``flow_stall_seconds`` passed without progress)."""
+        applied = job.get("tasks_applied")
+        stall = self.svc.settings.flow_stall_seconds
+        deadline = time.monotonic() + stall
+        while time.monotonic() < deadline:
+            if time.monotonic() - self._beat > HEARTBEAT_SECONDS:
+                self._beat = time.monotonic()
                 self.heartbeat("waiting", task)
             if self.stop.wait(FLOW_POLL_SECONDS):
-                break
-            fresh = svc.registry.get_job(task.job_id)
+                return job, False
+            fresh = self.svc.registry.get_job(task.job_id)
             if fresh is None:
-                break
+                return job, False
+            if _epoch_over(fresh, task):
+                return fresh, False
+            if fresh.get("tasks_applied") != applied:
+                return fresh, True
             job = fresh
-            if jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch:
-                break
-            if applied != job.get("tasks_applied"):
-                epoch_doc = svc.registry.get_epoch(task.job_id, task.epoch) or {}
-        return job, time.monotonic() - started
+        log.warning("task %s: the aggregator made no progress for %.0f s; training without "
+                    "waiting for it", task.task_id, stall)
+        return job, False
 
     def train(self, task: TaskMessage, job: dict[str, Any]) -> dict[str, Any]:
         """Train the task from the head version and write its delta; return timings."""
@@ -299,7 +308,7 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    learner = Learner(svc, stop=stop)
+    learner = Learner(svc)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
 

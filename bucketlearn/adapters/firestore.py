@@ -27,6 +27,7 @@ from google.cloud import firestore
 
 from bucketlearn.config import Settings
 from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.jobs import done_tasks
 from bucketlearn.ports import VersionCommit
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class FirestoreRegistry:
                 return False
             if job.get("version") != commit.base_version:
                 return False
-            done = set(epoch.get("applied", [])) | set(epoch.get("failed", []))
+            done = done_tasks(epoch)
             if done & (set(commit.applied) | set(commit.failed)):
                 return False
             transaction.create(version_ref, dict(commit.version_doc))
