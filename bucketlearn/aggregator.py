@@ -3,9 +3,10 @@
 Per delta upload event: take the job's lease (a Firestore document created with a precondition,
 no contended transaction), then repeat until nothing is foldable: read the head, list the current
 epoch's deltas, decide with ``plan_fold`` (pure), fold with ``aggregation.fold`` (pure), write the
-new weights under a write-once name, evaluate on the holdout, and commit version doc + applied
-task ids + head in one transaction. After releasing the lease it looks once more, so a delta that
-arrived while another invocation held the lease is never stranded.
+new weights under a write-once name, commit version doc + applied task ids + head in one
+transaction, then evaluate the version on the holdout and record its accuracy (workers wait for
+the commit, not for the evaluation). After releasing the lease it looks once more, so a delta
+that arrived while another invocation held the lease is never stranded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,6 +170,7 @@ def _plan(svc: Services, job: dict[str, Any]) -> FoldPlan:
 def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
     registry = svc.registry
     for _ in range(100_000):
+        planning_started = svc.clock()
         job = registry.get_job(job_id)
         if job is None or jobs.is_terminal(job):
             return
@@ -187,7 +190,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
             return
         if not registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             raise TransientError(f"job {job_id}: lost the aggregation lease")
-        if _commit(svc, job, plan):
+        if _commit(svc, job, plan, planning_started):
             _collect_garbage(svc, plan.apply + plan.failed)
 
 
@@ -211,9 +214,15 @@ def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:
             log.debug("could not delete %s", ref.name, exc_info=True)
 
 
-def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
-    """Fold, write, evaluate and commit one version. False when the head moved meanwhile."""
+def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan,
+            planning_started: float | None = None) -> bool:
+    """Fold, write, evaluate and commit one version. False when the head moved meanwhile.
+
+    The version document records when planning the fold began and how long each step took
+    (``aggregator``), so the latency from a delta to its version is measured, not estimated.
+    """
     job_id, registry, settings = job["job_id"], svc.registry, svc.settings
+    steps = _Stopwatch()
     runtime = job_runtime(svc, job)
     head = job["head"]
     head_version = int(job["version"])
@@ -242,6 +251,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         _requeue(svc, job, corrupt)
     if not updates and not plan.failed:
         return False
+    steps.lap("read_seconds")
     failures = []
     for ref in plan.failed:
         try:
@@ -254,14 +264,17 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
     if updates:
         delays, weights = aggregation.weigh(updates, head_version, nominal,
                                             int(job.get("tasks_applied") or 0), policy)
-        new = aggregation.fold(base, updates, weights)
+        folded = (aggregation.project_shared_bases(updates, weights)
+                  if policy.project_shared_bases else updates)
+        new = aggregation.fold(base, folded, weights)
         assert new is not None
         data = codec.encode_weights(new, {"job_id": job_id, "version": new_version})
+        steps.lap("fold_seconds")
         weights_path = layout.weights_path(job_id, new_version, layout.new_nonce())
         svc.store.write_bytes(settings.models_bucket, weights_path, data,
                               "application/octet-stream")
-        x_eval, y_eval = runtime.holdout(settings.eval_max_rows)
-        accuracy, loss = evaluate(runtime.model, new, x_eval, y_eval)
+        steps.lap("write_seconds")
+        accuracy, loss = None, None  # evaluated once the version is committed
         checksum = codec.checksum(data)
     else:  # only failures: the version records them, the weights stay the parent's
         weights, delays, new = [], [], base
@@ -285,7 +298,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
         "delays": delays, "delay_unit": policy.unit,
         "delta_weights": [round(w, 6) for w in weights], "samples": samples,
         "train_loss": train_loss, "holdout_accuracy": accuracy, "holdout_loss": loss,
-        "created_at": now,
+        "created_at": now, "aggregator": {"planning_started_at": planning_started, **steps.laps},
     }
     tasks_failed = int(job.get("tasks_failed") or 0) + len(failures)
     job_fields: dict[str, Any] = {
@@ -319,10 +332,54 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan) -> bool:
     if not registry.commit_version(commit):
         log.warning("job %s: head moved past v%d during the fold; retrying", job_id, head_version)
         return False
+    crash_point(settings, "aggregator.after_commit")
+    if next_epoch_doc is not None:  # the workers start the next epoch before the evaluation
+        publish_pending_epoch(svc, {**job, **job_fields})
+    if updates:
+        accuracy = _evaluate_version(svc, job_id, runtime, new, new_version, job_fields["head"],
+                                     version_doc["aggregator"])
     log.info("job %s: v%d (epoch %d, %d deltas, %d failed) holdout accuracy %s", job_id,
              new_version, epoch, len(updates), len(failures), accuracy)
-    crash_point(settings, "aggregator.after_commit")
     return True
+
+
+def _evaluate_version(svc: Services, job_id: str, runtime: Any, weights: list[Any],
+                      version: int, head: dict[str, Any], timings: dict[str, Any]
+                      ) -> float | None:
+    """Evaluate a committed version on the holdout and record it on the version (and on the
+    job's head while it is still the head).
+
+    After the commit, not before: workers wait for the commit (flow control), and a CNN's
+    evaluation was the largest step between a delta and its version. The version's accuracy
+    arrives a moment after the version. If this fails or the process dies first, the version
+    keeps no accuracy; training is unaffected and the export evaluates the final model anyway.
+    """
+    started = time.perf_counter()
+    try:
+        x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
+        accuracy, loss = evaluate(runtime.model, weights, x_eval, y_eval)
+        svc.registry.record_evaluation(
+            job_id, version,
+            {"holdout_accuracy": accuracy, "holdout_loss": loss, "evaluated_at": svc.clock(),
+             "aggregator": {**timings, "eval_seconds": round(time.perf_counter() - started, 6)}},
+            {**head, "holdout_accuracy": accuracy, "holdout_loss": loss})
+    except Exception:  # noqa: BLE001 - an unevaluated version is still a good version
+        log.warning("job %s: could not evaluate v%d", job_id, version, exc_info=True)
+        return None
+    return accuracy
+
+
+class _Stopwatch:
+    """Seconds between successive ``lap`` calls, by name (``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 6)
+        self._last = now
 
 
 def _optional_int(value: Any) -> int | None:

@@ -191,6 +191,19 @@ class MemoryRegistry:
             self.commits += 1
             return True
 
+    def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
+                          head: Mapping[str, Any]) -> bool:
+        with self._lock:
+            doc = self.versions.get((job_id, version))
+            if doc is None:
+                return False
+            doc.update(copy.deepcopy(dict(version_fields)))
+            job = self.jobs.get(job_id)
+            if job is None or job.get("version") != version:
+                return False
+            job["head"] = copy.deepcopy(dict(head))
+            return True
+
     def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
         with self._lock:
             return copy.deepcopy(self.versions.get((job_id, version)))

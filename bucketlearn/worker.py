@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from bucketlearn import codec, jobs, layout
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 TRANSIENT_BACKOFF_SECONDS = 2.0
 FLOW_POLL_SECONDS = 0.1
 HEARTBEAT_SECONDS = 10.0
+REPORT_MIN_SECONDS = 1.0
 
 
 def pending_deltas(svc: Services, job_id: str, epoch: int, done: set[int]) -> int:
@@ -90,6 +92,48 @@ class _LeaseExtender:
         self.thread.join(timeout=5)
 
 
+class _Reporter:
+    """Writes a worker's heartbeat off the task path, from a thread of its own.
+
+    A task lasts tenths of a second; writing "busy" and "idle" around each one put two Firestore
+    writes on every task's critical path. Here a state change is written within
+    ``REPORT_MIN_SECONDS`` (when several happen in that time, the latest wins), and the current
+    state is written again every ``HEARTBEAT_SECONDS`` so the worker shows as alive.
+    """
+
+    def __init__(self, write: Callable[[str, TaskMessage | None], None]) -> None:
+        self.write = write
+        self.state: tuple[str, TaskMessage | None] = ("idle", None)
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def set(self, state: str, task: TaskMessage | None) -> None:
+        with self.lock:
+            self.state = (state, task)
+        self.changed.set()
+
+    def _run(self) -> None:
+        while not self.closing.is_set():
+            self.changed.wait(HEARTBEAT_SECONDS)
+            if self.closing.wait(REPORT_MIN_SECONDS):
+                return
+            self.changed.clear()
+            with self.lock:
+                state, task = self.state
+            self.write(state, task)
+
+    def __enter__(self) -> _Reporter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing.set()
+        self.changed.set()  # wake the thread; it sees ``closing`` and ends without writing
+        self.thread.join(timeout=5)
+
+
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
                  stop: threading.Event | None = None) -> None:
@@ -98,9 +142,17 @@ class Learner:
         self.tasks_done = 0
         self.started_at = svc.clock()
         self.stop = stop or threading.Event()
-        self._beat = 0.0  # when this worker last said "waiting" (time.monotonic)
+        self._reporter: _Reporter | None = None  # while ``run`` runs; else heartbeats are written
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
+        """Say what this worker is doing: through the reporter thread while ``run`` runs (the
+        dashboard sees it within a second), else written at once."""
+        if self._reporter is not None:
+            self._reporter.set(state, task)
+        else:
+            self._write_heartbeat(state, task)
+
+    def _write_heartbeat(self, state: str, task: TaskMessage | None) -> None:
         try:
             self.svc.registry.heartbeat(self.worker_id, {
                 "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
@@ -113,14 +165,16 @@ class Learner:
 
     def handle(self, received: ReceivedTask) -> Decision:
         """Process one delivered task; return whether to ack or nack it."""
+        pulled_at = self.svc.clock()
         if received.message is None:
             log.error("dropping a task message that is not valid JSON: %r", received.raw[:200])
             return Decision.ACK
         task = received.message
         with _LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
-            return self.process(task)
+            return self.process(task, pulled_at)
 
-    def process(self, task: TaskMessage) -> Decision:
+    def process(self, task: TaskMessage, pulled_at: float | None = None) -> Decision:
+        """Train one task (``pulled_at``: when its message arrived, recorded with the attempt)."""
         svc, registry = self.svc, self.svc.registry
         job = registry.get_job(task.job_id)
         if job is None or jobs.is_terminal(job):
@@ -142,6 +196,7 @@ class Learner:
         attempts = registry.record_attempt(task.job_id, doc_id, {
             "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
             "state": "RUNNING", "worker_id": self.worker_id, "started_at": now, "rows": task.rows,
+            "pulled_at": pulled_at if pulled_at is not None else now,
         })
         if attempts > svc.settings.max_task_attempts:
             self.fail_task(task, doc_id, attempts - 1)
@@ -187,9 +242,9 @@ class Learner:
         """
         limit = pending_limit(job["options"])
         started = time.monotonic()
-        self._beat = started - HEARTBEAT_SECONDS + 1.0  # say "waiting" once a wait passes 1 s
         while pending_deltas(self.svc, task.job_id, task.epoch,
                              jobs.done_tasks(epoch_doc)) >= limit:
+            self.heartbeat("waiting", task)
             job, progressed = self._await_progress(task, job)
             if not progressed:
                 break
@@ -205,9 +260,6 @@ class Learner:
         stall = self.svc.settings.flow_stall_seconds
         deadline = time.monotonic() + stall
         while time.monotonic() < deadline:
-            if time.monotonic() - self._beat > HEARTBEAT_SECONDS:
-                self._beat = time.monotonic()
-                self.heartbeat("waiting", task)
             if self.stop.wait(FLOW_POLL_SECONDS):
                 return job, False
             fresh = self.svc.registry.get_job(task.job_id)
@@ -269,9 +321,16 @@ class Learner:
             pull_timeout: float = 10.0) -> int:
         """Pull and process tasks until ``stop`` is set (or ``max_tasks`` are done)."""
         self.stop = stop
+        self._write_heartbeat("idle", None)
+        try:
+            with _Reporter(self._write_heartbeat) as self._reporter:
+                return self._loop(stop, max_tasks, pull_timeout)
+        finally:
+            self._reporter = None
+            self._write_heartbeat("stopped", None)
+
+    def _loop(self, stop: threading.Event, max_tasks: int | None, pull_timeout: float) -> int:
         handled = 0
-        self.heartbeat("idle")
-        last_beat = time.monotonic()
         while not stop.is_set() and (max_tasks is None or handled < max_tasks):
             try:
                 received = self.svc.queue.pull(timeout=pull_timeout)
@@ -279,9 +338,6 @@ class Learner:
                 log.warning("pull failed; retrying", exc_info=True)
                 stop.wait(2.0)
                 continue
-            if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
-                self.heartbeat("idle")
-                last_beat = time.monotonic()
             if received is None:
                 continue
             try:
@@ -294,7 +350,6 @@ class Learner:
             except Exception:  # noqa: BLE001 - an unacked message is redelivered: no loss
                 log.warning("ack/nack failed", exc_info=True)
             handled += 1
-        self.heartbeat("stopped")
         return handled
 
 

@@ -175,12 +175,36 @@ class FirestoreRegistry:
             transaction.update(job_ref, dict(commit.job_fields))
             return True
 
+        return self._contended(run, "commit version")
+
+    def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
+                          head: Mapping[str, Any]) -> bool:
+        job_ref = self._job(job_id)
+        version_ref = self._version(job_id, version)
+
+        @firestore.transactional
+        def run(transaction: firestore.Transaction) -> bool:
+            job_snap = job_ref.get(transaction=transaction)
+            version_snap = version_ref.get(transaction=transaction)
+            if not version_snap.exists:
+                return False
+            transaction.update(version_ref, dict(version_fields))
+            job = job_snap.to_dict() if job_snap.exists else None
+            if job is None or job.get("version") != version:
+                return False  # a newer version is the head: its own evaluation fills it in
+            transaction.update(job_ref, {"head": dict(head)})
+            return True
+
+        return self._contended(run, "record evaluation")
+
+    def _contended(self, run: Any, what: str) -> bool:
+        """Run a transaction that may meet concurrent writers (up to 5 attempts)."""
         try:
             return bool(run(self.client.transaction(max_attempts=5)))
         except _TRANSIENT as exc:
-            raise _transient("commit version", exc) from exc
+            raise _transient(what, exc) from exc
         except ValueError as exc:  # "Failed to commit transaction in 5 attempts": contention
-            raise _transient("commit version (contended)", exc) from exc
+            raise _transient(f"{what} (contended)", exc) from exc
 
     # -- versions, epochs, tasks ------------------------------------------------------------------
     def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:

@@ -94,6 +94,30 @@ def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> Non
     assert registry.get_job(job_id)["version"] == 2
 
 
+def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: Any) -> None:
+    """A version's accuracy, recorded after its commit, lands on the version document; on the
+    job's head only while that version is still the head (a newer head is left alone)."""
+    # Prepare
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    assert registry.commit_version(commit(job_id, 0, [0]))
+    assert registry.commit_version(commit(job_id, 1, [1]))
+    # Execute
+    late = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.5},
+                                      {"version": 1, "holdout_accuracy": 0.5})
+    current = registry.record_evaluation(job_id, 2, {"holdout_accuracy": 0.75},
+                                         {"version": 2, "holdout_accuracy": 0.75})
+    missing = registry.record_evaluation(job_id, 9, {"holdout_accuracy": 1.0},
+                                         {"version": 9, "holdout_accuracy": 1.0})
+    # Assert
+    assert (late, current, missing) == (False, True, False)
+    versions = registry.list_versions(job_id)
+    assert [v.get("holdout_accuracy") for v in versions] == [None, 0.5, 0.75]
+    assert versions[1]["parent"] == 0  # the rest of the document is kept
+    assert registry.get_job(job_id)["head"] == {"version": 2, "holdout_accuracy": 0.75}
+
+
 def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
     registry = backend.registry
     name = f"lease-{uuid.uuid4().hex[:8]}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -115,3 +116,13 @@ def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: s
     assert f"found: {detail['found']}" in error
     # one printable line: no object name or cell value can forge a log line
     assert not any(unicodedata.category(ch) == "Cc" for ch in error), repr(error)
+
+
+def eventually(condition: Any, seconds: float = 5.0) -> bool:
+    """Poll ``condition`` every 10 ms until it holds or ``seconds`` pass; its last value."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return bool(condition())

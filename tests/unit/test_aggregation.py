@@ -14,6 +14,7 @@ from bucketlearn.aggregation import (
     delta_weights,
     fold,
     policy_for,
+    project_shared_bases,
     staleness,
     staleness_discount,
     task_delays,
@@ -202,8 +203,8 @@ def test_one_worker_one_delta_per_version_is_never_discounted():
 
 
 @pytest.mark.parametrize("exponent, discounts", [
-    (1.0, [1.0, 0.5, 1.0 / 7.0, 0.25]),                    # 1 / (1 + delay)
-    (1.5, [1.0, 2.0 ** -1.5, 7.0 ** -1.5, 4.0 ** -1.5]),   # BY_TASKS, the CNN's
+    (1.0, [1.0, 0.5, 1.0 / 7.0, 0.25]),                    # 1/(1+delay), the CNN's
+    (1.5, [1.0, 2.0 ** -1.5, 7.0 ** -1.5, 4.0 ** -1.5]),   # a stronger discount
 ])
 def test_delta_weights_scale_by_example_share_and_delay(exponent, discounts):
     """weight = examples / nominal * (1 + delay) ** -exponent: delays 0, 1, 6, 3 (as above),
@@ -249,14 +250,16 @@ def test_mlp_policy_is_constant_within_max_staleness():
     assert BY_VERSIONS == StalenessPolicy("versions", 0.0)
 
 
-@pytest.mark.parametrize("kind, unit, exponent", [("cnn", "tasks", 1.5),
-                                                  ("mlp", "versions", 0.0)])
-def test_policy_follows_the_model_kind(kind, unit, exponent):
-    """CNNs count delays in tasks with (1+d)^-1.5; MLPs in versions, undiscounted."""
+@pytest.mark.parametrize("kind, unit, exponent, projects", [("cnn", "tasks", 1.0, True),
+                                                            ("mlp", "versions", 0.0, False)])
+def test_policy_follows_the_model_kind(kind, unit, exponent, projects):
+    """CNNs count delays in tasks with 1/(1+d) and fold same-base deltas without their common
+    part; MLPs count versions, undiscounted, and sum deltas as they are."""
     # Prepare / Execute
     policy = policy_for(kind)
     # Assert
-    assert (policy.unit, policy.exponent) == (unit, exponent)
+    assert (policy.unit, policy.exponent, policy.project_shared_bases) == (unit, exponent,
+                                                                          projects)
 
 
 def test_delta_weights_zero_nominal_is_treated_as_one():
@@ -294,3 +297,66 @@ def test_weighted_mean_loss_none_without_data(updates):
     loss = weighted_mean_loss(updates)
     # Assert
     assert loss is None
+
+
+def _flat(update):
+    return np.concatenate([np.ravel(layer) for layer in update.delta])
+
+
+def test_projection_drops_the_part_a_heavier_same_base_delta_already_moves():
+    """Hand-worked: a = ([2, 0], [0]), b = ([1, 1], [2]) from one base, a heavier. b·a = 2,
+    a·a = 4, so b loses 0.5·a: ([0, 1], [2]). a itself is unchanged."""
+    # Prepare
+    a = _update(0, [[2.0, 0.0], [0.0]], base_applied=4)
+    b = _update(1, [[1.0, 1.0], [2.0]], base_applied=4)
+    # Execute
+    out = project_shared_bases([b, a], [0.5, 1.0])
+    # Assert
+    np.testing.assert_allclose(_flat(out[1]), [2.0, 0.0, 0.0])
+    np.testing.assert_allclose(_flat(out[0]), [0.0, 1.0, 2.0])
+    assert float(np.dot(_flat(out[0]), _flat(out[1]))) == pytest.approx(0.0)
+    assert out[0].task_index == 1 and out[0].base_applied == 4
+
+
+def test_projection_of_two_equal_same_base_deltas_keeps_one():
+    # Prepare
+    a = _update(0, [[1.0, -1.0], [0.5]], base_applied=2)
+    b = _update(1, [[1.0, -1.0], [0.5]], base_applied=2)
+    # Execute
+    out = project_shared_bases([a, b], [1.0, 1.0])  # a tie: the given order decides
+    # Assert
+    np.testing.assert_allclose(_flat(out[0]), [1.0, -1.0, 0.5])
+    np.testing.assert_allclose(_flat(out[1]), [0.0, 0.0, 0.0], atol=1e-12)
+
+
+@pytest.mark.parametrize("b_delta, b_base", [
+    ([[-1.0, 0.0], [0.0]], 4),   # points the other way: kept whole
+    ([[0.0, 3.0], [0.0]], 4),    # orthogonal: nothing shared
+    ([[2.0, 0.0], [0.0]], 5),    # same direction, another base: the discount's business
+])
+def test_projection_leaves_opposed_orthogonal_and_other_base_deltas_alone(b_delta, b_base):
+    # Prepare
+    a = _update(0, [[2.0, 0.0], [0.0]], base_applied=4)
+    b = _update(1, b_delta, base_applied=b_base)
+    # Execute
+    out = project_shared_bases([a, b], [1.0, 0.5])
+    # Assert
+    np.testing.assert_allclose(_flat(out[1]), np.concatenate([np.ravel(d) for d in b_delta]))
+    np.testing.assert_allclose(_flat(out[0]), [2.0, 0.0, 0.0])
+
+
+def test_projection_without_a_task_count_groups_by_base_version():
+    # Prepare: deltas written before workers recorded base_applied
+    a = _update(0, [[1.0, 0.0], [0.0]], base=3)
+    b = _update(1, [[1.0, 1.0], [0.0]], base=3)
+    c = _update(2, [[1.0, 1.0], [0.0]], base=2)
+    # Execute
+    out = project_shared_bases([a, b, c], [1.0, 0.5, 0.25])
+    # Assert
+    np.testing.assert_allclose(_flat(out[1]), [0.0, 1.0, 0.0])
+    np.testing.assert_allclose(_flat(out[2]), [1.0, 1.0, 0.0])
+
+
+def test_projection_needs_one_weight_per_update():
+    with pytest.raises(ValueError, match="one weight per update"):
+        project_shared_bases([_update(0, [[1.0, 0.0], [0.0]])], [1.0, 0.5])

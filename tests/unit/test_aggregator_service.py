@@ -90,6 +90,54 @@ def test_versions_record_each_deltas_delay_and_weight(pipeline):
             assert weight == pytest.approx((1 + delay) ** -policy_for("mlp").exponent, abs=1e-5)
 
 
+def test_versions_record_where_the_fold_time_went(pipeline):
+    """Each folded version records when planning its fold began and how long reading, folding
+    and writing took, all before the version was created; its holdout evaluation comes after the
+    commit (workers wait for the commit, not for the evaluation) and records its time too."""
+    # Prepare
+    job, svc = pipeline["job"], pipeline["svc"]
+    before_commit = ("read_seconds", "fold_seconds", "write_seconds")
+    # Execute
+    folds = [v for v in svc.registry.list_versions(job["job_id"])[1:] if v["tasks_applied"]]
+    # Assert
+    assert folds
+    for v in folds:
+        timings = v["aggregator"]
+        assert timings["planning_started_at"] <= v["created_at"] <= v["evaluated_at"]
+        assert all(timings[k] >= 0 for k in (*before_commit, "eval_seconds"))
+        assert sum(timings[k] for k in before_commit) <= (v["created_at"]
+                                                         - timings["planning_started_at"])
+        assert 0.0 <= v["holdout_accuracy"] <= 1.0 and v["holdout_loss"] > 0
+
+
+def test_the_next_epoch_is_published_before_the_last_fold_is_evaluated(tmp_path, monkeypatch):
+    """Workers wait for the commit, not the evaluation: the version that completes epoch 1
+    publishes epoch 2's tasks before its holdout evaluation runs."""
+    # Prepare
+    from bucketlearn import aggregator
+    from tests.unit.test_invariants import start_job, train_pending
+
+    svc, job_id = start_job(tmp_path, epochs=2)
+    planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
+    seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
+    real = aggregator.evaluate
+
+    def evaluate(*args, **kwargs):
+        second = sum(1 for m in svc.queue.published if m.epoch == 2)
+        seen.append((int(svc.registry.get_job(job_id)["version"]), second))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(aggregator, "evaluate", evaluate)
+    train_pending(svc, planned)
+    # Execute
+    aggregate_job(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job["epoch"] == 2 and job["published_epoch"] == 2
+    assert seen and seen[-1] == (job["version"], planned)
+    assert all(published == 0 for _, published in seen[:-1])
+
+
 def test_final_model_is_exported(pipeline):
     """models/<job>/latest.keras exists in the models bucket (and v<N>.keras)."""
     # Prepare

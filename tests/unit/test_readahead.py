@@ -24,7 +24,7 @@ from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import SourceFile, load_parts, split_upload
 from bucketlearn.memory import MemoryBlobStore
-from tests.unit.helpers import blobs_rows, csv_bytes
+from tests.unit.helpers import blobs_rows, csv_bytes, eventually
 
 BLOCK = 16 * 1024
 COLUMNS = ["a", "b", "c", "label"]
@@ -83,14 +83,6 @@ def run_with_timeout(fn: Any, seconds: float) -> Any:
         raise out["error"]
     return out.get("value")
 
-
-def eventually(condition: Any, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 # --- (a) the read-ahead is bounded -----------------------------------------------------------------

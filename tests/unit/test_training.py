@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bucketlearn.model import ModelSpec, build_model
-from bucketlearn.training import shuffle_rows, train_on_shard
+from bucketlearn.training import EVAL_BATCH, evaluate, shuffle_rows, train_on_shard
 
 
 def _model():
@@ -55,3 +55,35 @@ def test_task_starts_from_the_base_weights():
     # Assert
     for wa, wb in zip(a.weights, b.weights, strict=True):
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_matches_keras_evaluate():
+    """The holdout figures are Keras's own: accuracy and cross-entropy as ``model.evaluate``
+    reports them, also across more rows than one evaluation batch."""
+    # Prepare
+    rows = 2 * EVAL_BATCH + 70
+    x, y = _shard(rows)
+    model = _model()
+    train_on_shard(model, model.get_weights(), x[:64], y[:64], batch_size=32, seed=0, epoch=1,
+                   task_index=0)  # weights that are neither initial nor perfect
+    # Execute
+    accuracy, loss = evaluate(model, None, x, y)
+    # Assert
+    reference = model.evaluate(x, y, batch_size=256, verbose=0, return_dict=True)
+    assert 0.0 < accuracy < 1.0
+    assert accuracy == pytest.approx(reference["accuracy"], abs=1e-6)
+    assert loss == pytest.approx(reference["loss"], rel=1e-4)
+
+
+def test_evaluate_sets_the_given_weights_and_rejects_an_empty_holdout():
+    # Prepare
+    x, y = _shard(50)
+    model = _model()
+    zeros = [np.zeros_like(w) for w in model.get_weights()]
+    # Execute
+    accuracy, loss = evaluate(model, zeros, x, y)
+    # Assert: all-zero weights give uniform probabilities, so the loss is log(3)
+    assert loss == pytest.approx(np.log(3.0), rel=1e-5)
+    assert 0.0 <= accuracy <= 1.0
+    with pytest.raises(ValueError, match="at least one row"):
+        evaluate(model, None, x[:0], y[:0])

@@ -35,3 +35,17 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
     assert decision is Decision.NACK
     assert task["attempts"] == counted and task["state"] == "RETRYING"
     assert type(error).__name__ in task["error"]
+
+
+def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
+    """``pulled_at`` (the message's arrival) separates the queue's delivery from the worker's
+    reads before training: it is taken when the message is handed over, before ``started_at``."""
+    # Prepare
+    svc, job_id = start_job(tmp_path)
+    received = svc.queue.pull(0)
+    # Execute
+    decision = Learner(svc, "w1").handle(received)
+    # Assert
+    [task] = svc.registry.list_tasks(job_id)
+    assert decision is Decision.ACK and task["state"] == "TRAINED"
+    assert task["pulled_at"] <= task["started_at"] <= task["finished_at"]

@@ -1,0 +1,85 @@
+"""A worker's heartbeat is written off the task path: state changes within a second (the latest
+wins), the current state again every ``HEARTBEAT_SECONDS``, and "stopped" when the worker ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bucketlearn import worker
+from bucketlearn.worker import Learner, _Reporter
+from tests.unit.helpers import eventually
+from tests.unit.test_invariants import start_job
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, state: str, task: Any) -> None:
+        with self.lock:
+            self.writes.append((state, task))
+
+    def states(self) -> list[str]:
+        with self.lock:
+            return [state for state, _ in self.writes]
+
+
+def test_a_burst_of_state_changes_is_one_write_of_the_latest(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # Prepare
+    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 0.2)
+    recorder = Recorder()
+    # Execute
+    with _Reporter(recorder) as reporter:
+        for state in ("busy", "idle", "waiting", "busy"):
+            reporter.set(state, "task-7")
+        assert eventually(lambda: recorder.states())
+        time.sleep(0.5)  # long enough for a second write, were one due
+    # Assert
+    assert recorder.writes == [("busy", "task-7")]
+    assert not reporter.thread.is_alive()
+
+
+def test_the_state_is_written_again_while_nothing_changes(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A worker idle on an empty queue still shows as alive."""
+    # Prepare
+    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 0.01)
+    monkeypatch.setattr(worker, "HEARTBEAT_SECONDS", 0.05)
+    recorder = Recorder()
+    # Execute
+    with _Reporter(recorder) as reporter:
+        reporter.set("idle", None)
+        assert eventually(lambda: len(recorder.states()) >= 3)
+    # Assert
+    assert set(recorder.states()) == {"idle"}
+
+
+def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """Six tasks in well under a second: "idle" at the start, at most one write from the
+    reporter, "stopped" at the end; before, every task wrote "busy" and "idle"."""
+    # Prepare
+    svc, job_id = start_job(tmp_path)
+    job = svc.registry.get_job(job_id)  # no aggregator runs here: flow control must not pause
+    svc.registry.update_job(job_id, {"options": {**job["options"], "max_pending": 100}})
+    planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
+    writes: list[str] = []
+    real = svc.registry.heartbeat
+    monkeypatch.setattr(svc.registry, "heartbeat",
+                        lambda worker_id, fields: (writes.append(fields["state"]),
+                                                   real(worker_id, fields)))
+    # Execute
+    handled = Learner(svc, "w1").run(threading.Event(), max_tasks=planned, pull_timeout=0.1)
+    # Assert
+    assert handled == planned >= 5
+    assert writes[0] == "idle" and writes[-1] == "stopped"
+    assert len(writes) <= 3
+    [doc] = svc.registry.list_workers()
+    assert doc["state"] == "stopped" and doc["tasks_done"] >= 1
