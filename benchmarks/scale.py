@@ -348,16 +348,18 @@ def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
                             tasks_total: int) -> dict[str, Any]:
     """Firestore writes per applied task as the code paths say (no contention, no retries).
 
-    worker, per task: record_attempt (set + increment), heartbeat busy, update_task, heartbeat
-    idle = 4. aggregator, per version: the commit transaction (version create, epoch update, job
-    update) = 3, plus the lease refresh before it = 1; per aggregator run that wins the lease:
-    lease create + release = 2 (once per version at worst, once per many versions at best).
+    worker, per task: record_attempt (set + increment), update_task = 2; heartbeats are written
+    by a thread within a second of a change of state, not per task, so they are counted in the
+    measured figures only. aggregator, per version: the commit transaction (version create,
+    epoch update, job update) = 3, the lease refresh before it = 1, and the evaluation recorded
+    after it (version update, job head update) = 2; per aggregator run that wins the lease: lease
+    create + release = 2 (once per version at worst, once per many versions at best).
     per epoch: next epoch doc (in the commit) + publish_pending_epoch's job update = 2.
     per job: create, options update, start_training (version 0, epoch 1, job) = 3, publish
     update, export update = 7.
     """
-    worker = 4
-    low_version, high_version = 4, 6
+    worker = 2
+    low_version, high_version = 6, 8
     per_epoch, per_job = 2, 7
     fixed = per_epoch / tasks_per_epoch + per_job / max(tasks_total, 1)
     return {"worker_per_task": worker, "aggregator_per_version": [low_version, high_version],
