@@ -216,7 +216,7 @@ def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:
 
 def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan,
             planning_started: float | None = None) -> bool:
-    """Fold, write, evaluate and commit one version. False when the head moved meanwhile.
+    """Fold, write and commit one version, then evaluate it. False when the head moved meanwhile.
 
     The version document records when planning the fold began and how long each step took
     (``aggregator``), so the latency from a delta to its version is measured, not estimated.
