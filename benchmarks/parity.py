@@ -39,7 +39,8 @@ FULL = {
                             "options": {"epochs": 3}}},
     "orders": ["shuffled", "sorted"],
     "sim_workers": [1, 2, 4],
-    "stack": {"datasets": ["digits", "hmnist"], "orders": ["shuffled", "sorted"], "workers": 2},
+    "stack": {"datasets": ["digits", "hmnist"], "orders": ["shuffled", "sorted"],
+              "workers": [1, 2, 4]},
     "seeds": [0, 1, 2],
 }
 SMOKE = {
@@ -148,9 +149,10 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                         stack_todo.append((name, order, seed, path, options))
                     cell["seeds"][str(seed)] = one
                 cells[f"{name}/{order}"] = cell
-        if stack_todo:
-            workers = int(stack["workers"])
-            for (name, order, seed), figures in stack_cells(stack_todo, workers, tmp).items():
+        counts = stack["workers"] if stack_todo else []
+        for workers in [counts] if isinstance(counts, int) else counts:  # one stack per count
+            for (name, order, seed), figures in stack_cells(stack_todo, int(workers),
+                                                            tmp).items():
                 cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"][f"stack-{workers}"] = \
                     figures
     ratios: dict[str, Any] = {}
