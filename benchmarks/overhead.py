@@ -48,9 +48,11 @@ SMOKE = {
 }
 GOAL = 1.3
 
-# Fields the core does not record yet, and that would turn derived figures into measured ones.
+# The aggregator's timings as version documents record them (``aggregator``).
 AGGREGATOR_STEPS = ("read_seconds", "fold_seconds", "write_seconds")  # before the commit
 AFTER_COMMIT = ("eval_seconds",)  # the holdout evaluation, once the version is committed
+
+# Fields the core does not record yet, and that would turn derived figures into measured ones.
 MISSING_FIELDS = {
     "epochs/{e}.published_at": "when publish_pending_epoch published the epoch's tasks (queue wait "
                                "is measured from the epoch doc's created_at, which precedes it)",

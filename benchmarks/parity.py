@@ -149,8 +149,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                         stack_todo.append((name, order, seed, path, options))
                     cell["seeds"][str(seed)] = one
                 cells[f"{name}/{order}"] = cell
-        counts = stack["workers"] if stack_todo else []
-        for workers in [counts] if isinstance(counts, int) else counts:  # one stack per count
+        for workers in stack["workers"] if stack_todo else []:  # one stack per worker count
             for (name, order, seed), figures in stack_cells(stack_todo, int(workers),
                                                             tmp).items():
                 cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"][f"stack-{workers}"] = \

@@ -27,7 +27,7 @@ from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.faults import crash_point
 from bucketlearn.model import export_keras
 from bucketlearn.ports import BlobInfo, VersionCommit
-from bucketlearn.runtime import job_runtime
+from bucketlearn.runtime import JobRuntime, job_runtime
 from bucketlearn.split import Outcome, publish_pending_epoch
 from bucketlearn.training import evaluate
 
@@ -154,17 +154,20 @@ def _has_work(svc: Services, job_id: str) -> bool:
     epoch = int(job["epoch"])
     if int(job.get("published_epoch") or 0) < epoch:
         return True
-    return _plan(svc, job).commits
+    return _plan(svc, job, _epoch_doc(svc, job)).commits
 
 
-def _plan(svc: Services, job: dict[str, Any]) -> FoldPlan:
-    epoch = int(job["epoch"])
-    epoch_doc = svc.registry.get_epoch(job["job_id"], epoch) or {}
+def _epoch_doc(svc: Services, job: dict[str, Any]) -> dict[str, Any]:
+    """The job's current epoch document ({} if missing)."""
+    return svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
+
+
+def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> FoldPlan:
     options = job["options"]
     return plan_fold(int(job["version"]), int(epoch_doc.get("planned", job["tasks_per_epoch"])),
                      epoch_doc.get("applied", []), epoch_doc.get("failed", []),
-                     list_deltas(svc, job["job_id"], epoch), int(options["buffer_size"]),
-                     int(options["max_staleness"]))
+                     list_deltas(svc, job["job_id"], int(job["epoch"])),
+                     int(options["buffer_size"]), int(options["max_staleness"]))
 
 
 def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
@@ -182,7 +185,8 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
         if int(job.get("published_epoch") or 0) < int(job["epoch"]):
             publish_pending_epoch(svc, job)
             continue
-        plan = _plan(svc, job)
+        epoch_doc = _epoch_doc(svc, job)  # only this lease holder's commits change it
+        plan = _plan(svc, job, epoch_doc)
         _collect_garbage(svc, plan.garbage)
         if plan.requeue:
             _requeue(svc, job, plan.requeue)
@@ -190,7 +194,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
             return
         if not registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             raise TransientError(f"job {job_id}: lost the aggregation lease")
-        if _commit(svc, job, plan, planning_started):
+        if _commit(svc, job, epoch_doc, plan, planning_started):
             _collect_garbage(svc, plan.apply + plan.failed)
 
 
@@ -214,7 +218,7 @@ def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:
             log.debug("could not delete %s", ref.name, exc_info=True)
 
 
-def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan,
+def _commit(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any], plan: FoldPlan,
             planning_started: float | None = None) -> bool:
     """Fold, write and commit one version, then evaluate it. False when the head moved meanwhile.
 
@@ -281,9 +285,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan,
         weights_path, checksum = head["weights_path"], head.get("checksum")
         accuracy, loss = head.get("holdout_accuracy"), head.get("holdout_loss")
     epoch = int(job["epoch"])
-    epoch_doc = registry.get_epoch(job_id, epoch) or {}
-    done_after = (len(epoch_doc.get("applied", [])) + len(epoch_doc.get("failed", []))
-                  + len(updates) + len(failures))
+    done_after = len(jobs.done_tasks(epoch_doc)) + len(updates) + len(failures)
     epoch_complete = done_after >= int(epoch_doc.get("planned", job["tasks_per_epoch"]))
     train_loss = aggregation.weighted_mean_loss(updates)
     samples = sum(u.examples for u in updates)
@@ -343,7 +345,7 @@ def _commit(svc: Services, job: dict[str, Any], plan: FoldPlan,
     return True
 
 
-def _evaluate_version(svc: Services, job_id: str, runtime: Any, weights: list[Any],
+def _evaluate_version(svc: Services, job_id: str, runtime: JobRuntime, weights: list[Any],
                       version: int, head: dict[str, Any], timings: dict[str, Any]
                       ) -> float | None:
     """Evaluate a committed version on the holdout and record it on the version (and on the
