@@ -14,6 +14,10 @@ locals {
 }
 
 resource "google_cloud_run_v2_service" "dashboard" {
+  # iap_enabled is in hashicorp/google-beta since 6.30 but in hashicorp/google only from 7.21
+  # (tests/infra/test_provider_schema.py checks this against both providers' schema).
+  provider = google-beta
+
   name                = "${var.name_prefix}-dashboard"
   project             = var.project_id
   location            = var.region
