@@ -299,6 +299,19 @@ def test_pubsub_service_agent_can_dead_letter(module: Config) -> None:
             "${google_pubsub_subscription.tasks.name}") in grants
 
 
+def test_dead_letter_grants_follow_the_switch(module: Config) -> None:
+    # dead_letter_enabled = false exists for organizations that forbid these grants: with it
+    # off, neither the policy nor the service agent's grants may be created.
+    for rtype, name in [("google_pubsub_topic_iam_member", "pubsub_agent_dead_letter_publisher"),
+                        ("google_pubsub_subscription_iam_member",
+                         "pubsub_agent_tasks_subscriber")]:
+        grant = module.resource(rtype, name)
+        assert grant.get("count") == "${var.dead_letter_enabled ? 1 : 0}", (rtype, name)
+    (policy,) = dynamic_blocks(module.resource("google_pubsub_subscription", "tasks"),
+                               "dead_letter_policy")
+    assert "var.dead_letter_enabled" in policy["for_each"]
+
+
 # --- functions ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "entry_point", "bucket"), [
@@ -383,6 +396,13 @@ def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> N
         if body["role"] == "roles/pubsub.publisher":
             # Only the Cloud Storage service agent (Eventarc makes its topics), never our accounts.
             assert "google_storage_project_service_account" in body["member"], name
+
+
+def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:
+    # A plain `terraform apply` on a fresh project would otherwise race iam.googleapis.com.
+    for _rtype, name, body in module.resources("google_service_account"):
+        assert "${google_project_service.apis}" in body.get("depends_on", []), name
+    assert "iam.googleapis.com" in module.locals["apis"]
 
 
 def test_one_service_account_per_component(module: Config) -> None:

@@ -17,6 +17,8 @@ resource "google_service_account" "split" {
   account_id   = "${var.name_prefix}-split"
   display_name = "bucketlearn split function"
   description  = "Runs the on_upload Cloud Function: reads uploads, writes shards, creates jobs, publishes tasks."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "aggregate" {
@@ -24,6 +26,8 @@ resource "google_service_account" "aggregate" {
   account_id   = "${var.name_prefix}-aggregate"
   display_name = "bucketlearn aggregate function"
   description  = "Runs the on_delta Cloud Function: folds deltas into versions, exports models, publishes the next epoch."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "worker" {
@@ -31,6 +35,8 @@ resource "google_service_account" "worker" {
   account_id   = "${var.name_prefix}-worker"
   display_name = "bucketlearn learner worker"
   description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes deltas."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "dashboard" {
@@ -38,6 +44,8 @@ resource "google_service_account" "dashboard" {
   account_id   = "${var.name_prefix}-dashboard"
   display_name = "bucketlearn dashboard"
   description  = "Runs the Streamlit dashboard: reads Firestore and models, writes CSV uploads."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "autoscaler" {
@@ -45,6 +53,8 @@ resource "google_service_account" "autoscaler" {
   account_id   = "${var.name_prefix}-autoscaler"
   display_name = "bucketlearn autoscaler"
   description  = "Runs `bucketlearn autoscale`: reads the task backlog from Firestore, sets the worker pool's instance count."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "scheduler" {
@@ -52,6 +62,8 @@ resource "google_service_account" "scheduler" {
   account_id   = "${var.name_prefix}-scheduler"
   display_name = "bucketlearn autoscaler trigger"
   description  = "Identity of the Cloud Scheduler job that starts the autoscaler job; may only run that job."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_service_account" "eventarc" {
@@ -59,6 +71,8 @@ resource "google_service_account" "eventarc" {
   account_id   = "${var.name_prefix}-events"
   display_name = "bucketlearn Eventarc triggers"
   description  = "Identity of the Eventarc storage triggers; may only receive events and invoke the two functions."
+
+  depends_on = [google_project_service.apis]
 }
 
 # --- Cloud Storage -----------------------------------------------------------------------------
@@ -146,8 +160,11 @@ resource "google_pubsub_subscription_iam_member" "worker_subscriber" {
 }
 
 # Dead-lettering is done by the Pub/Sub service agent: it must be able to publish to the
-# dead-letter topic and to acknowledge (subscriber) on the source subscription.
+# dead-letter topic and to acknowledge (subscriber) on the source subscription. Both grants go
+# with the dead-letter policy: dead_letter_enabled = false is for organizations that forbid them.
 resource "google_pubsub_topic_iam_member" "pubsub_agent_dead_letter_publisher" {
+  count = var.dead_letter_enabled ? 1 : 0
+
   project = var.project_id
   topic   = google_pubsub_topic.dead_letter.name
   role    = "roles/pubsub.publisher"
@@ -157,6 +174,8 @@ resource "google_pubsub_topic_iam_member" "pubsub_agent_dead_letter_publisher" {
 }
 
 resource "google_pubsub_subscription_iam_member" "pubsub_agent_tasks_subscriber" {
+  count = var.dead_letter_enabled ? 1 : 0
+
   project      = var.project_id
   subscription = google_pubsub_subscription.tasks.name
   role         = "roles/pubsub.subscriber"
@@ -263,7 +282,7 @@ resource "google_service_account_iam_member" "pubsub_agent_token_creator" {
 # --- autoscaler --------------------------------------------------------------------------------
 
 # Resize the worker pool - this pool only. (roles/run.developer is the narrowest predefined role
-# with run.workerPools.update; a custom role with just get+update would be narrower still.)
+# with run.workerpools.update; a custom role with just get+update would be narrower still.)
 resource "google_cloud_run_v2_worker_pool_iam_member" "autoscaler_developer" {
   project  = var.project_id
   location = var.region

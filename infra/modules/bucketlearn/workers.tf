@@ -14,8 +14,9 @@
 #   scaling.manual_instance_count of the service (Cloud Run services support manual scaling
 #   too). The scaling policy in bucketlearn is the same; only the resource it resizes changes.
 #
-# The resource is in the GA `google` provider since 6.45 (it was google-beta only before), so no
-# google-beta provider is needed here; launch_stage BETA lets the API accept manual scaling
+# The resource is in the GA `google` provider since 6.37.0 (and google-beta since the same
+# release), so no google-beta provider is needed here; 6.47.0 is the first release that sends
+# manual_instance_count = 0 (versions.tf). launch_stage BETA lets the API accept manual scaling
 # while that is a preview feature.
 #
 # Shutdown: Cloud Run sends SIGTERM and kills 10 s later. The worker stops pulling and nacks; a
