@@ -339,6 +339,76 @@ def test_function_triggers(module: Config, name: str, entry_point: str, bucket: 
     assert module.variables["function_memory"]["default"] == "2Gi"
 
 
+# --- CPU and memory ----------------------------------------------------------------------------
+
+# Cloud Run's rule (docs: configuring CPU limits and memory limits; 2nd gen functions run on Cloud
+# Run): whole vCPUs -> the memory range allowed, in GiB.
+CLOUD_RUN_MEMORY_GIB = {1: (0.5, 4), 2: (0.5, 8), 4: (2, 16), 6: (4, 24), 8: (4, 32)}
+
+
+def _strip(expression: str) -> str:
+    return expression[2:-1] if expression.startswith("${") else expression
+
+
+def _memory_precondition(body: dict[str, Any]) -> str:
+    (condition,) = [c["condition"] for lifecycle in body.get("lifecycle", [])
+                    for c in lifecycle.get("precondition", [])
+                    if "memory_mib_range_by_cpu" in c["condition"]]
+    return _strip(condition)
+
+
+@pytest.mark.parametrize("component", ["worker", "function"])
+def test_cpu_and_memory_are_checked_together(module: Config, tmp_path: Path,
+                                             component: str) -> None:
+    """The module's own precondition, evaluated by `terraform console` (no provider needed)
+    for every CPU the variable allows and memory sizes around Cloud Run's limits."""
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed; the CPU/memory preconditions were not evaluated")
+    if component == "worker":
+        bodies = [module.resource("google_cloud_run_v2_worker_pool", "learners")]
+        memories = ["512Mi", "1Gi", "2047Mi", "2Gi", "4Gi", "4097Mi", "8Gi", "16Gi", "24Gi",
+                    "32Gi", "33Gi"]
+    else:
+        bodies = [module.resource("google_cloudfunctions2_function", n)
+                  for n in ("split", "aggregate")]
+        memories = ["1Gi", "2Gi", "4Gi", "8Gi", "16Gi"]
+    conditions = {_memory_precondition(body) for body in bodies}
+    assert len(conditions) == 1, conditions
+    condition = conditions.pop()
+    cpu_var, memory_var = f"var.{component}_cpu", f"var.{component}_memory"
+    cpus = re.findall(r'"(\d+)"', module.variables[f"{component}_cpu"]["validation"][0][
+        "condition"])
+    assert cpus and {int(c) for c in cpus} <= set(CLOUD_RUN_MEMORY_GIB)
+    ranges = module.locals["memory_mib_range_by_cpu"]
+    (tmp_path / "main.tf").write_text("locals {\n  memory_mib_range_by_cpu = {\n" + "".join(
+        f'    "{cpu}" = [{low}, {high}]\n' for cpu, (low, high) in ranges.items()) + "  }\n}\n")
+    size = _strip(module.locals[f"{component}_memory_mib"])
+    cases, lines = [], []
+    for cpu in cpus:
+        for memory in memories:
+            gib = int(memory[:-2]) / (1024 if memory.endswith("Mi") else 1)
+            low, high = CLOUD_RUN_MEMORY_GIB[int(cpu)]
+            cases.append((cpu, memory, low <= gib <= high))
+            expression = condition.replace(f"local.{component}_memory_mib", f"({size})")
+            lines.append(expression.replace(memory_var, f'"{memory}"')
+                         .replace(cpu_var, f'"{cpu}"'))
+    # Piped, `terraform console` prints only its last expression: evaluate one list.
+    result = subprocess.run([terraform, "console"],
+                            input="jsonencode([" + ", ".join(lines) + "])\n",
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TF_CLI_CONFIG_FILE": os.devnull})
+    assert result.returncode == 0, result.stderr
+    answers = json.loads(json.loads(result.stdout.strip()))
+    assert len(answers) == len(cases), result.stdout
+    wrong = [(cpu, memory, expected)
+             for (cpu, memory, expected), answer in zip(cases, answers, strict=True)
+             if answer is not expected]
+    assert not wrong, f"precondition disagrees with Cloud Run (cpu, memory, allowed): {wrong}"
+    default = {v: module.variables[f"{component}_{v}"]["default"] for v in ("cpu", "memory")}
+    assert (default["cpu"], default["memory"], True) in cases
+
+
 # --- storage -----------------------------------------------------------------------------------
 
 def test_buckets(module: Config) -> None:

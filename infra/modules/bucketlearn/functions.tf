@@ -62,6 +62,13 @@ resource "google_cloudfunctions2_function" "split" {
     google_pubsub_topic_iam_member.split_publisher,
     google_project_iam_member.firestore_users,
   ]
+
+  lifecycle {
+    precondition {
+      condition     = local.function_memory_mib >= local.memory_mib_range_by_cpu[var.function_cpu][0] && local.function_memory_mib <= local.memory_mib_range_by_cpu[var.function_cpu][1]
+      error_message = "function_memory does not fit function_cpu. Cloud Run (which runs 2nd gen functions) allows: 1 vCPU up to 4Gi, 2 vCPU up to 8Gi, 4 vCPU 2Gi-16Gi, 8 vCPU 4Gi-32Gi."
+    }
+  }
 }
 
 resource "google_cloudfunctions2_function" "aggregate" {
@@ -114,4 +121,11 @@ resource "google_cloudfunctions2_function" "aggregate" {
     google_pubsub_topic_iam_member.aggregate_publisher,
     google_project_iam_member.firestore_users,
   ]
+
+  lifecycle {
+    precondition {
+      condition     = local.function_memory_mib >= local.memory_mib_range_by_cpu[var.function_cpu][0] && local.function_memory_mib <= local.memory_mib_range_by_cpu[var.function_cpu][1]
+      error_message = "function_memory does not fit function_cpu. Cloud Run (which runs 2nd gen functions) allows: 1 vCPU up to 4Gi, 2 vCPU up to 8Gi, 4 vCPU 2Gi-16Gi, 8 vCPU 4Gi-32Gi."
+    }
+  }
 }

@@ -54,6 +54,21 @@ locals {
 
   worker_pool_name = "${var.name_prefix}-learners"
 
+  # Memory Cloud Run allows per whole number of vCPUs, in MiB [min, max] (Cloud Functions 2nd gen
+  # run on Cloud Run, so the functions follow it too): 1 vCPU up to 4 GiB, 2 up to 8 GiB, 4 from
+  # 2 to 16 GiB, 6 from 4 to 24 GiB, 8 from 4 to 32 GiB; never under 512 MiB. Checked by the
+  # preconditions of the worker pool and the functions (a variable's validation cannot read
+  # another variable before Terraform 1.9).
+  memory_mib_range_by_cpu = {
+    "1" = [512, 4096]
+    "2" = [512, 8192]
+    "4" = [2048, 16384]
+    "6" = [4096, 24576]
+    "8" = [4096, 32768]
+  }
+  worker_memory_mib   = tonumber(regex("^[0-9]+", var.worker_memory)) * (endswith(var.worker_memory, "Gi") ? 1024 : 1)
+  function_memory_mib = tonumber(trimsuffix(var.function_memory, "Gi")) * 1024
+
   # Google-managed service agents that get grants in iam.tf.
   pubsub_service_agent = "service-${local.project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
   iap_service_agent    = "service-${local.project_number}@gcp-sa-iap.iam.gserviceaccount.com"

@@ -251,7 +251,7 @@ variable "function_runtime" {
 variable "function_memory" {
   type        = string
   default     = "2Gi"
-  description = "Memory of each function instance; TensorFlow plus one model and one shard fits in 2Gi."
+  description = "Memory of each function instance; TensorFlow plus one model and one shard fits in 2Gi. 8Gi needs function_cpu >= 2, 16Gi needs >= 4."
 
   validation {
     condition     = contains(["1Gi", "2Gi", "4Gi", "8Gi", "16Gi"], var.function_memory)
@@ -262,7 +262,7 @@ variable "function_memory" {
 variable "function_cpu" {
   type        = string
   default     = "1"
-  description = "vCPUs of each function instance (2Gi needs at least 1; 4Gi at least 2 in practice)."
+  description = "vCPUs of each function instance. Must fit function_memory as Cloud Run requires (checked at plan): 1 vCPU allows up to 4Gi, 2 up to 8Gi, 4 needs 2Gi-16Gi, 8 needs 4Gi-32Gi."
 
   validation {
     condition     = contains(["1", "2", "4", "8"], var.function_cpu)
@@ -380,7 +380,7 @@ variable "max_workers" {
 variable "worker_cpu" {
   type        = string
   default     = "2"
-  description = "vCPUs of each learner worker."
+  description = "vCPUs of each learner worker. Must fit worker_memory as Cloud Run requires (checked at plan): 1 vCPU allows 512Mi-4Gi, 2 allows 512Mi-8Gi, 4 needs 2Gi-16Gi, 6 needs 4Gi-24Gi, 8 needs 4Gi-32Gi."
 
   validation {
     condition     = contains(["1", "2", "4", "6", "8"], var.worker_cpu)
@@ -391,7 +391,7 @@ variable "worker_cpu" {
 variable "worker_memory" {
   type        = string
   default     = "4Gi"
-  description = "Memory of each learner worker (one model and one shard)."
+  description = "Memory of each learner worker (one model and one shard), such as 4Gi or 3072Mi; from 512Mi to 32Gi and within what worker_cpu allows (see worker_cpu)."
 
   validation {
     condition     = can(regex("^[0-9]+(Mi|Gi)$", var.worker_memory))

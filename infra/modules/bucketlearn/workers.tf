@@ -76,6 +76,11 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
       condition     = var.min_workers <= var.max_workers
       error_message = "min_workers must not exceed max_workers."
     }
+
+    precondition {
+      condition     = local.worker_memory_mib >= local.memory_mib_range_by_cpu[var.worker_cpu][0] && local.worker_memory_mib <= local.memory_mib_range_by_cpu[var.worker_cpu][1]
+      error_message = "worker_memory does not fit worker_cpu. Cloud Run allows: 1 vCPU 512Mi-4Gi, 2 vCPU 512Mi-8Gi, 4 vCPU 2Gi-16Gi, 6 vCPU 4Gi-24Gi, 8 vCPU 4Gi-32Gi."
+    }
   }
 
   depends_on = [
