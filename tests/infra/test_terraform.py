@@ -334,6 +334,9 @@ def test_function_triggers(module: Config, name: str, entry_point: str, bucket: 
     assert service["timeout_seconds"] == "${var.function_timeout_seconds}"
     assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
     assert f"google_service_account.{name}." in service["service_account_email"]
+    assert build["service_account"] == (
+        "projects/${var.project_id}/serviceAccounts/${local.build_service_account}")
+    assert "${time_sleep.iam_propagation}" in function["depends_on"]
     assert module.variables["function_runtime"]["default"] == "python311"
     assert module.variables["function_timeout_seconds"]["default"] == 540
     assert module.variables["function_memory"]["default"] == "2Gi"
@@ -461,7 +464,16 @@ def test_no_primitive_roles_and_no_public_members(module: Config, example: Confi
 def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> None:
     allowed = {"roles/datastore.user", "roles/datastore.viewer", "roles/eventarc.eventReceiver",
                "roles/pubsub.publisher"}
+    # The build account's roles: function builds use a bucket and a repository that Cloud
+    # Functions creates itself, so there is nothing narrower to grant them on.
+    build_roles = {"roles/logging.logWriter", "roles/artifactregistry.writer",
+                   "roles/storage.objectAdmin"}
     for _rtype, name, body in module.resources("google_project_iam_member"):
+        if name == "build":
+            assert body["member"] == "serviceAccount:${local.build_service_account}"
+            assert set(re.findall(r'"(roles/[\w.]+)"', module.locals["build_roles"])) == (
+                build_roles)
+            continue
         assert body["role"] in allowed, f"project-level {body['role']} ({name})"
         if body["role"] == "roles/pubsub.publisher":
             # Only the Cloud Storage service agent (Eventarc makes its topics), never our accounts.

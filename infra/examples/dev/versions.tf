@@ -10,6 +10,10 @@ terraform {
       source  = "hashicorp/google-beta"
       version = ">= 6.47, < 7.0"
     }
+    time = {
+      source  = "hashicorp/time"
+      version = ">= 0.9, < 1.0"
+    }
   }
 
   # Local state by default (gitignored). For a shared environment use a bucket:

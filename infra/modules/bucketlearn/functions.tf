@@ -12,6 +12,23 @@
 # ingress ALLOW_INTERNAL_ONLY: only Eventarc (Pub/Sub push inside the project) reaches them; the
 # only invoker is the trigger service account (iam.tf). No HTTP trigger, no public invoker.
 
+# IAM is eventually consistent, and Eventarc grants its service agent its role only when the API
+# is first enabled: on a fresh project, creating storage-triggered functions right after those
+# grants fails ("Permission denied while using the Eventarc Service Agent", a known provider
+# issue: hashicorp/terraform-provider-google#25294) and works on a rerun. So wait, once, after
+# the grants the functions and their builds need; again only if one of them is replaced.
+resource "time_sleep" "iam_propagation" {
+  create_duration = var.iam_propagation_wait
+
+  triggers = merge({
+    eventarc_agent       = google_project_service_identity.eventarc.email
+    pubsub_agent         = google_project_service_identity.pubsub.email
+    gcs_agent_publisher  = google_project_iam_member.gcs_agent_pubsub_publisher.id
+    eventarc_receiver    = google_project_iam_member.eventarc_receiver.id
+    pubsub_token_creator = google_service_account_iam_member.pubsub_agent_token_creator.id
+  }, { for role, grant in google_project_iam_member.build : "build ${role}" => grant.id })
+}
+
 resource "google_cloudfunctions2_function" "split" {
   name        = "${var.name_prefix}-split"
   project     = var.project_id
@@ -22,7 +39,7 @@ resource "google_cloudfunctions2_function" "split" {
   build_config {
     runtime         = var.function_runtime
     entry_point     = "on_upload"
-    service_account = var.function_build_service_account == null ? null : "projects/${var.project_id}/serviceAccounts/${var.function_build_service_account}"
+    service_account = "projects/${var.project_id}/serviceAccounts/${local.build_service_account}"
     source {
       storage_source {
         bucket = google_storage_bucket.sources.name
@@ -56,6 +73,7 @@ resource "google_cloudfunctions2_function" "split" {
   }
 
   depends_on = [
+    time_sleep.iam_propagation,
     google_project_iam_member.eventarc_receiver,
     google_project_iam_member.gcs_agent_pubsub_publisher,
     google_storage_bucket_iam_member.split,
@@ -81,7 +99,7 @@ resource "google_cloudfunctions2_function" "aggregate" {
   build_config {
     runtime         = var.function_runtime
     entry_point     = "on_delta"
-    service_account = var.function_build_service_account == null ? null : "projects/${var.project_id}/serviceAccounts/${var.function_build_service_account}"
+    service_account = "projects/${var.project_id}/serviceAccounts/${local.build_service_account}"
     source {
       storage_source {
         bucket = google_storage_bucket.sources.name
@@ -115,6 +133,7 @@ resource "google_cloudfunctions2_function" "aggregate" {
   }
 
   depends_on = [
+    time_sleep.iam_propagation,
     google_project_iam_member.eventarc_receiver,
     google_project_iam_member.gcs_agent_pubsub_publisher,
     google_storage_bucket_iam_member.aggregate,

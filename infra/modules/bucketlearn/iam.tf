@@ -75,6 +75,44 @@ resource "google_service_account" "eventarc" {
   depends_on = [google_project_service.apis]
 }
 
+# Cloud Build runs the builds of the two functions and of the worker and dashboard images
+# (infra/deploy.sh passes it to `gcloud builds submit`) as this account. Not the project's
+# default build account: in projects created since mid-2024 that is the Compute Engine default
+# service account, which lacks the roles a build needs (and has far more than it needs).
+resource "google_service_account" "build" {
+  count = var.build_service_account == null ? 1 : 0
+
+  project      = var.project_id
+  account_id   = "${var.name_prefix}-build"
+  display_name = "bucketlearn builds"
+  description  = "Runs the Cloud Build builds of the two functions and of the worker and dashboard images."
+
+  depends_on = [google_project_service.apis]
+}
+
+locals {
+  build_service_account = var.build_service_account == null ? google_service_account.build[0].email : var.build_service_account
+
+  # Project level, the roles of the provider's own "Cloudfunctions2 Basic Builder" example: a
+  # function build reads its source from, and pushes its image to, a bucket (gcf-v2-sources-*)
+  # and a repository (gcf-artifacts) that Cloud Functions creates itself on first deploy, so
+  # there is nothing narrower to grant them on; the image builds read the source gcloud uploads
+  # to gs://<project>_cloudbuild and push to the images repository.
+  build_roles = var.build_service_account == null ? toset([
+    "roles/logging.logWriter",
+    "roles/artifactregistry.writer",
+    "roles/storage.objectAdmin",
+  ]) : toset([])
+}
+
+resource "google_project_iam_member" "build" {
+  for_each = local.build_roles
+
+  project = var.project_id
+  role    = each.value
+  member  = "serviceAccount:${local.build_service_account}"
+}
+
 # --- Cloud Storage -----------------------------------------------------------------------------
 
 locals {

@@ -88,5 +88,11 @@ output "service_accounts" {
     autoscaler = google_service_account.autoscaler.email
     scheduler  = google_service_account.scheduler.email
     eventarc   = google_service_account.eventarc.email
+    build      = local.build_service_account
   }
+}
+
+output "build_service_account" {
+  description = "Email of the account Cloud Build runs as (function builds; pass it to `gcloud builds submit --service-account` for the images, as infra/deploy.sh does)."
+  value       = local.build_service_account
 }

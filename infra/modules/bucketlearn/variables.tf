@@ -303,10 +303,21 @@ variable "aggregate_max_instances" {
   }
 }
 
-variable "function_build_service_account" {
+variable "build_service_account" {
   type        = string
   default     = null
-  description = "Email of a service account Cloud Build uses to build the functions (null: the project's default build account). Recommended in production: a dedicated account with roles/cloudbuild.builds.builder."
+  description = "Email of an existing service account for Cloud Build (the function builds, and the image builds infra/deploy.sh submits); it needs roles/logging.logWriter, roles/artifactregistry.writer and roles/storage.objectAdmin. null: the module creates <name_prefix>-build with those roles. The project's default build account is never used: in projects created since mid-2024 it is the Compute Engine default service account, without the roles a build needs."
+}
+
+variable "iam_propagation_wait" {
+  type        = string
+  default     = "120s"
+  description = "How long to wait, once, between creating the grants and service agents the functions need (the Eventarc and Cloud Storage service agents, the trigger and build accounts) and creating the functions. IAM changes take minutes to propagate, and Eventarc grants its own service agent its role only when the API is first enabled; without the wait the first apply on a fresh project can fail and a rerun works. \"0s\" disables it."
+
+  validation {
+    condition     = can(regex("^[0-9]+s$", var.iam_propagation_wait))
+    error_message = "iam_propagation_wait must be whole seconds, such as \"120s\"."
+  }
 }
 
 # --- images ------------------------------------------------------------------------------------
