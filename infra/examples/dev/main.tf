@@ -1,6 +1,17 @@
 # A throw-away development environment: everything is destroyable (deletion_protection = false),
 # workers scale to zero when idle. infra/deploy.sh drives it; see infra/README.md.
 
+locals {
+  # Several environments can share a project (name_prefix): each gets its own image repository
+  # and its own Firestore database, since a project has a single "(default)" database. The
+  # default prefix keeps "(default)" (the one with the free quota); infra/deploy.sh uses the
+  # same rule when it checks for an existing database.
+  firestore_database = coalesce(
+    var.firestore_database,
+    var.name_prefix == "bucketlearn" ? "(default)" : "${var.name_prefix}-db",
+  )
+}
+
 module "bucketlearn" {
   source = "../../modules/bucketlearn"
 
@@ -8,6 +19,9 @@ module "bucketlearn" {
   region      = var.region
   name_prefix = var.name_prefix
   labels      = { env = "dev" }
+
+  artifact_repository_id = var.name_prefix
+  firestore_database     = local.firestore_database
 
   deletion_protection = false
 
@@ -18,7 +32,7 @@ module "bucketlearn" {
   min_workers = var.min_workers
   max_workers = var.max_workers
 
-  dashboard_access = "iap"
+  dashboard_access = var.dashboard_access
   dashboard_users  = var.dashboard_users
 
   firestore_rules = file("${path.module}/../../firestore.rules")

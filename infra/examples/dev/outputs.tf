@@ -37,3 +37,13 @@ output "dead_letter_subscription" {
   description = "Subscription holding dead-lettered tasks."
   value       = module.bucketlearn.dead_letter_subscription
 }
+
+output "build_service_account" {
+  description = "Account Cloud Build runs as (function builds; infra/deploy.sh passes it to gcloud builds submit for the images)."
+  value       = module.bucketlearn.build_service_account
+}
+
+output "firestore_database" {
+  description = "Firestore database id of this environment."
+  value       = module.bucketlearn.firestore_database
+}

@@ -12,7 +12,19 @@ variable "region" {
 variable "name_prefix" {
   type        = string
   default     = "bucketlearn"
-  description = "Prefix of resource names; change it to run two environments in one project."
+  description = "Prefix of resource names, the image repository id and (unless it is the default) the Firestore database (<prefix>-db); change it to run a second environment in the same project."
+}
+
+variable "firestore_database" {
+  type        = string
+  default     = null
+  description = "Firestore database id. null: \"(default)\" with the default name_prefix, \"<name_prefix>-db\" with any other."
+}
+
+variable "dashboard_access" {
+  type        = string
+  default     = "iap"
+  description = "\"iap\": Identity-Aware Proxy on the dashboard service (the project must belong to an organization). \"internal_lb\": no IAP and no public way in; run the dashboard on your machine against the deployment (infra/README.md) or put your own load balancer in front. infra/deploy.sh --dashboard-access sets it."
 }
 
 variable "worker_image" {
