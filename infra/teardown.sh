@@ -10,6 +10,9 @@
 #   - function build images: gcloud artifacts repositories delete gcf-artifacts --location REGION
 #   - Cloud Build sources:   gcloud storage rm -r gs://PROJECT_cloudbuild/source
 # Note: a deleted Firestore (default) database can be re-created right away, but its data is gone.
+# Another environment in the same project (another --prefix): the project-level grant of
+# roles/pubsub.publisher to the Cloud Storage service agent is the same in both, and destroying
+# one removes it; run infra/deploy.sh (or terraform apply) for the one that remains.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,4 +47,4 @@ terraform -chdir="$ENV_DIR" init -input=false
 terraform -chdir="$ENV_DIR" destroy -input=false ${AUTO_APPROVE[@]+"${AUTO_APPROVE[@]}"}
 
 rm -f "$TFVARS"
-echo "teardown: done"
+echo "teardown: done (if another environment remains in this project, re-apply it: see the top of this script)"
