@@ -210,6 +210,46 @@ def test_provider_versions_are_pinned(module: Config, example: Config) -> None:
             assert re.search(r">=\s*6\.\d+", version) and "< 7.0" in version, (name, version)
 
 
+def test_example_bills_every_call_to_the_project(example: Config) -> None:
+    # ADC from `gcloud auth application-default login` has no quota project, and Firebase
+    # Rules refuses user credentials without one: the providers must name the project.
+    providers = {name: body for entry in example.blocks("provider")
+                 for name, body in entry.items()}
+    assert set(providers) == {"google", "google-beta"}
+    for name, body in providers.items():
+        assert body.get("user_project_override") is True, name
+        assert body.get("billing_project") == "${var.project_id}", name
+
+
+# Resource types that create a named object, and the argument holding the name.
+NAMED = {"google_storage_bucket": "name", "google_pubsub_topic": "name",
+         "google_pubsub_subscription": "name", "google_cloudfunctions2_function": "name",
+         "google_cloud_run_v2_service": "name", "google_cloud_run_v2_job": "name",
+         "google_cloud_run_v2_worker_pool": "name", "google_cloud_scheduler_job": "name",
+         "google_service_account": "account_id", "google_monitoring_alert_policy": "display_name",
+         "google_artifact_registry_repository": "repository_id",
+         "google_firestore_database": "name"}
+
+
+def test_a_second_prefix_is_a_separate_environment(module: Config, example: Config) -> None:
+    # Every named object follows name_prefix, directly or through a variable the example
+    # derives from it; otherwise a second environment in the project fails ALREADY_EXISTS.
+    (call,) = [body for entry in example.blocks("module") for body in entry.values()]
+    from_prefix = {"artifact_repository_id": "${var.name_prefix}",
+                   "firestore_database": "${local.firestore_database}"}
+    for variable, value in from_prefix.items():
+        assert call.get(variable) == value, variable
+    assert "var.name_prefix" in example.locals["firestore_database"]
+    seen = set()
+    for rtype, name, body in module.resources():
+        if rtype in NAMED:
+            seen.add(rtype)
+            text = module.expand(body[NAMED[rtype]])
+            assert "var.name_prefix" in text or any(f"var.{v}" in text for v in from_prefix), (
+                f"{rtype}.{name}: {body[NAMED[rtype]]} does not follow name_prefix")
+    assert seen == set(NAMED)
+
+
 def test_every_variable_is_typed_and_described(module: Config, example: Config) -> None:
     for config in (module, example):
         for name, body in config.variables.items():
