@@ -30,11 +30,12 @@ $(CHECKOV_STAMP): tests/infra/install_checkov.sh
 	tests/infra/install_checkov.sh $(PYTHON)
 	touch $(CHECKOV_STAMP)
 
-# The dashboard's browser test drives Debian's chromium with its chromedriver.
+# The dashboard's browser test drives Debian's chromium with its chromedriver; the infra tests
+# run shellcheck over infra/*.sh.
 browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || \
-	  echo "could not install chromium + chromium-driver (needs apt and root); the browser test will skip"
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v shellcheck >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver shellcheck; } || \
+	  echo "could not install chromium, chromium-driver, shellcheck (needs apt and root); their tests will skip"
 
 test: install checkov browser
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
