@@ -78,9 +78,16 @@ def main(argv: list[str]) -> int:
         if os.getppid() != guard:  # the guard died before the signal was armed
             os._exit(1)
 
+    early: list[int] = []  # SIGTERM/SIGINT that came before CMD was started
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, _frame: early.append(received))
     child = subprocess.Popen(argv, start_new_session=True,  # before any thread: preexec is safe
                              preexec_fn=die_with_the_guard)
     group = _Group(child.pid)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, _frame: group.signal(received))
+    for signum in early:
+        group.signal(signum)
 
     def watch_parent() -> None:
         while os.getppid() == parent:
@@ -88,8 +95,6 @@ def main(argv: list[str]) -> int:
         group.stop(GRACE_SECONDS)
 
     threading.Thread(target=watch_parent, name="watch-parent", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda signum, _frame: group.signal(signum))
-    signal.signal(signal.SIGINT, lambda signum, _frame: group.signal(signum))
     _wait_exited(child.pid)
     group.stop(LEFTOVER_SECONDS)
     return group.reap(child)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import socket
@@ -173,9 +172,8 @@ def set_parent_death_signal(sig: int) -> bool:
 
 
 def _load_prctl() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        return libc.prctl
+    try:  # the C library is already loaded: no search (find_library would run ldconfig)
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
