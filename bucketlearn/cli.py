@@ -2,7 +2,9 @@
 
 Talks to the local stack when one is running in this directory (``.bucketlearn/local.json``),
 otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET=cloud`` forces
-the cloud even when a local stack runs).
+the cloud even when a local stack runs). ``bucketlearn.target`` decides; when there is nothing to
+talk to (no stack, a stack that stopped, no project, no credentials) a command says so and exits
+with code 4.
 """
 
 from __future__ import annotations
@@ -25,11 +27,22 @@ from bucketlearn.config import (
     load_settings,
     local_state_dir,
     resolve_options,
-    target_is_cloud,
 )
-from bucketlearn.errors import BucketlearnError, ConfigError
+from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
+from bucketlearn.target import (
+    LOCAL,
+    START_HINT,
+    StackWatch,
+    Target,
+    resolve_target,
+    stack_problem,
+    started_text,
+)
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
+# How long --wait goes on while the registry does not answer (a local stack's death is noticed
+# at once, see StackWatch).
+UNREACHABLE_SECONDS = 60.0
 
 
 # --- settings and services ---------------------------------------------------------------------
@@ -38,20 +51,23 @@ def state_home() -> Path:
     return Path(local_state_dir())
 
 
-def cli_settings() -> Settings:
-    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+def connect() -> tuple[Any, Target]:
+    """Services for the backend this command goes to, and that target (``bucketlearn.target``)."""
+    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
 
-    if not target_is_cloud():
-        state = read_state(state_home())
-        if state is not None:
-            return load_settings({**os.environ, **state["env"]})
-    return load_settings()
+    target = resolve_target(os.environ, state_home())
+    return google_services(load_settings(target.environ)), target
 
 
 def services(settings: Settings | None = None) -> Any:
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
 
-    return google_services(settings or cli_settings())
+    return google_services(settings) if settings is not None else connect()[0]
+
+
+def stack_check(target: Target) -> Any:
+    """What a wait loop checks between polls: the local stack's watch (None for the cloud)."""
+    return StackWatch(target.state).check if target.kind == LOCAL and target.state else None
 
 
 def add_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,14 +88,40 @@ def emit(data: Any) -> None:
 
 # --- local stack -------------------------------------------------------------------------------
 
+def clear_dead_stack(home: Path) -> dict[str, Any] | None:
+    """Stop what a stack recorded in ``home`` left running if that stack is dead, and remove its
+    state file; return the state of a stack that is still running (None otherwise)."""
+    from bucketlearn.local.stack import load_state, stop_from_state, supervisor_alive  # noqa: PLC0415
+
+    state = load_state(home)
+    if state is None or supervisor_alive(state):
+        return state
+    outcome = stop_from_state(home)
+    if outcome is not None:
+        print(dead_stack_report(outcome), flush=True)
+    return None
+
+
+def dead_stack_report(outcome: Any) -> str:
+    state = outcome.state
+    left = (f"stopped {len(outcome.leftovers)} of its processes that were still running"
+            if outcome.leftovers else "none of its processes was still running")
+    return (f"the local stack started at {started_text(state)} was no longer running (pid "
+            f"{state.get('pid')} gone): {left}; removed its state file")
+
+
 def cmd_local_up(args: argparse.Namespace) -> int:
-    from bucketlearn.local.stack import LocalStack, read_state  # noqa: PLC0415
+    from bucketlearn.local.stack import LocalStack  # noqa: PLC0415
+    from bucketlearn.target import RESTART_HINT, probe_stack  # noqa: PLC0415
 
     home = state_home()
-    state = read_state(home)
+    state = clear_dead_stack(home)
     if state is not None:
         print(f"a local stack is already running (pid {state['pid']})")
         print_urls(state["urls"])
+        problem = stack_problem(state, probe_stack(state))
+        if problem:
+            print(f"warning: {problem}; {RESTART_HINT}", file=sys.stderr)
         return EXIT_OK
     scaling = scaling_policy(args)
     if args.detach:
@@ -157,20 +199,39 @@ def print_urls(urls: dict[str, str]) -> None:
 def cmd_local_down(args: argparse.Namespace) -> int:
     from bucketlearn.local.stack import stop_from_state  # noqa: PLC0415
 
-    if stop_from_state(state_home()):
-        print("local stack stopped")
-    else:
+    outcome = stop_from_state(state_home())
+    if outcome is None:
         print("no local stack is running here")
+    elif outcome.was_running:
+        extra = (f" (and {len(outcome.leftovers)} of its processes that outlived it)"
+                 if outcome.leftovers else "")
+        print(f"local stack stopped{extra}")
+    else:
+        print(dead_stack_report(outcome))
     return EXIT_OK
 
 
-def cmd_local_env(args: argparse.Namespace) -> int:
-    from bucketlearn.local.stack import read_state  # noqa: PLC0415
+def running_stack_state() -> dict[str, Any] | None:
+    """The state of the stack running here; None, after saying why on stderr, when none is."""
+    from bucketlearn.local.stack import load_state  # noqa: PLC0415
+    from bucketlearn.target import probe_stack  # noqa: PLC0415
 
-    state = read_state(state_home())
+    home = state_home()
+    state = load_state(home)
     if state is None:
-        print("no local stack is running here (start one with: bucketlearn local up --detach)",
-              file=sys.stderr)
+        print(f"no local stack is running here ({home}); start one with: bucketlearn local up "
+              "--detach", file=sys.stderr)
+        return None
+    probe = probe_stack(state)
+    if not probe.supervisor_alive:
+        print(f"{stack_problem(state, probe)}; {START_HINT}", file=sys.stderr)
+        return None
+    return state
+
+
+def cmd_local_env(args: argparse.Namespace) -> int:
+    state = running_stack_state()
+    if state is None:
         return EXIT_JOB_FAILED
     for key, value in sorted(state["env"].items()):
         print(f"export {key}={value}")
@@ -178,19 +239,17 @@ def cmd_local_env(args: argparse.Namespace) -> int:
 
 
 def cmd_local_status(args: argparse.Namespace) -> int:
-    from bucketlearn.local.stack import read_state  # noqa: PLC0415
-
-    state = read_state(state_home())
+    state = running_stack_state()
     if state is None:
-        print("no local stack is running here")
         return EXIT_JOB_FAILED
     if args.json:
         emit(state)
         return EXIT_OK
     print_urls(state["urls"])
-    for name, info in state["processes"].items():
-        print(f"{name:12s} pid {info['pid']}  {'up' if info['alive'] else 'DOWN'}  "
-              f"restarts {info['restarts']}  log {info['log']}")
+    for name, info in {**state.get("emulators", {}), **state["processes"]}.items():
+        print(f"{name:12s} pid {info['pid']} (runs {info.get('command_pid')})  "
+              f"{'up' if info['alive'] else 'DOWN'}  restarts {info.get('restarts', 0)}  "
+              f"log {info['log']}")
     return EXIT_OK
 
 
@@ -203,7 +262,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     overrides = option_overrides(args)
     resolve_options(overrides=overrides)  # fail here, not after the upload, on a bad flag
-    svc = services()
+    svc, target = connect()
     name = args.name or path.name
     metadata = {k: str(v) for k, v in overrides.items()}
     info = svc.store.write_file(svc.settings.uploads_bucket, name, str(path), "text/csv",
@@ -216,11 +275,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             emit({"job_id": job_id, "object": f"gs://{info.bucket}/{info.name}",
                   "generation": info.generation})
         return EXIT_OK
-    return follow(svc, job_id, args.timeout, args.json)
+    return follow(svc, job_id, args.timeout, args.json, check=stack_check(target))
 
 
-def follow(svc: Any, job_id: str, timeout: float, as_json: bool) -> int:
-    """Follow a job until it ends, with a one-line progress display on stderr."""
+def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = None) -> int:
+    """Follow a job until it ends, with a one-line progress display on stderr. ``check`` runs
+    between polls and raises NoTargetError when the backend serving the job is gone."""
     tty = sys.stderr.isatty()
     shown = [""]
 
@@ -231,7 +291,15 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool) -> int:
                   file=sys.stderr, flush=True)
             shown[0] = line
 
-    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll=1.0, on_update=show)
+    try:
+        job = jobs.wait_terminal(svc.registry, job_id, timeout, poll=1.0, on_update=show,
+                                 check=check, unreachable_after=UNREACHABLE_SECONDS)
+    except (NoTargetError, UnreachableError) as exc:
+        if tty:
+            print(file=sys.stderr)
+        prefix = "" if isinstance(exc, UnreachableError) else f"job {job_id}: "
+        print(f"error: {prefix}{exc}", file=sys.stderr)
+        return EXIT_NO_TARGET
     if tty:
         print(file=sys.stderr)
     if job is None or not jobs.is_terminal(job):
@@ -355,18 +423,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from bucketlearn.local.stack import read_state, repo_root  # noqa: PLC0415
 
     home = state_home()
-    if read_state(home) is None:
+    if clear_dead_stack(home) is None:
         code = start_detached(home, args.workers)
         if code != EXIT_OK:
             return code
     state = read_state(home)
-    assert state is not None
+    if state is None:
+        print(f"the local stack in {home} stopped right after it started; see "
+              f"{home / 'logs' / 'supervisor.log'}", file=sys.stderr)
+        return EXIT_NO_TARGET
     data = Path(args.file or repo_root() / "data" / "digits.csv")
     svc = services(load_settings({**os.environ, **state["env"]}))
     info = svc.store.write_file(svc.settings.uploads_bucket, data.name, str(data), "text/csv", {})
     job_id = layout.job_id_for(info.bucket, info.name, info.generation)
     print(f"submitted {data} as job {job_id}; training …", flush=True)
-    code = follow(svc, job_id, args.timeout, as_json=False)
+    code = follow(svc, job_id, args.timeout, as_json=False, check=StackWatch(state).check)
     if code != EXIT_OK:
         return code
     from bucketlearn.models_io import model_bytes  # noqa: PLC0415
@@ -492,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except (NoTargetError, UnreachableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_NO_TARGET
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -500,6 +574,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_JOB_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        problem = credentials_problem(exc)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_NO_TARGET
+
+
+def credentials_problem(exc: BaseException) -> str | None:
+    """What to tell the user when ``exc`` is Google's "no usable credentials" (None if not)."""
+    from google.auth import exceptions as auth_exceptions  # noqa: PLC0415
+
+    if isinstance(exc, auth_exceptions.DefaultCredentialsError):
+        found = "no Google Cloud credentials were found"
+    elif isinstance(exc, auth_exceptions.RefreshError):
+        found = f"the Google Cloud credentials could not be refreshed ({exc})"
+    else:
+        return None
+    return (f"{found}; expected Application Default Credentials for the cloud target: run "
+            "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS), "
+            "or use a local stack instead: `bucketlearn local up --detach`")
 
 
 if __name__ == "__main__":

@@ -344,6 +344,14 @@ def target_is_cloud(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("BUCKETLEARN_TARGET", "").lower() == "cloud"
 
 
+def target_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """The environment names a backend of its own: a project (the Terraform output ``env_vars``
+    sets one) or emulator hosts (``eval "$(bucketlearn local env)"``)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("BUCKETLEARN_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT")
+                or any(env.get(key) for key in EMULATOR_ENV))
+
+
 def load_autoscaler_settings(environ: Mapping[str, str] | None = None
                              ) -> tuple[str, int, int, float]:
     """(worker pool resource name, min, max, cool-down seconds) for ``bucketlearn autoscale``."""

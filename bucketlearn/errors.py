@@ -22,6 +22,15 @@ class TransientError(BucketlearnError):
     """A backend was unavailable or contended; the same call may succeed later."""
 
 
+class UnreachableError(TransientError):
+    """A backend has not answered for longer than the caller was prepared to wait."""
+
+
+class NoTargetError(BucketlearnError):
+    """The CLI has nothing to talk to: no local stack runs here (or the one recorded here has
+    stopped) and no cloud project is configured, or no credentials are."""
+
+
 class ConfigError(PermanentError):
     """A setting or an upload option has a value bucketlearn cannot use."""
 

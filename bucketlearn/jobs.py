@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import layout
+from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
 
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
@@ -29,15 +30,40 @@ def done_tasks(epoch_doc: Mapping[str, Any]) -> set[int]:
 
 
 def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
-                  on_update: Callable[[dict[str, Any]], None] | None = None
-                  ) -> dict[str, Any] | None:
+                  on_update: Callable[[dict[str, Any]], None] | None = None,
+                  check: Callable[[], None] | None = None,
+                  unreachable_after: float | None = None) -> dict[str, Any] | None:
     """Read the job every ``poll`` seconds until it is DONE, REJECTED or FAILED, or ``timeout``
-    passes; return the last document read (None if the job never appeared). ``on_update`` sees
-    every document read."""
+    passes; return the last document read (None if the job never appeared).
+
+    Args:
+        on_update: sees every document read.
+        check: runs before every read and raises when whatever serves the job is gone (the
+            CLI's watch on the local stack), which ends the wait.
+        unreachable_after: a read that fails with a TransientError is retried until reads have
+            failed for this many seconds in a row, then UnreachableError ends the wait (None:
+            the first such error does).
+    """
     deadline = time.monotonic() + timeout
     job: dict[str, Any] | None = None
+    failing_since: float | None = None
     while time.monotonic() < deadline:
-        job = registry.get_job(job_id)
+        if check is not None:
+            check()
+        try:
+            job = registry.get_job(job_id)
+        except TransientError as exc:
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if unreachable_after is None:
+                raise
+            if now - failing_since >= unreachable_after:
+                raise UnreachableError(f"job {job_id}: the registry has not answered for "
+                                       f"{now - failing_since:.0f} s (expected an answer within "
+                                       f"{unreachable_after:.0f} s); last error: {exc}") from exc
+            time.sleep(poll)
+            continue
+        failing_since = None
         if job is not None and on_update is not None:
             on_update(job)
         if is_terminal(job):

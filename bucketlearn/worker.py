@@ -35,6 +35,10 @@ TRANSIENT_BACKOFF_SECONDS = 2.0
 FLOW_POLL_SECONDS = 0.1
 HEARTBEAT_SECONDS = 10.0
 REPORT_MIN_SECONDS = 1.0
+REPORTER_JOIN_SECONDS = 5.0
+# How long the final heartbeat ("stopped") waits for a write still in flight (each write is
+# bounded by the registry's own timeout, 30 s for Firestore).
+HEARTBEAT_WRITE_WAIT_SECONDS = 60.0
 
 
 def pending_deltas(svc: Services, job_id: str, epoch: int, done: set[int]) -> int:
@@ -131,7 +135,7 @@ class _Reporter:
     def __exit__(self, *exc: object) -> None:
         self.closing.set()
         self.changed.set()  # wake the thread; it sees ``closing`` and ends without writing
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=REPORTER_JOIN_SECONDS)
 
 
 class Learner:
@@ -143,6 +147,8 @@ class Learner:
         self.started_at = svc.clock()
         self.stop = stop or threading.Event()
         self._reporter: _Reporter | None = None  # while ``run`` runs; else heartbeats are written
+        self._heartbeat_lock = threading.Lock()  # one heartbeat write at a time, in order
+        self._heartbeats_closed = threading.Event()  # "stopped" is written: nothing lands after
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
         """Say what this worker is doing: through the reporter thread while ``run`` runs (the
@@ -152,8 +158,23 @@ class Learner:
         else:
             self._write_heartbeat(state, task)
 
-    def _write_heartbeat(self, state: str, task: TaskMessage | None) -> None:
+    def _write_heartbeat(self, state: str, task: TaskMessage | None,
+                         final: bool = False) -> None:
+        """Write the heartbeat document. Writes go one at a time, in order; the ``final`` one
+        ("stopped") closes the series: it waits for a write in flight (the reporter's, which
+        ``run`` may have stopped waiting for) and no write can land after it."""
+        if final:
+            self._heartbeats_closed.set()  # a reporter write not yet started will not start
+        locked = self._heartbeat_lock.acquire(timeout=HEARTBEAT_WRITE_WAIT_SECONDS)
+        if not locked:
+            log.warning("a heartbeat write is still in flight after %.0f s; %s",
+                        HEARTBEAT_WRITE_WAIT_SECONDS,
+                        "writing 'stopped' anyway" if final else "skipping this one")
+            if not final:
+                return
         try:
+            if self._heartbeats_closed.is_set() and not final:
+                return
             self.svc.registry.heartbeat(self.worker_id, {
                 "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
                 "job_id": task.job_id if task else None,
@@ -162,6 +183,9 @@ class Learner:
             })
         except Exception:  # noqa: BLE001 - heartbeats are advisory
             log.warning("heartbeat failed", exc_info=True)
+        finally:
+            if locked:
+                self._heartbeat_lock.release()
 
     def handle(self, received: ReceivedTask) -> Decision:
         """Process one delivered task; return whether to ack or nack it."""
@@ -321,13 +345,14 @@ class Learner:
             pull_timeout: float = 10.0) -> int:
         """Pull and process tasks until ``stop`` is set (or ``max_tasks`` are done)."""
         self.stop = stop
+        self._heartbeats_closed.clear()
         self._write_heartbeat("idle", None)
         try:
             with _Reporter(self._write_heartbeat) as self._reporter:
                 return self._loop(stop, max_tasks, pull_timeout)
         finally:
             self._reporter = None
-            self._write_heartbeat("stopped", None)
+            self._write_heartbeat("stopped", None, final=True)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None, pull_timeout: float) -> int:
         handled = 0

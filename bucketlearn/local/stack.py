@@ -6,6 +6,12 @@ functions-framework, the storage-event relay (a thread), N learner workers and t
 dashboard. It creates buckets, topic and subscription, waits for health, and writes
 ``<home>/local.json`` so later CLI commands in the same directory find it. ``stop()`` ends every
 process it started (whole process groups: gcloud starts Java children).
+
+Nothing it starts outlives it: each process runs under a guard (``bucketlearn.local.guard``) that
+stops the process's whole group when the stack's process goes, even by SIGKILL, and the process
+dies with its guard. Every one carries the stack's id in its environment
+(``bucketlearn.local.processes``), so ``local down`` and ``local up`` find and stop whatever a
+stack that died left behind, from its state file.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,8 @@ import requests
 
 from bucketlearn.config import Settings, load_settings
 from bucketlearn.errors import BucketlearnError
+from bucketlearn.local import processes
+from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV, descendants
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,10 @@ class StackError(BucketlearnError):
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+def new_stack_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -110,24 +123,39 @@ def _java_major(text: str) -> int | None:
 
 @dataclass
 class Proc:
+    """One process of the stack, run under a guard (``popen`` is the guard; the guarded command
+    is its child, leading a process group of its own)."""
+
     name: str
     argv: list[str]
     log_path: Path
     env: dict[str, str]
+    stack_id: str = ""
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    _command_pid: int | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
         guarded = [sys.executable, "-m", "bucketlearn.local.guard", *self.argv]
+        env = {**self.env, STACK_ID_ENV: self.stack_id, STACK_PROC_ENV: self.name}
+        self._command_pid = None
         self.popen = subprocess.Popen(guarded, stdout=handle, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=self.env,
+                                      stdin=subprocess.DEVNULL, env=env,
                                       start_new_session=True, cwd=str(repo_root()))
         handle.close()
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def command_pid(self) -> int | None:
+        """The guarded command's pid (also its process group's id), once the guard started it."""
+        if self._command_pid is None and self.alive():
+            assert self.popen is not None
+            children = descendants(self.popen.pid)
+            self._command_pid = children[0] if children else None
+        return self._command_pid
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None:
@@ -135,9 +163,19 @@ class Proc:
         stop_all([self], timeout)
 
     def kill(self) -> None:
-        """SIGKILL the process group and its process tree (fault injection)."""
+        """SIGKILL the guard, the command and everything below them (fault injection)."""
         if self.popen is not None:
-            _signal([self.popen.pid], descendants(self.popen.pid), signal.SIGKILL)
+            tree = descendants(self.popen.pid)
+            groups = {self.popen.pid, *filter(None, map(processes.process_group, tree))}
+            processes.signal_pids(tree, signal.SIGKILL)
+            processes.signal_groups(groups, signal.SIGKILL)
+
+    def stop_leftovers(self) -> list[int]:
+        """The guard is gone (killed outright): SIGKILL whatever of this process is still
+        running (the command dies with its guard; what it started may not). Returns their pids."""
+        if not self.stack_id:
+            return []
+        return processes.stop_marked(self.stack_id, self.name, sig=signal.SIGKILL)
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -146,58 +184,26 @@ class Proc:
             return ""
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc): gcloud starts the emulators' JVMs outside
-    its own process group, so signalling the group alone would miss them."""
-    found: list[int] = []
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            with open(f"/proc/{current}/task/{current}/children", encoding="ascii") as handle:
-                children = [int(c) for c in handle.read().split()]
-        except (OSError, ValueError):
-            children = []
-        found.extend(children)
-        pending.extend(children)
-    return found
-
-
-def _signal(groups: list[int], tree: list[int], sig: int) -> None:
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-    for pid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-
-
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
 def stop_pids(groups: list[int], timeout: float,
               children: list[subprocess.Popen[bytes]] | None = None) -> None:
-    """SIGTERM each process group and every process below it, all at once; SIGKILL whatever is
-    left after ``timeout``. ``children`` (our own) are reaped by waiting on them; other groups
-    (a detached stack's, found in its state file) are polled."""
+    """SIGTERM each process group, every process below it and their own process groups (the
+    guarded commands lead theirs), all at once; SIGKILL whatever is left after ``timeout``.
+    ``children`` (our own) are reaped by waiting on them; the rest is polled."""
     children = children or []
     tree = [child for pid in groups for child in descendants(pid)]
-    _signal(groups, tree, signal.SIGTERM)
+    all_groups = set(groups) | set(filter(None, map(processes.process_group, tree)))
+    processes.signal_pids(tree, signal.SIGTERM)
+    processes.signal_groups(all_groups, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for popen in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=max(0.0, deadline - time.monotonic()))
     ours = {popen.pid for popen in children}
-    others = [pid for pid in groups if pid not in ours]
-    while others and time.monotonic() < deadline:
-        others = [pid for pid in others if _group_alive(pid)]
-        time.sleep(0.1)
-    _signal(groups, tree, signal.SIGKILL)
+    processes.wait_gone([pid for pid in [*groups, *tree] if pid not in ours],
+                        max(0.0, deadline - time.monotonic()))
+    leftovers = [pid for group in all_groups for pid in processes.group_members(group)]
+    processes.signal_pids([pid for pid in tree if processes.alive(pid)] + leftovers,
+                          signal.SIGKILL)
     for popen in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=5)
@@ -207,11 +213,6 @@ def stop_all(procs: list[Proc], timeout: float = 8.0) -> None:
     """Stop several processes at once (each with its group and process tree)."""
     popens = [p.popen for p in procs if p.popen is not None]
     stop_pids([p.pid for p in popens], timeout, popens)
-
-
-def stop_group(pid: int, timeout: float = 10.0) -> None:
-    """Stop a process group (and its process tree) that is not our child."""
-    stop_pids([pid], timeout)
 
 
 def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool = False) -> None:
@@ -240,6 +241,7 @@ class Emulators:
     procs: dict[str, Proc] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    stack_id: str = field(default_factory=new_stack_id)
 
     def start(self, timeout: float = 240.0) -> Emulators:
         check_prerequisites()
@@ -259,7 +261,7 @@ class Emulators:
         }
         try:
             for name, argv in argvs.items():
-                proc = Proc(name, argv, self.logs / f"{name}.log", env)
+                proc = Proc(name, argv, self.logs / f"{name}.log", env, self.stack_id)
                 proc.start()
                 self.procs[name] = proc
                 self.urls[name] = f"http://127.0.0.1:{self.ports[name]}"
@@ -290,6 +292,7 @@ class Emulators:
 
     def stop(self) -> None:
         stop_all(list(self.procs.values()))
+        processes.stop_marked(self.stack_id)  # belt and braces: nothing left behind
 
     def stop_one(self, name: str) -> None:
         """Stop one emulator (fault injection); ``restart_one`` brings it back on the same port."""
@@ -322,6 +325,8 @@ class LocalStack:
     _started_at: float = field(default_factory=time.time)
     _own_emulators: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
+    stack_id: str = field(default_factory=new_stack_id)
+    _reported_dead: set[str] = field(default_factory=set)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, timeout: float = 240.0) -> LocalStack:
@@ -329,7 +334,7 @@ class LocalStack:
         logs = self.home / "logs"
         try:
             if self.emulators is None:
-                self.emulators = Emulators(logs)
+                self.emulators = Emulators(logs, stack_id=self.stack_id)
                 self._own_emulators = True
                 self.emulators.start(timeout)
             self.urls.update(self.emulators.urls)
@@ -375,7 +380,7 @@ class LocalStack:
         return self
 
     def _spawn(self, name: str, argv: list[str], logs: Path, env: dict[str, str]) -> Proc:
-        proc = Proc(name, argv, logs / f"{name}.log", env)
+        proc = Proc(name, argv, logs / f"{name}.log", env, self.stack_id)
         proc.start()
         self.procs[name] = proc
         return proc
@@ -424,29 +429,55 @@ class LocalStack:
         if self._own_emulators and self.emulators is not None:
             owned += list(self.emulators.procs.values())
         stop_all(owned)
+        leftovers = processes.stop_marked(self.stack_id)  # belt and braces: nothing left behind
+        if leftovers:
+            log.warning("stopped %d processes of the stack that outlived their guards: %s",
+                        len(leftovers), leftovers)
         state = self.home / STATE_FILE
         with contextlib.suppress(FileNotFoundError):
             state.unlink()
 
     def supervise(self, stop: threading.Event | None = None, interval: float = 1.0) -> None:
         """Restart crashed processes and, with a scaling policy, size the worker set, until
-        ``stop`` is set (foreground mode)."""
+        ``stop`` is set (foreground mode). A process whose guard was killed outright is cleared
+        away first (whatever it started that is still running)."""
         stop = stop or self._stop
         while not stop.wait(interval):
             for name, proc in list(self.procs.items()):
-                if name in self._retired or proc.alive() or not (
-                        name.startswith("worker-") or name.endswith("_fn")):
+                if name in self._retired or name in self._reported_dead or proc.alive():
                     continue
-                log.warning("%s exited (code %s); restarting", name,
-                            proc.popen.returncode if proc.popen else None)
-                proc.restarts += 1
-                proc.start()
+                self._clear_after(proc)
+                code = proc.popen.returncode if proc.popen else None
+                if name.startswith("worker-") or name.endswith("_fn"):
+                    log.warning("%s exited (code %s); restarting", name, code)
+                    proc.restarts += 1
+                    proc.start()
+                else:
+                    self._reported_dead.add(name)
+                    log.error("%s exited (code %s); it is not restarted", name, code)
+            if self._own_emulators and self.emulators is not None:
+                for proc in self.emulators.procs.values():
+                    if proc.name in self._reported_dead or proc.alive():
+                        continue
+                    self._clear_after(proc)
+                    self._reported_dead.add(proc.name)
+                    log.error("the %s emulator exited (code %s) and its data with it; the "
+                              "stack cannot recover: restart it (bucketlearn local down, then "
+                              "local up)", proc.name, proc.popen.returncode if proc.popen else None)
             if self.scaling is not None:
                 try:
                     self.rescale()
                 except Exception:  # noqa: BLE001 - the registry may be briefly unreachable
                     log.warning("autoscaling step failed", exc_info=True)
             self.write_state()
+
+    def _clear_after(self, proc: Proc) -> None:
+        """``proc``'s guard has exited: stop anything of it still running (a guard killed
+        outright leaves what its command started, e.g. gcloud's JVM, functions' workers)."""
+        leftovers = proc.stop_leftovers()
+        if leftovers:
+            log.warning("%s: its guard is gone; stopped %d processes it left: %s", proc.name,
+                        len(leftovers), leftovers)
 
     def live_workers(self) -> list[Proc]:
         return [p for n, p in self.procs.items()
@@ -489,12 +520,16 @@ class LocalStack:
                      else {})
         return {
             "pid": os.getpid(),
+            "pid_start": processes.start_ticks(os.getpid()),
+            "stack_id": self.stack_id,
             "env": self.settings.to_env(),
             "urls": self.urls,
-            "processes": {n: {"pid": p.popen.pid if p.popen else None, "log": str(p.log_path),
+            "processes": {n: {"pid": p.popen.pid if p.popen else None,
+                              "command_pid": p.command_pid(), "log": str(p.log_path),
                               "alive": p.alive(), "restarts": p.restarts}
                           for n, p in self.procs.items() if n not in self._retired},
-            "emulators": {n: {"pid": p.popen.pid if p.popen else None, "log": str(p.log_path),
+            "emulators": {n: {"pid": p.popen.pid if p.popen else None,
+                              "command_pid": p.command_pid(), "log": str(p.log_path),
                               "alive": p.alive()} for n, p in emulators.items()},
             "workers": len(self.live_workers()),
             "scaling": None if self.scaling is None else {
@@ -509,40 +544,78 @@ class LocalStack:
         tmp.replace(path)
 
 
+def load_state(home: Path) -> dict[str, Any] | None:
+    """The state file of the stack last started in ``home``, whether or not it still runs (None
+    when there is none)."""
+    try:
+        state = json.loads((home / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        log.warning("ignoring an unreadable state file %s: %s", home / STATE_FILE, exc)
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def supervisor_alive(state: dict[str, Any]) -> bool:
+    """The stack's own process (``local up``) still runs: the pid in the state file is alive
+    and, when recorded, started when that stack did (not a later process given the same pid)."""
+    try:
+        pid = int(state["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return processes.is_same_process(pid, state.get("pid_start"))
+
+
 def read_state(home: Path) -> dict[str, Any] | None:
     """The running stack's state, or None when none is running in ``home``."""
-    path = home / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    try:
-        os.kill(int(state["pid"]), 0)
-    except (OSError, KeyError, ValueError):
-        return None
-    return state
+    state = load_state(home)
+    return state if state is not None and supervisor_alive(state) else None
 
 
-def stop_from_state(home: Path, timeout: float = 60.0) -> bool:
-    """Stop a stack started by another process (``bucketlearn local down``)."""
-    state = read_state(home)
+@dataclass(frozen=True)
+class StopOutcome:
+    """What ``stop_from_state`` found and did."""
+
+    state: dict[str, Any]
+    was_running: bool       # the stack's own process was still running
+    leftovers: list[int]    # processes of the stack that were still running without it
+
+
+def stop_leftovers(state: dict[str, Any], timeout: float = 10.0) -> list[int]:
+    """Stop every process of the stack in ``state`` that is still running (they carry its id);
+    return their pids. A state file without an id (an older version's) names its processes'
+    groups instead."""
+    stack_id = state.get("stack_id")
+    if stack_id:
+        return processes.stop_marked(str(stack_id), timeout=timeout)
+    recorded = [*state.get("processes", {}).values(), *state.get("emulators", {}).values()]
+    groups = [int(info["pid"]) for info in recorded if info.get("pid")]
+    found = [pid for group in groups for pid in processes.group_members(group)]
+    if found:
+        stop_pids(groups, timeout)
+    return found
+
+
+def stop_from_state(home: Path, timeout: float = 60.0) -> StopOutcome | None:
+    """Stop the stack recorded in ``home`` (``bucketlearn local down``; ``local up`` after a
+    stack died): its own process first, which stops its children, then whatever is left of it
+    (all of it, when that process is already gone); remove the state file. None when there is
+    no state file."""
+    state = load_state(home)
     if state is None:
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(int(state["pid"]), signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(int(state["pid"]), 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    leftovers = [*state.get("processes", {}).values(), *state.get("emulators", {}).values()]
-    for info in leftovers:  # belt and braces: nothing left behind
-        if info.get("pid"):
-            stop_group(int(info["pid"]), timeout=5)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(int(state["pid"]), signal.SIGKILL)
+        return None
+    running = supervisor_alive(state)
+    pid = int(state["pid"]) if running else 0
+    if running:
+        processes.signal_pids([pid], signal.SIGTERM)
+        processes.wait_gone([pid], timeout)
+    leftovers = stop_leftovers(state)
+    if running and supervisor_alive(state):
+        log.warning("the local stack's process %d ignored SIGTERM for %.0f s; killing it", pid,
+                    timeout)
+        processes.signal_pids([pid], signal.SIGKILL)
+        processes.wait_gone([pid], 5.0)
     with contextlib.suppress(FileNotFoundError):
         (home / STATE_FILE).unlink()
-    return True
+    return StopOutcome(state=state, was_running=running, leftovers=leftovers)

@@ -1,59 +1,217 @@
-"""``bucketlearn local up --detach`` / ``local env`` / ``local down`` as a user runs them."""
+"""``bucketlearn local up --detach`` / ``local env`` / ``local down`` as a user runs them, and what
+the CLI does when that stack is gone or dies under it (issue #14, items 9 and 10)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from bucketlearn.local import processes
+
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "data" / "digits.csv"
+EXIT_NO_TARGET = 4
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    return {**os.environ, "BUCKETLEARN_HOME": str(home)}
 
 
 def run(home: Path, *args: str, timeout: float = 360) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BUCKETLEARN_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "bucketlearn.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=REPO)
+                          text=True, env=cli_env(home), timeout=timeout, cwd=REPO)
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie still answers kill(0); it is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return processes.alive(pid)  # a zombie is gone for our purposes
 
 
-def test_detached_stack_starts_reports_and_stops_everything(tmp_path: Path) -> None:
-    # Prepare
-    home = tmp_path / "home"
+def wait_until(predicate: Callable[[], Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return bool(predicate())
+
+
+def stack_status(home: Path) -> dict[str, Any]:
+    result = run(home, "local", "status", "--json", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def open_ports(state: dict[str, Any]) -> list[str]:
+    """The stack's servers (emulators, functions, dashboard) that still accept connections."""
+    addresses = [urlsplit(url) for url in state["urls"].values()]
+    return [f"{a.hostname}:{a.port}" for a in addresses
+            if processes.port_open(a.hostname or "127.0.0.1", a.port or 80, timeout=1.0)]
+
+
+class Stacks:
+    """The stacks a test starts in ``home``; ``cleanup`` leaves none of their processes."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.ids: set[str] = set()
+
+    def up(self, *flags: str) -> subprocess.CompletedProcess[str]:
+        result = run(self.home, "local", "up", "--detach", "--workers", "1", *flags)
+        assert result.returncode == 0, result.stdout + result.stderr
+        self.ids.add(stack_status(self.home)["stack_id"])
+        return result
+
+    def survivors(self) -> list[int]:
+        return [pid for stack_id in self.ids for pid in processes.marked(stack_id)]
+
+    def cleanup(self) -> None:
+        run(self.home, "local", "down", timeout=120)
+        for stack_id in self.ids:
+            processes.stop_marked(stack_id, timeout=5)
+
+
+@pytest.fixture
+def stacks(tmp_path: Path) -> Iterator[Stacks]:
+    started = Stacks(tmp_path / "home")
     try:
-        # Execute
-        up = run(home, "local", "up", "--detach", "--workers", "1")
-        assert up.returncode == 0, up.stdout + up.stderr
-        status = json.loads(run(home, "local", "status", "--json").stdout)
-        env = run(home, "local", "env").stdout
-        # Assert: every piece is up and reachable, and env names the emulators
-        names = set(status["processes"]) | set(status["emulators"])
-        assert {"pubsub", "firestore", "storage", "upload_fn", "delta_fn", "worker-0"} <= names
-        assert all(p["alive"] for p in status["processes"].values())
-        assert requests.get(status["urls"]["pubsub"], timeout=5).ok
-        for key in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST", "STORAGE_EMULATOR_HOST",
-                    "BUCKETLEARN_UPLOADS_BUCKET"):
-            assert f"export {key}=" in env
-        pids = [p["pid"] for p in [*status["processes"].values(), *status["emulators"].values()]]
-        pids.append(status["pid"])
+        yield started
     finally:
-        down = run(home, "local", "down", timeout=120)
-    # Assert: nothing is left running
+        started.cleanup()
+
+
+def test_detached_stack_starts_reports_and_stops_everything(stacks: Stacks) -> None:
+    # Prepare
+    home = stacks.home
+    # Execute
+    stacks.up()
+    status = stack_status(home)
+    env = run(home, "local", "env").stdout
+    # Assert: every piece is up and reachable, and env names the emulators
+    names = set(status["processes"]) | set(status["emulators"])
+    assert {"pubsub", "firestore", "storage", "upload_fn", "delta_fn", "worker-0"} <= names
+    assert all(p["alive"] for p in status["processes"].values())
+    assert requests.get(status["urls"]["pubsub"], timeout=5).ok
+    for key in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST", "STORAGE_EMULATOR_HOST",
+                "BUCKETLEARN_UPLOADS_BUCKET"):
+        assert f"export {key}=" in env
+    infos = [*status["processes"].values(), *status["emulators"].values()]
+    pids = [status["pid"], *(p["pid"] for p in infos), *(p["command_pid"] for p in infos)]
+    # Execute
+    down = run(home, "local", "down", timeout=120)
+    # Assert: nothing is left running, not even the JVMs gcloud started
     assert down.returncode == 0 and "stopped" in down.stdout
     assert [pid for pid in pids if alive(pid)] == []
+    assert stacks.survivors() == []
+    assert open_ports(status) == []
     assert not (home / "local.json").exists()
+
+
+def test_after_local_down_commands_say_no_stack_runs_here(stacks: Stacks) -> None:
+    """Item 9: every command used to fall back to the cloud and print a DefaultCredentialsError
+    traceback."""
+    # Prepare: a stack up, then down
+    stacks.up()
+    assert run(stacks.home, "local", "down", timeout=120).returncode == 0
+    for args in (["status"], ["submit", str(DIGITS)], ["download", "some-job"]):
+        # Execute
+        result = run(stacks.home, *args, timeout=120)
+        # Assert
+        assert result.returncode == EXIT_NO_TARGET, (args, result.stdout + result.stderr)
+        assert "no local stack is running here" in result.stderr
+        assert "bucketlearn local up" in result.stderr
+        assert "BUCKETLEARN_TARGET=cloud" in result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_stack_killed_outright_leaves_nothing_and_wait_says_so(stacks: Stacks,
+                                                                   tmp_path: Path) -> None:
+    """Item 10: a SIGKILL to a worker's guard (the pid `local status` shows) used to leave the
+    learner running; a SIGKILL to the stack's process left both emulator JVMs running, and
+    `submit --wait` waiting on, saying nothing."""
+    # Prepare
+    home = stacks.home
+    stacks.up()
+    state = stack_status(home)
+    worker = state["processes"]["worker-0"]
+    # Execute: SIGKILL the worker's guard
+    os.kill(worker["pid"], signal.SIGKILL)
+    # Assert: the learner dies with it, and the stack starts a new worker
+    assert wait_until(lambda: not alive(worker["command_pid"]), 20), "the learner outlived it"
+
+    def restarted() -> bool:
+        info = stack_status(home)["processes"]["worker-0"]
+        return info["alive"] and info["restarts"] >= 1 and info["pid"] != worker["pid"]
+
+    assert wait_until(restarted, 60)
+    # Prepare: a long job, followed by submit --wait
+    out_path, err_path = tmp_path / "submit.out", tmp_path / "submit.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        submit = subprocess.Popen(
+            [sys.executable, "-m", "bucketlearn.cli", "submit", str(DIGITS), "--wait",
+             "--epochs", "200"], stdout=out, stderr=err, env=cli_env(home), cwd=REPO)
+    try:
+        assert wait_until(lambda: out_path.read_text().strip(), 120), err_path.read_text()
+        assert wait_until(lambda: "RUNNING" in err_path.read_text(), 120), err_path.read_text()
+        state = stack_status(home)
+        assert stacks.survivors()
+        # Execute: SIGKILL the stack's own process
+        killed_at = time.monotonic()
+        os.kill(state["pid"], signal.SIGKILL)
+        # Assert: within a bounded time no process of the stack runs and no port is open
+        assert wait_until(lambda: not stacks.survivors(), 30), [
+            Path(f"/proc/{pid}/cmdline").read_text() for pid in stacks.survivors()]
+        assert open_ports(state) == []
+        # Assert: submit --wait noticed, said so and ended
+        code = submit.wait(timeout=90)
+        waited = time.monotonic() - killed_at
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.wait(timeout=10)
+    stderr = err_path.read_text()
+    assert code == EXIT_NO_TARGET, stderr
+    assert f"is no longer running (pid {state['pid']} gone)" in stderr
+    assert "Traceback" not in stderr
+    assert waited < 90
+    # Assert: later commands say the same; local down clears the state file
+    status = run(home, "status", timeout=120)
+    assert status.returncode == EXIT_NO_TARGET
+    assert f"is no longer running (pid {state['pid']} gone)" in status.stderr
+    down = run(home, "local", "down", timeout=120)
+    assert "was no longer running" in down.stdout
+    assert not (home / "local.json").exists()
+
+
+def test_local_up_clears_what_a_dead_stack_left(stacks: Stacks) -> None:
+    """The stack's process and every guard SIGKILLed at once (nothing left to clean up after the
+    others): gcloud dies with its guard, its JVM does not; `local up` stops those first."""
+    # Prepare
+    home = stacks.home
+    stacks.up()
+    state = stack_status(home)
+    guards = [info["pid"] for info in [*state["processes"].values(),
+                                       *state["emulators"].values()]]
+    # Execute: everything with a guard or a supervisor role is killed outright
+    for pid in [state["pid"], *guards]:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(2)
+    orphans = stacks.survivors()
+    assert orphans, "precondition: the JVMs outlive gcloud"
+    up = stacks.up()
+    # Assert
+    assert f"was no longer running (pid {state['pid']} gone)" in up.stdout
+    assert "of its processes that were still running" in up.stdout
+    assert [pid for pid in orphans if alive(pid)] == []
+    assert stack_status(home)["stack_id"] != state["stack_id"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import worker
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.worker import Learner, _Reporter
 from tests.unit.helpers import eventually
 from tests.unit.test_invariants import start_job
@@ -83,3 +84,35 @@ def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(writes) <= 3
     [doc] = svc.registry.list_workers()
     assert doc["state"] == "stopped" and doc["tasks_done"] >= 1
+
+
+def test_a_late_heartbeat_never_lands_after_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reporter write still in flight when ``run`` ends (a slow registry, longer than the
+    reporter's join) lands before "stopped", never after it."""
+    # Prepare: the reporter writes often; its writes take longer than run waits for it
+    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 0.01)
+    monkeypatch.setattr(worker, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(worker, "REPORTER_JOIN_SECONDS", 0.1)
+    svc = memory_services()
+    monkeypatch.setattr(svc.queue, "pull", lambda timeout: time.sleep(timeout))
+    real = svc.registry.heartbeat
+    in_flight = threading.Event()
+
+    def slow_from_the_reporter(worker_id: str, fields: dict[str, Any]) -> None:
+        if threading.current_thread().name == "heartbeat":
+            in_flight.set()
+            time.sleep(1.0)
+        real(worker_id, fields)
+
+    monkeypatch.setattr(svc.registry, "heartbeat", slow_from_the_reporter)
+    stop = threading.Event()
+    threading.Thread(target=lambda: in_flight.wait(10) and stop.set(), daemon=True).start()
+    # Execute: run ends while the reporter's write is in flight
+    Learner(svc, "w1").run(stop, pull_timeout=0.02)
+    for thread in threading.enumerate():
+        if thread.name == "heartbeat":
+            thread.join(timeout=10)
+    # Assert
+    assert in_flight.is_set()
+    [doc] = svc.registry.list_workers()
+    assert doc["state"] == "stopped"
