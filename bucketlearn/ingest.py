@@ -6,9 +6,15 @@ at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahe
 1. *Scan*: parse every row (structure, UTF-8), read only the label column; count rows per class.
 2. *Deal*: convert features to float32, check they are finite, and send each row either to the
    holdout (a systematic, per-class sample: exactly ``round(f * n_c)`` rows of every class) or to
-   a training shard. Row ``j`` of class ``c``'s training rows goes to shard
-   ``floor((j + u_c) * T / n_c)``, so every shard gets the same share of every class, contiguous in
-   file order, whatever the file's order (a CSV sorted by label included).
+   a training shard, following a ``DealPlan`` made from the class counts alone. With ``S`` shards
+   and ``n_c = q_c * S + r_c`` training rows of class ``c``, every shard gets ``q_c`` rows of
+   class ``c`` and ``r_c`` shards get one more; those extra rows are dealt round-robin over all
+   classes (so every shard gets ``floor(N / S)`` or ``ceil(N / S)`` rows in all, and none is
+   empty when there are at least as many rows as shards), through a golden-ratio stride that
+   spreads each class's extra rows evenly over the shards. A shard's rows of a class are
+   contiguous in file order and shard ``k`` takes them from about ``k / S`` of the way through
+   the class, whatever the file's order (a CSV sorted by label included); in a shuffled file the
+   shards are therefore complete, and written, one after the other.
 
 A row longer than a block makes pyarrow fail ("straddles two block boundaries"); pass 1 then
 starts again with blocks of ``2 x max_line_bytes`` (enough for any row within the limit), and
@@ -585,8 +591,114 @@ def _holdout_mask(j: np.ndarray, fraction: float, phase: float) -> np.ndarray:
     return np.floor((j + 1) * fraction + phase) > np.floor(j * fraction + phase)
 
 
-def _shard_of(j_train: np.ndarray, n_train: int, shards: int, phase: float) -> np.ndarray:
-    return np.minimum(((j_train + phase) * shards / max(n_train, 1)).astype(np.int64), shards - 1)
+_GOLDEN_STRIDE = (3 - math.sqrt(5)) / 2  # 1/phi^2: consecutive multiples spread evenly mod 1
+
+
+def _largest_partial_quotient(numerator: int, denominator: int) -> int:
+    """The largest term of the continued fraction of numerator/denominator (after the first)."""
+    largest = 0
+    numerator, denominator = denominator, numerator % denominator
+    while denominator:
+        largest = max(largest, numerator // denominator)
+        numerator, denominator = denominator, numerator % denominator
+    return largest
+
+
+def spread_stride(shards: int) -> int:
+    """A stride coprime to ``shards`` near ``shards / phi^2`` (so it permutes 0..shards-1).
+
+    Of the coprime strides within 64 of ``shards / phi^2``, the one whose ratio to ``shards``
+    has the smallest continued-fraction terms: its multiples are the most evenly spread
+    (three-distance theorem), as the golden ratio's (all terms 1) are.
+    """
+    if shards <= 2:
+        return 1
+    base = round(shards * _GOLDEN_STRIDE)
+    candidates = [s for s in range(max(1, base - 64), min(shards, base + 65))
+                  if math.gcd(s, shards) == 1]
+    if not candidates:
+        return 1
+    return min(candidates, key=lambda s: (_largest_partial_quotient(s, shards), abs(s - base)))
+
+
+@dataclass(frozen=True)
+class DealPlan:
+    """Which shard each training row goes to, from the class counts alone (made before pass 2).
+
+    Class ``c`` has ``n_c = base[c] * shards + len(extras[c])`` training rows: every shard gets
+    ``base[c]`` of them and the shards in ``extras[c]`` (sorted, distinct) one more. The extra
+    rows of all classes are numbered one after the other (classes in a seeded order) and extra
+    ``t`` goes to shard ``(t * stride + offset) mod shards``: each shard gets ``floor(R / S)``
+    or ``ceil(R / S)`` of the ``R`` extra rows, and, the stride being near ``S / phi^2``, one
+    class's extras are spread over the shards rather than bunched. Row ``j`` of a class goes to
+    the shard whose range holds it, ranges in shard order.
+
+    Memory: the extras, ``sum(n_c mod S)`` shard numbers (below classes x shards, both limited;
+    not growing with the file).
+    """
+
+    shards: int
+    base: np.ndarray
+    extras: tuple[np.ndarray, ...]
+    stride: int
+    offset: int
+
+    @classmethod
+    def make(cls, train_per_class: list[int], shards: int, seed: int) -> DealPlan:
+        """Plan the deal of ``train_per_class[c]`` rows of each class over ``shards`` shards.
+
+        Args:
+            train_per_class: training rows of each class (after the holdout).
+            shards: how many shards (at least 1).
+            seed: the job's seed; the same seed and counts give the same plan.
+
+        Returns:
+            The plan.
+        """
+        counts = np.asarray(train_per_class, dtype=np.int64)
+        rng = np.random.default_rng([seed, 7919, 2])
+        order = rng.permutation(len(counts))
+        offset = int(rng.integers(shards))
+        stride = spread_stride(shards)
+        remainders = counts % shards
+        first = np.zeros(len(counts), dtype=np.int64)
+        first[order] = np.cumsum(remainders[order]) - remainders[order]
+        dtype = np.uint16 if shards <= 1 << 16 else np.int64
+        extras = tuple(
+            np.sort(((first[c] + np.arange(remainders[c])) % shards * stride + offset)
+                    % shards).astype(dtype)
+            for c in range(len(counts)))
+        return cls(shards=shards, base=counts // shards, extras=extras, stride=stride,
+                   offset=offset)
+
+    def sizes(self) -> np.ndarray:
+        """Training rows of each shard."""
+        total_extras = sum(len(e) for e in self.extras)
+        sizes = np.full(self.shards, int(self.base.sum()) + total_extras // self.shards,
+                        dtype=np.int64)
+        first_round = np.arange(total_extras % self.shards, dtype=np.int64)
+        sizes[(first_round * self.stride + self.offset) % self.shards] += 1
+        return sizes
+
+    def shard_of(self, c: int, j: np.ndarray) -> np.ndarray:
+        """Shards of rows ``j`` (0-based among class ``c``'s training rows, file order)."""
+        extras, per_shard = self.extras[c], int(self.base[c])
+        if per_shard == 0:
+            return extras[j].astype(np.int64)
+        j = np.asarray(j, dtype=np.int64)
+        # shard k holds rows [start(k), start(k + 1)), start(k) = k * base + extras below k, so
+        # k * base <= start(k) <= k * base + min(k, len(extras)): binary search within that
+        low = np.maximum(j // (per_shard + 1), (j - len(extras)) // per_shard)
+        high = np.minimum(j // per_shard + 1, self.shards)
+        while True:
+            open_ = high - low > 1
+            if not open_.any():
+                return low
+            middle = (low + high) // 2
+            # (the query in the extras' own dtype: otherwise numpy converts the extras each time)
+            below = middle * per_shard + np.searchsorted(extras, middle.astype(extras.dtype)) <= j
+            low = np.where(open_ & below, middle, low)
+            high = np.where(open_ & ~below, middle, high)
 
 
 def _write_part(store: BlobStore, bucket: str, path: str,
@@ -706,10 +818,9 @@ def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str) -
     return ids[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
-def class_phases(seed: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class random phases for the holdout rule and the shard dealing."""
-    rng = np.random.default_rng([seed, 7919])
-    return rng.random(classes), rng.random(classes)
+def holdout_phases(seed: int, classes: int) -> np.ndarray:
+    """Per-class random phases for the systematic holdout rule."""
+    return np.random.default_rng([seed, 7919]).random(classes)
 
 
 def split_upload(
@@ -762,7 +873,7 @@ def split_upload(
                        found=f"{len(single)} of {len(classes)} classes with a single row: "
                              + _short(", ".join(repr(v) for v in single), 120))
     class_index = {name: i for i, name in enumerate(classes)}
-    random_phase, deal_phase = class_phases(options.seed, len(classes))
+    random_phase = holdout_phases(options.seed, len(classes))
     hold_phase = np.array([holdout_phase(n, options.holdout_fraction, random_phase[c])
                            for c, n in enumerate(class_counts)])
     holdout_per_class = [holdout_count(n, options.holdout_fraction, hold_phase[c])
@@ -774,18 +885,15 @@ def split_upload(
                        expected="enough rows for a training split and a holdout "
                                 f"(holdout_fraction={options.holdout_fraction})",
                        found=f"{sum(class_counts)} rows")
-    shards = max(1, round(train_rows / options.rows_per_shard))
+    # never more shards than training rows: then no shard is empty
+    shards = min(max(1, round(train_rows / options.rows_per_shard)), train_rows)
     if shards > limits.max_tasks_per_epoch:
         raise _problem(file, "the file would need too many shards",
                        expected=f"at most {limits.max_tasks_per_epoch} shards per epoch "
                                 "(raise rows_per_shard)",
                        found=f"{shards} shards of {options.rows_per_shard} rows")
-    expected = np.zeros(shards, dtype=np.int64)
-    for c, n in enumerate(train_per_class):
-        for start in range(0, n, 1 << 20):
-            j = np.arange(start, min(n, start + (1 << 20)))
-            expected += np.bincount(_shard_of(j, n, shards, deal_phase[c]), minlength=shards)
-    writer = _ShardWriter(store, work_bucket, job_id, expected, buffer_bytes)
+    plan = DealPlan.make(train_per_class, shards, options.seed)
+    writer = _ShardWriter(store, work_bucket, job_id, plan.sizes(), buffer_bytes)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
     stats = _RunningStats(len(feature_names))
@@ -815,8 +923,7 @@ def split_upload(
                 train_rows_c = rows_c[~hold]
                 j_train = seen_train[c] + np.arange(len(train_rows_c))
                 seen_train[c] += len(train_rows_c)
-                shard_of_row[train_rows_c] = _shard_of(j_train, train_per_class[c], shards,
-                                                       deal_phase[c])
+                shard_of_row[train_rows_c] = plan.shard_of(int(c), j_train)
             holdout.add(x[is_holdout], y[is_holdout])
             train = np.flatnonzero(~is_holdout)
             stats.add(x[train])
