@@ -83,5 +83,30 @@ class NotFoundError(BucketlearnError):
     """A blob, job or version that was asked for does not exist."""
 
 
+class ObjectChangedError(PermanentError):
+    """The generation of an object that was asked for is gone: replaced or deleted.
+
+    Raised when a read is pinned to a generation (an upload is read at its event's generation)
+    and the object is no longer that generation, before or while it is read.
+    """
+
+    def __init__(self, bucket: str, name: str, expected_generation: int,
+                 found_generation: int | None) -> None:
+        self.bucket = bucket
+        self.name = name
+        self.expected_generation = expected_generation
+        self.found_generation = found_generation
+        shown = name if len(name) <= 200 else name[:200] + "…"
+        super().__init__(f"gs://{bucket}/{shown!r}: expected generation {expected_generation}; "
+                         f"found {self.found}")
+
+    @property
+    def found(self) -> str:
+        """What the object is now, for a reason: 'generation N' or 'no object'."""
+        if self.found_generation is None:
+            return "no object"
+        return f"generation {self.found_generation}"
+
+
 class JobStateError(PermanentError):
     """An operation does not fit the job's current state (e.g. download before any version)."""

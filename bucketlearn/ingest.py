@@ -66,7 +66,12 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass(frozen=True)
 class SourceFile:
-    """An upload to read: a name for messages, its size and a way to open it (again)."""
+    """An upload to read: a name for messages, its size and a way to open it (again).
+
+    ``opener`` is called once per pass and must give the same bytes each time (the upload
+    service pins the event's generation). Should a pass meet a label or a class count the first
+    pass did not see, the split ends with "the file changed while it was being read".
+    """
 
     display_name: str
     size: int
@@ -810,11 +815,40 @@ class _RunningStats:
         return np.where(var < 1e-12, 1.0, var)
 
 
-def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str) -> np.ndarray:
-    """Class numbers of a batch's labels (int32), looking up each distinct label once."""
+def _changed_while_read(file: str, found: str, row: int | None = None,
+                        column: str | None = None) -> InvalidInputError:
+    """The problem for a second pass that does not read what the first one did."""
+    return _problem(file, "the file changed while it was being read", row=row, column=column,
+                    expected="the same rows in both passes over the upload (was it replaced "
+                             "while it was being split?)", found=found)
+
+
+def _class_key(value: str, label_kind: str) -> str | None:
+    """The class name a label value counts as (None: not an integer in an integer-label file)."""
+    if label_kind != "int":
+        return value.strip()
+    try:
+        return str(int(value))
+    except ValueError:
+        return None
+
+
+def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str, file: str,
+               row_offset: int, label: str) -> np.ndarray:
+    """Class numbers of a batch's labels (int32), looking up each distinct label once.
+
+    A label the first pass did not count means the file is not the one that pass read.
+    """
     encoded = labels.dictionary_encode()
-    ids = np.array([class_index[str(int(v)) if label_kind == "int" else v.strip()]
-                    for v in encoded.dictionary.to_pylist()], dtype=np.int32)
+    ids = np.zeros(len(encoded.dictionary), dtype=np.int32)
+    for position, value in enumerate(encoded.dictionary.to_pylist()):
+        key = _class_key(value, label_kind)
+        if key not in class_index:
+            indices = encoded.indices.to_numpy(zero_copy_only=False)
+            row = row_offset + int(np.flatnonzero(indices == position)[0]) + 1
+            raise _changed_while_read(file, f"label {_short(value)!r}, which the first pass did "
+                                            "not see", row=row, column=label)
+        ids[position] = class_index[key]
     return ids[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
@@ -911,11 +945,17 @@ def split_upload(
                 exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
                                                           target_row=problem.problem.row)
                 raise exact or problem
-            y = _class_ids(batch.column(label), class_index, label_kind)
+            y = _class_ids(batch.column(label), class_index, label_kind, file, row_offset,
+                           label)
             is_holdout = np.zeros(len(y), dtype=bool)
             shard_of_row = np.full(len(y), -1, dtype=np.int64)
             for c in np.unique(y):
                 rows_c = np.nonzero(y == c)[0]
+                if seen[c] + len(rows_c) > class_counts[c]:
+                    raise _changed_while_read(
+                        file, f"more than the {class_counts[c]} rows of class "
+                              f"{_short(classes[c])!r} the first pass counted",
+                        row=row_offset + int(rows_c[class_counts[c] - seen[c]]) + 1, column=label)
                 j = seen[c] + np.arange(len(rows_c))
                 hold = _holdout_mask(j, options.holdout_fraction, hold_phase[c])
                 seen[c] += len(rows_c)
@@ -936,6 +976,11 @@ def split_upload(
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise _diagnosed(source, columns, label, limits, str(exc)) from None
+    if seen.tolist() != list(class_counts):
+        short = next(c for c in range(len(classes)) if seen[c] != class_counts[c])
+        raise _changed_while_read(file, f"{seen[short]} rows of class {_short(classes[short])!r} "
+                                        f"where the first pass counted {class_counts[short]}",
+                                  column=label)
     shard_list = writer.close()
     holdout.flush()
     manifest = Manifest(

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from bucketlearn.errors import NotFoundError
+from bucketlearn.errors import NotFoundError, ObjectChangedError
 from bucketlearn.jobs import done_tasks
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
@@ -46,8 +46,16 @@ class MemoryBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return self._objects[(bucket, name)][0]
 
-    def open_read(self, bucket: str, name: str) -> IO[bytes]:
-        return io.BytesIO(self.read_bytes(bucket, name))
+    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
+        """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""
+        with self._lock:
+            found = self._objects.get((bucket, name))
+            if generation is not None and (found is None or found[1].generation != generation):
+                raise ObjectChangedError(bucket, name, generation,
+                                         None if found is None else found[1].generation)
+            if found is None:
+                raise NotFoundError(f"gs://{bucket}/{name}: no such object")
+            return io.BytesIO(found[0])
 
     def stat(self, bucket: str, name: str) -> BlobInfo | None:
         with self._lock:

@@ -14,6 +14,7 @@ from bucketlearn.errors import (
     ConfigError,
     InputProblem,
     InvalidInputError,
+    ObjectChangedError,
     TransientError,
 )
 from bucketlearn.ingest import Manifest, SourceFile, split_upload
@@ -147,20 +148,42 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
                                          found=found if len(found) <= 80 else found[:80] + "…"))
         return Outcome.REJECTED, job_id
     svc.registry.update_job(job_id, {"options": options.to_dict(), "updated_at": svc.clock()})
+    # every pass reads the event's generation: a re-upload of the same name during the split
+    # must not mix two files (it raises ObjectChangedError instead)
     source = SourceFile(display_name=file, size=info.size,
-                        opener=lambda: svc.store.open_read(event.bucket, event.name))
+                        opener=lambda: svc.store.open_read(event.bucket, event.name,
+                                                           generation=event.generation))
     settings = svc.settings
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits)
         spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
                            options.seed, options.learning_rate, file)
+    except ObjectChangedError as exc:
+        reject(svc, job_id, _replaced_while_read(file, exc.expected_generation, exc.found))
+        return Outcome.REJECTED, job_id
     except InvalidInputError as exc:
-        reject(svc, job_id, exc.problem)
+        # a store that cannot pin reads could have mixed two generations into a bogus problem
+        now = svc.store.stat(event.bucket, event.name)
+        if now is None or now.generation != event.generation:
+            reject(svc, job_id, _replaced_while_read(
+                file, event.generation, "no object" if now is None else
+                f"generation {now.generation}"))
+        else:
+            reject(svc, job_id, exc.problem)
         return Outcome.REJECTED, job_id
     start_training(svc, job_id, claim, manifest, spec.to_dict(), options.to_dict())
     publish_epoch(svc, job_id, 1, options.seed, manifest)
     return Outcome.ACCEPTED, job_id
+
+
+def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem:
+    """The reason for an upload whose generation went away while it was being split."""
+    if found != "no object":
+        found += " (a newer upload of the same name; it gets its own job)"
+    return InputProblem(file=file, message="the upload was replaced or deleted while it was "
+                                           "being read",
+                        expected=f"generation {generation} until the split ends", found=found)
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,

@@ -7,6 +7,7 @@ import pytest
 from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.errors import ObjectChangedError, PermanentError
 from bucketlearn.ingest import Manifest
 from bucketlearn.memory import MemoryBlobStore
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
@@ -210,3 +211,89 @@ def test_replaced_object_is_rejected():
     assert outcome is Outcome.REJECTED
     assert f"expected generation {old.generation}" in job["error"]
     assert svc.queue.published == []
+
+
+class ReuploadingStore(MemoryBlobStore):
+    """Re-uploads ``name`` with ``new_data`` when it is opened for the ``at``-th time (the
+    header is open 1, pass 1 open 2, pass 2 open 3), as a user overwriting the file would."""
+
+    def __init__(self, name, new_data, at=3):
+        super().__init__()
+        self.name, self.new_data, self.at, self.opens = name, new_data, at, 0
+
+    def open_read(self, bucket, name, generation=None):
+        if name == self.name:
+            self.opens += 1
+            if self.opens == self.at:
+                self.write_bytes(bucket, name, self.new_data, "text/csv")
+        return super().open_read(bucket, name, generation)
+
+
+@pytest.mark.parametrize("new_rows", [
+    [[i, ["a", "b", "c"][i % 3]] for i in range(30)],  # a label pass 1 never saw
+    [[i, "a" if i < 25 else "b"] for i in range(30)],  # the same labels, other class counts
+], ids=["new-label", "other-class-counts"])
+def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
+    """The object is overwritten after pass 1 (issue #14, item 6): pass 2 reads the event's
+    generation or nothing, so the job is REJECTED with a clear reason (before: generation N+1's
+    rows dealt with N's class counts, or KeyError on a new label and an HTTP 500 retry loop)."""
+    # Prepare
+    svc = memory_services()
+    svc.store = ReuploadingStore("swap.csv", csv_bytes(["x", "label"], new_rows))
+    event = upload(svc, "swap.csv", csv_bytes(["x", "label"],
+                                              [[i, ["a", "b"][i % 2]] for i in range(30)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    current = svc.store.stat(event.bucket, event.name)
+    assert svc.store.opens == 3
+    assert outcome is Outcome.REJECTED
+    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job)
+    assert job["error"].startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
+                                   "deleted while it was being read")
+    assert f"expected generation {event.generation} until the split ends" in job["error"]
+    assert f"found: generation {current.generation}" in job["error"]
+    assert work_objects(svc, job_id) == []
+    assert svc.queue.published == []
+
+
+def test_upload_deleted_during_the_split_is_rejected():
+    """Deleted after pass 1: REJECTED, 'found: no object'."""
+    # Prepare
+    class DeletingStore(ReuploadingStore):
+        def open_read(self, bucket, name, generation=None):
+            if name == self.name:
+                self.opens += 1
+                if self.opens == self.at:
+                    self.delete(bucket, name)
+            return MemoryBlobStore.open_read(self, bucket, name, generation)
+
+    svc = memory_services()
+    svc.store = DeletingStore("gone.csv", b"")
+    event = upload(svc, "gone.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert "replaced or deleted while it was being read" in job["error"]
+    assert job["error"].endswith("found: no object")
+
+
+def test_memory_store_reads_only_the_pinned_generation():
+    """open_read(generation=g) reads g, and raises ObjectChangedError once g is replaced."""
+    # Prepare
+    store = MemoryBlobStore()
+    first = store.write_bytes("b", "o.csv", b"first", "text/csv")
+    pinned = store.open_read("b", "o.csv", generation=first.generation)
+    second = store.write_bytes("b", "o.csv", b"second", "text/csv")
+    # Execute
+    with pytest.raises(ObjectChangedError) as excinfo:
+        store.open_read("b", "o.csv", generation=first.generation)
+    # Assert
+    assert pinned.read() == b"first"  # opened before the overwrite: still the first's bytes
+    assert store.open_read("b", "o.csv", generation=second.generation).read() == b"second"
+    assert excinfo.value.expected_generation == first.generation
+    assert excinfo.value.found_generation == second.generation
+    assert isinstance(excinfo.value, PermanentError)
