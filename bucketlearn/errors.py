@@ -34,9 +34,24 @@ class ConfigError(PermanentError):
         super().__init__(f"option '{key}'{where}: expected {expected}; found: {found!r}")
 
 
+MAX_REASON_CHARS = 1000  # each text of a reason (file, message, column, expected, found)
+
+
+def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis and the full length mark a cut)."""
+    if len(text) <= limit:
+        return text
+    suffix = f"…({len(text)} characters)"
+    return text[: max(0, limit - len(suffix))] + suffix
+
+
 @dataclass
 class InputProblem:
-    """Where and why an uploaded file is unusable; travels into the REJECTED job document."""
+    """Where and why an uploaded file is unusable; travels into the REJECTED job document.
+
+    Every text is bounded (``MAX_REASON_CHARS``): parts of it come from the upload, and the
+    job document that stores it holds at most 1 MiB.
+    """
 
     file: str
     message: str
@@ -45,6 +60,13 @@ class InputProblem:
     expected: str | None = None
     found: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.file = bounded(self.file)
+        self.message = bounded(self.message)
+        self.column = None if self.column is None else bounded(self.column)
+        self.expected = None if self.expected is None else bounded(self.expected)
+        self.found = None if self.found is None else bounded(self.found)
 
     def describe(self) -> str:
         """One sentence naming the file, the row and column, what was expected and found."""
@@ -77,6 +99,15 @@ class InvalidInputError(PermanentError):
     def __init__(self, problem: InputProblem) -> None:
         self.problem = problem
         super().__init__(problem.describe())
+
+
+class BackendRejectedError(PermanentError):
+    """A backend refused a request as invalid (e.g. a Firestore document over 1 MiB).
+
+    Sending the same request again cannot succeed: the adapters raise this for a backend's
+    permanent answers (InvalidArgument and the like), the in-memory registry for a document
+    Firestore would refuse.
+    """
 
 
 class NotFoundError(BucketlearnError):

@@ -62,6 +62,9 @@ _BOM = b"\xef\xbb\xbf"
 _NUMBER_RE = re.compile(
     r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Column names and class labels end up in Firestore documents (a job lists every class name;
+# a document holds at most 1 MiB): each is at most this many bytes of UTF-8.
+MAX_NAME_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,8 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
         raise _problem(name, "the header is not UTF-8", row=0,
                        column=_header_column_at(line, exc.start), expected="UTF-8 text",
                        found=f"byte 0x{line[exc.start]:02x} at position {exc.start}") from None
+    if csv.field_size_limit() < limits.max_line_bytes:  # the csv module's default is 128 KiB
+        csv.field_size_limit(limits.max_line_bytes)
     try:
         names = next(csv.reader([text]), [])
     except csv.Error as exc:
@@ -266,6 +271,12 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
         if not stripped:
             raise _problem(name, "a column has no name", row=0, column=f"#{position}",
                            expected="a name for every column", found="an empty name")
+        if len(stripped.encode()) > MAX_NAME_BYTES:
+            raise _problem(name, "a column name is longer than the limit", row=0,
+                           column=f"#{position}",
+                           expected=f"column names of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                           found=f"a name of {len(stripped.encode())} bytes: "
+                                 f"{_short(stripped, 40)!r}")
         if stripped in seen:
             raise _problem(name, "duplicate column name", row=0, column=stripped,
                            expected="unique column names",
@@ -526,6 +537,16 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
                 raise _diagnose(source, columns, label, limits, "", target_row=row) or _problem(
                     source.display_name, "the label is empty", row=row, column=label,
                     expected="a class label", found="an empty value")
+            too_long = pc.greater(pc.binary_length(pc.utf8_trim_whitespace(labels)),
+                                  MAX_NAME_BYTES)
+            if pc.any(too_long).as_py():
+                r = int(pc.index(too_long, True).as_py())
+                value = labels[r].as_py().strip()
+                raise _problem(source.display_name, "a label is longer than the limit",
+                               row=rows + r + 1, column=label,
+                               expected=f"class labels of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                               found=f"a label of {len(value.encode())} bytes: "
+                                     f"{_short(value, 40)!r}")
             broken = pc.match_substring_regex(labels, "[\r\n]")
             if pc.any(broken).as_py():
                 r = int(pc.index(broken, True).as_py())

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bucketlearn.errors import ObjectChangedError
+from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -67,6 +67,17 @@ def commit(job_id: str, base: int, applied: list[int], failed: list[int] | None 
                          version_doc={"version": base + 1, "parent": base},
                          epoch=epoch, applied=applied, failed=failed or [],
                          job_fields={"version": base + 1})
+
+
+def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
+    """Firestore refuses a document over 1 MiB (InvalidArgument): the adapter raises
+    BackendRejectedError (permanent), and the in-memory registry does the same."""
+    registry = backend.registry
+    job_id = new_job(registry)
+    with pytest.raises(BackendRejectedError):
+        registry.update_job(job_id, {"blob": "x" * 1_100_000})
+    assert "blob" not in (registry.get_job(job_id) or {})
+    registry.update_job(job_id, {"blob": "x" * 1_000_000})  # under the limit: fine
 
 
 def test_start_training_requires_the_claim(backend: Any) -> None:

@@ -7,7 +7,7 @@ import pytest
 from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.errors import ObjectChangedError, PermanentError
+from bucketlearn.errors import BackendRejectedError, ObjectChangedError, PermanentError
 from bucketlearn.ingest import Manifest
 from bucketlearn.memory import MemoryBlobStore
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
@@ -297,3 +297,78 @@ def test_memory_store_reads_only_the_pinned_generation():
     assert excinfo.value.expected_generation == first.generation
     assert excinfo.value.found_generation == second.generation
     assert isinstance(excinfo.value, PermanentError)
+
+
+def test_label_over_1_mib_is_rejected_with_a_short_reason():
+    """A 1.2 MB label (issue #14, item 7): REJECTED naming row and column, the limit and the
+    label's length with a short prefix; before, the job document listing it was over 1 MiB,
+    which Firestore refuses (InvalidArgument -> HTTP 500 -> retried for a day)."""
+    # Prepare
+    svc = memory_services()
+    rows = [[i, ["a", "b"][i % 2]] for i in range(20)]
+    rows[6][1] = "Z" * 1_200_000
+    event = upload(svc, "huge-label.csv", csv_bytes(["x", "label"], rows))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (7, "label")
+    assert "a label is longer than the limit" in job["error"]
+    assert "expected class labels of at most 256 bytes (UTF-8)" in job["error"]
+    assert "found: a label of 1200000 bytes: 'ZZZZ" in job["error"]
+    assert len(job["error"]) < 1000
+    assert svc.queue.published == []
+
+
+def test_column_name_over_1_mib_is_rejected_with_a_short_reason():
+    """A 1.2 MB column name: REJECTED at the header (row 0), naming the column by position."""
+    # Prepare
+    svc = memory_services()
+    header = ["x", "Y" * 1_200_000, "label"]
+    event = upload(svc, "huge-column.csv", csv_bytes(header, [[i, i, i % 2] for i in range(20)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (0, "#2")
+    assert "expected column names of at most 256 bytes (UTF-8)" in job["error"]
+    assert "found: a name of 1200000 bytes: 'YYYY" in job["error"]
+    assert len(job["error"]) < 1000
+
+
+def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
+    """A job update that makes the document larger than 1 MiB raises BackendRejectedError
+    (permanent) and changes nothing; just under the limit is fine."""
+    # Prepare
+    from bucketlearn.memory import FIRESTORE_MAX_DOCUMENT_BYTES, document_size
+
+    registry = memory_services().registry
+    registry.create_job("j-000000000000", {"job_id": "j-000000000000", "status": "QUEUED"})
+    base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000"))
+    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("blob") - 2)
+    # Execute
+    registry.update_job("j-000000000000", {"blob": fits})
+    with pytest.raises(BackendRejectedError) as excinfo:
+        registry.update_job("j-000000000000", {"blob": fits + "y"})
+    # Assert
+    assert registry.get_job("j-000000000000")["blob"] == fits
+    assert "expected a document of at most 1048576 bytes" in str(excinfo.value)
+    assert "found 1048577 bytes" in str(excinfo.value)
+    assert isinstance(excinfo.value, PermanentError)
+
+
+def test_input_problem_texts_are_bounded():
+    """Every text of a reason is cut to MAX_REASON_CHARS, with the full length noted."""
+    # Prepare
+    from bucketlearn.errors import MAX_REASON_CHARS, InputProblem
+
+    # Execute
+    problem = InputProblem(file="f" * 5000, message="m" * 5000, column="c" * 5000,
+                           expected="e" * 5000, found="x" * 2_000_000)
+    # Assert
+    for text in (problem.file, problem.message, problem.column, problem.expected, problem.found):
+        assert len(text) <= MAX_REASON_CHARS
+    assert problem.found.endswith("…(2000000 characters)")
+    assert len(problem.describe()) < 6 * MAX_REASON_CHARS
