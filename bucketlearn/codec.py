@@ -1,7 +1,10 @@
-"""Pickle-free encodings for arrays: ``.npz`` written and read with ``allow_pickle=False``.
+"""Pickle-free encodings for arrays: ``.npz`` written by ``np.savez``, read by a strict parser.
 
 Weights, deltas, shards and holdout parts all use this. Metadata rides along as a UTF-8 JSON
-array named ``__meta__``; object arrays are refused on the way in and on the way out.
+array named ``__meta__``; object arrays are refused on the way in and on the way out. Reading
+never unpickles and never trusts a size the bytes declare: whatever is wrong with an object
+(truncated, bad zlib data, a header declaring terabytes, a string or object dtype, a pickle),
+decoding raises ``CorruptObjectError`` and nothing else.
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,32 +45,144 @@ def encode_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any] | No
     return buffer.getvalue()
 
 
+# What a decoder meets in bytes that are not what ``encode_arrays`` wrote: the zip layer
+# (BadZipFile, struct/zlib errors, encrypted or unsupported members), the .npy header parser
+# (ValueError, SyntaxError, TypeError on odd dtype descriptions, RecursionError on nesting).
+_MALFORMED = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError,
+              TypeError, KeyError, IndexError, OverflowError, struct.error, zlib.error,
+              NotImplementedError, RuntimeError, SyntaxError)
+_NUMERIC_KINDS = "biuf"  # bool, signed and unsigned integers, floats: nothing else is stored
+_DEFLATE_MAX_RATIO = 1032  # deflate cannot expand a byte more than ~1032-fold
+_READ_CHUNK = 1 << 20
+
+
 def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read ``.npz`` bytes without ever unpickling; return (arrays, metadata)."""
+    """Read ``.npz`` bytes without ever unpickling; return (arrays, metadata).
+
+    The archive is parsed here, not by ``np.load``: every size it declares (a zip member's, an
+    array's shape) is checked against the bytes actually present before anything is allocated,
+    and only numeric arrays (bool, int, uint, float) in uncompressed or deflated ``.npy``
+    members are accepted.
+
+    Args:
+        data: the object's bytes.
+        what: how to name the object in errors (its path).
+
+    Returns:
+        (arrays by name, the ``__meta__`` JSON object or {}).
+
+    Raises:
+        CorruptObjectError: the bytes are not such an archive, whatever is wrong with them.
+    """
     try:
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise CorruptObjectError(f"{what}: expected a .npz archive; found a single array")
-        with loaded as archive:
-            arrays = {key: archive[key] for key in archive.files}
+        arrays = _read_npz(data, what)
     except CorruptObjectError:
         raise
-    except ValueError as exc:  # raised for object arrays when allow_pickle=False
-        raise CorruptObjectError(f"{what}: expected a pickle-free .npz archive; found: {exc}") from exc
-    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise CorruptObjectError(f"{what}: expected a .npz archive; found unreadable bytes ({exc})") from exc
-    for key, value in arrays.items():
-        if not isinstance(value, np.ndarray) or value.dtype == object:
-            raise CorruptObjectError(f"{what}: expected a numeric array as entry {key!r}; "
-                                     f"found: {type(value).__name__}")
+    except RecursionError:
+        raise CorruptObjectError(f"{what}: expected a .npz archive; found nesting too deep to "
+                                 "parse") from None
+    except _MALFORMED as exc:
+        raise CorruptObjectError(f"{what}: expected a .npz archive; found unreadable bytes "
+                                 f"({type(exc).__name__}: {_cut(str(exc))})") from exc
     meta: dict[str, Any] = {}
     raw_meta = arrays.pop(META_KEY, None)
     if raw_meta is not None:
+        if raw_meta.dtype != np.uint8 or raw_meta.ndim != 1:
+            raise CorruptObjectError(f"{what}: expected metadata as a 1-D uint8 array; found "
+                                     f"{raw_meta.dtype} of shape {raw_meta.shape}")
         try:
             meta = json.loads(raw_meta.tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptObjectError(f"{what}: metadata is not UTF-8 JSON ({exc})") from exc
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise CorruptObjectError(f"{what}: metadata is not UTF-8 JSON ({_cut(str(exc))})"
+                                     ) from None
+        if not isinstance(meta, dict):
+            raise CorruptObjectError(f"{what}: expected metadata as a JSON object; found "
+                                     f"{type(meta).__name__}")
     return arrays, meta
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """A library's message on one line, cut short for an error text."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _read_npz(data: bytes, what: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive, every declared size checked before it is used."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = archive.infolist()
+        names = [m.filename for m in members]
+        if len(set(names)) != len(names):
+            raise CorruptObjectError(f"{what}: expected a .npz archive with distinct members; "
+                                     "found a repeated name")
+        arrays: dict[str, np.ndarray] = {}
+        for member in members:
+            if not member.filename.endswith(".npy"):
+                raise CorruptObjectError(f"{what}: expected a .npz archive of .npy arrays; "
+                                         f"found a member named {_cut(member.filename, 80)!r}")
+            raw = _member_bytes(archive, member, len(data), what)
+            arrays[member.filename[: -len(".npy")]] = _parse_npy(raw, member.filename, what)
+        return arrays
+
+
+def _member_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo, total: int,
+                  what: str) -> bytearray:
+    """A member's bytes, after checking its declared sizes against the archive's length."""
+    if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise CorruptObjectError(f"{what}: expected stored or deflated members; found "
+                                 f"compression method {member.compress_type} in "
+                                 f"{_cut(member.filename, 80)!r}")
+    ceiling = member.compress_size * (1 if member.compress_type == zipfile.ZIP_STORED
+                                      else _DEFLATE_MAX_RATIO)
+    if member.compress_size > total or member.file_size > ceiling:
+        raise CorruptObjectError(
+            f"{what}: expected member sizes that fit the {total}-byte archive; found "
+            f"{_cut(member.filename, 80)!r} declaring {member.file_size} bytes "
+            f"({member.compress_size} compressed)")
+    buffer = bytearray(member.file_size)
+    view = memoryview(buffer)
+    filled = 0
+    with archive.open(member) as stream:
+        while filled < member.file_size:
+            chunk = stream.read(min(_READ_CHUNK, member.file_size - filled))
+            if not chunk:
+                break
+            view[filled: filled + len(chunk)] = chunk
+            filled += len(chunk)
+        extra = stream.read(1)
+    if filled != member.file_size or extra:
+        raise CorruptObjectError(f"{what}: expected {member.file_size} bytes in "
+                                 f"{_cut(member.filename, 80)!r}; found "
+                                 f"{'more' if extra else filled}")
+    return buffer
+
+
+def _parse_npy(raw: bytearray, name: str, what: str) -> np.ndarray:
+    """One ``.npy`` member as an array over ``raw``, its shape checked against its length."""
+    stream = io.BytesIO(raw)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise CorruptObjectError(f"{what}: expected .npy format 1.0 or 2.0 in {name!r}; found "
+                                 f"{version}")
+    if dtype.hasobject or dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None \
+            or dtype.subdtype is not None:
+        raise CorruptObjectError(f"{what}: expected a pickle-free numeric array in {name!r}; "
+                                 f"found dtype {_cut(str(dtype), 80)}")
+    if any(d < 0 for d in shape):
+        raise CorruptObjectError(f"{what}: expected a shape of sizes >= 0 in {name!r}; found "
+                                 f"{shape}")
+    offset = stream.tell()
+    expected = math.prod(shape) * dtype.itemsize
+    if expected != len(raw) - offset:
+        raise CorruptObjectError(f"{what}: expected {expected} bytes of data for shape "
+                                 f"{_cut(str(shape), 80)} {dtype} in {name!r}; found "
+                                 f"{len(raw) - offset}")
+    flat = np.frombuffer(raw, dtype=dtype, count=math.prod(shape), offset=offset)
+    return flat.reshape(shape, order="F" if fortran_order else "C")
 
 
 def encode_weights(weights: Sequence[np.ndarray], meta: Mapping[str, Any] | None = None) -> bytes:
@@ -74,10 +192,16 @@ def encode_weights(weights: Sequence[np.ndarray], meta: Mapping[str, Any] | None
 
 
 def decode_weights(data: bytes, what: str = "weights") -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Weights written by ``encode_weights``: float arrays ``w0000, w0001, …`` and metadata."""
     arrays, meta = decode_arrays(data, what)
     keys = sorted(k for k in arrays if k.startswith("w"))
     if not keys or keys != [f"w{i:04d}" for i in range(len(keys))]:
-        raise CorruptObjectError(f"{what}: expected arrays w0000…; found: {sorted(arrays)}")
+        raise CorruptObjectError(f"{what}: expected arrays w0000…; found: "
+                                 f"{_cut(str(sorted(arrays)))}")
+    not_float = [k for k in keys if arrays[k].dtype.kind != "f"]
+    if not_float:
+        raise CorruptObjectError(f"{what}: expected float arrays; found "
+                                 f"{arrays[not_float[0]].dtype} in {not_float[0]}")
     return [arrays[k] for k in keys], meta
 
 

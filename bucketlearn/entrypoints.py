@@ -11,8 +11,8 @@ from typing import Any
 
 from werkzeug.exceptions import ServiceUnavailable
 
-from bucketlearn.bootstrap import process_services
-from bucketlearn.errors import TransientError
+from bucketlearn.bootstrap import Services, process_services
+from bucketlearn.errors import PermanentError, TransientError
 from bucketlearn.logs import setup_logging
 from bucketlearn.split import Outcome
 
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _configured = False
 
 
-def _services() -> Any:
+def _services() -> Services:
     global _configured
     svc = process_services()
     if not _configured:
@@ -43,11 +43,23 @@ class RetryLater(ServiceUnavailable):
     """Answered as HTTP 503 (no traceback): Eventarc / the local relay retry with backoff."""
 
 
-def on_upload(cloud_event: Any) -> str:
-    """Storage finalize event on the uploads bucket -> split (at most one job per upload)."""
+def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
+    """Storage finalize event on the uploads bucket -> split (at most one job per upload).
+
+    Args:
+        cloud_event: the Eventarc ``object.finalized`` CloudEvent.
+        svc: the services to use (tests); the process-wide Google ones by default.
+
+    Returns:
+        The outcome's name; returning (HTTP 200) acks the event, permanent failures included:
+        retrying them for a day would change nothing.
+
+    Raises:
+        RetryLater: transient trouble (HTTP 503): Eventarc retries the event.
+    """
     from bucketlearn.split import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
-    svc = _services()
+    svc = svc or _services()
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
     if event.bucket != svc.settings.uploads_bucket:
         log.warning("on_upload: ignoring an event for bucket %r (expected %s)", event.bucket,
@@ -59,6 +71,9 @@ def on_upload(cloud_event: Any) -> str:
     except TransientError as exc:
         log.warning("upload %s: %s; the event will be retried", shown, exc)
         raise RetryLater(str(exc)) from exc
+    except PermanentError as exc:
+        log.error("upload %s: %s; not retried (retrying cannot help)", shown, exc)
+        return Outcome.FAILED.value
     log.info("upload %s -> %s (job %s)", shown, outcome.value, job_id)
     return outcome.value
 

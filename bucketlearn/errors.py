@@ -43,9 +43,24 @@ class ConfigError(PermanentError):
         super().__init__(f"option '{key}'{where}: expected {expected}; found: {found!r}")
 
 
+MAX_REASON_CHARS = 1000  # each text of a reason (file, message, column, expected, found)
+
+
+def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis and the full length mark a cut)."""
+    if len(text) <= limit:
+        return text
+    suffix = f"…({len(text)} characters)"
+    return text[: max(0, limit - len(suffix))] + suffix
+
+
 @dataclass
 class InputProblem:
-    """Where and why an uploaded file is unusable; travels into the REJECTED job document."""
+    """Where and why an uploaded file is unusable; travels into the REJECTED job document.
+
+    Every text is bounded (``MAX_REASON_CHARS``): parts of it come from the upload, and the
+    job document that stores it holds at most 1 MiB.
+    """
 
     file: str
     message: str
@@ -54,6 +69,13 @@ class InputProblem:
     expected: str | None = None
     found: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.file = bounded(self.file)
+        self.message = bounded(self.message)
+        self.column = None if self.column is None else bounded(self.column)
+        self.expected = None if self.expected is None else bounded(self.expected)
+        self.found = None if self.found is None else bounded(self.found)
 
     def describe(self) -> str:
         """One sentence naming the file, the row and column, what was expected and found."""
@@ -88,8 +110,42 @@ class InvalidInputError(PermanentError):
         super().__init__(problem.describe())
 
 
+class BackendRejectedError(PermanentError):
+    """A backend refused a request as invalid (e.g. a Firestore document over 1 MiB).
+
+    Sending the same request again cannot succeed: the adapters raise this for a backend's
+    permanent answers (InvalidArgument and the like), the in-memory registry for a document
+    Firestore would refuse.
+    """
+
+
 class NotFoundError(BucketlearnError):
     """A blob, job or version that was asked for does not exist."""
+
+
+class ObjectChangedError(PermanentError):
+    """The generation of an object that was asked for is gone: replaced or deleted.
+
+    Raised when a read is pinned to a generation (an upload is read at its event's generation)
+    and the object is no longer that generation, before or while it is read.
+    """
+
+    def __init__(self, bucket: str, name: str, expected_generation: int,
+                 found_generation: int | None) -> None:
+        self.bucket = bucket
+        self.name = name
+        self.expected_generation = expected_generation
+        self.found_generation = found_generation
+        shown = name if len(name) <= 200 else name[:200] + "…"
+        super().__init__(f"gs://{bucket}/{shown!r}: expected generation {expected_generation}; "
+                         f"found {self.found}")
+
+    @property
+    def found(self) -> str:
+        """What the object is now, for a reason: 'generation N' or 'no object'."""
+        if self.found_generation is None:
+            return "no object"
+        return f"generation {self.found_generation}"
 
 
 class JobStateError(PermanentError):

@@ -6,9 +6,15 @@ at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahe
 1. *Scan*: parse every row (structure, UTF-8), read only the label column; count rows per class.
 2. *Deal*: convert features to float32, check they are finite, and send each row either to the
    holdout (a systematic, per-class sample: exactly ``round(f * n_c)`` rows of every class) or to
-   a training shard. Row ``j`` of class ``c``'s training rows goes to shard
-   ``floor((j + u_c) * T / n_c)``, so every shard gets the same share of every class, contiguous in
-   file order, whatever the file's order (a CSV sorted by label included).
+   a training shard, following a ``DealPlan`` made from the class counts alone. With ``S`` shards
+   and ``n_c = q_c * S + r_c`` training rows of class ``c``, every shard gets ``q_c`` rows of
+   class ``c`` and ``r_c`` shards get one more; those extra rows are dealt round-robin over all
+   classes (so every shard gets ``floor(N / S)`` or ``ceil(N / S)`` rows in all, and none is
+   empty when there are at least as many rows as shards), through a golden-ratio stride that
+   spreads each class's extra rows evenly over the shards. A shard's rows of a class are
+   contiguous in file order and shard ``k`` takes them from about ``k / S`` of the way through
+   the class, whatever the file's order (a CSV sorted by label included); in a shuffled file the
+   shards are therefore complete, and written, one after the other.
 
 A row longer than a block makes pyarrow fail ("straddles two block boundaries"); pass 1 then
 starts again with blocks of ``2 x max_line_bytes`` (enough for any row within the limit), and
@@ -56,11 +62,19 @@ _BOM = b"\xef\xbb\xbf"
 _NUMBER_RE = re.compile(
     r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Column names and class labels end up in Firestore documents (a job lists every class name;
+# a document holds at most 1 MiB): each is at most this many bytes of UTF-8.
+MAX_NAME_BYTES = 256
 
 
 @dataclass(frozen=True)
 class SourceFile:
-    """An upload to read: a name for messages, its size and a way to open it (again)."""
+    """An upload to read: a name for messages, its size and a way to open it (again).
+
+    ``opener`` is called once per pass and must give the same bytes each time (the upload
+    service pins the event's generation). Should a pass meet a label or a class count the first
+    pass did not see, the split ends with "the file changed while it was being read".
+    """
 
     display_name: str
     size: int
@@ -237,6 +251,8 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
         raise _problem(name, "the header is not UTF-8", row=0,
                        column=_header_column_at(line, exc.start), expected="UTF-8 text",
                        found=f"byte 0x{line[exc.start]:02x} at position {exc.start}") from None
+    if csv.field_size_limit() < limits.max_line_bytes:  # the csv module's default is 128 KiB
+        csv.field_size_limit(limits.max_line_bytes)
     try:
         names = next(csv.reader([text]), [])
     except csv.Error as exc:
@@ -255,6 +271,12 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
         if not stripped:
             raise _problem(name, "a column has no name", row=0, column=f"#{position}",
                            expected="a name for every column", found="an empty name")
+        if len(stripped.encode()) > MAX_NAME_BYTES:
+            raise _problem(name, "a column name is longer than the limit", row=0,
+                           column=f"#{position}",
+                           expected=f"column names of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                           found=f"a name of {len(stripped.encode())} bytes: "
+                                 f"{_short(stripped, 40)!r}")
         if stripped in seen:
             raise _problem(name, "duplicate column name", row=0, column=stripped,
                            expected="unique column names",
@@ -515,6 +537,16 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
                 raise _diagnose(source, columns, label, limits, "", target_row=row) or _problem(
                     source.display_name, "the label is empty", row=row, column=label,
                     expected="a class label", found="an empty value")
+            too_long = pc.greater(pc.binary_length(pc.utf8_trim_whitespace(labels)),
+                                  MAX_NAME_BYTES)
+            if pc.any(too_long).as_py():
+                r = int(pc.index(too_long, True).as_py())
+                value = labels[r].as_py().strip()
+                raise _problem(source.display_name, "a label is longer than the limit",
+                               row=rows + r + 1, column=label,
+                               expected=f"class labels of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                               found=f"a label of {len(value.encode())} bytes: "
+                                     f"{_short(value, 40)!r}")
             broken = pc.match_substring_regex(labels, "[\r\n]")
             if pc.any(broken).as_py():
                 r = int(pc.index(broken, True).as_py())
@@ -585,8 +617,114 @@ def _holdout_mask(j: np.ndarray, fraction: float, phase: float) -> np.ndarray:
     return np.floor((j + 1) * fraction + phase) > np.floor(j * fraction + phase)
 
 
-def _shard_of(j_train: np.ndarray, n_train: int, shards: int, phase: float) -> np.ndarray:
-    return np.minimum(((j_train + phase) * shards / max(n_train, 1)).astype(np.int64), shards - 1)
+_GOLDEN_STRIDE = (3 - math.sqrt(5)) / 2  # 1/phi^2: consecutive multiples spread evenly mod 1
+
+
+def _largest_partial_quotient(numerator: int, denominator: int) -> int:
+    """The largest term of the continued fraction of numerator/denominator (after the first)."""
+    largest = 0
+    numerator, denominator = denominator, numerator % denominator
+    while denominator:
+        largest = max(largest, numerator // denominator)
+        numerator, denominator = denominator, numerator % denominator
+    return largest
+
+
+def spread_stride(shards: int) -> int:
+    """A stride coprime to ``shards`` near ``shards / phi^2`` (so it permutes 0..shards-1).
+
+    Of the coprime strides within 64 of ``shards / phi^2``, the one whose ratio to ``shards``
+    has the smallest continued-fraction terms: its multiples are the most evenly spread
+    (three-distance theorem), as the golden ratio's (all terms 1) are.
+    """
+    if shards <= 2:
+        return 1
+    base = round(shards * _GOLDEN_STRIDE)
+    candidates = [s for s in range(max(1, base - 64), min(shards, base + 65))
+                  if math.gcd(s, shards) == 1]
+    if not candidates:
+        return 1
+    return min(candidates, key=lambda s: (_largest_partial_quotient(s, shards), abs(s - base)))
+
+
+@dataclass(frozen=True)
+class DealPlan:
+    """Which shard each training row goes to, from the class counts alone (made before pass 2).
+
+    Class ``c`` has ``n_c = base[c] * shards + len(extras[c])`` training rows: every shard gets
+    ``base[c]`` of them and the shards in ``extras[c]`` (sorted, distinct) one more. The extra
+    rows of all classes are numbered one after the other (classes in a seeded order) and extra
+    ``t`` goes to shard ``(t * stride + offset) mod shards``: each shard gets ``floor(R / S)``
+    or ``ceil(R / S)`` of the ``R`` extra rows, and, the stride being near ``S / phi^2``, one
+    class's extras are spread over the shards rather than bunched. Row ``j`` of a class goes to
+    the shard whose range holds it, ranges in shard order.
+
+    Memory: the extras, ``sum(n_c mod S)`` shard numbers (below classes x shards, both limited;
+    not growing with the file).
+    """
+
+    shards: int
+    base: np.ndarray
+    extras: tuple[np.ndarray, ...]
+    stride: int
+    offset: int
+
+    @classmethod
+    def make(cls, train_per_class: list[int], shards: int, seed: int) -> DealPlan:
+        """Plan the deal of ``train_per_class[c]`` rows of each class over ``shards`` shards.
+
+        Args:
+            train_per_class: training rows of each class (after the holdout).
+            shards: how many shards (at least 1).
+            seed: the job's seed; the same seed and counts give the same plan.
+
+        Returns:
+            The plan.
+        """
+        counts = np.asarray(train_per_class, dtype=np.int64)
+        rng = np.random.default_rng([seed, 7919, 2])
+        order = rng.permutation(len(counts))
+        offset = int(rng.integers(shards))
+        stride = spread_stride(shards)
+        remainders = counts % shards
+        first = np.zeros(len(counts), dtype=np.int64)
+        first[order] = np.cumsum(remainders[order]) - remainders[order]
+        dtype = np.uint16 if shards <= 1 << 16 else np.int64
+        extras = tuple(
+            np.sort(((first[c] + np.arange(remainders[c])) % shards * stride + offset)
+                    % shards).astype(dtype)
+            for c in range(len(counts)))
+        return cls(shards=shards, base=counts // shards, extras=extras, stride=stride,
+                   offset=offset)
+
+    def sizes(self) -> np.ndarray:
+        """Training rows of each shard."""
+        total_extras = sum(len(e) for e in self.extras)
+        sizes = np.full(self.shards, int(self.base.sum()) + total_extras // self.shards,
+                        dtype=np.int64)
+        first_round = np.arange(total_extras % self.shards, dtype=np.int64)
+        sizes[(first_round * self.stride + self.offset) % self.shards] += 1
+        return sizes
+
+    def shard_of(self, c: int, j: np.ndarray) -> np.ndarray:
+        """Shards of rows ``j`` (0-based among class ``c``'s training rows, file order)."""
+        extras, per_shard = self.extras[c], int(self.base[c])
+        if per_shard == 0:
+            return extras[j].astype(np.int64)
+        j = np.asarray(j, dtype=np.int64)
+        # shard k holds rows [start(k), start(k + 1)), start(k) = k * base + extras below k, so
+        # k * base <= start(k) <= k * base + min(k, len(extras)): binary search within that
+        low = np.maximum(j // (per_shard + 1), (j - len(extras)) // per_shard)
+        high = np.minimum(j // per_shard + 1, self.shards)
+        while True:
+            open_ = high - low > 1
+            if not open_.any():
+                return low
+            middle = (low + high) // 2
+            # (the query in the extras' own dtype: otherwise numpy converts the extras each time)
+            below = middle * per_shard + np.searchsorted(extras, middle.astype(extras.dtype)) <= j
+            low = np.where(open_ & below, middle, low)
+            high = np.where(open_ & ~below, middle, high)
 
 
 def _write_part(store: BlobStore, bucket: str, path: str,
@@ -698,18 +836,46 @@ class _RunningStats:
         return np.where(var < 1e-12, 1.0, var)
 
 
-def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str) -> np.ndarray:
-    """Class numbers of a batch's labels (int32), looking up each distinct label once."""
+def _changed_while_read(file: str, found: str, row: int | None = None,
+                        column: str | None = None) -> InvalidInputError:
+    """The problem for a second pass that does not read what the first one did."""
+    return _problem(file, "the file changed while it was being read", row=row, column=column,
+                    expected="the same rows in both passes over the upload (was it replaced "
+                             "while it was being split?)", found=found)
+
+
+def _class_key(value: str, label_kind: str) -> str | None:
+    """The class name a label value counts as (None: not an integer in an integer-label file)."""
+    if label_kind != "int":
+        return value.strip()
+    try:
+        return str(int(value))
+    except ValueError:
+        return None
+
+
+def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str, file: str,
+               row_offset: int, label: str) -> np.ndarray:
+    """Class numbers of a batch's labels (int32), looking up each distinct label once.
+
+    A label the first pass did not count means the file is not the one that pass read.
+    """
     encoded = labels.dictionary_encode()
-    ids = np.array([class_index[str(int(v)) if label_kind == "int" else v.strip()]
-                    for v in encoded.dictionary.to_pylist()], dtype=np.int32)
+    ids = np.zeros(len(encoded.dictionary), dtype=np.int32)
+    for position, value in enumerate(encoded.dictionary.to_pylist()):
+        key = _class_key(value, label_kind)
+        if key not in class_index:
+            indices = encoded.indices.to_numpy(zero_copy_only=False)
+            row = row_offset + int(np.flatnonzero(indices == position)[0]) + 1
+            raise _changed_while_read(file, f"label {_short(value)!r}, which the first pass did "
+                                            "not see", row=row, column=label)
+        ids[position] = class_index[key]
     return ids[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
-def class_phases(seed: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class random phases for the holdout rule and the shard dealing."""
-    rng = np.random.default_rng([seed, 7919])
-    return rng.random(classes), rng.random(classes)
+def holdout_phases(seed: int, classes: int) -> np.ndarray:
+    """Per-class random phases for the systematic holdout rule."""
+    return np.random.default_rng([seed, 7919]).random(classes)
 
 
 def split_upload(
@@ -762,7 +928,7 @@ def split_upload(
                        found=f"{len(single)} of {len(classes)} classes with a single row: "
                              + _short(", ".join(repr(v) for v in single), 120))
     class_index = {name: i for i, name in enumerate(classes)}
-    random_phase, deal_phase = class_phases(options.seed, len(classes))
+    random_phase = holdout_phases(options.seed, len(classes))
     hold_phase = np.array([holdout_phase(n, options.holdout_fraction, random_phase[c])
                            for c, n in enumerate(class_counts)])
     holdout_per_class = [holdout_count(n, options.holdout_fraction, hold_phase[c])
@@ -774,18 +940,15 @@ def split_upload(
                        expected="enough rows for a training split and a holdout "
                                 f"(holdout_fraction={options.holdout_fraction})",
                        found=f"{sum(class_counts)} rows")
-    shards = max(1, round(train_rows / options.rows_per_shard))
+    # never more shards than training rows: then no shard is empty
+    shards = min(max(1, round(train_rows / options.rows_per_shard)), train_rows)
     if shards > limits.max_tasks_per_epoch:
         raise _problem(file, "the file would need too many shards",
                        expected=f"at most {limits.max_tasks_per_epoch} shards per epoch "
                                 "(raise rows_per_shard)",
                        found=f"{shards} shards of {options.rows_per_shard} rows")
-    expected = np.zeros(shards, dtype=np.int64)
-    for c, n in enumerate(train_per_class):
-        for start in range(0, n, 1 << 20):
-            j = np.arange(start, min(n, start + (1 << 20)))
-            expected += np.bincount(_shard_of(j, n, shards, deal_phase[c]), minlength=shards)
-    writer = _ShardWriter(store, work_bucket, job_id, expected, buffer_bytes)
+    plan = DealPlan.make(train_per_class, shards, options.seed)
+    writer = _ShardWriter(store, work_bucket, job_id, plan.sizes(), buffer_bytes)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
     stats = _RunningStats(len(feature_names))
@@ -803,11 +966,17 @@ def split_upload(
                 exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
                                                           target_row=problem.problem.row)
                 raise exact or problem
-            y = _class_ids(batch.column(label), class_index, label_kind)
+            y = _class_ids(batch.column(label), class_index, label_kind, file, row_offset,
+                           label)
             is_holdout = np.zeros(len(y), dtype=bool)
             shard_of_row = np.full(len(y), -1, dtype=np.int64)
             for c in np.unique(y):
                 rows_c = np.nonzero(y == c)[0]
+                if seen[c] + len(rows_c) > class_counts[c]:
+                    raise _changed_while_read(
+                        file, f"more than the {class_counts[c]} rows of class "
+                              f"{_short(classes[c])!r} the first pass counted",
+                        row=row_offset + int(rows_c[class_counts[c] - seen[c]]) + 1, column=label)
                 j = seen[c] + np.arange(len(rows_c))
                 hold = _holdout_mask(j, options.holdout_fraction, hold_phase[c])
                 seen[c] += len(rows_c)
@@ -815,8 +984,7 @@ def split_upload(
                 train_rows_c = rows_c[~hold]
                 j_train = seen_train[c] + np.arange(len(train_rows_c))
                 seen_train[c] += len(train_rows_c)
-                shard_of_row[train_rows_c] = _shard_of(j_train, train_per_class[c], shards,
-                                                       deal_phase[c])
+                shard_of_row[train_rows_c] = plan.shard_of(int(c), j_train)
             holdout.add(x[is_holdout], y[is_holdout])
             train = np.flatnonzero(~is_holdout)
             stats.add(x[train])
@@ -829,6 +997,11 @@ def split_upload(
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise _diagnosed(source, columns, label, limits, str(exc)) from None
+    if seen.tolist() != list(class_counts):
+        short = next(c for c in range(len(classes)) if seen[c] != class_counts[c])
+        raise _changed_while_read(file, f"{seen[short]} rows of class {_short(classes[short])!r} "
+                                        f"where the first pass counted {class_counts[short]}",
+                                  column=label)
     shard_list = writer.close()
     holdout.flush()
     manifest = Manifest(

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from bucketlearn.errors import NotFoundError
+from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.jobs import done_tasks
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
@@ -46,8 +46,16 @@ class MemoryBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return self._objects[(bucket, name)][0]
 
-    def open_read(self, bucket: str, name: str) -> IO[bytes]:
-        return io.BytesIO(self.read_bytes(bucket, name))
+    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
+        """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""
+        with self._lock:
+            found = self._objects.get((bucket, name))
+            if generation is not None and (found is None or found[1].generation != generation):
+                raise ObjectChangedError(bucket, name, generation,
+                                         None if found is None else found[1].generation)
+            if found is None:
+                raise NotFoundError(f"gs://{bucket}/{name}: no such object")
+            return io.BytesIO(found[0])
 
     def stat(self, bucket: str, name: str) -> BlobInfo | None:
         with self._lock:
@@ -113,7 +121,45 @@ class MemoryQueue:
         return len(self._items)
 
 
+FIRESTORE_MAX_DOCUMENT_BYTES = 1_048_576
+
+
+def firestore_size(value: Any) -> int:
+    """Storage size of a Firestore value, by Firestore's rules (strings: UTF-8 bytes + 1)."""
+    if value is None or isinstance(value, bool):
+        return 1
+    if isinstance(value, (int, float)):
+        return 8
+    if isinstance(value, str):
+        return len(value.encode("utf-8", errors="surrogatepass")) + 1
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(firestore_size(str(k)) + firestore_size(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(firestore_size(v) for v in value)
+    return 8  # timestamps and other scalars
+
+
+def document_size(path: str, fields: Mapping[str, Any]) -> int:
+    """Storage size of the document at ``path`` (e.g. 'jobs/j1/versions/000001') with ``fields``:
+    its name (each path segment + 1, plus 16), its fields, plus 32 bytes."""
+    name = sum(len(part.encode()) + 1 for part in path.split("/")) + 16
+    return name + firestore_size(dict(fields)) + 32
+
+
+def _check_document(path: str, fields: Mapping[str, Any]) -> None:
+    """Refuse, as Firestore does (InvalidArgument), a document larger than 1 MiB."""
+    size = document_size(path, fields)
+    if size > FIRESTORE_MAX_DOCUMENT_BYTES:
+        raise BackendRejectedError(
+            f"firestore write of {path}: expected a document of at most "
+            f"{FIRESTORE_MAX_DOCUMENT_BYTES} bytes (Firestore's limit); found {size} bytes")
+
+
 class MemoryRegistry:
+    """The registry in memory; documents over Firestore's 1 MiB are refused as it would."""
+
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -129,6 +175,7 @@ class MemoryRegistry:
         with self._lock:
             if job_id in self.jobs:
                 return False
+            _check_document(f"jobs/{job_id}", doc)
             self.jobs[job_id] = copy.deepcopy(dict(doc))
             return True
 
@@ -140,6 +187,7 @@ class MemoryRegistry:
         with self._lock:
             if job_id not in self.jobs:
                 raise NotFoundError(f"job {job_id}: no such job")
+            _check_document(f"jobs/{job_id}", {**self.jobs[job_id], **fields})
             self.jobs[job_id].update(copy.deepcopy(dict(fields)))
 
     def update_job_if(self, job_id: str, expect: Mapping[str, Any],
@@ -148,6 +196,7 @@ class MemoryRegistry:
             job = self.jobs.get(job_id)
             if job is None or any(job.get(k) != v for k, v in expect.items()):
                 return False
+            _check_document(f"jobs/{job_id}", {**job, **fields})
             job.update(copy.deepcopy(dict(fields)))
             return True
 
@@ -162,6 +211,10 @@ class MemoryRegistry:
             job = self.jobs.get(job_id)
             if job is None or job.get("claim") != claim or job.get("phase") != "splitting":
                 return False
+            _check_document(f"jobs/{job_id}/versions/{int(version_doc['version']):06d}",
+                            version_doc)
+            _check_document(f"jobs/{job_id}/epochs/{int(epoch_doc['epoch']):04d}", epoch_doc)
+            _check_document(f"jobs/{job_id}", {**job, **job_fields})
             self.versions[(job_id, int(version_doc["version"]))] = copy.deepcopy(dict(version_doc))
             self.epochs[(job_id, int(epoch_doc["epoch"]))] = copy.deepcopy(dict(epoch_doc))
             job.update(copy.deepcopy(dict(job_fields)))
@@ -181,6 +234,15 @@ class MemoryRegistry:
             version = int(commit.version_doc["version"])
             if (commit.job_id, version) in self.versions:
                 return False
+            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version_doc)
+            _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", {
+                **epoch, "applied": list(epoch.get("applied", [])) + list(commit.applied),
+                "failed": list(epoch.get("failed", [])) + list(commit.failed)})
+            if commit.next_epoch_doc is not None:
+                _check_document(f"jobs/{commit.job_id}/epochs/"
+                                f"{int(commit.next_epoch_doc['epoch']):04d}",
+                                commit.next_epoch_doc)
+            _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
             self.versions[(commit.job_id, version)] = copy.deepcopy(commit.version_doc)
             epoch["applied"] = list(epoch.get("applied", [])) + list(commit.applied)
             epoch["failed"] = list(epoch.get("failed", [])) + list(commit.failed)
@@ -197,6 +259,7 @@ class MemoryRegistry:
             doc = self.versions.get((job_id, version))
             if doc is None:
                 return False
+            _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
             doc.update(copy.deepcopy(dict(version_fields)))
             job = self.jobs.get(job_id)
             if job is None or job.get("version") != version:
@@ -219,6 +282,7 @@ class MemoryRegistry:
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
         with self._lock:
             task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0})
+            _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
             task["attempts"] += 1
             task.update(copy.deepcopy(dict(fields)))
             return int(task["attempts"])
@@ -231,8 +295,9 @@ class MemoryRegistry:
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
-            self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0}).update(
-                copy.deepcopy(dict(fields)))
+            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0})
+            _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
+            task.update(copy.deepcopy(dict(fields)))
 
     def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -258,7 +323,9 @@ class MemoryRegistry:
 
     def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
-            self.workers.setdefault(worker_id, {"worker_id": worker_id}).update(dict(fields))
+            worker = self.workers.setdefault(worker_id, {"worker_id": worker_id})
+            _check_document(f"workers/{worker_id}", {**worker, **fields})
+            worker.update(dict(fields))
 
     def list_workers(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -270,4 +337,6 @@ class MemoryRegistry:
 
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
-            self.controls.setdefault(name, {}).update(copy.deepcopy(dict(fields)))
+            control = self.controls.setdefault(name, {})
+            _check_document(f"control/{name}", {**control, **fields})
+            control.update(copy.deepcopy(dict(fields)))

@@ -32,7 +32,14 @@ class BlobStore(Protocol):
 
     def read_bytes(self, bucket: str, name: str) -> bytes: ...
 
-    def open_read(self, bucket: str, name: str) -> IO[bytes]: ...
+    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
+        """A stream of the object's bytes; with ``generation``, of that generation only.
+
+        A pinned stream never yields another generation's bytes: when the object is no longer
+        ``generation`` (replaced or deleted), opening it or reading it (at the latest when the
+        end of the stream is reached) raises ``ObjectChangedError``.
+        """
+        ...
 
     def stat(self, bucket: str, name: str) -> BlobInfo | None: ...
 

@@ -11,10 +11,13 @@ from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import resolve_options
 from bucketlearn.errors import (
+    BackendRejectedError,
     ConfigError,
     InputProblem,
     InvalidInputError,
+    ObjectChangedError,
     TransientError,
+    bounded,
 )
 from bucketlearn.ingest import Manifest, SourceFile, split_upload
 from bucketlearn.model import build_model, choose_spec
@@ -52,6 +55,7 @@ class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
+    FAILED = "failed"
     IGNORED = "ignored"
     BUSY = "busy"
 
@@ -80,11 +84,13 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
     Returns:
         (outcome, job id). ACCEPTED: the job was split and epoch 1 published; DUPLICATE: a
         re-delivered event for a job that exists; REJECTED: the job ended with a reason;
-        IGNORED: not an upload bucketlearn trains on.
+        FAILED: a backend refused a write for good (e.g. a document over Firestore's 1 MiB),
+        and the job ended FAILED with that reason; IGNORED: not an upload bucketlearn trains on.
 
     Raises:
         TransientError: another invocation is splitting the same upload right now, or a backend
             failed; the event should be retried.
+        BackendRejectedError: a backend refused the job document itself; there is no job to end.
     """
     file = display_uri(event.bucket, event.name)
     if not event.name.lower().endswith(".csv"):
@@ -99,8 +105,9 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
     claim = layout.new_nonce()
     doc = {
         "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
-        "source": {"bucket": event.bucket, "name": event.name, "generation": event.generation,
-                   "size": event.size},
+        # (a longer name is rejected below; Cloud Storage allows 1024 bytes anyway)
+        "source": {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
+                   "generation": event.generation, "size": event.size},
         "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
         "version": None, "epoch": 0, "published_epoch": 0, "tasks_applied": 0,
         "tasks_failed": 0, "samples_seen": 0, "error": None,
@@ -122,6 +129,17 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         else:
             log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
             return Outcome.DUPLICATE, job_id
+    try:
+        return _split_claimed(svc, event, job_id, claim, file)
+    except BackendRejectedError as exc:
+        fail(svc, job_id, f"{file}: a backend refused to store the job's state, so it cannot "
+                          f"go on: {exc}")
+        return Outcome.FAILED, job_id
+
+
+def _split_claimed(svc: Services, event: StorageEvent, job_id: str, claim: str,
+                   file: str) -> tuple[Outcome, str | None]:
+    """The split of an upload whose job this invocation has claimed (see handle_upload)."""
     if len(event.name) > MAX_OBJECT_NAME or any(_is_control(ch) for ch in event.name):
         found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
                  else "control characters: " + ", ".join(
@@ -147,20 +165,42 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
                                          found=found if len(found) <= 80 else found[:80] + "…"))
         return Outcome.REJECTED, job_id
     svc.registry.update_job(job_id, {"options": options.to_dict(), "updated_at": svc.clock()})
+    # every pass reads the event's generation: a re-upload of the same name during the split
+    # must not mix two files (it raises ObjectChangedError instead)
     source = SourceFile(display_name=file, size=info.size,
-                        opener=lambda: svc.store.open_read(event.bucket, event.name))
+                        opener=lambda: svc.store.open_read(event.bucket, event.name,
+                                                           generation=event.generation))
     settings = svc.settings
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits)
         spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
                            options.seed, options.learning_rate, file)
+    except ObjectChangedError as exc:
+        reject(svc, job_id, _replaced_while_read(file, exc.expected_generation, exc.found))
+        return Outcome.REJECTED, job_id
     except InvalidInputError as exc:
-        reject(svc, job_id, exc.problem)
+        # a store that cannot pin reads could have mixed two generations into a bogus problem
+        now = svc.store.stat(event.bucket, event.name)
+        if now is None or now.generation != event.generation:
+            reject(svc, job_id, _replaced_while_read(
+                file, event.generation, "no object" if now is None else
+                f"generation {now.generation}"))
+        else:
+            reject(svc, job_id, exc.problem)
         return Outcome.REJECTED, job_id
     start_training(svc, job_id, claim, manifest, spec.to_dict(), options.to_dict())
     publish_epoch(svc, job_id, 1, options.seed, manifest)
     return Outcome.ACCEPTED, job_id
+
+
+def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem:
+    """The reason for an upload whose generation went away while it was being split."""
+    if found != "no object":
+        found += " (a newer upload of the same name; it gets its own job)"
+    return InputProblem(file=file, message="the upload was replaced or deleted while it was "
+                                           "being read",
+                        expected=f"generation {generation} until the split ends", found=found)
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
@@ -218,6 +258,28 @@ def reject(svc: Services, job_id: str, problem: InputProblem) -> None:
         "error_detail": problem.to_dict(), "updated_at": now, "finished_at": now,
     })
     log.warning("job %s rejected: %s", job_id, problem.describe())
+    _remove_partial_shards(svc, job_id)
+
+
+def fail(svc: Services, job_id: str, reason: str) -> None:
+    """End a job as FAILED with ``reason`` (bounded) and remove its partial shards.
+
+    Used when a backend refuses a write for good: the job must end (with a reason the dashboard
+    shows) rather than the event being retried for a day. Should even this small write be
+    refused, the failure is logged and the job left as it is.
+    """
+    now = svc.clock()
+    error = bounded(reason, 2000)
+    try:
+        svc.registry.update_job(job_id, {"status": jobs.FAILED, "phase": "failed",
+                                         "error": error, "updated_at": now, "finished_at": now})
+    except BackendRejectedError:
+        log.exception("job %s: could not record its failure (%s)", job_id, error)
+    log.error("job %s failed: %s", job_id, error)
+    _remove_partial_shards(svc, job_id)
+
+
+def _remove_partial_shards(svc: Services, job_id: str) -> None:
     try:
         for info in list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))):
             svc.store.delete(svc.settings.work_bucket, info.name)

@@ -2,7 +2,7 @@
 
 ``on_upload`` is triggered by objects finalized in the uploads bucket; ``on_delta`` by objects
 finalized in the deltas bucket. A normal return acks the event (accepted, duplicate, rejected,
-ignored); an exception makes Eventarc retry it (transient trouble, or a crash mid-way).
+failed, ignored); an exception makes Eventarc retry it (transient trouble, or a crash mid-way).
 """
 
 from __future__ import annotations

@@ -18,15 +18,16 @@ stalls ~30 s on contended transactions.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from bucketlearn.config import Settings
-from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.jobs import done_tasks
 from bucketlearn.ports import VersionCommit
 
@@ -35,6 +36,12 @@ log = logging.getLogger(__name__)
 TIMEOUT = 30.0
 _TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
               gexc.Aborted, gexc.RetryError)
+# Answers that sending the same request again cannot change (a document over 1 MiB is
+# InvalidArgument); each method's own handling comes first (e.g. FailedPrecondition on a
+# conditional update means "someone else wrote first").
+_PERMANENT = (gexc.InvalidArgument, gexc.BadRequest, gexc.OutOfRange, gexc.FailedPrecondition,
+              gexc.LengthRequired, gexc.MethodNotAllowed, gexc.RequestRangeNotSatisfiable)
+_ERROR_TEXT_CHARS = 500
 
 
 def make_client(settings: Settings) -> firestore.Client:
@@ -50,7 +57,33 @@ def make_client(settings: Settings) -> firestore.Client:
 
 
 def _transient(what: str, exc: Exception) -> TransientError:
-    return TransientError(f"firestore {what}: {type(exc).__name__}: {exc}")
+    return TransientError(f"firestore {what}: {type(exc).__name__}: "
+                          f"{bounded(str(exc), _ERROR_TEXT_CHARS)}")
+
+
+def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn what escapes a registry method into TransientError / BackendRejectedError."""
+    what = method.__name__.replace("_", " ")
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _TRANSIENT as exc:
+            raise _transient(what, exc) from exc
+        except _PERMANENT as exc:
+            raise BackendRejectedError(f"firestore {what}: {type(exc).__name__}: "
+                                       f"{bounded(str(exc), _ERROR_TEXT_CHARS)}") from exc
+
+    return wrapper
+
+
+def _translate_errors(cls: type) -> type:
+    """Apply ``_translated`` to every public method of a registry class (one place)."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, _translated(member))
+    return cls
 
 
 def _read(ref: Any, what: str) -> dict[str, Any] | None:
@@ -62,6 +95,7 @@ def _read(ref: Any, what: str) -> dict[str, Any] | None:
     return snap.to_dict() if snap.exists else None
 
 
+@_translate_errors
 class FirestoreRegistry:
     def __init__(self, settings: Settings, client: firestore.Client | None = None) -> None:
         self.client = client or make_client(settings)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator, Mapping
-from typing import IO
+from typing import IO, Any
 
 from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry
 from google.cloud import storage
 
 from bucketlearn.config import Settings
-from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.errors import NotFoundError, ObjectChangedError, TransientError
 from bucketlearn.ports import BlobInfo
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,46 @@ _RETRY = Retry(initial=0.2, maximum=5.0, multiplier=2.0, timeout=120.0,
                                                   ConnectionError)))
 _TRANSIENT = (gexc.ServiceUnavailable, gexc.InternalServerError, gexc.TooManyRequests,
               gexc.GatewayTimeout, gexc.RetryError, ConnectionError)
+
+
+class _PinnedReader(io.RawIOBase):
+    """A read stream of one generation: checks that the object still is it at the end."""
+
+    def __init__(self, reader: IO[bytes], store: GcsBlobStore, bucket: str, name: str,
+                 generation: int) -> None:
+        super().__init__()
+        self._reader = reader
+        self._store, self._bucket, self._name, self._generation = store, bucket, name, generation
+        self._checked_at_end = False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            data = self._reader.read(-1 if size is None else size)
+        except gexc.NotFound:  # Cloud Storage: that generation was replaced or deleted
+            raise self._store.changed(self._bucket, self._name, self._generation) from None
+        except _TRANSIENT as exc:
+            raise TransientError(f"gs://{self._bucket}/{self._name}: download failed: {exc}"
+                                 ) from exc
+        if not data and size != 0 and not self._checked_at_end:
+            self._store.check_generation(self._bucket, self._name, self._generation)
+            self._checked_at_end = True
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._reader.close()
+            finally:
+                super().close()
 
 
 def make_client(settings: Settings) -> storage.Client:
@@ -78,9 +119,33 @@ class GcsBlobStore:
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
 
-    def open_read(self, bucket: str, name: str) -> IO[bytes]:
-        blob = self.client.bucket(bucket).blob(name)
-        return blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
+        """A stream of the object; with ``generation``, every range read asks for it.
+
+        Cloud Storage answers 404 for a generation that was replaced or deleted; the storage
+        emulator ignores the parameter and serves the live object. So a pinned stream checks
+        the live generation when it opens and again when it reaches the end: whichever backend,
+        bytes of another generation never pass as ``generation``'s (ObjectChangedError).
+        """
+        blob = self.client.bucket(bucket).blob(name, generation=generation)
+        if generation is None:
+            return blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+        self.check_generation(bucket, name, generation)
+        reader = blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+        return _PinnedReader(reader, self, bucket, name, generation)
+
+    def changed(self, bucket: str, name: str, generation: int) -> ObjectChangedError:
+        """The error for a pinned read of ``generation``, naming what the object is now."""
+        info = self.stat(bucket, name)
+        return ObjectChangedError(bucket, name, generation,
+                                  None if info is None else info.generation)
+
+    def check_generation(self, bucket: str, name: str, generation: int) -> None:
+        """Raise ObjectChangedError unless the live object is ``generation``."""
+        info = self.stat(bucket, name)
+        if info is None or info.generation != generation:
+            raise ObjectChangedError(bucket, name, generation,
+                                     None if info is None else info.generation)
 
     def stat(self, bucket: str, name: str) -> BlobInfo | None:
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -66,6 +67,17 @@ def commit(job_id: str, base: int, applied: list[int], failed: list[int] | None 
                          version_doc={"version": base + 1, "parent": base},
                          epoch=epoch, applied=applied, failed=failed or [],
                          job_fields={"version": base + 1})
+
+
+def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
+    """Firestore refuses a document over 1 MiB (InvalidArgument): the adapter raises
+    BackendRejectedError (permanent), and the in-memory registry does the same."""
+    registry = backend.registry
+    job_id = new_job(registry)
+    with pytest.raises(BackendRejectedError):
+        registry.update_job(job_id, {"blob": "x" * 1_100_000})
+    assert "blob" not in (registry.get_job(job_id) or {})
+    registry.update_job(job_id, {"blob": "x" * 1_000_000})  # under the limit: fine
 
 
 def test_start_training_requires_the_claim(backend: Any) -> None:
@@ -171,6 +183,40 @@ def test_new_generation_on_overwrite(backend: Any) -> None:
     first = store.write_bytes(bucket, "same.csv", b"a", "text/csv")
     second = store.write_bytes(bucket, "same.csv", b"b", "text/csv")
     assert second.generation != first.generation
+
+
+def test_pinned_read_never_yields_another_generation(backend: Any) -> None:
+    """open_read(generation=g) reads g, or raises ObjectChangedError: at open once g is gone,
+    and while reading when g is replaced mid-stream (the emulator ignores ?generation=, so the
+    adapter checks the live generation at the end of the stream)."""
+    store = backend.store
+    bucket = backend.settings.uploads_bucket
+    name = f"pinned-{uuid.uuid4().hex[:8]}.csv"
+    first_bytes, second_bytes = b"a" * 70_000, b"b" * 50_000
+    first = store.write_bytes(bucket, name, first_bytes, "text/csv")
+    with store.open_read(bucket, name, generation=first.generation) as stream:
+        assert stream.read() == first_bytes
+    second = store.write_bytes(bucket, name, second_bytes, "text/csv")
+    with pytest.raises(ObjectChangedError) as excinfo:
+        store.open_read(bucket, name, generation=first.generation)
+    assert (excinfo.value.expected_generation, excinfo.value.found_generation) == (
+        first.generation, second.generation)
+    # replaced while being read: the rest is never the third generation's, silently
+    stream = store.open_read(bucket, name, generation=second.generation)
+    try:
+        head = stream.read(1000)
+        store.write_bytes(bucket, name, b"c" * 60_000, "text/csv")
+        try:
+            whole = head + b"".join(iter(lambda: stream.read(4096), b""))
+        except ObjectChangedError:
+            whole = None
+    finally:
+        stream.close()
+    assert whole in (None, second_bytes)
+    store.delete(bucket, name)
+    with pytest.raises(ObjectChangedError) as excinfo:
+        store.open_read(bucket, name, generation=second.generation)
+    assert excinfo.value.found_generation is None
 
 
 def test_queue_publish_pull_ack_and_nack_redelivers(backend: Any) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import time
 import unicodedata
+import warnings
+import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,35 @@ def eventually(condition: Any, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return bool(condition())
+
+
+# --- malformed .npz archives (codec and aggregator tests) ---------------------------------------
+
+def npy_member(shape, descr="<f4", fortran=False, body=None, version=(1, 0)):
+    """A .npy member: a header declaring ``shape``/``descr`` and ``body`` (default: zeros)."""
+    buffer = io.BytesIO()
+    header = {"descr": descr, "fortran_order": fortran, "shape": shape}
+    if version == (1, 0):
+        np.lib.format.write_array_header_1_0(buffer, header)
+    else:
+        np.lib.format.write_array_header_2_0(buffer, header)
+    if body is None:
+        body = b"\0" * (int(np.prod(shape)) * np.dtype(descr).itemsize)
+    return buffer.getvalue() + body
+
+
+def zip_archive(*members, compression=zipfile.ZIP_STORED):
+    """A zip archive of (name, bytes) members."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buffer, "w", compression=compression) as zf:
+        warnings.simplefilter("ignore")  # "Duplicate name": wanted, for one case
+        for name, data in members:
+            zf.writestr(name, data)
+    return buffer.getvalue()
+
+
+def deflated_with_bad_stream():
+    """A deflated member whose compressed bytes are damaged (zlib.error when inflated)."""
+    good = zip_archive(("w0000.npy", npy_member((64,))), compression=zipfile.ZIP_DEFLATED)
+    start = good.index(b"w0000.npy") + len("w0000.npy") + 5
+    return good[:start] + bytes(b ^ 0x5A for b in good[start:start + 20]) + good[start + 20:]

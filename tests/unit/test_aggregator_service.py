@@ -16,7 +16,12 @@ from bucketlearn.ports import VersionCommit
 from bucketlearn.serial import simulate_pipeline
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
 from bucketlearn.worker import Learner
-from tests.unit.helpers import write_blobs_csv
+from tests.unit.helpers import (
+    deflated_with_bad_stream,
+    npy_member,
+    write_blobs_csv,
+    zip_archive,
+)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +203,40 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     assert job["tasks_applied"] == 1 and job["version"] == 1
     assert svc.registry.get_epoch(job_id, 1)["applied"] == [task.task_index]
     assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
+
+
+@pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])
+def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
+    """A delta whose bytes fail inside zlib or declare a 4 TiB array (issue #14, item 4): the
+    aggregator treats it as corrupt (deleted, its task published again) instead of raising on
+    every run while planning the same delta."""
+    # Prepare
+    payload = (deflated_with_bad_stream() if case == "bad-zlib" else
+               zip_archive(("w0000.npy", npy_member((1 << 20, 1 << 20), body=b"\0" * 64))))
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "bad-delta.csv", n_rows=120, n_classes=3, n_features=4)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, "bad-delta.csv", path.read_bytes(),
+                                 "text/csv", JobOptions(epochs=1, rows_per_shard=32,
+                                                        buffer_size=1).to_metadata())
+    outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                      info.size))
+    assert outcome is Outcome.ACCEPTED
+    task = svc.queue.pull(0).message
+    bucket = svc.settings.deltas_bucket
+    bad_path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
+    svc.store.write_bytes(bucket, bad_path, payload, "application/octet-stream",
+                          metadata={"base_version": "0", "examples": str(task.rows)})
+    published_before = len(svc.queue.published)
+    # Execute
+    result = aggregate_job(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    republished = svc.queue.published[published_before:]
+    assert result is Outcome.ACCEPTED
+    assert [(m.epoch, m.task_index) for m in republished] == [(task.epoch, task.task_index)]
+    assert svc.store.stat(bucket, bad_path) is None
+    assert job["version"] == 0 and not jobs.is_terminal(job)
+    assert aggregate_job(svc, job_id) is Outcome.ACCEPTED  # nothing left to trip over
 
 
 def test_foreign_delta_names_are_ignored():

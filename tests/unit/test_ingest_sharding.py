@@ -10,16 +10,17 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.ingest import (
+    DealPlan,
     Manifest,
     _ShardWriter,
-    class_phases,
     holdout_count,
+    holdout_phases,
     load_parts,
     split_upload,
 )
 from bucketlearn.memory import MemoryBlobStore
 from bucketlearn.serial import local_source
-from tests.unit.helpers import csv_bytes
+from tests.unit.helpers import csv_bytes, source_from_bytes
 
 BUCKET = "work"
 JOB = "sorted-000000000000"
@@ -70,7 +71,7 @@ def test_every_shard_gets_its_quota_of_every_class(split_case):
     """Shard k holds n_train_c / shards rows of class c, within one row, for every class."""
     # Prepare
     class_sizes, options, manifest, store, _ = split_case
-    phases = class_phases(options.seed, len(class_sizes))[0]
+    phases = holdout_phases(options.seed, len(class_sizes))
     holdout = [holdout_count(n, options.holdout_fraction, p)
                for n, p in zip(class_sizes, phases, strict=True)]
     train_per_class = np.array(class_sizes) - np.array(holdout)
@@ -100,7 +101,7 @@ def test_label_sorted_file_shards_have_the_files_class_proportions(tmp_path):
 
 
 def test_shard_sizes_are_close_to_rows_per_shard(split_case):
-    """Shard count is round(train / rows_per_shard); sizes differ by at most one row per class."""
+    """Shard count is round(train / rows_per_shard); shard sizes differ by at most one row."""
     # Prepare
     class_sizes, options, manifest, store, _ = split_case
     # Execute
@@ -109,16 +110,70 @@ def test_shard_sizes_are_close_to_rows_per_shard(split_case):
     assert len(sizes) == max(1, round(manifest.train_rows / options.rows_per_shard))
     mean = manifest.train_rows / len(sizes)
     assert abs(mean - options.rows_per_shard) <= options.rows_per_shard / 2
-    assert max(abs(s - mean) for s in sizes) <= len(class_sizes)
+    assert max(sizes) - min(sizes) <= 1
     assert [s.rows for s in manifest.shards] == sizes
     assert [s.index for s in manifest.shards] == list(range(len(sizes)))
+
+
+def test_fewer_rows_per_class_than_shards_leaves_no_shard_empty(tmp_path):
+    """100 classes x 18 rows, rows_per_shard=8, seed 33 (issue #14, item 2): every shard gets
+    rows (the per-class deal left shard 67 empty, and its task failed the job)."""
+    # Prepare
+    path = write_sorted_csv(tmp_path / "many.csv", [18] * 100, n_features=3)
+    options = JobOptions(rows_per_shard=8, seed=33)
+    # Execute
+    manifest, store = split(path, options)
+    # Assert
+    sizes = [s.rows for s in manifest.shards]
+    assert len(sizes) == round(manifest.train_rows / 8) > 100
+    assert [s.index for s in manifest.shards if s.rows == 0] == []
+    assert max(sizes) - min(sizes) <= 1
+    counts = np.array([np.bincount(y, minlength=100) for _, y in shard_arrays(store, manifest)])
+    assert counts.sum(axis=1).tolist() == sizes
+    assert counts.max() <= 1  # each class has fewer rows than there are shards: 0 or 1 each
+
+
+def test_shuffled_file_shards_complete_in_order_one_part_each():
+    """In a shuffled file shard k takes its rows from about k/S of the way through each class,
+    so shards complete (and are written) one after another: with a buffer of an eighth of the
+    data and 16 KB read blocks, every shard is still written as a single part. Spreading a
+    class's extra rows matters: dealt to consecutive shards, 200 classes x 200 rows gave 1153
+    parts for 500 shards."""
+    # Prepare
+    rng = np.random.default_rng(0)
+    labels = rng.permutation(np.repeat(np.arange(200), 200))
+    data = csv_bytes(["id", "f", "label"], [[i, i % 7, int(c)] for i, c in enumerate(labels)])
+    options = JobOptions(rows_per_shard=64, seed=3)
+    # Execute
+    manifest = split_upload(source_from_bytes(data), MemoryBlobStore(), BUCKET, JOB, options,
+                            Limits(max_line_bytes=4096), buffer_bytes=len(labels) * 12 // 8,
+                            read_block_bytes=16 * 1024)
+    # Assert
+    assert len(manifest.shards) == 500
+    assert [len(s.parts) for s in manifest.shards] == [1] * 500
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7, 100, 1441, 10_000])
+def test_deal_plan_spreads_each_class_over_the_shards(shards):
+    """Row j of a class goes to shard ~ j * S / n: a shard's range starts within 4 rows of
+    k * n / S for every class (the extra rows are spread, not bunched)."""
+    # Prepare
+    counts = [1, 5, 366, 391, 999, 2 * shards + 17, 12_345]
+    # Execute
+    plan = DealPlan.make(counts, shards, seed=4)
+    # Assert
+    for c, n in enumerate(counts):
+        per_shard = np.bincount(plan.shard_of(c, np.arange(n)), minlength=shards)
+        starts = np.concatenate([[0], np.cumsum(per_shard)[:-1]])
+        assert np.abs(starts - np.arange(shards) * n / shards).max() <= 4.0
+        assert per_shard.max() - per_shard.min() <= 1
 
 
 def test_holdout_per_class_follows_the_systematic_rule(split_case):
     """The holdout has holdout_count(n_c, f, phase_c) rows of every class (≈ f * n_c)."""
     # Prepare
     class_sizes, options, manifest, store, _ = split_case
-    phases = class_phases(options.seed, len(class_sizes))[0]
+    phases = holdout_phases(options.seed, len(class_sizes))
     expected = [holdout_count(n, options.holdout_fraction, p)
                 for n, p in zip(class_sizes, phases, strict=True)]
     # Execute

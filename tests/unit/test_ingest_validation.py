@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -265,3 +267,45 @@ def test_label_column_defaults_to_label_then_last():
     # Assert
     assert (first.label_column, first.feature_names) == ("label", ["x", "y"])
     assert (second.label_column, second.feature_names) == ("target", ["x", "y"])
+
+
+def _changing_source(first, second, from_open=3):
+    """A SourceFile whose opens from ``from_open`` on (pass 2) read ``second``, not ``first``:
+    what an unpinned reader of a re-uploaded object sees."""
+    from bucketlearn.ingest import SourceFile
+
+    opens = []
+
+    def opener():
+        opens.append(1)
+        return io.BytesIO(second if len(opens) >= from_open else first)
+
+    return SourceFile(display_name="changing.csv", size=len(first), opener=opener)
+
+
+FIRST = csv_bytes(["x", "label"], [[i, ["a", "b"][i % 2]] for i in range(40)])
+
+
+@pytest.mark.parametrize("second, row, found", [
+    (csv_bytes(["x", "label"], [[i, ["a", "b", "c"][i % 3]] for i in range(40)]), 3,
+     "label 'c', which the first pass did not see"),
+    (csv_bytes(["x", "label"], [[i, "a" if i < 30 else "b"] for i in range(40)]), 21,
+     "more than the 20 rows of class 'a' the first pass counted"),
+    (csv_bytes(["x", "label"], [[i, ["a", "b"][i % 2]] for i in range(30)]), None,
+     "15 rows of class 'a' where the first pass counted 20"),
+], ids=["new-label", "more-rows-of-a-class", "fewer-rows-of-a-class"])
+def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
+    """Pass 2 meeting a label, or class counts, pass 1 did not (issue #14, item 6): an
+    InvalidInputError naming row and column, never a KeyError or silently skewed shards."""
+    # Prepare
+    source = _changing_source(FIRST, second)
+    # Execute
+    with pytest.raises(InvalidInputError) as excinfo:
+        split_upload(source, MemoryBlobStore(), "work", "job-000000000000",
+                     JobOptions(rows_per_shard=8), Limits())
+    # Assert
+    problem = excinfo.value.problem
+    assert problem.message == "the file changed while it was being read"
+    assert (problem.row, problem.column) == (row, "label")
+    assert problem.found == found
+    assert "the same rows in both passes" in problem.expected

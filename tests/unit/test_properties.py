@@ -1,7 +1,10 @@
 """Property-based tests (hypothesis): the CSV reader, its error rows, folding and fold planning.
 
 (a) any small valid numeric CSV splits without losing or duplicating a row, with every class in
-    the holdout and every shard holding its share of every class (within one row);
+    the holdout and every shard holding its share of every class (within one row); for any class
+    counts and shard count, the deal plan leaves no shard empty when there are at least as many
+    rows as shards, gives every shard floor or ceil of its share of every class and of all rows,
+    and keeps each class's rows in shard order;
 (b) one corruption of a valid CSV (a non-numeric token, a dropped field, an empty label) always
     raises InvalidInputError naming the corrupted data row, never another exception;
 (c) ``aggregation.fold`` is linear, ignores zero-weight deltas and does not depend on the order
@@ -20,7 +23,7 @@ from bucketlearn.aggregation import DeltaUpdate
 from bucketlearn.aggregator import MAX_DELTAS_PER_VERSION_FACTOR, DeltaRef, plan_fold
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError
-from bucketlearn.ingest import load_parts, split_upload
+from bucketlearn.ingest import DealPlan, load_parts, split_upload
 from bucketlearn.memory import MemoryBlobStore
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
@@ -77,11 +80,70 @@ def test_split_keeps_every_row_once_with_balanced_shards(table, rows_per_shard, 
     assert set(np.unique(y_hold).tolist()) == set(range(k))
     train_counts = np.bincount(np.concatenate([y for _, y in shards]), minlength=k)
     assert (train_counts >= 1).all()
-    # every shard holds its share of every class, within one row
+    # every shard holds its share of every class, within one row, and is never empty
     per_shard = np.array([np.bincount(y, minlength=k) for _, y in shards])
     share = train_counts / len(shards)
     assert np.all(np.abs(per_shard - share) <= 1.0 + 1e-9), (per_shard, share)
     assert [s.rows for s in manifest.shards] == [len(y) for _, y in shards]
+    assert min(len(y) for _, y in shards) >= 1
+
+
+@SETTINGS
+@given(class_sizes=st.lists(st.integers(2, 24), min_size=20, max_size=120),
+       rows_per_shard=st.integers(8, 12), seed=st.integers(0, 2**31 - 1))
+def test_many_small_classes_leave_no_shard_empty(class_sizes, rows_per_shard, seed) -> None:
+    """Classes with fewer training rows than there are shards (issue #14, item 2; the per-class
+    deal left a shard empty for ~5 % of seeds): every shard gets floor(N/S) or ceil(N/S) rows and
+    at most one row of each class."""
+    # Prepare
+    rows = [[row, c] for row, c in enumerate(c for c, n in enumerate(class_sizes)
+                                             for _ in range(n))]
+    store = MemoryBlobStore()
+    options = JobOptions(rows_per_shard=rows_per_shard, seed=seed)
+    # Execute
+    manifest = split_upload(source_from_bytes(csv_bytes(["id", "label"], rows)), store, "work",
+                            "prop-000000000000", options, Limits())
+    # Assert
+    sizes = [s.rows for s in manifest.shards]
+    assert min(sizes) >= 1, sizes
+    assert max(sizes) - min(sizes) <= 1
+    counts = np.array([np.bincount(load_parts(store, "work", s.parts)[1],
+                                   minlength=len(class_sizes)) for s in manifest.shards])
+    assert np.all(counts.max(axis=0) - counts.min(axis=0) <= 1)
+
+
+@FAST
+@given(train_per_class=st.lists(st.integers(1, 400), min_size=1, max_size=120),
+       data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_deal_plan_leaves_no_shard_empty_and_balances_every_class(train_per_class, data,
+                                                                  seed) -> None:
+    """For any class counts n_c and shard count S <= N: every shard gets floor(n_c/S) or
+    ceil(n_c/S) rows of every class (so per-class counts differ by at most 1 between shards),
+    floor(N/S) or ceil(N/S) rows in all (never 0), each class's rows in shard order, and
+    DealPlan.sizes() says so."""
+    # Prepare
+    total = sum(train_per_class)
+    shards = data.draw(st.one_of(st.integers(1, min(total, 50)), st.integers(1, total)),
+                       label="shards")
+    # Execute
+    plan = DealPlan.make(train_per_class, shards, seed)
+    per_class = []
+    for c, n in enumerate(train_per_class):
+        shard_of_row = plan.shard_of(c, np.arange(n))
+        assert np.all(np.diff(shard_of_row) >= 0), "a class's rows are dealt in shard order"
+        per_class.append(np.bincount(shard_of_row, minlength=shards))
+    counts = np.array(per_class)
+    # Assert
+    assert counts.shape == (len(train_per_class), shards)
+    n = np.array(train_per_class)[:, None]
+    assert np.all((counts == n // shards) | (counts == n // shards + 1))
+    assert np.all(counts.max(axis=1) - counts.min(axis=1) <= 1)
+    sizes = counts.sum(axis=0)
+    assert sizes.min() >= 1
+    assert set(sizes.tolist()) <= {total // shards, -(-total // shards)}
+    np.testing.assert_array_equal(plan.sizes(), sizes)
+    again = DealPlan.make(train_per_class, shards, seed)  # deterministic for a seed
+    assert all(np.array_equal(a, b) for a, b in zip(again.extras, plan.extras, strict=True))
 
 
 # --- (b) CSV reader: one corruption ---------------------------------------------------------------

@@ -10,17 +10,21 @@ access to Firestore.
 * Object names with '../', absolute paths, backslashes, unicode or newlines never become a local
   path or a write outside ``jobs/<job>/`` (work) and ``weights/<job>/`` (models).
 * infra/firestore.rules denies every client read and write.
+* The installed Keras is one whose safe mode holds (3.9 or later: CVE-2025-1550), and
+  pyproject.toml requires it.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib.metadata
 import io
 import json
 import os
 import pathlib
 import pickle
 import re
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -236,6 +240,30 @@ def test_the_lambda_marker_would_fire_outside_safe_mode(tmp_path: Path, marker: 
     keras.models.load_model(model, safe_mode=False, compile=False)
     # Assert
     assert marker.exists()
+
+
+KERAS_SAFE_MODE_FIXED = (3, 9)  # CVE-2025-1550: safe_mode bypass via a crafted config.json
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, ...) of a version string such as '3.15.1' or '3.9.0rc1'."""
+    return tuple(int(re.match(r"\d+", part).group()) for part in version.split(".")[:3]
+                 if re.match(r"\d+", part))
+
+
+def test_installed_keras_has_the_safe_mode_fix() -> None:
+    """Keras >= 3.9 is installed (3.5-3.8 run code from a crafted .keras even in safe mode,
+    CVE-2025-1550), and pyproject.toml requires it rather than relying on tensorflow's range."""
+    # Prepare
+    pyproject = tomllib.loads((REPO_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    # Execute
+    installed = importlib.metadata.version("keras")
+    floors = [re.fullmatch(r"keras\s*>=\s*([\d.]+)", req.split(";")[0].strip())
+              for req in pyproject["project"]["dependencies"]]
+    # Assert
+    assert _release(installed) >= KERAS_SAFE_MODE_FIXED, installed
+    declared = [_release(m.group(1)) for m in floors if m]
+    assert declared and declared[0] >= KERAS_SAFE_MODE_FIXED, pyproject["project"]["dependencies"]
 
 
 # --- object names --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import pytest
 from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.errors import BackendRejectedError, ObjectChangedError, PermanentError
 from bucketlearn.ingest import Manifest
 from bucketlearn.memory import MemoryBlobStore
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
@@ -210,3 +211,164 @@ def test_replaced_object_is_rejected():
     assert outcome is Outcome.REJECTED
     assert f"expected generation {old.generation}" in job["error"]
     assert svc.queue.published == []
+
+
+class ReuploadingStore(MemoryBlobStore):
+    """Re-uploads ``name`` with ``new_data`` when it is opened for the ``at``-th time (the
+    header is open 1, pass 1 open 2, pass 2 open 3), as a user overwriting the file would."""
+
+    def __init__(self, name, new_data, at=3):
+        super().__init__()
+        self.name, self.new_data, self.at, self.opens = name, new_data, at, 0
+
+    def open_read(self, bucket, name, generation=None):
+        if name == self.name:
+            self.opens += 1
+            if self.opens == self.at:
+                self.write_bytes(bucket, name, self.new_data, "text/csv")
+        return super().open_read(bucket, name, generation)
+
+
+@pytest.mark.parametrize("new_rows", [
+    [[i, ["a", "b", "c"][i % 3]] for i in range(30)],  # a label pass 1 never saw
+    [[i, "a" if i < 25 else "b"] for i in range(30)],  # the same labels, other class counts
+], ids=["new-label", "other-class-counts"])
+def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
+    """The object is overwritten after pass 1 (issue #14, item 6): pass 2 reads the event's
+    generation or nothing, so the job is REJECTED with a clear reason (before: generation N+1's
+    rows dealt with N's class counts, or KeyError on a new label and an HTTP 500 retry loop)."""
+    # Prepare
+    svc = memory_services()
+    svc.store = ReuploadingStore("swap.csv", csv_bytes(["x", "label"], new_rows))
+    event = upload(svc, "swap.csv", csv_bytes(["x", "label"],
+                                              [[i, ["a", "b"][i % 2]] for i in range(30)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    current = svc.store.stat(event.bucket, event.name)
+    assert svc.store.opens == 3
+    assert outcome is Outcome.REJECTED
+    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job)
+    assert job["error"].startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
+                                   "deleted while it was being read")
+    assert f"expected generation {event.generation} until the split ends" in job["error"]
+    assert f"found: generation {current.generation}" in job["error"]
+    assert work_objects(svc, job_id) == []
+    assert svc.queue.published == []
+
+
+def test_upload_deleted_during_the_split_is_rejected():
+    """Deleted after pass 1: REJECTED, 'found: no object'."""
+    # Prepare
+    class DeletingStore(ReuploadingStore):
+        def open_read(self, bucket, name, generation=None):
+            if name == self.name:
+                self.opens += 1
+                if self.opens == self.at:
+                    self.delete(bucket, name)
+            return MemoryBlobStore.open_read(self, bucket, name, generation)
+
+    svc = memory_services()
+    svc.store = DeletingStore("gone.csv", b"")
+    event = upload(svc, "gone.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert "replaced or deleted while it was being read" in job["error"]
+    assert job["error"].endswith("found: no object")
+
+
+def test_memory_store_reads_only_the_pinned_generation():
+    """open_read(generation=g) reads g, and raises ObjectChangedError once g is replaced."""
+    # Prepare
+    store = MemoryBlobStore()
+    first = store.write_bytes("b", "o.csv", b"first", "text/csv")
+    pinned = store.open_read("b", "o.csv", generation=first.generation)
+    second = store.write_bytes("b", "o.csv", b"second", "text/csv")
+    # Execute
+    with pytest.raises(ObjectChangedError) as excinfo:
+        store.open_read("b", "o.csv", generation=first.generation)
+    # Assert
+    assert pinned.read() == b"first"  # opened before the overwrite: still the first's bytes
+    assert store.open_read("b", "o.csv", generation=second.generation).read() == b"second"
+    assert excinfo.value.expected_generation == first.generation
+    assert excinfo.value.found_generation == second.generation
+    assert isinstance(excinfo.value, PermanentError)
+
+
+def test_label_over_1_mib_is_rejected_with_a_short_reason():
+    """A 1.2 MB label (issue #14, item 7): REJECTED naming row and column, the limit and the
+    label's length with a short prefix; before, the job document listing it was over 1 MiB,
+    which Firestore refuses (InvalidArgument -> HTTP 500 -> retried for a day)."""
+    # Prepare
+    svc = memory_services()
+    rows = [[i, ["a", "b"][i % 2]] for i in range(20)]
+    rows[6][1] = "Z" * 1_200_000
+    event = upload(svc, "huge-label.csv", csv_bytes(["x", "label"], rows))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (7, "label")
+    assert "a label is longer than the limit" in job["error"]
+    assert "expected class labels of at most 256 bytes (UTF-8)" in job["error"]
+    assert "found: a label of 1200000 bytes: 'ZZZZ" in job["error"]
+    assert len(job["error"]) < 1000
+    assert svc.queue.published == []
+
+
+def test_column_name_over_1_mib_is_rejected_with_a_short_reason():
+    """A 1.2 MB column name: REJECTED at the header (row 0), naming the column by position."""
+    # Prepare
+    svc = memory_services()
+    header = ["x", "Y" * 1_200_000, "label"]
+    event = upload(svc, "huge-column.csv", csv_bytes(header, [[i, i, i % 2] for i in range(20)]))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED
+    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (0, "#2")
+    assert "expected column names of at most 256 bytes (UTF-8)" in job["error"]
+    assert "found: a name of 1200000 bytes: 'YYYY" in job["error"]
+    assert len(job["error"]) < 1000
+
+
+def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
+    """A job update that makes the document larger than 1 MiB raises BackendRejectedError
+    (permanent) and changes nothing; just under the limit is fine."""
+    # Prepare
+    from bucketlearn.memory import FIRESTORE_MAX_DOCUMENT_BYTES, document_size
+
+    registry = memory_services().registry
+    registry.create_job("j-000000000000", {"job_id": "j-000000000000", "status": "QUEUED"})
+    base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000"))
+    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("blob") - 2)
+    # Execute
+    registry.update_job("j-000000000000", {"blob": fits})
+    with pytest.raises(BackendRejectedError) as excinfo:
+        registry.update_job("j-000000000000", {"blob": fits + "y"})
+    # Assert
+    assert registry.get_job("j-000000000000")["blob"] == fits
+    assert "expected a document of at most 1048576 bytes" in str(excinfo.value)
+    assert "found 1048577 bytes" in str(excinfo.value)
+    assert isinstance(excinfo.value, PermanentError)
+
+
+def test_input_problem_texts_are_bounded():
+    """Every text of a reason is cut to MAX_REASON_CHARS, with the full length noted."""
+    # Prepare
+    from bucketlearn.errors import MAX_REASON_CHARS, InputProblem
+
+    # Execute
+    problem = InputProblem(file="f" * 5000, message="m" * 5000, column="c" * 5000,
+                           expected="e" * 5000, found="x" * 2_000_000)
+    # Assert
+    for text in (problem.file, problem.message, problem.column, problem.expected, problem.found):
+        assert len(text) <= MAX_REASON_CHARS
+    assert problem.found.endswith("…(2000000 characters)")
+    assert len(problem.describe()) < 6 * MAX_REASON_CHARS

@@ -1,0 +1,96 @@
+"""The upload service reads an upload at its event's generation, on the real storage emulator.
+
+The emulator serves the live object whatever generation a read asks for; these tests overwrite
+the upload while it is being split and check the job is REJECTED with a clear reason, never a
+crash (a KeyError for a label only the new file has) nor shards dealt from two files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bucketlearn import jobs, layout
+from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from tests.unit.helpers import csv_bytes
+
+pytestmark = pytest.mark.integration
+
+# Larger than the adapter's 8 MiB read chunk, so that pass 2 reads the object in several
+# ranges: after an overwrite, the emulator serves the later ones from the new file.
+FIRST = csv_bytes(["x", "y", "label"], [[i, i % 7, "ab"[i % 2]] for i in range(900_000)])
+SECOND = csv_bytes(["x", "y", "label"], [[i, i % 5, "abc"[i % 3]] for i in range(900_000)])
+
+
+class ReuploadDuringSplit:
+    """The real store, re-uploading the object at its ``at``-th open (header 1, pass 1 2, pass 2
+    3) or, with ``mid_stream``, after the first read of that stream."""
+
+    def __init__(self, store: Any, name: str, data: bytes, at: int, mid_stream: bool) -> None:
+        self._store, self.name, self.data, self.at, self.mid_stream = (store, name, data, at,
+                                                                       mid_stream)
+        self.opens = 0
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._store, attribute)
+
+    def open_read(self, bucket: str, name: str, generation: int | None = None) -> Any:
+        if name != self.name:
+            return self._store.open_read(bucket, name, generation)
+        self.opens += 1
+        if self.opens == self.at and not self.mid_stream:
+            self._store.write_bytes(bucket, name, self.data, "text/csv")
+        stream = self._store.open_read(bucket, name, generation)
+        if self.opens != self.at or not self.mid_stream:
+            return stream
+        outer = self
+
+        class OverwriteAfterFirstRead:
+            def __init__(self) -> None:
+                self.reads = 0
+
+            def __getattr__(self, attribute: str) -> Any:
+                return getattr(stream, attribute)
+
+            def read(self, size: int = -1) -> bytes:
+                self.reads += 1
+                data = stream.read(size)
+                if self.reads == 1:
+                    outer._store.write_bytes(bucket, name, outer.data, "text/csv")
+                return data
+
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                stream.close()
+
+        return OverwriteAfterFirstRead()
+
+
+@pytest.mark.parametrize("mid_stream", [False, True], ids=["before-pass-2", "during-pass-2"])
+def test_reupload_during_the_split_is_rejected_on_the_emulator(cloud: Any,
+                                                               mid_stream: bool) -> None:
+    """Overwritten before or during pass 2: REJECTED naming both generations; no shards left
+    (before: a KeyError for label 'c', or pass 2 dealing the first file's first 8 MiB and the
+    second file's rest)."""
+    # Prepare
+    assert len(FIRST) > 8 * 1024**2 and len(SECOND) > 8 * 1024**2
+    svc = cloud
+    bucket = svc.settings.uploads_bucket
+    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv")
+    svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
+    event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    now = svc.store.stat(bucket, "reupload.csv")
+    assert svc.store.opens >= 3
+    assert outcome is Outcome.REJECTED, job
+    assert job["status"] == jobs.REJECTED
+    assert "the upload was replaced or deleted while it was being read" in job["error"]
+    assert f"expected generation {info.generation} until the split ends" in job["error"]
+    assert f"found: generation {now.generation}" in job["error"]
+    assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []

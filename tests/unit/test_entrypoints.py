@@ -1,0 +1,162 @@
+"""The upload entry point with built CloudEvents: what reaches Eventarc as 200 (ack) or 503
+(retry), and how backend errors are classified at the Firestore adapter.
+
+Events are built as the local relay sends them (``relay.cloudevent_for``, binary mode) and
+parsed by the CloudEvents SDK, as the functions framework does. Issue #14, item 7: a write that
+Firestore refuses for good (InvalidArgument, e.g. a document over 1 MiB) used to escape as an
+exception (HTTP 500), so Eventarc retried the event for a day.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from cloudevents.http import from_http
+from google.api_core import exceptions as gexc
+
+from bucketlearn import entrypoints, jobs, layout
+from bucketlearn.adapters.firestore import FirestoreRegistry
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import Limits, Settings
+from bucketlearn.errors import BackendRejectedError, TransientError
+from bucketlearn.local.relay import cloudevent_for
+from bucketlearn.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
+from tests.unit.helpers import csv_bytes
+
+
+def built_event(svc: Any, name: str, data: bytes, metadata: dict[str, str] | None = None) -> Any:
+    """Upload ``data`` as ``name`` and build the finalize CloudEvent the trigger would send."""
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, name, data, "text/csv",
+                                 metadata=metadata)
+    headers, body = cloudevent_for(info)
+    return from_http(headers, json.dumps(body))
+
+
+def many_long_labels_csv(classes: int, label_bytes: int) -> bytes:
+    """Two rows of each of ``classes`` classes whose labels are ``label_bytes`` long."""
+    labels = [f"{c:05d}".ljust(label_bytes, "x") for c in range(classes)]
+    return csv_bytes(["f", "label"], [[i % 7, label] for label in labels for i in range(2)])
+
+
+def test_document_over_1_mib_fails_the_job_and_acks_the_event(caplog):
+    """5,000 classes with 250-byte names (a deployment that raised max_classes): the job
+    document with the dataset summary is over 1 MiB, which Firestore refuses for good. The job
+    ends FAILED saying so, its shards are removed, and the function returns (HTTP 200)."""
+    # Prepare
+    svc = memory_services(Settings(limits=Limits(max_classes=6_000)))
+    event = built_event(svc, "many-classes.csv", many_long_labels_csv(5_000, 250),
+                        {"epochs": "1", "rows_per_shard": "1000"})
+    job_id = layout.job_id_for(event.data["bucket"], event.data["name"],
+                               int(event.data["generation"]))
+    # Execute
+    with caplog.at_level(logging.ERROR, logger="bucketlearn"):
+        answer = entrypoints.on_upload(event, svc)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert answer == "failed"
+    assert job["status"] == jobs.FAILED and jobs.is_terminal(job)
+    assert job["error"].startswith(f"gs://{svc.settings.uploads_bucket}/many-classes.csv: a "
+                                   "backend refused to store the job's state")
+    assert f"expected a document of at most {FIRESTORE_MAX_DOCUMENT_BYTES} bytes" in job["error"]
+    assert len(job["error"]) <= 2000
+    assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []
+    assert svc.queue.published == []
+    assert any("failed" in r.getMessage() for r in caplog.records)
+
+
+class RefusingRegistry(MemoryRegistry):
+    """create_job raises what it is given (a backend that is down, or refuses the document)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def create_job(self, job_id: str, doc: Any) -> bool:
+        raise self.error
+
+
+def test_permanent_refusal_of_the_job_document_is_acked():
+    """create_job refused for good: there is no job to end; the function logs and returns."""
+    # Prepare
+    svc = memory_services()
+    svc.registry = RefusingRegistry(BackendRejectedError("firestore create job: InvalidArgument"))
+    event = built_event(svc, "a.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
+    # Execute
+    answer = entrypoints.on_upload(event, svc)
+    # Assert
+    assert answer == "failed"
+    assert svc.registry.jobs == {}
+
+
+def test_transient_backend_trouble_is_still_retried():
+    """A backend that is down answers 503 (RetryLater): Eventarc retries, nothing is ended."""
+    # Prepare
+    svc = memory_services()
+    svc.registry = RefusingRegistry(TransientError("firestore create job: ServiceUnavailable"))
+    event = built_event(svc, "b.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
+    # Execute
+    with pytest.raises(entrypoints.RetryLater) as excinfo:
+        entrypoints.on_upload(event, svc)
+    # Assert
+    assert excinfo.value.code == 503
+    assert "ServiceUnavailable" in excinfo.value.description
+
+
+def test_function_answers_200_for_a_permanent_refusal_and_503_for_an_outage(monkeypatch):
+    """Through the functions framework (functions/main.py), as Eventarc sees it."""
+    # Prepare
+    import functions_framework
+
+    from tests.unit.helpers import REPO_DIR
+
+    svc = memory_services()
+    monkeypatch.setattr(entrypoints, "_services", lambda: svc)
+    client = functions_framework.create_app(
+        target="on_upload", source=str(REPO_DIR / "functions" / "main.py"),
+        signature_type="cloudevent").test_client()
+    data = csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)])
+    answers = []
+    for error in (BackendRejectedError("firestore create job: InvalidArgument"),
+                  TransientError("firestore create job: ServiceUnavailable")):
+        svc.registry = RefusingRegistry(error)
+        info = svc.store.write_bytes(svc.settings.uploads_bucket, "c.csv", data, "text/csv")
+        headers, body = cloudevent_for(info)
+        # Execute
+        answers.append(client.post("/", headers=headers, json=body).status_code)
+    # Assert
+    assert answers == [200, 503]
+
+
+@pytest.mark.parametrize("raised, expected", [
+    (gexc.InvalidArgument("Document jobs/x cannot be written because its size (1,148,602 "
+                          "bytes) exceeds the maximum allowed size of 1,048,576 bytes."),
+     BackendRejectedError),
+    (gexc.FailedPrecondition("The Cloud Firestore API is not available for Datastore Mode"),
+     BackendRejectedError),
+    (gexc.ServiceUnavailable("connection refused"), TransientError),
+    (gexc.DeadlineExceeded("deadline"), TransientError),
+], ids=["invalid-argument", "failed-precondition", "unavailable", "deadline"])
+def test_firestore_adapter_classifies_backend_errors(raised, expected):
+    """Whatever escapes a FirestoreRegistry method is TransientError or BackendRejectedError
+    (a PermanentError), never a google.api_core exception."""
+    # Prepare
+    class Client:
+        def collection(self, name: str) -> Any:
+            return self
+
+        def document(self, name: str) -> Any:
+            return self
+
+        def update(self, fields: Any, timeout: float) -> None:
+            raise raised
+
+    registry = FirestoreRegistry(Settings(), client=Client())
+    # Execute
+    with pytest.raises(expected) as excinfo:
+        registry.update_job("j-000000000000", {"error": "x"})
+    # Assert
+    assert type(raised).__name__ in str(excinfo.value)
+    assert str(excinfo.value).startswith("firestore update job")
