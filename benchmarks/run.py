@@ -23,9 +23,10 @@ from typing import Any
 from benchmarks import common
 from benchmarks.common import log
 
-NAMES = ("ingest", "parity", "overhead", "scale")
+NAMES = ("ingest", "parity", "overhead", "scale", "methods")
 TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
-          "overhead": "3. Pipeline overhead", "scale": "4. Control-plane scale"}
+          "overhead": "3. Pipeline overhead", "scale": "4. Control-plane scale",
+          "methods": "5. Choosing the aggregation (tuning datasets only)"}
 DOC = common.REPO / "docs" / "BENCHMARKS.md"
 START, END = "<!-- bench:generated:start -->", "<!-- bench:generated:end -->"
 
@@ -86,7 +87,12 @@ def render(results: dict[str, dict[str, Any]]) -> str:
                   f"{' — SMOKE sizes' if result.get('smoke') else ''}{wall}."
                   + (f" **Reduced run:** {', '.join(result['reduced'])}." if result.get("reduced")
                      else ""))
-        parts.append(header + "\n\n" + md_table(module.TABLE_HEADER, module.table_rows(result)))
+        if hasattr(module, "tables"):
+            body = "\n\n".join(f"{title}:\n\n{md_table(columns, rows)}"
+                               for title, columns, rows in module.tables(result))
+        else:
+            body = md_table(module.TABLE_HEADER, module.table_rows(result))
+        parts.append(header + "\n\n" + body)
         extra = getattr(module, "extra_tables", None)
         if extra is not None:
             parts.extend(extra(result))
@@ -121,11 +127,14 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name == "ingest" and args.sizes:
         params["sizes_mb"] = [int(x) for x in args.sizes.split(",")]
         reduced.append(f"sizes_mb={params['sizes_mb']}")
-    if name in ("parity", "overhead") and args.datasets:
+    if name in ("parity", "overhead", "methods") and args.datasets:
         keep = args.datasets.split(",")
-        params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
+        if isinstance(params["datasets"], dict):
+            params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
+        else:
+            params["datasets"] = [k for k in params["datasets"] if k in keep]
         reduced.append(f"datasets={list(params['datasets'])}")
-    if name == "parity" and args.seeds:
+    if name in ("parity", "methods") and args.seeds:
         params["seeds"] = [int(x) for x in args.seeds.split(",")]
         reduced.append(f"seeds={params['seeds']}")
     if name == "scale" and args.workers:

@@ -3,17 +3,17 @@
 A. Throughput with 1, 2, 4, 8, 16 worker processes (real local stack on the emulators) on a job
    whose model is so small that compute is negligible: a generated CSV with 4 features and 2
    classes (MLP, ~9k parameters), ``rows_per_shard=8`` (one gradient step per task), 64 tasks per
-   epoch, 2 epochs. Each stack is warmed with a tiny job first (TensorFlow imports in every worker
+   epoch, 2 epochs, rounds of ``max(2, W)`` tasks (``parallel_tasks``) so that every worker can
+   have a task. Each stack is warmed with a tiny job first (TensorFlow imports in every worker
    that got a task). Measured from Firestore timestamps: tasks/s and versions/s over the training
    span (first task started -> last version committed), plus CPU seconds per component (from
    /proc, by process group) over the measured job — which is how we say *why* it saturates.
 B. Aggregator deltas/s for a ~1M-parameter model (7,800 features x MLP 128-64 x 2 classes =
    1,006,914 parameters):
      * in-process micro-benchmark: decode K deltas + weights + fold + encode (no I/O);
-     * end to end on the in-memory ports: a real job (split, version 0) whose 40 epoch-1 deltas are
-       written directly, then ``aggregate_job`` folds them — "backlog" (all 40 waiting: up to
-       4K = 8 per version) and "streaming" (2 at a time: K = 2 per version), including the holdout
-       evaluation and the version commit.
+     * end to end on the in-memory ports: a real job (split, version 0) whose epoch-1 results
+       are written directly, round by round (2 tasks a round), and folded by ``aggregate_job``,
+       including the holdout evaluation and the version commit.
 C. Firestore writes per applied task, *measured*: every process of the stack loads
    ``benchmarks/fscount/sitecustomize.py``, which counts the writes in every Firestore commit RPC by
    collection; the counts over the measured job are divided by its applied tasks. Next to it the
@@ -77,8 +77,8 @@ def mlp_shapes(features: int, classes: int) -> list[tuple[int, ...]]:
 
 def aggregator_micro(features: int, classes: int, ks: list[int], repeats: int = 5
                      ) -> dict[str, Any]:
-    from bucketlearn import aggregation, codec
-    from bucketlearn.aggregation import DeltaUpdate
+    from bucketlearn import codec
+    from bucketlearn.domain.fold import TaskResult, fold_round
 
     rng = np.random.default_rng(0)
     shapes = mlp_shapes(features, classes)
@@ -86,17 +86,17 @@ def aggregator_micro(features: int, classes: int, ks: list[int], repeats: int = 
     params = int(sum(w.size for w in base))
     out: dict[str, Any] = {"parameters": params, "delta_bytes": None, "by_k": {}}
     for k in ks:
-        blobs = [codec.encode_weights([rng.normal(0, 1e-3, s).astype(np.float32) for s in shapes],
-                                      {"base_version": 0, "examples": 8}) for _ in range(k)]
+        blobs = [codec.encode_state([rng.normal(0, 1e-3, s).astype(np.float32) for s in shapes],
+                                    [], {"base_version": 0, "examples": 8}) for _ in range(k)]
         out["delta_bytes"] = len(blobs[0])
         timings: dict[str, list[float]] = {"decode": [], "fold": [], "encode": [], "total": []}
         for _ in range(repeats):
             t0 = time.perf_counter()
-            updates = [DeltaUpdate(i, 0, 8, codec.decode_weights(b)[0]) for i, b in enumerate(blobs)]
+            results = [TaskResult(i, *codec.decode_state(b)[:2], 8) for i, b in enumerate(blobs)]
             t1 = time.perf_counter()
-            new = aggregation.fold(base, updates, aggregation.delta_weights(updates, 0, 8))
+            new = fold_round(base, [], results)
             t2 = time.perf_counter()
-            codec.encode_weights(new or base, {"version": 1})
+            codec.encode_state(new[0] if new else base, [], {"version": 1})
             t3 = time.perf_counter()
             for key, value in (("decode", t1 - t0), ("fold", t2 - t1), ("encode", t3 - t2),
                                ("total", t3 - t0)):
@@ -110,66 +110,53 @@ def aggregator_micro(features: int, classes: int, ks: list[int], repeats: int = 
 
 def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard: int,
                           tmp: Path) -> dict[str, Any]:
-    """A real job on the in-memory ports; its epoch-1 deltas written directly, then folded."""
-    from bucketlearn import codec, layout
+    """A real job on the in-memory ports: each round's results written directly (trained on the
+    round's version), then folded, for the whole of epoch 1."""
+    from bucketlearn import codec, jobs, layout
     from bucketlearn.aggregator import aggregate_job
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import JobOptions
     from bucketlearn.split import StorageEvent, handle_upload
 
     path = write_tiny_csv(tmp / "wide.csv", features, classes, rows)
-    out: dict[str, Any] = {}
-    for mode in ("backlog", "streaming"):
-        svc = memory_services()
-        options = JobOptions(rows_per_shard=rows_per_shard, epochs=2)
-        info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
-                                     "text/csv", options.to_metadata())
-        _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                    info.size))
-        assert job_id is not None
-        job = svc.registry.get_job(job_id)
-        base, _ = codec.decode_weights(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            job["head"]["weights_path"]))
-        tasks = int(job["tasks_per_epoch"])
-        rng = np.random.default_rng(1)
+    svc = memory_services()
+    options = JobOptions(rows_per_shard=rows_per_shard, epochs=2, parallel_tasks=2)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
+                                 "text/csv", options.to_metadata())
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    assert job_id is not None
+    job = svc.registry.get_job(job_id)
+    base, state, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                             job["head"]["weights_path"]))
+    rng = np.random.default_rng(1)
 
-        def write_delta(index: int, svc: Any = svc, job_id: str = job_id,
-                        base: list[np.ndarray] = base, rng: Any = rng) -> None:
-            head = int(svc.registry.get_job(job_id)["version"])  # trained on the current head
-            meta = {"job_id": job_id, "task_id": layout.task_id_for(job_id, 1, index), "epoch": 1,
-                    "task_index": index, "base_version": head, "examples": rows_per_shard,
-                    "train_loss": 0.5, "worker_id": "bench"}
-            data = codec.encode_weights([rng.normal(0, 1e-4, w.shape).astype(np.float32)
-                                         for w in base], meta)
-            svc.store.write_bytes(svc.settings.deltas_bucket,
-                                  layout.delta_path(job_id, 1, index, layout.new_nonce()), data,
-                                  "application/octet-stream",
-                                  metadata={k: str(v) for k, v in meta.items()})
+    def write_result(index: int, head: int) -> None:
+        meta = {"job_id": job_id, "task_id": layout.task_id_for(job_id, 1, index), "epoch": 1,
+                "task_index": index, "base_version": head, "examples": rows_per_shard,
+                "train_loss": 0.5, "worker_id": "bench"}
+        data = codec.encode_state([rng.normal(0, 1e-4, w.shape).astype(np.float32)
+                                   for w in base], state, meta)
+        svc.store.write_bytes(svc.settings.deltas_bucket,
+                              layout.delta_path(job_id, 1, index, layout.new_nonce()), data,
+                              "application/octet-stream")
 
-        aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
-        elapsed = 0.0
-        if mode == "backlog":
-            for index in range(tasks):
-                write_delta(index)
-            t = time.perf_counter()
-            aggregate_job(svc, job_id)
-            elapsed = time.perf_counter() - t
-        else:
-            for start in range(0, tasks, 2):
-                for index in range(start, min(tasks, start + 2)):
-                    write_delta(index)
-                t = time.perf_counter()
-                aggregate_job(svc, job_id)
-                elapsed += time.perf_counter() - t
-        job = svc.registry.get_job(job_id)
-        versions = svc.registry.list_versions(job_id)
-        applied = int(job.get("tasks_applied") or 0)
-        out[mode] = {"tasks": tasks, "deltas_applied": applied, "versions": len(versions) - 1,
-                     "seconds": elapsed, "deltas_per_second": applied / elapsed,
-                     "versions_per_second": (len(versions) - 1) / elapsed,
-                     "epoch_after": job["epoch"],
-                     "holdout_rows": job["dataset"]["holdout_rows"]}
-    return out
+    aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
+    elapsed = 0.0
+    while (job := svc.registry.get_job(job_id))["epoch"] == 1 and not jobs.is_terminal(job):
+        for index in jobs.current_round_tasks(job):
+            write_result(index, int(job["version"]))
+        t = time.perf_counter()
+        aggregate_job(svc, job_id)
+        elapsed += time.perf_counter() - t
+    versions = svc.registry.list_versions(job_id)
+    applied = int(job.get("tasks_applied") or 0)
+    return {"rounds": {"tasks": int(job["tasks_per_epoch"]), "deltas_applied": applied,
+                       "versions": len(versions) - 1, "seconds": elapsed,
+                       "deltas_per_second": applied / elapsed,
+                       "versions_per_second": (len(versions) - 1) / elapsed,
+                       "epoch_after": job["epoch"],
+                       "holdout_rows": job["dataset"]["holdout_rows"]}}
 
 
 # --- A + C. the stack ----------------------------------------------------------------------------
@@ -296,12 +283,15 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
                                        "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)}
                             ) as (stack, svc):
         ready = wait_workers_ready(svc, stack)
-        options = JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=tiny["epochs"])
+        # rounds as wide as the workers: this measures the control plane, not accuracy
+        options = JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=tiny["epochs"],
+                             parallel_tasks=max(2, workers))
         warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
                               rows_for_tasks(max(4, 2 * workers), tiny["rows_per_shard"]), seed=1)
         log(f"scale: W={workers} warm-up job")
         warm_id, _ = common.submit(svc, warm, JobOptions(rows_per_shard=tiny["rows_per_shard"],
-                                                          epochs=1))
+                                                          epochs=1,
+                                                          parallel_tasks=max(2, workers)))
         common.wait_terminal(svc, warm_id, timeout=900)
         warmed = {t.get("worker_id") for t in svc.registry.list_tasks(warm_id)}
         data = write_tiny_csv(tmp / f"tiny-{workers}.csv", tiny["features"], tiny["classes"],
@@ -354,7 +344,7 @@ def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
     epoch update, job update) = 3, the lease refresh before it = 1, and the evaluation recorded
     after it (version update, job head update) = 2; per aggregator run that wins the lease: lease
     create + release = 2 (once per version at worst, once per many versions at best).
-    per epoch: next epoch doc (in the commit) + publish_pending_epoch's job update = 2.
+    per epoch: next epoch doc (in the commit) = 1; per round: publish_round's job update = 1.
     per job: create, options update, start_training (version 0, epoch 1, job) = 3, publish
     update, export update = 7.
     """

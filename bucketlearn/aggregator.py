@@ -1,108 +1,62 @@
-"""The aggregator: fold buffered deltas into the next version, one writer per job.
+"""The aggregator: fold each complete round into the next version, one writer per job.
 
-Per delta upload event: take the job's lease (a Firestore document created with a precondition,
-no contended transaction), then repeat until nothing is foldable: read the head, list the current
-epoch's deltas, decide with ``plan_fold`` (pure), fold with ``aggregation.fold`` (pure), write the
-new weights under a write-once name, commit version doc + applied task ids + head in one
-transaction, then evaluate the version on the holdout and record its accuracy (workers wait for
-the commit, not for the evaluation). After releasing the lease it looks once more, so a delta
-that arrived while another invocation held the lease is never stranded.
+Per result upload event: take the job's lease (a Firestore document created with a
+precondition, no contended transaction), then repeat until nothing is foldable: read the job,
+make sure its current round is published, list the epoch's result objects, decide with
+``domain.rounds.plan_round`` (pure) whether the round is complete; if it is, read and check each
+task's result (``domain.fold.check_delta``: a non-finite or outlying delta is refused and its
+task trained again), fold them (``domain.fold.fold_round``), write the new version's weights and
+optimizer state under a write-once name, and commit version doc + applied task ids + head + the
+next round in one transaction. Then publish the next round, evaluate the version on the holdout
+and watch for divergence (``domain.health``). After releasing the lease it looks once more, so a
+result that arrived while another invocation held the lease is never stranded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn import aggregation, codec, jobs, layout
-from bucketlearn.aggregation import DeltaUpdate
+import numpy as np
+
+from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain import fold, health
+from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.faults import crash_point
 from bucketlearn.model import export_keras
-from bucketlearn.ports import BlobInfo, VersionCommit
+from bucketlearn.ports import VersionCommit
 from bucketlearn.runtime import JobRuntime, job_runtime
-from bucketlearn.split import Outcome, publish_pending_epoch
-from bucketlearn.training import evaluate
+from bucketlearn.split import Outcome, publish_round
+from bucketlearn.training import evaluate_detail
 
 log = logging.getLogger(__name__)
 
-MAX_DELTAS_PER_VERSION_FACTOR = 4
-
-
-@dataclass(frozen=True)
-class DeltaRef:
-    """A delta (or failure marker) object as listed, with what its metadata says."""
-
-    name: str
-    task_index: int
-    failed: bool
-    base_version: int = 0
-    examples: int = 0
-
-
-@dataclass
-class FoldPlan:
-    apply: list[DeltaRef] = field(default_factory=list)
-    failed: list[DeltaRef] = field(default_factory=list)
-    requeue: list[int] = field(default_factory=list)
-    garbage: list[DeltaRef] = field(default_factory=list)
-
-    @property
-    def commits(self) -> bool:
-        return bool(self.apply or self.failed)
-
-
-def plan_fold(head_version: int, planned: int, applied: Iterable[int], failed: Iterable[int],
-              deltas: Iterable[DeltaRef], buffer_size: int, max_staleness: int) -> FoldPlan:
-    """Decide what the next version folds in. Pure: unit-tested without any backend.
-
-    A task counts once: its freshest delta is used, the rest are garbage. Failure markers count
-    only for tasks without a delta. Deltas more than ``max_staleness`` versions behind the head
-    are not applied; their task is retrained (``requeue``). A version is cut when ``buffer_size``
-    deltas are waiting, or when the waiting ones finish the epoch.
-    """
-    done = set(applied) | set(failed)
-    by_task: dict[int, list[DeltaRef]] = {}
-    plan = FoldPlan()
-    for ref in deltas:
-        if ref.task_index in done or not 0 <= ref.task_index < planned:
-            plan.garbage.append(ref)
-        else:
-            by_task.setdefault(ref.task_index, []).append(ref)
-    fresh: list[DeltaRef] = []
-    failures: list[DeltaRef] = []
-    for task_index, refs in sorted(by_task.items()):
-        trained = sorted((r for r in refs if not r.failed), key=lambda r: -r.base_version)
-        usable = [r for r in trained if head_version - r.base_version <= max_staleness]
-        if usable:
-            fresh.append(usable[0])
-            plan.garbage.extend(r for r in refs if r is not usable[0])
-        elif trained:
-            plan.requeue.append(task_index)
-        else:
-            failures.append(refs[0])
-    remaining = planned - len(done)
-    finishes_epoch = len(fresh) + len(failures) == remaining and remaining > 0
-    if failures or len(fresh) >= buffer_size or finishes_epoch:
-        plan.apply = fresh[: max(buffer_size, 1) * MAX_DELTAS_PER_VERSION_FACTOR]
-        plan.failed = failures
-    return plan
+MAX_REFUSALS = 3  # a task whose result is refused this many times fails for good
 
 
 def handle_delta_event(svc: Services, bucket: str, name: str) -> tuple[Outcome, str | None]:
-    """Entry for one delta upload: aggregate its job if the object is one of ours."""
+    """Entry for one result upload: aggregate its job if the object is one of ours."""
+    nudged = layout.parse_nudge_path(name)
+    if nudged is not None:  # the watchdog asks for a look at a stalled job
+        outcome = aggregate_job(svc, nudged)
+        if outcome is Outcome.ACCEPTED:
+            _delete(svc, name)
+        return outcome, nudged
     parsed = layout.parse_delta_path(name)
     if parsed is None:
         log.info("ignoring gs://%s/%s: not a bucketlearn delta", bucket, name)
         return Outcome.IGNORED, None
-    return aggregate_job(svc, parsed.job_id), parsed.job_id
+    outcome = aggregate_job(svc, parsed.job_id)
+    if outcome is Outcome.ACCEPTED and jobs.is_terminal(svc.registry.get_job(parsed.job_id)):
+        # a late or duplicate result of a job that has ended: nothing will ever read it
+        _collect_garbage(svc, [DeltaRef(name, parsed.task_index, parsed.failed)])
+    return outcome, parsed.job_id
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
@@ -124,24 +78,15 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
 
 
 def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
-    """The deltas and failure markers of one job's epoch, as listed in the deltas bucket."""
+    """The result objects and failure markers of one job's epoch, as listed in the deltas
+    bucket."""
     refs = []
     for info in svc.store.list(svc.settings.deltas_bucket, layout.epoch_delta_prefix(job_id, epoch)):
         parsed = layout.parse_delta_path(info.name)
         if parsed is None or parsed.job_id != job_id:
             continue
-        refs.append(_ref(info, parsed.task_index, parsed.failed))
+        refs.append(DeltaRef(info.name, parsed.task_index, parsed.failed))
     return refs
-
-
-def _ref(info: BlobInfo, task_index: int, failed: bool) -> DeltaRef:
-    meta = info.metadata or {}
-    try:
-        base = int(meta.get("base_version", 0))
-        examples = int(meta.get("examples", 0))
-    except ValueError:
-        base, examples = 0, 0
-    return DeltaRef(info.name, task_index, failed, base, examples)
 
 
 def _has_work(svc: Services, job_id: str) -> bool:
@@ -149,12 +94,14 @@ def _has_work(svc: Services, job_id: str) -> bool:
     if job is None or jobs.is_terminal(job) or job.get("phase") not in (jobs.TRAINING,
                                                                          jobs.EXPORTING):
         return False
-    if job.get("phase") == jobs.EXPORTING:
+    if job.get("phase") == jobs.EXPORTING or not _published(job):
         return True
-    epoch = int(job["epoch"])
-    if int(job.get("published_epoch") or 0) < epoch:
-        return True
-    return _plan(svc, job, _epoch_doc(svc, job)).commits
+    return _plan(svc, job, _epoch_doc(svc, job)).complete
+
+
+def _published(job: dict[str, Any]) -> bool:
+    """The job's current round has been published."""
+    return job.get("published") == jobs.round_key(int(job["epoch"]), int(job.get("round") or 0))
 
 
 def _epoch_doc(svc: Services, job: dict[str, Any]) -> dict[str, Any]:
@@ -162,12 +109,10 @@ def _epoch_doc(svc: Services, job: dict[str, Any]) -> dict[str, Any]:
     return svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
 
 
-def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> FoldPlan:
-    options = job["options"]
-    return plan_fold(int(job["version"]), int(epoch_doc.get("planned", job["tasks_per_epoch"])),
-                     epoch_doc.get("applied", []), epoch_doc.get("failed", []),
-                     list_deltas(svc, job["job_id"], int(job["epoch"])),
-                     int(options["buffer_size"]), int(options["max_staleness"]))
+def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> RoundPlan:
+    return plan_round(jobs.current_round_tasks(job), jobs.done_tasks(epoch_doc),
+                      list_deltas(svc, job["job_id"], int(job["epoch"])),
+                      jobs.job_plan(job).tasks_per_epoch)
 
 
 def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
@@ -182,193 +127,267 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
             return
         if job.get("phase") != jobs.TRAINING:
             return
-        if int(job.get("published_epoch") or 0) < int(job["epoch"]):
-            publish_pending_epoch(svc, job)
+        if not _published(job):
+            publish_round(svc, job)
             continue
         epoch_doc = _epoch_doc(svc, job)  # only this lease holder's commits change it
         plan = _plan(svc, job, epoch_doc)
         _collect_garbage(svc, plan.garbage)
-        if plan.requeue:
-            _requeue(svc, job, plan.requeue)
-        if not plan.commits:
+        if not plan.complete:
             return
         if not registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             raise TransientError(f"job {job_id}: lost the aggregation lease")
-        if _commit(svc, job, epoch_doc, plan, planning_started):
-            _collect_garbage(svc, plan.apply + plan.failed)
-
-
-def _requeue(svc: Services, job: dict[str, Any], task_indices: list[int]) -> None:
-    """Retrain tasks whose only deltas are too stale to apply."""
-    shards = {s.index: s for s in job_runtime(svc, job).manifest.shards}
-    job_id, epoch = job["job_id"], int(job["epoch"])
-    svc.queue.publish([jobs.task_message(job_id, epoch, shards[i]) for i in task_indices])
-    requeued = set(task_indices)
-    for ref in list_deltas(svc, job_id, epoch):  # the stale deltas have served their purpose
-        if ref.task_index in requeued and not ref.failed:
-            svc.store.delete(svc.settings.deltas_bucket, ref.name)
-    log.info("job %s: requeued %d stale tasks of epoch %d", job_id, len(task_indices), epoch)
+        if _fold(svc, job, plan, planning_started):
+            _collect_garbage(svc, list(plan.results.values()) + list(plan.failures.values()))
 
 
 def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:
     for ref in refs:
+        _delete(svc, ref.name)
+
+
+def _delete(svc: Services, name: str) -> None:
+    try:
+        svc.store.delete(svc.settings.deltas_bucket, name)
+    except Exception:  # noqa: BLE001 - leftover objects are ignored and expire by lifecycle
+        log.debug("could not delete %s", name, exc_info=True)
+
+
+@dataclass
+class _Read:
+    """A complete round's objects, read and checked."""
+
+    results: list[fold.TaskResult]
+    failures: list[dict[str, Any]]
+    refused: dict[int, str]
+
+
+def _read_round(svc: Services, job: dict[str, Any], plan: RoundPlan, base: list[Any],
+                base_optimizer: list[Any]) -> _Read:
+    """Decode and check every result of a complete round; read its failure markers."""
+    bucket = svc.settings.deltas_bucket
+    read = _Read([], [], {})
+    shapes = [tuple(b.shape) for b in base]
+    optimizer_shapes = [tuple(o.shape) for o in base_optimizer]
+    recent = job.get("delta_norm")
+    for task_index, ref in sorted(plan.results.items()):
         try:
-            svc.store.delete(svc.settings.deltas_bucket, ref.name)
-        except Exception:  # noqa: BLE001 - leftover deltas are ignored and expire by lifecycle
-            log.debug("could not delete %s", ref.name, exc_info=True)
+            delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, ref.name),
+                                                        ref.name)
+            result = fold.TaskResult(task_index, delta, optimizer,
+                                     _int(meta.get("examples"), 0),
+                                     _float(meta.get("train_loss")))
+            problem = fold.check_delta(result, shapes, optimizer_shapes,
+                                       None if recent is None else float(recent))
+        except (CorruptObjectError, NotFoundError) as exc:
+            problem = f"unreadable: {exc}"
+        if problem is None:
+            read.results.append(result)
+        else:
+            read.refused[task_index] = problem
+    for task_index, ref in sorted(plan.failures.items()):
+        try:
+            marker = json.loads(svc.store.read_bytes(bucket, ref.name))
+            reason = str(marker.get("error") or "task failed")
+        except Exception:  # noqa: BLE001 - the marker's existence is what counts
+            reason = "task failed"
+        read.failures.append({"task_index": task_index, "error": reason[:2000]})
+    return read
 
 
-def _commit(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any], plan: FoldPlan,
-            planning_started: float | None = None) -> bool:
-    """Fold, write and commit one version, then evaluate it. False when the head moved meanwhile.
+def _refuse(svc: Services, job: dict[str, Any], plan: RoundPlan, refused: dict[int, str]) -> None:
+    """Never fold a refused result: delete it and train its task again, or fail the task for
+    good once its results were refused ``MAX_REFUSALS`` times in this epoch."""
+    job_id, epoch = job["job_id"], int(job["epoch"])
+    prefix = f"{epoch}-"
+    counts = {k: int(v) for k, v in (job.get("refusals") or {}).items() if k.startswith(prefix)}
+    retrain = []
+    for task_index, reason in sorted(refused.items()):
+        task_id = layout.task_id_for(job_id, epoch, task_index)
+        key = f"{prefix}{task_index}"
+        counts[key] = counts.get(key, 0) + 1
+        log.error("job %s: refused the result of %s (%s)", job_id, task_id, reason)
+        svc.store.delete(svc.settings.deltas_bucket, plan.results[task_index].name)
+        if counts[key] >= MAX_REFUSALS:
+            _write_failure(svc, job_id, epoch, task_index,
+                           f"task {task_id}: its result was refused {counts[key]} times, last "
+                           f"because {reason}")
+        else:
+            retrain.append(task_index)
+    if retrain:
+        shards = job_runtime(svc, job).manifest.shards
+        svc.queue.publish(jobs.round_messages(job, shards, retrain))
+    first = min(refused)
+    last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
+    svc.registry.update_job(job_id, {
+        "refusals": counts, "deltas_refused": int(job.get("deltas_refused") or 0) + len(refused),
+        "last_refusal": last[:2000], "updated_at": svc.clock()})
 
-    The version document records when planning the fold began and how long each step took
-    (``aggregator``), so the latency from a delta to its version is measured, not estimated.
+
+def _write_failure(svc: Services, job_id: str, epoch: int, task_index: int, reason: str) -> None:
+    """A failure marker for a task, as a worker writes one after its last attempt."""
+    marker = {"job_id": job_id, "task_id": layout.task_id_for(job_id, epoch, task_index),
+              "epoch": epoch, "task_index": task_index, "error": reason}
+    path = layout.failure_marker_path(job_id, epoch, task_index, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
+                          "application/json", metadata={"failed": "true"})
+
+
+def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
+          planning_started: float | None = None) -> bool:
+    """Fold a complete round, write and commit its version, publish the next round and evaluate
+    the version. False when a result was refused (its task trains again) or the head moved.
+
+    The version document records when planning began and how long each step took
+    (``aggregator``), so the latency from a result to its version is measured, not estimated.
     """
-    job_id, registry, settings = job["job_id"], svc.registry, svc.settings
+    job_id, settings = job["job_id"], svc.settings
     steps = _Stopwatch()
     runtime = job_runtime(svc, job)
     head = job["head"]
-    head_version = int(job["version"])
-    base = runtime.weights(head["weights_path"])
-    updates = []
-    corrupt: list[int] = []
-    for ref in plan.apply:
-        try:
-            weights, meta = codec.decode_weights(
-                svc.store.read_bytes(settings.deltas_bucket, ref.name), ref.name)
-            if [w.shape for w in weights] != [b.shape for b in base]:
-                raise CorruptObjectError(f"{ref.name}: expected layer shapes "
-                                         f"{[b.shape for b in base]}; found "
-                                         f"{[w.shape for w in weights]}")
-        except (CorruptObjectError, NotFoundError) as exc:
-            log.error("job %s: unusable delta %s (%s); retraining task %d", job_id, ref.name, exc,
-                      ref.task_index)
-            corrupt.append(ref.task_index)
-            continue
-        updates.append(DeltaUpdate(task_index=ref.task_index,
-                                   base_version=int(meta.get("base_version", ref.base_version)),
-                                   examples=int(meta.get("examples", ref.examples)),
-                                   delta=weights, train_loss=meta.get("train_loss"),
-                                   base_applied=_optional_int(meta.get("base_applied"))))
-    if corrupt:
-        _requeue(svc, job, corrupt)
-    if not updates and not plan.failed:
+    base, base_optimizer = runtime.state(head["weights_path"])
+    read = _read_round(svc, job, plan, base, base_optimizer)
+    if read.refused:
+        _refuse(svc, job, plan, read.refused)
         return False
     steps.lap("read_seconds")
-    failures = []
-    for ref in plan.failed:
-        try:
-            failures.append(json.loads(svc.store.read_bytes(settings.deltas_bucket, ref.name)))
-        except Exception:  # noqa: BLE001 - the marker's existence is what counts
-            failures.append({"task_index": ref.task_index, "error": "task failed"})
-    nominal = max(1, math.ceil(job["dataset"]["train_rows"] / max(1, job["tasks_per_epoch"])))
-    new_version = head_version + 1
-    policy = aggregation.policy_for(str((job.get("model") or {}).get("kind", "")))
-    if updates:
-        delays, weights = aggregation.weigh(updates, head_version, nominal,
-                                            int(job.get("tasks_applied") or 0), policy)
-        folded = (aggregation.project_shared_bases(updates, weights)
-                  if policy.project_shared_bases else updates)
-        new = aggregation.fold(base, folded, weights)
-        assert new is not None
-        data = codec.encode_weights(new, {"job_id": job_id, "version": new_version})
+    new_version = int(job["version"]) + 1
+    server_lr = fold.server_learning_rate(str(job["model"]["kind"]), len(read.results))
+    folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
+    if folded is not None:
+        weights, optimizer = folded
+        data = codec.encode_state(weights, optimizer, {"job_id": job_id, "version": new_version})
         steps.lap("fold_seconds")
         weights_path = layout.weights_path(job_id, new_version, layout.new_nonce())
         svc.store.write_bytes(settings.models_bucket, weights_path, data,
                               "application/octet-stream")
         steps.lap("write_seconds")
-        accuracy, loss = None, None  # evaluated once the version is committed
         checksum = codec.checksum(data)
-    else:  # only failures: the version records them, the weights stay the parent's
-        weights, delays, new = [], [], base
-        weights_path, checksum = head["weights_path"], head.get("checksum")
-        accuracy, loss = head.get("holdout_accuracy"), head.get("holdout_loss")
-    epoch = int(job["epoch"])
-    done_after = len(jobs.done_tasks(epoch_doc)) + len(updates) + len(failures)
-    epoch_complete = done_after >= int(epoch_doc.get("planned", job["tasks_per_epoch"]))
-    train_loss = aggregation.weighted_mean_loss(updates)
-    samples = sum(u.examples for u in updates)
+    else:  # every task of the round failed: the version records it, the weights stay
+        weights, weights_path, checksum = base, head["weights_path"], head.get("checksum")
+    commit, job_fields = _version_commit(svc, job, read, new_version, weights_path, checksum,
+                                         planning_started, steps.laps)
+    crash_point(settings, "aggregator.before_commit")
+    if not svc.registry.commit_version(commit):
+        log.warning("job %s: head moved past v%d during the fold; retrying", job_id,
+                    new_version - 1)
+        return False
+    crash_point(settings, "aggregator.after_commit")
+    updated = {**job, **job_fields}
+    if updated.get("phase") == jobs.TRAINING and updated.get("status") == jobs.RUNNING:
+        publish_round(svc, updated)  # the workers start the next round before the evaluation
+    accuracy = None
+    if read.results:
+        accuracy = _evaluate_version(svc, updated, runtime, weights, new_version,
+                                     commit.version_doc["aggregator"])
+    log.info("job %s: v%d (epoch %d round %d, %d results, %d failed) holdout accuracy %s",
+             job_id, new_version, commit.epoch, int(job.get("round") or 0), len(read.results),
+             len(read.failures), accuracy)
+    return True
+
+
+def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version: int,
+                    weights_path: str, checksum: str | None, planning_started: float | None,
+                    timings: dict[str, float]) -> tuple[VersionCommit, dict[str, Any]]:
+    """The version document, the job's new fields and the next round, as one commit."""
+    job_id, head = job["job_id"], job["head"]
+    plan = jobs.job_plan(job)
+    epoch, round_index = int(job["epoch"]), int(job.get("round") or 0)
+    results, failures = read.results, read.failures
+    train_loss = fold.weighted_mean_loss(results)
+    samples = sum(r.examples for r in results)
     now = svc.clock()
+    norms = [round(fold.delta_norm(r.delta), 6) for r in results]
     version_doc = {
-        "version": new_version, "parent": head_version, "weights_path": weights_path,
-        "checksum": checksum, "epoch": epoch,
-        "tasks_applied": [layout.task_id_for(job_id, epoch, u.task_index) for u in updates],
+        "version": new_version, "parent": new_version - 1, "weights_path": weights_path,
+        "checksum": checksum, "epoch": epoch, "round": round_index,
+        "tasks_applied": [layout.task_id_for(job_id, epoch, r.task_index) for r in results],
         "tasks_failed": [layout.task_id_for(job_id, epoch, int(f["task_index"]))
                          for f in failures],
-        "staleness": [aggregation.staleness(head_version, u.base_version) for u in updates],
-        "delays": delays, "delay_unit": policy.unit,
-        "delta_weights": [round(w, 6) for w in weights], "samples": samples,
-        "train_loss": train_loss, "holdout_accuracy": accuracy, "holdout_loss": loss,
-        "created_at": now, "aggregator": {"planning_started_at": planning_started, **steps.laps},
+        "delta_norms": norms,
+        "server_lr": fold.server_learning_rate(str(job["model"]["kind"]), len(results)),
+        "samples": samples, "train_loss": train_loss,
+        "holdout_accuracy": None, "holdout_loss": None,  # evaluated once committed
+        "created_at": now, "aggregator": {"planning_started_at": planning_started, **timings},
     }
     tasks_failed = int(job.get("tasks_failed") or 0) + len(failures)
     job_fields: dict[str, Any] = {
         "version": new_version, "status": jobs.RUNNING, "updated_at": now,
-        "tasks_applied": int(job.get("tasks_applied") or 0) + len(updates),
+        "tasks_applied": int(job.get("tasks_applied") or 0) + len(results),
         "tasks_failed": tasks_failed,
         "samples_seen": int(job.get("samples_seen") or 0) + samples,
+        "delta_norm": fold.running_norm(job.get("delta_norm"), results),
         "head": {"version": new_version, "weights_path": weights_path, "checksum": checksum,
-                 "holdout_accuracy": accuracy, "holdout_loss": loss,
+                 "holdout_accuracy": None if results else head.get("holdout_accuracy"),
+                 "holdout_loss": None if results else head.get("holdout_loss"),
                  "train_loss": train_loss if train_loss is not None else head.get("train_loss")},
     }
     if job.get("started_at") is None:
         job_fields["started_at"] = now
     next_epoch_doc = None
-    if tasks_failed > int(job["options"].get("max_failed_tasks", 0)):
-        reason = failures[0].get("error") if failures else "tasks failed"
+    allowed = int(job["options"].get("max_failed_tasks", 0))
+    epoch_complete = round_index + 1 >= plan.rounds_per_epoch
+    if tasks_failed > allowed:
+        reason = failures[0]["error"] if failures else "tasks failed"
         job_fields.update(status=jobs.FAILED, phase="failed", finished_at=now,
                           error=f"{tasks_failed} task(s) failed for good (the job allows "
-                                f"{job['options'].get('max_failed_tasks', 0)}): {reason}")
-    elif epoch_complete and epoch >= int(job["options"]["epochs"]):
+                                f"{allowed}): {reason}"[:2000])
+    elif epoch_complete and epoch >= plan.epochs:
         job_fields["phase"] = jobs.EXPORTING
     elif epoch_complete:
-        job_fields["epoch"] = epoch + 1
-        next_epoch_doc = {"epoch": epoch + 1, "planned": job["tasks_per_epoch"], "applied": [],
+        job_fields.update(epoch=epoch + 1, round=0)
+        next_epoch_doc = {"epoch": epoch + 1, "planned": plan.tasks_per_epoch, "applied": [],
                           "failed": [], "created_at": now}
-    crash_point(settings, "aggregator.before_commit")
-    commit = VersionCommit(job_id=job_id, base_version=head_version, version_doc=version_doc,
-                           epoch=epoch, applied=[u.task_index for u in updates],
+    else:
+        job_fields["round"] = round_index + 1
+    commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version_doc=version_doc,
+                           epoch=epoch, applied=[r.task_index for r in results],
                            failed=[int(f["task_index"]) for f in failures],
                            job_fields=job_fields, next_epoch_doc=next_epoch_doc)
-    if not registry.commit_version(commit):
-        log.warning("job %s: head moved past v%d during the fold; retrying", job_id, head_version)
-        return False
-    crash_point(settings, "aggregator.after_commit")
-    if next_epoch_doc is not None:  # the workers start the next epoch before the evaluation
-        publish_pending_epoch(svc, {**job, **job_fields})
-    if updates:
-        accuracy = _evaluate_version(svc, job_id, runtime, new, new_version, job_fields["head"],
-                                     version_doc["aggregator"])
-    log.info("job %s: v%d (epoch %d, %d deltas, %d failed) holdout accuracy %s", job_id,
-             new_version, epoch, len(updates), len(failures), accuracy)
-    return True
+    return commit, job_fields
 
 
-def _evaluate_version(svc: Services, job_id: str, runtime: JobRuntime, weights: list[Any],
-                      version: int, head: dict[str, Any], timings: dict[str, Any]
-                      ) -> float | None:
-    """Evaluate a committed version on the holdout and record it on the version (and on the
-    job's head while it is still the head).
+def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
+                      weights: list[Any], version: int, timings: dict[str, Any]) -> float | None:
+    """Evaluate a committed version on the holdout, record it on the version (and on the job's
+    head while it is still the head), and fail the job if its training has diverged.
 
-    After the commit, not before: workers wait for the commit (flow control), and a CNN's
-    evaluation was the largest step between a delta and its version. The version's accuracy
-    arrives a moment after the version. If this fails or the process dies first, the version
-    keeps no accuracy; training is unaffected and the export evaluates the final model anyway.
+    After the commit, not before: workers wait for the next round, not for the evaluation. If
+    this fails or the process dies first, the version keeps no accuracy; training is unaffected
+    and the export evaluates the final model anyway.
     """
+    job_id = job["job_id"]
     started = time.perf_counter()
     try:
         x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
-        accuracy, loss = evaluate(runtime.model, weights, x_eval, y_eval)
+        found = evaluate_detail(runtime.model, weights, x_eval, y_eval)
+        head = {**job["head"], "holdout_accuracy": found.accuracy, "holdout_loss": found.loss}
         svc.registry.record_evaluation(
             job_id, version,
-            {"holdout_accuracy": accuracy, "holdout_loss": loss, "evaluated_at": svc.clock(),
+            {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss,
+             "evaluated_at": svc.clock(),
              "aggregator": {**timings, "eval_seconds": round(time.perf_counter() - started, 6)}},
-            {**head, "holdout_accuracy": accuracy, "holdout_loss": loss})
+            head)
     except Exception:  # noqa: BLE001 - an unevaluated version is still a good version
         log.warning("job %s: could not evaluate v%d", job_id, version, exc_info=True)
         return None
-    return accuracy
+    _watch_health(svc, job, version, found.loss)
+    return found.accuracy
+
+
+def _watch_health(svc: Services, job: dict[str, Any], version: int, loss: float) -> None:
+    """Record the version's loss in the job's health; fail a diverging job (invariant 9)."""
+    before = health.Health.from_dict(job.get("health"))
+    after, reason = health.observe(before, version, loss, len(job["dataset"]["classes"]),
+                                   float(job["options"]["learning_rate"]))
+    fields: dict[str, Any] = {"health": after.to_dict()}
+    if reason is not None:
+        now = svc.clock()
+        fields.update(status=jobs.FAILED, phase="failed", error=reason, finished_at=now,
+                      updated_at=now)
+        log.error("job %s: %s", job["job_id"], reason)
+    # Only while training: an export or another ending already decided the job's fate.
+    svc.registry.update_job_if(job["job_id"], {"status": jobs.RUNNING}, fields)
 
 
 class _Stopwatch:
@@ -384,38 +403,55 @@ class _Stopwatch:
         self._last = now
 
 
-def _optional_int(value: Any) -> int | None:
+def _int(value: Any, default: int) -> int:
     try:
-        return None if value is None else int(value)
+        return default if value is None else int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
 
 
 def export_final(svc: Services, job: dict[str, Any]) -> None:
-    """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE."""
+    """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
+    a degenerate final model ends the job FAILED instead (``domain.health``)."""
     runtime = job_runtime(svc, job)
     weights = runtime.weights(job["head"]["weights_path"])
     model = runtime.model
-    model.set_weights(weights)
     x, y = runtime.holdout()
-    accuracy, loss = evaluate(model, None, x, y)
+    found = evaluate_detail(model, weights, x, y)
     manifest = runtime.manifest
-    sidecar = model_sidecar(job, manifest, accuracy)
-    data = export_keras(model, sidecar)
+    now = svc.clock()
+    true_counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(manifest.classes))
+    problem = health.degenerate_model(found.predicted_counts, true_counts.tolist(),
+                                      manifest.classes, found.loss,
+                                      float(job["options"]["learning_rate"]))
+    if problem is not None:
+        svc.registry.update_job(job["job_id"], {
+            "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
+            "updated_at": now})
+        log.error("job %s: %s", job["job_id"], problem)
+        return
+    data = export_keras(model, model_sidecar(job, manifest, found.accuracy))
     version = int(job["version"])
     bucket = svc.settings.models_bucket
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"], version), data,
                           "application/octet-stream")
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
                           "application/octet-stream")
-    now = svc.clock()
-    head = dict(job["head"], holdout_accuracy=accuracy, holdout_loss=loss)
+    head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss)
     svc.registry.update_job(job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,
         "final_holdout_rows": int(len(y)),
     })
-    log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version, accuracy)
+    log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version,
+             found.accuracy)
 
 
 def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None) -> dict[str, Any]:
@@ -431,3 +467,4 @@ def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None) ->
         "options": job["options"],
         "source": manifest.source,
     }
+

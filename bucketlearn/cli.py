@@ -26,6 +26,7 @@ from bucketlearn.config import (
     Settings,
     load_settings,
     local_state_dir,
+    option_text,
     resolve_options,
 )
 from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
@@ -74,7 +75,7 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     for spec in OPTION_SPECS:
         flag = "--" + spec.name.replace("_", "-")
         parser.add_argument(flag, dest=spec.name, default=None, metavar=spec.name.upper(),
-                            help=f"{spec.help} (default: {spec.default})")
+                            help=f"{spec.help} (default: {option_text(spec.name, spec.default)})")
 
 
 def option_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -456,8 +457,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def tend_once(svc: Any) -> dict[str, Any]:
+    """One watchdog pass: dead letters into failure markers, then stalled jobs moved on."""
+    from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
+    from bucketlearn.watchdog import drain_dead_letters, tend  # noqa: PLC0415
+
+    markers = 0
+    if svc.settings.dead_letter_subscription:
+        markers = drain_dead_letters(svc, PubSubQueue(svc.settings,
+                                                      svc.settings.dead_letter_subscription))
+    return {"dead_letters": markers, "tended": tend(svc)}
+
+
+def cmd_tend(args: argparse.Namespace) -> int:
+    """One pass of the watchdog over every active job (the autoscaler runs it too)."""
+    emit(tend_once(services()))
+    return EXIT_OK
+
+
 def cmd_autoscale(args: argparse.Namespace) -> int:
-    """One step of the cloud autoscaler (run every minute by Cloud Scheduler)."""
+    """One step of the cloud controller (run every minute by Cloud Scheduler): the watchdog's
+    pass, then the worker pool sized from the backlog."""
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
@@ -467,6 +487,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     setup_logging(settings.log_format)
     pool_name, minimum, maximum, cooldown = load_autoscaler_settings()
     svc = google_services(settings)
+    tended = tend_once(svc)
     state = svc.registry.get_control("autoscaler") or {}
     decision = autoscale_once(svc.registry, CloudRunWorkerPool(pool_name),
                               ScalingPolicy(minimum, maximum,
@@ -474,7 +495,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
                               time.time(), state)
     svc.registry.set_control("autoscaler", {"last_change_at": state.get("last_change_at"),
                                             "last_decision": decision})
-    emit(decision)
+    emit({**decision, **tended})
     return EXIT_OK
 
 
@@ -553,8 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
         func=cmd_worker)
-    sub.add_parser("autoscale", help="one step of the cloud autoscaler (sets the worker "
-                   "pool's instance count from the backlog)").set_defaults(func=cmd_autoscale)
+    sub.add_parser("autoscale", help="one step of the cloud controller: the watchdog's pass, "
+                   "then the worker pool's instance count from the backlog"
+                   ).set_defaults(func=cmd_autoscale)
+    sub.add_parser("tend", help="one pass of the watchdog: republish the lost tasks of stalled "
+                   "jobs, nudge the aggregator, end splits that never finished"
+                   ).set_defaults(func=cmd_tend)
     return parser
 
 

@@ -194,15 +194,46 @@ def encode_weights(weights: Sequence[np.ndarray], meta: Mapping[str, Any] | None
 def decode_weights(data: bytes, what: str = "weights") -> tuple[list[np.ndarray], dict[str, Any]]:
     """Weights written by ``encode_weights``: float arrays ``w0000, w0001, …`` and metadata."""
     arrays, meta = decode_arrays(data, what)
-    keys = sorted(k for k in arrays if k.startswith("w"))
-    if not keys or keys != [f"w{i:04d}" for i in range(len(keys))]:
-        raise CorruptObjectError(f"{what}: expected arrays w0000…; found: "
+    return _numbered(arrays, "w", what, required=True), meta
+
+
+def _numbered(arrays: Mapping[str, np.ndarray], prefix: str, what: str,
+              required: bool) -> list[np.ndarray]:
+    """The arrays ``<prefix>0000, <prefix>0001, …`` in order (weights must be float)."""
+    keys = sorted(k for k in arrays if k.startswith(prefix))
+    if (required and not keys) or keys != [f"{prefix}{i:04d}" for i in range(len(keys))]:
+        raise CorruptObjectError(f"{what}: expected arrays {prefix}0000…; found: "
                                  f"{_cut(str(sorted(arrays)))}")
-    not_float = [k for k in keys if arrays[k].dtype.kind != "f"]
-    if not_float:
-        raise CorruptObjectError(f"{what}: expected float arrays; found "
-                                 f"{arrays[not_float[0]].dtype} in {not_float[0]}")
-    return [arrays[k] for k in keys], meta
+    if prefix == "w":
+        not_float = [k for k in keys if arrays[k].dtype.kind != "f"]
+        if not_float:
+            raise CorruptObjectError(f"{what}: expected float arrays; found "
+                                     f"{arrays[not_float[0]].dtype} in {not_float[0]}")
+    return [arrays[k] for k in keys]
+
+
+def encode_state(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
+                 meta: Mapping[str, Any] | None = None) -> bytes:
+    """A training state: model arrays ``w0000…`` (float32) and optimizer arrays ``o0000…``.
+
+    Versions store the weights and the optimizer state that goes with them; task results store
+    their delta and the optimizer state they ended with.
+    """
+    arrays: dict[str, np.ndarray] = {f"w{i:04d}": np.asarray(w, dtype=np.float32)
+                                     for i, w in enumerate(weights)}
+    arrays.update({f"o{i:04d}": np.asarray(o) for i, o in enumerate(optimizer)})
+    return encode_arrays(arrays, meta)
+
+
+def decode_state(data: bytes, what: str = "state"
+                 ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
+    """A training state written by ``encode_state``: (weights, optimizer arrays, metadata).
+
+    An object with weights only (no ``o…`` arrays) decodes with an empty optimizer state.
+    """
+    arrays, meta = decode_arrays(data, what)
+    return (_numbered(arrays, "w", what, required=True),
+            _numbered(arrays, "o", what, required=False), meta)
 
 
 def checksum(data: bytes) -> str:

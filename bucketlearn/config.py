@@ -22,6 +22,8 @@ from bucketlearn.errors import ConfigError
 
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
+LR_SCHEDULES = ("wsd", "cosine", "constant")
+AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 FAULT_POINTS = frozenset({
     "aggregator.before_commit",   # weights written, version not committed: the process dies
     "aggregator.after_commit",    # version committed, event not yet acknowledged: dies
@@ -40,6 +42,7 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
+    auto: bool = False  # a whole number that also takes "auto" (stored as AUTO = 0)
 
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
@@ -47,18 +50,18 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "name of the label column; default 'label' if present, else the last column"),
     OptionSpec("epochs", int, 10, "passes over the training rows", 1, 1000),
     OptionSpec("batch_size", int, 32, "rows per gradient step", 1, 8192),
-    OptionSpec("learning_rate", float, 0.001, "Adam learning rate", 1e-7, 1.0),
-    OptionSpec("rows_per_shard", int, 256, "training rows per task (one shard)", 8, 1_000_000),
+    OptionSpec("learning_rate", float, 0.001,
+               "Adam learning rate at the start (see lr_schedule)", 1e-7, 1.0),
+    OptionSpec("lr_schedule", str, "wsd",
+               "wsd: constant, then down to 0 over the last fifth of the job; cosine: down to 0 "
+               "along a half cosine; constant: no decay", choices=LR_SCHEDULES),
+    OptionSpec("rows_per_shard", int, 256, "training rows per shard", 8, 1_000_000),
     OptionSpec("holdout_fraction", float, 0.2,
                "share of every class kept out of training for evaluation", 0.01, 0.5),
     OptionSpec("model", str, "auto", "model family: auto, mlp or cnn", choices=MODEL_KINDS),
-    OptionSpec("buffer_size", int, 2,
-               "deltas folded into each new version (FedBuff K)", 1, 1000),
-    OptionSpec("max_staleness", int, 16,
-               "deltas whose base is more versions behind the head are retrained", 0, 100_000),
-    OptionSpec("max_pending", int, 2,
-               "trained deltas that may wait for the aggregator before workers pause "
-               "(at least buffer_size)", 1, 100_000),
+    OptionSpec("parallel_tasks", int, AUTO,
+               "tasks trained at once from one version: auto (as many as keep serial "
+               "accuracy, from the job's size) or a number", 1, 64, auto=True),
     OptionSpec("seed", int, 0, "seed for the split, initial weights and shuffling", 0, 2**31 - 1),
     OptionSpec("max_failed_tasks", int, 0,
                "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
@@ -76,12 +79,11 @@ class JobOptions:
     epochs: int = 10
     batch_size: int = 32
     learning_rate: float = 0.001
+    lr_schedule: str = "wsd"
     rows_per_shard: int = 256
     holdout_fraction: float = 0.2
     model: str = "auto"
-    buffer_size: int = 2
-    max_staleness: int = 16
-    max_pending: int = 2
+    parallel_tasks: int = AUTO
     seed: int = 0
     max_failed_tasks: int = 0
 
@@ -100,7 +102,15 @@ class JobOptions:
     def to_metadata(self, only: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Object metadata (strings) for the options in ``only`` (all when None)."""
         values = self.to_dict() if only is None else dict(only)
-        return {k: str(v) for k, v in values.items() if v is not None}
+        return {k: option_text(k, v) for k, v in values.items() if v is not None}
+
+
+def option_text(name: str, value: Any) -> str:
+    """An option's value as a user writes it (``auto`` for an automatic whole number)."""
+    spec = _SPEC_BY_NAME.get(name)
+    if spec is not None and spec.auto and value == AUTO:
+        return "auto"
+    return str(value)
 
 
 def parse_option(name: str, raw: Any, source: str) -> Any:
@@ -119,6 +129,8 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         elif not value or len(value) > 256:
             raise ConfigError(name, "a non-empty name of at most 256 characters", raw, source)
         return value
+    if spec.auto and (raw == AUTO or str(raw).strip().lower() == "auto"):
+        return AUTO
     if spec.kind is int:
         if isinstance(raw, bool):
             raise ConfigError(name, "a whole number", raw, source)
@@ -142,7 +154,8 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
 
 
 def _range_text(noun: str, spec: OptionSpec) -> str:
-    return f"{noun} from {spec.minimum:g} to {spec.maximum:g}"
+    text = f"{noun} from {spec.minimum:g} to {spec.maximum:g}"
+    return f"'auto' or {text}" if spec.auto else text
 
 
 def resolve_options(
@@ -217,9 +230,12 @@ class Settings:
     lease_seconds: float = 60.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
-    # A worker that finds max_pending deltas waiting pauses until the aggregator folds some; it
-    # goes on anyway once the aggregator has made no progress for this long (an outage).
-    flow_stall_seconds: float = 30.0
+    # The watchdog (``bucketlearn tend``): a job with no sign of progress for this long gets its
+    # current round's missing tasks published again, or the aggregator nudged.
+    stall_seconds: float = 600.0
+    # Dead-lettered task messages (Cloud Pub/Sub's dead-letter sink; empty: none) become failure
+    # markers when the watchdog drains them.
+    dead_letter_subscription: str = ""
     log_format: str = "text"
     limits: Limits = field(default_factory=Limits)
     # Fault injection for the reliability suite (BUCKETLEARN_FAULTS=point,point…); each point
@@ -261,8 +277,9 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_ACK_DEADLINE_SECONDS": ("ack_deadline_seconds", int),
     "BUCKETLEARN_LEASE_SECONDS": ("lease_seconds", float),
     "BUCKETLEARN_MAX_EVENT_AGE_SECONDS": ("max_event_age_seconds", float),
+    "BUCKETLEARN_STALL_SECONDS": ("stall_seconds", float),
+    "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION": ("dead_letter_subscription", str),
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
-    "BUCKETLEARN_FLOW_STALL_SECONDS": ("flow_stall_seconds", float),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
 }
 # Read by the Google client libraries themselves too (export_emulator_env).

@@ -357,8 +357,6 @@ def worker_rows(workers: Iterable[Mapping[str, Any]], now: float, job_id: str | 
             doing = "stopped" if state == "stopped" else "gone (no heartbeat)"
         elif state == "busy" and worker.get("task_id"):
             doing = f"training {worker['task_id']}"
-        elif state == "waiting" and worker.get("task_id"):
-            doing = f"waiting for the aggregator ({worker['task_id']})"
         else:
             doing = state or "idle"
         rows.append({

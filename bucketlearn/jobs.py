@@ -6,9 +6,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from bucketlearn import layout
+from bucketlearn.domain.plan import TrainingPlan, epoch_tasks, learning_rate
 from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
 
@@ -106,16 +105,49 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
     return result
 
 
-def task_message(job_id: str, epoch: int, shard: Any) -> TaskMessage:
-    """The task that trains one shard (an ``ingest.Shard``) in one epoch."""
-    return TaskMessage(job_id=job_id, epoch=epoch, task_index=int(shard.index),
-                       parts=tuple(shard.parts), rows=int(shard.rows))
+def round_key(epoch: int, round_index: int) -> str:
+    """The name of one round (``e0002r00013``), recorded once its tasks are published."""
+    return f"e{epoch:04d}r{round_index:05d}"
 
 
-def epoch_messages(job_id: str, epoch: int, seed: int, shards: Sequence[Any]) -> list[TaskMessage]:
-    """One task per shard, in an order reshuffled every epoch."""
-    order = np.random.default_rng([seed, epoch, 17]).permutation(len(shards))
-    return [task_message(job_id, epoch, shards[i]) for i in order]
+def job_plan(job: Mapping[str, Any]) -> TrainingPlan:
+    return TrainingPlan.from_dict(job["plan"])
+
+
+def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
+                   task_indices: Sequence[int] | None = None) -> list[TaskMessage]:
+    """The task messages of the job's current round (or of ``task_indices`` in it), each naming
+    the head version it trains from and its learning rate.
+
+    Args:
+        job: the job document (its plan, options, epoch, round and head).
+        shards: the manifest's shards (``ingest.Shard``), in shard order.
+        task_indices: only these tasks of the round (a retry); all of them when None.
+    """
+    plan = job_plan(job)
+    options = job["options"]
+    epoch, round_index = int(job["epoch"]), int(job.get("round") or 0)
+    tasks = epoch_tasks(plan, len(shards), int(options["seed"]), epoch)
+    rate = learning_rate(float(options["learning_rate"]),
+                         str(options.get("lr_schedule", "constant")),
+                         plan.progress(epoch, round_index))
+    head = job["head"]
+    wanted = plan.round_range(round_index) if task_indices is None else task_indices
+    messages = []
+    for task_index in wanted:
+        members = [shards[i] for i in tasks[task_index]]
+        messages.append(TaskMessage(
+            job_id=str(job["job_id"]), epoch=epoch, task_index=int(task_index),
+            parts=tuple(part for shard in members for part in shard.parts),
+            rows=sum(int(shard.rows) for shard in members), round=round_index,
+            base_version=int(head["version"]), weights_path=str(head["weights_path"]),
+            learning_rate=rate))
+    return messages
+
+
+def current_round_tasks(job: Mapping[str, Any]) -> range:
+    """The task indices (within the epoch) of the job's current round."""
+    return job_plan(job).round_range(int(job.get("round") or 0))
 
 
 def task_doc_id(job_id: str, epoch: int, task_index: int) -> str:

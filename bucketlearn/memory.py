@@ -279,19 +279,26 @@ class MemoryRegistry:
         with self._lock:
             return copy.deepcopy(self.epochs.get((job_id, epoch)))
 
-    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
+                       attempt_key: str) -> int:
         with self._lock:
-            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0})
+            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0,
+                                                             "attempt_keys": []})
             _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
-            task["attempts"] += 1
+            keys = list(task.get("attempt_keys") or [])
+            if attempt_key not in keys:
+                keys.append(attempt_key)
             task.update(copy.deepcopy(dict(fields)))
-            return int(task["attempts"])
+            task.update(attempt_keys=keys, attempts=len(keys))
+            return len(keys)
 
-    def refund_attempt(self, job_id: str, task_id: str) -> None:
+    def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
         with self._lock:
             task = self.tasks.get((job_id, task_id))
-            if task is not None and task["attempts"] > 0:
-                task["attempts"] -= 1
+            if task is None:
+                return
+            keys = [k for k in task.get("attempt_keys") or [] if k != attempt_key]
+            task.update(attempt_keys=keys, attempts=len(keys))
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:

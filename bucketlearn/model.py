@@ -111,9 +111,12 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> An
 
 
 def compile_model(model: Any, learning_rate: float) -> None:
+    """Compile with Adam and build its state now: a version carries the optimizer's state, so
+    version 0 needs one before any step."""
     keras = keras_module()
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.optimizer.build(model.trainable_variables)
 
 
 def export_keras(model: Any, sidecar: dict[str, Any]) -> bytes:

@@ -50,13 +50,22 @@ class BlobStore(Protocol):
 
 @dataclass(frozen=True)
 class TaskMessage:
-    """One unit of training work: a shard of one epoch of one job."""
+    """One unit of training work: one task of one round of one job.
+
+    A task names everything its training depends on: the version it starts from (its number and
+    weights object), its rows (shard parts) and its learning rate, so the same message trains
+    the same way on any worker.
+    """
 
     job_id: str
     epoch: int
     task_index: int
     parts: tuple[str, ...]
     rows: int
+    round: int = 0
+    base_version: int = -1  # -1: a message without one (not trainable; acknowledged)
+    weights_path: str = ""
+    learning_rate: float = 0.0
 
     @property
     def task_id(self) -> str:
@@ -64,13 +73,18 @@ class TaskMessage:
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
-                "parts": list(self.parts), "rows": self.rows}
+                "parts": list(self.parts), "rows": self.rows, "round": self.round,
+                "base_version": self.base_version, "weights_path": self.weights_path,
+                "learning_rate": self.learning_rate}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
         return cls(job_id=str(data["job_id"]), epoch=int(data["epoch"]),
                    task_index=int(data["task_index"]), parts=tuple(data["parts"]),
-                   rows=int(data["rows"]))
+                   rows=int(data["rows"]), round=int(data.get("round", 0)),
+                   base_version=int(data.get("base_version", -1)),
+                   weights_path=str(data.get("weights_path", "")),
+                   learning_rate=float(data.get("learning_rate", 0.0)))
 
 
 class ReceivedTask(Protocol):
@@ -133,9 +147,17 @@ class Registry(Protocol):
 
     def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None: ...
 
-    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int: ...
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
+                       attempt_key: str) -> int:
+        """Count one attempt at a task, idempotently: the same ``attempt_key`` counts once
+        (a retried call after a lost answer does not spend a second attempt). Returns the
+        task's attempts so far."""
+        ...
 
-    def refund_attempt(self, job_id: str, task_id: str) -> None: ...
+    def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
+        """Take back the attempt ``attempt_key`` (a backend outage was not the task's fault);
+        idempotent."""
+        ...
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None: ...
 

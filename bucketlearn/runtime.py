@@ -25,7 +25,7 @@ class JobRuntime:
         self._manifest: Manifest | None = None
         self._model: Any = None
         self._holdout: tuple[np.ndarray, np.ndarray] | None = None
-        self._weights: tuple[str, list[np.ndarray]] | None = None
+        self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
 
     @property
     def manifest(self) -> Manifest:
@@ -53,12 +53,18 @@ class JobRuntime:
                                                                           replace=False))
         return x[pick], y[pick]
 
-    def weights(self, weights_path: str) -> list[np.ndarray]:
-        """Weights of one version (the last one read is kept: workers mostly ask for the head)."""
-        if self._weights is None or self._weights[0] != weights_path:
+    def state(self, weights_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """A version's weights and optimizer state (the last one read is kept: workers mostly
+        ask for the version their round trains from)."""
+        if self._state is None or self._state[0] != weights_path:
             raw = self.svc.store.read_bytes(self.svc.settings.models_bucket, weights_path)
-            self._weights = (weights_path, codec.decode_weights(raw, weights_path)[0])
-        return self._weights[1]
+            weights, optimizer, _ = codec.decode_state(raw, weights_path)
+            self._state = (weights_path, weights, optimizer)
+        return self._state[1], self._state[2]
+
+    def weights(self, weights_path: str) -> list[np.ndarray]:
+        """A version's weights."""
+        return self.state(weights_path)[0]
 
 
 def job_runtime(svc: Services, job: dict[str, Any]) -> JobRuntime:

@@ -4,7 +4,7 @@ Cloud Run worker pools scale on CPU, not on a queue's backlog, so an external co
 instance count: ``bucketlearn autoscale`` (a Cloud Run job run every minute by Cloud Scheduler)
 in the cloud, the ``bucketlearn local up --min-workers/--max-workers`` supervisor locally. Both
 ask ``desired_workers`` (pure, unit-tested) with the number of *outstanding* tasks, read from the
-registry: tasks of every active job's current, published epoch that are neither applied nor
+registry: tasks of every active job's current, published round that are neither applied nor
 failed. This is exact (no metric delay), counts in-flight tasks too, and reads one document per
 active job.
 """
@@ -29,7 +29,7 @@ class ScalingPolicy:
 
     min_workers: int = 0
     max_workers: int = 4
-    tasks_per_worker: int = 2
+    tasks_per_worker: int = 1
     scale_down_cooldown_seconds: float = 120.0
 
     def __post_init__(self) -> None:
@@ -60,17 +60,17 @@ def desired_workers(policy: ScalingPolicy, outstanding_tasks: int, current: int,
 
 
 def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
-    """Tasks of active jobs' current epochs that are neither applied nor failed yet."""
+    """Tasks of active jobs' current rounds that are neither applied nor failed yet (only a
+    round's tasks can be trained at once, so more workers than that would wait)."""
     total = 0
     for job in registry.list_jobs(limit):
-        if jobs.is_terminal(job) or job.get("phase") != jobs.TRAINING:
+        if jobs.is_terminal(job) or job.get("phase") != jobs.TRAINING or not job.get("plan"):
             continue
         epoch = int(job.get("epoch") or 0)
-        if epoch < 1 or int(job.get("published_epoch") or 0) < epoch:
+        if epoch < 1 or not job.get("published"):
             continue
-        doc = registry.get_epoch(job["job_id"], epoch) or {}
-        planned = int(doc.get("planned", job.get("tasks_per_epoch") or 0))
-        total += max(0, planned - len(doc.get("applied", [])) - len(doc.get("failed", [])))
+        done = jobs.done_tasks(registry.get_epoch(job["job_id"], epoch) or {})
+        total += sum(1 for t in jobs.current_round_tasks(job) if t not in done)
     return total
 
 

@@ -1,11 +1,15 @@
 """The serial baseline (``bucketlearn train-local``) and an in-process pipeline simulation.
 
 ``train_local`` runs the *same* split (same options, same seed, hence the same holdout), builds
-the same model with the same initial weights and trains it in one process with Keras ``fit``.
-``simulate_pipeline`` runs the real split, learner and aggregator code on the in-memory ports
-with W workers whose tasks overlap in time (each starts from the head it saw when it pulled), so
-staleness and buffering behave as in the distributed pipeline, minus the network. Each simulated
-worker has its own model and optimizer state, as a worker process does.
+the same model with the same initial weights and optimizer, and trains it in one process through
+the same tasks one after another: the plan the pipeline makes with ``parallel_tasks=1``, the same
+row order in every task and the same learning rate at every step. So the only difference between
+``train-local`` and a pipeline job is the pipeline's parallel rounds; with ``parallel_tasks=1``
+the pipeline takes exactly these steps (up to float32 rounding of the deltas).
+
+``simulate_pipeline`` runs the real upload, learner and aggregator code on the in-memory ports
+with W workers whose tasks overlap in time (each trains the round's task it pulled). Training in
+synchronous rounds makes the result independent of W: it only changes how long a round takes.
 """
 
 from __future__ import annotations
@@ -17,14 +21,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from bucketlearn import jobs
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
+from bucketlearn.domain.plan import epoch_tasks, learning_rate, plan_training
 from bucketlearn.ingest import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.model import build_model, choose_spec
-from bucketlearn.training import evaluate
+from bucketlearn.training import evaluate, optimizer_state, train_task
 
 
 @dataclass
@@ -42,7 +45,8 @@ def local_source(path: str) -> SourceFile:
 
 
 def train_local(path: str, options: JobOptions, limits: Limits | None = None) -> SerialResult:
-    """Train serially on the same split the pipeline would make; evaluate on the same holdout."""
+    """Train serially on the same split and tasks the pipeline would use; evaluate on the same
+    holdout."""
     started = time.perf_counter()
     svc = memory_services()
     source = local_source(path)
@@ -50,20 +54,28 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                             limits or Limits())
     spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
                        options.seed, options.learning_rate, source.display_name)
-    parts = [p for shard in manifest.shards for p in shard.parts]
-    x, y = load_parts(svc.store, svc.settings.work_bucket, parts)
-    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     model = build_model(spec, manifest.mean, manifest.variance)
-    order = np.random.default_rng([options.seed, 3]).permutation(len(y))
-    model.fit(x[order], y[order], batch_size=options.batch_size, epochs=options.epochs,
-              shuffle=True, verbose=0)
-    accuracy, loss = evaluate(model, None, x_hold, y_hold)
+    plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
+                         requested=1)
+    weights, optimizer = model.get_weights(), optimizer_state(model)
+    for epoch in range(1, options.epochs + 1):
+        for task_index, members in enumerate(epoch_tasks(plan, len(manifest.shards),
+                                                          options.seed, epoch)):
+            parts = [p for i in members for p in manifest.shards[i].parts]
+            x, y = load_parts(svc.store, svc.settings.work_bucket, parts)
+            rate = learning_rate(options.learning_rate, options.lr_schedule,
+                                 plan.progress(epoch, task_index))
+            result = train_task(model, weights, optimizer, x, y, options.batch_size, rate,
+                                options.seed, epoch, task_index)
+            weights, optimizer = result.weights, result.optimizer
+    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
+    accuracy, loss = evaluate(model, weights, x_hold, y_hold)
     return SerialResult(accuracy, loss, time.perf_counter() - started, manifest, model)
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
                       svc: Services | None = None) -> dict[str, Any]:
-    """Run split -> learners -> aggregator in-process with ``workers`` overlapping tasks."""
+    """Run upload -> learners -> aggregator in-process with ``workers`` overlapping tasks."""
     from bucketlearn.aggregator import aggregate_job  # noqa: PLC0415
     from bucketlearn.split import StorageEvent, handle_upload  # noqa: PLC0415
     from bucketlearn.worker import Learner  # noqa: PLC0415
@@ -74,9 +86,9 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
                                      handle.read(), "text/csv", options.to_metadata())
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
     assert job_id is not None
-    # one model (and Adam state) per worker, as in separate processes: each its own runtime cache
+    # one model (and optimizer) per worker, as in separate processes: each its own runtime cache
     learners = [Learner(dataclasses.replace(svc, cache={}), f"sim-{i}") for i in range(workers)]
-    in_flight: deque[tuple[Any, dict[str, Any], Learner]] = deque()
+    in_flight: deque[tuple[Any, Learner]] = deque()
     pulled = 0
     started = time.perf_counter()
     for _ in range(1_000_000):
@@ -88,18 +100,14 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
             received = svc.queue.pull(0)
             if received is None:
                 break
-            in_flight.append((received, svc.registry.get_job(job_id), learners[pulled % workers]))
+            in_flight.append((received, learners[pulled % workers]))
             pulled += 1
         if not in_flight:
             aggregate_job(svc, job_id)
             continue
-        received, snapshot, learner = in_flight.popleft()
-        task = received.message
-        epoch_doc = svc.registry.get_epoch(job_id, task.epoch) or {}
-        if int(snapshot["epoch"]) <= task.epoch and task.task_index not in epoch_doc.get(
-                "applied", []):
-            learner.train(task, snapshot)
-        received.ack()
+        received, learner = in_flight.popleft()
+        decision = learner.handle(received)
+        received.ack() if decision.value == "ack" else received.nack()
         aggregate_job(svc, job_id)
     job = svc.registry.get_job(job_id)
     assert job is not None

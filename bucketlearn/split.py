@@ -9,7 +9,8 @@ from typing import Any
 
 from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.config import resolve_options
+from bucketlearn.config import AUTO, JobOptions, resolve_options
+from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
     BackendRejectedError,
     ConfigError,
@@ -109,7 +110,7 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         "source": {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
                    "generation": event.generation, "size": event.size},
         "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
-        "version": None, "epoch": 0, "published_epoch": 0, "tasks_applied": 0,
+        "version": None, "epoch": 0, "round": 0, "published": None, "tasks_applied": 0,
         "tasks_failed": 0, "samples_seen": 0, "error": None,
     }
     if not svc.registry.create_job(job_id, doc):
@@ -122,9 +123,8 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
                 raise TransientError(f"job {job_id}: lost the race to take over a stale split")
             log.warning("job %s: taking over a split abandoned since %s", job_id,
                         existing.get("claimed_at"))
-        elif existing.get("phase") == jobs.TRAINING and \
-                int(existing.get("published_epoch") or 0) < int(existing.get("epoch") or 0):
-            publish_pending_epoch(svc, existing)
+        elif existing.get("phase") == jobs.TRAINING and existing.get("published") is None:
+            publish_round(svc, existing)  # the invocation that split it died before publishing
             return Outcome.ACCEPTED, job_id
         else:
             log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
@@ -189,8 +189,8 @@ def _split_claimed(svc: Services, event: StorageEvent, job_id: str, claim: str,
         else:
             reject(svc, job_id, exc.problem)
         return Outcome.REJECTED, job_id
-    start_training(svc, job_id, claim, manifest, spec.to_dict(), options.to_dict())
-    publish_epoch(svc, job_id, 1, options.seed, manifest)
+    job = start_training(svc, job_id, claim, manifest, spec.to_dict(), options)
+    publish_round(svc, job, manifest)
     return Outcome.ACCEPTED, job_id
 
 
@@ -204,50 +204,67 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], options: dict[str, Any]) -> None:
-    """Write version 0 (initial weights) and make the job trainable, if we still own the split."""
+                   spec: dict[str, Any], options: JobOptions) -> dict[str, Any]:
+    """Plan the job, write version 0 (initial weights and optimizer state) and make the job
+    trainable, if this invocation still owns the split; return the job document."""
     from bucketlearn.model import ModelSpec  # noqa: PLC0415
+    from bucketlearn.training import optimizer_state  # noqa: PLC0415
 
+    plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
+                         None if options.parallel_tasks == AUTO else options.parallel_tasks)
     model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance)
-    data = codec.encode_weights(model.get_weights(), {"job_id": job_id, "version": 0})
+    data = codec.encode_state(model.get_weights(), optimizer_state(model),
+                              {"job_id": job_id, "version": 0})
     weights_path = layout.weights_path(job_id, 0, layout.new_nonce())
     svc.store.write_bytes(svc.settings.models_bucket, weights_path, data,
                           "application/octet-stream")
     now = svc.clock()
-    tasks_per_epoch = len(manifest.shards)
     version_doc = {
         "version": 0, "parent": None, "weights_path": weights_path,
         "checksum": codec.checksum(data), "epoch": 0, "tasks_applied": [], "samples": 0,
         "train_loss": None, "holdout_accuracy": None, "holdout_loss": None, "created_at": now,
     }
-    epoch_doc = {"epoch": 1, "planned": tasks_per_epoch, "applied": [], "failed": [],
+    epoch_doc = {"epoch": 1, "planned": plan.tasks_per_epoch, "applied": [], "failed": [],
                  "created_at": now}
     job_fields = {
-        "phase": jobs.TRAINING, "version": 0, "epoch": 1, "published_epoch": 0,
-        "tasks_per_epoch": tasks_per_epoch,
-        "tasks_planned": tasks_per_epoch * int(options["epochs"]),
+        "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
+        "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
+        "tasks_planned": plan.total_tasks,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,
-        "head": {"version": 0, "weights_path": weights_path, "holdout_accuracy": None,
-                 "holdout_loss": None, "train_loss": None},
+        "head": {"version": 0, "weights_path": weights_path, "checksum": codec.checksum(data),
+                 "holdout_accuracy": None, "holdout_loss": None, "train_loss": None},
     }
     if not svc.registry.start_training(job_id, claim, job_fields, version_doc, epoch_doc):
         raise TransientError(f"job {job_id}: another invocation took over the split")
+    log.info("job %s: %d tasks per epoch, %d at once (%s)", job_id, plan.tasks_per_epoch,
+             plan.parallel_tasks, plan.decided)
+    job = svc.registry.get_job(job_id)
+    if job is None:
+        raise TransientError(f"job {job_id}: its document went missing")
+    return job
 
 
-def publish_pending_epoch(svc: Services, job: dict[str, Any]) -> None:
-    """Publish the tasks of the job's current epoch if that has not happened yet (idempotent)."""
-    from bucketlearn.runtime import job_runtime  # noqa: PLC0415
+def publish_round(svc: Services, job: dict[str, Any], manifest: Manifest | None = None) -> None:
+    """Publish the tasks of the job's current round, then record that it is published.
 
-    publish_epoch(svc, job["job_id"], int(job["epoch"]), int(job["options"]["seed"]),
-                  job_runtime(svc, job).manifest)
+    Idempotent in effect: publishing a round twice (a crash between the two steps) trains its
+    tasks twice at most, and the aggregator applies each once.
+    """
+    if manifest is None:
+        from bucketlearn.runtime import job_runtime  # noqa: PLC0415
 
-
-def publish_epoch(svc: Services, job_id: str, epoch: int, seed: int, manifest: Manifest) -> None:
-    """Publish one task per shard for ``epoch``, then record that the epoch is published."""
-    messages = jobs.epoch_messages(job_id, epoch, seed, manifest.shards)
+        manifest = job_runtime(svc, job).manifest
+    epoch_doc = svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
+    done = jobs.done_tasks(epoch_doc)
+    pending = [t for t in jobs.current_round_tasks(job) if t not in done]
+    messages = jobs.round_messages(job, manifest.shards, pending)
     svc.queue.publish(messages)
-    svc.registry.update_job(job_id, {"published_epoch": epoch, "updated_at": svc.clock()})
-    log.info("job %s: published %d tasks of epoch %d", job_id, len(messages), epoch)
+    key = jobs.round_key(int(job["epoch"]), int(job.get("round") or 0))
+    now = svc.clock()
+    svc.registry.update_job(job["job_id"], {"published": key, "published_at": now,
+                                            "updated_at": now})
+    log.info("job %s: published %d tasks of round %s from v%s", job["job_id"], len(messages),
+             key, job["head"]["version"])
 
 
 def reject(svc: Services, job_id: str, problem: InputProblem) -> None:

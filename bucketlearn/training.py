@@ -1,9 +1,10 @@
-"""The local training step (one task on one shard) and holdout evaluation.
+"""The local training step (one task on its rows) and holdout evaluation. Needs TensorFlow.
 
-Workers keep one compiled model per job and reset its *weights* to the head version before each
-task; the Adam moments are kept between tasks of the same job, so a task's first steps continue
-the optimizer's trajectory instead of restarting it cold (a cold restart makes early Adam steps
-large and noisy, one of the ways distributed training loses to serial).
+A task starts from a version's *whole* training state: its weights and the optimizer state that
+goes with them (Adam's step count and moment estimates), both stored in the version's object.
+So a task's first step continues the optimizer's trajectory exactly as serial training's next
+step would, and with one task per round the pipeline takes serial training's steps. The learning
+rate of a task comes with its message (``domain.plan.learning_rate``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import numpy as np
 EVAL_BATCH = 1024
 EPSILON = 1e-7  # Keras's clip for the cross-entropy of probabilities
 
+
 @dataclass(frozen=True)
 class LocalResult:
     weights: list[np.ndarray]
+    optimizer: list[np.ndarray]
     train_loss: float
     examples: int
     seconds: float
@@ -28,21 +31,49 @@ class LocalResult:
 
 def shuffle_rows(x: np.ndarray, y: np.ndarray, seed: int, epoch: int, task_index: int
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Reshuffle a shard's rows, differently every epoch, reproducibly."""
+    """Reshuffle a task's rows, differently every epoch, reproducibly."""
     order = np.random.default_rng([seed, epoch, task_index]).permutation(len(y))
     return x[order], y[order]
 
 
-def train_on_shard(model: Any, base_weights: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
-                   batch_size: int, seed: int, epoch: int, task_index: int) -> LocalResult:
-    """Train one pass over the shard starting from ``base_weights``; return the new weights.
+def _state_variables(model: Any) -> list[Any]:
+    """The optimizer's variables that make up its state (all but the learning rate)."""
+    optimizer = model.optimizer
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return [v for v in optimizer.variables if not v.path.endswith("learning_rate")]
+
+
+def optimizer_state(model: Any) -> list[np.ndarray]:
+    """The optimizer state (step count, moment estimates) as arrays, in a fixed order."""
+    return [np.asarray(v.numpy()) for v in _state_variables(model)]
+
+
+def set_optimizer_state(model: Any, state: Sequence[np.ndarray]) -> None:
+    """Load an optimizer state taken with ``optimizer_state`` (from the same model)."""
+    variables = _state_variables(model)
+    if len(variables) != len(state):
+        raise ValueError(f"optimizer state: expected {len(variables)} arrays; found {len(state)}")
+    for variable, value in zip(variables, state, strict=True):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+
+
+def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
+               x: np.ndarray, y: np.ndarray, batch_size: int, learning_rate: float,
+               seed: int, epoch: int, task_index: int) -> LocalResult:
+    """Train one pass over a task's rows from a version's weights and optimizer state.
 
     The same steps as ``fit(epochs=1, shuffle=False)`` over the reshuffled rows, taken with
     ``train_on_batch``: a task is only a few batches, and ``fit()``'s per-call set-up (data
     adapter, callbacks, progress state) cost about three times the steps themselves.
+
+    Returns:
+        The weights and optimizer state after the task, its mean training loss and row count.
     """
     started = time.perf_counter()
-    model.set_weights(list(base_weights))
+    model.set_weights(list(weights))
+    set_optimizer_state(model, optimizer)
+    model.optimizer.learning_rate.assign(float(learning_rate))
     xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
     loss_sum, seen = 0.0, 0
     for start in range(0, len(ys), batch_size):
@@ -51,13 +82,23 @@ def train_on_shard(model: Any, base_weights: Sequence[np.ndarray], x: np.ndarray
         loss_sum += float(logs["loss"]) * len(yb)
         seen += len(yb)
     return LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
-                       train_loss=loss_sum / max(1, seen), examples=len(ys),
-                       seconds=time.perf_counter() - started)
+                       optimizer=optimizer_state(model), train_loss=loss_sum / max(1, seen),
+                       examples=len(ys), seconds=time.perf_counter() - started)
 
 
-def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray
-             ) -> tuple[float, float]:
-    """Holdout (accuracy, loss) of ``weights`` (or the model's current weights when None)."""
+@dataclass(frozen=True)
+class Evaluation:
+    """A model's figures on held-out rows."""
+
+    accuracy: float
+    loss: float
+    predicted_counts: list[int]  # how many rows the model put in each class
+
+
+def evaluate_detail(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray,
+                    y: np.ndarray) -> Evaluation:
+    """Holdout accuracy, loss and predicted-class counts of ``weights`` (or the model's current
+    weights when None)."""
     if weights is not None:
         model.set_weights(list(weights))
     if len(y) == 0:
@@ -68,9 +109,20 @@ def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y:
     probs = np.concatenate([np.asarray(model.predict_on_batch(x[i:i + EVAL_BATCH]))
                             for i in range(0, len(y), EVAL_BATCH)])
     labels = np.asarray(y, dtype=np.int64).reshape(-1)
-    accuracy = float(np.mean(np.argmax(probs, axis=1) == labels))
+    predicted = np.argmax(probs, axis=1)
+    accuracy = float(np.mean(predicted == labels))
     picked = np.clip(probs[np.arange(len(labels)), labels], EPSILON, 1.0)
-    return accuracy, float(np.mean(-np.log(picked)))
+    with np.errstate(invalid="ignore"):
+        loss = float(np.mean(-np.log(picked)))
+    counts = np.bincount(predicted, minlength=probs.shape[1]).tolist()
+    return Evaluation(accuracy, loss, [int(c) for c in counts])
+
+
+def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray
+             ) -> tuple[float, float]:
+    """Holdout (accuracy, loss) of ``weights`` (or the model's current weights when None)."""
+    found = evaluate_detail(model, weights, x, y)
+    return found.accuracy, found.loss
 
 
 def subtract(new: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> list[np.ndarray]:

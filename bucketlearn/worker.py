@@ -1,4 +1,10 @@
-"""The learner: pull one task, train it from the head version, write the delta, then ack.
+"""The learner: pull one task, train it from the version it names, write its result, then ack.
+
+A task message names the version it trains from (the head when its round was published), its
+rows and its learning rate, so there is nothing to wait for and nothing to decide: the worker
+loads that version's weights and optimizer state, trains, and writes the delta and the optimizer
+state it ended with. Only the current round's tasks are ever published, so a worker never trains
+from a stale version.
 
 Delivery is at least once, so a task may be trained twice; the aggregator applies it once.
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
@@ -19,43 +25,24 @@ from collections.abc import Callable
 from typing import Any
 
 from bucketlearn import codec, jobs, layout
-from bucketlearn.aggregator import list_deltas
 from bucketlearn.bootstrap import Services
-from bucketlearn.config import JobOptions
 from bucketlearn.errors import NotFoundError, PermanentError, TransientError
 from bucketlearn.ingest import load_parts
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.runtime import job_runtime
-from bucketlearn.training import subtract, train_on_shard
+from bucketlearn.training import subtract, train_task
 
 log = logging.getLogger(__name__)
 
 
 TRANSIENT_BACKOFF_SECONDS = 2.0
-FLOW_POLL_SECONDS = 0.1
+TRANSIENT_RETRY_SECONDS = 300.0  # how long a worker keeps a task through a backend outage
 HEARTBEAT_SECONDS = 10.0
 REPORT_MIN_SECONDS = 1.0
 REPORTER_JOIN_SECONDS = 5.0
 # How long the final heartbeat ("stopped") waits for a write still in flight (each write is
 # bounded by the registry's own timeout, 30 s for Firestore).
 HEARTBEAT_WRITE_WAIT_SECONDS = 60.0
-
-
-def pending_deltas(svc: Services, job_id: str, epoch: int, done: set[int]) -> int:
-    """Tasks of ``epoch`` with a delta (or failure marker) written but not yet applied."""
-    return len({ref.task_index for ref in list_deltas(svc, job_id, epoch)} - done)
-
-
-def pending_limit(options: dict[str, Any]) -> int:
-    """How many unapplied deltas a worker lets pile up before it pauses: ``max_pending``, but
-    never below ``buffer_size`` (the aggregator cuts a version only once that many wait)."""
-    job_options = JobOptions.from_dict(options)  # a job older than an option gets its default
-    return max(job_options.max_pending, job_options.buffer_size)
-
-
-def _epoch_over(job: dict[str, Any], task: TaskMessage) -> bool:
-    """The job has ended, or the task's epoch is complete (every one of its tasks applied)."""
-    return jobs.is_terminal(job) or int(job.get("epoch") or 0) > task.epoch
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -65,6 +52,24 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (TransientError, OSError, gexc.ServiceUnavailable,
                             gexc.DeadlineExceeded, gexc.InternalServerError, gexc.TooManyRequests,
                             gexc.Aborted, gexc.RetryError, gexc.GatewayTimeout))
+
+
+def skip_reason(job: dict[str, Any] | None, task: TaskMessage) -> str | None:
+    """Why a delivered task needs no training (None: train it).
+
+    The job is gone or has ended; the message predates rounds (no base version); or the job has
+    moved past the task's round (its version is newer than the task's base: the round was folded,
+    so this task was applied or failed for good).
+    """
+    if job is None:
+        return "the job is gone"
+    if jobs.is_terminal(job):
+        return f"the job is {job.get('status')}"
+    if task.base_version < 0 or not task.weights_path:
+        return "the message names no version to train from"
+    if int(job.get("version") or 0) > task.base_version:
+        return f"its round was folded (the job is at v{job.get('version')})"
+    return None
 
 
 class Decision(enum.Enum):
@@ -147,6 +152,7 @@ class Learner:
         self.started_at = svc.clock()
         self.stop = stop or threading.Event()
         self._reporter: _Reporter | None = None  # while ``run`` runs; else heartbeats are written
+        self._owed_refunds: list[tuple[str, str, str]] = []  # (job, task doc, attempt key)
         self._heartbeat_lock = threading.Lock()  # one heartbeat write at a time, in order
         self._heartbeats_closed = threading.Event()  # "stopped" is written: nothing lands after
 
@@ -195,134 +201,127 @@ class Learner:
             return Decision.ACK
         task = received.message
         with _LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
-            return self.process(task, pulled_at)
+            return self.process(task, pulled_at, received.delivery_attempt)
 
-    def process(self, task: TaskMessage, pulled_at: float | None = None) -> Decision:
-        """Train one task (``pulled_at``: when its message arrived, recorded with the attempt)."""
+    def process(self, task: TaskMessage, pulled_at: float | None = None,
+                delivery_attempt: int | None = None) -> Decision:
+        """Train one task (``pulled_at``: when its message arrived, recorded with the attempt).
+
+        Attempts are counted once per delivery, idempotently (an attempt key per delivery), and
+        only for failures that are the task's: through a backend outage the worker keeps the
+        message and retries for up to ``TRANSIENT_RETRY_SECONDS`` (every nack would count as a
+        Pub/Sub delivery towards dead-lettering), and an attempt it could not give back during
+        the outage is given back later (``_settle_refunds``).
+        """
         svc, registry = self.svc, self.svc.registry
+        self._settle_refunds()
         job = registry.get_job(task.job_id)
-        if job is None or jobs.is_terminal(job):
-            log.info("task %s: job is %s, nothing to do", task.task_id,
-                     job.get("status") if job else "gone")
+        skip = skip_reason(job, task)
+        if skip is not None:
+            log.info("task %s: %s; nothing to do", task.task_id, skip)
             return Decision.ACK
-        if int(job.get("epoch") or 0) > task.epoch:
-            return Decision.ACK  # that epoch is complete: every one of its tasks was applied
+        assert job is not None
         epoch_doc = registry.get_epoch(task.job_id, task.epoch) or {}
         if task.task_index in jobs.done_tasks(epoch_doc):
             return Decision.ACK  # a duplicate delivery of a task already applied
-        job, waited = self.await_capacity(task, job, epoch_doc)
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it
-        if _epoch_over(job, task):
-            return Decision.ACK  # finished (or failed) while this worker waited
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
         now = svc.clock()
-        attempts = registry.record_attempt(task.job_id, doc_id, {
+        key = layout.new_nonce()
+        attempts = self._with_retries(lambda: registry.record_attempt(task.job_id, doc_id, {
             "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
-            "state": "RUNNING", "worker_id": self.worker_id, "started_at": now, "rows": task.rows,
+            "round": task.round, "state": "RUNNING", "worker_id": self.worker_id,
+            "started_at": now, "rows": task.rows, "delivery_attempt": delivery_attempt,
             "pulled_at": pulled_at if pulled_at is not None else now,
-        })
+        }, key), on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
         if attempts > svc.settings.max_task_attempts:
             self.fail_task(task, doc_id, attempts - 1)
             return Decision.ACK
         self.heartbeat("busy", task)
         try:
-            timings = self.train(task, job)
+            timings = self._with_retries(lambda: self.train(task, job))
         except Exception as exc:  # noqa: BLE001 - every failure is retried
-            transient = is_transient(exc)
-            log.warning("task %s attempt %d failed (%s): %s", task.task_id, attempts,
-                        "transient" if transient else "counted", exc,
-                        exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))
-            try:
-                if transient:
-                    # A backend outage is not the task's fault: it must not push a healthy
-                    # task towards FAILED. Give the attempt back and slow the retry loop down.
-                    registry.refund_attempt(task.job_id, doc_id)
-                registry.update_task(task.job_id, doc_id, {
-                    "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
-                    "finished_at": svc.clock()})
-            except Exception:  # noqa: BLE001 - the registry may be the backend that is down
-                log.warning("could not record the failure of %s", task.task_id)
-            if transient:
-                time.sleep(TRANSIENT_BACKOFF_SECONDS)
-            return Decision.NACK
+            return self._failed(task, doc_id, key, attempts, exc)
         self.tasks_done += 1
         registry.update_task(task.job_id, doc_id, {"state": "TRAINED", "finished_at": svc.clock(),
-                                                   "error": None, "flow_wait_seconds": waited,
-                                                   **timings})
+                                                   "error": None, **timings})
         self.heartbeat("idle")
         return Decision.ACK
 
-    def await_capacity(self, task: TaskMessage, job: dict[str, Any],
-                       epoch_doc: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        """Bounded staleness: while ``pending_limit`` deltas of this epoch wait unapplied, pause
-        until the aggregator folds some, so a task trains from a head that has seen them. Workers
-        are faster than the aggregator's version cycle; without the pause they train many tasks
-        from one head and the fold of those same-base deltas overshoots.
+    def _with_retries(self, call: Callable[[], Any],
+                      on_give_up: Callable[[], None] | None = None) -> Any:
+        """``call()``, retried through transient failures (a backend outage) with backoff for up
+        to ``TRANSIENT_RETRY_SECONDS``, while this worker keeps the task's message."""
+        deadline = time.monotonic() + TRANSIENT_RETRY_SECONDS
+        pause = TRANSIENT_BACKOFF_SECONDS
+        while True:
+            try:
+                return call()
+            except Exception as exc:
+                if not is_transient(exc) or self.stop.is_set() or time.monotonic() >= deadline:
+                    if on_give_up is not None and is_transient(exc):
+                        on_give_up()
+                    raise
+                log.warning("transient failure (%s); retrying in %.1f s", exc, pause)
+                if self.stop.wait(pause):
+                    raise
+                pause = min(pause * 2, 30.0)
 
-        Goes on regardless once the aggregator has shown no progress for
-        ``flow_stall_seconds`` (an outage must slow workers down, not stop them). Returns the
-        job document to train from and the seconds spent waiting.
-        """
-        limit = pending_limit(job["options"])
-        started = time.monotonic()
-        while pending_deltas(self.svc, task.job_id, task.epoch,
-                             jobs.done_tasks(epoch_doc)) >= limit:
-            self.heartbeat("waiting", task)
-            job, progressed = self._await_progress(task, job)
-            if not progressed:
-                break
-            epoch_doc = self.svc.registry.get_epoch(task.job_id, task.epoch) or {}
-        return job, time.monotonic() - started
+    def _failed(self, task: TaskMessage, doc_id: str, key: str, attempts: int,
+                exc: Exception) -> Decision:
+        """Record a failed attempt (given back when the failure was transient); nack."""
+        transient = is_transient(exc)
+        log.warning("task %s attempt %d failed (%s): %s", task.task_id, attempts,
+                    "transient" if transient else "counted", exc,
+                    exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))
+        if transient:  # a backend outage is not the task's fault: give the attempt back
+            self._owe_refund(task.job_id, doc_id, key)
+            self._settle_refunds()
+        try:
+            self.svc.registry.update_task(task.job_id, doc_id, {
+                "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "finished_at": self.svc.clock()})
+        except Exception:  # noqa: BLE001 - the registry may be the backend that is down
+            log.warning("could not record the failure of %s", task.task_id)
+        return Decision.NACK
 
-    def _await_progress(self, task: TaskMessage, job: dict[str, Any]
-                        ) -> tuple[dict[str, Any], bool]:
-        """Poll the job until the aggregator applies more deltas; return the latest job document
-        and whether it did (False: the worker stops, the task's epoch is over, or
-        ``flow_stall_seconds`` passed without progress)."""
-        applied = job.get("tasks_applied")
-        stall = self.svc.settings.flow_stall_seconds
-        deadline = time.monotonic() + stall
-        while time.monotonic() < deadline:
-            if self.stop.wait(FLOW_POLL_SECONDS):
-                return job, False
-            fresh = self.svc.registry.get_job(task.job_id)
-            if fresh is None:
-                return job, False
-            if _epoch_over(fresh, task):
-                return fresh, False
-            if fresh.get("tasks_applied") != applied:
-                return fresh, True
-            job = fresh
-        log.warning("task %s: the aggregator made no progress for %.0f s; training without "
-                    "waiting for it", task.task_id, stall)
-        return job, False
+    def _owe_refund(self, job_id: str, doc_id: str, key: str) -> None:
+        self._owed_refunds.append((job_id, doc_id, key))
+
+    def _settle_refunds(self) -> None:
+        """Give back the attempts owed (those a backend outage kept this worker from giving back
+        when it happened); what still cannot be given back stays owed."""
+        owed, self._owed_refunds = self._owed_refunds, []
+        for job_id, doc_id, key in owed:
+            try:
+                self.svc.registry.refund_attempt(job_id, doc_id, key)
+            except Exception:  # noqa: BLE001 - still down: try again with the next task
+                self._owed_refunds.append((job_id, doc_id, key))
 
     def train(self, task: TaskMessage, job: dict[str, Any]) -> dict[str, Any]:
-        """Train the task from the head version and write its delta; return timings."""
+        """Train the task from the version it names and write its result; return timings."""
         svc = self.svc
         t0 = time.perf_counter()
         runtime = job_runtime(svc, job)
-        head = job["head"]
-        base = runtime.weights(head["weights_path"])
+        base, optimizer = runtime.state(task.weights_path)
         x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
-        model = runtime.model
         t1 = time.perf_counter()
-        result = train_on_shard(model, base, x, y, int(job["options"]["batch_size"]),
-                                int(job["options"]["seed"]), task.epoch, task.task_index)
+        result = train_task(runtime.model, base, optimizer, x, y,
+                            int(job["options"]["batch_size"]), task.learning_rate,
+                            int(job["options"]["seed"]), task.epoch, task.task_index)
         t2 = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
-                "task_index": task.task_index, "base_version": int(head["version"]),
-                "base_applied": int(job.get("tasks_applied") or 0),
-                "examples": result.examples, "train_loss": result.train_loss,
-                "worker_id": self.worker_id}
-        data = codec.encode_weights(subtract(result.weights, base), meta)
+                "task_index": task.task_index, "round": task.round,
+                "base_version": task.base_version, "examples": result.examples,
+                "train_loss": result.train_loss, "worker_id": self.worker_id}
+        data = codec.encode_state(subtract(result.weights, base), result.optimizer, meta)
         path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
         svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream",
                               metadata={k: str(v) for k, v in meta.items()})
         t3 = time.perf_counter()
         return {"fetch_seconds": t1 - t0, "train_seconds": t2 - t1, "write_seconds": t3 - t2,
-                "base_version": int(head["version"]), "train_loss": result.train_loss,
+                "base_version": task.base_version, "train_loss": result.train_loss,
                 "delta_path": path}
 
     def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:

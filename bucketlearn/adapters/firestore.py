@@ -252,20 +252,39 @@ class FirestoreRegistry:
     def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
         return _read(self._epoch(job_id, epoch), "get epoch")
 
-    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> int:
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
+                       attempt_key: str) -> int:
         ref = self._task(job_id, task_id)
+
+        @firestore.transactional
+        def run(transaction: firestore.Transaction) -> int:
+            snap = ref.get(transaction=transaction)
+            keys = list((snap.to_dict() or {}).get("attempt_keys") or []) if snap.exists else []
+            if attempt_key not in keys:
+                keys.append(attempt_key)
+            transaction.set(ref, {**dict(fields), "attempt_keys": keys, "attempts": len(keys)},
+                            merge=True)
+            return len(keys)
+
         try:
-            ref.set({**dict(fields), "attempts": firestore.Increment(1)}, merge=True,
-                    timeout=TIMEOUT)
-            snap = ref.get(timeout=TIMEOUT)
+            return int(run(self.client.transaction(max_attempts=5)))
         except _TRANSIENT as exc:
             raise _transient("record attempt", exc) from exc
-        return int((snap.to_dict() or {}).get("attempts", 1))
 
-    def refund_attempt(self, job_id: str, task_id: str) -> None:
+    def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
+        ref = self._task(job_id, task_id)
+
+        @firestore.transactional
+        def run(transaction: firestore.Transaction) -> None:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                return
+            keys = [k for k in (snap.to_dict() or {}).get("attempt_keys") or []
+                    if k != attempt_key]
+            transaction.update(ref, {"attempt_keys": keys, "attempts": len(keys)})
+
         try:
-            self._task(job_id, task_id).set({"attempts": firestore.Increment(-1)}, merge=True,
-                                            timeout=TIMEOUT)
+            run(self.client.transaction(max_attempts=5))
         except _TRANSIENT as exc:
             raise _transient("refund attempt", exc) from exc
 

@@ -66,12 +66,15 @@ class PulledTask:
 
 
 class PubSubQueue:
-    def __init__(self, settings: Settings) -> None:
+    """The task topic and a pull subscription on it (the workers'; or another, e.g. the
+    dead-letter sink the watchdog drains)."""
+
+    def __init__(self, settings: Settings, subscription: str | None = None) -> None:
         self.settings = settings
         self.publisher, self.subscriber = _clients(settings)
         self.topic_path = self.publisher.topic_path(settings.project, settings.tasks_topic)
-        self.subscription_path = self.subscriber.subscription_path(settings.project,
-                                                                   settings.tasks_subscription)
+        self.subscription_path = self.subscriber.subscription_path(
+            settings.project, subscription or settings.tasks_subscription)
 
     def publish(self, messages: Sequence[TaskMessage]) -> None:
         if "queue.duplicate_publish" in self.settings.faults:  # fault injection: every time

@@ -43,6 +43,7 @@ from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV, descendant
 log = logging.getLogger(__name__)
 
 STATE_FILE = "local.json"
+TEND_EVERY_SECONDS = 10.0
 PROJECT = "bucketlearn-local"
 INSTALL_HINT = (
     "The local stack needs the Google Cloud SDK's emulators and Java 17+.\n"
@@ -321,6 +322,8 @@ class LocalStack:
     scaling: Any = None  # a bucketlearn.scaling.ScalingPolicy, or None for a fixed worker count
     _retired: set[str] = field(default_factory=set)
     _registry: Any = None
+    _services: Any = None
+    _tended_at: float = 0.0
     _last_scale_at: float | None = None
     _started_at: float = field(default_factory=time.time)
     _own_emulators: bool = False
@@ -469,7 +472,25 @@ class LocalStack:
                     self.rescale()
                 except Exception:  # noqa: BLE001 - the registry may be briefly unreachable
                     log.warning("autoscaling step failed", exc_info=True)
+            self._tend()
             self.write_state()
+
+    def _tend(self) -> None:
+        """The watchdog's pass over the stack's jobs, every ``TEND_EVERY_SECONDS``: what the
+        cloud's controller job does every minute (``bucketlearn.watchdog``)."""
+        from bucketlearn.bootstrap import google_services  # noqa: PLC0415
+        from bucketlearn.watchdog import tend  # noqa: PLC0415
+
+        now = time.monotonic()
+        if now - self._tended_at < TEND_EVERY_SECONDS or self.settings is None:
+            return
+        self._tended_at = now
+        try:
+            if self._services is None:
+                self._services = google_services(self.settings)
+            tend(self._services)
+        except Exception:  # noqa: BLE001 - the backends may be briefly unreachable
+            log.warning("watchdog pass failed", exc_info=True)
 
     def _clear_after(self, proc: Proc) -> None:
         """``proc``'s guard has exited: stop anything of it still running (a guard killed

@@ -29,9 +29,9 @@ def test_queued_work_grows_workers_and_idle_shrinks_them_to_zero(make_stack: Any
     svc = google_services(stack.settings)
     try:
         assert len(stack.live_workers()) == 0
-        # Execute: queue a job (6 tasks per epoch)
+        # Execute: queue a job (6 tasks per epoch, rounds of 4: 4 outstanding at a time)
         info = svc.store.write_file(stack.settings.uploads_bucket, "digits.csv", str(DIGITS),
-                                    "text/csv", {"epochs": "2"})
+                                    "text/csv", {"epochs": "2", "parallel_tasks": "4"})
         job_id = layout.job_id_for(info.bucket, info.name, info.generation)
         peak = 0
         deadline = time.monotonic() + 400

@@ -205,13 +205,14 @@ def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
 @pytest.mark.parametrize("allowed, expected", [(0, "FAILED"), (2, "DONE")])
 def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits: Path) -> None:
     """A task whose shard is unreadable fails after N attempts; the job policy decides the end."""
-    # Prepare: no workers yet, so the shard can be broken before anyone trains it
+    # Prepare: no workers yet, so the shard can be broken before anyone trains it; rounds of 3
+    # one-shard tasks, so one task per epoch holds the broken shard
     stack = make_stack("poison", workers=0, extra_env={"BUCKETLEARN_MAX_TASK_ATTEMPTS": "3"})
     svc = google_services(stack.settings)
-    job_id = submit(svc, f"digits-{allowed}.csv", {"epochs": "2",
+    job_id = submit(svc, f"digits-{allowed}.csv", {"epochs": "2", "parallel_tasks": "3",
                                                    "max_failed_tasks": str(allowed)}, small_digits)
-    wait_for(lambda: (svc.registry.get_job(job_id) or {}).get("published_epoch") == 1, 120,
-             "epoch 1 to be published")
+    wait_for(lambda: (svc.registry.get_job(job_id) or {}).get("published") == "e0001r00000",
+             120, "round 1 of epoch 1 to be published")
     part = layout.shard_part_path(job_id, 0, 0)
     svc.store.write_bytes(stack.settings.work_bucket, part, b"not an npz", "text/plain")
     # Execute
@@ -222,9 +223,9 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
     assert job["status"] == expected, job.get("error")
     failed = [t for t in svc.registry.list_tasks(job_id) if t.get("state") == "FAILED"]
     assert failed and all(t["attempts"] == 4 for t in failed)  # 3 tries + the one that gives up
-    assert all(t["task_index"] == 0 for t in failed)
+    assert len({t["epoch"] for t in failed}) == len(failed)  # one task an epoch: shard 0's
     if expected == "FAILED":
-        assert "failed after 3 attempts" in job["error"] and "t00000" in job["error"]
+        assert "failed after 3 attempts" in job["error"] and ":e0001:t" in job["error"]
         assert "expected a .npz archive" in job["error"] or "CorruptObject" in job["error"]
     else:
         assert job["tasks_failed"] == 2 and job["tasks_applied"] == job["tasks_planned"] - 2

@@ -144,14 +144,20 @@ def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
     assert registry.acquire_lease(name, "c", 30) is True  # b's lease expired
 
 
-def test_record_attempt_counts(backend: Any) -> None:
+def test_record_attempt_counts_each_key_once_and_refunds(backend: Any) -> None:
+    """Attempts are counted per attempt key: the same key again (a retried call whose answer
+    was lost) counts once; a refund takes that key's attempt back, idempotently."""
     registry = backend.registry
     job_id = new_job(registry)
-    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}) == 1
-    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}) == 2
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "a") == 1
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "a") == 1
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "b") == 2
+    registry.refund_attempt(job_id, "e0001-t00000", "a")
+    registry.refund_attempt(job_id, "e0001-t00000", "a")
     registry.update_task(job_id, "e0001-t00000", {"state": "TRAINED"})
     [task] = registry.list_tasks(job_id)
-    assert task["attempts"] == 2 and task["state"] == "TRAINED"
+    assert task["attempts"] == 1 and task["state"] == "TRAINED"
+    assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "c") == 2
 
 
 def test_blob_store_round_trip_stream_list_delete(backend: Any) -> None:

@@ -67,7 +67,7 @@ def _job(job_id: str, name: str, created: float) -> dict:
         "source": {"bucket": "bucketlearn-uploads", "name": name, "generation": 1, "size": 10},
         "file": f"gs://bucketlearn-uploads/{name}", "created_at": created,
         "updated_at": created, "claimed_at": created, "claim": "c", "version": None,
-        "epoch": 0, "published_epoch": 0, "tasks_applied": 0, "tasks_failed": 0,
+        "epoch": 0, "round": 0, "published": None, "tasks_applied": 0, "tasks_failed": 0,
         "samples_seen": 0, "error": None,
     }
 
@@ -84,7 +84,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
                "label_column": "species", "classes": ["a", "b", "c"], "shards": tasks_per_epoch}
     assert registry.start_training(
         job_id, "c",
-        {"phase": "training", "version": 0, "epoch": 1, "published_epoch": 1,
+        {"phase": "training", "version": 0, "epoch": 1, "published": "e0001r00000",
          "tasks_per_epoch": tasks_per_epoch, "tasks_planned": tasks_per_epoch * epochs,
          "dataset": dataset, "updated_at": start,
          "head": {"version": 0, "weights_path": "w0", "holdout_accuracy": None}},
@@ -120,7 +120,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
             registry.record_attempt(job_id, doc_id, {
                 "task_id": layout.task_id_for(job_id, epoch, i), "epoch": epoch,
                 "task_index": i, "state": "RUNNING", "worker_id": "w1",
-                "started_at": now - 5, "rows": 200})
+                "started_at": now - 5, "rows": 200}, attempt_key="k1")
             registry.update_task(job_id, doc_id, {
                 "state": "TRAINED", "finished_at": now - 1, "fetch_seconds": 0.5,
                 "train_seconds": 3.0, "write_seconds": 0.5})

@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from bucketlearn import jobs, layout
-from bucketlearn.aggregation import policy_for
 from bucketlearn.aggregator import aggregate_job, handle_delta_event
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
@@ -26,10 +25,12 @@ from tests.unit.helpers import (
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """simulate_pipeline on 600 rows of 3 well-separated blobs, 2 epochs, 64 rows per shard."""
+    """simulate_pipeline on 600 rows of 3 well-separated blobs, 2 epochs, 64 rows per shard,
+    rounds of 3 tasks."""
     path = write_blobs_csv(tmp_path_factory.mktemp("sim") / "blobs.csv", n_rows=600,
                            n_classes=3, n_features=4)
-    return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64), workers=2)
+    return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64,
+                                                   parallel_tasks=3), workers=2)
 
 
 def test_pipeline_finishes_done(pipeline):
@@ -75,24 +76,34 @@ def test_every_task_applied_exactly_once(pipeline):
     assert job["tasks_applied"] == job["tasks_planned"]
 
 
-def test_versions_record_each_deltas_delay_and_weight(pipeline):
-    """An MLP job (the blobs have 4 features) counts delays in versions: each version records
-    per delta its staleness, its delay (the same, unit "versions") and its weight, which is its
-    example share (here 1: 480 training rows in 8 shards of 60) times the MLP policy's discount
-    (1 + delay) ** -exponent."""
+def test_every_version_folds_one_whole_round(pipeline):
+    """Each version folds exactly the tasks of one round, in order: 8 tasks per epoch in rounds
+    of 3 are versions of 3, 3 and 2 tasks, each recording its round and every delta's norm."""
     # Prepare
-    versions = pipeline["versions"]
+    job, versions = pipeline["job"], pipeline["versions"]
+    plan = job["plan"]
     # Execute
-    folds = [v for v in versions[1:] if v["tasks_applied"]]
+    folds = versions[1:]
     # Assert
-    assert any(len(v["tasks_applied"]) > 1 for v in folds)
-    assert any(max(v["staleness"]) > 0 for v in folds)
+    assert plan["parallel_tasks"] == 3 and plan["tasks_per_epoch"] == 8
+    assert [len(v["tasks_applied"]) for v in folds] == [3, 3, 2] * 2
     for v in folds:
-        assert v["delay_unit"] == "versions"
-        assert v["delays"] == v["staleness"]
-        assert len(v["delta_weights"]) == len(v["tasks_applied"])
-        for delay, weight in zip(v["delays"], v["delta_weights"], strict=True):
-            assert weight == pytest.approx((1 + delay) ** -policy_for("mlp").exponent, abs=1e-5)
+        indices = [int(t.rsplit(":t", 1)[1]) for t in v["tasks_applied"]]
+        assert indices == list(range(3 * v["round"], 3 * v["round"] + len(indices)))
+        assert len(v["delta_norms"]) == len(indices) and min(v["delta_norms"]) > 0
+
+
+def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_path):
+    """Training in rounds makes the result independent of the workers: 1 and 4 simulated
+    workers produce the same versions, bit for bit (invariant 10 by construction)."""
+    # Prepare
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400, n_classes=3, n_features=4)
+    options = JobOptions(epochs=1, rows_per_shard=64, parallel_tasks=2)
+    # Execute
+    runs = [simulate_pipeline(str(path), options, workers=w) for w in (1, 4)]
+    # Assert
+    checksums = [[v["checksum"] for v in run["versions"]] for run in runs]
+    assert len(checksums[0]) > 2 and checksums[0] == checksums[1]
 
 
 def test_versions_record_where_the_fold_time_went(pipeline):
@@ -115,30 +126,30 @@ def test_versions_record_where_the_fold_time_went(pipeline):
         assert 0.0 <= v["holdout_accuracy"] <= 1.0 and v["holdout_loss"] > 0
 
 
-def test_the_next_epoch_is_published_before_the_last_fold_is_evaluated(tmp_path, monkeypatch):
+def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monkeypatch):
     """Workers wait for the commit, not the evaluation: the version that completes epoch 1
-    publishes epoch 2's tasks before its holdout evaluation runs."""
+    publishes epoch 2's first round before its holdout evaluation runs."""
     # Prepare
     from bucketlearn import aggregator
     from tests.unit.test_invariants import start_job, train_pending
 
-    svc, job_id = start_job(tmp_path, epochs=2)
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
     planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
     seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
-    real = aggregator.evaluate
+    real = aggregator.evaluate_detail
 
     def evaluate(*args, **kwargs):
         second = sum(1 for m in svc.queue.published if m.epoch == 2)
         seen.append((int(svc.registry.get_job(job_id)["version"]), second))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(aggregator, "evaluate", evaluate)
+    monkeypatch.setattr(aggregator, "evaluate_detail", evaluate)
     train_pending(svc, planned)
     # Execute
     aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["epoch"] == 2 and job["published_epoch"] == 2
+    assert job["epoch"] == 2 and job["published"] == jobs.round_key(2, 0)
     assert seen and seen[-1] == (job["version"], planned)
     assert all(published == 0 for _, published in seen[:-1])
 
@@ -175,7 +186,7 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     path = write_blobs_csv(tmp_path / "dup.csv", n_rows=120, n_classes=3, n_features=4, seed=3)
     info = svc.store.write_bytes(svc.settings.uploads_bucket, "dup.csv", path.read_bytes(),
                                  "text/csv", JobOptions(epochs=1, rows_per_shard=32,
-                                                        buffer_size=1).to_metadata())
+                                                        parallel_tasks=1).to_metadata())
     outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
                                                       info.size))
     assert outcome is Outcome.ACCEPTED
@@ -217,7 +228,7 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     path = write_blobs_csv(tmp_path / "bad-delta.csv", n_rows=120, n_classes=3, n_features=4)
     info = svc.store.write_bytes(svc.settings.uploads_bucket, "bad-delta.csv", path.read_bytes(),
                                  "text/csv", JobOptions(epochs=1, rows_per_shard=32,
-                                                        buffer_size=1).to_metadata())
+                                                        parallel_tasks=1).to_metadata())
     outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
                                                       info.size))
     assert outcome is Outcome.ACCEPTED

@@ -267,14 +267,6 @@ def test_worker_rows_say_what_each_is_doing():
     assert by_id["w-stop"]["doing"] == "stopped"
 
 
-def test_a_worker_paused_by_flow_control_says_so():
-    worker = {"worker_id": "w-wait", "state": "waiting", "last_seen": T0 + 99,
-              "job_id": "a-000000000001", "task_id": "a-000000000001:e0001:t00003"}
-    [row] = dd.worker_rows([worker], now=T0 + 100, job_id="a-000000000001")
-    assert row["doing"] == "waiting for the aggregator (a-000000000001:e0001:t00003)"
-    assert row["alive"] and row["this_job"]
-
-
 TASKS = [
     {"task_id": "a:e0001:t00000", "epoch": 1, "task_index": 0, "state": "TRAINED",
      "attempts": 1, "worker_id": "w1", "started_at": T0, "finished_at": T0 + 4,

@@ -67,9 +67,7 @@ def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.Mo
     """Six tasks in well under a second: "idle" at the start, at most one write from the
     reporter, "stopped" at the end; before, every task wrote "busy" and "idle"."""
     # Prepare
-    svc, job_id = start_job(tmp_path)
-    job = svc.registry.get_job(job_id)  # no aggregator runs here: flow control must not pause
-    svc.registry.update_job(job_id, {"options": {**job["options"], "max_pending": 100}})
+    svc, job_id = start_job(tmp_path, parallel_tasks=5)  # one round of every task, published
     planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
     writes: list[str] = []
     real = svc.registry.heartbeat

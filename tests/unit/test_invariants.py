@@ -29,12 +29,12 @@ from bucketlearn.worker import Decision, Learner
 from tests.unit.helpers import blobs_rows, csv_bytes, write_blobs_csv
 
 
-def start_job(tmp_path: Path, epochs: int = 1, buffer_size: int = 2) -> tuple[Any, str]:
+def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2) -> tuple[Any, str]:
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
     info = svc.store.write_bytes(svc.settings.uploads_bucket, "blobs.csv", path.read_bytes(),
                                  "text/csv", {"epochs": str(epochs), "rows_per_shard": "64",
-                                              "buffer_size": str(buffer_size)})
+                                              "parallel_tasks": str(parallel_tasks)})
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
                                                 info.size))
     assert job_id is not None
@@ -48,6 +48,16 @@ def train_pending(svc: Any, count: int) -> None:
         assert received is not None
         assert learner.process(received.message) is Decision.ACK
         received.ack()
+
+
+def run_rounds(svc: Any, job_id: str, limit: int = 100) -> None:
+    """Train and fold every published round until the queue stays empty."""
+    for _ in range(limit):
+        if not len(svc.queue):
+            return
+        train_pending(svc, len(svc.queue))
+        aggregator.aggregate_job(svc, job_id)
+    raise AssertionError(f"job {job_id}: still publishing rounds after {limit}")
 
 
 def weight_objects(svc: Any, job_id: str) -> set[str]:
@@ -80,8 +90,7 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     monkeypatch.setattr(svc.registry, "commit_version", real_commit)
     svc.registry.leases.clear()
     aggregator.aggregate_job(svc, job_id)
-    train_pending(svc, len(svc.queue))
-    aggregator.aggregate_job(svc, job_id)
+    run_rounds(svc, job_id)
     # Assert: everything applied exactly once, versions dense, head never points at the orphan
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)

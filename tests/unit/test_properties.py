@@ -7,8 +7,10 @@
     and keeps each class's rows in shard order;
 (b) one corruption of a valid CSV (a non-numeric token, a dropped field, an empty label) always
     raises InvalidInputError naming the corrupted data row, never another exception;
-(c) ``aggregation.fold`` is linear, ignores zero-weight deltas and does not depend on the order
-    of deltas; ``aggregator.plan_fold`` never applies a task twice or a task already done.
+(c) ``domain.fold.fold_round`` adds the round's deltas (so folding two rounds one after the other
+    equals folding their union), averages the optimizer states and does not depend on the order
+    results arrived in; ``domain.rounds.plan_round`` never folds a task twice or a task already
+    done, and folds a round only once every task of it is in.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bucketlearn import aggregation
-from bucketlearn.aggregation import DeltaUpdate
-from bucketlearn.aggregator import MAX_DELTAS_PER_VERSION_FACTOR, DeltaRef, plan_fold
 from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.fold import TaskResult, fold_round
+from bucketlearn.domain.rounds import DeltaRef, plan_round
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import DealPlan, load_parts, split_upload
 from bucketlearn.memory import MemoryBlobStore
@@ -195,7 +196,7 @@ def test_one_corruption_is_reported_at_its_row(table, data, kind) -> None:
         assert problem.column == "label"
 
 
-# --- (c) aggregation.fold and plan_fold ------------------------------------------------------------
+# --- (c) fold_round and plan_round ----------------------------------------------------------------
 
 SHAPES = st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3)
 FINITE = st.floats(-10, 10, allow_nan=False, width=32)
@@ -208,13 +209,14 @@ def layers(draw: st.DrawFn, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
 
 
 @st.composite
-def fold_inputs(draw: st.DrawFn, n_deltas: int = 2):
+def fold_inputs(draw: st.DrawFn, n_results: int = 2):
     shapes = draw(SHAPES)
     head = draw(layers(shapes))
-    deltas = [DeltaUpdate(task_index=i, base_version=0, examples=10, delta=draw(layers(shapes)))
-              for i in range(n_deltas)]
-    weights = [draw(st.floats(0.01, 4)) for _ in range(n_deltas)]
-    return head, deltas, weights
+    optimizer = draw(layers(shapes))
+    results = [TaskResult(task_index=i, delta=draw(layers(shapes)),
+                          optimizer=draw(layers(shapes)), examples=10)
+               for i in range(n_results)]
+    return head, optimizer, results
 
 
 def assert_layers_close(a: list[np.ndarray], b: list[np.ndarray]) -> None:
@@ -226,110 +228,114 @@ def assert_layers_close(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 @FAST
 @given(inputs=fold_inputs())
-def test_fold_is_linear(inputs) -> None:
-    """fold(A and B) == fold(B) applied to fold(A), up to float32 rounding."""
+def test_fold_adds_the_rounds_deltas(inputs) -> None:
+    """fold(A and B) == fold(B) applied to fold(A) == head + A + B, up to float32 rounding."""
     # Prepare
-    head, (a, b), (wa, wb) = inputs
+    head, optimizer, (a, b) = inputs
     # Execute
-    both = aggregation.fold(head, [a, b], [wa, wb])
-    first = aggregation.fold(head, [a], [wa])
+    both = fold_round(head, optimizer, [a, b])
+    first = fold_round(head, optimizer, [a])
     assert first is not None
-    then = aggregation.fold(first, [b], [wb])
+    then = fold_round(first[0], optimizer, [b])
     # Assert
     assert both is not None and then is not None
-    assert_layers_close(both, then)
-    expected = [h.astype(np.float64) + wa * da.astype(np.float64) + wb * db.astype(np.float64)
+    assert_layers_close(both[0], then[0])
+    expected = [h.astype(np.float64) + da.astype(np.float64) + db.astype(np.float64)
                 for h, da, db in zip(head, a.delta, b.delta, strict=True)]
-    assert_layers_close(both, [e.astype(np.float32) for e in expected])
+    assert_layers_close(both[0], [e.astype(np.float32) for e in expected])
+    mean = [(oa.astype(np.float64) + ob.astype(np.float64)) / 2
+            for oa, ob in zip(a.optimizer, b.optimizer, strict=True)]
+    assert_layers_close(both[1], [m.astype(np.float32) for m in mean])
 
 
 @FAST
-@given(inputs=fold_inputs(n_deltas=3), server_lr=st.floats(0.1, 2))
-def test_zero_weight_deltas_change_nothing(inputs, server_lr) -> None:
-    """A delta of weight 0 is ignored: same result without it; only zero weights give None."""
+@given(inputs=fold_inputs(n_results=1))
+def test_a_round_of_one_task_is_that_tasks_result(inputs) -> None:
+    """With one task per round the fold returns the task's own weights and optimizer state:
+    the pipeline takes serial training's steps."""
     # Prepare
-    head, (a, b, z), (wa, wb, _) = inputs
+    head, optimizer, (a,) = inputs
+    trained = [h.astype(np.float64) + d.astype(np.float64) for h, d in zip(head, a.delta,
+                                                                         strict=True)]
     # Execute
-    with_zero = aggregation.fold(head, [a, z, b], [wa, 0.0, wb], server_lr)
-    without = aggregation.fold(head, [a, b], [wa, wb], server_lr)
-    only_zero = aggregation.fold(head, [z, a], [0.0, 0.0], server_lr)
+    folded = fold_round(head, optimizer, [a])
     # Assert
-    assert with_zero is not None and without is not None
-    for x, y in zip(with_zero, without, strict=True):
-        np.testing.assert_array_equal(x, y)
-    assert only_zero is None
+    assert folded is not None
+    assert_layers_close(folded[0], [t.astype(np.float32) for t in trained])
+    for got, want in zip(folded[1], a.optimizer, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert fold_round(head, optimizer, []) is None
 
 
 @FAST
-@given(inputs=fold_inputs(n_deltas=4), data=st.data())
-def test_fold_does_not_depend_on_delta_order(inputs, data) -> None:
-    """Any permutation of (delta, weight) pairs folds to the same weights."""
+@given(inputs=fold_inputs(n_results=4), data=st.data())
+def test_fold_does_not_depend_on_arrival_order(inputs, data) -> None:
+    """Any permutation of a round's results folds to the same bytes (the sum runs in task
+    order), so the version does not depend on which worker finished first."""
     # Prepare
-    head, deltas, weights = inputs
-    order = data.draw(st.permutations(range(len(deltas))))
+    head, optimizer, results = inputs
+    order = data.draw(st.permutations(range(len(results))))
     # Execute
-    straight = aggregation.fold(head, deltas, weights)
-    shuffled = aggregation.fold(head, [deltas[i] for i in order], [weights[i] for i in order])
+    straight = fold_round(head, optimizer, results)
+    shuffled = fold_round(head, optimizer, [results[i] for i in order])
     # Assert
     assert straight is not None and shuffled is not None
-    assert_layers_close(straight, shuffled)
+    for x, y in zip(straight[0] + straight[1], shuffled[0] + shuffled[1], strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 @st.composite
-def fold_plans(draw: st.DrawFn):
+def round_plans(draw: st.DrawFn):
     planned = draw(st.integers(1, 16))
-    head_version = draw(st.integers(0, 40))
+    size = draw(st.integers(1, 6))
+    start = draw(st.integers(0, planned - 1))
+    round_tasks = list(range(start, min(planned, start + size)))
     done = draw(st.lists(st.integers(0, planned - 1), unique=True, max_size=planned))
-    cut = draw(st.integers(0, len(done)))
-    applied, failed = done[:cut], done[cut:]
     refs = []
     for i in range(draw(st.integers(0, 30))):
         task = draw(st.integers(-2, planned + 2))
         refs.append(DeltaRef(name=f"job/e0001/t{max(task, 0):05d}/{i:016x}.npz",
-                             task_index=task, failed=draw(st.booleans()),
-                             base_version=draw(st.integers(0, head_version)),
-                             examples=draw(st.integers(0, 100))))
-    return (head_version, planned, applied, failed, refs, draw(st.integers(1, 6)),
-            draw(st.integers(0, 8)))
+                             task_index=task, failed=draw(st.booleans())))
+    return round_tasks, done, refs
 
 
 @FAST
-@given(args=fold_plans())
-def test_plan_fold_applies_each_task_at_most_once_and_never_a_done_one(args) -> None:
-    """apply + failed: distinct planned tasks, none already applied/failed, fresh enough."""
+@given(args=round_plans())
+def test_plan_round_folds_each_task_at_most_once_and_never_a_done_one(args) -> None:
+    """results + failures: distinct tasks of the round, none already done; a round is complete
+    only when every one of its tasks not yet done has a result or a failure marker."""
     # Prepare
-    head_version, planned, applied, failed, refs, buffer_size, max_staleness = args
-    done = set(applied) | set(failed)
+    round_tasks, done, refs = args
     # Execute
-    plan = plan_fold(head_version, planned, applied, failed, refs, buffer_size, max_staleness)
+    plan = plan_round(round_tasks, done, refs, planned=max(round_tasks) + 1)
     # Assert
-    chosen = [r.task_index for r in plan.apply + plan.failed]
-    assert len(chosen) == len(set(chosen)), "a task would be applied twice"
-    assert not set(chosen) & done, "a task already applied or failed would be applied again"
-    assert all(0 <= t < planned for t in chosen)
-    assert all(not r.failed and head_version - r.base_version <= max_staleness
-               for r in plan.apply)
-    assert all(r.failed for r in plan.failed)
-    assert all(any(r is s for s in refs) for r in plan.apply + plan.failed + plan.garbage)
-    assert not any(r is g for r in plan.apply + plan.failed for g in plan.garbage)
-    assert not set(plan.requeue) & (done | set(chosen))
-    assert len(plan.requeue) == len(set(plan.requeue))
-    assert len(plan.apply) <= max(buffer_size, 1) * MAX_DELTAS_PER_VERSION_FACTOR
+    chosen = list(plan.results) + list(plan.failures)
+    assert len(chosen) == len(set(chosen)), "a task would be folded twice"
+    assert not set(chosen) & set(done), "a task already done would be folded again"
+    assert set(chosen) <= set(round_tasks)
+    assert all(not r.failed for r in plan.results.values())
+    assert all(r.failed for r in plan.failures.values())
+    picked = list(plan.results.values()) + list(plan.failures.values())
+    assert not any(r is g for r in picked for g in plan.garbage)
+    assert sorted(id(r) for r in picked + plan.garbage + plan.ignored) == sorted(id(r) for r in refs)
+    assert all(r.task_index in done or not 0 <= r.task_index <= max(round_tasks)
+               or r.task_index in round_tasks for r in plan.garbage)
+    assert all(r.task_index not in done and r.task_index not in round_tasks
+               for r in plan.ignored)
+    pending = [t for t in round_tasks if t not in done]
+    assert plan.complete == (bool(pending) and set(chosen) == set(pending))
 
 
 @FAST
-@given(args=fold_plans())
-def test_plan_fold_then_commit_never_reapplies(args) -> None:
-    """Replaying the plan after committing it (a re-delivered event) applies nothing new twice."""
+@given(args=round_plans())
+def test_plan_round_then_commit_never_refolds(args) -> None:
+    """Replaying the plan after committing it (a re-delivered event) folds nothing again."""
     # Prepare
-    head_version, planned, applied, failed, refs, buffer_size, max_staleness = args
-    first = plan_fold(head_version, planned, applied, failed, refs, buffer_size, max_staleness)
-    assume(first.commits)
-    applied_after = [*applied, *(r.task_index for r in first.apply)]
-    failed_after = [*failed, *(r.task_index for r in first.failed)]
-    # Execute: the same deltas are listed again (not yet garbage-collected)
-    second = plan_fold(head_version + 1, planned, applied_after, failed_after, refs,
-                       buffer_size, max_staleness)
+    round_tasks, done, refs = args
+    first = plan_round(round_tasks, done, refs)
+    assume(first.complete)
+    done_after = [*done, *first.results, *first.failures]
+    # Execute: the same objects are listed again (not yet garbage-collected)
+    second = plan_round(round_tasks, done_after, refs)
     # Assert
-    again = {r.task_index for r in second.apply + second.failed}
-    assert not again & (set(applied_after) | set(failed_after))
+    assert not second.results and not second.failures and not second.complete

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from bucketlearn import jobs
 from bucketlearn.config import load_autoscaler_settings
+from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
 from bucketlearn.memory import MemoryRegistry
 from bucketlearn.scaling import ScalingPolicy, autoscale_once, desired_workers, outstanding_tasks
@@ -48,26 +50,32 @@ def test_policy_validates_bounds(kwargs: dict[str, int], key: str) -> None:
 
 
 def seed_job(registry: MemoryRegistry, job_id: str, planned: int, applied: list[int],
-             status: str = "RUNNING", published: int = 1, failed: list[int] | None = None) -> None:
+             status: str = "RUNNING", published: bool = True, failed: list[int] | None = None,
+             parallel: int = 4, round_index: int = 0) -> None:
     registry.create_job(job_id, {"job_id": job_id, "status": "QUEUED", "phase": "splitting",
                                  "claim": "c", "created_at": 1.0})
-    registry.start_training(job_id, "c", {"phase": "training", "version": 0, "epoch": 1,
-                                          "published_epoch": published,
-                                          "tasks_per_epoch": planned},
-                            {"version": 0}, {"epoch": 1, "planned": planned,
-                                             "applied": applied, "failed": failed or []})
+    plan = TrainingPlan(parallel_tasks=parallel, shards_per_task=1, tasks_per_epoch=planned,
+                        epochs=1, serial_steps=100, decided="test")
+    registry.start_training(job_id, "c", {
+        "phase": "training", "version": 0, "epoch": 1, "round": round_index,
+        "published": jobs.round_key(1, round_index) if published else None,
+        "plan": plan.to_dict(), "tasks_per_epoch": planned},
+        {"version": 0}, {"epoch": 1, "planned": planned, "applied": applied,
+                         "failed": failed or []})
     registry.update_job(job_id, {"status": status})
 
 
-def test_outstanding_tasks_counts_unapplied_tasks_of_active_published_epochs() -> None:
+def test_outstanding_tasks_counts_unfinished_tasks_of_active_published_rounds() -> None:
+    """Only the current round's tasks can be trained at once: those not yet done count."""
     # Prepare
     registry = MemoryRegistry()
-    seed_job(registry, "a", planned=6, applied=[0, 1])                    # 4 outstanding
-    seed_job(registry, "b", planned=3, applied=[], failed=[2])            # 2 outstanding
-    seed_job(registry, "c", planned=9, applied=[], published=0)           # not published: 0
+    seed_job(registry, "a", planned=6, applied=[0, 1])                    # round 0-3: 2 left
+    seed_job(registry, "b", planned=3, applied=[], failed=[2])            # round 0-2: 2 left
+    seed_job(registry, "c", planned=9, applied=[], published=False)       # not published: 0
     seed_job(registry, "d", planned=9, applied=[], status="DONE")         # finished: 0
+    seed_job(registry, "e", planned=10, applied=[0, 1, 2, 3, 8], round_index=2)  # 8-9: 1 left
     # Execute / Assert
-    assert outstanding_tasks(registry) == 6
+    assert outstanding_tasks(registry) == 5
 
 
 class FakePool:
@@ -86,7 +94,7 @@ class FakePool:
 def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
     # Prepare
     registry = MemoryRegistry()
-    seed_job(registry, "a", planned=7, applied=[])
+    seed_job(registry, "a", planned=7, applied=[])  # a round of 4 tasks
     pool = FakePool(0)
     state: dict[str, Any] = {}
     # Execute
@@ -95,8 +103,8 @@ def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
     early = autoscale_once(registry, pool, POLICY, 130.0, state)
     late = autoscale_once(registry, pool, POLICY, 200.0, state)
     # Assert
-    assert first["desired"] == 4 and pool.sets == [4, 0]
-    assert early["changed"] is False and early["desired"] == 4  # within the cool-down
+    assert first["desired"] == 2 and pool.sets == [2, 0]  # 4 tasks, 2 per worker
+    assert early["changed"] is False and early["desired"] == 2  # within the cool-down
     assert late["desired"] == 0 and state["last_change_at"] == 200.0
 
 

@@ -134,7 +134,7 @@ def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Pa
                                                          marker: Path) -> None:
     """A pickle in the deltas bucket, named like a delta: not applied, its task retrained."""
     # Prepare
-    svc, job_id = start_job(tmp_path, buffer_size="1")
+    svc, job_id = start_job(tmp_path, parallel_tasks="1")
     published_before = len(svc.queue.published)
     name = layout.delta_path(job_id, 1, 0, "ab" * 8)
     svc.store.write_bytes(svc.settings.deltas_bucket, name, PAYLOADS[kind](marker),

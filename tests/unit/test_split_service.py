@@ -7,6 +7,7 @@ import pytest
 from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError, PermanentError
 from bucketlearn.ingest import Manifest
 from bucketlearn.memory import MemoryBlobStore
@@ -47,27 +48,33 @@ def test_upload_is_accepted_as_one_job(digits_job):
     assert job["phase"] == jobs.TRAINING and not jobs.is_terminal(job)
     assert job["options"]["epochs"] == 1
     assert job["dataset"]["rows"] == 1797 and len(job["dataset"]["classes"]) == 10
-    assert job["version"] == 0 and job["epoch"] == 1 and job["published_epoch"] == 1
-    assert job["tasks_planned"] == job["tasks_per_epoch"]
+    assert job["version"] == 0 and job["epoch"] == 1 and job["round"] == 0
+    assert job["published"] == jobs.round_key(1, 0)
+    assert job["tasks_planned"] == job["tasks_per_epoch"] == job["plan"]["tasks_per_epoch"]
 
 
-def test_one_task_published_per_shard(digits_job):
-    """Epoch 1 publishes one message per shard, each naming that shard's parts and rows."""
+def test_the_first_round_is_published(digits_job):
+    """Only round 0 of epoch 1 is published: one message per task of the round, each naming its
+    shards' parts and rows, the version it trains from (v0) and its learning rate."""
     # Prepare
     svc, _, _, job_id, _ = digits_job
+    job = svc.registry.get_job(job_id)
     manifest = Manifest.from_json(
         svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id)))
+    plan = TrainingPlan.from_dict(job["plan"])
+    tasks = epoch_tasks(plan, len(manifest.shards), 0, 1)
     # Execute
     messages = [m for m in svc.queue.published if m.job_id == job_id]
     # Assert
-    assert len(messages) == len(manifest.shards) == svc.registry.get_job(job_id)[
-        "tasks_per_epoch"]
-    assert sorted(m.task_index for m in messages) == list(range(len(manifest.shards)))
-    by_index = {s.index: s for s in manifest.shards}
+    assert [m.task_index for m in messages] == list(plan.round_range(0))
+    assert sorted(i for t in tasks for i in t) == list(range(len(manifest.shards)))
     for m in messages:
-        assert m.epoch == 1
-        assert list(m.parts) == by_index[m.task_index].parts
-        assert m.rows == by_index[m.task_index].rows
+        shards = [manifest.shards[i] for i in tasks[m.task_index]]
+        assert (m.epoch, m.round, m.base_version) == (1, 0, 0)
+        assert list(m.parts) == [p for shard in shards for p in shard.parts]
+        assert m.rows == sum(shard.rows for shard in shards)
+        assert m.weights_path == job["head"]["weights_path"]
+        assert m.learning_rate == pytest.approx(job["options"]["learning_rate"])
     assert svc.registry.get_version(job_id, 0)["weights_path"].startswith(f"weights/{job_id}/")
 
 
@@ -102,7 +109,7 @@ def test_new_generation_is_a_new_job(digits_job):
     assert new_job_id == layout.job_id_for(new_event.bucket, new_event.name,
                                            new_event.generation)
     assert len([m for m in svc.queue.published if m.job_id == new_job_id]) == \
-        svc.registry.get_job(new_job_id)["tasks_per_epoch"]
+        len(jobs.current_round_tasks(svc.registry.get_job(new_job_id)))
 
 
 class RecordingStore(MemoryBlobStore):

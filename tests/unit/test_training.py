@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from bucketlearn.model import ModelSpec, build_model
-from bucketlearn.training import EVAL_BATCH, evaluate, shuffle_rows, train_on_shard
+from bucketlearn.training import (
+    EVAL_BATCH,
+    evaluate,
+    evaluate_detail,
+    optimizer_state,
+    shuffle_rows,
+    train_task,
+)
 
 
 def _model():
@@ -31,7 +38,8 @@ def test_task_takes_the_same_steps_as_fit():
     base = [w.copy() for w in task_model.get_weights()]
     xs, ys = shuffle_rows(x, y, seed=3, epoch=2, task_index=4)
     # Execute
-    result = train_on_shard(task_model, base, x, y, batch_size=32, seed=3, epoch=2, task_index=4)
+    result = train_task(task_model, base, optimizer_state(task_model), x, y, batch_size=32,
+                        learning_rate=1e-2, seed=3, epoch=2, task_index=4)
     history = fit_model.fit(xs, ys, batch_size=32, epochs=1, shuffle=False, verbose=0)
     # Assert
     assert result.examples == 70
@@ -39,22 +47,56 @@ def test_task_takes_the_same_steps_as_fit():
         assert not np.allclose(mine, start)  # the task trained
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
     assert result.train_loss == pytest.approx(history.history["loss"][-1], rel=1e-4)
+    for mine, theirs in zip(result.optimizer, optimizer_state(fit_model), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-7)
 
 
-def test_task_starts_from_the_base_weights():
-    """Whatever the model held before, a task starts from the base it is given: two tasks from
-    one base on the same rows with fresh optimizers give the same weights."""
+def test_two_tasks_from_a_version_state_continue_serial_training():
+    """A task that starts from another task's weights *and optimizer state* takes exactly the
+    steps one fit() over both tasks' rows takes: a version carries the whole training state, so
+    one task per round is serial training (a fresh optimizer per task would not be)."""
+    # Prepare
+    x, y = _shard(128)
+    split_model, fit_model = _model(), _model()
+    base = [w.copy() for w in split_model.get_weights()]
+    start = optimizer_state(split_model)
+    first_rows = shuffle_rows(x[:64], y[:64], seed=0, epoch=1, task_index=0)
+    second_rows = shuffle_rows(x[64:], y[64:], seed=0, epoch=1, task_index=1)
+    # Execute
+    one = train_task(split_model, base, start, x[:64], y[:64], 32, 1e-2, 0, 1, 0)
+    other = _model()  # another worker: its own model, given the first task's state
+    two = train_task(other, one.weights, one.optimizer, x[64:], y[64:], 32, 1e-2, 0, 1, 1)
+    fresh = train_task(_model(), one.weights, start, x[64:], y[64:], 32, 1e-2, 0, 1, 1)
+    fit_model.fit(np.concatenate([first_rows[0], second_rows[0]]),
+                  np.concatenate([first_rows[1], second_rows[1]]), batch_size=32, epochs=1,
+                  shuffle=False, verbose=0)
+    # Assert
+    for mine, theirs in zip(two.weights, fit_model.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+    assert int(two.optimizer[0]) == 4  # four steps in all
+    assert any(not np.allclose(a, b, rtol=1e-4, atol=1e-6)
+               for a, b in zip(fresh.weights, fit_model.get_weights(), strict=True))
+
+
+def test_task_starts_from_the_base_weights_and_learning_rate():
+    """Whatever the model held before, a task starts from the base and state it is given, at
+    the learning rate it is given: two tasks from one base on the same rows give the same
+    weights; a zero learning rate leaves the weights where they were."""
     # Prepare
     x, y = _shard(40)
     first, second = _model(), _model()
     base = [w.copy() for w in first.get_weights()]
+    state = optimizer_state(first)
     second.set_weights([w + 1.0 for w in base])  # a different state left by an earlier task
     # Execute
-    a = train_on_shard(first, base, x, y, batch_size=16, seed=0, epoch=1, task_index=0)
-    b = train_on_shard(second, base, x, y, batch_size=16, seed=0, epoch=1, task_index=0)
+    a = train_task(first, base, state, x, y, 16, 1e-2, 0, 1, 0)
+    b = train_task(second, base, state, x, y, 16, 1e-2, 0, 1, 0)
+    still = train_task(second, base, state, x, y, 16, 0.0, 0, 1, 0)
     # Assert
     for wa, wb in zip(a.weights, b.weights, strict=True):
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+    for w, start in zip(still.weights, base, strict=True):
+        np.testing.assert_allclose(w, start, atol=1e-7)
 
 
 def test_evaluate_matches_keras_evaluate():
@@ -64,8 +106,8 @@ def test_evaluate_matches_keras_evaluate():
     rows = 2 * EVAL_BATCH + 70
     x, y = _shard(rows)
     model = _model()
-    train_on_shard(model, model.get_weights(), x[:64], y[:64], batch_size=32, seed=0, epoch=1,
-                   task_index=0)  # weights that are neither initial nor perfect
+    train_task(model, model.get_weights(), optimizer_state(model), x[:64], y[:64], 32, 1e-2,
+               0, 1, 0)  # weights that are neither initial nor perfect
     # Execute
     accuracy, loss = evaluate(model, None, x, y)
     # Assert
@@ -87,3 +129,16 @@ def test_evaluate_sets_the_given_weights_and_rejects_an_empty_holdout():
     assert 0.0 <= accuracy <= 1.0
     with pytest.raises(ValueError, match="at least one row"):
         evaluate(model, None, x[:0], y[:0])
+
+
+def test_evaluate_detail_counts_the_predicted_classes():
+    """The predicted-class counts add up to the rows and match the argmax of the model."""
+    # Prepare
+    x, y = _shard(90)
+    model = _model()
+    # Execute
+    found = evaluate_detail(model, None, x, y)
+    # Assert
+    predicted = np.argmax(model.predict_on_batch(x), axis=1)
+    assert sum(found.predicted_counts) == 90 and len(found.predicted_counts) == 3
+    assert found.predicted_counts == np.bincount(predicted, minlength=3).tolist()

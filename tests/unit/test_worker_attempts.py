@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import worker
+from bucketlearn.errors import TransientError
 from bucketlearn.worker import Decision, Learner
 from tests.unit.test_invariants import start_job
 
@@ -16,8 +17,10 @@ from tests.unit.test_invariants import start_job
                                             (ValueError("not an npz"), 1)])
 def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            error: Exception, counted: int) -> None:
-    # Prepare: every shard read fails with ``error``
+    # Prepare: every shard read fails with ``error``; a transient one for longer than the worker
+    # keeps a task through an outage
     monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(worker, "TRANSIENT_RETRY_SECONDS", 0.0)
     svc, job_id = start_job(tmp_path)
     real_read = svc.store.read_bytes
 
@@ -49,3 +52,91 @@ def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.ACK and task["state"] == "TRAINED"
     assert task["pulled_at"] <= task["started_at"] <= task["finished_at"]
+
+
+def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two failed shard reads, then the storage is back: the worker keeps the message and trains
+    (ACK) instead of nacking: every nack is a Pub/Sub delivery towards dead-lettering (issue #14,
+    item 1). One attempt is counted."""
+    # Prepare
+    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.01)
+    svc, job_id = start_job(tmp_path)
+    real_read = svc.store.read_bytes
+    failures = iter([True, True])
+
+    def flaky_read(bucket: str, name: str) -> Any:
+        if "/shards/" in name and next(failures, False):
+            raise ConnectionError("connection reset")
+        return real_read(bucket, name)
+
+    monkeypatch.setattr(svc.store, "read_bytes", flaky_read)
+    received = svc.queue.pull(0)
+    # Execute
+    decision = Learner(svc, "w1").process(received.message)
+    # Assert
+    [task] = svc.registry.list_tasks(job_id)
+    assert decision is Decision.ACK
+    assert task["attempts"] == 1 and task["state"] == "TRAINED"
+
+
+def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """record_attempt's write lands but its answer is lost (an outage between the write and the
+    read-back): the retry with the same attempt key counts once (issue #14, item 3)."""
+    # Prepare
+    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
+    svc, job_id = start_job(tmp_path)
+    real = svc.registry.record_attempt
+    lost = iter([True])
+
+    def answer_lost(*args: Any, **kwargs: Any) -> int:
+        count = real(*args, **kwargs)
+        if next(lost, False):
+            raise TransientError("deadline exceeded reading the attempt back")
+        return count
+
+    monkeypatch.setattr(svc.registry, "record_attempt", answer_lost)
+    received = svc.queue.pull(0)
+    # Execute
+    decision = Learner(svc, "w1").process(received.message)
+    # Assert
+    [task] = svc.registry.list_tasks(job_id)
+    assert decision is Decision.ACK and task["attempts"] == 1
+
+
+def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient failure outlasts the worker's patience and the refund fails too (the registry
+    is down): the attempt is owed, and given back with the next task (issue #14, item 3)."""
+    # Prepare
+    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(worker, "TRANSIENT_RETRY_SECONDS", 0.0)
+    svc, job_id = start_job(tmp_path)
+    real_read, real_refund = svc.store.read_bytes, svc.registry.refund_attempt
+    down = {"storage": True, "refunds": True}
+
+    def read(bucket: str, name: str) -> Any:
+        if "/shards/" in name and down["storage"]:
+            raise ConnectionError("connection reset")
+        return real_read(bucket, name)
+
+    def refund(*args: Any, **kwargs: Any) -> None:
+        if down["refunds"]:
+            raise TransientError("firestore unavailable")
+        real_refund(*args, **kwargs)
+
+    monkeypatch.setattr(svc.store, "read_bytes", read)
+    monkeypatch.setattr(svc.registry, "refund_attempt", refund)
+    learner = Learner(svc, "w1")
+    first = svc.queue.pull(0)
+    # Execute: the outage
+    assert learner.process(first.message) is Decision.NACK
+    owed = svc.registry.list_tasks(job_id)[0]["attempts"]
+    # Execute: the backends are back; the next task settles what is owed
+    down.update(storage=False, refunds=False)
+    second = learner.process(first.message)
+    # Assert
+    [task] = svc.registry.list_tasks(job_id)
+    assert owed == 1
+    assert second is Decision.ACK and task["attempts"] == 1  # the outage's attempt was given back

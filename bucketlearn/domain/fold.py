@@ -1,0 +1,145 @@
+"""Folding a round: pure arithmetic over arrays, unit-tested against hand-worked values.
+
+A round's R tasks all train from the same version ``x`` with its optimizer state; each returns
+``Δ_i = x_i - x`` and its optimizer state after training. The next version is FedAvg with a
+server learning rate η (Reddi et al., "Adaptive Federated Optimization", ICLR 2021):
+
+    x' = x + η · (1/R) Σ_i Δ_i
+
+and the optimizer state that goes with ``x'`` is the element-wise mean of the tasks' states (each
+is an estimate of the same moving averages, one per shard). With R = 1 both reduce to the one
+task's result: serial training, whatever η.
+
+η is the one place where the model family matters, and it is there because the measurements
+say so (docs/TRAINING.md, ``benchmarks/methods.py``, 5 tuning datasets x 3 seeds):
+
+* **MLP: η = R, the round's sum.** To first order the sum is what serial training would do with
+  the same R tasks one after another (Goyal et al.'s linear scaling rule for the round's R·b
+  rows). Averaging instead gives a round the progress of one task: MLP jobs ended 2-7 points
+  below serial with the mean, and within a point with the sum.
+* **CNN: η = 1, the round's mean** (FedAvg as published). Deltas from one version of a CNN point
+  much the same way, and their sum overshot: 2 points below serial on 12,000 and 48,000-row
+  image sets where the mean was within a point, and tens of points on 3,000 rows.
+
+How many tasks a round may have (``domain.plan``) bounds how far either fold is from serial.
+
+A delta is *refused* (never folded; its task is trained again) when it is not finite or when its
+norm is far outside the job's recent deltas (``check_delta``): one bad worker must not poison
+every later version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+OUTLIER_FACTOR = 20.0  # a delta this many times larger than the job's recent deltas is refused
+NORM_MEMORY = 0.8  # weight of the past in the running delta norm
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's contribution: its delta, its optimizer state after training, its figures."""
+
+    task_index: int
+    delta: Sequence[np.ndarray]
+    optimizer: Sequence[np.ndarray]
+    examples: int
+    train_loss: float | None = None
+
+
+def delta_norm(delta: Sequence[np.ndarray]) -> float:
+    """The Euclidean norm of a delta over all its arrays (float64)."""
+    return math.sqrt(sum(float(np.vdot(d, d)) for d in (np.asarray(a, np.float64)
+                                                        for a in delta)))
+
+
+def check_delta(result: TaskResult, shapes: Sequence[tuple[int, ...]],
+                optimizer_shapes: Sequence[tuple[int, ...]],
+                recent_norm: float | None) -> str | None:
+    """Why a task's result must not be folded, or None when it may.
+
+    Args:
+        result: the task's delta and optimizer state.
+        shapes: the model's array shapes, in order.
+        optimizer_shapes: the optimizer state's array shapes, in order.
+        recent_norm: the job's running delta norm (None before the first fold).
+    """
+    found = [tuple(np.shape(d)) for d in result.delta]
+    if found != [tuple(s) for s in shapes]:
+        return f"expected weight arrays of shapes {list(shapes)}; found {found}"
+    found_opt = [tuple(np.shape(o)) for o in result.optimizer]
+    if found_opt != [tuple(s) for s in optimizer_shapes]:
+        return f"expected optimizer arrays of shapes {list(optimizer_shapes)}; found {found_opt}"
+    for name, arrays in (("weights", result.delta), ("optimizer state", result.optimizer)):
+        for i, array in enumerate(arrays):
+            if not np.all(np.isfinite(array)):
+                return (f"{name} array {i} is not finite (NaN or infinity): the task's training "
+                        "diverged")
+    norm = delta_norm(result.delta)
+    if recent_norm is not None and recent_norm > 0 and norm > OUTLIER_FACTOR * recent_norm:
+        return (f"its norm {norm:.4g} is {norm / recent_norm:.0f}x the job's recent deltas "
+                f"({recent_norm:.4g}); expected at most {OUTLIER_FACTOR:g}x")
+    return None
+
+
+def running_norm(previous: float | None, results: Sequence[TaskResult]) -> float | None:
+    """The job's delta norm after folding ``results``: an exponential average of the median."""
+    if not results:
+        return previous
+    current = float(np.median([delta_norm(r.delta) for r in results]))
+    if previous is None:
+        return current
+    return NORM_MEMORY * previous + (1.0 - NORM_MEMORY) * current
+
+
+def server_learning_rate(model_kind: str, parallel_tasks: int) -> float:
+    """η for a model family (see the module docstring): R for an MLP, 1 for a CNN."""
+    return float(parallel_tasks) if model_kind == "mlp" else 1.0
+
+
+def fold_round(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
+               results: Sequence[TaskResult], server_lr: float | None = None
+               ) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """The next version's weights and optimizer state; None when nothing was trained.
+
+    Args:
+        weights: the round's base version, array by array.
+        optimizer: the base version's optimizer state (kept when no result came).
+        results: the round's checked task results, in any order.
+        server_lr: η in ``x + η · mean(Δ)``; None means the number of results (their sum).
+
+    Returns:
+        (weights + η · mean of the deltas, mean of the tasks' optimizer states), float32. The
+        sum is taken in float64 in task order, so the same results give the same bytes whatever
+        order they arrived in.
+    """
+    if not results:
+        return None
+    ordered = sorted(results, key=lambda r: r.task_index)
+    scale = (len(ordered) if server_lr is None else server_lr) / len(ordered)
+    total = [np.zeros(np.shape(w), dtype=np.float64) for w in weights]
+    for result in ordered:
+        if len(result.delta) != len(total):
+            raise ValueError(f"task {result.task_index}: expected {len(total)} weight arrays; "
+                             f"found {len(result.delta)}")
+        for layer, d in zip(total, result.delta, strict=True):
+            layer += np.asarray(d, dtype=np.float64)
+    new = [np.asarray(w, dtype=np.float64) + scale * t for w, t in zip(weights, total,
+                                                                     strict=True)]
+    state = [np.mean(np.stack([np.asarray(r.optimizer[i], np.float64) for r in ordered]), axis=0)
+             for i in range(len(optimizer))]
+    return ([layer.astype(np.float32) for layer in new],
+            [s.astype(np.asarray(o).dtype) for s, o in zip(state, optimizer, strict=True)])
+
+
+def weighted_mean_loss(results: Sequence[TaskResult]) -> float | None:
+    """Example-weighted mean of the tasks' training losses (None when none reported)."""
+    pairs = [(r.train_loss, r.examples) for r in results if r.train_loss is not None]
+    total = sum(n for _, n in pairs)
+    if not pairs or total == 0:
+        return None
+    return float(sum(loss * n for loss, n in pairs) / total)

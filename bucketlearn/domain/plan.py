@@ -1,0 +1,171 @@
+"""How a job's training is laid out: tasks, rounds, how many tasks train at once, learning rates.
+
+Training runs in **synchronous rounds**. Every epoch deals the job's shards into tasks in a
+seeded order; consecutive tasks form rounds of ``parallel_tasks`` (R) tasks. Every task of a
+round trains from the same version, on its own rows, with the version's optimizer state; when
+all of them are in, the aggregator folds them into the next version. Nothing here depends on how
+many workers there are or how their timing interleaves: the same upload with the same options
+gives the same sequence of versions on 1 worker or 16 (invariant 10 by construction), and with
+R = 1 the pipeline takes exactly serial training's steps.
+
+How many tasks may train from one version is what decides whether parallel training keeps serial
+accuracy. Local SGD (R workers, H local steps each, then a model fold) converges like serial SGD
+once H·R stays within a constant times the square root of the number of steps (Stich, "Local
+SGD Converges Fast and Communicates Little", ICLR 2019: linear speedup for H = O(√(T/R)), T the
+steps per worker; with T = S/R for S serial steps, R·H ≤ c·√S). ``auto`` therefore takes the
+largest R with ``R * H <= PARALLEL_C * sqrt(S)``, S being the job's serial steps (epochs × batches
+per epoch) and H a shard's steps. The constant was measured on the benchmark's tuning datasets
+(docs/TRAINING.md): with more tasks per version than that, a small CNN lost several points.
+
+A job that trains one task at a time (R = 1) groups up to ``SERIAL_TASK_SHARDS`` shards into a
+task: the steps are the same, one after another, and the pipeline pays for fewer versions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+PARALLEL_C = 0.5
+MAX_PARALLEL_TASKS = 64
+SERIAL_TASK_SHARDS = 4
+SCHEDULES = ("wsd", "cosine", "constant")
+WSD_DECAY = 0.2  # "wsd": constant, then a linear decay to 0 over the last fifth of the job
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """The layout of one job's training, decided once when its upload is split.
+
+    Attributes:
+        parallel_tasks: tasks per round (R), trained from the same version.
+        shards_per_task: shards a task trains, one after another.
+        tasks_per_epoch: tasks in every epoch.
+        epochs: passes over the training rows.
+        serial_steps: optimizer steps of serial training on the same rows (S).
+        decided: how ``parallel_tasks`` was chosen, for people ("auto: ...", "option").
+    """
+
+    parallel_tasks: int
+    shards_per_task: int
+    tasks_per_epoch: int
+    epochs: int
+    serial_steps: int
+    decided: str
+
+    @property
+    def rounds_per_epoch(self) -> int:
+        return math.ceil(self.tasks_per_epoch / self.parallel_tasks)
+
+    @property
+    def total_tasks(self) -> int:
+        return self.tasks_per_epoch * self.epochs
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {"parallel_tasks": self.parallel_tasks, "shards_per_task": self.shards_per_task,
+                "tasks_per_epoch": self.tasks_per_epoch, "epochs": self.epochs,
+                "serial_steps": self.serial_steps, "decided": self.decided}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> TrainingPlan:
+        return cls(parallel_tasks=int(data["parallel_tasks"]),  # type: ignore[arg-type]
+                   shards_per_task=int(data["shards_per_task"]),  # type: ignore[arg-type]
+                   tasks_per_epoch=int(data["tasks_per_epoch"]),  # type: ignore[arg-type]
+                   epochs=int(data["epochs"]),  # type: ignore[arg-type]
+                   serial_steps=int(data["serial_steps"]),  # type: ignore[arg-type]
+                   decided=str(data.get("decided", "")))
+
+    def round_range(self, round_index: int) -> range:
+        """The task indices (within an epoch) of one round."""
+        start = round_index * self.parallel_tasks
+        return range(start, min(self.tasks_per_epoch, start + self.parallel_tasks))
+
+    def round_of(self, task_index: int) -> int:
+        return task_index // self.parallel_tasks
+
+    def progress(self, epoch: int, round_index: int) -> float:
+        """Share of the job's tasks done before this round starts (0 at the start, <1)."""
+        done = (epoch - 1) * self.tasks_per_epoch + round_index * self.parallel_tasks
+        return min(1.0, done / max(1, self.total_tasks))
+
+
+def serial_steps(shard_rows: Sequence[int], epochs: int, batch_size: int) -> int:
+    """Optimizer steps serial training takes over the same rows (batches of ``batch_size``)."""
+    return epochs * math.ceil(sum(shard_rows) / max(1, batch_size))
+
+
+def auto_parallel_tasks(steps: int, shard_steps: int, cap: int = MAX_PARALLEL_TASKS) -> int:
+    """The largest R with ``R * shard_steps <= PARALLEL_C * sqrt(steps)`` (at least 1)."""
+    budget = PARALLEL_C * math.sqrt(max(0, steps))
+    return max(1, min(cap, int(budget // max(1, shard_steps))))
+
+
+def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
+                  requested: int | None = None, cap: int = MAX_PARALLEL_TASKS) -> TrainingPlan:
+    """Decide tasks, rounds and parallelism for a job.
+
+    Args:
+        shard_rows: training rows of every shard, in shard order.
+        epochs: passes over the training rows.
+        batch_size: rows per optimizer step.
+        requested: ``parallel_tasks`` from the job's options; None means auto.
+        cap: the most tasks a round may have.
+
+    Returns:
+        The plan. With R > 1 a task is one shard; with R = 1 a task is up to
+        ``SERIAL_TASK_SHARDS`` shards.
+    """
+    if not shard_rows:
+        raise ValueError("a plan needs at least one shard")
+    steps = serial_steps(shard_rows, epochs, batch_size)
+    largest = max(shard_rows)
+    shard_steps = math.ceil(largest / max(1, batch_size))
+    if requested is None:
+        parallel = auto_parallel_tasks(steps, shard_steps, cap)
+        decided = (f"auto: R*H <= {PARALLEL_C:g}*sqrt(S) with S={steps} serial steps and "
+                   f"H={shard_steps} steps per shard")
+    else:
+        parallel = max(1, min(cap, int(requested)))
+        decided = "option parallel_tasks"
+    shards = len(shard_rows)
+    per_task = 1 if parallel > 1 else min(SERIAL_TASK_SHARDS, shards)
+    tasks = math.ceil(shards / per_task)
+    parallel = min(parallel, tasks)
+    return TrainingPlan(parallel_tasks=parallel, shards_per_task=per_task, tasks_per_epoch=tasks,
+                        epochs=epochs, serial_steps=steps, decided=decided)
+
+
+def epoch_tasks(plan: TrainingPlan, shard_count: int, seed: int, epoch: int) -> list[list[int]]:
+    """Each task's shard indices for one epoch: shards in a seeded order, dealt into tasks of
+    ``shards_per_task`` consecutive shards (the same seed and epoch give the same tasks)."""
+    order = np.random.default_rng([seed, epoch, 17]).permutation(shard_count).tolist()
+    size = plan.shards_per_task
+    tasks = [order[i:i + size] for i in range(0, shard_count, size)]
+    if len(tasks) != plan.tasks_per_epoch:
+        raise ValueError(f"plan: expected {plan.tasks_per_epoch} tasks per epoch; "
+                         f"found {len(tasks)} for {shard_count} shards")
+    return tasks
+
+
+def learning_rate(base: float, schedule: str, progress: float) -> float:
+    """The learning rate at ``progress`` (share of the job done, 0..1).
+
+    ``wsd`` (warmup-stable-decay without the warmup; Hägele et al., "Scaling Laws and
+    Compute-Optimal Training Beyond Fixed Training Durations", 2024) keeps ``base`` for the first
+    80 % of the job and decays linearly to 0 over the last 20 %: the final model does not depend
+    on the last few batches it saw (a constant rate's last versions swung 3 points on a CNN),
+    and the job keeps nearly a constant rate's progress (a cosine's average rate is half of it,
+    which cost an under-trained CNN up to 6 points). ``cosine`` decays along a half cosine;
+    ``constant`` keeps ``base``.
+    """
+    progress = min(1.0, max(0.0, progress))
+    if schedule == "constant":
+        return float(base)
+    if schedule == "wsd":
+        return float(base) * min(1.0, (1.0 - progress) / WSD_DECAY)
+    if schedule == "cosine":
+        return float(base) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr_schedule: expected one of {', '.join(SCHEDULES)}; found {schedule!r}")

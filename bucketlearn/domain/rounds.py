@@ -1,0 +1,86 @@
+"""Which task results a round folds: a pure decision over the listed delta objects.
+
+Invariant 2 (every planned task applied exactly once) rests on two facts decided here: a task
+already applied or failed is never folded again (its late or duplicate results are garbage),
+and a round is folded only when every one of its tasks has a result or a failure marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeltaRef:
+    """A task result (or failure marker) object as listed in the deltas bucket."""
+
+    name: str
+    task_index: int
+    failed: bool
+
+
+@dataclass
+class RoundPlan:
+    """What to do with a round's objects.
+
+    Attributes:
+        results: the result object to fold for each task that has one.
+        failures: the failure marker of each task that failed for good (and has no result).
+        missing: tasks with neither yet; the round waits for them.
+        garbage: objects never to fold: duplicates, results of tasks already done, names of
+            tasks the epoch does not have.
+        ignored: results of tasks of the epoch outside this round and not done (only the
+            current round is ever published, so none should exist; they are left alone).
+    """
+
+    results: dict[int, DeltaRef] = field(default_factory=dict)
+    failures: dict[int, DeltaRef] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+    garbage: list[DeltaRef] = field(default_factory=list)
+    ignored: list[DeltaRef] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and bool(self.results or self.failures)
+
+
+def plan_round(round_tasks: Iterable[int], done: Iterable[int],
+               refs: Iterable[DeltaRef], planned: int | None = None) -> RoundPlan:
+    """Decide what the current round folds.
+
+    Args:
+        round_tasks: the task indices of the round.
+        done: task indices of the epoch already applied or failed for good.
+        refs: the epoch's listed result objects and failure markers.
+        planned: the epoch's task count (None: any index is a task of the epoch).
+
+    A task's result wins over its failure marker (it was trained after all); among several
+    results of one task (a redelivered task trained twice) the first by name is folded and the
+    others are garbage, so the choice does not depend on listing order.
+    """
+    finished = set(done)
+    wanted = [t for t in round_tasks if t not in finished]
+    wanted_set = set(wanted)
+    by_task: dict[int, list[DeltaRef]] = {}
+    plan = RoundPlan()
+    for ref in refs:
+        if ref.task_index in wanted_set:
+            by_task.setdefault(ref.task_index, []).append(ref)
+        elif ref.task_index in finished or ref.task_index < 0 or (
+                planned is not None and ref.task_index >= planned):
+            plan.garbage.append(ref)
+        else:
+            plan.ignored.append(ref)
+    for task in wanted:
+        refs_of_task = sorted(by_task.get(task, []), key=lambda r: r.name)
+        trained = [r for r in refs_of_task if not r.failed]
+        if trained:
+            plan.results[task] = trained[0]
+            plan.garbage.extend(r for r in refs_of_task if r is not trained[0])
+        elif refs_of_task:
+            plan.failures[task] = refs_of_task[0]
+            plan.garbage.extend(refs_of_task[1:])
+        else:
+            plan.missing.append(task)
+    return plan

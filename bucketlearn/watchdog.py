@@ -1,0 +1,123 @@
+"""The watchdog: one pass over the active jobs that finds the stalled ones and gets them moving.
+
+Run periodically: in the cloud by ``bucketlearn autoscale`` (the Cloud Run job Cloud Scheduler
+starts every minute), locally by the stack's supervisor. What to do is decided by
+``domain.tending.decide``; this module reads what it needs and acts:
+
+* a round never published, a complete round never folded, an export that stopped: write a
+  *nudge* object to the deltas bucket, which starts the aggregator the way a task result does;
+* tasks of the round without a result for too long (a lost or dead-lettered message): publish
+  them again (a task trained twice is applied once);
+* a split that never finished: end the job FAILED.
+
+``drain_dead_letters`` turns task messages Pub/Sub gave up on (the dead-letter sink) into failure
+markers, so the round folds without them and the job's ``max_failed_tasks`` decides its fate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from bucketlearn import jobs, layout
+from bucketlearn.aggregator import list_deltas
+from bucketlearn.bootstrap import Services
+from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
+from bucketlearn.ports import TaskQueue
+
+log = logging.getLogger(__name__)
+
+MAX_JOBS = 500
+
+
+def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
+    """Look at every active job once; act on the stalled ones. Returns what was done."""
+    now = svc.clock() if now is None else now
+    actions = []
+    for job in svc.registry.list_jobs(MAX_JOBS):
+        if jobs.is_terminal(job):
+            continue
+        try:
+            tending = _decide(svc, job, now)
+            if tending is not None:
+                _act(svc, job, tending, now)
+                actions.append({"job_id": job["job_id"], "action": tending.action,
+                                "tasks": tending.tasks, "reason": tending.reason})
+        except Exception:  # noqa: BLE001 - one job's trouble must not stop the others' tending
+            log.exception("watchdog: could not tend job %s", job.get("job_id"))
+    return actions
+
+
+def _decide(svc: Services, job: dict[str, Any], now: float) -> Tending | None:
+    activity = [float(job.get(k) or 0)
+                for k in ("updated_at", "published_at", "tended_at", "created_at")]
+    round_tasks: list[int] = []
+    done: set[int] = set()
+    with_result: set[int] = set()
+    if job.get("phase") == jobs.TRAINING and job.get("plan"):
+        epoch = int(job["epoch"])
+        round_tasks = list(jobs.current_round_tasks(job))
+        done = jobs.done_tasks(svc.registry.get_epoch(job["job_id"], epoch) or {})
+        with_result = {ref.task_index for ref in list_deltas(svc, job["job_id"], epoch)}
+        for task_index in round_tasks:
+            task = svc.registry.get_task(job["job_id"],
+                                         jobs.task_doc_id(job["job_id"], epoch, task_index)) or {}
+            activity += [float(task.get(k) or 0) for k in ("started_at", "finished_at")]
+    return decide(job, round_tasks, done, with_result, max(activity), now,
+                  svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
+
+
+def _act(svc: Services, job: dict[str, Any], tending: Tending, now: float) -> None:
+    job_id = job["job_id"]
+    log.warning("watchdog: job %s: %s -> %s %s", job_id, tending.reason, tending.action,
+                tending.tasks or "")
+    if tending.action in (PUBLISH, AGGREGATE):
+        path = layout.nudge_path(job_id, layout.new_nonce())
+        svc.store.write_bytes(svc.settings.deltas_bucket, path,
+                              json.dumps({"reason": tending.reason}).encode(), "application/json")
+    elif tending.action == REPUBLISH:
+        from bucketlearn.runtime import job_runtime  # noqa: PLC0415 - reads the manifest only
+
+        shards = job_runtime(svc, job).manifest.shards
+        svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
+    elif tending.action == FAIL:
+        svc.registry.update_job_if(job_id, {"status": job.get("status"), "phase": job.get("phase")},
+                                   {"status": jobs.FAILED, "phase": "failed",
+                                    "error": tending.reason, "finished_at": now})
+        return
+    svc.registry.update_job(job_id, {"tended_at": now,
+                                     "tendings": int(job.get("tendings") or 0) + 1,
+                                     "last_tending": tending.reason[:500]})
+
+
+def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000) -> int:
+    """Write a failure marker for every task message in the dead-letter sink (unless its task is
+    done already) and acknowledge it; returns how many markers were written."""
+    written = 0
+    for _ in range(limit):
+        received = dead_letters.pull(timeout=1.0)
+        if received is None:
+            break
+        task = received.message
+        if task is not None and _still_open(svc, task.job_id, task.epoch, task.task_index):
+            marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
+                      "task_index": task.task_index,
+                      "error": f"task {task.task_id}: Pub/Sub gave up delivering it "
+                               f"(dead-lettered after {received.delivery_attempt or 'its'} "
+                               "deliveries)"}
+            path = layout.failure_marker_path(task.job_id, task.epoch, task.task_index,
+                                              layout.new_nonce())
+            svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
+                                  "application/json", metadata={"failed": "true"})
+            written += 1
+        received.ack()
+    return written
+
+
+def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool:
+    """The task's job is active and the task is neither applied nor failed in its epoch."""
+    job = svc.registry.get_job(job_id)
+    if job is None or jobs.is_terminal(job) or int(job.get("epoch") or 0) != epoch:
+        return False
+    return task_index not in jobs.done_tasks(svc.registry.get_epoch(job_id, epoch) or {})

@@ -1,0 +1,130 @@
+"""domain.plan: how many tasks train at once, how shards become tasks, the learning rate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bucketlearn.domain.plan import (
+    PARALLEL_C,
+    SERIAL_TASK_SHARDS,
+    TrainingPlan,
+    auto_parallel_tasks,
+    epoch_tasks,
+    learning_rate,
+    plan_training,
+    serial_steps,
+)
+
+
+def test_serial_steps_count_batches_of_every_epoch():
+    """1,000 rows in batches of 32 are 32 steps an epoch; 10 epochs are 320."""
+    assert serial_steps([256, 256, 256, 232], epochs=10, batch_size=32) == 320
+    assert serial_steps([10], epochs=3, batch_size=32) == 3
+
+
+@pytest.mark.parametrize("steps, shard_steps, expected", [
+    (450, 8, 1),       # digits, 10 epochs: 0.5*sqrt(450) = 10.6 steps a round -> one task
+    (375, 8, 1),       # a 3,000-row CNN set, 5 epochs
+    (1500, 8, 2),      # 12,000 rows, 5 epochs: 19.4 -> two tasks of 8 steps
+    (3000, 8, 3),      # 12,000 rows, 10 epochs: 27.4
+    (6000, 8, 4),      # 48,000 rows, 5 epochs: 38.7
+    (10_000_000, 8, 64),  # capped
+])
+def test_auto_parallel_tasks_keeps_r_times_h_within_c_sqrt_s(steps, shard_steps, expected):
+    """R is the largest whole number with R * H <= PARALLEL_C * sqrt(S), at least 1."""
+    # Execute
+    found = auto_parallel_tasks(steps, shard_steps)
+    # Assert
+    assert found == expected
+    if 1 < found < 64:
+        assert found * shard_steps <= PARALLEL_C * math.sqrt(steps)
+        assert (found + 1) * shard_steps > PARALLEL_C * math.sqrt(steps)
+
+
+def test_plan_with_parallel_rounds_makes_one_task_per_shard():
+    """38 shards of 256 rows, 10 epochs, batch 32: auto picks R = 3, one shard per task, so an
+    epoch is 38 tasks in 13 rounds (the last of 2 tasks)."""
+    # Execute
+    plan = plan_training([256] * 37 + [192], epochs=10, batch_size=32)
+    # Assert
+    assert (plan.parallel_tasks, plan.shards_per_task, plan.tasks_per_epoch) == (3, 1, 38)
+    assert plan.rounds_per_epoch == 13 and plan.total_tasks == 380
+    assert list(plan.round_range(0)) == [0, 1, 2] and list(plan.round_range(12)) == [36, 37]
+    assert plan.round_of(37) == 12
+    assert plan.decided.startswith("auto")
+
+
+def test_a_serial_plan_groups_shards_into_fewer_tasks():
+    """When one task trains at a time, a task takes up to SERIAL_TASK_SHARDS shards: the same
+    steps one after another, fewer versions to pay for."""
+    # Execute
+    plan = plan_training([256] * 6, epochs=10, batch_size=32)
+    # Assert
+    assert plan.parallel_tasks == 1 and plan.shards_per_task == SERIAL_TASK_SHARDS
+    assert plan.tasks_per_epoch == math.ceil(6 / SERIAL_TASK_SHARDS)
+    assert plan.rounds_per_epoch == plan.tasks_per_epoch
+
+
+def test_requested_parallel_tasks_win_over_auto_but_not_over_the_tasks():
+    """parallel_tasks from the options is used as given, and never exceeds the tasks an epoch
+    has."""
+    # Execute
+    four = plan_training([256] * 6, epochs=10, batch_size=32, requested=4)
+    many = plan_training([256] * 6, epochs=10, batch_size=32, requested=50)
+    # Assert
+    assert (four.parallel_tasks, four.shards_per_task, four.tasks_per_epoch) == (4, 1, 6)
+    assert four.decided == "option parallel_tasks"
+    assert many.parallel_tasks == 6
+
+
+def test_epoch_tasks_deal_every_shard_once_in_a_seeded_order():
+    """Every shard is in exactly one task; the order is the same for the same seed and epoch and
+    differs between epochs."""
+    # Prepare
+    plan = plan_training([100] * 10, epochs=3, batch_size=32, requested=1)
+    # Execute
+    first = epoch_tasks(plan, 10, seed=7, epoch=1)
+    again = epoch_tasks(plan, 10, seed=7, epoch=1)
+    second = epoch_tasks(plan, 10, seed=7, epoch=2)
+    # Assert
+    assert sorted(i for task in first for i in task) == list(range(10))
+    assert first == again and first != second
+    assert len(first) == plan.tasks_per_epoch
+
+
+def test_epoch_tasks_refuse_a_plan_for_other_shards():
+    plan = plan_training([100] * 10, epochs=1, batch_size=32, requested=2)
+    with pytest.raises(ValueError, match="expected 10 tasks"):
+        epoch_tasks(plan, 7, seed=0, epoch=1)
+
+
+def test_progress_counts_tasks_before_the_round():
+    """Progress is the share of the job's tasks done before a round starts."""
+    plan = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=4, epochs=2,
+                        serial_steps=100, decided="")
+    assert plan.progress(1, 0) == 0.0
+    assert plan.progress(1, 1) == pytest.approx(2 / 8)
+    assert plan.progress(2, 1) == pytest.approx(6 / 8)
+    assert TrainingPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_learning_rate_schedules():
+    """wsd keeps the base rate for 80 % of the job, then decays linearly to 0; cosine starts at
+    the base rate, is half of it halfway and 0 at the end; constant stays."""
+    assert learning_rate(0.01, "wsd", 0.0) == learning_rate(0.01, "wsd", 0.75) == 0.01
+    assert learning_rate(0.01, "wsd", 0.8) == pytest.approx(0.01)
+    assert learning_rate(0.01, "wsd", 0.9) == pytest.approx(0.005)
+    assert learning_rate(0.01, "wsd", 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(0.01, "cosine", 0.0) == pytest.approx(0.01)
+    assert learning_rate(0.01, "cosine", 0.5) == pytest.approx(0.005)
+    assert learning_rate(0.01, "cosine", 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(0.01, "constant", 0.9) == 0.01
+    with pytest.raises(ValueError, match="expected one of wsd, cosine, constant"):
+        learning_rate(0.01, "linear", 0.1)
+
+
+def test_a_plan_needs_shards():
+    with pytest.raises(ValueError, match="at least one shard"):
+        plan_training([], epochs=1, batch_size=32)

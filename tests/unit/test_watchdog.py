@@ -1,0 +1,130 @@
+"""Every job ends (invariant 8): the watchdog finds stalled jobs and gets them moving, on the
+in-memory ports. Issue #14, item 1: before, a lost task hung its job forever."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from bucketlearn import aggregator, jobs, layout
+from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
+from bucketlearn.memory import MemoryQueue
+from bucketlearn.watchdog import drain_dead_letters, tend
+from bucketlearn.worker import Learner
+from tests.unit.test_invariants import run_rounds, start_job
+
+STALL = 600.0
+
+
+def later(svc: Any, seconds: float) -> Any:
+    """The same services with a clock ``seconds`` ahead."""
+    return dataclasses.replace(svc, clock=lambda: time.time() + seconds)
+
+
+def train(svc: Any, received: Any) -> None:
+    Learner(svc, "w1").handle(received)
+    received.ack()
+
+
+def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None:
+    """One task message of a round is lost (never trained, never acknowledged). The round
+    waits; a watchdog pass within the stall time does nothing; one after it publishes that
+    task again, and the job finishes with every task applied once."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    lost = svc.queue.pull(0)  # gone for good
+    train(svc, svc.queue.pull(0))
+    aggregator.aggregate_job(svc, job_id)
+    assert svc.registry.get_job(job_id)["version"] == 0  # the round waits for the lost task
+    # Execute
+    early = tend(svc)
+    actions = tend(later(svc, STALL + 1))
+    run_rounds(svc, job_id)
+    # Assert
+    assert early == []
+    assert [(a["action"], a["tasks"]) for a in actions] == [(REPUBLISH,
+                                                             [lost.message.task_index])]
+    job = svc.registry.get_job(job_id)
+    assert job["status"] == jobs.DONE and job["tendings"] == 1
+    applied = [t for v in svc.registry.list_versions(job_id) for t in v["tasks_applied"]]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+
+
+def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) -> None:
+    """The aggregator died between committing a version and publishing the next round, and no
+    later event came: the watchdog writes a nudge object, whose event makes the aggregator
+    publish the round; the job then finishes."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    train(svc, svc.queue.pull(0))
+    train(svc, svc.queue.pull(0))
+    aggregator.aggregate_job(svc, job_id)
+    svc.queue._items.clear()  # the next round's messages never got out
+    svc.registry.update_job(job_id, {"published": None})
+    # Execute
+    actions = tend(later(svc, STALL + 1))
+    [nudge] = [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/nudge/")]
+    outcome, nudged = aggregator.handle_delta_event(svc, svc.settings.deltas_bucket, nudge)
+    run_rounds(svc, job_id)
+    # Assert
+    assert [a["action"] for a in actions] == [PUBLISH]
+    assert nudged == job_id and outcome.value == "accepted"
+    assert svc.store.stat(svc.settings.deltas_bucket, nudge) is None
+    assert svc.registry.get_job(job_id)["status"] == jobs.DONE
+
+
+def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
+    """A task message Pub/Sub gave up on (in the dead-letter sink) becomes a failure marker:
+    the round folds without it, and with max_failed_tasks=0 the job ends FAILED naming it."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    dead = MemoryQueue()
+    dead.publish([svc.queue.pull(0).message])  # dead-lettered
+    train(svc, svc.queue.pull(0))
+    # Execute
+    written = drain_dead_letters(svc, dead)
+    again = drain_dead_letters(svc, dead)
+    aggregator.aggregate_job(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (written, again, len(dead)) == (1, 0, 0)
+    assert job["status"] == jobs.FAILED and "dead-lettered" in job["error"]
+
+
+def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
+    """A job still SPLITTING longer than events are retried for ends FAILED with a reason."""
+    # Prepare
+    svc, _ = start_job(tmp_path)
+    svc.registry.create_job("stuck-000000000001", {
+        "job_id": "stuck-000000000001", "status": jobs.QUEUED, "phase": jobs.SPLITTING,
+        "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()})
+    # Execute
+    actions = tend(later(svc, svc.settings.max_event_age_seconds + 1))
+    # Assert
+    stuck = svc.registry.get_job("stuck-000000000001")
+    assert [a["action"] for a in actions if a["job_id"] == stuck["job_id"]] == [FAIL]
+    assert stuck["status"] == jobs.FAILED and "upload the file again" in stuck["error"]
+
+
+def test_decide_leaves_moving_and_finished_jobs_alone() -> None:
+    """Activity within the stall time, or an ended job: nothing to do. A complete round that
+    nobody folded, or an export that stopped: nudge the aggregator."""
+    job = {"status": "RUNNING", "phase": "training", "epoch": 1, "round": 0,
+           "published": "e0001r00000"}
+    now = 10_000.0
+    assert decide(job, [0, 1], [], [], now - 10, now, STALL, 86400) is None
+    assert decide({**job, "status": "DONE"}, [0, 1], [], [], 0, now, STALL, 86400) is None
+    complete = decide(job, [0, 1], [], [0, 1], 0, now, STALL, 86400)
+    assert complete is not None and complete.action == AGGREGATE
+    exporting = decide({**job, "phase": "exporting"}, [], [], [], 0, now, STALL, 86400)
+    assert exporting is not None and exporting.action == AGGREGATE
+    assert decide(job, [0, 1], [0, 1], [], 0, now, STALL, 86400) is None  # folded already
+
+
+def test_nudge_names_are_parsed_and_nothing_else_is():
+    path = layout.nudge_path("j-000000000001", "0123456789abcdef")
+    assert layout.parse_nudge_path(path) == "j-000000000001"
+    assert layout.parse_nudge_path("j-000000000001/nudge/x.json") is None
+    assert layout.parse_delta_path(path) is None
