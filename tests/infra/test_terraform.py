@@ -5,14 +5,17 @@ check what can be checked offline:
 
 * ``terraform fmt -check -recursive infra`` (skipped if terraform is not installed);
 * the structure of every ``.tf`` file, parsed with python-hcl2 (skipped if not installed): the
-  environment the code reads (``bucketlearn.config``) reaches every component, Pub/Sub
-  dead-lettering, the Eventarc bucket filters, least-privilege IAM, no public members;
+  environment the code reads (``bucketlearn.config``) reaches every component (the watchdog's
+  settings the controller job alone), Pub/Sub dead-lettering and the sink's one consumer, the
+  Eventarc bucket filters, least-privilege IAM (the controller's grant by grant), no public
+  members;
 * the Dockerfiles (pinned base image, non-root user);
 * checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -26,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from bucketlearn.config import LIMITS_ENV, SETTINGS_ENV
+from bucketlearn.config import LIMITS_ENV, SETTINGS_ENV, load_autoscaler_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -40,9 +43,20 @@ DOCKERFILES = {
 }
 
 PROJECT_ENV = {"GOOGLE_CLOUD_PROJECT", "BUCKETLEARN_PROJECT"}
+# Read only by the watchdog, which runs in the controller job (`bucketlearn autoscale`): that job
+# gets them on top of env_vars, and no other component does (the dead-letter sink has one
+# consumer).
+CONTROLLER_ENV = {"BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION"}
+# `bucketlearn autoscale`'s own settings (bucketlearn.config.load_autoscaler_settings).
+AUTOSCALER_ENV = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"',
+                                inspect.getsource(load_autoscaler_settings)))
+# Settings whose default suits the cloud: given through var.extra_env when needed.
+OPTIONAL_ENV = {"BUCKETLEARN_LEASE_SECONDS", "BUCKETLEARN_MAX_EVENT_AGE_SECONDS",
+                "BUCKETLEARN_EVAL_MAX_ROWS"}
 # The settings a deployed component cannot do without: where the data and the queue are.
 CLOUD_ENV = {key for key, (field, _kind) in SETTINGS_ENV.items()
-             if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}
+             if field.endswith(("_bucket", "_topic", "_subscription", "_database"))
+             } - CONTROLLER_ENV
 FORBIDDEN_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 PUBSUB_IAM = ("google_pubsub_topic_iam_member", "google_pubsub_subscription_iam_member")
@@ -140,14 +154,22 @@ class Config:
         return "\n".join(parts)
 
     def env_names(self, value: Any, seen: frozenset[str] = frozenset()) -> set[str]:
-        """Environment variable names an env map expression yields (literal map keys, through
-        local references and merge())."""
+        """Environment variable names an env map expression yields (literal map keys, also
+        inside merge() and conditionals, through local references)."""
+        return set(self.env_definitions(value, seen))
+
+    def env_definitions(self, value: Any, seen: frozenset[str] = frozenset()) -> dict[str, str]:
+        """Each environment variable name an env map expression yields -> the text of the
+        expression (a map, a local) that sets it, to see what its value is and under which
+        condition."""
         if isinstance(value, dict):
-            return set(value)
-        names: set[str] = set()
-        for ref in sorted(set(re.findall(r"local\.(\w+)", str(value))) - seen):
-            names |= self.env_names(self.locals.get(ref, {}), seen | {ref})
-        return names
+            return {name: json.dumps({name: setting}) for name, setting in value.items()}
+        text = str(value)
+        found = {name: text for name in re.findall(r"\b([A-Z][A-Z0-9_]*)\s*=(?!=)", text)}
+        for ref in sorted(set(re.findall(r"local\.(\w+)", text)) - seen):
+            if ref in self.locals:
+                found.update(self.env_definitions(self.locals[ref], seen | {ref}))
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +295,84 @@ def test_cloud_env_names_are_the_ones_the_code_reads() -> None:
         "BUCKETLEARN_UPLOADS_BUCKET", "BUCKETLEARN_WORK_BUCKET", "BUCKETLEARN_DELTAS_BUCKET",
         "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC", "BUCKETLEARN_TASKS_SUBSCRIPTION",
         "BUCKETLEARN_FIRESTORE_DATABASE"}
+    assert CONTROLLER_ENV <= set(SETTINGS_ENV)
+    assert {"BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS",
+            "BUCKETLEARN_MAX_WORKERS"} <= AUTOSCALER_ENV
+
+
+def controller_env(module: Config) -> dict[str, str]:
+    """The controller job's environment: name -> the expression that sets it."""
+    job = module.resource("google_cloud_run_v2_job", "autoscaler")
+    (block,) = dynamic_blocks(job, "env")
+    return module.env_definitions(block["for_each"])
+
+
+def test_every_setting_the_code_reads_is_set_or_optional(module: Config) -> None:
+    # A setting bucketlearn.config gains must reach the component that reads it, or be a
+    # documented optional one (extra_env): the watchdog's settings were once forgotten.
+    given = set(module.locals["app_env"]) | set(controller_env(module))
+    missing = set(SETTINGS_ENV) - given - OPTIONAL_ENV
+    assert not missing, f"settings no component is given: {missing}"
+    described = module.variables["extra_env"]["description"]
+    for name in OPTIONAL_ENV:
+        assert name in described, f"extra_env's description does not name {name}"
+    for name in re.findall(r"BUCKETLEARN_[A-Z0-9_]+", described):
+        assert name in set(SETTINGS_ENV) | set(LIMITS_ENV) | AUTOSCALER_ENV or (
+            name.startswith("BUCKETLEARN_DEFAULT_")), f"extra_env names unknown setting {name}"
+
+
+def test_controller_env_runs_the_watchdog(module: Config) -> None:
+    env = controller_env(module)
+    names = set(env)
+    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | AUTOSCALER_ENV
+    assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
+    needed = CLOUD_ENV | PROJECT_ENV | CONTROLLER_ENV | {
+        "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS"}
+    assert needed <= names, f"the controller job lacks {needed - names}"
+    # The sink's short name, as the tasks subscription is passed, and only with dead-lettering.
+    dead_letter = env["BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION"]
+    assert re.search(r"BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION\s*=\s*"
+                     r"google_pubsub_subscription\.dead_letter_sink\.name\b", dead_letter)
+    assert re.search(r"var\.dead_letter_enabled\s*\?", dead_letter), dead_letter
+    assert module.locals["app_env"]["BUCKETLEARN_TASKS_SUBSCRIPTION"] == (
+        "${google_pubsub_subscription.tasks.name}")
+    assert re.search(r"BUCKETLEARN_STALL_SECONDS\s*=\s*tostring\(var\.stall_seconds\)",
+                     env["BUCKETLEARN_STALL_SECONDS"])
+    stall = module.variables["stall_seconds"]
+    assert stall["type"] == "${number}" or stall["type"] == "number", stall["type"]
+    assert stall["default"] == 600
+    assert "validation" in stall
+    preconditions = [c["condition"] for lifecycle in module.resource(
+        "google_cloud_run_v2_job", "autoscaler").get("lifecycle", [])
+        for c in lifecycle.get("precondition", [])]
+    assert any("var.stall_seconds > var.ack_deadline_seconds" in c for c in preconditions)
+    # Every deployed name is in one of the two outputs.
+    outputs = module.outputs
+    assert module.env_names(outputs["autoscaler_env_vars"]["value"]) | module.env_names(
+        outputs["env_vars"]["value"]) >= names
+
+
+def test_only_the_controller_reads_the_watchdog_settings(module: Config) -> None:
+    # The sink has one consumer: a component (or a CLI fed env_vars) that got the dead-letter
+    # subscription would drain it too.
+    assert not module.env_names(module.outputs["env_vars"]["value"]) & CONTROLLER_ENV
+    for name in ("split", "aggregate"):
+        function = module.resource("google_cloudfunctions2_function", name)
+        env = module.env_names(function["service_config"][0]["environment_variables"])
+        assert not env & CONTROLLER_ENV, f"function {name} gets {env & CONTROLLER_ENV}"
+    for rtype, name in [("google_cloud_run_v2_worker_pool", "learners"),
+                        ("google_cloud_run_v2_service", "dashboard")]:
+        (block,) = dynamic_blocks(module.resource(rtype, name), "env")
+        env = module.env_names(block["for_each"])
+        assert not env & CONTROLLER_ENV, f"{rtype}.{name} gets {env & CONTROLLER_ENV}"
+
+
+def test_extra_env_cannot_shadow_what_the_module_sets(module: Config) -> None:
+    condition = module.variables["extra_env"]["validation"][0]["condition"]
+    reserved = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"', condition))
+    module_sets = {name for name in set(module.locals["app_env"]) | set(controller_env(module))
+                   if name.startswith("BUCKETLEARN_")}
+    assert module_sets <= reserved, f"extra_env may set {module_sets - reserved}"
 
 
 def test_app_env_has_exactly_known_names(module: Config) -> None:
@@ -324,6 +424,37 @@ def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config
         assert "var.max_delivery_attempts" in dlq["for_each"] + json.dumps(dlq["content"])
     assert module.variables["max_delivery_attempts"]["default"] == 10
     assert module.variables["dead_letter_enabled"]["default"] is True
+
+
+def _seconds(duration: str) -> int:
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match, f"{duration!r} is not a literal duration in seconds"
+    return int(match.group(1))
+
+
+def test_dead_letter_sink_outlives_a_stopped_controller(module: Config) -> None:
+    # The controller drains the sink every minute; the sink must keep what it has not drained
+    # (a paused scheduler, a broken image) for days, whatever the tasks subscription keeps
+    # (var.message_retention_duration may be 10 minutes).
+    sink = module.resource("google_pubsub_subscription", "dead_letter_sink")
+    assert _seconds(sink["message_retention_duration"]) >= 24 * 3600
+    assert sink["ack_deadline_seconds"] >= 60
+    assert sink["expiration_policy"][0]["ttl"] == ""
+    # A pull subscription, the only one on the dead-letter topic.
+    assert "push_config" not in sink and "bigquery_config" not in sink
+    assert "cloud_storage_config" not in sink
+    on_topic = [name for _t, name, body in module.resources("google_pubsub_subscription")
+                if "google_pubsub_topic.dead_letter." in body["topic"]]
+    assert on_topic == ["dead_letter_sink"]
+
+
+def test_dead_letter_alert_sees_drained_messages(module: Config) -> None:
+    # num_undelivered_messages of the sink stays 0 when the controller drains it within a
+    # minute: the alert must count what Pub/Sub forwards from the tasks subscription.
+    alert = module.resource("google_monitoring_alert_policy", "dead_letters")
+    filters = [c["condition_threshold"][0]["filter"] for c in alert["conditions"]]
+    assert any("subscription/dead_letter_message_count" in f
+               and "google_pubsub_subscription.tasks.name" in f for f in filters), filters
 
 
 def test_pubsub_service_agent_can_dead_letter(module: Config) -> None:
@@ -518,6 +649,78 @@ def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> N
         if body["role"] == "roles/pubsub.publisher":
             # Only the Cloud Storage service agent (Eventarc makes its topics), never our accounts.
             assert "google_storage_project_service_account" in body["member"], name
+
+
+def _target(rtype: str, body: dict[str, Any], entry: dict[str, Any]) -> str:
+    if rtype == "google_project_iam_member":
+        return "project"
+    for key in ("bucket", "topic", "subscription", "service_account_id", "name"):
+        if key in entry:
+            return entry[key]
+        if key in body:
+            return body[key]
+    raise AssertionError(f"{rtype}: no resource granted on")
+
+
+def grants_to(config: Config, account: str) -> set[tuple[str, str, str]]:
+    """(IAM resource type, role, what it is granted on) of every grant to one of the module's
+    service accounts, through for_each maps of roles or of members."""
+    ref = f"google_service_account.{account}.email"
+    grants = set()
+    for rtype, _name, body in iam_resources(config):
+        member = str(body.get("member", ""))
+        refs = re.findall(r"local\.(\w+)", str(body.get("for_each", "")))
+        items = config.locals.get(refs[0], {}) if refs else {}
+        if ref in member:
+            entries = list(items.values()) if isinstance(items, dict) and items else [{}]
+            for entry in entries:
+                entry = entry if isinstance(entry, dict) else {}
+                role = entry.get("role", body["role"])
+                grants.add((rtype, role, _target(rtype, body, entry)))
+        elif "each.value" in member and isinstance(items, dict) and any(
+                ref in str(value) for value in items.values()):
+            grants.add((rtype, body["role"], _target(rtype, body, {})))
+    return grants
+
+
+def test_the_controller_has_exactly_what_its_steps_need(module: Config) -> None:
+    # `bucketlearn autoscale`: the watchdog (drain the dead-letter sink into failure markers;
+    # list results, write nudges, read manifests, publish lost tasks; Firestore), then the
+    # resize. Nothing project-wide but Firestore (which has no narrower resource), and no
+    # delete anywhere: nudges and markers are write-once names.
+    deltas, work = "${google_storage_bucket.deltas.name}", "${google_storage_bucket.work.name}"
+    assert grants_to(module, "autoscaler") == {
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", deltas),
+        ("google_storage_bucket_iam_member", "roles/storage.objectCreator", deltas),
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", work),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.tasks.name}"),
+        ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
+         "${google_pubsub_subscription.dead_letter_sink.name}"),
+        ("google_project_iam_member", "roles/datastore.user", "project"),
+        ("google_cloud_run_v2_worker_pool_iam_member", "roles/run.developer",
+         "${google_cloud_run_v2_worker_pool.learners.name}"),
+        ("google_service_account_iam_member", "roles/iam.serviceAccountUser",
+         "${google_service_account.worker.name}"),
+    }
+    # The sink grant goes with dead-lettering, as the environment variable does.
+    (sink_grant,) = [body for _t, _n, body in module.resources(
+        "google_pubsub_subscription_iam_member") if "dead_letter_sink" in body["subscription"]]
+    assert sink_grant.get("count") == "${var.dead_letter_enabled ? 1 : 0}"
+    # The job starts after its grants.
+    job = module.resource("google_cloud_run_v2_job", "autoscaler")
+    depends_on = set(job["depends_on"])
+    for grant in ("google_storage_bucket_iam_member.autoscaler",
+                  "google_pubsub_topic_iam_member.autoscaler_publisher",
+                  "google_pubsub_subscription_iam_member.autoscaler_dead_letter_subscriber",
+                  "google_project_iam_member.firestore_users"):
+        assert "${" + grant + "}" in depends_on, f"the autoscaler job does not wait for {grant}"
+
+
+def test_the_dead_letter_sink_has_one_consumer(module: Config) -> None:
+    members = [body["member"] for _t, _n, body in module.resources(
+        "google_pubsub_subscription_iam_member") if "dead_letter_sink" in body["subscription"]]
+    assert members == ["serviceAccount:${google_service_account.autoscaler.email}"]
 
 
 def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:

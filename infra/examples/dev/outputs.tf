@@ -29,12 +29,12 @@ output "worker_pool" {
 }
 
 output "autoscaler_job" {
-  description = "Cloud Run job running `bucketlearn autoscale` every minute."
+  description = "Cloud Run job running `bucketlearn autoscale` every minute (the watchdog, then the worker pool's resize)."
   value       = module.bucketlearn.autoscaler_job
 }
 
 output "dead_letter_subscription" {
-  description = "Subscription holding dead-lettered tasks."
+  description = "Subscription holding dead-lettered tasks; the controller job drains it every minute (acked messages are kept 7 days)."
   value       = module.bucketlearn.dead_letter_subscription
 }
 

@@ -52,7 +52,7 @@ resource "google_service_account" "autoscaler" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-autoscaler"
   display_name = "bucketlearn autoscaler"
-  description  = "Runs `bucketlearn autoscale`: reads the task backlog from Firestore, sets the worker pool's instance count."
+  description  = "Runs `bucketlearn autoscale`: the watchdog (republishes lost tasks, drains dead letters, nudges stalled jobs), then sets the worker pool's instance count from the task backlog."
 
   depends_on = [google_project_service.apis]
 }
@@ -140,6 +140,17 @@ locals {
     uploads = { bucket = google_storage_bucket.uploads.name, role = "roles/storage.objectUser" }
     models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectViewer" }
   }
+
+  # The controller's watchdog lists a job's results in the deltas bucket and writes nudges and
+  # failure markers there (write-once names with a random nonce: create, never overwrite or
+  # delete - the aggregator deletes them); it reads a job's manifest (jobs/<job>/manifest.json)
+  # in the work bucket to publish lost tasks again. Viewer + creator, not objectUser (which
+  # carries delete).
+  autoscaler_bucket_roles = {
+    deltas_viewer  = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectViewer" }
+    deltas_creator = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectCreator" }
+    work_viewer    = { bucket = google_storage_bucket.work.name, role = "roles/storage.objectViewer" }
+  }
 }
 
 resource "google_storage_bucket_iam_member" "split" {
@@ -174,6 +185,14 @@ resource "google_storage_bucket_iam_member" "dashboard" {
   member = "serviceAccount:${google_service_account.dashboard.email}"
 }
 
+resource "google_storage_bucket_iam_member" "autoscaler" {
+  for_each = local.autoscaler_bucket_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
 # --- Pub/Sub -----------------------------------------------------------------------------------
 
 resource "google_pubsub_topic_iam_member" "split_publisher" {
@@ -195,6 +214,27 @@ resource "google_pubsub_subscription_iam_member" "worker_subscriber" {
   subscription = google_pubsub_subscription.tasks.name
   role         = "roles/pubsub.subscriber"
   member       = "serviceAccount:${google_service_account.worker.email}"
+}
+
+# The controller's watchdog publishes the tasks of a stalled round again.
+resource "google_pubsub_topic_iam_member" "autoscaler_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.tasks.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# The controller's watchdog drains the dead-letter sink (pull, then ack once the failure marker
+# is written to the deltas bucket). It is the sink's only consumer. With dead_letter_enabled =
+# false nothing reaches the sink, and the controller gets neither this grant nor
+# BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION (main.tf).
+resource "google_pubsub_subscription_iam_member" "autoscaler_dead_letter_subscriber" {
+  count = var.dead_letter_enabled ? 1 : 0
+
+  project      = var.project_id
+  subscription = google_pubsub_subscription.dead_letter_sink.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${google_service_account.autoscaler.email}"
 }
 
 # Dead-lettering is done by the Pub/Sub service agent: it must be able to publish to the
@@ -234,7 +274,9 @@ locals {
     aggregate = google_service_account.aggregate.email
     worker    = google_service_account.worker.email
     # `bucketlearn autoscale` reads active jobs' epochs (the backlog) and writes its own
-    # control/autoscaler document (the time of its last change, for the cool-down).
+    # control/autoscaler document (the time of its last change, for the cool-down); its
+    # watchdog reads job, epoch and task documents and updates jobs (tended_at, or FAILED for a
+    # split that never finished).
     autoscaler = google_service_account.autoscaler.email
   }
 }

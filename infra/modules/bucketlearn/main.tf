@@ -44,13 +44,24 @@ locals {
 
   runtime_env = merge(var.extra_env, local.app_env)
 
-  # What `bucketlearn autoscale` needs besides the app settings: which pool to resize and the
-  # bounds. Kept out of env_vars because only the autoscaler reads them.
-  autoscaler_env = {
-    BUCKETLEARN_WORKER_POOL = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.worker_pool_name}"
-    BUCKETLEARN_MIN_WORKERS = tostring(var.min_workers)
-    BUCKETLEARN_MAX_WORKERS = tostring(var.max_workers)
-  }
+  # What the controller job (`bucketlearn autoscale`: the watchdog's pass, then the resize)
+  # needs besides the app settings: which pool to resize and the bounds, and how long a job may
+  # stand still before the watchdog acts. Kept out of env_vars because only the controller
+  # reads them.
+  autoscaler_env = merge({
+    BUCKETLEARN_WORKER_POOL   = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.worker_pool_name}"
+    BUCKETLEARN_MIN_WORKERS   = tostring(var.min_workers)
+    BUCKETLEARN_MAX_WORKERS   = tostring(var.max_workers)
+    BUCKETLEARN_STALL_SECONDS = tostring(var.stall_seconds)
+  }, local.dead_letter_drain_env)
+
+  # The dead-letter sink the watchdog drains (each message becomes a failure marker, then is
+  # acked), only when tasks are dead-lettered at all. Never in env_vars: the controller is the
+  # sink's only consumer, and a CLI pointed at env_vars must not drain it (`bucketlearn tend`
+  # would).
+  dead_letter_drain_env = var.dead_letter_enabled ? {
+    BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION = google_pubsub_subscription.dead_letter_sink.name
+  } : {}
 
   worker_pool_name = "${var.name_prefix}-learners"
 

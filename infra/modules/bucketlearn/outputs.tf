@@ -4,7 +4,7 @@ output "env_vars" {
 }
 
 output "autoscaler_env_vars" {
-  description = "The extra variables only `bucketlearn autoscale` reads (which worker pool, and the bounds)."
+  description = "The extra variables only the controller job (`bucketlearn autoscale`) gets: which worker pool and its bounds, the watchdog's stall seconds and, with dead_letter_enabled, the dead-letter subscription it drains."
   value       = local.autoscaler_env
 }
 
@@ -39,7 +39,7 @@ output "tasks_subscription" {
 }
 
 output "dead_letter_subscription" {
-  description = "Subscription holding dead-lettered tasks."
+  description = "Subscription holding dead-lettered tasks; the controller job drains it every minute (acked messages are kept 7 days)."
   value       = google_pubsub_subscription.dead_letter_sink.name
 }
 

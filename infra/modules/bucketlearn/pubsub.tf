@@ -64,8 +64,12 @@ resource "google_pubsub_subscription" "tasks" {
   }
 }
 
-# Keeps dead-lettered messages (a topic without a subscription drops them) for inspection and
-# replay: `gcloud pubsub subscriptions pull <name> --limit 10`.
+# Keeps dead-lettered messages (a topic without a subscription drops them) until the controller
+# job (`bucketlearn autoscale`, every minute) drains them into failure markers; it is the sink's
+# only consumer (iam.tf: subscriber for the autoscaler account alone; no push config). Retention
+# is the maximum, 7 days, whatever the tasks subscription keeps: enough to ride out a paused
+# scheduler or a broken controller image. Acked messages are retained as long, so a drained
+# message can still be replayed: `gcloud pubsub subscriptions seek <name> --time=...`.
 resource "google_pubsub_subscription" "dead_letter_sink" {
   name    = "${var.name_prefix}-tasks-dead-letter-sink"
   project = var.project_id
@@ -73,7 +77,7 @@ resource "google_pubsub_subscription" "dead_letter_sink" {
   labels  = local.labels
 
   ack_deadline_seconds       = 60
-  message_retention_duration = var.message_retention_duration
+  message_retention_duration = "604800s"
   retain_acked_messages      = true
 
   expiration_policy {
@@ -81,7 +85,10 @@ resource "google_pubsub_subscription" "dead_letter_sink" {
   }
 }
 
-# Anything in the dead-letter sink means a task crashed its worker max_delivery_attempts times.
+# A task dead-lettered means it crashed its worker max_delivery_attempts times. The controller
+# drains the sink within a minute, faster than num_undelivered_messages is sampled, so the alert
+# counts what Pub/Sub forwards from the tasks subscription instead; a second condition fires when
+# dead letters wait in the sink for 10 minutes (the controller is paused or failing).
 resource "google_monitoring_alert_policy" "dead_letters" {
   project               = var.project_id
   display_name          = "${var.name_prefix}: tasks dead-lettered"
@@ -90,11 +97,25 @@ resource "google_monitoring_alert_policy" "dead_letters" {
   user_labels           = local.labels
 
   conditions {
-    display_name = "messages in ${google_pubsub_subscription.dead_letter_sink.name}"
+    display_name = "messages dead-lettered from ${google_pubsub_subscription.tasks.name}"
     condition_threshold {
-      filter          = "resource.type = \"pubsub_subscription\" AND resource.labels.subscription_id = \"${google_pubsub_subscription.dead_letter_sink.name}\" AND metric.type = \"pubsub.googleapis.com/subscription/num_undelivered_messages\""
+      filter          = "resource.type = \"pubsub_subscription\" AND resource.labels.subscription_id = \"${google_pubsub_subscription.tasks.name}\" AND metric.type = \"pubsub.googleapis.com/subscription/dead_letter_message_count\""
       comparison      = "COMPARISON_GT"
       threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_DELTA"
+      }
+    }
+  }
+
+  conditions {
+    display_name = "dead letters not drained from ${google_pubsub_subscription.dead_letter_sink.name}"
+    condition_threshold {
+      filter          = "resource.type = \"pubsub_subscription\" AND resource.labels.subscription_id = \"${google_pubsub_subscription.dead_letter_sink.name}\" AND metric.type = \"pubsub.googleapis.com/subscription/oldest_unacked_message_age\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 600
       duration        = "0s"
       aggregations {
         alignment_period   = "300s"
@@ -105,7 +126,7 @@ resource "google_monitoring_alert_policy" "dead_letters" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = "A bucketlearn task was delivered ${var.max_delivery_attempts} times without being acknowledged. Pull it from `${google_pubsub_subscription.dead_letter_sink.name}` and check the worker logs for its task id."
+    content   = "A bucketlearn task was delivered ${var.max_delivery_attempts} times without being acknowledged. The controller job (`${google_cloud_run_v2_job.autoscaler.name}`) drains `${google_pubsub_subscription.dead_letter_sink.name}` every minute into a failure marker for the task (the job's max_failed_tasks decides whether it goes on); check the worker logs for the task id. Acked dead letters are kept 7 days: seek the subscription to a time to see them again. If the second condition fired, the controller is not draining: check the scheduler job and the controller's logs."
   }
 
   depends_on = [google_project_service.apis]

@@ -162,7 +162,7 @@ variable "retry_maximum_backoff" {
 variable "message_retention_duration" {
   type        = string
   default     = "604800s"
-  description = "How long unacknowledged task and dead-letter messages are kept (default 7 days)."
+  description = "How long unacknowledged task messages are kept (default 7 days). The dead-letter sink always keeps its messages 7 days, the maximum."
 
   validation {
     condition     = can(regex("^[0-9]+s$", var.message_retention_duration)) && try(tonumber(trimsuffix(var.message_retention_duration, "s")) >= 600 && tonumber(trimsuffix(var.message_retention_duration, "s")) <= 604800, false)
@@ -438,6 +438,17 @@ variable "autoscaler_paused" {
   description = "Pause the Cloud Scheduler job that runs the autoscaler (the pool then keeps its current instance count)."
 }
 
+variable "stall_seconds" {
+  type        = number
+  default     = 600
+  description = "Seconds a job may show no progress (no update, no task of its current round starting or finishing) before the controller's watchdog acts on it: publishes the round's missing tasks again or nudges the aggregator (BUCKETLEARN_STALL_SECONDS, read by the autoscaler job only). Above ack_deadline_seconds, so a task whose worker died is redelivered by Pub/Sub first; a task that trains longer than this is trained twice and applied once."
+
+  validation {
+    condition     = var.stall_seconds >= 60 && var.stall_seconds <= 86400 && floor(var.stall_seconds) == var.stall_seconds
+    error_message = "stall_seconds must be a whole number from 60 (the controller runs every minute) to 86400."
+  }
+}
+
 variable "scheduler_region" {
   type        = string
   default     = null
@@ -493,7 +504,7 @@ variable "dashboard_max_instances" {
 variable "extra_env" {
   type        = map(string)
   default     = {}
-  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_FLOW_STALL_SECONDS. Names the module sets itself cannot be overridden here."
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS. Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, ...)."
 
   validation {
     condition = alltrue([
@@ -502,8 +513,10 @@ variable "extra_env" {
         "BUCKETLEARN_DELTAS_BUCKET", "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC",
         "BUCKETLEARN_TASKS_SUBSCRIPTION", "BUCKETLEARN_FIRESTORE_DATABASE",
         "BUCKETLEARN_ACK_DEADLINE_SECONDS", "BUCKETLEARN_MAX_TASK_ATTEMPTS", "BUCKETLEARN_LOG_FORMAT",
+        "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS",
+        "BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION",
       ], k)
     ])
-    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscription, database, project, ack deadline, max task attempts, log format)."
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscriptions, database, project, ack deadline, max task attempts, log format; the autoscaler job's worker pool, min/max workers, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers instead)."
   }
 }

@@ -91,16 +91,25 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
   ]
 }
 
-# --- autoscaler --------------------------------------------------------------------------------
+# --- autoscaler (the controller) ---------------------------------------------------------------
 #
 # Every minute Cloud Scheduler starts a one-task Cloud Run job that runs `bucketlearn autoscale`
-# (same image as the workers). The command counts the outstanding tasks (active jobs' current
-# epochs, neither applied nor failed) in Firestore - exact, no metric delay, in-flight tasks
-# included - applies bucketlearn's scaling policy (desired workers from outstanding tasks,
-# clamped to [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS], scale-down cool-down) - the same
-# policy the local supervisor uses - and, if the answer differs, sets the worker pool's
+# (same image as the workers). The command first makes the watchdog's pass
+# (bucketlearn/watchdog.py): it drains the dead-letter sink (BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION,
+# with dead_letter_enabled) into failure markers in the deltas bucket; then, for every active job
+# that showed no progress for BUCKETLEARN_STALL_SECONDS, it publishes the round's missing tasks
+# again (reading the job's manifest in the work bucket), or writes a nudge object
+# (<job>/nudge/<nonce>.json) to the deltas bucket, whose finalize event starts the aggregator
+# like a task result does. Then it counts the outstanding tasks (active jobs' current epochs,
+# neither applied nor failed) in Firestore - exact, no metric delay, in-flight tasks included -
+# applies bucketlearn's scaling policy (desired workers from outstanding tasks, clamped to
+# [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS], scale-down cool-down) - the same policy the
+# local supervisor uses - and, if the answer differs, sets the worker pool's
 # manual_instance_count through the Cloud Run Admin API. It exits; nothing runs between ticks.
-# A run that fails or overlaps the next one is harmless: each run only sets an absolute count.
+# A run that fails or overlaps the next one is harmless: each run only sets an absolute count,
+# and every watchdog action is idempotent (a task published twice is applied once, a nudge for
+# a job that moved on folds nothing, a dead letter is acked only after its marker is written).
+# Its grants are in iam.tf.
 
 resource "google_cloud_run_v2_job" "autoscaler" {
   name                = "${var.name_prefix}-autoscaler"
@@ -146,12 +155,20 @@ resource "google_cloud_run_v2_job" "autoscaler" {
 
   lifecycle {
     ignore_changes = [launch_stage, client, client_version]
+
+    precondition {
+      condition     = var.stall_seconds > var.ack_deadline_seconds
+      error_message = "stall_seconds must exceed ack_deadline_seconds: Pub/Sub redelivers the task of a worker that died after its ack deadline; the watchdog is for tasks lost for good."
+    }
   }
 
   depends_on = [
     google_project_service.apis,
     google_cloud_run_v2_worker_pool_iam_member.autoscaler_developer,
     google_project_iam_member.firestore_users,
+    google_storage_bucket_iam_member.autoscaler,
+    google_pubsub_topic_iam_member.autoscaler_publisher,
+    google_pubsub_subscription_iam_member.autoscaler_dead_letter_subscriber,
   ]
 }
 
@@ -159,7 +176,7 @@ resource "google_cloud_scheduler_job" "autoscaler" {
   name             = "${var.name_prefix}-autoscaler"
   project          = var.project_id
   region           = coalesce(var.scheduler_region, var.region)
-  description      = "Runs the bucketlearn autoscaler job (resizes the learner worker pool from the task backlog)"
+  description      = "Runs the bucketlearn autoscaler job (the watchdog: lost tasks republished, dead letters drained, stalled jobs nudged; then the learner worker pool resized from the task backlog)"
   schedule         = var.autoscaler_schedule
   time_zone        = "Etc/UTC"
   paused           = var.autoscaler_paused
