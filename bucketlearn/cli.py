@@ -476,8 +476,8 @@ def cmd_tend(args: argparse.Namespace) -> int:
 
 
 def cmd_autoscale(args: argparse.Namespace) -> int:
-    """One step of the cloud controller (run every minute by Cloud Scheduler): the watchdog's
-    pass, then the worker pool sized from the backlog."""
+    """One step of the cloud controller (run every minute by Cloud Scheduler): the worker pool
+    sized from the backlog, then the watchdog's pass."""
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
@@ -487,7 +487,6 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     setup_logging(settings.log_format)
     pool_name, minimum, maximum, cooldown = load_autoscaler_settings()
     svc = google_services(settings)
-    tended = tend_once(svc)
     state = svc.registry.get_control("autoscaler") or {}
     decision = autoscale_once(svc.registry, CloudRunWorkerPool(pool_name),
                               ScalingPolicy(minimum, maximum,
@@ -495,6 +494,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
                               time.time(), state)
     svc.registry.set_control("autoscaler", {"last_change_at": state.get("last_change_at"),
                                             "last_decision": decision})
+    tended = tend_once(svc)  # after the resize: a slow pass must not keep workers from starting
     emit({**decision, **tended})
     return EXIT_OK
 
@@ -574,8 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
         func=cmd_worker)
-    sub.add_parser("autoscale", help="one step of the cloud controller: the watchdog's pass, "
-                   "then the worker pool's instance count from the backlog"
+    sub.add_parser("autoscale", help="one step of the cloud controller: the worker pool's "
+                   "instance count from the backlog, then the watchdog's pass"
                    ).set_defaults(func=cmd_autoscale)
     sub.add_parser("tend", help="one pass of the watchdog: republish the lost tasks of stalled "
                    "jobs, nudge the aggregator, end splits that never finished"

@@ -122,8 +122,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     the optimizer state of every version. The stack then takes the same steps as the same code
     in one process: version 0 is the same bytes, the first versions the same weights up to
     float rounding (a version that lost the optimizer state, the learning rate or the row order
-    would be far off), and the final model is within 2 points of train-local (separate
-    processes do not add floats in the same order, and training amplifies that a little)."""
+    would be far off), and the final model is within a point of train-local."""
     # Prepare
     from benchmarks.datasets import hmnist4
     from bucketlearn import codec
@@ -144,16 +143,23 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     assert job["model"]["kind"] == "cnn" and job["plan"]["parallel_tasks"] == 1
     assert len({t["worker_id"] for t in svc.registry.list_tasks(status["job_id"])}) == 2
     assert len(versions) == len(local["versions"])
-    assert versions[0]["checksum"] == local["versions"][0]["checksum"]
-    for number in (1, 2):
-        ours = codec.decode_state(svc.store.read_bytes(stack.settings.models_bucket,
-                                                       versions[number]["weights_path"]))[0]
-        theirs = codec.decode_state(local["svc"].store.read_bytes(
-            local["svc"].settings.models_bucket, local["versions"][number]["weights_path"]))[0]
+
+    def state(where: Any, bucket: str, version: dict[str, Any]) -> list[np.ndarray]:
+        weights, optimizer, _ = codec.decode_state(where.read_bytes(bucket,
+                                                                    version["weights_path"]))
+        return weights + optimizer
+
+    for number in (0, 1, 2):
+        ours = state(svc.store, stack.settings.models_bucket, versions[number])
+        theirs = state(local["svc"].store, local["svc"].settings.models_bucket,
+                       local["versions"][number])
         for a, b in zip(ours, theirs, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+            if number == 0:  # the same initial weights and optimizer state, to the bit
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
     assert local["job"]["head"]["holdout_accuracy"] == pytest.approx(serial.accuracy, abs=0.005)
-    assert abs(status["accuracy"] - serial.accuracy) <= 0.02 + 1e-9, (status["accuracy"],
+    assert abs(status["accuracy"] - serial.accuracy) <= 0.01 + 1e-9, (status["accuracy"],
                                                                        serial.accuracy)
 
 
