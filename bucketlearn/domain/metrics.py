@@ -1,0 +1,127 @@
+"""Holdout figures beyond accuracy, from counts a streaming evaluation accumulates: pure maths.
+
+Classification: a confusion matrix (true class × predicted class) gives accuracy, per-class
+precision and recall, macro-F1, and the accuracy of always answering the majority class (the
+baseline an imbalanced table has to beat); for two classes, ROC AUC from the positive class's
+scores. Regression: RMSE, MAE and R² from sums of errors, so a holdout never has to be in memory
+at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+AUC_BINS = 1000  # scores are histogrammed into this many bins per class for ROC AUC
+
+
+@dataclass
+class ClassificationTally:
+    """What a holdout pass adds up for a classifier, part by part."""
+
+    classes: int
+    confusion: np.ndarray = field(init=False)
+    loss_sum: float = 0.0
+    rows: int = 0
+    positive_scores: np.ndarray = field(init=False)  # binary: histogram of P(class 1) by truth
+
+    def __post_init__(self) -> None:
+        self.confusion = np.zeros((self.classes, self.classes), dtype=np.int64)
+        self.positive_scores = np.zeros((2, AUC_BINS), dtype=np.int64)
+
+    def add(self, probabilities: np.ndarray, labels: np.ndarray, losses: np.ndarray) -> None:
+        """Add one batch: predicted probabilities (rows × classes), true labels, per-row loss."""
+        predicted = np.argmax(probabilities, axis=1)
+        np.add.at(self.confusion, (labels, predicted), 1)
+        self.loss_sum += float(np.sum(losses))
+        self.rows += len(labels)
+        if self.classes == 2:
+            bins = np.clip((probabilities[:, 1] * AUC_BINS).astype(np.int64), 0, AUC_BINS - 1)
+            np.add.at(self.positive_scores, (labels, bins), 1)
+
+    def report(self) -> dict[str, Any]:
+        """The figures, ready for a version document (plain floats and lists)."""
+        return classification_report(self.confusion, self.loss_sum / max(1, self.rows),
+                                     self.positive_scores if self.classes == 2 else None)
+
+
+def classification_report(confusion: np.ndarray, loss: float,
+                          positive_scores: np.ndarray | None = None) -> dict[str, Any]:
+    """Accuracy, loss, per-class precision/recall/F1, macro-F1, the majority-class baseline and
+    (binary) ROC AUC from a confusion matrix (rows: true class, columns: predicted)."""
+    confusion = np.asarray(confusion, dtype=np.int64)
+    total = int(confusion.sum())
+    correct = int(np.trace(confusion))
+    true_counts = confusion.sum(axis=1)
+    predicted_counts = confusion.sum(axis=0)
+    precision = _ratio(np.diag(confusion), predicted_counts)
+    recall = _ratio(np.diag(confusion), true_counts)
+    f1 = [0.0 if p + r == 0 else 2 * p * r / (p + r) for p, r in zip(precision, recall,
+                                                                   strict=True)]
+    present = [i for i, n in enumerate(true_counts) if n > 0]
+    majority = float(true_counts.max() / total) if total else 0.0
+    accuracy = correct / total if total else 0.0
+    report: dict[str, Any] = {
+        "accuracy": accuracy, "loss": float(loss), "rows": total,
+        "macro_f1": float(np.mean([f1[i] for i in present])) if present else 0.0,
+        "precision": precision, "recall": recall, "f1": f1,
+        "confusion": confusion.tolist(),
+        "majority_accuracy": majority,
+        "beats_majority": accuracy > majority + 1e-12,
+    }
+    if positive_scores is not None:
+        report["roc_auc"] = roc_auc_from_histograms(positive_scores[0], positive_scores[1])
+    return report
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> list[float]:
+    return [float(n / d) if d else 0.0 for n, d in zip(numerator, denominator, strict=True)]
+
+
+def roc_auc_from_histograms(negative: Sequence[int], positive: Sequence[int]) -> float | None:
+    """ROC AUC from histograms of the positive-class score over the same bins, for the true
+    negatives and the true positives: the probability that a random positive scores above a
+    random negative, ties counting one half. None when a class is missing."""
+    neg = np.asarray(negative, dtype=np.float64)
+    pos = np.asarray(positive, dtype=np.float64)
+    n_neg, n_pos = neg.sum(), pos.sum()
+    if n_neg == 0 or n_pos == 0:
+        return None
+    below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])  # negatives in lower bins
+    wins = float(np.sum(pos * (below + 0.5 * neg)))
+    return wins / (n_neg * n_pos)
+
+
+@dataclass
+class RegressionTally:
+    """Sums a holdout pass adds up for a regression, part by part (Welford-free: the target's
+    mean comes from the sums too)."""
+
+    rows: int = 0
+    squared_error: float = 0.0
+    absolute_error: float = 0.0
+    target_sum: float = 0.0
+    target_squares: float = 0.0
+
+    def add(self, predicted: np.ndarray, target: np.ndarray) -> None:
+        error = np.asarray(predicted, np.float64).reshape(-1) - np.asarray(target,
+                                                                           np.float64).reshape(-1)
+        target = np.asarray(target, np.float64).reshape(-1)
+        self.rows += len(target)
+        self.squared_error += float(np.sum(error ** 2))
+        self.absolute_error += float(np.sum(np.abs(error)))
+        self.target_sum += float(np.sum(target))
+        self.target_squares += float(np.sum(target ** 2))
+
+    def report(self) -> dict[str, Any]:
+        """RMSE, MAE and R² (1 − SSE/SST; None when the target is constant)."""
+        n = max(1, self.rows)
+        mean = self.target_sum / n
+        total = self.target_squares - n * mean * mean
+        return {"rmse": math.sqrt(self.squared_error / n), "mae": self.absolute_error / n,
+                "r2": (1.0 - self.squared_error / total) if total > 1e-12 else None,
+                "rows": self.rows, "loss": self.squared_error / n}
