@@ -90,12 +90,15 @@ class Experiment:
                              self.options.batch_size, requested=parallel)
 
     def task(self, weights: list[np.ndarray], optimizer: list[np.ndarray], shards: list[int],
-             epoch: int, index: int, rate: float) -> Any:
+             epoch: int, index: int, span: tuple[float, float]) -> Any:
+        from bucketlearn.domain.plan import step_rates
         from bucketlearn.training import train_task
 
         x = np.concatenate([self.shards[i][0] for i in shards])
         y = np.concatenate([self.shards[i][1] for i in shards])
-        return train_task(self.model, weights, optimizer, x, y, self.options.batch_size, rate,
+        rates = step_rates(self.options.learning_rate, self.options.lr_schedule, span,
+                           math.ceil(len(y) / self.options.batch_size))
+        return train_task(self.model, weights, optimizer, x, y, self.options.batch_size, rates,
                           self.seed, epoch, index)
 
     def accuracy(self, weights: list[np.ndarray]) -> float:
@@ -104,16 +107,14 @@ class Experiment:
         return evaluate(self.model, weights, *self.holdout)[0]
 
     def rounds(self, parallel: int) -> Any:
-        """(epoch, round index, [(task index, shard indices)], learning rate) of the plan."""
-        from bucketlearn.domain.plan import epoch_tasks, learning_rate
+        """(epoch, round index, [(task index, shard indices)], progress span) of the plan."""
+        from bucketlearn.domain.plan import epoch_tasks
 
         plan = self.plan(parallel)
         for epoch in range(1, self.epochs + 1):
             tasks = epoch_tasks(plan, len(self.shards), self.seed, epoch)
             for r in range(plan.rounds_per_epoch):
-                rate = learning_rate(self.options.learning_rate, self.options.lr_schedule,
-                                     plan.progress(epoch, r))
-                yield epoch, r, [(t, tasks[t]) for t in plan.round_range(r)], rate
+                yield epoch, r, [(t, tasks[t]) for t in plan.round_range(r)], plan.span(epoch, r)
 
 
 def run_sync(exp: Experiment, method: str, parallel: int) -> float:

@@ -23,10 +23,11 @@ from typing import Any
 from benchmarks import common
 from benchmarks.common import log
 
-NAMES = ("ingest", "parity", "overhead", "scale", "methods")
+NAMES = ("ingest", "parity", "overhead", "scale", "methods", "schedules")
 TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
           "overhead": "3. Pipeline overhead", "scale": "4. Control-plane scale",
-          "methods": "5. Choosing the aggregation (tuning datasets only)"}
+          "methods": "5. Choosing the aggregation (tuning datasets only)",
+          "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)"}
 DOC = common.REPO / "docs" / "BENCHMARKS.md"
 START, END = "<!-- bench:generated:start -->", "<!-- bench:generated:end -->"
 
@@ -127,14 +128,14 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name == "ingest" and args.sizes:
         params["sizes_mb"] = [int(x) for x in args.sizes.split(",")]
         reduced.append(f"sizes_mb={params['sizes_mb']}")
-    if name in ("parity", "overhead", "methods") and args.datasets:
+    if name in ("parity", "overhead", "methods", "schedules") and args.datasets:
         keep = args.datasets.split(",")
         if isinstance(params["datasets"], dict):
             params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
         else:
             params["datasets"] = [k for k in params["datasets"] if k in keep]
         reduced.append(f"datasets={list(params['datasets'])}")
-    if name in ("parity", "methods") and args.seeds:
+    if name in ("parity", "methods", "schedules") and args.seeds:
         params["seeds"] = [int(x) for x in args.seeds.split(",")]
         reduced.append(f"seeds={params['seeds']}")
     if name == "scale" and args.workers:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.plan import TrainingPlan, epoch_tasks, learning_rate
+from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
 
@@ -117,7 +117,7 @@ def job_plan(job: Mapping[str, Any]) -> TrainingPlan:
 def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
                    task_indices: Sequence[int] | None = None) -> list[TaskMessage]:
     """The task messages of the job's current round (or of ``task_indices`` in it), each naming
-    the head version it trains from and its learning rate.
+    the head version it trains from and the share of the job its round spans.
 
     Args:
         job: the job document (its plan, options, epoch, round and head).
@@ -128,9 +128,7 @@ def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
     options = job["options"]
     epoch, round_index = int(job["epoch"]), int(job.get("round") or 0)
     tasks = epoch_tasks(plan, len(shards), int(options["seed"]), epoch)
-    rate = learning_rate(float(options["learning_rate"]),
-                         str(options.get("lr_schedule", "constant")),
-                         plan.progress(epoch, round_index))
+    span = plan.span(epoch, round_index)
     head = job["head"]
     wanted = plan.round_range(round_index) if task_indices is None else task_indices
     messages = []
@@ -141,7 +139,7 @@ def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
             parts=tuple(part for shard in members for part in shard.parts),
             rows=sum(int(shard.rows) for shard in members), round=round_index,
             base_version=int(head["version"]), weights_path=str(head["weights_path"]),
-            learning_rate=rate))
+            span=span))
     return messages
 
 

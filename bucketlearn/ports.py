@@ -53,8 +53,9 @@ class TaskMessage:
     """One unit of training work: one task of one round of one job.
 
     A task names everything its training depends on: the version it starts from (its number and
-    weights object), its rows (shard parts) and its learning rate, so the same message trains
-    the same way on any worker.
+    weights object), its rows (shard parts) and the share of the job its round spans (the
+    learning-rate schedule is followed over it), so the same message trains the same way on any
+    worker.
     """
 
     job_id: str
@@ -65,7 +66,7 @@ class TaskMessage:
     round: int = 0
     base_version: int = -1  # -1: a message without one (not trainable; acknowledged)
     weights_path: str = ""
-    learning_rate: float = 0.0
+    span: tuple[float, float] = (0.0, 0.0)
 
     @property
     def task_id(self) -> str:
@@ -75,7 +76,7 @@ class TaskMessage:
         return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
                 "parts": list(self.parts), "rows": self.rows, "round": self.round,
                 "base_version": self.base_version, "weights_path": self.weights_path,
-                "learning_rate": self.learning_rate}
+                "span": list(self.span)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
@@ -84,7 +85,16 @@ class TaskMessage:
                    rows=int(data["rows"]), round=int(data.get("round", 0)),
                    base_version=int(data.get("base_version", -1)),
                    weights_path=str(data.get("weights_path", "")),
-                   learning_rate=float(data.get("learning_rate", 0.0)))
+                   span=_span(data.get("span")))
+
+
+def _span(value: Any) -> tuple[float, float]:
+    """A message's (start, end) progress span; (0, 0) when it has none."""
+    try:
+        start, end = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return (0.0, 0.0)
+    return (start, end)
 
 
 class ReceivedTask(Protocol):

@@ -15,6 +15,7 @@ synchronous rounds makes the result independent of W: it only changes how long a
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from typing import Any
 from bucketlearn import jobs
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
-from bucketlearn.domain.plan import epoch_tasks, learning_rate, plan_training
+from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.model import build_model, choose_spec
 from bucketlearn.training import evaluate, optimizer_state, train_task
@@ -63,9 +64,10 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                                                           options.seed, epoch)):
             parts = [p for i in members for p in manifest.shards[i].parts]
             x, y = load_parts(svc.store, svc.settings.work_bucket, parts)
-            rate = learning_rate(options.learning_rate, options.lr_schedule,
-                                 plan.progress(epoch, task_index))
-            result = train_task(model, weights, optimizer, x, y, options.batch_size, rate,
+            rates = step_rates(options.learning_rate, options.lr_schedule,
+                               plan.span(epoch, task_index),
+                               math.ceil(len(y) / options.batch_size))
+            result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
                                 options.seed, epoch, task_index)
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.plan import step_rates
 from bucketlearn.errors import NotFoundError, PermanentError, TransientError
 from bucketlearn.ingest import load_parts
 from bucketlearn.ports import ReceivedTask, TaskMessage
@@ -307,9 +309,13 @@ class Learner:
         base, optimizer = runtime.state(task.weights_path)
         x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
         t1 = time.perf_counter()
-        result = train_task(runtime.model, base, optimizer, x, y,
-                            int(job["options"]["batch_size"]), task.learning_rate,
-                            int(job["options"]["seed"]), task.epoch, task.task_index)
+        options = job["options"]
+        batch_size = int(options["batch_size"])
+        rates = step_rates(float(options["learning_rate"]),
+                           str(options.get("lr_schedule", "constant")), task.span,
+                           math.ceil(len(y) / batch_size))
+        result = train_task(runtime.model, base, optimizer, x, y, batch_size, rates,
+                            int(options["seed"]), task.epoch, task.task_index)
         t2 = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "round": task.round,

@@ -91,6 +91,12 @@ class TrainingPlan:
         done = (epoch - 1) * self.tasks_per_epoch + round_index * self.parallel_tasks
         return min(1.0, done / max(1, self.total_tasks))
 
+    def span(self, epoch: int, round_index: int) -> tuple[float, float]:
+        """The share of the job done when this round starts and when it ends."""
+        start = self.progress(epoch, round_index)
+        tasks = len(self.round_range(round_index))
+        return start, min(1.0, start + tasks / max(1, self.total_tasks))
+
 
 def serial_steps(shard_rows: Sequence[int], epochs: int, batch_size: int) -> int:
     """Optimizer steps serial training takes over the same rows (batches of ``batch_size``)."""
@@ -148,6 +154,15 @@ def epoch_tasks(plan: TrainingPlan, shard_count: int, seed: int, epoch: int) -> 
         raise ValueError(f"plan: expected {plan.tasks_per_epoch} tasks per epoch; "
                          f"found {len(tasks)} for {shard_count} shards")
     return tasks
+
+
+def step_rates(base: float, schedule: str, span: tuple[float, float], steps: int) -> list[float]:
+    """The learning rate of each of a task's ``steps`` optimizer steps, its task spanning
+    ``span`` of the job: the schedule is followed step by step, not task by task, so a job of a
+    few large tasks still decays smoothly."""
+    start, end = span
+    return [learning_rate(base, schedule, start + (end - start) * k / max(1, steps))
+            for k in range(max(1, steps))]
 
 
 def learning_rate(base: float, schedule: str, progress: float) -> float:

@@ -15,6 +15,7 @@ from bucketlearn.domain.plan import (
     learning_rate,
     plan_training,
     serial_steps,
+    step_rates,
 )
 
 
@@ -108,6 +109,21 @@ def test_progress_counts_tasks_before_the_round():
     assert plan.progress(1, 1) == pytest.approx(2 / 8)
     assert plan.progress(2, 1) == pytest.approx(6 / 8)
     assert TrainingPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_step_rates_follow_the_schedule_within_a_task():
+    """A task spanning the last 40 % of a job decays step by step under wsd."""
+    rates = step_rates(0.01, "wsd", (0.6, 1.0), 4)
+    assert rates == pytest.approx([0.01, 0.01, 0.01, 0.005], abs=1e-12)  # at each step start
+    assert step_rates(0.01, "constant", (0.0, 0.5), 3) == [0.01] * 3
+
+
+def test_a_rounds_span_covers_its_tasks():
+    plan = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=3, epochs=2,
+                        serial_steps=100, decided="")
+    assert plan.span(1, 0) == (0.0, pytest.approx(2 / 6))
+    assert plan.span(1, 1) == (pytest.approx(2 / 6), pytest.approx(3 / 6))
+    assert plan.span(2, 1)[1] == pytest.approx(1.0)
 
 
 def test_learning_rate_schedules():

@@ -55,7 +55,8 @@ def test_upload_is_accepted_as_one_job(digits_job):
 
 def test_the_first_round_is_published(digits_job):
     """Only round 0 of epoch 1 is published: one message per task of the round, each naming its
-    shards' parts and rows, the version it trains from (v0) and its learning rate."""
+    shards' parts and rows, the version it trains from (v0) and the share of the job its round
+    spans."""
     # Prepare
     svc, _, _, job_id, _ = digits_job
     job = svc.registry.get_job(job_id)
@@ -74,7 +75,7 @@ def test_the_first_round_is_published(digits_job):
         assert list(m.parts) == [p for shard in shards for p in shard.parts]
         assert m.rows == sum(shard.rows for shard in shards)
         assert m.weights_path == job["head"]["weights_path"]
-        assert m.learning_rate == pytest.approx(job["options"]["learning_rate"])
+        assert m.span == plan.span(1, 0) and m.span[0] == 0.0 < m.span[1]
     assert svc.registry.get_version(job_id, 0)["weights_path"].startswith(f"weights/{job_id}/")
 
 

@@ -39,7 +39,7 @@ def test_task_takes_the_same_steps_as_fit():
     xs, ys = shuffle_rows(x, y, seed=3, epoch=2, task_index=4)
     # Execute
     result = train_task(task_model, base, optimizer_state(task_model), x, y, batch_size=32,
-                        learning_rate=1e-2, seed=3, epoch=2, task_index=4)
+                        learning_rates=1e-2, seed=3, epoch=2, task_index=4)
     history = fit_model.fit(xs, ys, batch_size=32, epochs=1, shuffle=False, verbose=0)
     # Assert
     assert result.examples == 70
