@@ -154,6 +154,32 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     assert all(published == 0 for _, published in seen[:-1])
 
 
+def test_a_late_publish_never_moves_published_back(tmp_path):
+    """``published`` names the job's last published round and never goes back (issue #14):
+    an invocation that read the job at round 0 and publishes it after the fold of round 0 has
+    published round 1 leaves ``published`` at round 1 (before: it wrote round 0 back, so the
+    aggregator and the watchdog took round 1 for unpublished and published it again)."""
+    # Prepare
+    from bucketlearn.split import publish_round
+    from tests.unit.test_invariants import start_job, train_pending
+
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    read_at_round_0 = svc.registry.get_job(job_id)
+    train_pending(svc, len(jobs.current_round_tasks(read_at_round_0)))
+    aggregate_job(svc, job_id)
+    after_fold = svc.registry.get_job(job_id)
+    assert (after_fold["round"], after_fold["published"]) == (1, jobs.round_key(1, 1))
+    messages_before = len(svc.queue.published)
+    # Execute
+    publish_round(svc, read_at_round_0)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job["published"] == jobs.round_key(1, 1)
+    assert job["published_at"] == after_fold["published_at"]
+    assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
+    assert len(svc.queue.published) == messages_before  # round 1 is not published again
+
+
 def test_final_model_is_exported(pipeline):
     """models/<job>/latest.keras exists in the models bucket (and v<N>.keras)."""
     # Prepare
