@@ -110,6 +110,8 @@ class Manifest:
     holdout_parts: list[str]
     mean: list[float]
     variance: list[float]
+    # rows of each holdout part (empty in manifests written before it was recorded)
+    holdout_part_rows: list[int] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         data = dict(self.__dict__)
@@ -795,6 +797,7 @@ class _HoldoutWriter:
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0
         self.parts: list[str] = []
+        self.part_rows: list[int] = []
         self.rows = 0
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -809,8 +812,10 @@ class _HoldoutWriter:
         if not self.chunks:
             return
         path = layout.holdout_part_path(self.job_id, len(self.parts))
-        self.rows += _write_part(self.store, self.bucket, path, self.chunks)
+        rows = _write_part(self.store, self.bucket, path, self.chunks)
+        self.rows += rows
         self.parts.append(path)
+        self.part_rows.append(rows)
         self.chunks, self.bytes = [], 0
 
 
@@ -1023,6 +1028,7 @@ def split_upload(
         rows=int(sum(class_counts)), train_rows=int(train_rows), holdout_rows=holdout.rows,
         shards=shard_list, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
+        holdout_part_rows=holdout.part_rows,
     )
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
