@@ -71,13 +71,13 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
     """
     lease = f"aggregate-{job_id}"
     holder = f"{svc.identity}-{layout.new_nonce()}"
-    deadline = svc.clock() + svc.settings.aggregate_budget_seconds
+    budget = _Budget(svc.clock() + svc.settings.aggregate_budget_seconds)
     outcome = Outcome.BUSY
     for _ in range(1000):
         if not svc.registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             return outcome
         try:
-            drained = _drain(svc, job_id, lease, holder, deadline)
+            drained = _drain(svc, job_id, lease, holder, budget)
             outcome = Outcome.ACCEPTED
         finally:
             svc.registry.release_lease(lease, holder)
@@ -100,9 +100,26 @@ def write_nudge(svc: Services, job_id: str, reason: str) -> str:
     return path
 
 
-def out_of_time(now: float, deadline: float) -> bool:
-    """Whether an invocation whose budget ends at ``deadline`` must start no more work."""
-    return now >= deadline
+def may_start(now: float, deadline: float, started_before: bool) -> bool:
+    """Whether an invocation whose budget ends at ``deadline`` may start a fold or the export:
+    before the deadline, and always for its first (a budget shorter than one fold must still
+    make progress, not nudge forever)."""
+    return not started_before or now < deadline
+
+
+@dataclass
+class _Budget:
+    """One invocation's time budget for folds and the export."""
+
+    deadline: float
+    started: bool = False
+
+    def start(self, now: float) -> bool:
+        """True (and counted) if a fold or the export may start now (``may_start``)."""
+        if not may_start(now, self.deadline, self.started):
+            return False
+        self.started = True
+        return True
 
 
 def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
@@ -143,9 +160,9 @@ def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> Roun
                       jobs.job_plan(job).tasks_per_epoch)
 
 
-def _drain(svc: Services, job_id: str, lease: str, holder: str, deadline: float) -> bool:
+def _drain(svc: Services, job_id: str, lease: str, holder: str, budget: _Budget) -> bool:
     """Fold complete rounds (and export) until nothing is foldable: True; False when the
-    budget ending at ``deadline`` was spent with a fold or the export still to start."""
+    budget was spent with a fold or the export still to start."""
     registry = svc.registry
     for _ in range(100_000):
         planning_started = svc.clock()
@@ -153,7 +170,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str, deadline: float)
         if job is None or jobs.is_terminal(job):
             return True
         if job.get("phase") == jobs.EXPORTING:
-            if out_of_time(planning_started, deadline):
+            if not budget.start(planning_started):
                 return False
             export_final(svc, job)
             return True
@@ -167,7 +184,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str, deadline: float)
         _collect_garbage(svc, plan.garbage)
         if not plan.complete:
             return True
-        if out_of_time(svc.clock(), deadline):
+        if not budget.start(svc.clock()):
             return False
         if not registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             raise TransientError(f"job {job_id}: lost the aggregation lease")
