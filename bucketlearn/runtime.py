@@ -58,6 +58,7 @@ class JobRuntime:
             x, y = arrays.pop("x"), arrays.pop("y")
             del arrays
             yield x, y
+            del x, y  # released before the next part is read
 
     def holdout_part_rows(self) -> list[int]:
         """Rows of each holdout part: from the manifest, or (a manifest written before it

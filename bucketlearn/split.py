@@ -141,6 +141,9 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         return Outcome.FAILED, job_id
 
 
+CLAIM_WRITE_ATTEMPTS = 3
+
+
 def renewal_due(renewed_at: float, now: float, lease_seconds: float) -> bool:
     """Whether a split's claim renewed at ``renewed_at`` is due for renewal (every lease/3 s,
     so that two renewals can be missed before the claim counts as abandoned)."""
@@ -163,9 +166,22 @@ class SplitClaim:
 
     def update(self, fields: dict[str, Any]) -> bool:
         """Write ``fields`` to the job if this claim still holds it; False (nothing written)
-        otherwise."""
-        return self.svc.registry.update_job_if(
-            self.job_id, {"claim": self.claim, "phase": jobs.SPLITTING}, fields)
+        otherwise.
+
+        Raises:
+            TransientError: the claim holds but the write was refused every time (Firestore
+                refuses a conditional write when another write lands between its read and
+                its write).
+        """
+        for _ in range(CLAIM_WRITE_ATTEMPTS):
+            if self.svc.registry.update_job_if(
+                    self.job_id, {"claim": self.claim, "phase": jobs.SPLITTING}, fields):
+                return True
+            if not self.holds():
+                return False
+        raise TransientError(f"job {self.job_id}: could not write {sorted(fields)} under this "
+                             f"invocation's claim after {CLAIM_WRITE_ATTEMPTS} attempts (the "
+                             "job document kept changing)")
 
     def holds(self) -> bool:
         """Whether the job is still splitting under this claim (one read)."""
