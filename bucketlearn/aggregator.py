@@ -10,6 +10,10 @@ optimizer state under a write-once name, and commit version doc + applied task i
 next round in one transaction. Then publish the next round, evaluate the version on the holdout
 and watch for divergence (``domain.health``). After releasing the lease it looks once more, so a
 result that arrived while another invocation held the lease is never stranded.
+
+An invocation has a time budget (``Settings.aggregate_budget_seconds``, under the function's
+timeout): once it is spent, no new fold or export starts; the invocation writes a *nudge* object
+(the watchdog's way to start the aggregator) and returns, and the nudge's event carries on.
 """
 
 from __future__ import annotations
@@ -19,8 +23,6 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
@@ -33,7 +35,7 @@ from bucketlearn.model import export_keras
 from bucketlearn.ports import VersionCommit
 from bucketlearn.runtime import JobRuntime, job_runtime
 from bucketlearn.split import Outcome, publish_round
-from bucketlearn.training import evaluate_detail
+from bucketlearn.training import evaluate_detail, evaluate_parts
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +62,64 @@ def handle_delta_event(svc: Services, bucket: str, name: str) -> tuple[Outcome, 
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
-    """Fold everything foldable for one job, holding its lease; BUSY if another holder has it."""
+    """Fold everything foldable for one job within the invocation's time budget, holding its
+    lease.
+
+    Returns:
+        ACCEPTED when it ran (with a nudge left for the next invocation if the budget ran out
+        with work left); BUSY if another invocation holds the lease.
+    """
     lease = f"aggregate-{job_id}"
     holder = f"{svc.identity}-{layout.new_nonce()}"
+    budget = _Budget(svc.clock() + svc.settings.aggregate_budget_seconds)
     outcome = Outcome.BUSY
     for _ in range(1000):
         if not svc.registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             return outcome
         try:
-            _drain(svc, job_id, lease, holder)
+            drained = _drain(svc, job_id, lease, holder, budget)
             outcome = Outcome.ACCEPTED
         finally:
             svc.registry.release_lease(lease, holder)
+        if not drained:
+            write_nudge(svc, job_id, f"an aggregation spent its budget of "
+                                     f"{svc.settings.aggregate_budget_seconds:g} s with work left")
+            return outcome
         if not _has_work(svc, job_id):
             return outcome
     return outcome
+
+
+def write_nudge(svc: Services, job_id: str, reason: str) -> str:
+    """Write a nudge object for a job to the deltas bucket: its event starts an aggregation of
+    the job, as a task result's does. Returns its name."""
+    path = layout.nudge_path(job_id, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps({"reason": reason}).encode(),
+                          "application/json")
+    log.info("job %s: nudged (%s)", job_id, reason)
+    return path
+
+
+def may_start(now: float, deadline: float, started_before: bool) -> bool:
+    """Whether an invocation whose budget ends at ``deadline`` may start a fold or the export:
+    before the deadline, and always for its first (a budget shorter than one fold must still
+    make progress, not nudge forever)."""
+    return not started_before or now < deadline
+
+
+@dataclass
+class _Budget:
+    """One invocation's time budget for folds and the export."""
+
+    deadline: float
+    started: bool = False
+
+    def start(self, now: float) -> bool:
+        """True (and counted) if a fold or the export may start now (``may_start``)."""
+        if not may_start(now, self.deadline, self.started):
+            return False
+        self.started = True
+        return True
 
 
 def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
@@ -115,18 +160,22 @@ def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> Roun
                       jobs.job_plan(job).tasks_per_epoch)
 
 
-def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
+def _drain(svc: Services, job_id: str, lease: str, holder: str, budget: _Budget) -> bool:
+    """Fold complete rounds (and export) until nothing is foldable: True; False when the
+    budget was spent with a fold or the export still to start."""
     registry = svc.registry
     for _ in range(100_000):
         planning_started = svc.clock()
         job = registry.get_job(job_id)
         if job is None or jobs.is_terminal(job):
-            return
+            return True
         if job.get("phase") == jobs.EXPORTING:
+            if not budget.start(planning_started):
+                return False
             export_final(svc, job)
-            return
+            return True
         if job.get("phase") != jobs.TRAINING:
-            return
+            return True
         if not _published(job):
             publish_round(svc, job)
             continue
@@ -134,11 +183,14 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str) -> None:
         plan = _plan(svc, job, epoch_doc)
         _collect_garbage(svc, plan.garbage)
         if not plan.complete:
-            return
+            return True
+        if not budget.start(svc.clock()):
+            return False
         if not registry.acquire_lease(lease, holder, svc.settings.lease_seconds):
             raise TransientError(f"job {job_id}: lost the aggregation lease")
         if _fold(svc, job, plan, planning_started):
             _collect_garbage(svc, list(plan.results.values()) + list(plan.failures.values()))
+    return True
 
 
 def _collect_garbage(svc: Services, refs: list[DeltaRef]) -> None:
@@ -423,12 +475,11 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     runtime = job_runtime(svc, job)
     weights = runtime.weights(job["head"]["weights_path"])
     model = runtime.model
-    x, y = runtime.holdout()
-    found = evaluate_detail(model, weights, x, y)
+    # the whole holdout, one part at a time: never all of it in memory
+    found = evaluate_parts(model, weights, runtime.holdout_parts())
     manifest = runtime.manifest
     now = svc.clock()
-    true_counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(manifest.classes))
-    problem = health.degenerate_model(found.predicted_counts, true_counts.tolist(),
+    problem = health.degenerate_model(found.predicted_counts, found.true_counts,
                                       manifest.classes, found.loss,
                                       float(job["options"]["learning_rate"]))
     if problem is not None:
@@ -448,7 +499,7 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     svc.registry.update_job(job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,
-        "final_holdout_rows": int(len(y)),
+        "final_holdout_rows": found.rows,
     })
     log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version,
              found.accuracy)

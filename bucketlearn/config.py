@@ -230,6 +230,10 @@ class Settings:
     lease_seconds: float = 60.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
+    # An aggregation invocation starts no fold or export after this many seconds; it leaves a
+    # nudge instead, whose event starts the next invocation. A margin under the 540 s that an
+    # event-driven function may run (Terraform sets it from the function's timeout).
+    aggregate_budget_seconds: float = 420.0
     # The watchdog (``bucketlearn tend``): a job with no sign of progress for this long gets its
     # current round's missing tasks published again, or the aggregator nudged.
     stall_seconds: float = 600.0
@@ -280,6 +284,7 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_STALL_SECONDS": ("stall_seconds", float),
     "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION": ("dead_letter_subscription", str),
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
+    "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS": ("aggregate_budget_seconds", float),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
 }
 # Read by the Google client libraries themselves too (export_emulator_env).

@@ -53,6 +53,10 @@ from bucketlearn.ports import BlobStore
 log = logging.getLogger(__name__)
 
 Opener = Callable[[], IO[bytes]]
+# Called once per record batch of either pass, before the batch is processed (the upload
+# service renews its claim on the job there); it does its own I/O, ingest does none for it.
+# Whatever it raises ends the split.
+Progress = Callable[[], None]
 DEFAULT_BUFFER_BYTES = 64 * 1024**2
 READ_BLOCK_BYTES = 4 * 1024**2  # pyarrow's CSV block; larger only for rows that do not fit
 READ_AHEAD_BLOCKS = 3  # blocks read from the source ahead of the batch being processed
@@ -106,6 +110,8 @@ class Manifest:
     holdout_parts: list[str]
     mean: list[float]
     variance: list[float]
+    # rows of each holdout part (empty in manifests written before it was recorded)
+    holdout_part_rows: list[int] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         data = dict(self.__dict__)
@@ -518,17 +524,21 @@ def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[
 # --- pass 1: scan --------------------------------------------------------------------------------
 
 def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
-                block_bytes: int | None = None) -> tuple[list[str], list[int]]:
+                block_bytes: int | None = None, progress: Progress | None = None
+                ) -> tuple[list[str], list[int]]:
     """Pass 1: parse every row, read the labels; return (label values, counts) in first-seen order.
 
     ``block_bytes``: the read block, by default one that holds any row within the line limit.
     With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
+    ``progress`` is called before each batch.
     """
     block, largest = _block_sizes(limits, block_bytes)
     counts: dict[str, int] = {}
     rows = 0
     try:
         for batch in _batches(source, columns, label, [label], block):
+            if progress is not None:
+                progress()
             labels = batch.column(0)
             empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
             if pc.any(empty).as_py():
@@ -787,6 +797,7 @@ class _HoldoutWriter:
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0
         self.parts: list[str] = []
+        self.part_rows: list[int] = []
         self.rows = 0
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -801,8 +812,10 @@ class _HoldoutWriter:
         if not self.chunks:
             return
         path = layout.holdout_part_path(self.job_id, len(self.parts))
-        self.rows += _write_part(self.store, self.bucket, path, self.chunks)
+        rows = _write_part(self.store, self.bucket, path, self.chunks)
+        self.rows += rows
         self.parts.append(path)
+        self.part_rows.append(rows)
         self.chunks, self.bytes = [], 0
 
 
@@ -887,6 +900,7 @@ def split_upload(
     limits: Limits,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     read_block_bytes: int = READ_BLOCK_BYTES,
+    progress: Progress | None = None,
 ) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
@@ -900,6 +914,8 @@ def split_upload(
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (a file with a longer row is read
             with blocks of ``2 x limits.max_line_bytes``, as that always fits).
+        progress: called before each record batch of both passes (no I/O of ingest's own);
+            whatever it raises ends the split there, with nothing more written.
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -913,12 +929,12 @@ def split_upload(
     feature_names = [c for c in columns if c != label]
     block, largest = _block_sizes(limits, read_block_bytes)
     try:
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block)
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
     except _BlockTooSmall as exc:  # pass 1 has written nothing: start it again
         log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks", file, exc, block,
                  largest)
         block = largest
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block)
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts, file, label)
     single = [name for name, n in zip(classes, class_counts, strict=True) if n < 2]
     if single:
@@ -957,6 +973,8 @@ def split_upload(
     row_offset = 0
     try:
         for batch in _batches(source, columns, label, None, block):
+            if progress is not None:
+                progress()
             x = _features(batch, feature_names)
             found = _first_non_finite(x, batch, feature_names, row_offset, file)
             if found is not None:
@@ -1010,6 +1028,7 @@ def split_upload(
         rows=int(sum(class_counts)), train_rows=int(train_rows), holdout_rows=holdout.rows,
         shards=shard_list, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
+        holdout_part_rows=holdout.part_rows,
     )
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")

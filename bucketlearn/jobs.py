@@ -110,6 +110,12 @@ def round_key(epoch: int, round_index: int) -> str:
     return f"e{epoch:04d}r{round_index:05d}"
 
 
+def round_position(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a job is in its training (epoch, round, version), as its document stores them:
+    what a write about its current round expects to find unchanged."""
+    return {"epoch": job.get("epoch"), "round": job.get("round"), "version": job.get("version")}
+
+
 def job_plan(job: Mapping[str, Any]) -> TrainingPlan:
     return TrainingPlan.from_dict(job["plan"])
 

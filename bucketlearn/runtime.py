@@ -1,15 +1,22 @@
-"""Per-process caches of per-job things: manifest, compiled model, holdout, head weights."""
+"""Per-process caches of per-job things: manifest, compiled model, holdout sample, head weights.
+
+The holdout is never held whole: it can be as large as half an upload (1 GB of arrays for a
+2 GiB file). Versions are evaluated on a fixed random sample of it (``holdout``), read part by
+part; the export evaluates on all of it, one part at a time (``holdout_parts``).
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.ingest import Manifest, load_parts
+from bucketlearn.codec import CorruptObjectError
+from bucketlearn.ingest import Manifest
 from bucketlearn.model import ModelSpec, build_model
 
 MAX_JOBS_CACHED = 2
@@ -24,7 +31,8 @@ class JobRuntime:
         self.spec = ModelSpec.from_dict(job["model"])
         self._manifest: Manifest | None = None
         self._model: Any = None
-        self._holdout: tuple[np.ndarray, np.ndarray] | None = None
+        self._holdout: tuple[int, np.ndarray, np.ndarray] | None = None  # (max_rows, x, y)
+        self._part_rows: list[int] | None = None
         self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
 
     @property
@@ -41,17 +49,62 @@ class JobRuntime:
             self._model = build_model(self.spec, self.manifest.mean, self.manifest.variance)
         return self._model
 
-    def holdout(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The holdout rows; with ``max_rows``, a fixed random subset (all classes represented)."""
-        if self._holdout is None:
-            self._holdout = load_parts(self.svc.store, self.svc.settings.work_bucket,
-                                       self.manifest.holdout_parts)
-        x, y = self._holdout
-        if max_rows is None or len(y) <= max_rows:
-            return x, y
-        pick = np.sort(np.random.default_rng([self.spec.seed, 31]).choice(len(y), max_rows,
-                                                                          replace=False))
-        return x[pick], y[pick]
+    def holdout_parts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The holdout's parts as (x, y), one at a time: memory for one part (~16 MiB), whatever
+        the size of the holdout."""
+        bucket = self.svc.settings.work_bucket
+        for path in self.manifest.holdout_parts:
+            arrays, _ = codec.decode_arrays(self.svc.store.read_bytes(bucket, path), path)
+            x, y = arrays.pop("x"), arrays.pop("y")
+            del arrays
+            yield x, y
+            del x, y  # released before the next part is read
+
+    def holdout_part_rows(self) -> list[int]:
+        """Rows of each holdout part: from the manifest, or (a manifest written before it
+        recorded them) by reading each part once, one at a time."""
+        if self._part_rows is None:
+            rows = list(self.manifest.holdout_part_rows)
+            if len(rows) != len(self.manifest.holdout_parts):
+                rows = [len(y) for _, y in self.holdout_parts()]
+            self._part_rows = rows
+        return self._part_rows
+
+    def holdout(self, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A fixed random sample of at most ``max_rows`` holdout rows (``holdout_sample``).
+
+        Only the parts the sample draws from are read, one at a time, into arrays of the
+        sample's size: memory is about ``max_rows`` rows and one part, whatever the size of the
+        holdout. The sample is kept for the next version's evaluation.
+
+        Raises:
+            CorruptObjectError: a part has fewer rows than the manifest says.
+        """
+        if self._holdout is not None and self._holdout[0] == max_rows:
+            return self._holdout[1], self._holdout[2]
+        self._holdout = None
+        picks = holdout_sample(self.holdout_part_rows(), max_rows, self.spec.seed)
+        rows = sum(len(pick) for pick in picks)
+        x = np.empty((rows, self.spec.n_features), dtype=np.float32)
+        y = np.empty(rows, dtype=np.int32)
+        filled = 0
+        bucket = self.svc.settings.work_bucket
+        for path, pick in zip(self.manifest.holdout_parts, picks, strict=True):
+            if len(pick) == 0:
+                continue
+            arrays, _ = codec.decode_arrays(self.svc.store.read_bytes(bucket, path), path)
+            part_x, part_y = arrays["x"], arrays["y"]
+            if len(part_y) <= int(pick[-1]) or part_x.shape[1:] != x.shape[1:]:
+                raise CorruptObjectError(
+                    f"{path}: expected a holdout part of at least {int(pick[-1]) + 1} rows of "
+                    f"{self.spec.n_features} features; found {len(part_y)} rows of shape "
+                    f"{part_x.shape[1:]}")
+            x[filled:filled + len(pick)] = part_x[pick]
+            y[filled:filled + len(pick)] = part_y[pick]
+            filled += len(pick)
+            del arrays, part_x, part_y
+        self._holdout = (max_rows, x, y)
+        return x, y
 
     def state(self, weights_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """A version's weights and optimizer state (the last one read is kept: workers mostly
@@ -65,6 +118,29 @@ class JobRuntime:
     def weights(self, weights_path: str) -> list[np.ndarray]:
         """A version's weights."""
         return self.state(weights_path)[0]
+
+
+def holdout_sample(part_rows: Sequence[int], max_rows: int, seed: int) -> list[np.ndarray]:
+    """Which rows of each holdout part make a fixed random sample of ``max_rows`` rows.
+
+    Uniform over the whole holdout, without replacement: how many rows each part gives is
+    drawn from the multivariate hypergeometric distribution, then which rows within the part.
+    Reproducible from ``seed``; every row when there are no more than ``max_rows``. Pure.
+
+    Args:
+        part_rows: the rows of each part, in the manifest's order.
+        max_rows: the sample's size, at most.
+        seed: the job's seed.
+
+    Returns:
+        One sorted array of row indices per part (empty for a part the sample skips).
+    """
+    if sum(part_rows) <= max_rows:
+        return [np.arange(n) for n in part_rows]
+    rng = np.random.default_rng([seed, 31])
+    taken = rng.multivariate_hypergeometric(np.asarray(part_rows, dtype=np.int64), max_rows)
+    return [np.sort(rng.choice(n, int(k), replace=False)) if k else np.arange(0)
+            for n, k in zip(part_rows, taken, strict=True)]
 
 
 def job_runtime(svc: Services, job: dict[str, Any]) -> JobRuntime:

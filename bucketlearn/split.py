@@ -118,8 +118,11 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         if existing.get("phase") == jobs.SPLITTING:
             if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
                 raise TransientError(f"job {job_id} is being split by another invocation")
-            if not svc.registry.update_job_if(job_id, {"claim": existing.get("claim")},
-                                              {"claim": claim, "claimed_at": now}):
+            # the claim as read, renewal included: a splitter that renewed it since is alive
+            if not svc.registry.update_job_if(
+                    job_id, {"claim": existing.get("claim"), "phase": jobs.SPLITTING,
+                             "claimed_at": existing.get("claimed_at")},
+                    {"claim": claim, "claimed_at": now}):
                 raise TransientError(f"job {job_id}: lost the race to take over a stale split")
             log.warning("job %s: taking over a split abandoned since %s", job_id,
                         existing.get("claimed_at"))
@@ -129,30 +132,103 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         else:
             log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
             return Outcome.DUPLICATE, job_id
+    held = SplitClaim(svc, job_id, claim, now)
     try:
-        return _split_claimed(svc, event, job_id, claim, file)
+        return _split_claimed(svc, event, held, file)
     except BackendRejectedError as exc:
-        fail(svc, job_id, f"{file}: a backend refused to store the job's state, so it cannot "
-                          f"go on: {exc}")
+        fail(svc, held, f"{file}: a backend refused to store the job's state, so it cannot "
+                        f"go on: {exc}")
         return Outcome.FAILED, job_id
 
 
-def _split_claimed(svc: Services, event: StorageEvent, job_id: str, claim: str,
+CLAIM_WRITE_ATTEMPTS = 3
+
+
+def renewal_due(renewed_at: float, now: float, lease_seconds: float) -> bool:
+    """Whether a split's claim renewed at ``renewed_at`` is due for renewal (every lease/3 s,
+    so that two renewals can be missed before the claim counts as abandoned)."""
+    return now - renewed_at >= lease_seconds / 3
+
+
+class SplitClaim:
+    """This invocation's claim on a job's split: the job document's ``claim`` and ``claimed_at``.
+
+    A claim older than the lease counts as abandoned, and a retried event takes the split over.
+    So while the split streams, ``renew`` keeps ``claimed_at`` fresh, and every write that moves
+    the job on (options, the end of the split as REJECTED or FAILED) is conditional on the claim
+    still being this one and the job still splitting: a splitter that lost its claim stops,
+    writes nothing more and never touches a job another invocation has moved on.
+    """
+
+    def __init__(self, svc: Services, job_id: str, claim: str, claimed_at: float) -> None:
+        self.svc, self.job_id, self.claim = svc, job_id, claim
+        self.renewed_at = claimed_at
+
+    def update(self, fields: dict[str, Any]) -> bool:
+        """Write ``fields`` to the job if this claim still holds it; False (nothing written)
+        otherwise.
+
+        Raises:
+            TransientError: the claim holds but the write was refused every time (Firestore
+                refuses a conditional write when another write lands between its read and
+                its write).
+        """
+        for _ in range(CLAIM_WRITE_ATTEMPTS):
+            if self.svc.registry.update_job_if(
+                    self.job_id, {"claim": self.claim, "phase": jobs.SPLITTING}, fields):
+                return True
+            if not self.holds():
+                return False
+        raise TransientError(f"job {self.job_id}: could not write {sorted(fields)} under this "
+                             f"invocation's claim after {CLAIM_WRITE_ATTEMPTS} attempts (the "
+                             "job document kept changing)")
+
+    def holds(self) -> bool:
+        """Whether the job is still splitting under this claim (one read)."""
+        job = self.svc.registry.get_job(self.job_id) or {}
+        return job.get("claim") == self.claim and job.get("phase") == jobs.SPLITTING
+
+    def renew(self) -> None:
+        """Renew ``claimed_at`` if it is due (``renewal_due``).
+
+        Raises:
+            TransientError: another invocation has taken the split over, or the job is no
+                longer splitting (the split must stop; its event is retried and finds that).
+        """
+        now = self.svc.clock()
+        if not renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
+            return
+        if not self.update({"claimed_at": now}):
+            raise self.lost()
+        self.renewed_at = now
+
+    def lost(self) -> TransientError:
+        """The error for a split whose claim is no longer this invocation's."""
+        job = self.svc.registry.get_job(self.job_id) or {}
+        found = (f"claim {job.get('claim')!r} in phase {job.get('phase')!r}" if job
+                 else "no job document")
+        return TransientError(
+            f"job {self.job_id}: another invocation took over the split, so this one stops; "
+            f"expected claim {self.claim!r} in phase {jobs.SPLITTING!r}; found {found}")
+
+
+def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                    file: str) -> tuple[Outcome, str | None]:
     """The split of an upload whose job this invocation has claimed (see handle_upload)."""
+    job_id = held.job_id
     if len(event.name) > MAX_OBJECT_NAME or any(_is_control(ch) for ch in event.name):
         found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
                  else "control characters: " + ", ".join(
                      sorted({f"U+{ord(ch):04X}" for ch in event.name if _is_control(ch)})))
-        reject(svc, job_id, InputProblem(file=file, message="the object name is not usable",
-                                         expected="a name without control characters, at most "
-                                                  f"{MAX_OBJECT_NAME} characters",
-                                         found=found))
+        reject(svc, held, InputProblem(file=file, message="the object name is not usable",
+                                       expected="a name without control characters, at most "
+                                                f"{MAX_OBJECT_NAME} characters",
+                                       found=found))
         return Outcome.REJECTED, job_id
     info = svc.store.stat(event.bucket, event.name)
     if info is None or info.generation != event.generation:
         found = "no object" if info is None else f"generation {info.generation}"
-        reject(svc, job_id, InputProblem(
+        reject(svc, held, InputProblem(
             file=file, message="the upload was deleted or replaced before it could be read",
             expected=f"generation {event.generation}", found=found))
         return Outcome.REJECTED, job_id
@@ -160,11 +236,12 @@ def _split_claimed(svc: Services, event: StorageEvent, job_id: str, claim: str,
         options = resolve_options(metadata=info.metadata)
     except ConfigError as exc:
         found = repr(exc.found)
-        reject(svc, job_id, InputProblem(file=file, message=f"invalid upload option '{exc.key}'",
-                                         column=None, expected=exc.expected,
-                                         found=found if len(found) <= 80 else found[:80] + "…"))
+        reject(svc, held, InputProblem(file=file, message=f"invalid upload option '{exc.key}'",
+                                       column=None, expected=exc.expected,
+                                       found=found if len(found) <= 80 else found[:80] + "…"))
         return Outcome.REJECTED, job_id
-    svc.registry.update_job(job_id, {"options": options.to_dict(), "updated_at": svc.clock()})
+    if not held.update({"options": options.to_dict(), "updated_at": svc.clock()}):
+        raise held.lost()
     # every pass reads the event's generation: a re-upload of the same name during the split
     # must not mix two files (it raises ObjectChangedError instead)
     source = SourceFile(display_name=file, size=info.size,
@@ -173,23 +250,23 @@ def _split_claimed(svc: Services, event: StorageEvent, job_id: str, claim: str,
     settings = svc.settings
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
-                                settings.limits)
+                                settings.limits, progress=held.renew)
         spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
                            options.seed, options.learning_rate, file)
     except ObjectChangedError as exc:
-        reject(svc, job_id, _replaced_while_read(file, exc.expected_generation, exc.found))
+        reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
     except InvalidInputError as exc:
         # a store that cannot pin reads could have mixed two generations into a bogus problem
         now = svc.store.stat(event.bucket, event.name)
         if now is None or now.generation != event.generation:
-            reject(svc, job_id, _replaced_while_read(
+            reject(svc, held, _replaced_while_read(
                 file, event.generation, "no object" if now is None else
                 f"generation {now.generation}"))
         else:
-            reject(svc, job_id, exc.problem)
+            reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
-    job = start_training(svc, job_id, claim, manifest, spec.to_dict(), options)
+    job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), options)
     publish_round(svc, job, manifest)
     return Outcome.ACCEPTED, job_id
 
@@ -260,40 +337,80 @@ def publish_round(svc: Services, job: dict[str, Any], manifest: Manifest | None 
     messages = jobs.round_messages(job, manifest.shards, pending)
     svc.queue.publish(messages)
     key = jobs.round_key(int(job["epoch"]), int(job.get("round") or 0))
-    now = svc.clock()
-    svc.registry.update_job(job["job_id"], {"published": key, "published_at": now,
-                                            "updated_at": now})
+    if not _record_published(svc, job, key):
+        log.warning("job %s: published %d tasks of round %s, but the job has moved on since it "
+                    "was read; its 'published' is left as it is", job["job_id"], len(messages),
+                    key)
+        return
     log.info("job %s: published %d tasks of round %s from v%s", job["job_id"], len(messages),
              key, job["head"]["version"])
 
 
-def reject(svc: Services, job_id: str, problem: InputProblem) -> None:
-    """End a job as REJECTED with a reason naming file, row and column; remove its partial shards."""
+PUBLISH_RECORD_ATTEMPTS = 3
+
+
+def _record_published(svc: Services, job: dict[str, Any], key: str) -> bool:
+    """Record ``key`` as the job's last published round, only while the job is still where it
+    was when the round was published (epoch, round and version), so ``published`` never goes
+    back to an older round; False when the job has moved on."""
+    position = jobs.round_position(job)
+    for _ in range(PUBLISH_RECORD_ATTEMPTS):
+        now = svc.clock()
+        if svc.registry.update_job_if(job["job_id"], position,
+                                      {"published": key, "published_at": now, "updated_at": now}):
+            return True
+        # refused: the job moved on, or (Firestore) another write landed between read and write
+        current = svc.registry.get_job(job["job_id"])
+        if current is None or jobs.round_position(current) != position:
+            return False
+    raise TransientError(f"job {job['job_id']}: could not record round {key} as published "
+                         f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "
+                         "changing)")
+
+
+def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
+    """End a job as REJECTED with a reason naming file, row and column; remove its partial shards.
+
+    Only while ``held`` is still the job's claim and the job is still splitting (one conditional
+    update); only then are the shards removed.
+
+    Raises:
+        TransientError: the claim was lost: another invocation owns the split (or the job has
+            moved on); nothing was written or removed.
+    """
     now = svc.clock()
-    svc.registry.update_job(job_id, {
+    if not held.update({
         "status": jobs.REJECTED, "phase": "rejected", "error": problem.describe(),
         "error_detail": problem.to_dict(), "updated_at": now, "finished_at": now,
-    })
-    log.warning("job %s rejected: %s", job_id, problem.describe())
-    _remove_partial_shards(svc, job_id)
+    }):
+        raise held.lost()
+    log.warning("job %s rejected: %s", held.job_id, problem.describe())
+    _remove_partial_shards(svc, held.job_id)
 
 
-def fail(svc: Services, job_id: str, reason: str) -> None:
+def fail(svc: Services, held: SplitClaim, reason: str) -> None:
     """End a job as FAILED with ``reason`` (bounded) and remove its partial shards.
 
     Used when a backend refuses a write for good: the job must end (with a reason the dashboard
-    shows) rather than the event being retried for a day. Should even this small write be
-    refused, the failure is logged and the job left as it is.
+    shows) rather than the event being retried for a day. As with ``reject``, only while
+    ``held`` is still the job's claim and the job is still splitting. Should even this small
+    write be refused, the failure is logged and the job left as it is.
+
+    Raises:
+        TransientError: the claim was lost; nothing was written or removed.
     """
     now = svc.clock()
     error = bounded(reason, 2000)
     try:
-        svc.registry.update_job(job_id, {"status": jobs.FAILED, "phase": "failed",
-                                         "error": error, "updated_at": now, "finished_at": now})
+        ended = held.update({"status": jobs.FAILED, "phase": "failed", "error": error,
+                             "updated_at": now, "finished_at": now})
     except BackendRejectedError:
-        log.exception("job %s: could not record its failure (%s)", job_id, error)
-    log.error("job %s failed: %s", job_id, error)
-    _remove_partial_shards(svc, job_id)
+        log.exception("job %s: could not record its failure (%s)", held.job_id, error)
+        ended = held.holds()
+    if not ended:
+        raise held.lost()
+    log.error("job %s failed: %s", held.job_id, error)
+    _remove_partial_shards(svc, held.job_id)
 
 
 def _remove_partial_shards(svc: Services, job_id: str) -> None:

@@ -10,8 +10,8 @@ rate of a task comes with its message (``domain.plan.learning_rate``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -97,29 +97,72 @@ class Evaluation:
     accuracy: float
     loss: float
     predicted_counts: list[int]  # how many rows the model put in each class
+    true_counts: list[int] = field(default_factory=list)  # how many rows each class has
+    rows: int = 0
+
+
+def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
+                   parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> Evaluation:
+    """Holdout figures of ``weights`` over rows that come in parts, one part held at a time.
+
+    Accuracy, loss and the predicted- and true-class counts are accumulated batch by batch, so
+    a holdout of any size is evaluated in the memory of one part (the export evaluates the
+    whole holdout this way); the figures are those of all the rows taken together.
+
+    Args:
+        model: the compiled model.
+        weights: the weights to evaluate (None: the model's current weights).
+        parts: (x, y) pairs; each is released before the next is asked for.
+
+    Returns:
+        Accuracy, mean cross-entropy, predicted- and true-class counts and the row count.
+
+    Raises:
+        ValueError: the parts hold no row.
+    """
+    if weights is not None:
+        model.set_weights(list(weights))
+    rows = correct = 0
+    loss_sum = 0.0
+    predicted_counts = np.zeros(0, dtype=np.int64)
+    true_counts = np.zeros(0, dtype=np.int64)
+    for x, y in parts:
+        labels = np.asarray(y, dtype=np.int64).reshape(-1)
+        # predict_on_batch, not evaluate(): the same numbers, without evaluate()'s per-call
+        # set-up (data adapter, callbacks, metric state), which cost 30x the forward pass of a
+        # small holdout and sat on the aggregator's critical path once per version.
+        for start in range(0, len(labels), EVAL_BATCH):
+            probs = np.asarray(model.predict_on_batch(x[start:start + EVAL_BATCH]))
+            batch = labels[start:start + EVAL_BATCH]
+            predicted = np.argmax(probs, axis=1)
+            correct += int(np.count_nonzero(predicted == batch))
+            picked = np.clip(probs[np.arange(len(batch)), batch], EPSILON, 1.0)
+            with np.errstate(invalid="ignore"):
+                loss_sum += float(np.sum(-np.log(picked.astype(np.float64))))
+            predicted_counts = _added(predicted_counts,
+                                      np.bincount(predicted, minlength=probs.shape[1]))
+            true_counts = _added(true_counts, np.bincount(batch, minlength=probs.shape[1]))
+        rows += len(labels)
+        del x, y, labels
+    if rows == 0:
+        raise ValueError("holdout: expected at least one row; found none")
+    return Evaluation(correct / rows, loss_sum / rows, [int(c) for c in predicted_counts],
+                      [int(c) for c in true_counts], rows)
+
+
+def _added(total: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per-class counts added up, the shorter padded with zeros."""
+    if len(total) < len(counts):
+        total = np.pad(total, (0, len(counts) - len(total)))
+    total[:len(counts)] += counts
+    return total
 
 
 def evaluate_detail(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray,
                     y: np.ndarray) -> Evaluation:
     """Holdout accuracy, loss and predicted-class counts of ``weights`` (or the model's current
-    weights when None)."""
-    if weights is not None:
-        model.set_weights(list(weights))
-    if len(y) == 0:
-        raise ValueError("holdout: expected at least one row; found none")
-    # predict_on_batch, not evaluate(): the same numbers, without evaluate()'s per-call set-up
-    # (data adapter, callbacks, metric state), which cost 30x the forward pass of a small
-    # holdout and sat on the aggregator's critical path once per version.
-    probs = np.concatenate([np.asarray(model.predict_on_batch(x[i:i + EVAL_BATCH]))
-                            for i in range(0, len(y), EVAL_BATCH)])
-    labels = np.asarray(y, dtype=np.int64).reshape(-1)
-    predicted = np.argmax(probs, axis=1)
-    accuracy = float(np.mean(predicted == labels))
-    picked = np.clip(probs[np.arange(len(labels)), labels], EPSILON, 1.0)
-    with np.errstate(invalid="ignore"):
-        loss = float(np.mean(-np.log(picked)))
-    counts = np.bincount(predicted, minlength=probs.shape[1]).tolist()
-    return Evaluation(accuracy, loss, [int(c) for c in counts])
+    weights when None), on rows held in memory (``evaluate_parts`` of one part)."""
+    return evaluate_parts(model, weights, [(x, y)])
 
 
 def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from bucketlearn import jobs, layout
-from bucketlearn.aggregator import list_deltas
+from bucketlearn.aggregator import list_deltas, write_nudge
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import TaskQueue
@@ -73,9 +73,7 @@ def _act(svc: Services, job: dict[str, Any], tending: Tending, now: float) -> No
     log.warning("watchdog: job %s: %s -> %s %s", job_id, tending.reason, tending.action,
                 tending.tasks or "")
     if tending.action in (PUBLISH, AGGREGATE):
-        path = layout.nudge_path(job_id, layout.new_nonce())
-        svc.store.write_bytes(svc.settings.deltas_bucket, path,
-                              json.dumps({"reason": tending.reason}).encode(), "application/json")
+        write_nudge(svc, job_id, tending.reason)
     elif tending.action == REPUBLISH:
         from bucketlearn.runtime import job_runtime  # noqa: PLC0415 - reads the manifest only
 

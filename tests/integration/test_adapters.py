@@ -53,6 +53,21 @@ def test_update_job_if_compares_fields(backend: Any) -> None:
     assert registry.get_job(job_id)["claim"] == "c2"
 
 
+def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
+    """A split's takeover expects ``claimed_at`` as it read it (a float): the same value read
+    back matches, a renewed one does not (issue #14, item 5)."""
+    registry = backend.registry
+    job_id = new_job(registry, claimed_at=time.time() + 0.123456789)
+    read = registry.get_job(job_id)
+    expect = {"claim": "c1", "phase": "splitting", "claimed_at": read["claimed_at"]}
+    assert registry.update_job_if(job_id, {"claim": "c1", "phase": "splitting"},
+                                  {"claimed_at": read["claimed_at"] + 20.0}) is True
+    assert registry.update_job_if(job_id, expect, {"claim": "c2"}) is False
+    expect["claimed_at"] = registry.get_job(job_id)["claimed_at"]
+    assert registry.update_job_if(job_id, expect, {"claim": "c2"}) is True
+    assert registry.get_job(job_id)["claim"] == "c2"
+
+
 def start(registry: Any, job_id: str, planned: int = 3) -> None:
     ok = registry.start_training(
         job_id, "c1", {"phase": "training", "version": 0, "epoch": 1},

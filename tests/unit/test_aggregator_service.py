@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -10,11 +11,11 @@ from bucketlearn import jobs, layout
 from bucketlearn.aggregator import aggregate_job, handle_delta_event
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.memory import MemoryRegistry
+from bucketlearn.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.ports import VersionCommit
 from bucketlearn.serial import simulate_pipeline
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
-from bucketlearn.worker import Learner
+from bucketlearn.worker import Decision, Learner
 from tests.unit.helpers import (
     deflated_with_bad_stream,
     npy_member,
@@ -152,6 +153,101 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     assert job["epoch"] == 2 and job["published"] == jobs.round_key(2, 0)
     assert seen and seen[-1] == (job["version"], planned)
     assert all(published == 0 for _, published in seen[:-1])
+
+
+def test_a_late_publish_never_moves_published_back(tmp_path):
+    """``published`` names the job's last published round and never goes back (issue #14):
+    an invocation that read the job at round 0 and publishes it after the fold of round 0 has
+    published round 1 leaves ``published`` at round 1 (before: it wrote round 0 back, so the
+    aggregator and the watchdog took round 1 for unpublished and published it again)."""
+    # Prepare
+    from bucketlearn.split import publish_round
+    from tests.unit.test_invariants import start_job, train_pending
+
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    read_at_round_0 = svc.registry.get_job(job_id)
+    train_pending(svc, len(jobs.current_round_tasks(read_at_round_0)))
+    aggregate_job(svc, job_id)
+    after_fold = svc.registry.get_job(job_id)
+    assert (after_fold["round"], after_fold["published"]) == (1, jobs.round_key(1, 1))
+    messages_before = len(svc.queue.published)
+    # Execute
+    publish_round(svc, read_at_round_0)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job["published"] == jobs.round_key(1, 1)
+    assert job["published_at"] == after_fold["published_at"]
+    assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
+    assert len(svc.queue.published) == messages_before  # round 1 is not published again
+
+
+class InstantWorkers(MemoryQueue):
+    """A queue whose tasks are trained the moment they are published (by a learner with a model
+    of its own), as if the workers were infinitely fast: every round is complete at once."""
+
+    def __init__(self, svc):
+        super().__init__()
+        self.learner = Learner(dataclasses.replace(svc, queue=self, cache={}), "instant")
+
+    def publish(self, messages):
+        super().publish(messages)
+        while (received := self.pull(0)) is not None:
+            assert self.learner.process(received.message) is Decision.ACK
+            received.ack()
+
+
+def nudges(svc, job_id):
+    return [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/nudge/")]
+
+
+@pytest.mark.parametrize(("budget", "first_version", "invocations"),
+                         [(250.0, 3, 3), (0.001, 1, 7)], ids=["250s", "shorter-than-a-fold"])
+def test_the_drain_stops_at_its_time_budget_and_leaves_a_nudge(tmp_path, budget, first_version,
+                                                                invocations):
+    """An aggregation invocation has a time budget under the function's timeout (issue #14,
+    item 8): on a fake clock where each commit takes 100 s and the budget is 250 s, it folds
+    three rounds, starts no fourth though that round is complete, and leaves a nudge object
+    whose event carries on; the next invocation folds the last three rounds and stops before
+    the export, the one after exports. Nothing is stranded and every task is applied once
+    (before: one invocation folded all six rounds and exported, however long that took). A
+    budget shorter than one fold still folds one round per invocation: no endless nudges."""
+    # Prepare
+    from tests.unit.test_invariants import start_job, train_pending
+
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    train_pending(svc, len(svc.queue))  # round 0, published by the upload
+    clock = [1_000_000.0]
+    svc.clock = lambda: clock[0]
+    svc.settings = dataclasses.replace(svc.settings, aggregate_budget_seconds=budget)
+    svc.queue = InstantWorkers(svc)
+    real_commit = svc.registry.commit_version
+
+    def slow_commit(commit):
+        clock[0] += 100.0
+        return real_commit(commit)
+
+    svc.registry.commit_version = slow_commit
+    # Execute
+    first = aggregate_job(svc, job_id)
+    after_first = svc.registry.get_job(job_id)
+    left = nudges(svc, job_id)
+    count = 1
+    while left and count < 20:
+        outcome, nudged = handle_delta_event(svc, svc.settings.deltas_bucket, left[0])
+        assert (outcome, nudged) == (Outcome.ACCEPTED, job_id)
+        count += 1
+        left = nudges(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    versions = svc.registry.list_versions(job_id)
+    applied = [t for v in versions for t in v["tasks_applied"]]
+    assert first is Outcome.ACCEPTED
+    assert after_first["version"] == first_version and after_first["phase"] == jobs.TRAINING
+    assert count == invocations  # 250 s: 3 folds, 3 folds, the export
+    assert job["status"] == jobs.DONE and job["version"] == 6
+    assert [v["version"] for v in versions] == list(range(7))
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+    assert left == []
 
 
 def test_final_model_is_exported(pipeline):

@@ -229,3 +229,144 @@ def test_shards_and_deltas_are_pickle_free(tmp_path: Path) -> None:
         with np.load(io.BytesIO(svc.store.read_bytes(bucket, name)), allow_pickle=False) as z:
             assert all(z[k].dtype != object for k in z.files)
     assert any(layout.parse_delta_path(n) for _, n in names)
+
+
+# --- bounded evaluation and export memory (issue #14, item 8) ------------------------------------
+
+HOLDOUT_FEATURES, HOLDOUT_CLASSES, ROWS_PER_PART = 32, 4, 4096  # 512 KiB of x per part
+
+
+def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
+    """A job about to export, whose holdout is ``parts`` parts of 4,096 rows (32 features,
+    4 well-separated classes), with a head trained on one part; its runtime's model is built and
+    has predicted once, so that what is traced afterwards is the evaluation's own memory."""
+    from bucketlearn import codec, jobs
+    from bucketlearn.ingest import Manifest
+    from bucketlearn.model import ModelSpec, build_model
+    from bucketlearn.runtime import job_runtime
+    from bucketlearn.training import optimizer_state, train_task
+
+    svc = memory_services()
+    job_id = f"holdout-{parts:04d}-000000000000"
+    bucket = svc.settings.work_bucket
+    rng = np.random.default_rng(0)
+    centers = rng.normal(scale=4.0, size=(HOLDOUT_CLASSES, HOLDOUT_FEATURES))
+    paths = []
+    for part in range(parts):
+        y = (np.arange(ROWS_PER_PART) % HOLDOUT_CLASSES).astype(np.int32)
+        x = (centers[y] + rng.normal(size=(ROWS_PER_PART, HOLDOUT_FEATURES))).astype(np.float32)
+        paths.append(layout.holdout_part_path(job_id, part))
+        svc.store.write_bytes(bucket, paths[-1], codec.encode_arrays({"x": x, "y": y}),
+                              "application/octet-stream")
+    manifest = Manifest(
+        job_id=job_id, source="synthetic.csv",
+        feature_names=[f"f{j}" for j in range(HOLDOUT_FEATURES)], label_column="label",
+        classes=[str(c) for c in range(HOLDOUT_CLASSES)], label_kind="int",
+        class_counts=[parts * ROWS_PER_PART // HOLDOUT_CLASSES] * HOLDOUT_CLASSES,
+        rows=parts * ROWS_PER_PART, train_rows=0, holdout_rows=parts * ROWS_PER_PART, shards=[],
+        holdout_parts=paths, mean=[0.0] * HOLDOUT_FEATURES, variance=[16.0] * HOLDOUT_FEATURES,
+        holdout_part_rows=[ROWS_PER_PART] * parts)
+    svc.store.write_bytes(bucket, layout.manifest_path(job_id), manifest.to_json(),
+                          "application/json")
+    spec = ModelSpec("mlp", HOLDOUT_FEATURES, HOLDOUT_CLASSES, None, 0, 0.01)
+    model = build_model(spec, manifest.mean, manifest.variance)
+    first = codec.decode_arrays(svc.store.read_bytes(bucket, paths[0]))[0]
+    trained = train_task(model, model.get_weights(), optimizer_state(model), first["x"],
+                         first["y"], 64, 0.01, 0, 1, 0)
+    weights_path = layout.weights_path(job_id, 1, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.models_bucket, weights_path,
+                          codec.encode_state(trained.weights, trained.optimizer),
+                          "application/octet-stream")
+    job = {"job_id": job_id, "status": jobs.RUNNING, "phase": jobs.EXPORTING, "version": 1,
+           "model": spec.to_dict(), "options": JobOptions(learning_rate=0.01).to_dict(),
+           "head": {"version": 1, "weights_path": weights_path}}
+    assert svc.registry.create_job(job_id, job)
+    runtime = job_runtime(svc, job)
+    runtime.model.predict_on_batch(first["x"][:1024])  # trace the prediction function now
+    return svc, job
+
+
+def traced_peak(call: Any) -> int:
+    """The peak of memory allocated (numpy arrays included) while ``call()`` runs."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_evaluation_memory_does_not_grow_with_the_holdout() -> None:
+    """Invariant 5 for the aggregator (issue #14, item 8): evaluating a version on a sample of
+    2,000 holdout rows reads only the parts the sample draws from, one at a time; 4x the holdout
+    rows leave the peak within 1.3x (before: the whole holdout was read and then subsampled,
+    so the peak grew with it: 16 -> 64 parts of 512 KiB)."""
+    from bucketlearn.runtime import job_runtime
+
+    # Prepare
+    small_svc, small_job = exporting_job(16)
+    large_svc, large_job = exporting_job(64)
+    # Execute
+    small = traced_peak(lambda: job_runtime(small_svc, small_job).holdout(2000))
+    large = traced_peak(lambda: job_runtime(large_svc, large_job).holdout(2000))
+    # Assert
+    x, y = job_runtime(large_svc, large_job).holdout(2000)
+    assert x.shape == (2000, HOLDOUT_FEATURES) and len(y) == 2000
+    assert large <= 1.3 * small, (small, large)
+    assert large < 8 * 2**20  # the 64-part holdout alone is 32 MiB
+
+
+def test_export_memory_does_not_grow_with_the_holdout() -> None:
+    """Invariant 5 for the export (issue #14, item 8): the final evaluation and the health check
+    on the whole holdout stream over its parts, one at a time, adding up accuracy, loss and
+    class counts; 4x the holdout rows leave the export's peak within 1.3x (before: the whole
+    holdout was loaded and concatenated, twice its size at once)."""
+    from bucketlearn import jobs
+
+    # Prepare
+    small_svc, small_job = exporting_job(16)
+    large_svc, large_job = exporting_job(64)
+    # Execute
+    small = traced_peak(lambda: aggregator.export_final(small_svc, small_job))
+    large = traced_peak(lambda: aggregator.export_final(large_svc, large_job))
+    # Assert
+    done = large_svc.registry.get_job(large_job["job_id"])
+    assert done["status"] == jobs.DONE, done.get("error")
+    assert done["final_holdout_rows"] == 64 * ROWS_PER_PART
+    assert done["head"]["holdout_accuracy"] > 0.9
+    assert large <= 1.3 * small, (small, large)
+
+
+def test_holdout_sample_is_uniform_reproducible_and_reads_old_manifests() -> None:
+    """The evaluation sample draws ``max_rows`` distinct rows over all parts in proportion to
+    their size, the same for the same seed; a manifest without per-part row counts (written
+    before they were recorded) gives the same sample, its parts counted one at a time."""
+    import dataclasses
+
+    from bucketlearn.ingest import Manifest
+    from bucketlearn.runtime import JobRuntime, holdout_sample
+
+    # Prepare
+    part_rows = [4096, 100, 4096, 0, 2000]
+    svc, job = exporting_job(8)
+    runtime = JobRuntime(svc, job)
+    manifest = runtime.manifest
+    old = JobRuntime(svc, job)
+    old._manifest = Manifest.from_json(dataclasses.replace(manifest,
+                                                           holdout_part_rows=[]).to_json())
+    # Execute
+    picks = holdout_sample(part_rows, 3000, seed=5)
+    again = holdout_sample(part_rows, 3000, seed=5)
+    other = holdout_sample(part_rows, 3000, seed=6)
+    everything = holdout_sample(part_rows, 20_000, seed=5)
+    # Assert
+    assert [len(p) for p in picks] == [len(p) for p in again]
+    assert all((a == b).all() for a, b in zip(picks, again, strict=True))
+    assert any(len(a) != len(b) or (a != b).any() for a, b in zip(picks, other, strict=True))
+    assert sum(len(p) for p in picks) == 3000 and len(picks[3]) == 0
+    for pick, rows in zip(picks, part_rows, strict=True):
+        assert len(np.unique(pick)) == len(pick) and (pick < max(rows, 1)).all()
+    assert abs(len(picks[0]) - 3000 * 4096 / 10292) < 100
+    assert [len(p) for p in everything] == part_rows
+    assert old.holdout_part_rows() == [ROWS_PER_PART] * 8
+    np.testing.assert_array_equal(old.holdout(5000)[0], runtime.holdout(5000)[0])

@@ -8,7 +8,12 @@ from bucketlearn import jobs, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
-from bucketlearn.errors import BackendRejectedError, ObjectChangedError, PermanentError
+from bucketlearn.errors import (
+    BackendRejectedError,
+    ObjectChangedError,
+    PermanentError,
+    TransientError,
+)
 from bucketlearn.ingest import Manifest
 from bucketlearn.memory import MemoryBlobStore
 from bucketlearn.split import Outcome, StorageEvent, handle_upload
@@ -380,3 +385,177 @@ def test_input_problem_texts_are_bounded():
         assert len(text) <= MAX_REASON_CHARS
     assert problem.found.endswith("…(2000000 characters)")
     assert len(problem.describe()) < 6 * MAX_REASON_CHARS
+
+
+# --- the split's claim (issue #14, item 5) -------------------------------------------------------
+
+LEASE = 60.0
+
+
+class FakeClock:
+    """A clock the test moves by hand (Services.clock)."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowSplitStore(MemoryBlobStore):
+    """Each shard part written takes ``seconds_per_part`` of the fake clock; ``after_part(n)``
+    runs after the n-th (pass 2 writes them from the split's own thread); ``on_stat`` runs
+    before each ``stat``. Counts the upload's opens (header, pass 1, pass 2: three per split)."""
+
+    def __init__(self, clock, seconds_per_part=0.0):
+        super().__init__()
+        self.clock, self.seconds_per_part = clock, seconds_per_part
+        self.after_part = self.on_stat = None
+        self.parts_written = 0
+        self.opens = 0
+        self.names: list[str] = []
+
+    def write_bytes(self, bucket, name, data, content_type, metadata=None):
+        info = super().write_bytes(bucket, name, data, content_type, metadata)
+        self.names.append(name)
+        if "/shards/" in name:
+            self.parts_written += 1
+            self.clock.now += self.seconds_per_part
+            if self.after_part is not None:
+                self.after_part(self.parts_written)
+        return info
+
+    def open_read(self, bucket, name, generation=None):
+        self.opens += bucket == Settings().uploads_bucket
+        return super().open_read(bucket, name, generation)
+
+    def stat(self, bucket, name):
+        if self.on_stat is not None:
+            self.on_stat(bucket, name)
+        return super().stat(bucket, name)
+
+
+@pytest.fixture(scope="module")
+def long_csv():
+    """A 7.7 MB CSV: 8 read batches of 1 MiB per pass with ``max_line_bytes=1024``, and about
+    120 shard parts (``rows_per_shard=4700``) written evenly through pass 2."""
+    return csv_bytes(["id", "f1", "label"], [[i, (i * 7) % 13, i % 3] for i in range(700_000)])
+
+
+def claimed_services(store_factory):
+    """Services on a fake clock, lease 60 s, 1 MiB read blocks, the store made for that clock."""
+    clock = FakeClock()
+    svc = memory_services(Settings(lease_seconds=LEASE, limits=Limits(max_line_bytes=1024)))
+    svc.clock = clock
+    svc.store = store_factory(clock)
+    return svc, clock
+
+
+def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(long_csv):
+    """The split renews ``claimed_at`` while it streams (issue #14, item 5): the same event
+    retried 90 s into a split whose lease is 60 s finds the claim fresh and is told to retry
+    (TransientError); there is one split, not two (before: the retried event took the
+    'abandoned' split over and split the file a second time alongside the first)."""
+    # Prepare
+    retried: list = []
+    svc, clock = claimed_services(lambda c: SlowSplitStore(c, seconds_per_part=1.0))
+    started = clock.now
+    event = upload(svc, "long.csv", long_csv, metadata={"rows_per_shard": "4700"})
+
+    def retry_the_event(parts_written):
+        if not retried and clock.now - started > 1.5 * LEASE:
+            try:
+                retried.append(handle_upload(svc, event))
+            except TransientError as exc:
+                retried.append(exc)
+
+    svc.store.after_part = retry_the_event
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert len(retried) == 1 and isinstance(retried[0], TransientError), retried
+    assert "is being split by another invocation" in str(retried[0])
+    assert outcome is Outcome.ACCEPTED and job["phase"] == jobs.TRAINING
+    assert svc.store.opens == 3  # header, pass 1, pass 2: one split
+    assert svc.store.parts_written > 100
+    assert job["claimed_at"] > started + LEASE  # renewed as the split went on
+    round_tasks = jobs.current_round_tasks(job)
+    assert sorted(m.task_index for m in svc.queue.published) == sorted(round_tasks)
+
+
+def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_csv):
+    """Another invocation takes the split over while this one is stalled mid-pass 2 (issue #14,
+    item 5): at its next renewal this one finds the claim gone and stops with TransientError;
+    it writes no manifest, no version 0, publishes nothing and leaves the job as the other
+    invocation's (before: it went on to the end, wrote the manifest and v0's weights over the
+    other's, and only the claim check of start_training stopped it)."""
+    # Prepare
+    taken: dict = {}
+    svc, clock = claimed_services(lambda c: SlowSplitStore(c, seconds_per_part=1.0))
+    event = upload(svc, "long.csv", long_csv, metadata={"rows_per_shard": "4700"})
+    job_id = layout.job_id_for(event.bucket, event.name, event.generation)
+
+    def take_over(parts_written):
+        if parts_written == 40:
+            clock.now += 2 * LEASE  # this invocation stalls: its claim looks abandoned
+            mine = svc.registry.get_job(job_id)
+            assert svc.registry.update_job_if(  # what handle_upload's takeover writes
+                job_id, {"claim": mine["claim"], "phase": jobs.SPLITTING},
+                {"claim": "another-invocation", "claimed_at": clock.now})
+            taken["at"] = len(svc.store.names)
+
+    svc.store.after_part = take_over
+    # Execute
+    with pytest.raises(TransientError) as excinfo:
+        handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    written_after = svc.store.names[taken["at"]:]
+    assert layout.manifest_path(job_id) not in written_after
+    assert all("/shards/" in name for name in written_after)  # the batch in hand, then nothing
+    assert svc.store.parts_written < 70  # of about 120: it stopped
+    assert list(svc.store.list(svc.settings.models_bucket)) == []
+    assert svc.queue.published == []
+    assert (job["claim"], job["phase"], job["status"]) == ("another-invocation", jobs.SPLITTING,
+                                                           jobs.QUEUED)
+    assert "another invocation took over the split" in str(excinfo.value)
+    assert "found claim 'another-invocation' in phase 'splitting'" in str(excinfo.value)
+
+
+def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
+    """Issue #14, item 5: invocation A claims the split and stalls past the lease before it
+    reads the upload; the retried event (B) takes the split over, splits the file and starts
+    training; then the user uploads the same name again, and A finds its generation gone. A's
+    rejection is conditional on its claim and the splitting phase, so it changes nothing: the
+    job stays TRAINING with its shards and manifest, and A stops with TransientError (before:
+    A marked the TRAINING job REJECTED and deleted its shards)."""
+    # Prepare
+    other: list = []
+    svc, clock = claimed_services(lambda c: SlowSplitStore(c))
+    data = csv_bytes(["x", "label"], [[i, i % 3] for i in range(3000)])
+    event = upload(svc, "stale.csv", data, metadata={"rows_per_shard": "256"})
+
+    def stall_then_retry(bucket, name):
+        if bucket == event.bucket and not other:
+            other.append(None)
+            clock.now += 2 * LEASE
+            other[0] = handle_upload(svc, event)
+            other.append([i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")])
+            upload(svc, "stale.csv", data)  # a new generation of the same name
+
+    svc.store.on_stat = stall_then_retry
+    # Execute
+    with pytest.raises(TransientError) as excinfo:
+        handle_upload(svc, event)
+    # Assert
+    outcome, job_id = other[0]
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.ACCEPTED
+    assert "another invocation took over the split" in str(excinfo.value)
+    assert "found claim" in str(excinfo.value) and "in phase 'training'" in str(excinfo.value)
+    assert job["phase"] == jobs.TRAINING and job["status"] == jobs.QUEUED
+    assert job["error"] is None and "error_detail" not in job
+    assert [i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")] == other[1]
+    assert layout.manifest_path(job_id) in work_objects(svc, job_id)
+    assert len(svc.queue.published) == len(jobs.current_round_tasks(job))

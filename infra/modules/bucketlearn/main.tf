@@ -40,6 +40,9 @@ locals {
     BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
     BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
     BUCKETLEARN_LOG_FORMAT           = "json"
+    # The aggregator starts no fold after this long and leaves a nudge instead: a margin under
+    # the functions' timeout (420 s of 540 s).
+    BUCKETLEARN_AGGREGATE_BUDGET_SECONDS = tostring(var.function_timeout_seconds - min(120, floor(var.function_timeout_seconds / 4)))
   }
 
   runtime_env = merge(var.extra_env, local.app_env)
