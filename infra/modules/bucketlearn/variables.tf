@@ -515,8 +515,9 @@ variable "extra_env" {
         "BUCKETLEARN_ACK_DEADLINE_SECONDS", "BUCKETLEARN_MAX_TASK_ATTEMPTS", "BUCKETLEARN_LOG_FORMAT",
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS",
         "BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION",
+        "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS",
       ], k)
     ])
-    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscriptions, database, project, ack deadline, max task attempts, log format; the autoscaler job's worker pool, min/max workers, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers instead)."
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscriptions, database, project, ack deadline, max task attempts, log format, the aggregator's time budget (from function_timeout_seconds); the autoscaler job's worker pool, min/max workers, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers instead)."
   }
 }
