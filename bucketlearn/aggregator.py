@@ -269,8 +269,8 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
                                          planning_started, steps.laps)
     crash_point(settings, "aggregator.before_commit")
     if not svc.registry.commit_version(commit):
-        log.warning("job %s: head moved past v%d during the fold; retrying", job_id,
-                    new_version - 1)
+        log.warning("job %s: v%d not committed: the head moved past v%d or the job ended "
+                    "during the fold", job_id, new_version, new_version - 1)
         return False
     crash_point(settings, "aggregator.after_commit")
     updated = {**job, **job_fields}
@@ -432,10 +432,13 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
                                       manifest.classes, found.loss,
                                       float(job["options"]["learning_rate"]))
     if problem is not None:
-        svc.registry.update_job(job["job_id"], {
-            "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
-            "updated_at": now})
-        log.error("job %s: %s", job["job_id"], problem)
+        if jobs.end_job(svc.registry, job["job_id"], {
+                "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
+                "updated_at": now})[0]:
+            log.error("job %s: %s", job["job_id"], problem)
+        return
+    if jobs.is_terminal(svc.registry.get_job(job["job_id"])):
+        log.info("job %s ended during its final evaluation: not exported", job["job_id"])
         return
     data = export_keras(model, model_sidecar(job, manifest, found.accuracy))
     version = int(job["version"])
@@ -445,11 +448,15 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
                           "application/octet-stream")
     head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss)
-    svc.registry.update_job(job["job_id"], {
+    ended, current = jobs.end_job(svc.registry, job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,
         "final_holdout_rows": int(len(y)),
     })
+    if not ended:  # cancelled during the export: it stays so (the files are its head version)
+        log.info("job %s ended (%s) during its export: not marked DONE", job["job_id"],
+                 (current or {}).get("status"))
+        return
     log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version,
              found.accuracy)
 
