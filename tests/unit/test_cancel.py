@@ -140,22 +140,30 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
 
 
 def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkeypatch):
-    """The cancel lands while the final model is evaluated: no latest.keras, no DONE."""
+    """The cancel lands while the export evaluates the final model: no latest.keras is written
+    and the job is not marked DONE (before: DONE overwrote CANCELLED)."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
-    real_evaluate = aggregator.evaluate_detail
+    real_evaluate, real_export = aggregator.evaluate_detail, aggregator.export_final
+    exporting = []
+
+    def export(*args, **kwargs):
+        exporting.append(True)
+        return real_export(*args, **kwargs)
 
     def evaluate(*args, **kwargs):
-        if svc.registry.get_job(job_id)["phase"] == jobs.EXPORTING:
+        if exporting:
             cancel_job(svc, job_id, BY)
         return real_evaluate(*args, **kwargs)
 
+    monkeypatch.setattr(aggregator, "export_final", export)
     monkeypatch.setattr(aggregator, "evaluate_detail", evaluate)
     # Execute
     run_rounds(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
     models = svc.settings.models_bucket
+    assert exporting, "the export never ran"
     assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
     assert job.get("model_path") is None
     assert svc.store.stat(models, layout.model_path(job_id)) is None
