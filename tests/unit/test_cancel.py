@@ -170,6 +170,30 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     assert svc.store.stat(models, layout.model_path(job_id, job["version"])) is None
 
 
+def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path,
+                                                                             monkeypatch):
+    """The narrowest window: the .keras files are written, DONE is not yet. DONE is written
+    only onto a job that has not ended, so the cancel stands (the files hold its head)."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
+    real_write = svc.store.write_bytes
+
+    def write(bucket, name, *args, **kwargs):
+        info = real_write(bucket, name, *args, **kwargs)
+        if name == layout.model_path(job_id):
+            cancel_job(svc, job_id, BY)
+        return info
+
+    monkeypatch.setattr(svc.store, "write_bytes", write)
+    # Execute
+    run_rounds(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
+    assert job.get("model_path") is None
+    assert model_bytes(svc, job_id, None)[1] == job["version"]
+
+
 def test_the_last_version_of_a_cancelled_job_stays_downloadable(running, tmp_path):
     """The head of a CANCELLED job is built into a .keras that plain Keras loads in safe mode
     and ``bucketlearn predict`` accepts; an earlier version too."""
