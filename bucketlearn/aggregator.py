@@ -54,9 +54,17 @@ def handle_delta_event(svc: Services, bucket: str, name: str) -> tuple[Outcome, 
         return Outcome.IGNORED, None
     outcome = aggregate_job(svc, parsed.job_id)
     if outcome is Outcome.ACCEPTED and jobs.is_terminal(svc.registry.get_job(parsed.job_id)):
-        # a late or duplicate result of a job that has ended: nothing will ever read it
-        _collect_garbage(svc, [DeltaRef(name, parsed.task_index, parsed.failed)])
+        # A late or duplicate result of a job that has ended: nothing will ever read it, nor
+        # the results a cancel left waiting for the rest of their round.
+        _collect_job_garbage(svc, parsed.job_id)
     return outcome, parsed.job_id
+
+
+def _collect_job_garbage(svc: Services, job_id: str) -> None:
+    """Delete every object of an ended job from the deltas bucket."""
+    prefix = layout.job_delta_prefix(job_id)
+    for info in list(svc.store.list(svc.settings.deltas_bucket, prefix)):
+        _delete(svc, info.name)
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:

@@ -92,24 +92,28 @@ def test_skip_reason_names_the_cancelled_status(running):
 
 
 def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(running):
-    """A round trained before the cancel and waiting in the deltas bucket is not folded: no new
-    version, no next round, the head stays; each late result is collected as garbage."""
+    """One result of the round arrived before the cancel and waits for the other, which was in
+    training at the cancel and arrives after it: nothing is folded (no version, no next round,
+    the head stays), and the late result's event removes both, which nothing would read."""
     # Prepare
     svc, job_id = running
-    train_pending(svc, 2)
-    waiting = delta_objects(svc, job_id)
-    assert len(waiting) == 2
+    first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
+    learner, bucket = Learner(svc, "w1"), svc.settings.deltas_bucket
+    early = learner.train(first, svc.registry.get_job(job_id))["delta_path"]
+    assert aggregator.handle_delta_event(svc, bucket, early) == (Outcome.ACCEPTED, job_id)
+    assert svc.registry.get_job(job_id)["version"] == 1  # the round is not complete yet
+    in_flight = svc.registry.get_job(job_id)
     cancel_job(svc, job_id, BY)
     published = len(svc.queue.published)
-    # Execute
-    outcomes = [aggregator.handle_delta_event(svc, svc.settings.deltas_bucket, name)
-                for name in waiting]
-    aggregator.aggregate_job(svc, job_id)
+    # Execute: the task in training at the cancel writes its result
+    late = learner.train(second, in_flight)["delta_path"]
+    outcome = aggregator.handle_delta_event(svc, bucket, late)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert outcomes == [(Outcome.ACCEPTED, job_id)] * 2
+    assert outcome == (Outcome.ACCEPTED, job_id)
     assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
     assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0, 1]
+    assert svc.registry.get_epoch(job_id, 1)["applied"] == [0, 1]
     assert len(svc.queue.published) == published
     assert delta_objects(svc, job_id) == []
 
