@@ -56,9 +56,17 @@ def handle_delta_event(svc: Services, bucket: str, name: str) -> tuple[Outcome, 
         return Outcome.IGNORED, None
     outcome = aggregate_job(svc, parsed.job_id)
     if outcome is Outcome.ACCEPTED and jobs.is_terminal(svc.registry.get_job(parsed.job_id)):
-        # a late or duplicate result of a job that has ended: nothing will ever read it
-        _collect_garbage(svc, [DeltaRef(name, parsed.task_index, parsed.failed)])
+        # A late or duplicate result of a job that has ended: nothing will ever read it, nor
+        # the results a cancel left waiting for the rest of their round.
+        _collect_job_garbage(svc, parsed.job_id)
     return outcome, parsed.job_id
+
+
+def _collect_job_garbage(svc: Services, job_id: str) -> None:
+    """Delete every object of an ended job from the deltas bucket."""
+    prefix = layout.job_delta_prefix(job_id)
+    for info in list(svc.store.list(svc.settings.deltas_bucket, prefix)):
+        _delete(svc, info.name)
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
@@ -321,8 +329,8 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
                                          planning_started, steps.laps)
     crash_point(settings, "aggregator.before_commit")
     if not svc.registry.commit_version(commit):
-        log.warning("job %s: head moved past v%d during the fold; retrying", job_id,
-                    new_version - 1)
+        log.warning("job %s: v%d not committed: the head moved past v%d or the job ended "
+                    "during the fold", job_id, new_version, new_version - 1)
         return False
     crash_point(settings, "aggregator.after_commit")
     updated = {**job, **job_fields}
@@ -483,10 +491,13 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
                                       manifest.classes, found.loss,
                                       float(job["options"]["learning_rate"]))
     if problem is not None:
-        svc.registry.update_job(job["job_id"], {
-            "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
-            "updated_at": now})
-        log.error("job %s: %s", job["job_id"], problem)
+        if jobs.end_job(svc.registry, job["job_id"], {
+                "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
+                "updated_at": now})[0]:
+            log.error("job %s: %s", job["job_id"], problem)
+        return
+    if jobs.is_terminal(svc.registry.get_job(job["job_id"])):
+        log.info("job %s ended during its final evaluation: not exported", job["job_id"])
         return
     data = export_keras(model, model_sidecar(job, manifest, found.accuracy))
     version = int(job["version"])
@@ -496,11 +507,15 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
                           "application/octet-stream")
     head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss)
-    svc.registry.update_job(job["job_id"], {
+    ended, current = jobs.end_job(svc.registry, job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,
         "final_holdout_rows": found.rows,
     })
+    if not ended:  # cancelled during the export: it stays so (the files are its head version)
+        log.info("job %s ended (%s) during its export: not marked DONE", job["job_id"],
+                 (current or {}).get("status"))
+        return
     log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version,
              found.accuracy)
 

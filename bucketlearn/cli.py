@@ -41,6 +41,9 @@ from bucketlearn.target import (
 )
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
+# ``submit --wait`` / ``demo``: the job was cancelled; ``cancel``: the job had already ended
+# (DONE, REJECTED or FAILED), so it was not cancelled.
+EXIT_CANCELLED, EXIT_ALREADY_ENDED = 5, 6
 # How long --wait goes on while the registry does not answer (a local stack's death is noticed
 # at once, see StackWatch).
 UNREACHABLE_SECONDS = 60.0
@@ -311,7 +314,13 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = No
         emit(status)
     else:
         print_status(status)
-    return EXIT_OK if job["status"] == jobs.DONE else EXIT_JOB_FAILED
+    return exit_code(job)
+
+
+def exit_code(job: dict[str, Any]) -> int:
+    """How ``submit --wait`` ends for a job that has ended: 0 DONE, 5 CANCELLED, else 1."""
+    return {jobs.DONE: EXIT_OK, jobs.CANCELLED: EXIT_CANCELLED}.get(str(job.get("status")),
+                                                                     EXIT_JOB_FAILED)
 
 
 def format_accuracy(value: Any) -> str:
@@ -332,13 +341,17 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"job:       {status['job_id']}")
     print(f"status:    {status['status']}")
     if status.get("error"):
-        print(f"error:     {status['error']}")
+        label = "cancelled:" if status["status"] == jobs.CANCELLED else "error:"
+        print(f"{label:11s}{status['error']}")
     print(f"version:   {status['version']}")
     print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
     print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
           f"{status.get('tasks_failed') or 0} failed")
     if status.get("model_uri"):
         print(f"model:     {status['model_uri']}")
+    elif status["status"] == jobs.CANCELLED and status.get("version") is not None:
+        print(f"model:     v{status['version']}, built from its weights by: bucketlearn "
+              f"download {status['job_id']}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -362,6 +375,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{s['job_id']:42s} {s['status']:9s} v{s['version'] or 0:<5} {acc_text:7s} "
               f"{(s['error'] or '')[:80]}")
     return EXIT_OK
+
+
+def canceller() -> str:
+    """Who is cancelling, as the job records it: user@host and the command."""
+    import getpass  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container without a passwd entry)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} (bucketlearn cancel)"
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel a job: exit 0 when it is CANCELLED (now or before), 6 when it had already ended
+    otherwise, 1 when there is no such job."""
+    from bucketlearn.cancel import CancelResult, cancel_job  # noqa: PLC0415
+
+    outcome = cancel_job(services(), args.job, canceller(), args.reason)
+    refused = outcome.result is CancelResult.ALREADY_ENDED
+    if args.json:
+        emit(outcome.to_dict())
+    else:
+        print(outcome.message, file=sys.stderr if refused else sys.stdout)
+    return EXIT_ALREADY_ENDED if refused else EXIT_OK
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -544,6 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    cancel = sub.add_parser("cancel", help="stop a job: it ends CANCELLED, workers skip its "
+                            "tasks, its last version stays downloadable")
+    cancel.add_argument("job")
+    cancel.add_argument("--reason", help="why (recorded with who and when)")
+    cancel.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    cancel.set_defaults(func=cmd_cancel)
 
     download = sub.add_parser("download", help="write a job's model as .keras")
     download.add_argument("job")

@@ -2,7 +2,8 @@
 
 Everything here is a plain function of documents (and ``now``), so it is unit-tested without
 Streamlit or a backend. ``dashboard/app.py`` only lays the results out. The dashboard never writes
-model state; its one write is the upload form's CSV (``upload_csv``), exactly what the CLI does.
+model state; it writes the upload form's CSV (``upload_csv``) and cancels a job with the core's
+``cancel.cancel_job``, exactly what the CLI does.
 
 Documents read (field names as written by split.py, aggregator.py and worker.py):
 
@@ -113,8 +114,10 @@ def source_file(job: Mapping[str, Any]) -> str:
 
 
 def reason(job: Mapping[str, Any]) -> str:
-    """Why a job ended badly (REJECTED/FAILED), in one plain sentence; '' otherwise."""
-    return str(job.get("error") or "") if job.get("status") in (jobs.REJECTED, jobs.FAILED) else ""
+    """Why a job ended without a model of its own (REJECTED/FAILED), or who cancelled it when
+    (CANCELLED), in one plain sentence; '' otherwise."""
+    ended = (jobs.REJECTED, jobs.FAILED, jobs.CANCELLED)
+    return str(job.get("error") or "") if job.get("status") in ended else ""
 
 
 def rejection_details(job: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -278,8 +281,12 @@ def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def progress_text(summary: Mapping[str, Any]) -> str:
     """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished')."""
-    eta = ("finished" if summary["status"] == jobs.DONE
-           else f"{summary['phase']} · ETA {format_duration(summary['eta_seconds'])}")
+    if summary["status"] == jobs.DONE:
+        eta = "finished"
+    elif summary["status"] in jobs.TERMINAL:
+        eta = str(summary["status"]).lower()
+    else:
+        eta = f"{summary['phase']} · ETA {format_duration(summary['eta_seconds'])}"
     return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
 
 
@@ -513,6 +520,12 @@ def download_note(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]],
     exported = {f.version for f in files if f.version is not None}
     numbers = sorted(_int(v.get("version")) for v in versions)
     missing = [n for n in numbers if n not in exported]
+    if job.get("status") == jobs.CANCELLED and not files:
+        if job.get("version") is None:
+            return "This job was cancelled before its first version: there is no model."
+        return (f"This job was cancelled at v{job['version']}. Its model is built from that "
+                "version's stored weights when you download it (or run `bucketlearn download "
+                f"{job.get('job_id')}`).")
     if not any(f.version is None for f in files):
         if job.get("status") in (jobs.REJECTED, jobs.FAILED):
             return "This job ended without a model, so there is nothing to download."
@@ -525,6 +538,29 @@ def download_note(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]],
         span = f"{len(missing)} versions"
     return (f"Only exported versions can be downloaded; {span} exist only as internal "
             "training weights (no .keras export), so only the latest model is offered for them.")
+
+
+# --- cancel ------------------------------------------------------------------------------------
+
+IAP_USER_HEADER = "X-Goog-Authenticated-User-Email"  # "accounts.google.com:alice@example.com"
+
+
+def canceller(headers: Mapping[str, str] | None) -> str:
+    """Who cancels a job from the dashboard, as the job records it: the signed-in user when
+    Identity-Aware Proxy names one, else just "the dashboard"."""
+    found = {k.lower(): v for k, v in (headers or {}).items()}.get(IAP_USER_HEADER.lower())
+    user = str(found or "").rsplit(":", 1)[-1].strip()
+    user = "".join(ch for ch in user if ch.isprintable())[:200]
+    return f"{user} (dashboard)" if user else "the dashboard"
+
+
+def cancel_prompt(job: Mapping[str, Any]) -> str:
+    """What the confirmation step says will happen."""
+    version = job.get("version")
+    kept = (f"its last version, v{version}, stays downloadable" if version is not None
+            else "it has no model version yet, so it will end without a model")
+    return (f"Cancel job `{job.get('job_id')}`? It ends as CANCELLED: workers skip its tasks "
+            f"and no new version is made; {kept}. This cannot be undone.")
 
 
 # --- upload ------------------------------------------------------------------------------------

@@ -9,18 +9,72 @@ from typing import Any
 from bucketlearn import layout
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import TransientError, UnreachableError
-from bucketlearn.ports import TaskMessage
+from bucketlearn.ports import TaskMessage, VersionCommit
 
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
-TERMINAL = (DONE, REJECTED, FAILED)
-STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED)
+CANCELLED = "CANCELLED"
+TERMINAL = (DONE, REJECTED, FAILED, CANCELLED)
+STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED, CANCELLED)
 
 # Phases refine the status: what the pipeline is doing right now.
 SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
+CANCELLED_PHASE = "cancelled"
+
+END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job kept changing)
 
 
 def is_terminal(job: Mapping[str, Any] | None) -> bool:
     return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
+
+
+def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
+            attempts: int = END_ATTEMPTS) -> tuple[bool, dict[str, Any] | None]:
+    """Write ``fields`` (an ending: status, phase, finished_at, reason) unless the job has ended
+    already, so no ending ever overwrites another (a cancel, a rejection, DONE).
+
+    A conditional update on the status and phase just read; when something else wrote the job
+    in between, it reads again and retries.
+
+    Returns:
+        (True, the document before this ending) when this call ended the job; (False, the
+        current document) when it had ended already; (False, None) when there is no such job.
+
+    Raises:
+        TransientError: the job kept changing for ``attempts`` reads in a row.
+    """
+    for attempt in range(attempts):
+        job = registry.get_job(job_id)
+        if job is None or is_terminal(job):
+            return False, job
+        if registry.update_job_if(job_id, {"status": job.get("status"),
+                                           "phase": job.get("phase")}, fields):
+            return True, job
+        time.sleep(min(0.02 * (attempt + 1), 0.2))
+    raise TransientError(f"job {job_id}: its document changed on each of {attempts} attempts to "
+                         f"end it as {fields.get('status')}; try again")
+
+
+def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] | None,
+                   version_exists: bool, commit: VersionCommit) -> str | None:
+    """Why a version commit must not happen (None: it may). Both registries ask this inside
+    their lock or transaction, with the documents read there.
+
+    A commit needs a job that has not ended (a fold racing a cancel must not advance it), the
+    head still at the commit's base, a new version number and no task applied or failed twice.
+    """
+    if job is None:
+        return "no such job"
+    if is_terminal(job):
+        return f"the job is {job.get('status')}"
+    if epoch_doc is None:
+        return f"epoch {commit.epoch} has no document"
+    if version_exists:
+        return f"version {commit.version_doc.get('version')} exists"
+    if job.get("version") != commit.base_version:
+        return f"the head is v{job.get('version')}, not the base v{commit.base_version}"
+    if done_tasks(epoch_doc) & (set(commit.applied) | set(commit.failed)):
+        return "a task of it is already applied or failed"
+    return None
 
 
 def done_tasks(epoch_doc: Mapping[str, Any]) -> set[int]:
@@ -32,8 +86,9 @@ def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
                   on_update: Callable[[dict[str, Any]], None] | None = None,
                   check: Callable[[], None] | None = None,
                   unreachable_after: float | None = None) -> dict[str, Any] | None:
-    """Read the job every ``poll`` seconds until it is DONE, REJECTED or FAILED, or ``timeout``
-    passes; return the last document read (None if the job never appeared).
+    """Read the job every ``poll`` seconds until it has ended (DONE, REJECTED, FAILED or
+    CANCELLED) or ``timeout`` passes; return the last document read (None if the job never
+    appeared).
 
     Args:
         on_update: sees every document read.
@@ -92,6 +147,8 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
         "samples_seen": job.get("samples_seen"),
         "error": job.get("error"),
         "error_detail": job.get("error_detail"),
+        "cancelled_by": job.get("cancelled_by"),
+        "cancel_reason": job.get("cancel_reason"),
         "source": job.get("source"),
         "classes": dataset.get("classes"),
         "rows": dataset.get("rows"),

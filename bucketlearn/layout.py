@@ -81,6 +81,11 @@ def model_path(job_id: str, version: int | None = None) -> str:
 
 # --- deltas bucket -----------------------------------------------------------------------------
 
+def job_delta_prefix(job_id: str) -> str:
+    """Everything of one job in the deltas bucket: results, failure markers, nudges."""
+    return f"{job_id}/"
+
+
 def epoch_delta_prefix(job_id: str, epoch: int) -> str:
     return f"{job_id}/e{epoch:04d}/"
 

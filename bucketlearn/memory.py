@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
-from bucketlearn.jobs import done_tasks
+from bucketlearn.jobs import commit_refusal, is_terminal
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
 
@@ -209,7 +209,8 @@ class MemoryRegistry:
                        version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
-            if job is None or job.get("claim") != claim or job.get("phase") != "splitting":
+            if (job is None or job.get("claim") != claim or job.get("phase") != "splitting"
+                    or is_terminal(job)):  # e.g. cancelled during the split
                 return False
             _check_document(f"jobs/{job_id}/versions/{int(version_doc['version']):06d}",
                             version_doc)
@@ -223,17 +224,12 @@ class MemoryRegistry:
     def commit_version(self, commit: VersionCommit) -> bool:
         with self._lock:
             job = self.jobs.get(commit.job_id)
-            if job is None or job.get("version") != commit.base_version:
-                return False
             epoch = self.epochs.get((commit.job_id, commit.epoch))
-            if epoch is None:
-                return False
-            done = done_tasks(epoch)
-            if done & (set(commit.applied) | set(commit.failed)):
-                return False
             version = int(commit.version_doc["version"])
-            if (commit.job_id, version) in self.versions:
+            if commit_refusal(job, epoch, (commit.job_id, version) in self.versions,
+                              commit) is not None:
                 return False
+            assert job is not None and epoch is not None
             _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version_doc)
             _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", {
                 **epoch, "applied": list(epoch.get("applied", [])) + list(commit.applied),

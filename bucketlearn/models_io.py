@@ -16,7 +16,9 @@ from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:
     """The ``.keras`` bytes of a job's model: latest (default) or a given version.
 
-    Exported files are used when they exist; any other version is built from its stored weights.
+    Exported files are used when they exist (a DONE job's ``latest.keras``, ``v<N>.keras``); any
+    other version, e.g. the head of a CANCELLED job, is built from its stored weights and the
+    job's manifest (this needs TensorFlow, as the CLI and the dashboard have).
     """
     from bucketlearn.aggregator import model_sidecar  # noqa: PLC0415
     from bucketlearn.model import export_keras  # noqa: PLC0415
@@ -26,7 +28,9 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
     if job.get("version") is None:
-        raise JobStateError(f"job {job_id} is {job.get('status')}: it has no model version yet"
+        when = "it ended before its first version" if jobs.is_terminal(job) else \
+            "it has no model version yet"
+        raise JobStateError(f"job {job_id} is {job.get('status')}: {when}"
                             + (f" ({job['error']})" if job.get("error") else ""))
     head = int(job["version"])
     wanted = head if version is None else version

@@ -58,6 +58,7 @@ class Outcome(enum.Enum):
     REJECTED = "rejected"
     FAILED = "failed"
     IGNORED = "ignored"
+    CANCELLED = "cancelled"  # the job was cancelled while its upload was being split
     BUSY = "busy"
 
 
@@ -86,7 +87,8 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         (outcome, job id). ACCEPTED: the job was split and epoch 1 published; DUPLICATE: a
         re-delivered event for a job that exists; REJECTED: the job ended with a reason;
         FAILED: a backend refused a write for good (e.g. a document over Firestore's 1 MiB),
-        and the job ended FAILED with that reason; IGNORED: not an upload bucketlearn trains on.
+        and the job ended FAILED with that reason; CANCELLED: the job was cancelled during the
+        split, which stopped there; IGNORED: not an upload bucketlearn trains on.
 
     Raises:
         TransientError: another invocation is splitting the same upload right now, or a backend
@@ -115,6 +117,10 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
     }
     if not svc.registry.create_job(job_id, doc):
         existing = svc.registry.get_job(job_id) or {}
+        if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
+            log.info("job %s has ended (%s): duplicate event ignored", job_id,
+                     existing.get("status"))
+            return Outcome.DUPLICATE, job_id
         if existing.get("phase") == jobs.SPLITTING:
             if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
                 raise TransientError(f"job {job_id} is being split by another invocation")
@@ -267,6 +273,10 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
     job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), options)
+    if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
+        log.warning("job %s ended during its split; its shards are removed", job_id)
+        _remove_partial_shards(svc, job_id)
+        return Outcome.CANCELLED, job_id
     publish_round(svc, job, manifest)
     return Outcome.ACCEPTED, job_id
 
@@ -281,9 +291,14 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], options: JobOptions) -> dict[str, Any]:
+                   spec: dict[str, Any], options: JobOptions) -> dict[str, Any] | None:
     """Plan the job, write version 0 (initial weights and optimizer state) and make the job
-    trainable, if this invocation still owns the split; return the job document."""
+    trainable, if this invocation still owns the split; return the job document, or None when
+    the job ended (was cancelled) during the split.
+
+    Raises:
+        TransientError: another invocation took the split over.
+    """
     from bucketlearn.model import ModelSpec  # noqa: PLC0415
     from bucketlearn.training import optimizer_state  # noqa: PLC0415
 
@@ -312,6 +327,8 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
                  "holdout_accuracy": None, "holdout_loss": None, "train_loss": None},
     }
     if not svc.registry.start_training(job_id, claim, job_fields, version_doc, epoch_doc):
+        if jobs.is_terminal(svc.registry.get_job(job_id)):
+            return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)
         raise TransientError(f"job {job_id}: another invocation took over the split")
     log.info("job %s: %d tasks per epoch, %d at once (%s)", job_id, plan.tasks_per_epoch,
              plan.parallel_tasks, plan.decided)
@@ -383,9 +400,22 @@ def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
         "status": jobs.REJECTED, "phase": "rejected", "error": problem.describe(),
         "error_detail": problem.to_dict(), "updated_at": now, "finished_at": now,
     }):
+        if _ended(svc, held.job_id, f"not rejected ({problem.describe()})"):
+            return
         raise held.lost()
     log.warning("job %s rejected: %s", held.job_id, problem.describe())
     _remove_partial_shards(svc, held.job_id)
+
+
+def _ended(svc: Services, job_id: str, what: str) -> bool:
+    """The job has ended meanwhile (e.g. cancelled during its split): its ending stands and its
+    partial shards go; True. False when it has not (the claim was taken over)."""
+    job = svc.registry.get_job(job_id)
+    if not jobs.is_terminal(job):
+        return False
+    log.warning("job %s: %s: it ended first (%s)", job_id, what, (job or {}).get("status"))
+    _remove_partial_shards(svc, job_id)
+    return True
 
 
 def fail(svc: Services, held: SplitClaim, reason: str) -> None:
@@ -408,6 +438,8 @@ def fail(svc: Services, held: SplitClaim, reason: str) -> None:
         log.exception("job %s: could not record its failure (%s)", held.job_id, error)
         ended = held.holds()
     if not ended:
+        if _ended(svc, held.job_id, f"not failed ({error})"):
+            return
         raise held.lost()
     log.error("job %s failed: %s", held.job_id, error)
     _remove_partial_shards(svc, held.job_id)

@@ -2,7 +2,8 @@
 
 Layout and widgets only; what is shown is computed in ``bucketlearn.dashboard_data`` (unit-tested).
 Services come from ``dashboard_data.get_services()`` (settings from the environment), made once per
-process. The page never writes model state; the upload form writes a CSV to the uploads bucket.
+process. The page never writes model state; the upload form writes a CSV to the uploads bucket,
+and a job's "Cancel job" button calls the core's ``cancel_job`` (as ``bucketlearn cancel`` does).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import streamlit as st
 
 from bucketlearn import dashboard_data as dd
 from bucketlearn import jobs
+from bucketlearn.cancel import cancel_job
 from bucketlearn.config import OPTION_SPECS
 from bucketlearn.errors import ConfigError
+from bucketlearn.models_io import model_bytes
 
 JOB_LIMIT = 100
 REFRESH_SECONDS = 3
@@ -132,6 +135,50 @@ def pick_job(job_docs: list[dict]) -> str | None:
     return picked
 
 
+def ask_to_cancel(job_id: str) -> None:
+    st.session_state["cancel_asked"] = job_id
+
+
+def keep_running() -> None:
+    st.session_state.pop("cancel_asked", None)
+
+
+def confirm_cancel(job_id: str) -> None:
+    """The confirmed cancel: the core decides; the page shows what it answered."""
+    st.session_state.pop("cancel_asked", None)
+    try:
+        headers = dict(st.context.headers)
+    except Exception:  # noqa: BLE001 - no request headers (tests, some proxies): no user name
+        headers = {}
+    try:
+        outcome = cancel_job(services(), job_id, dd.canceller(headers),
+                             st.session_state.get("cancel_reason") or None)
+        st.session_state["cancel_outcome"] = (job_id, "success", outcome.message)
+    except Exception as exc:  # noqa: BLE001 - shown to the user, who can simply retry
+        st.session_state["cancel_outcome"] = (job_id, "error", f"Could not cancel: {exc}")
+    job_data.clear()
+    overview_data.clear()
+
+
+def cancel_controls(job: dict) -> None:
+    """A "Cancel job" button for a job that has not ended, with a confirmation step."""
+    job_id = job["job_id"]
+    said = st.session_state.get("cancel_outcome")
+    if said and said[0] == job_id:
+        (st.success if said[1] == "success" else st.error)(said[2])
+    if jobs.is_terminal(job):
+        return
+    if st.session_state.get("cancel_asked") != job_id:
+        st.button("Cancel job", key="cancel_job", on_click=ask_to_cancel, args=(job_id,))
+        return
+    st.warning(dd.cancel_prompt(job))
+    st.text_input("Reason (optional)", key="cancel_reason", max_chars=500)
+    left, right = st.columns(2)
+    left.button("Yes, cancel this job", key="cancel_confirm", type="primary",
+                on_click=confirm_cancel, args=(job_id,))
+    right.button("No, keep it running", key="cancel_keep", on_click=keep_running)
+
+
 def metric_row(items: list[tuple[str, str]]) -> None:
     for column, (label, value) in zip(st.columns(len(items)), items, strict=True):
         column.metric(label, value)
@@ -152,6 +199,7 @@ def job_page() -> None:
     created = dd.timestamp(s["created_at"])
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
     st.caption(f"`{s['source']}`{when}")
+    cancel_controls(job)
     if s["status"] == jobs.REJECTED:
         st.error(f"Rejected: {s['reason']}")
         st.table(pd.DataFrame(dd.rejection_details(job)))
@@ -159,6 +207,8 @@ def job_page() -> None:
         return
     if s["status"] == jobs.FAILED:
         st.error(f"Failed: {s['reason']}")
+    if s["status"] == jobs.CANCELLED:
+        st.warning(f"Cancelled: {s['reason']}")
     metric_row(dd.headline_metrics(s))
     if s["progress"] is not None:
         st.progress(s["progress"], text=dd.progress_text(s))
@@ -251,6 +301,12 @@ def model_tab(job: dict, versions: list[dict]) -> None:
                                                              choice.path),
                            file_name=choice.file_name, mime="application/octet-stream",
                            on_click="ignore", type="primary")
+    elif job.get("status") == jobs.CANCELLED and job.get("version") is not None:
+        svc, version = services(), int(job["version"])
+        st.download_button(f"Download v{version}.keras", key="model_build",
+                           data=lambda: model_bytes(svc, job["job_id"], version)[0],
+                           file_name=f"{job['job_id']}-v{version}.keras",
+                           mime="application/octet-stream", on_click="ignore", type="primary")
     if note:
         st.info(note)
 

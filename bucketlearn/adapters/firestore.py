@@ -28,7 +28,7 @@ from google.cloud import firestore
 
 from bucketlearn.config import Settings
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
-from bucketlearn.jobs import done_tasks
+from bucketlearn.jobs import commit_refusal, is_terminal
 from bucketlearn.ports import VersionCommit
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,8 @@ class FirestoreRegistry:
         def run(transaction: firestore.Transaction) -> bool:
             snap = job_ref.get(transaction=transaction)
             data = snap.to_dict() if snap.exists else None
-            if data is None or data.get("claim") != claim or data.get("phase") != "splitting":
+            if (data is None or data.get("claim") != claim or data.get("phase") != "splitting"
+                    or is_terminal(data)):  # e.g. cancelled during the split
                 return False
             transaction.set(self._version(job_id, int(version_doc["version"])), dict(version_doc))
             transaction.set(self._epoch(job_id, int(epoch_doc["epoch"])), dict(epoch_doc))
@@ -192,13 +193,9 @@ class FirestoreRegistry:
             version_snap = version_ref.get(transaction=transaction)
             job = job_snap.to_dict() if job_snap.exists else None
             epoch = epoch_snap.to_dict() if epoch_snap.exists else None
-            if job is None or epoch is None or version_snap.exists:
+            if commit_refusal(job, epoch, version_snap.exists, commit) is not None:
                 return False
-            if job.get("version") != commit.base_version:
-                return False
-            done = done_tasks(epoch)
-            if done & (set(commit.applied) | set(commit.failed)):
-                return False
+            assert job is not None and epoch is not None
             transaction.create(version_ref, dict(commit.version_doc))
             transaction.update(epoch_ref, {
                 "applied": list(epoch.get("applied", [])) + list(commit.applied),

@@ -124,7 +124,8 @@ def test_after_local_down_commands_say_no_stack_runs_here(stacks: Stacks) -> Non
     # Prepare: a stack up, then down
     stacks.up()
     assert run(stacks.home, "local", "down", timeout=120).returncode == 0
-    for args in (["status"], ["submit", str(DIGITS)], ["download", "some-job"]):
+    for args in (["status"], ["submit", str(DIGITS)], ["download", "some-job"],
+                 ["cancel", "some-job"]):
         # Execute
         result = run(stacks.home, *args, timeout=120)
         # Assert

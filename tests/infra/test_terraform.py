@@ -722,6 +722,29 @@ def test_the_dead_letter_sink_has_one_consumer(module: Config) -> None:
         "google_pubsub_subscription_iam_member") if "dead_letter_sink" in body["subscription"]]
     assert members == ["serviceAccount:${google_service_account.autoscaler.email}"]
 
+def test_the_dashboard_can_write_job_documents_to_cancel_them(module: Config) -> None:
+    """Issue #14 item 11: the dashboard's "Cancel job" button writes the job's document, which
+    roles/datastore.viewer cannot; it gets roles/datastore.user like the other writers, on the
+    same (optionally conditioned) grant, and no separate viewer grant is left behind."""
+    # Prepare
+    grants = [(name, body) for _t, name, body in module.resources("google_project_iam_member")
+              if "dashboard" in config_text(body, module)]
+    # Execute
+    roles = {body["role"] for _name, body in grants}
+    # Assert
+    assert roles == {"roles/datastore.user"}, grants
+    writers = module.resource("google_project_iam_member", "firestore_users")
+    assert writers["for_each"] == "${local.firestore_writers}"
+    assert module.locals["firestore_writers"]["dashboard"] == (
+        "${google_service_account.dashboard.email}")
+    depends = module.resource("google_cloud_run_v2_service", "dashboard")["depends_on"]
+    assert "${google_project_iam_member.firestore_users}" in depends
+
+
+def config_text(body: dict[str, Any], module: Config) -> str:
+    """A resource's member, with the locals it reads expanded."""
+    return module.expand([body.get("member"), body.get("for_each")])
+
 
 def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:
     # A plain `terraform apply` on a fresh project would otherwise race iam.googleapis.com.

@@ -121,6 +121,48 @@ def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> Non
     assert registry.get_job(job_id)["version"] == 2
 
 
+def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
+    """Issue #14 item 11: a fold racing a cancel cannot advance the job. The commit that would
+    have been v2 is refused once the job is CANCELLED (status, version and epoch untouched), by
+    the Firestore transaction as by the in-memory lock."""
+    # Prepare
+    from bucketlearn.cancel import cancel_job
+
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    assert registry.commit_version(commit(job_id, 0, [0]))
+    registry.update_job(job_id, {"status": "RUNNING"})
+    assert cancel_job(backend, job_id, "test").status == "CANCELLED"
+    # Execute
+    committed = registry.commit_version(commit(job_id, 1, [1]))
+    # Assert
+    job = registry.get_job(job_id)
+    assert committed is False
+    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 1)
+    assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1]
+    assert registry.get_epoch(job_id, 1)["applied"] == [0]
+
+
+def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) -> None:
+    """start_training refuses a job cancelled while it was split, even with the right claim."""
+    # Prepare
+    from bucketlearn.cancel import cancel_job
+
+    registry = backend.registry
+    job_id = new_job(registry)
+    cancel_job(backend, job_id, "test")
+    # Execute
+    started = registry.start_training(job_id, "c1", {"phase": "training", "version": 0,
+                                                     "epoch": 1},
+                                       {"version": 0}, {"epoch": 1, "planned": 1})
+    # Assert
+    job = registry.get_job(job_id)
+    assert started is False
+    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", None)
+    assert registry.list_versions(job_id) == []
+
+
 def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: Any) -> None:
     """A version's accuracy, recorded after its commit, lands on the version document; on the
     job's head only while that version is still the head (a newer head is left alone)."""

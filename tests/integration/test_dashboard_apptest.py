@@ -252,3 +252,52 @@ def test_registry_failure_is_shown_not_raised(app, registry, monkeypatch):
 def test_empty_registry_renders(app):
     at = _run(app)
     assert any("No jobs yet" in i.value for i in at.info)
+
+
+# --- cancel (issue #14, item 11) ------------------------------------------------------------------
+
+def test_cancel_button_asks_first_then_cancels_the_job(app, seeded, registry):
+    """The job page's "Cancel job" asks for confirmation; confirmed, the core's cancel_job ends
+    the job CANCELLED (with the reason typed) and the page shows it."""
+    # Prepare
+    at = _run(app, RUNNING_ID)
+    # Execute: the first click only asks
+    at.button(key="cancel_job").click().run()
+    # Assert
+    assert not at.exception
+    assert any(f"Cancel job `{RUNNING_ID}`?" in w.value and "v3, stays downloadable" in w.value
+               for w in at.warning)
+    assert registry.get_job(RUNNING_ID)["status"] == "RUNNING"
+    # Execute: confirm, with a reason
+    at.text_input(key="cancel_reason").input("wrong upload")
+    at.button(key="cancel_confirm").click().run()
+    # Assert
+    assert not at.exception, [e.value for e in at.exception]
+    job = registry.get_job(RUNNING_ID)
+    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 3)
+    assert (job["cancelled_by"], job["cancel_reason"]) == ("the dashboard", "wrong upload")
+    assert any(f"job {RUNNING_ID} cancelled" in s.value for s in at.success)
+    assert _metrics(at)["Status"] == "CANCELLED"
+    assert any(w.value.startswith("Cancelled: cancelled by the dashboard at ")
+               and w.value.endswith(": wrong upload") for w in at.warning)
+    assert not [b for b in at.button if b.key in ("cancel_job", "cancel_confirm")]
+    assert [b.label for b in at.get("download_button")] == ["Download v3.keras"]
+    assert any("cancelled at v3" in i.value for i in at.info)
+
+
+def test_cancel_can_be_called_off_at_the_confirmation(app, seeded, registry):
+    # Prepare
+    at = _run(app, RUNNING_ID)
+    at.button(key="cancel_job").click().run()
+    # Execute
+    at.button(key="cancel_keep").click().run()
+    # Assert
+    assert not at.exception
+    assert registry.get_job(RUNNING_ID)["status"] == "RUNNING"
+    assert [b.key for b in at.button if b.key and b.key.startswith("cancel")] == ["cancel_job"]
+
+
+def test_a_job_that_has_ended_has_no_cancel_button(app, seeded):
+    for job_id in (DONE_ID, REJECTED_ID):
+        at = _run(app, job_id)
+        assert not [b for b in at.button if b.key == "cancel_job"], job_id

@@ -360,6 +360,46 @@ def test_download_note_says_which_versions_cannot_be_downloaded():
     assert "without a model" in dd.download_note(job_doc(status="REJECTED"), [], [])
 
 
+# --- cancel (issue #14, item 11) ------------------------------------------------------------------
+
+CANCELLED = {"status": "CANCELLED", "phase": "cancelled",
+             "error": "cancelled by ana@example.com (dashboard) at 2026-11-03 14:05:09 UTC"}
+
+
+def test_a_cancelled_job_shows_who_cancelled_it_and_no_eta():
+    job = job_doc("c-000000000001", **CANCELLED)
+    row = dd.overview_rows([job], {}, T0 + 30)[0]
+    assert row["status"] == "CANCELLED" and row["eta"] == ""
+    assert row["reason"] == CANCELLED["error"] == dd.reason(job)
+    summary = dd.job_summary(job, VERSIONS, T0 + 30)
+    assert summary["eta_seconds"] is None
+    assert dd.progress_text(summary) == "6 of 20 tasks applied · cancelled"
+
+
+def test_download_note_of_a_cancelled_job_offers_its_last_version():
+    note = dd.download_note(job_doc("c-000000000001", **CANCELLED), VERSIONS, [])
+    assert "cancelled at v3" in note and "bucketlearn download c-000000000001" in note
+    early = job_doc("c-000000000001", **CANCELLED, version=None)
+    assert "cancelled before its first version" in dd.download_note(early, [], [])
+
+
+@pytest.mark.parametrize(("headers", "who"), [
+    ({"X-Goog-Authenticated-User-Email": "accounts.google.com:ana@example.com"},
+     "ana@example.com (dashboard)"),
+    ({"x-goog-authenticated-user-email": "ana@example.com"}, "ana@example.com (dashboard)"),
+    ({"X-Goog-Authenticated-User-Email": "accounts.google.com:a\nb@x"}, "ab@x (dashboard)"),
+    ({}, "the dashboard"), (None, "the dashboard"),
+])
+def test_canceller_is_the_iap_user_when_there_is_one(headers, who):
+    assert dd.canceller(headers) == who
+
+
+def test_cancel_prompt_says_what_stays():
+    assert "its last version, v3, stays downloadable" in dd.cancel_prompt(job_doc())
+    queued = dd.cancel_prompt(job_doc(status="QUEUED", phase="splitting", version=None))
+    assert "no model version yet" in queued
+
+
 # --- upload ---------------------------------------------------------------------------------------
 
 def test_option_metadata_leaves_blanks_out_and_parses_the_rest():

@@ -98,6 +98,6 @@ resource "google_cloud_run_v2_service" "dashboard" {
   depends_on = [
     google_project_service.apis,
     google_storage_bucket_iam_member.dashboard,
-    google_project_iam_member.firestore_viewers,
+    google_project_iam_member.firestore_users,
   ]
 }

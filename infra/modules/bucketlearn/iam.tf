@@ -43,7 +43,7 @@ resource "google_service_account" "dashboard" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-dashboard"
   display_name = "bucketlearn dashboard"
-  description  = "Runs the Streamlit dashboard: reads Firestore and models, writes CSV uploads."
+  description  = "Runs the Streamlit dashboard: reads Firestore and models, writes CSV uploads, cancels jobs."
 
   depends_on = [google_project_service.apis]
 }
@@ -278,6 +278,10 @@ locals {
     # watchdog reads job, epoch and task documents and updates jobs (tended_at, or FAILED for a
     # split that never finished).
     autoscaler = google_service_account.autoscaler.email
+    # The dashboard reads job, version and worker documents, and its "Cancel job" button writes
+    # one job document (a conditional update to CANCELLED): datastore.viewer cannot write, and
+    # there is no narrower predefined role than datastore.user that can.
+    dashboard = google_service_account.dashboard.email
   }
 }
 
@@ -287,22 +291,6 @@ resource "google_project_iam_member" "firestore_users" {
   project = var.project_id
   role    = "roles/datastore.user"
   member  = "serviceAccount:${each.value}"
-
-  dynamic "condition" {
-    for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []
-    content {
-      title       = "bucketlearn-firestore-only"
-      description = "Only the bucketlearn Firestore database"
-      expression  = "resource.name == \"${condition.value}\""
-    }
-  }
-}
-
-# The dashboard only reads job, version and worker documents.
-resource "google_project_iam_member" "firestore_viewers" {
-  project = var.project_id
-  role    = "roles/datastore.viewer"
-  member  = "serviceAccount:${google_service_account.dashboard.email}"
 
   dynamic "condition" {
     for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []

@@ -1,0 +1,105 @@
+"""Cancelling a job: the one service the CLI (``bucketlearn cancel``) and the dashboard call.
+
+Cancelling is one conditional write to the job document (``jobs.end_job``): any status that has
+not ended becomes CANCELLED, with who cancelled it, when and why. Everything else follows from
+CANCELLED being terminal: workers acknowledge the job's tasks without training them
+(``worker.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
+version onto it (``jobs.commit_refusal``, so a fold already in flight cannot advance it), the
+export does not mark it DONE, a split in progress does not make it trainable
+(``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
+tasks. Its versions stay where they are: the head is still downloadable
+(``models_io.model_bytes`` builds the ``.keras`` from the stored weights).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bucketlearn import jobs
+from bucketlearn.bootstrap import Services
+from bucketlearn.errors import NotFoundError, bounded
+
+log = logging.getLogger(__name__)
+
+MAX_REASON_CHARS = 500  # the reason and the canceller are user input stored in the job document
+
+
+class CancelResult(enum.Enum):
+    CANCELLED = "cancelled"  # this call cancelled the job
+    ALREADY_CANCELLED = "already_cancelled"
+    ALREADY_ENDED = "already_ended"  # DONE, REJECTED or FAILED: nothing to cancel
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What ``cancel_job`` did, and the sentence to show for it."""
+
+    result: CancelResult
+    job_id: str
+    status: str  # the job's status now
+    previous_status: str | None  # before this call (None unless it cancelled the job)
+    version: int | None  # the head version: the model that stays downloadable
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.result.value, "job_id": self.job_id, "status": self.status,
+                "previous_status": self.previous_status, "version": self.version,
+                "message": self.message}
+
+
+def utc_text(seconds: float) -> str:
+    """Epoch seconds as '2026-11-03 14:05:09 UTC'."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
+    """The job fields a cancel writes: status, phase, when, who and why (``error`` says all
+    three in one sentence, as it does for other endings)."""
+    by = bounded(by.strip() or "someone", MAX_REASON_CHARS)
+    reason = bounded(reason.strip(), MAX_REASON_CHARS) if reason and reason.strip() else None
+    sentence = f"cancelled by {by} at {utc_text(now)}" + (f": {reason}" if reason else "")
+    return {"status": jobs.CANCELLED, "phase": jobs.CANCELLED_PHASE, "finished_at": now,
+            "updated_at": now, "cancelled_at": now, "cancelled_by": by, "cancel_reason": reason,
+            "error": sentence}
+
+
+def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -> CancelOutcome:
+    """Cancel a job that has not ended.
+
+    Args:
+        svc: the services (only the registry is used).
+        job_id: the job to cancel.
+        by: who cancels it, as shown to users ("alice@host (bucketlearn cancel)").
+        reason: why, if given.
+
+    Returns:
+        CANCELLED when this call cancelled it; ALREADY_CANCELLED (nothing to do); ALREADY_ENDED
+        when it is DONE, REJECTED or FAILED (refused: its outcome stands).
+
+    Raises:
+        NotFoundError: there is no such job.
+        TransientError: the registry is unavailable, or the job changed on every attempt.
+    """
+    ended, job = jobs.end_job(svc.registry, job_id, cancel_fields(by, reason, svc.clock()))
+    if job is None:
+        raise NotFoundError(f"job {job_id}: no such job")
+    version = job.get("version")
+    if ended:
+        kept = (f"its last version, v{version}, stays downloadable: bucketlearn download "
+                f"{job_id}" if version is not None else "it had no model version yet")
+        log.warning("job %s cancelled by %s (was %s, %s at v%s)", job_id, by, job.get("status"),
+                    job.get("phase"), version)
+        return CancelOutcome(CancelResult.CANCELLED, job_id, jobs.CANCELLED, job.get("status"),
+                             version, f"job {job_id} cancelled (it was {job.get('status')}, "
+                                      f"{job.get('phase')}); {kept}")
+    status = str(job.get("status"))
+    if status == jobs.CANCELLED:
+        return CancelOutcome(CancelResult.ALREADY_CANCELLED, job_id, status, None, version,
+                             f"job {job_id} is already CANCELLED ({job.get('error')})")
+    return CancelOutcome(CancelResult.ALREADY_ENDED, job_id, status, None, version,
+                         f"job {job_id} is already {status}; only a job that has not ended "
+                         "can be cancelled")

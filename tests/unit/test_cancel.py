@@ -1,0 +1,343 @@
+"""Cancelling a job (issue #14, item 11) on the in-memory ports: the job ends CANCELLED, workers
+acknowledge its tasks without training, the aggregator folds and exports nothing more (not even a
+fold or an export already in flight), a split in progress stops, and the last version stays
+downloadable as a .keras that plain Keras loads in safe mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bucketlearn import aggregator, jobs, layout, split
+from bucketlearn.cancel import CancelResult, cancel_job
+from bucketlearn.errors import JobStateError, NotFoundError
+from bucketlearn.models_io import model_bytes, predict_file
+from bucketlearn.scaling import outstanding_tasks
+from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from bucketlearn.worker import Decision, Learner, skip_reason
+from tests.unit.helpers import csv_bytes, write_blobs_csv
+from tests.unit.test_invariants import run_rounds, start_job, train_pending
+
+BY = "alice@laptop (bucketlearn cancel)"
+
+
+def round_size(svc: Any, job_id: str) -> int:
+    return len(jobs.current_round_tasks(svc.registry.get_job(job_id)))
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> tuple[Any, str]:
+    """A job at v1 (one round folded), RUNNING, with its second round published."""
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    train_pending(svc, round_size(svc, job_id))
+    aggregator.aggregate_job(svc, job_id)
+    job = svc.registry.get_job(job_id)
+    assert (job["status"], job["version"]) == (jobs.RUNNING, 1) and len(svc.queue) == 2
+    return svc, job_id
+
+
+def delta_objects(svc: Any, job_id: str) -> list[str]:
+    return [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/")]
+
+
+def test_cancel_ends_a_running_job_saying_who_when_and_why(running):
+    # Prepare
+    svc, job_id = running
+    # Execute
+    outcome = cancel_job(svc, job_id, BY, "wrong file")
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome.result is CancelResult.CANCELLED
+    assert (outcome.previous_status, outcome.status, outcome.version) == ("RUNNING",
+                                                                           "CANCELLED", 1)
+    assert f"job {job_id} cancelled" in outcome.message and "v1" in outcome.message
+    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
+    assert jobs.is_terminal(job) and job["finished_at"] == job["cancelled_at"]
+    assert (job["cancelled_by"], job["cancel_reason"]) == (BY, "wrong file")
+    assert job["error"].startswith(f"cancelled by {BY} at 20") and job["error"].endswith(
+        " UTC: wrong file")
+    status = jobs.status_object(job)
+    assert (status["status"], status["version"], status["cancelled_by"]) == ("CANCELLED", 1, BY)
+
+
+def test_workers_ack_a_cancelled_jobs_tasks_without_training(running):
+    """Item 11: workers skip and ack its tasks (before: they trained every one of them)."""
+    # Prepare
+    svc, job_id = running
+    tasks_before = svc.registry.list_tasks(job_id)
+    cancel_job(svc, job_id, BY)
+    learner = Learner(svc, "w1")
+    # Execute
+    decisions = []
+    while (received := svc.queue.pull(0)) is not None:
+        decisions.append(learner.process(received.message))
+    # Assert
+    assert decisions == [Decision.ACK, Decision.ACK]
+    assert learner.tasks_done == 0
+    assert delta_objects(svc, job_id) == []  # nothing trained, nothing written
+    assert svc.registry.list_tasks(job_id) == tasks_before  # not even an attempt counted
+
+
+def test_skip_reason_names_the_cancelled_status(running):
+    # Prepare
+    svc, job_id = running
+    task = svc.queue.pull(0).message
+    cancel_job(svc, job_id, BY)
+    # Execute
+    reason = skip_reason(svc.registry.get_job(job_id), task)
+    # Assert
+    assert reason == "the job is CANCELLED"
+
+
+def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(running):
+    """One result of the round arrived before the cancel and waits for the other, which was in
+    training at the cancel and arrives after it: nothing is folded (no version, no next round,
+    the head stays), and the late result's event removes both, which nothing would read."""
+    # Prepare
+    svc, job_id = running
+    first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
+    learner, bucket = Learner(svc, "w1"), svc.settings.deltas_bucket
+    early = learner.train(first, svc.registry.get_job(job_id))["delta_path"]
+    assert aggregator.handle_delta_event(svc, bucket, early) == (Outcome.ACCEPTED, job_id)
+    assert svc.registry.get_job(job_id)["version"] == 1  # the round is not complete yet
+    in_flight = svc.registry.get_job(job_id)
+    cancel_job(svc, job_id, BY)
+    published = len(svc.queue.published)
+    # Execute: the task in training at the cancel writes its result
+    late = learner.train(second, in_flight)["delta_path"]
+    outcome = aggregator.handle_delta_event(svc, bucket, late)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome == (Outcome.ACCEPTED, job_id)
+    assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
+    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0, 1]
+    assert svc.registry.get_epoch(job_id, 1)["applied"] == [0, 1]
+    assert len(svc.queue.published) == published
+    assert delta_objects(svc, job_id) == []
+
+
+def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
+    """The cancel lands between the fold's read and its commit: the registry refuses the commit
+    (before: it committed v2 and set the job RUNNING again, undoing the cancel)."""
+    # Prepare
+    svc, job_id = running
+    train_pending(svc, 2)
+    real_commit = svc.registry.commit_version
+
+    def cancel_then_commit(commit):
+        cancel_job(svc, job_id, BY)
+        return real_commit(commit)
+
+    monkeypatch.setattr(svc.registry, "commit_version", cancel_then_commit)
+    published = len(svc.queue.published)
+    # Execute
+    aggregator.aggregate_job(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
+    assert job["head"]["version"] == 1
+    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0, 1]
+    assert svc.registry.get_epoch(job_id, 1)["applied"] == [0, 1]
+    assert len(svc.queue.published) == published  # no next round
+
+
+def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkeypatch):
+    """The cancel lands while the export evaluates the final model: no latest.keras is written
+    and the job is not marked DONE (before: DONE overwrote CANCELLED)."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
+    real_evaluate, real_export = aggregator.evaluate_parts, aggregator.export_final
+    exporting = []
+
+    def export(*args, **kwargs):
+        exporting.append(True)
+        return real_export(*args, **kwargs)
+
+    def evaluate(*args, **kwargs):
+        if exporting:
+            cancel_job(svc, job_id, BY)
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(aggregator, "export_final", export)
+    monkeypatch.setattr(aggregator, "evaluate_parts", evaluate)
+    # Execute
+    run_rounds(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    models = svc.settings.models_bucket
+    assert exporting, "the export never ran"
+    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
+    assert job.get("model_path") is None
+    assert svc.store.stat(models, layout.model_path(job_id)) is None
+    assert svc.store.stat(models, layout.model_path(job_id, job["version"])) is None
+
+
+def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path,
+                                                                             monkeypatch):
+    """The narrowest window: the .keras files are written, DONE is not yet. DONE is written
+    only onto a job that has not ended, so the cancel stands (the files hold its head)."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
+    real_write = svc.store.write_bytes
+
+    def write(bucket, name, *args, **kwargs):
+        info = real_write(bucket, name, *args, **kwargs)
+        if name == layout.model_path(job_id):
+            cancel_job(svc, job_id, BY)
+        return info
+
+    monkeypatch.setattr(svc.store, "write_bytes", write)
+    # Execute
+    run_rounds(svc, job_id)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
+    assert job.get("model_path") is None
+    assert model_bytes(svc, job_id, None)[1] == job["version"]
+
+
+def test_the_last_version_of_a_cancelled_job_stays_downloadable(running, tmp_path):
+    """The head of a CANCELLED job is built into a .keras that plain Keras loads in safe mode
+    and ``bucketlearn predict`` accepts; an earlier version too."""
+    # Prepare
+    import keras
+
+    svc, job_id = running
+    cancel_job(svc, job_id, BY)
+    csv_path = tmp_path / "blobs.csv"  # start_job's upload
+    # Execute
+    data, version = model_bytes(svc, job_id, None)
+    first, zero = model_bytes(svc, job_id, 0)
+    # Assert
+    assert version == 1 and zero == 0 and data != first
+    out = tmp_path / "cancelled.keras"
+    out.write_bytes(data)
+    model = keras.models.load_model(out, safe_mode=True)
+    assert model.output_shape[-1] == 3
+    report = predict_file(str(out), str(csv_path), None)
+    assert report["rows"] == 400 and report["accuracy"] is not None
+    assert set(report["predictions"]) <= {"0", "1", "2"}
+
+
+def test_cancel_of_a_job_that_has_ended_is_refused_clearly(tmp_path):
+    """A DONE job stays DONE: 'job X is already DONE'; a second cancel is a no-op."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1)
+    run_rounds(svc, job_id)
+    done = svc.registry.get_job(job_id)
+    assert done["status"] == jobs.DONE
+    # Execute
+    outcome = cancel_job(svc, job_id, BY)
+    # Assert
+    assert outcome.result is CancelResult.ALREADY_ENDED
+    assert outcome.message.startswith(f"job {job_id} is already DONE")
+    assert svc.registry.get_job(job_id) == done
+
+
+def test_cancel_twice_says_it_is_already_cancelled(running):
+    # Prepare
+    svc, job_id = running
+    cancel_job(svc, job_id, BY, "first")
+    before = svc.registry.get_job(job_id)
+    # Execute
+    outcome = cancel_job(svc, job_id, "bob", "second")
+    # Assert
+    assert outcome.result is CancelResult.ALREADY_CANCELLED
+    assert f"is already CANCELLED (cancelled by {BY}" in outcome.message
+    assert svc.registry.get_job(job_id) == before
+
+
+def test_cancel_of_an_unknown_job_raises_not_found():
+    from bucketlearn.bootstrap import memory_services
+
+    with pytest.raises(NotFoundError, match="job nope-000000000000: no such job"):
+        cancel_job(memory_services(), "nope-000000000000", BY)
+
+
+def upload(svc: Any, name: str, data: bytes) -> StorageEvent:
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, name, data, "text/csv",
+                                 {"epochs": "1", "rows_per_shard": "64"})
+    return StorageEvent(info.bucket, info.name, info.generation, info.size)
+
+
+def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the split cancel its own job once it has read the whole upload."""
+    real = split.split_upload
+
+    def split_then_cancel(source, store, bucket, job_id, *args, **kwargs):
+        try:
+            return real(source, store, bucket, job_id, *args, **kwargs)
+        finally:
+            cancel_job(svc, job_id, BY, "during the split")
+
+    monkeypatch.setattr(split, "split_upload", split_then_cancel)
+
+
+def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch):
+    """The splitter does not resurrect it: no version 0, no task published, its shards removed;
+    the event redelivered is a duplicate (before: start_training was refused, the function
+    answered 503 and Eventarc retried)."""
+    # Prepare
+    from bucketlearn.bootstrap import memory_services
+
+    svc = memory_services()
+    event = upload(svc, "blobs.csv", write_blobs_csv(tmp_path / "b.csv", n_rows=300).read_bytes())
+    cancel_during_split(svc, monkeypatch)
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    again, _ = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (outcome, again) == (Outcome.CANCELLED, Outcome.DUPLICATE)
+    assert (job["status"], job["phase"], job["version"]) == (jobs.CANCELLED, "cancelled", None)
+    assert job["cancel_reason"] == "during the split"
+    assert svc.queue.published == []
+    assert svc.registry.list_versions(job_id) == []
+    assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []
+    with pytest.raises(JobStateError, match="is CANCELLED: it ended before its first version"):
+        model_bytes(svc, job_id, None)
+
+
+def test_a_problem_found_after_a_cancel_does_not_overwrite_it(monkeypatch):
+    """A bad upload cancelled while it is read stays CANCELLED: the rejection that follows
+    does not replace the cancel (before: REJECTED overwrote it)."""
+    # Prepare
+    from bucketlearn.bootstrap import memory_services
+
+    svc = memory_services()
+    rows = [[i, i % 2] for i in range(20)] + [["abc", 1]]
+    event = upload(svc, "bad.csv", csv_bytes(["x", "label"], rows))
+    cancel_during_split(svc, monkeypatch)
+    # Execute
+    _, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (job["status"], job["cancel_reason"]) == (jobs.CANCELLED, "during the split")
+    assert job.get("error_detail") is None
+
+
+def test_the_autoscaler_counts_no_task_of_a_cancelled_job(running):
+    # Prepare
+    svc, job_id = running
+    assert outstanding_tasks(svc.registry) == 2
+    # Execute
+    cancel_job(svc, job_id, BY)
+    # Assert
+    assert outstanding_tasks(svc.registry) == 0
+
+
+def test_wait_terminal_returns_on_cancelled(running):
+    """``submit --wait`` follows a job until it ends: CANCELLED ends it (before: it waited for
+    the whole timeout)."""
+    # Prepare
+    import time
+
+    svc, job_id = running
+    cancel_job(svc, job_id, BY)
+    started = time.monotonic()
+    # Execute
+    job = jobs.wait_terminal(svc.registry, job_id, timeout=5, poll=0.01)
+    # Assert
+    assert job["status"] == jobs.CANCELLED and time.monotonic() - started < 1
