@@ -253,7 +253,8 @@ def test_five_jobs_four_workers(make_stack: Any, tmp_path: Path) -> None:
     stack = make_stack("five", workers=4)
     svc = google_services(stack.settings)
     # Execute
-    job_ids = [submit(svc, p.name, {"epochs": "2"}, p) for p in files]
+    # Small uploads get one task per round by default; ask for rounds of 3 so work can spread.
+    job_ids = [submit(svc, p.name, {"epochs": "2", "parallel_tasks": "3"}, p) for p in files]
     finished = [wait_terminal(svc, job_id, 600) for job_id in job_ids]
     # Assert
     assert [j["status"] for j in finished] == ["DONE"] * 5
