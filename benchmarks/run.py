@@ -138,6 +138,22 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name in ("parity", "methods", "schedules") and args.seeds:
         params["seeds"] = [int(x) for x in args.seeds.split(",")]
         reduced.append(f"seeds={params['seeds']}")
+    if name == "parity":
+        if args.orders:
+            params["orders"] = args.orders.split(",")
+            reduced.append(f"orders={params['orders']}")
+        if args.sim_workers is not None:
+            params["sim_workers"] = [int(x) for x in args.sim_workers.split(",") if x]
+            reduced.append(f"sim_workers={params['sim_workers']}")
+        if args.stack_workers is not None and params.get("stack"):
+            params["stack"]["workers"] = [int(x) for x in args.stack_workers.split(",") if x]
+            reduced.append(f"stack workers={params['stack']['workers']}")
+        if args.repeats and params.get("stack"):
+            params["stack"]["repeats"] = args.repeats
+            reduced.append(f"stack repeats={args.repeats}")
+        if args.no_fit:
+            params["fit_reference"] = False
+            reduced.append("no fit reference")
     if name == "scale" and args.workers:
         params["workers"] = [int(x) for x in args.workers.split(",")]
         reduced.append(f"workers={params['workers']}")
@@ -155,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", help="parity/overhead: datasets, e.g. digits (reduced run)")
     parser.add_argument("--seeds", help="parity: seeds, e.g. 0 (reduced run)")
     parser.add_argument("--workers", help="scale: worker counts, e.g. 1,2,4 (reduced run)")
+    parser.add_argument("--orders", help="parity: row orders, e.g. sorted (reduced run)")
+    parser.add_argument("--sim-workers", help="parity: simulated worker counts, e.g. 8")
+    parser.add_argument("--stack-workers", help="parity: local-stack worker counts, e.g. 4")
+    parser.add_argument("--repeats", type=int, help="parity: runs of each job on the stack")
+    parser.add_argument("--no-fit", action="store_true", help="parity: skip the Keras fit reference")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in NAMES]
