@@ -550,7 +550,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bucketlearn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_local_commands(sub)
+    _add_job_commands(sub)
+    _add_model_commands(sub)
+    sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
+        func=cmd_worker)
+    sub.add_parser("autoscale", help="one step of the cloud controller: the worker pool's "
+                   "instance count from the backlog, then the watchdog's pass"
+                   ).set_defaults(func=cmd_autoscale)
+    sub.add_parser("tend", help="one pass of the watchdog: republish the lost tasks of stalled "
+                   "jobs, nudge the aggregator, end splits that never finished"
+                   ).set_defaults(func=cmd_tend)
+    return parser
 
+
+def _add_local_commands(sub: Any) -> None:
+    """``local up|down|env|status`` and ``demo``."""
     local = sub.add_parser("local", help="the local stack on emulators")
     local_sub = local.add_subparsers(dest="local_command", required=True)
     up = local_sub.add_parser("up", help="start emulators, functions, relay, workers, dashboard")
@@ -569,7 +584,16 @@ def build_parser() -> argparse.ArgumentParser:
     st = local_sub.add_parser("status", help="processes of the local stack")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_local_status)
+    demo = sub.add_parser("demo", help="local stack up, train the sample data, download the model")
+    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--file", help="CSV to train on (default: data/digits.csv)")
+    demo.add_argument("--output-dir", default="bucketlearn-demo")
+    demo.add_argument("--timeout", type=float, default=1800.0)
+    demo.set_defaults(func=cmd_demo)
 
+
+def _add_job_commands(sub: Any) -> None:
+    """``submit``, ``status``, ``cancel``."""
     submit = sub.add_parser("submit", help="upload a CSV; prints the job id")
     submit.add_argument("file")
     submit.add_argument("--name", help="object name in the uploads bucket (default: file name)")
@@ -591,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--json", action="store_true", help="print the outcome as JSON")
     cancel.set_defaults(func=cmd_cancel)
 
+
+def _add_model_commands(sub: Any) -> None:
+    """``download``, ``train-local``, ``predict``."""
     download = sub.add_parser("download", help="write a job's model as .keras")
     download.add_argument("job")
     download.add_argument("--version", type=int, default=None, help="a version (default: latest)")
@@ -610,23 +637,6 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("-o", "--output", help="write predictions to this CSV")
     predict.add_argument("--json", action="store_true")
     predict.set_defaults(func=cmd_predict)
-
-    demo = sub.add_parser("demo", help="local stack up, train the sample data, download the model")
-    demo.add_argument("--workers", type=int, default=2)
-    demo.add_argument("--file", help="CSV to train on (default: data/digits.csv)")
-    demo.add_argument("--output-dir", default="bucketlearn-demo")
-    demo.add_argument("--timeout", type=float, default=1800.0)
-    demo.set_defaults(func=cmd_demo)
-
-    sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
-        func=cmd_worker)
-    sub.add_parser("autoscale", help="one step of the cloud controller: the worker pool's "
-                   "instance count from the backlog, then the watchdog's pass"
-                   ).set_defaults(func=cmd_autoscale)
-    sub.add_parser("tend", help="one pass of the watchdog: republish the lost tasks of stalled "
-                   "jobs, nudge the aggregator, end splits that never finished"
-                   ).set_defaults(func=cmd_tend)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

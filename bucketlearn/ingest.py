@@ -271,6 +271,16 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
         raise _problem(name, "too many columns", row=0,
                        expected=f"at most {limits.max_columns} columns",
                        found=f"{len(names)} columns")
+    _check_column_names(name, names)
+    if len(names) < 2:
+        raise _problem(name, "the file has a single column", row=0,
+                       expected="at least one feature column and a label column",
+                       found=f"only '{_short(names[0])}'{_separator_hint(names[0])}")
+    return [n.strip() for n in names]
+
+
+def _check_column_names(name: str, names: list[str]) -> None:
+    """Every column named, within the length limit, and no name twice."""
     seen: dict[str, int] = {}
     for position, column in enumerate(names, start=1):
         stripped = column.strip()
@@ -288,11 +298,6 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
                            expected="unique column names",
                            found=f"'{stripped}' at columns {seen[stripped]} and {position}")
         seen[stripped] = position
-    if len(names) < 2:
-        raise _problem(name, "the file has a single column", row=0,
-                       expected="at least one feature column and a label column",
-                       found=f"only '{_short(names[0])}'{_separator_hint(names[0])}")
-    return [n.strip() for n in names]
 
 
 def choose_label_column(columns: list[str], requested: str | None, file: str) -> str:
@@ -891,51 +896,44 @@ def holdout_phases(seed: int, classes: int) -> np.ndarray:
     return np.random.default_rng([seed, 7919]).random(classes)
 
 
-def split_upload(
-    source: SourceFile,
-    store: BlobStore,
-    work_bucket: str,
-    job_id: str,
-    options: JobOptions,
-    limits: Limits,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-    read_block_bytes: int = READ_BLOCK_BYTES,
-    progress: Progress | None = None,
-) -> Manifest:
-    """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a file's rows are split, decided from its class counts alone (before pass 2).
 
-    Args:
-        source: the upload (name, size, opener for streaming reads).
-        store: where shard and holdout parts and the manifest are written.
-        work_bucket: bucket name for those objects.
-        job_id: the job the objects belong to (their prefix).
-        options: the job's options (label column, shard size, holdout fraction, seed).
-        limits: input limits, checked before expensive work.
-        buffer_bytes: memory budget for shard buffers.
-        read_block_bytes: the CSV read block to try first (a file with a longer row is read
-            with blocks of ``2 x limits.max_line_bytes``, as that always fits).
-        progress: called before each record batch of both passes (no I/O of ingest's own);
-            whatever it raises ends the split there, with nothing more written.
+    Attributes:
+        classes: class names in class-id order.
+        class_counts: rows of each class in the file.
+        label_kind: how labels were read ("int", "float", "text").
+        hold_phase: each class's holdout phase (which of its rows are held out).
+        holdout_per_class: rows of each class kept for the holdout.
+        train_per_class: rows of each class to train on.
+        deal: which shard each training row goes to.
+    """
 
-    Returns:
-        The manifest (also written to ``jobs/<job>/manifest.json``).
+    classes: list[str]
+    class_counts: list[int]
+    label_kind: str
+    hold_phase: np.ndarray
+    holdout_per_class: list[int]
+    train_per_class: list[int]
+    deal: DealPlan
+
+    @property
+    def train_rows(self) -> int:
+        return int(sum(self.train_per_class))
+
+    @property
+    def shards(self) -> int:
+        return self.deal.shards
+
+
+def plan_split(classes: list[str], class_counts: list[int], label_kind: str, file: str,
+               label: str, options: JobOptions, limits: Limits) -> SplitPlan:
+    """Decide holdout and shards from the class counts (pure: no I/O).
 
     Raises:
-        InvalidInputError: the file cannot be trained on; the problem names row and column.
+        InvalidInputError: a class with one row, too few rows, or too many shards.
     """
-    file = source.display_name
-    columns = read_header(source, limits)
-    label = choose_label_column(columns, options.label_column, file)
-    feature_names = [c for c in columns if c != label]
-    block, largest = _block_sizes(limits, read_block_bytes)
-    try:
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
-    except _BlockTooSmall as exc:  # pass 1 has written nothing: start it again
-        log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks", file, exc, block,
-                 largest)
-        block = largest
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
-    classes, class_counts, label_kind = order_classes(raw_values, raw_counts, file, label)
     single = [name for name, n in zip(classes, class_counts, strict=True) if n < 2]
     if single:
         raise _problem(file, "a class has too few rows to train and evaluate", column=label,
@@ -943,7 +941,6 @@ def split_upload(
                                 "evaluate on)",
                        found=f"{len(single)} of {len(classes)} classes with a single row: "
                              + _short(", ".join(repr(v) for v in single), 120))
-    class_index = {name: i for i, name in enumerate(classes)}
     random_phase = holdout_phases(options.seed, len(classes))
     hold_phase = np.array([holdout_phase(n, options.holdout_fraction, random_phase[c])
                            for c, n in enumerate(class_counts)])
@@ -963,69 +960,179 @@ def split_upload(
                        expected=f"at most {limits.max_tasks_per_epoch} shards per epoch "
                                 "(raise rows_per_shard)",
                        found=f"{shards} shards of {options.rows_per_shard} rows")
-    plan = DealPlan.make(train_per_class, shards, options.seed)
-    writer = _ShardWriter(store, work_bucket, job_id, plan.sizes(), buffer_bytes)
-    holdout = _HoldoutWriter(store, work_bucket, job_id,
-                             max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
-    stats = _RunningStats(len(feature_names))
-    seen = np.zeros(len(classes), dtype=np.int64)
-    seen_train = np.zeros(len(classes), dtype=np.int64)
+    return SplitPlan(classes, list(class_counts), label_kind, hold_phase, holdout_per_class,
+                     train_per_class, DealPlan.make(train_per_class, shards, options.seed))
+
+
+class _Dealer:
+    """Pass 2's bookkeeping: which rows of a batch are held out and which shard the others go to.
+
+    Rows of class ``c`` are numbered in file order; the holdout mask and the deal plan decide
+    from that number alone, so the result does not depend on how the file is cut into batches.
+    """
+
+    def __init__(self, plan: SplitPlan, fraction: float, file: str, label: str) -> None:
+        self.plan, self.fraction, self.file, self.label = plan, fraction, file, label
+        self.seen = np.zeros(len(plan.classes), dtype=np.int64)
+        self.seen_train = np.zeros(len(plan.classes), dtype=np.int64)
+
+    def deal(self, y: np.ndarray, row_offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """(is_holdout, shard_of_row) for a batch's class ids; -1 for held-out rows."""
+        counts = self.plan.class_counts
+        is_holdout = np.zeros(len(y), dtype=bool)
+        shard_of_row = np.full(len(y), -1, dtype=np.int64)
+        for c in np.unique(y):
+            rows_c = np.nonzero(y == c)[0]
+            if self.seen[c] + len(rows_c) > counts[c]:
+                raise _changed_while_read(
+                    self.file, f"more than the {counts[c]} rows of class "
+                               f"{_short(self.plan.classes[c])!r} the first pass counted",
+                    row=row_offset + int(rows_c[counts[c] - self.seen[c]]) + 1, column=self.label)
+            j = self.seen[c] + np.arange(len(rows_c))
+            hold = _holdout_mask(j, self.fraction, self.plan.hold_phase[c])
+            self.seen[c] += len(rows_c)
+            is_holdout[rows_c[hold]] = True
+            train_rows_c = rows_c[~hold]
+            j_train = self.seen_train[c] + np.arange(len(train_rows_c))
+            self.seen_train[c] += len(train_rows_c)
+            shard_of_row[train_rows_c] = self.plan.deal.shard_of(int(c), j_train)
+        return is_holdout, shard_of_row
+
+    def check_complete(self) -> None:
+        """Pass 2 met exactly the rows pass 1 counted."""
+        counts = self.plan.class_counts
+        if self.seen.tolist() != list(counts):
+            short = next(c for c in range(len(counts)) if self.seen[c] != counts[c])
+            raise _changed_while_read(
+                self.file, f"{self.seen[short]} rows of class {_short(self.plan.classes[short])!r}"
+                           f" where the first pass counted {counts[short]}", column=self.label)
+
+
+def _count_pass(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                read_block_bytes: int, progress: Progress | None
+                ) -> tuple[list[str], list[int], str, int]:
+    """Pass 1: the classes, their row counts, the label kind, and the read block that fits."""
+    block, largest = _block_sizes(limits, read_block_bytes)
+    try:
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
+    except _BlockTooSmall as exc:  # pass 1 has written nothing: start it again
+        log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks", source.display_name,
+                 exc, block, largest)
+        block = largest
+        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
+    classes, class_counts, label_kind = order_classes(raw_values, raw_counts,
+                                                      source.display_name, label)
+    return classes, class_counts, label_kind, block
+
+
+def _checked_features(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                      batch: pa.RecordBatch, feature_names: list[str], row_offset: int
+                      ) -> np.ndarray:
+    """A batch's features as float32, or the problem of its first non-finite cell."""
+    x = _features(batch, feature_names)
+    found = _first_non_finite(x, batch, feature_names, row_offset, source.display_name)
+    if found is not None:
+        problem, empty_cell = found
+        # pyarrow turned the text into float32: re-read the row to quote what it said
+        # (an overflow such as 1e40 is out of range, not 'inf')
+        exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
+                                                  target_row=problem.problem.row)
+        raise exact or problem
+    return x
+
+
+def _write_train_rows(writer: _ShardWriter, x: np.ndarray, y: np.ndarray,
+                      shard_of_row: np.ndarray, train: np.ndarray) -> None:
+    """Hand a batch's training rows to their shards, grouped by shard."""
+    by_shard = train[np.argsort(shard_of_row[train], kind="stable")]
+    tx, ty, ts = x[by_shard], y[by_shard], shard_of_row[by_shard]
+    bounds = np.flatnonzero(np.diff(ts)) + 1
+    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)], strict=False):
+        if stop > start:
+            writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
+
+
+def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limits, block: int,
+               progress: Progress | None, plan: SplitPlan, dealer: _Dealer,
+               writer: _ShardWriter, holdout: _HoldoutWriter, stats: _RunningStats
+               ) -> list[Shard]:
+    """Pass 2: check every row, write it to the holdout or to its shard; the shards written."""
+    file, feature_names = source.display_name, [c for c in columns if c != label]
+    class_index = {name: i for i, name in enumerate(plan.classes)}
     row_offset = 0
     try:
         for batch in _batches(source, columns, label, None, block):
             if progress is not None:
                 progress()
-            x = _features(batch, feature_names)
-            found = _first_non_finite(x, batch, feature_names, row_offset, file)
-            if found is not None:
-                problem, empty_cell = found
-                # pyarrow turned the text into float32: re-read the row to quote what it said
-                # (an overflow such as 1e40 is out of range, not 'inf')
-                exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
-                                                          target_row=problem.problem.row)
-                raise exact or problem
-            y = _class_ids(batch.column(label), class_index, label_kind, file, row_offset,
+            x = _checked_features(source, columns, label, limits, batch, feature_names,
+                                  row_offset)
+            y = _class_ids(batch.column(label), class_index, plan.label_kind, file, row_offset,
                            label)
-            is_holdout = np.zeros(len(y), dtype=bool)
-            shard_of_row = np.full(len(y), -1, dtype=np.int64)
-            for c in np.unique(y):
-                rows_c = np.nonzero(y == c)[0]
-                if seen[c] + len(rows_c) > class_counts[c]:
-                    raise _changed_while_read(
-                        file, f"more than the {class_counts[c]} rows of class "
-                              f"{_short(classes[c])!r} the first pass counted",
-                        row=row_offset + int(rows_c[class_counts[c] - seen[c]]) + 1, column=label)
-                j = seen[c] + np.arange(len(rows_c))
-                hold = _holdout_mask(j, options.holdout_fraction, hold_phase[c])
-                seen[c] += len(rows_c)
-                is_holdout[rows_c[hold]] = True
-                train_rows_c = rows_c[~hold]
-                j_train = seen_train[c] + np.arange(len(train_rows_c))
-                seen_train[c] += len(train_rows_c)
-                shard_of_row[train_rows_c] = plan.shard_of(int(c), j_train)
+            is_holdout, shard_of_row = dealer.deal(y, row_offset)
             holdout.add(x[is_holdout], y[is_holdout])
             train = np.flatnonzero(~is_holdout)
             stats.add(x[train])
-            by_shard = train[np.argsort(shard_of_row[train], kind="stable")]
-            tx, ty, ts = x[by_shard], y[by_shard], shard_of_row[by_shard]
-            bounds = np.flatnonzero(np.diff(ts)) + 1
-            for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ts)], strict=False):
-                if stop > start:
-                    writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
+            _write_train_rows(writer, x, y, shard_of_row, train)
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise _diagnosed(source, columns, label, limits, str(exc)) from None
-    if seen.tolist() != list(class_counts):
-        short = next(c for c in range(len(classes)) if seen[c] != class_counts[c])
-        raise _changed_while_read(file, f"{seen[short]} rows of class {_short(classes[short])!r} "
-                                        f"where the first pass counted {class_counts[short]}",
-                                  column=label)
+    dealer.check_complete()
     shard_list = writer.close()
     holdout.flush()
+    return shard_list
+
+
+def split_upload(
+    source: SourceFile,
+    store: BlobStore,
+    work_bucket: str,
+    job_id: str,
+    options: JobOptions,
+    limits: Limits,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    read_block_bytes: int = READ_BLOCK_BYTES,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
+
+    Pass 1 counts the classes; ``plan_split`` decides holdout and deal from the counts alone;
+    pass 2 (``_deal_pass``) reads the rows again and writes each where the plan says.
+
+    Args:
+        source: the upload (name, size, opener for streaming reads).
+        store, work_bucket: where shard and holdout parts and the manifest are written.
+        job_id: the job the objects belong to (their prefix).
+        options: the job's options (label column, shard size, holdout fraction, seed).
+        limits: input limits, checked before expensive work.
+        buffer_bytes: memory budget for shard buffers.
+        read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
+        progress: called before each record batch of both passes; what it raises ends the
+            split there, with nothing more written.
+
+    Returns:
+        The manifest (also written to ``jobs/<job>/manifest.json``).
+
+    Raises:
+        InvalidInputError: the file cannot be trained on; the problem names row and column.
+    """
+    file = source.display_name
+    columns = read_header(source, limits)
+    label = choose_label_column(columns, options.label_column, file)
+    feature_names = [c for c in columns if c != label]
+    classes, class_counts, label_kind, block = _count_pass(source, columns, label, limits,
+                                                           read_block_bytes, progress)
+    plan = plan_split(classes, class_counts, label_kind, file, label, options, limits)
+    holdout = _HoldoutWriter(store, work_bucket, job_id,
+                             max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
+    writer, stats = (_ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes),
+                     _RunningStats(len(feature_names)))
+    shard_list = _deal_pass(source, columns, label, limits, block, progress, plan,
+                            _Dealer(plan, options.holdout_fraction, file, label), writer,
+                            holdout, stats)
     manifest = Manifest(
         job_id=job_id, source=file, feature_names=feature_names, label_column=label,
         classes=classes, label_kind=label_kind, class_counts=class_counts,
-        rows=int(sum(class_counts)), train_rows=int(train_rows), holdout_rows=holdout.rows,
+        rows=int(sum(class_counts)), train_rows=plan.train_rows, holdout_rows=holdout.rows,
         shards=shard_list, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
         holdout_part_rows=holdout.part_rows,
@@ -1033,7 +1140,7 @@ def split_upload(
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
     log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows", file, manifest.rows,
-             len(classes), shards, holdout.rows)
+             len(classes), len(shard_list), holdout.rows)
     return manifest
 
 

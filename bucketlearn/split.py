@@ -22,6 +22,7 @@ from bucketlearn.errors import (
 )
 from bucketlearn.ingest import Manifest, SourceFile, split_upload
 from bucketlearn.model import build_model, choose_spec
+from bucketlearn.ports import BlobInfo
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,50 @@ class StorageEvent:
                    event_time=event_time)
 
 
+def new_job_document(event: StorageEvent, job_id: str, claim: str, now: float,
+                     file: str) -> dict[str, Any]:
+    """The document of a job just created for an upload, claimed for splitting by ``claim``."""
+    return {
+        "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
+        # (a longer name is rejected later; Cloud Storage allows 1024 bytes anyway)
+        "source": {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
+                   "generation": event.generation, "size": event.size},
+        "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
+        "version": None, "epoch": 0, "round": 0, "published": None, "tasks_applied": 0,
+        "tasks_failed": 0, "samples_seen": 0, "error": None,
+    }
+
+
+def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outcome | None:
+    """The job already exists: the outcome of this event, or None once this invocation holds a
+    stale split's claim and should split the upload itself.
+
+    Raises:
+        TransientError: another invocation is splitting it (or won the race to take it over).
+    """
+    existing = svc.registry.get_job(job_id) or {}
+    if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
+        log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.get("status"))
+        return Outcome.DUPLICATE
+    if existing.get("phase") == jobs.SPLITTING:
+        if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
+            raise TransientError(f"job {job_id} is being split by another invocation")
+        # the claim as read, renewal included: a splitter that renewed it since is alive
+        if not svc.registry.update_job_if(
+                job_id, {"claim": existing.get("claim"), "phase": jobs.SPLITTING,
+                         "claimed_at": existing.get("claimed_at")},
+                {"claim": claim, "claimed_at": now}):
+            raise TransientError(f"job {job_id}: lost the race to take over a stale split")
+        log.warning("job %s: taking over a split abandoned since %s", job_id,
+                    existing.get("claimed_at"))
+        return None
+    if existing.get("phase") == jobs.TRAINING and existing.get("published") is None:
+        publish_round(svc, existing)  # the invocation that split it died before publishing
+        return Outcome.ACCEPTED
+    log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
+    return Outcome.DUPLICATE
+
+
 def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | None]:
     """Turn one upload event into (at most) one job.
 
@@ -106,38 +151,10 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         return Outcome.IGNORED, None
     job_id = layout.job_id_for(event.bucket, event.name, event.generation)
     claim = layout.new_nonce()
-    doc = {
-        "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
-        # (a longer name is rejected below; Cloud Storage allows 1024 bytes anyway)
-        "source": {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
-                   "generation": event.generation, "size": event.size},
-        "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
-        "version": None, "epoch": 0, "round": 0, "published": None, "tasks_applied": 0,
-        "tasks_failed": 0, "samples_seen": 0, "error": None,
-    }
-    if not svc.registry.create_job(job_id, doc):
-        existing = svc.registry.get_job(job_id) or {}
-        if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
-            log.info("job %s has ended (%s): duplicate event ignored", job_id,
-                     existing.get("status"))
-            return Outcome.DUPLICATE, job_id
-        if existing.get("phase") == jobs.SPLITTING:
-            if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
-                raise TransientError(f"job {job_id} is being split by another invocation")
-            # the claim as read, renewal included: a splitter that renewed it since is alive
-            if not svc.registry.update_job_if(
-                    job_id, {"claim": existing.get("claim"), "phase": jobs.SPLITTING,
-                             "claimed_at": existing.get("claimed_at")},
-                    {"claim": claim, "claimed_at": now}):
-                raise TransientError(f"job {job_id}: lost the race to take over a stale split")
-            log.warning("job %s: taking over a split abandoned since %s", job_id,
-                        existing.get("claimed_at"))
-        elif existing.get("phase") == jobs.TRAINING and existing.get("published") is None:
-            publish_round(svc, existing)  # the invocation that split it died before publishing
-            return Outcome.ACCEPTED, job_id
-        else:
-            log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
-            return Outcome.DUPLICATE, job_id
+    if not svc.registry.create_job(job_id, new_job_document(event, job_id, claim, now, file)):
+        settled = _claim_existing(svc, job_id, claim, now)
+        if settled is not None:
+            return settled, job_id
     held = SplitClaim(svc, job_id, claim, now)
     try:
         return _split_claimed(svc, event, held, file)
@@ -218,34 +235,41 @@ class SplitClaim:
             f"expected claim {self.claim!r} in phase {jobs.SPLITTING!r}; found {found}")
 
 
-def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
-                   file: str) -> tuple[Outcome, str | None]:
-    """The split of an upload whose job this invocation has claimed (see handle_upload)."""
-    job_id = held.job_id
+def _check_upload(svc: Services, event: StorageEvent, file: str
+                  ) -> InputProblem | tuple[BlobInfo, JobOptions]:
+    """The upload's object and options before any row is read, or why it cannot be split."""
     if len(event.name) > MAX_OBJECT_NAME or any(_is_control(ch) for ch in event.name):
         found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
                  else "control characters: " + ", ".join(
                      sorted({f"U+{ord(ch):04X}" for ch in event.name if _is_control(ch)})))
-        reject(svc, held, InputProblem(file=file, message="the object name is not usable",
-                                       expected="a name without control characters, at most "
-                                                f"{MAX_OBJECT_NAME} characters",
-                                       found=found))
-        return Outcome.REJECTED, job_id
+        return InputProblem(file=file, message="the object name is not usable",
+                            expected="a name without control characters, at most "
+                                     f"{MAX_OBJECT_NAME} characters", found=found)
     info = svc.store.stat(event.bucket, event.name)
     if info is None or info.generation != event.generation:
         found = "no object" if info is None else f"generation {info.generation}"
-        reject(svc, held, InputProblem(
+        return InputProblem(
             file=file, message="the upload was deleted or replaced before it could be read",
-            expected=f"generation {event.generation}", found=found))
-        return Outcome.REJECTED, job_id
+            expected=f"generation {event.generation}", found=found)
     try:
         options = resolve_options(metadata=info.metadata)
     except ConfigError as exc:
         found = repr(exc.found)
-        reject(svc, held, InputProblem(file=file, message=f"invalid upload option '{exc.key}'",
-                                       column=None, expected=exc.expected,
-                                       found=found if len(found) <= 80 else found[:80] + "…"))
+        return InputProblem(file=file, message=f"invalid upload option '{exc.key}'", column=None,
+                            expected=exc.expected,
+                            found=found if len(found) <= 80 else found[:80] + "…")
+    return info, options
+
+
+def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
+                   file: str) -> tuple[Outcome, str | None]:
+    """The split of an upload whose job this invocation has claimed (see handle_upload)."""
+    job_id = held.job_id
+    checked = _check_upload(svc, event, file)
+    if isinstance(checked, InputProblem):
+        reject(svc, held, checked)
         return Outcome.REJECTED, job_id
+    info, options = checked
     if not held.update({"options": options.to_dict(), "updated_at": svc.clock()}):
         raise held.lost()
     # every pass reads the event's generation: a re-upload of the same name during the split

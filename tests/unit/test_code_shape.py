@@ -1,0 +1,30 @@
+"""The shape the code is kept in (issue #16): short functions in the core package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[2] / "bucketlearn"
+MAX_FUNCTION_LINES = 60
+
+
+def function_lengths(root: Path) -> list[tuple[int, str]]:
+    """(lines, "path:function") for every function and method under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                found.append((lines, f"{path.relative_to(root.parent)}:{node.name}"))
+    return found
+
+
+def test_no_function_in_the_core_is_longer_than_60_lines() -> None:
+    """Every function in ``bucketlearn/`` fits on a screen (docstring included)."""
+    # Execute
+    lengths = function_lengths(CORE)
+    # Assert
+    assert len(lengths) > 100  # the walk found the package's functions
+    too_long = sorted(((n, name) for n, name in lengths if n > MAX_FUNCTION_LINES), reverse=True)
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
