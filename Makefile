@@ -63,6 +63,7 @@ test-e2e: install
 
 lint: install
 	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data benchmarks
+	$(VENV)/bin/lint-imports
 
 # Full benchmarks (minutes on 2 cores; run on an idle machine). BENCH_ARGS, e.g. "--only ingest".
 BENCH_ARGS ?=

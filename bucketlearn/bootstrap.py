@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bucketlearn import errors
 from bucketlearn.config import Settings, load_settings
 from bucketlearn.ports import BlobStore, Registry, TaskQueue
 
@@ -25,17 +26,20 @@ class Services:
     clock: Callable[[], float] = time.time
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     cache: dict[str, Any] = field(default_factory=dict)
+    # which exceptions are worth retrying (the adapters' backends add their own)
+    transient: Callable[[BaseException], bool] = errors.is_transient
 
 
 def google_services(settings: Settings | None = None) -> Services:
     """Services backed by Google Cloud (or the emulators named in the settings)."""
     from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
     from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
+    from bucketlearn.adapters.google_errors import is_transient  # noqa: PLC0415
     from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
 
     settings = settings or load_settings()
     return Services(settings=settings, store=GcsBlobStore(settings), queue=PubSubQueue(settings),
-                    registry=FirestoreRegistry(settings))
+                    registry=FirestoreRegistry(settings), transient=is_transient)
 
 
 @functools.lru_cache(maxsize=1)

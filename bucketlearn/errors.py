@@ -46,6 +46,14 @@ class ConfigError(PermanentError):
 MAX_REASON_CHARS = 1000  # each text of a reason (file, message, column, expected, found)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Trouble that retrying may cure: a ``TransientError`` or a network error (``OSError``).
+
+    Backend-specific errors are added by the adapters (``adapters.google_errors.is_transient``,
+    injected as ``Services.transient``)."""
+    return isinstance(exc, TransientError | OSError)
+
+
 def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
     """``text`` cut to ``limit`` characters (an ellipsis and the full length mark a cut)."""
     if len(text) <= limit:

@@ -28,7 +28,7 @@ from typing import Any
 from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.plan import step_rates
-from bucketlearn.errors import NotFoundError, PermanentError, TransientError
+from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.ingest import load_parts
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.runtime import job_runtime
@@ -45,15 +45,6 @@ REPORTER_JOIN_SECONDS = 5.0
 # How long the final heartbeat ("stopped") waits for a write still in flight (each write is
 # bounded by the registry's own timeout, 30 s for Firestore).
 HEARTBEAT_WRITE_WAIT_SECONDS = 60.0
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Network trouble and unavailable backends: retry without counting an attempt."""
-    from google.api_core import exceptions as gexc  # noqa: PLC0415
-
-    return isinstance(exc, (TransientError, OSError, gexc.ServiceUnavailable,
-                            gexc.DeadlineExceeded, gexc.InternalServerError, gexc.TooManyRequests,
-                            gexc.Aborted, gexc.RetryError, gexc.GatewayTimeout))
 
 
 def skip_reason(job: dict[str, Any] | None, task: TaskMessage) -> str | None:
@@ -261,8 +252,8 @@ class Learner:
             try:
                 return call()
             except Exception as exc:
-                if not is_transient(exc) or self.stop.is_set() or time.monotonic() >= deadline:
-                    if on_give_up is not None and is_transient(exc):
+                if not self.svc.transient(exc) or self.stop.is_set() or time.monotonic() >= deadline:
+                    if on_give_up is not None and self.svc.transient(exc):
                         on_give_up()
                     raise
                 log.warning("transient failure (%s); retrying in %.1f s", exc, pause)
@@ -273,7 +264,7 @@ class Learner:
     def _failed(self, task: TaskMessage, doc_id: str, key: str, attempts: int,
                 exc: Exception) -> Decision:
         """Record a failed attempt (given back when the failure was transient); nack."""
-        transient = is_transient(exc)
+        transient = self.svc.transient(exc)
         log.warning("task %s attempt %d failed (%s): %s", task.task_id, attempts,
                     "transient" if transient else "counted", exc,
                     exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))

@@ -26,6 +26,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.jobs import commit_refusal, is_terminal
@@ -34,13 +35,8 @@ from bucketlearn.ports import VersionCommit
 log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0
-_TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
-              gexc.Aborted, gexc.RetryError)
-# Answers that sending the same request again cannot change (a document over 1 MiB is
-# InvalidArgument); each method's own handling comes first (e.g. FailedPrecondition on a
-# conditional update means "someone else wrote first").
-_PERMANENT = (gexc.InvalidArgument, gexc.BadRequest, gexc.OutOfRange, gexc.FailedPrecondition,
-              gexc.LengthRequired, gexc.MethodNotAllowed, gexc.RequestRangeNotSatisfiable)
+_TRANSIENT = google_errors.TRANSIENT
+_PERMANENT = google_errors.PERMANENT
 _ERROR_TEXT_CHARS = 500
 
 

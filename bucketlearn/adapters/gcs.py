@@ -11,6 +11,7 @@ from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry
 from google.cloud import storage
 
+from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings
 from bucketlearn.errors import NotFoundError, ObjectChangedError, TransientError
 from bucketlearn.ports import BlobInfo
@@ -18,12 +19,9 @@ from bucketlearn.ports import BlobInfo
 log = logging.getLogger(__name__)
 
 TIMEOUT = 60.0
+_TRANSIENT = google_errors.TRANSIENT
 _RETRY = Retry(initial=0.2, maximum=5.0, multiplier=2.0, timeout=120.0,
-               predicate=lambda e: isinstance(e, (gexc.ServiceUnavailable, gexc.InternalServerError,
-                                                  gexc.TooManyRequests, gexc.GatewayTimeout,
-                                                  ConnectionError)))
-_TRANSIENT = (gexc.ServiceUnavailable, gexc.InternalServerError, gexc.TooManyRequests,
-              gexc.GatewayTimeout, gexc.RetryError, ConnectionError)
+               predicate=lambda e: isinstance(e, _TRANSIENT) and not isinstance(e, gexc.RetryError))
 
 
 class _PinnedReader(io.RawIOBase):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[2] / "bucketlearn"
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "bucketlearn"
 MAX_FUNCTION_LINES = 60
 
 
@@ -28,3 +31,15 @@ def test_no_function_in_the_core_is_longer_than_60_lines() -> None:
     assert len(lengths) > 100  # the walk found the package's functions
     too_long = sorted(((n, name) for n, name in lengths if n > MAX_FUNCTION_LINES), reverse=True)
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
+
+
+def test_the_layering_contracts_hold() -> None:
+    """``lint-imports`` (pyproject's [tool.importlinter]): the domain imports no adapter,
+    service, TensorFlow or Google library; adapters import no service; services reach Google
+    only through the adapters."""
+    # Execute
+    result = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, check=False)
+    # Assert
+    assert "Contracts: 3 kept, 0 broken" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 0
