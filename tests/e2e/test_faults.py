@@ -1,7 +1,7 @@
 """Fault injection on the real emulators: each scenario asserts nothing lost, nothing applied twice.
 
 Every test records (scenario, what was injected, what was checked, result figures) in
-``tests/artifacts/reliability.json``; the README's reliability table reproduces it.
+``tests/artifacts/reliability.json``; docs/RELIABILITY.md's table reproduces it.
 """
 
 from __future__ import annotations
