@@ -147,14 +147,9 @@ def _has_work(svc: Services, job_id: str) -> bool:
     if job is None or jobs.is_terminal(job) or job.get("phase") not in (jobs.TRAINING,
                                                                          jobs.EXPORTING):
         return False
-    if job.get("phase") == jobs.EXPORTING or not _published(job):
+    if job.get("phase") == jobs.EXPORTING or not jobs.is_published(job):
         return True
     return _plan(svc, job, _epoch_doc(svc, job)).complete
-
-
-def _published(job: dict[str, Any]) -> bool:
-    """The job's current round has been published."""
-    return job.get("published") == jobs.round_key(int(job["epoch"]), int(job.get("round") or 0))
 
 
 def _epoch_doc(svc: Services, job: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +179,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str, budget: _Budget)
             return True
         if job.get("phase") != jobs.TRAINING:
             return True
-        if not _published(job):
+        if not jobs.is_published(job):
             publish_round(svc, job)
             continue
         epoch_doc = _epoch_doc(svc, job)  # only this lease holder's commits change it

@@ -7,24 +7,33 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bucketlearn import layout
+
+# The vocabulary and the rules live in the domain; re-exported here for the services.
+from bucketlearn.domain.job import (  # noqa: F401
+    CANCELLED,
+    CANCELLED_PHASE,
+    DONE,
+    EXPORTING,
+    FAILED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    SPLITTING,
+    STATUSES,
+    TERMINAL,
+    TRAINING,
+    commit_refusal,
+    current_round_key,
+    done_tasks,
+    is_published,
+    is_terminal,
+    round_key,
+)
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import TransientError, UnreachableError
-from bucketlearn.ports import TaskMessage, VersionCommit
-
-QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
-CANCELLED = "CANCELLED"
-TERMINAL = (DONE, REJECTED, FAILED, CANCELLED)
-STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED, CANCELLED)
-
-# Phases refine the status: what the pipeline is doing right now.
-SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
-CANCELLED_PHASE = "cancelled"
+from bucketlearn.ports import TaskMessage
 
 END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job kept changing)
-
-
-def is_terminal(job: Mapping[str, Any] | None) -> bool:
-    return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
 
 
 def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
@@ -52,34 +61,6 @@ def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
         time.sleep(min(0.02 * (attempt + 1), 0.2))
     raise TransientError(f"job {job_id}: its document changed on each of {attempts} attempts to "
                          f"end it as {fields.get('status')}; try again")
-
-
-def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] | None,
-                   version_exists: bool, commit: VersionCommit) -> str | None:
-    """Why a version commit must not happen (None: it may). Both registries ask this inside
-    their lock or transaction, with the documents read there.
-
-    A commit needs a job that has not ended (a fold racing a cancel must not advance it), the
-    head still at the commit's base, a new version number and no task applied or failed twice.
-    """
-    if job is None:
-        return "no such job"
-    if is_terminal(job):
-        return f"the job is {job.get('status')}"
-    if epoch_doc is None:
-        return f"epoch {commit.epoch} has no document"
-    if version_exists:
-        return f"version {commit.version_doc.get('version')} exists"
-    if job.get("version") != commit.base_version:
-        return f"the head is v{job.get('version')}, not the base v{commit.base_version}"
-    if done_tasks(epoch_doc) & (set(commit.applied) | set(commit.failed)):
-        return "a task of it is already applied or failed"
-    return None
-
-
-def done_tasks(epoch_doc: Mapping[str, Any]) -> set[int]:
-    """An epoch's finished task indices: applied, or failed for good."""
-    return set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", []))
 
 
 def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
@@ -160,11 +141,6 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
     return result
-
-
-def round_key(epoch: int, round_index: int) -> str:
-    """The name of one round (``e0002r00013``), recorded once its tasks are published."""
-    return f"e{epoch:04d}r{round_index:05d}"
 
 
 def round_position(job: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from bucketlearn.domain.job import SPLITTING, commit_refusal, is_terminal
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
-from bucketlearn.jobs import commit_refusal, is_terminal
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
 
@@ -209,7 +209,7 @@ class MemoryRegistry:
                        version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
-            if (job is None or job.get("claim") != claim or job.get("phase") != "splitting"
+            if (job is None or job.get("claim") != claim or job.get("phase") != SPLITTING
                     or is_terminal(job)):  # e.g. cancelled during the split
                 return False
             _check_document(f"jobs/{job_id}/versions/{int(version_doc['version']):06d}",

@@ -67,7 +67,7 @@ def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
         if jobs.is_terminal(job) or job.get("phase") != jobs.TRAINING or not job.get("plan"):
             continue
         epoch = int(job.get("epoch") or 0)
-        if epoch < 1 or not job.get("published"):
+        if epoch < 1 or not jobs.is_published(job):
             continue
         done = jobs.done_tasks(registry.get_epoch(job["job_id"], epoch) or {})
         total += sum(1 for t in jobs.current_round_tasks(job) if t not in done)

@@ -28,8 +28,8 @@ from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings
+from bucketlearn.domain.job import SPLITTING, commit_refusal, is_terminal
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
-from bucketlearn.jobs import commit_refusal, is_terminal
 from bucketlearn.ports import VersionCommit
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class FirestoreRegistry:
         def run(transaction: firestore.Transaction) -> bool:
             snap = job_ref.get(transaction=transaction)
             data = snap.to_dict() if snap.exists else None
-            if (data is None or data.get("claim") != claim or data.get("phase") != "splitting"
+            if (data is None or data.get("claim") != claim or data.get("phase") != SPLITTING
                     or is_terminal(data)):  # e.g. cancelled during the split
                 return False
             transaction.set(self._version(job_id, int(version_doc["version"])), dict(version_doc))

@@ -14,6 +14,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bucketlearn.domain.job import (
+    EXPORTING,
+    SPLITTING,
+    TERMINAL,
+    TRAINING,
+    current_round_key,
+    is_published,
+)
+
 PUBLISH, REPUBLISH, AGGREGATE, FAIL = "publish", "republish", "aggregate", "fail"
 
 
@@ -43,10 +52,10 @@ def decide(job: Mapping[str, Any], round_tasks: Iterable[int], done: Iterable[in
         split_seconds: how long a split may stay unfinished before the job fails.
     """
     status, phase = job.get("status"), job.get("phase")
-    if status in ("DONE", "REJECTED", "FAILED", "CANCELLED"):
+    if status in TERMINAL:
         return None
     quiet = now - last_activity
-    if phase == "splitting":
+    if phase == SPLITTING:
         started = float(job.get("claimed_at") or job.get("created_at") or now)
         if now - started > split_seconds:
             return Tending(FAIL, f"the split of the upload did not finish within "
@@ -55,12 +64,12 @@ def decide(job: Mapping[str, Any], round_tasks: Iterable[int], done: Iterable[in
         return None
     if quiet <= stall_seconds:
         return None
-    if phase == "exporting":
+    if phase == EXPORTING:
         return Tending(AGGREGATE, f"the export made no progress for {quiet:.0f} s")
-    if phase != "training":
+    if phase != TRAINING:
         return None
-    key = f"e{int(job['epoch']):04d}r{int(job.get('round') or 0):05d}"
-    if job.get("published") != key:
+    key = current_round_key(job)
+    if not is_published(job):
         return Tending(PUBLISH, f"round {key} was never published ({quiet:.0f} s quiet)")
     finished = set(done) | set(with_result)
     missing = [t for t in round_tasks if t not in finished]
