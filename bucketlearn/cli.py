@@ -22,6 +22,7 @@ from typing import Any
 
 from bucketlearn import jobs, layout
 from bucketlearn.config import (
+    LOCAL_SCALE_DOWN_COOLDOWN_SECONDS,
     OPTION_SPECS,
     Settings,
     load_settings,
@@ -524,12 +525,13 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     setup_logging(settings.log_format)
-    pool_name, minimum, maximum, cooldown = load_autoscaler_settings()
+    scaler = load_autoscaler_settings()
     svc = google_services(settings)
     state = svc.registry.get_control("autoscaler") or {}
-    decision = autoscale_once(svc.registry, CloudRunWorkerPool(pool_name),
-                              ScalingPolicy(minimum, maximum,
-                                            scale_down_cooldown_seconds=cooldown),
+    decision = autoscale_once(svc.registry, CloudRunWorkerPool(scaler.worker_pool),
+                              ScalingPolicy(scaler.min_workers, scaler.max_workers,
+                                            scale_down_cooldown_seconds=(
+                                                scaler.scale_down_cooldown_seconds)),
                               time.time(), state)
     svc.registry.set_control("autoscaler", {"last_change_at": state.get("last_change_at"),
                                             "last_decision": decision})
@@ -574,8 +576,9 @@ def _add_local_commands(sub: Any) -> None:
                     help="autoscale on backlog: fewest workers (0 scales to zero when idle)")
     up.add_argument("--max-workers", type=int, default=None,
                     help="autoscale on backlog: most workers")
-    up.add_argument("--cooldown", type=float, default=30.0,
-                    help="seconds between scaling down steps when autoscaling (default 30)")
+    up.add_argument("--cooldown", type=float, default=LOCAL_SCALE_DOWN_COOLDOWN_SECONDS,
+                    help="seconds between scaling down steps when autoscaling (default "
+                         f"{LOCAL_SCALE_DOWN_COOLDOWN_SECONDS:g})")
     up.add_argument("--detach", action="store_true", help="run in the background and return")
     up.set_defaults(func=cmd_local_up)
     local_sub.add_parser("down", help="stop the local stack").set_defaults(func=cmd_local_down)

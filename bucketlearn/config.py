@@ -75,17 +75,18 @@ _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
 class JobOptions:
     """The options one job trains with; every field is validated."""
 
-    label_column: str | None = None
-    epochs: int = 10
-    batch_size: int = 32
-    learning_rate: float = 0.001
-    lr_schedule: str = "wsd"
-    rows_per_shard: int = 256
-    holdout_fraction: float = 0.2
-    model: str = "auto"
-    parallel_tasks: int = AUTO
-    seed: int = 0
-    max_failed_tasks: int = 0
+    # every default comes from OPTION_SPECS (one table; tests/unit/test_config.py checks it)
+    label_column: str | None = _SPEC_BY_NAME["label_column"].default
+    epochs: int = _SPEC_BY_NAME["epochs"].default
+    batch_size: int = _SPEC_BY_NAME["batch_size"].default
+    learning_rate: float = _SPEC_BY_NAME["learning_rate"].default
+    lr_schedule: str = _SPEC_BY_NAME["lr_schedule"].default
+    rows_per_shard: int = _SPEC_BY_NAME["rows_per_shard"].default
+    holdout_fraction: float = _SPEC_BY_NAME["holdout_fraction"].default
+    model: str = _SPEC_BY_NAME["model"].default
+    parallel_tasks: int = _SPEC_BY_NAME["parallel_tasks"].default
+    seed: int = _SPEC_BY_NAME["seed"].default
+    max_failed_tasks: int = _SPEC_BY_NAME["max_failed_tasks"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -374,18 +375,37 @@ def target_configured(environ: Mapping[str, str] | None = None) -> bool:
                 or any(env.get(key) for key in EMULATOR_ENV))
 
 
-def load_autoscaler_settings(environ: Mapping[str, str] | None = None
-                             ) -> tuple[str, int, int, float]:
-    """(worker pool resource name, min, max, cool-down seconds) for ``bucketlearn autoscale``."""
+# Scale-down cool-downs: a Cloud Run instance is slow to start, so the cloud waits longer before
+# removing one than the local stack, whose worker processes start in seconds.
+SCALE_DOWN_COOLDOWN_SECONDS = 120.0
+LOCAL_SCALE_DOWN_COOLDOWN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class AutoscalerSettings:
+    """What ``bucketlearn autoscale`` needs: the worker pool and the policy's bounds."""
+
+    worker_pool: str
+    min_workers: int = 0
+    max_workers: int = 4
+    scale_down_cooldown_seconds: float = SCALE_DOWN_COOLDOWN_SECONDS
+
+
+def load_autoscaler_settings(environ: Mapping[str, str] | None = None) -> AutoscalerSettings:
+    """The autoscaler's settings from ``BUCKETLEARN_WORKER_POOL``, ``_MIN_WORKERS``,
+    ``_MAX_WORKERS`` and ``_SCALE_DOWN_COOLDOWN_SECONDS``."""
     env = os.environ if environ is None else environ
     pool = env.get("BUCKETLEARN_WORKER_POOL", "")
     if not pool.startswith("projects/") or "/workerPools/" not in pool:
         raise ConfigError("BUCKETLEARN_WORKER_POOL",
                           "projects/<p>/locations/<region>/workerPools/<name>", pool, "environment")
+    defaults = AutoscalerSettings(pool)
     values = []
-    for key, default in (("BUCKETLEARN_MIN_WORKERS", "0"), ("BUCKETLEARN_MAX_WORKERS", "4"),
-                         ("BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS", "120")):
-        raw = env.get(key) or default
+    for key, default in (("BUCKETLEARN_MIN_WORKERS", defaults.min_workers),
+                         ("BUCKETLEARN_MAX_WORKERS", defaults.max_workers),
+                         ("BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS",
+                          defaults.scale_down_cooldown_seconds)):
+        raw = env.get(key) or str(default)
         try:
             value = float(raw)
         except ValueError:
@@ -393,4 +413,4 @@ def load_autoscaler_settings(environ: Mapping[str, str] | None = None
         if value < 0:
             raise ConfigError(key, "a number >= 0", raw, "environment")
         values.append(value)
-    return pool, int(values[0]), int(values[1]), values[2]
+    return AutoscalerSettings(pool, int(values[0]), int(values[1]), values[2])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import jobs
+from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
 from bucketlearn.errors import ConfigError, TransientError
 from bucketlearn.ports import Registry
 
@@ -30,7 +31,7 @@ class ScalingPolicy:
     min_workers: int = 0
     max_workers: int = 4
     tasks_per_worker: int = 1
-    scale_down_cooldown_seconds: float = 120.0
+    scale_down_cooldown_seconds: float = SCALE_DOWN_COOLDOWN_SECONDS
 
     def __post_init__(self) -> None:
         if self.min_workers < 0:

@@ -262,7 +262,7 @@ def workers_tab(job: dict, tasks: list[dict], workers: list[dict], epoch: dict |
     if current:
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
-    st.markdown("**Workers** (alive = heartbeat within 30 s)")
+    st.markdown(f"**Workers** (alive = heartbeat within {dd.ALIVE_SECONDS:g} s)")
     st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job["job_id"])), hide_index=True,
                  width="stretch")
     summary = dd.timing_summary(tasks)

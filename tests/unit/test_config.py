@@ -238,3 +238,16 @@ def test_settings_to_env_round_trips():
     again = load_settings(settings.to_env())
     # Assert
     assert again == settings
+
+
+def test_job_option_defaults_come_from_the_one_option_table() -> None:
+    """Every JobOptions field is an option of OPTION_SPECS with the same default, and every
+    option is a field: the table is the only place an option is declared."""
+    # Prepare
+    import dataclasses
+
+    from bucketlearn.config import OPTION_SPECS, JobOptions
+    # Execute
+    fields = {f.name: f.default for f in dataclasses.fields(JobOptions)}
+    # Assert
+    assert fields == {spec.name: spec.default for spec in OPTION_SPECS}

@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 
 from bucketlearn import jobs
-from bucketlearn.config import load_autoscaler_settings
+from bucketlearn.config import (
+    SCALE_DOWN_COOLDOWN_SECONDS,
+    AutoscalerSettings,
+    load_autoscaler_settings,
+)
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
 from bucketlearn.memory import MemoryRegistry
@@ -111,7 +115,8 @@ def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
 def test_autoscaler_settings_name_what_is_wrong() -> None:
     env = {"BUCKETLEARN_WORKER_POOL": "projects/p/locations/r/workerPools/w",
            "BUCKETLEARN_MIN_WORKERS": "1", "BUCKETLEARN_MAX_WORKERS": "8"}
-    assert load_autoscaler_settings(env) == ("projects/p/locations/r/workerPools/w", 1, 8, 120.0)
+    assert load_autoscaler_settings(env) == AutoscalerSettings(
+        "projects/p/locations/r/workerPools/w", 1, 8, SCALE_DOWN_COOLDOWN_SECONDS)
     with pytest.raises(ConfigError) as excinfo:
         load_autoscaler_settings({**env, "BUCKETLEARN_WORKER_POOL": "learners"})
     assert "BUCKETLEARN_WORKER_POOL" in str(excinfo.value) and "learners" in str(excinfo.value)
