@@ -30,11 +30,12 @@ from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
+from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
 from bucketlearn.model import export_keras
 from bucketlearn.ports import VersionCommit
+from bucketlearn.publish import publish_round
 from bucketlearn.runtime import JobRuntime, job_runtime
-from bucketlearn.split import Outcome, publish_round
 from bucketlearn.training import evaluate_detail, evaluate_parts
 
 log = logging.getLogger(__name__)

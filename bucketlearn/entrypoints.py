@@ -13,8 +13,8 @@ from werkzeug.exceptions import ServiceUnavailable
 
 from bucketlearn.bootstrap import Services, process_services
 from bucketlearn.errors import PermanentError, TransientError
+from bucketlearn.events import Outcome
 from bucketlearn.logs import setup_logging
-from bucketlearn.split import Outcome
 
 log = logging.getLogger(__name__)
 _configured = False

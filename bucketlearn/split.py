@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import enum
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, jobs, layout
@@ -20,65 +18,21 @@ from bucketlearn.errors import (
     TransientError,
     bounded,
 )
+
+# the event vocabulary (re-exported for the upload service's callers)
+from bucketlearn.events import (  # noqa: F401
+    MAX_OBJECT_NAME,
+    Outcome,
+    StorageEvent,
+    display_uri,
+    is_control,
+)
 from bucketlearn.ingest import Manifest, SourceFile, split_upload
 from bucketlearn.model import build_model, choose_spec
 from bucketlearn.ports import BlobInfo
+from bucketlearn.publish import publish_round
 
 log = logging.getLogger(__name__)
-
-MAX_OBJECT_NAME = 1024
-_SHOWN_NAME = 200
-
-
-def _is_control(ch: str) -> bool:
-    code = ord(ch)
-    return code < 32 or 127 <= code < 160 or code in (0x2028, 0x2029)
-
-
-def _escaped(ch: str) -> str:
-    if not _is_control(ch):
-        return ch
-    return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}"
-
-
-def display_uri(bucket: str, name: str) -> str:
-    """``gs://bucket/name`` for messages and logs: control characters escaped, long names cut.
-
-    An object name is user input; a newline in it must not forge a log line or a second line
-    in a job's error.
-    """
-    shown = "".join(_escaped(ch) for ch in name)
-    if len(name) > MAX_OBJECT_NAME:
-        shown = f"{shown[:_SHOWN_NAME]}…({len(name)} characters)"
-    return f"gs://{bucket}/{shown}"
-
-
-class Outcome(enum.Enum):
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    REJECTED = "rejected"
-    FAILED = "failed"
-    IGNORED = "ignored"
-    CANCELLED = "cancelled"  # the job was cancelled while its upload was being split
-    BUSY = "busy"
-
-
-@dataclass(frozen=True)
-class StorageEvent:
-    """The fields of an Eventarc ``object.finalized`` event that bucketlearn uses."""
-
-    bucket: str
-    name: str
-    generation: int
-    size: int = 0
-    event_time: float | None = None
-
-    @classmethod
-    def from_cloudevent_data(cls, data: dict[str, Any], event_time: float | None = None
-                             ) -> StorageEvent:
-        return cls(bucket=str(data["bucket"]), name=str(data["name"]),
-                   generation=int(data.get("generation") or 0), size=int(data.get("size") or 0),
-                   event_time=event_time)
 
 
 def new_job_document(event: StorageEvent, job_id: str, claim: str, now: float,
@@ -238,10 +192,10 @@ class SplitClaim:
 def _check_upload(svc: Services, event: StorageEvent, file: str
                   ) -> InputProblem | tuple[BlobInfo, JobOptions]:
     """The upload's object and options before any row is read, or why it cannot be split."""
-    if len(event.name) > MAX_OBJECT_NAME or any(_is_control(ch) for ch in event.name):
+    if len(event.name) > MAX_OBJECT_NAME or any(is_control(ch) for ch in event.name):
         found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
                  else "control characters: " + ", ".join(
-                     sorted({f"U+{ord(ch):04X}" for ch in event.name if _is_control(ch)})))
+                     sorted({f"U+{ord(ch):04X}" for ch in event.name if is_control(ch)})))
         return InputProblem(file=file, message="the object name is not usable",
                             expected="a name without control characters, at most "
                                      f"{MAX_OBJECT_NAME} characters", found=found)
@@ -360,53 +314,6 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     if job is None:
         raise TransientError(f"job {job_id}: its document went missing")
     return job
-
-
-def publish_round(svc: Services, job: dict[str, Any], manifest: Manifest | None = None) -> None:
-    """Publish the tasks of the job's current round, then record that it is published.
-
-    Idempotent in effect: publishing a round twice (a crash between the two steps) trains its
-    tasks twice at most, and the aggregator applies each once.
-    """
-    if manifest is None:
-        from bucketlearn.runtime import job_runtime  # noqa: PLC0415
-
-        manifest = job_runtime(svc, job).manifest
-    epoch_doc = svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
-    done = jobs.done_tasks(epoch_doc)
-    pending = [t for t in jobs.current_round_tasks(job) if t not in done]
-    messages = jobs.round_messages(job, manifest.shards, pending)
-    svc.queue.publish(messages)
-    key = jobs.round_key(int(job["epoch"]), int(job.get("round") or 0))
-    if not _record_published(svc, job, key):
-        log.warning("job %s: published %d tasks of round %s, but the job has moved on since it "
-                    "was read; its 'published' is left as it is", job["job_id"], len(messages),
-                    key)
-        return
-    log.info("job %s: published %d tasks of round %s from v%s", job["job_id"], len(messages),
-             key, job["head"]["version"])
-
-
-PUBLISH_RECORD_ATTEMPTS = 3
-
-
-def _record_published(svc: Services, job: dict[str, Any], key: str) -> bool:
-    """Record ``key`` as the job's last published round, only while the job is still where it
-    was when the round was published (epoch, round and version), so ``published`` never goes
-    back to an older round; False when the job has moved on."""
-    position = jobs.round_position(job)
-    for _ in range(PUBLISH_RECORD_ATTEMPTS):
-        now = svc.clock()
-        if svc.registry.update_job_if(job["job_id"], position,
-                                      {"published": key, "published_at": now, "updated_at": now}):
-            return True
-        # refused: the job moved on, or (Firestore) another write landed between read and write
-        current = svc.registry.get_job(job["job_id"])
-        if current is None or jobs.round_position(current) != position:
-            return False
-    raise TransientError(f"job {job['job_id']}: could not record round {key} as published "
-                         f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "
-                         "changing)")
 
 
 def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
