@@ -518,10 +518,11 @@ def cmd_tend(args: argparse.Namespace) -> int:
 def cmd_autoscale(args: argparse.Namespace) -> int:
     """One step of the cloud controller (run every minute by Cloud Scheduler): the worker pool
     sized from the backlog, then the watchdog's pass."""
+    from bucketlearn.adapters.cloudrun import CloudRunWorkerPool  # noqa: PLC0415
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.scaling import CloudRunWorkerPool, ScalingPolicy, autoscale_once  # noqa: PLC0415
+    from bucketlearn.scaling import ScalingPolicy, autoscale_once  # noqa: PLC0415
 
     settings = load_settings()
     setup_logging(settings.log_format)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bucketlearn import jobs
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
-from bucketlearn.errors import ConfigError, TransientError
+from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
 
 log = logging.getLogger(__name__)
@@ -75,39 +75,15 @@ def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
     return total
 
 
-class CloudRunWorkerPool:
-    """Reads and sets a Cloud Run worker pool's manual instance count (Admin API v2, REST)."""
+class WorkerPool(Protocol):
+    """The platform's pool of learners (``adapters.cloudrun.CloudRunWorkerPool`` in the cloud)."""
 
-    API = "https://run.googleapis.com/v2/"
+    def current(self) -> int: ...
 
-    def __init__(self, pool_name: str, session: Any | None = None) -> None:
-        self.pool_name = pool_name
-        if session is None:
-            import google.auth  # noqa: PLC0415
-            from google.auth.transport.requests import AuthorizedSession  # noqa: PLC0415
-
-            credentials, _ = google.auth.default(
-                scopes=["https://www.googleapis.com/auth/cloud-platform"])
-            session = AuthorizedSession(credentials)
-        self.session = session
-
-    def current(self) -> int:
-        response = self.session.get(self.API + self.pool_name, timeout=30)
-        if response.status_code >= 300:
-            raise TransientError(f"reading {self.pool_name}: HTTP {response.status_code} "
-                                 f"{response.text[:300]}")
-        return int(response.json().get("scaling", {}).get("manualInstanceCount", 0))
-
-    def set(self, count: int) -> None:
-        response = self.session.patch(
-            self.API + self.pool_name, params={"updateMask": "scaling.manualInstanceCount"},
-            json={"scaling": {"manualInstanceCount": count}}, timeout=30)
-        if response.status_code >= 300:
-            raise TransientError(f"resizing {self.pool_name} to {count}: HTTP "
-                                 f"{response.status_code} {response.text[:300]}")
+    def set(self, count: int) -> None: ...
 
 
-def autoscale_once(registry: Registry, pool: Any, policy: ScalingPolicy, now: float,
+def autoscale_once(registry: Registry, pool: WorkerPool, policy: ScalingPolicy, now: float,
                    state: dict[str, Any]) -> dict[str, Any]:
     """One controller step: read outstanding work and the pool, resize if the policy says so.
 

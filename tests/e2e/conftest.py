@@ -11,10 +11,11 @@ import pytest
 from tests.conftest import unique_prefix
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Callable[..., Any]]:
-    """Start LocalStacks sharing the emulators, each with its own names; stop them all at the end."""
+    """Start LocalStacks sharing the emulators, each with its own names; stop them when the test
+    ends (a stack left running would take CPU from every later test)."""
     from bucketlearn.local.stack import LocalStack
 
     stacks: list[Any] = []
