@@ -5,6 +5,9 @@ otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET
 the cloud even when a local stack runs). ``bucketlearn.target`` decides; when there is nothing to
 talk to (no stack, a stack that stopped, no project, no credentials) a command says so and exits
 with code 4.
+
+Commands import what they use inside their function: ``status`` or ``cancel`` must not pay for
+TensorFlow and the Google client libraries (seconds at start-up) that ``train-local`` needs.
 """
 
 from __future__ import annotations

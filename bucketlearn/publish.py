@@ -13,6 +13,7 @@ from bucketlearn import jobs
 from bucketlearn.bootstrap import Services
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest import Manifest
+from bucketlearn.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,6 @@ def publish_round(svc: Services, job: dict[str, Any], manifest: Manifest | None 
     tasks twice at most, and the aggregator applies each once.
     """
     if manifest is None:
-        from bucketlearn.runtime import job_runtime  # noqa: PLC0415
-
         manifest = job_runtime(svc, job).manifest
     epoch_doc = svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
     done = jobs.done_tasks(epoch_doc)

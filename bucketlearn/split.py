@@ -28,9 +28,10 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest import Manifest, SourceFile, split_upload
-from bucketlearn.model import build_model, choose_spec
+from bucketlearn.model import ModelSpec, build_model, choose_spec
 from bucketlearn.ports import BlobInfo
 from bucketlearn.publish import publish_round
+from bucketlearn.training import optimizer_state
 
 log = logging.getLogger(__name__)
 
@@ -277,9 +278,6 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     Raises:
         TransientError: another invocation took the split over.
     """
-    from bucketlearn.model import ModelSpec  # noqa: PLC0415
-    from bucketlearn.training import optimizer_state  # noqa: PLC0415
-
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks)
     model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance)

@@ -25,6 +25,7 @@ from bucketlearn.aggregator import list_deltas, write_nudge
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import TaskQueue
+from bucketlearn.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,6 @@ def _act(svc: Services, job: dict[str, Any], tending: Tending, now: float) -> No
     if tending.action in (PUBLISH, AGGREGATE):
         write_nudge(svc, job_id, tending.reason)
     elif tending.action == REPUBLISH:
-        from bucketlearn.runtime import job_runtime  # noqa: PLC0415 - reads the manifest only
-
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
     elif tending.action == FAIL:

@@ -27,7 +27,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
-from bucketlearn.config import Settings
+from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.job import SPLITTING, commit_refusal, is_terminal
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import VersionCommit
@@ -43,8 +43,6 @@ _ERROR_TEXT_CHARS = 500
 def make_client(settings: Settings) -> firestore.Client:
     if settings.firestore_emulator_host:
         from google.auth.credentials import AnonymousCredentials  # noqa: PLC0415
-
-        from bucketlearn.config import export_emulator_env  # noqa: PLC0415
 
         export_emulator_env(settings)
         return firestore.Client(project=settings.project, database=settings.firestore_database,
