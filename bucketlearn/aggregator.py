@@ -28,6 +28,7 @@ from bucketlearn import codec, jobs, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
+from bucketlearn.domain.job import Head, decide_after_fold
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
@@ -373,29 +374,17 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
         "tasks_failed": tasks_failed,
         "samples_seen": int(job.get("samples_seen") or 0) + samples,
         "delta_norm": fold.running_norm(job.get("delta_norm"), results),
-        "head": {"version": new_version, "weights_path": weights_path, "checksum": checksum,
-                 "holdout_accuracy": None if results else head.get("holdout_accuracy"),
-                 "holdout_loss": None if results else head.get("holdout_loss"),
-                 "train_loss": train_loss if train_loss is not None else head.get("train_loss")},
+        "head": Head.from_doc(head).advanced(new_version, weights_path, checksum, bool(results),
+                                             train_loss).to_doc(),
     }
     if job.get("started_at") is None:
         job_fields["started_at"] = now
-    next_epoch_doc = None
-    allowed = int(job["options"].get("max_failed_tasks", 0))
-    epoch_complete = round_index + 1 >= plan.rounds_per_epoch
-    if tasks_failed > allowed:
-        reason = failures[0]["error"] if failures else "tasks failed"
-        job_fields.update(status=jobs.FAILED, phase="failed", finished_at=now,
-                          error=f"{tasks_failed} task(s) failed for good (the job allows "
-                                f"{allowed}): {reason}"[:2000])
-    elif epoch_complete and epoch >= plan.epochs:
-        job_fields["phase"] = jobs.EXPORTING
-    elif epoch_complete:
-        job_fields.update(epoch=epoch + 1, round=0)
-        next_epoch_doc = {"epoch": epoch + 1, "planned": plan.tasks_per_epoch, "applied": [],
-                          "failed": [], "created_at": now}
-    else:
-        job_fields["round"] = round_index + 1
+    after = decide_after_fold(epoch, round_index, plan.rounds_per_epoch, plan.epochs,
+                              plan.tasks_per_epoch, tasks_failed,
+                              int(job["options"].get("max_failed_tasks", 0)),
+                              failures[0]["error"] if failures else None, now)
+    job_fields.update(after.job_fields)
+    next_epoch_doc = after.next_epoch_doc
     commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version_doc=version_doc,
                            epoch=epoch, applied=[r.task_index for r in results],
                            failed=[int(f["task_index"]) for f in failures],
@@ -417,7 +406,7 @@ def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
     try:
         x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
         found = evaluate_detail(runtime.model, weights, x_eval, y_eval)
-        head = {**job["head"], "holdout_accuracy": found.accuracy, "holdout_loss": found.loss}
+        head = Head.from_doc(job["head"]).evaluated(found.accuracy, found.loss).to_doc()
         svc.registry.record_evaluation(
             job_id, version,
             {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss,

@@ -8,7 +8,9 @@ lock and by Firestore's inside its transaction); a round is trainable once it is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
@@ -77,3 +79,71 @@ def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] |
     if done_tasks(epoch_doc) & (set(commit.applied) | set(commit.failed)):
         return "a task of it is already applied or failed"
     return None
+
+
+@dataclass(frozen=True)
+class Head:
+    """The job's pointer to its newest version, and that version's figures once evaluated."""
+
+    version: int
+    weights_path: str
+    checksum: str
+    holdout_accuracy: float | None = None
+    holdout_loss: float | None = None
+    train_loss: float | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Head:
+        return cls(version=int(doc["version"]), weights_path=str(doc["weights_path"]),
+                   checksum=str(doc.get("checksum") or ""),
+                   holdout_accuracy=doc.get("holdout_accuracy"),
+                   holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"))
+
+    def evaluated(self, accuracy: float, loss: float) -> Head:
+        """The same head with its version's holdout figures."""
+        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss)
+
+    def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
+                 train_loss: float | None) -> Head:
+        """The head after a fold into ``version``: a fold that applied results is not evaluated
+        yet; one that only recorded failures keeps the previous figures (same weights)."""
+        return Head(version, weights_path, checksum,
+                    None if folded_results else self.holdout_accuracy,
+                    None if folded_results else self.holdout_loss,
+                    train_loss if train_loss is not None else self.train_loss)
+
+
+def epoch_document(epoch: int, planned: int, now: float) -> dict[str, Any]:
+    """A new epoch's ledger: its planned task count, nothing applied or failed yet."""
+    return {"epoch": epoch, "planned": planned, "applied": [], "failed": [], "created_at": now}
+
+
+@dataclass(frozen=True)
+class AfterFold:
+    """Where a job goes once a round is folded: the job fields that say so, and the next
+    epoch's ledger when the fold completes an epoch that is not the last."""
+
+    job_fields: dict[str, Any]
+    next_epoch_doc: dict[str, Any] | None = None
+
+
+def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epochs: int,
+                      tasks_per_epoch: int, tasks_failed: int, allowed_failures: int,
+                      first_failure: str | None, now: float) -> AfterFold:
+    """The transition a fold makes (pure): too many failed tasks end the job FAILED; the last
+    round of the last epoch starts the export; the last round of another epoch opens the next
+    epoch; any other round moves to the next round."""
+    if tasks_failed > allowed_failures:
+        reason = first_failure or "tasks failed"
+        return AfterFold({"status": FAILED, "phase": "failed", "finished_at": now,
+                          "error": f"{tasks_failed} task(s) failed for good (the job allows "
+                                   f"{allowed_failures}): {reason}"[:2000]})
+    if round_index + 1 < rounds_per_epoch:
+        return AfterFold({"round": round_index + 1})
+    if epoch >= epochs:
+        return AfterFold({"phase": EXPORTING})
+    return AfterFold({"epoch": epoch + 1, "round": 0},
+                     epoch_document(epoch + 1, tasks_per_epoch, now))

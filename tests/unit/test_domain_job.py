@@ -51,3 +51,46 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     assert J.done_tasks({"applied": [1, 2], "failed": [7]}) == {1, 2, 7}
     assert J.is_terminal({"status": J.DONE}) and not J.is_terminal({"status": J.RUNNING})
     assert not J.is_terminal(None)
+
+
+@pytest.mark.parametrize(("epoch", "round_index", "failed", "expected", "next_epoch"), [
+    (1, 0, 0, {"round": 1}, None),
+    (1, 2, 0, {"epoch": 2, "round": 0}, 2),
+    (3, 2, 0, {"phase": J.EXPORTING}, None),
+    (1, 0, 2, {"status": J.FAILED, "phase": "failed"}, None),
+], ids=["next-round", "next-epoch", "export", "too-many-failures"])
+def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
+        epoch: int, round_index: int, failed: int, expected: dict[str, Any],
+        next_epoch: int | None) -> None:
+    """3 epochs of 3 rounds, 6 tasks an epoch, 1 failure allowed."""
+    # Execute
+    after = J.decide_after_fold(epoch, round_index, rounds_per_epoch=3, epochs=3,
+                                tasks_per_epoch=6, tasks_failed=failed, allowed_failures=1,
+                                first_failure="task t3: bad shard", now=50.0)
+    # Assert
+    assert {k: after.job_fields[k] for k in expected} == expected
+    if next_epoch is None:
+        assert after.next_epoch_doc is None
+    else:
+        assert after.next_epoch_doc == {"epoch": next_epoch, "planned": 6, "applied": [],
+                                        "failed": [], "created_at": 50.0}
+    if failed > 1:
+        assert after.job_fields["error"] == ("2 task(s) failed for good (the job allows 1): "
+                                             "task t3: bad shard")
+
+
+def test_the_head_forgets_figures_of_older_weights_only() -> None:
+    """A fold that applied results leaves the new head unevaluated; a fold of failures only
+    (the same weights) keeps the figures; an evaluation fills them in."""
+    # Prepare
+    head = J.Head(3, "w/v3", "c3", 0.9, 0.3, 0.25)
+    # Execute
+    folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
+    failures_only = head.advanced(4, "w/v4", "c4", folded_results=False, train_loss=None)
+    # Assert
+    assert folded == J.Head(4, "w/v4", "c4", None, None, 0.2)
+    assert failures_only == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.25)
+    assert folded.evaluated(0.95, 0.1).to_doc() == {
+        "version": 4, "weights_path": "w/v4", "checksum": "c4", "holdout_accuracy": 0.95,
+        "holdout_loss": 0.1, "train_loss": 0.2}
+    assert J.Head.from_doc(folded.to_doc()) == folded
