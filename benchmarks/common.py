@@ -217,7 +217,7 @@ def local_stack(home: Path, workers: int, emus: Any, label: str, timeout: float 
 
 
 def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> dict[str, Any]:
-    from bucketlearn import jobs
+    from bucketlearn.services import jobs
 
     job = jobs.wait_terminal(svc.registry, job_id, timeout, poll)
     if job is None or not jobs.is_terminal(job):

@@ -3,8 +3,8 @@
     python -m benchmarks.ingest_worker CONTENDER FILE [--bucket B --object O --work-bucket W]
 
 Contenders:
-    split           bucketlearn.ingest.split_upload from a local file, as shipped (4 MiB CSV blocks,
-                    at most 3 read ahead: bucketlearn.readahead); parts are encoded exactly as in
+    split           bucketlearn.ingest.split.split_upload from a local file, as shipped (4 MiB CSV blocks,
+                    at most 3 read ahead: bucketlearn.ingest.readahead); parts are encoded exactly as in
                     production, then handed to a store that *discards* them (isolates ingest cost)
     split-tempdir   the same, the store writes every part to a temporary directory (removed after)
     split-emulator  the upload function's real I/O: the CSV is streamed from gcp-storage-emulator
@@ -67,10 +67,10 @@ class TempDirStore(DiscardStore):
 
 
 def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    from bucketlearn import ingest
     from bucketlearn.config import JobOptions, Limits
-    from bucketlearn.ingest import SourceFile
-    from bucketlearn.serial import local_source
+    from bucketlearn.ingest import split as ingest
+    from bucketlearn.ingest.split import SourceFile
+    from bucketlearn.services.serial import local_source
 
     options = JobOptions()
     limits = Limits()
@@ -140,9 +140,10 @@ def probe_readahead(path: str) -> dict[str, Any]:
     """How far the CSV stream is read ahead of the consumer when the first batch is returned."""
     import pyarrow.csv as pacsv
 
-    from bucketlearn import ingest, readahead
     from bucketlearn.config import Limits
-    from bucketlearn.serial import local_source
+    from bucketlearn.ingest import readahead
+    from bucketlearn.ingest import split as ingest
+    from bucketlearn.services.serial import local_source
 
     columns = ingest.read_header(local_source(path), Limits())
     out: dict[str, Any] = {}
@@ -195,9 +196,9 @@ def probe_stages(path: str) -> dict[str, Any]:
     import functools
     import tracemalloc
 
-    from bucketlearn import ingest
     from bucketlearn.config import JobOptions, Limits
-    from bucketlearn.serial import local_source
+    from bucketlearn.ingest import split as ingest
+    from bucketlearn.services.serial import local_source
 
     peaks: dict[str, float] = {}
 

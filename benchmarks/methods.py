@@ -64,10 +64,10 @@ class Experiment:
     def __init__(self, name: str, path: Path, seed: int, epochs: int) -> None:
         from bucketlearn.bootstrap import memory_services
         from bucketlearn.config import JobOptions, Limits
-        from bucketlearn.ingest import load_parts, split_upload
-        from bucketlearn.model import build_model, choose_spec
-        from bucketlearn.serial import local_source
-        from bucketlearn.training import optimizer_state
+        from bucketlearn.ingest.split import load_parts, split_upload
+        from bucketlearn.ml.model import build_model, choose_spec
+        from bucketlearn.ml.training import optimizer_state
+        from bucketlearn.services.serial import local_source
 
         self.options = JobOptions(seed=seed, epochs=epochs)
         svc = memory_services()
@@ -92,7 +92,7 @@ class Experiment:
     def task(self, weights: list[np.ndarray], optimizer: list[np.ndarray], shards: list[int],
              epoch: int, index: int, span: tuple[float, float]) -> Any:
         from bucketlearn.domain.plan import step_rates
-        from bucketlearn.training import train_task
+        from bucketlearn.ml.training import train_task
 
         x = np.concatenate([self.shards[i][0] for i in shards])
         y = np.concatenate([self.shards[i][1] for i in shards])
@@ -102,7 +102,7 @@ class Experiment:
                           self.seed, epoch, index)
 
     def accuracy(self, weights: list[np.ndarray]) -> float:
-        from bucketlearn.training import evaluate
+        from bucketlearn.ml.training import evaluate
 
         return evaluate(self.model, weights, *self.holdout)[0]
 

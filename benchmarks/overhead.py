@@ -1,7 +1,7 @@
 """Benchmark 3 — pipeline overhead: end-to-end wall time of the pipeline with ONE worker divided by
 ``train-local``'s, on the same file with the same options, plus where the pipeline's time goes.
 
-Baseline: ``bucketlearn.serial.train_local`` in this process (TensorFlow already imported), timed
+Baseline: ``bucketlearn.services.serial.train_local`` in this process (TensorFlow already imported), timed
 from the call to its return (split + model build + fit + holdout evaluation); the fastest of
 ``serial_repeats`` runs, so a burst of load from elsewhere does not flatter the ratio.
 
@@ -74,8 +74,8 @@ def holdout_of(path: Path, options: Any) -> tuple[np.ndarray, np.ndarray]:
     """The job's holdout rows (the split is deterministic: the same rows the pipeline evaluates)."""
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import Limits
-    from bucketlearn.ingest import load_parts, split_upload
-    from bucketlearn.serial import local_source
+    from bucketlearn.ingest.split import load_parts, split_upload
+    from bucketlearn.services.serial import local_source
 
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "h",
@@ -89,7 +89,7 @@ def in_process_costs(model: Any, path: Path, options: Any, parallel: int, repeat
     decoding a round of ``parallel`` results, folding them, encoding the new version."""
     from bucketlearn import codec
     from bucketlearn.domain.fold import TaskResult, fold_round
-    from bucketlearn.training import evaluate, optimizer_state
+    from bucketlearn.ml.training import evaluate, optimizer_state
 
     base = [np.asarray(w) for w in model.get_weights()]
     state = optimizer_state(model)
@@ -252,7 +252,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     import keras  # noqa: F401 - imported before any timing (the worker processes have it too)
 
     from bucketlearn.config import JobOptions
-    from bucketlearn.serial import simulate_pipeline, train_local
+    from bucketlearn.services.serial import simulate_pipeline, train_local
 
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("overhead", smoke, params)

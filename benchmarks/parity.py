@@ -7,14 +7,14 @@ and six tables (the MLP, the default 10 epochs), each **shuffled and sorted by l
 (``benchmarks/methods.py``); ``datasets.HELD_OUT`` were run only here, once the code was final,
 and are reported in a table of their own.
 
-The baseline is ``bucketlearn.serial.train_local`` in this process (the same split and holdout,
+The baseline is ``bucketlearn.services.serial.train_local`` in this process (the same split and holdout,
 the same tasks one after another). Beside it, as a reference that serial training through tasks
 is ordinary serial training, ``fit`` is Keras ``model.fit`` over the same training rows in one
 shuffled stream with the same learning-rate schedule. The pipeline is measured
   * on the **real local stack** (emulators, both functions, the relay, worker processes) with 1,
     2 and 4 workers, each job run ``repeats`` times (the stack is made of separate processes:
     nothing forces them to agree to the last bit);
-  * with ``bucketlearn.serial.simulate_pipeline`` — the real upload, learner and aggregator code
+  * with ``bucketlearn.services.serial.simulate_pipeline`` — the real upload, learner and aggregator code
     on the in-memory ports — with 8 and 16 workers whose tasks overlap in time.
 Every cell runs with seeds 0, 1 and 2 (split, initial weights, shuffling), serial and pipeline
 alike. A cell's figure is the mean over its runs of (pipeline − serial) in points of holdout
@@ -66,10 +66,10 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import Limits
     from bucketlearn.domain.plan import learning_rate
-    from bucketlearn.ingest import load_parts, split_upload
-    from bucketlearn.model import build_model, choose_spec
-    from bucketlearn.serial import local_source
-    from bucketlearn.training import evaluate
+    from bucketlearn.ingest.split import load_parts, split_upload
+    from bucketlearn.ml.model import build_model, choose_spec
+    from bucketlearn.ml.training import evaluate
+    from bucketlearn.services.serial import local_source
 
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "fit",
@@ -156,7 +156,7 @@ def met(cell: dict[str, Any]) -> bool:
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
-    from bucketlearn.serial import simulate_pipeline, train_local
+    from bucketlearn.services.serial import simulate_pipeline, train_local
 
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("parity", smoke, params)
@@ -216,7 +216,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                         for k, c in cells.items() for name, f in c["pipeline"].items()
                         if f["mean_gap_pp"] is not None}
     result["notes"].append(
-        "sim-W = bucketlearn.serial.simulate_pipeline with W workers (in-process, in-memory "
+        "sim-W = bucketlearn.services.serial.simulate_pipeline with W workers (in-process, in-memory "
         "ports); stack-W = the real local stack on the emulators with W worker processes, each "
         "job run `repeats` times; fit = Keras fit on the same rows and holdout (a reference)")
     result["notes"].append(

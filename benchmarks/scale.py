@@ -112,11 +112,12 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
                           tmp: Path) -> dict[str, Any]:
     """A real job on the in-memory ports: each round's results written directly (trained on the
     round's version), then folded, for the whole of epoch 1."""
-    from bucketlearn import codec, jobs, layout
-    from bucketlearn.aggregator import aggregate_job
+    from bucketlearn import codec, layout
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import JobOptions
-    from bucketlearn.split import StorageEvent, handle_upload
+    from bucketlearn.services import jobs
+    from bucketlearn.services.aggregate import aggregate_job
+    from bucketlearn.services.upload import StorageEvent, handle_upload
 
     path = write_tiny_csv(tmp / "wide.csv", features, classes, rows)
     svc = memory_services()
@@ -172,7 +173,7 @@ def _counts(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def _role(argv: str) -> str:
-    if "bucketlearn.worker" in argv:
+    if "bucketlearn.services.learn" in argv:
         return "worker"
     if "on_delta" in argv:
         return "aggregator (delta_fn)"

@@ -23,7 +23,7 @@ SMOKE = {"datasets": ["digits"], "schedules": ["wsd", "constant"], "seeds": [0],
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
-    from bucketlearn.serial import train_local
+    from bucketlearn.services.serial import train_local
 
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("schedules", smoke, params)

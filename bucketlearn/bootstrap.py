@@ -49,7 +49,7 @@ def process_services() -> Services:
 
 
 def memory_services(settings: Settings | None = None) -> Services:
-    from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
+    from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
 
     return Services(settings=settings or Settings(), store=MemoryBlobStore(), queue=MemoryQueue(),
                     registry=MemoryRegistry())

@@ -1,7 +1,7 @@
 """Ports in front of the cloud services: blob storage, task queue, model registry.
 
 Each has one Google adapter (``bucketlearn.adapters``; the same code serves the emulators) and
-one in-memory implementation (``bucketlearn.memory``) for unit tests and ``train-local``.
+one in-memory implementation (``bucketlearn.adapters.memory``) for unit tests and ``train-local``.
 """
 
 from __future__ import annotations

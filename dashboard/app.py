@@ -1,6 +1,6 @@
 """bucketlearn dashboard: ``streamlit run dashboard/app.py``.
 
-Layout and widgets only; what is shown is computed in ``bucketlearn.dashboard_data`` (unit-tested).
+Layout and widgets only; what is shown is computed in ``bucketlearn.services.dashboard_data`` (unit-tested).
 Services come from ``dashboard_data.get_services()`` (settings from the environment), made once per
 process. The page never writes model state; the upload form writes a CSV to the uploads bucket,
 and a job's "Cancel job" button calls the core's ``cancel_job`` (as ``bucketlearn cancel`` does).
@@ -13,12 +13,12 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bucketlearn import dashboard_data as dd
-from bucketlearn import jobs
-from bucketlearn.cancel import cancel_job
 from bucketlearn.config import OPTION_SPECS
 from bucketlearn.errors import ConfigError
-from bucketlearn.models_io import model_bytes
+from bucketlearn.services import dashboard_data as dd
+from bucketlearn.services import jobs
+from bucketlearn.services.cancel import cancel_job
+from bucketlearn.services.models import model_bytes
 
 JOB_LIMIT = 100
 REFRESH_SECONDS = 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from bucketlearn import entrypoints
+from bucketlearn.entrypoints import functions as entrypoints
 
 
 @functions_framework.cloud_event

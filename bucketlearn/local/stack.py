@@ -319,7 +319,7 @@ class LocalStack:
     relay: Any = None
     emulators: Emulators | None = None
     name_prefix: str = "bucketlearn"
-    scaling: Any = None  # a bucketlearn.scaling.ScalingPolicy, or None for a fixed worker count
+    scaling: Any = None  # a bucketlearn.services.autoscale.ScalingPolicy, or None for a fixed worker count
     _retired: set[str] = field(default_factory=set)
     _registry: Any = None
     _services: Any = None
@@ -394,7 +394,7 @@ class LocalStack:
                "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
                "TF_NUM_INTEROP_THREADS": "1",
                "BUCKETLEARN_WORKER_ID": f"{self.name_prefix}-worker-{index}"}
-        return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.worker"],
+        return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.services.learn"],
                            self.home / "logs", env)
 
     def worker_procs(self) -> list[Proc]:
@@ -477,9 +477,9 @@ class LocalStack:
 
     def _tend(self) -> None:
         """The watchdog's pass over the stack's jobs, every ``TEND_EVERY_SECONDS``: what the
-        cloud's controller job does every minute (``bucketlearn.watchdog``)."""
+        cloud's controller job does every minute (``bucketlearn.services.tend``)."""
         from bucketlearn.bootstrap import google_services  # noqa: PLC0415
-        from bucketlearn.watchdog import tend  # noqa: PLC0415
+        from bucketlearn.services.tend import tend  # noqa: PLC0415
 
         now = time.monotonic()
         if now - self._tended_at < TEND_EVERY_SECONDS or self.settings is None:
@@ -507,7 +507,7 @@ class LocalStack:
     def rescale(self) -> int:
         """One local autoscaling step with the shared policy; returns the worker count."""
         from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
-        from bucketlearn.scaling import desired_workers, outstanding_tasks  # noqa: PLC0415
+        from bucketlearn.services.autoscale import desired_workers, outstanding_tasks  # noqa: PLC0415
 
         assert self.settings is not None and self.scaling is not None
         if self._registry is None:

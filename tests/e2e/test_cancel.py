@@ -29,7 +29,7 @@ def cli_env(stack: Any) -> dict[str, str]:
 
 
 def cli(stack: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bucketlearn.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bucketlearn.entrypoints.cli", *args], capture_output=True,
                           text=True, env=cli_env(stack), timeout=timeout, cwd=REPO)
 
 
@@ -50,7 +50,7 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     out_path, err_path = tmp_path / "submit.out", tmp_path / "submit.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         submit = subprocess.Popen(
-            [sys.executable, "-m", "bucketlearn.cli", "submit", str(DIGITS), "--wait",
+            [sys.executable, "-m", "bucketlearn.entrypoints.cli", "submit", str(DIGITS), "--wait",
              "--epochs", "100", "--timeout", "600"],
             stdout=out, stderr=err, env=cli_env(stack), cwd=REPO)
     try:

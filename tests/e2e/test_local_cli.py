@@ -30,7 +30,7 @@ def cli_env(home: Path) -> dict[str, str]:
 
 
 def run(home: Path, *args: str, timeout: float = 360) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bucketlearn.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bucketlearn.entrypoints.cli", *args], capture_output=True,
                           text=True, env=cli_env(home), timeout=timeout, cwd=REPO)
 
 
@@ -160,7 +160,7 @@ def test_a_stack_killed_outright_leaves_nothing_and_wait_says_so(stacks: Stacks,
     out_path, err_path = tmp_path / "submit.out", tmp_path / "submit.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         submit = subprocess.Popen(
-            [sys.executable, "-m", "bucketlearn.cli", "submit", str(DIGITS), "--wait",
+            [sys.executable, "-m", "bucketlearn.entrypoints.cli", "submit", str(DIGITS), "--wait",
              "--epochs", "200"], stdout=out, stderr=err, env=cli_env(home), cwd=REPO)
     try:
         assert wait_until(lambda: out_path.read_text().strip(), 120), err_path.read_text()

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketlearn import jobs, layout
+from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.config import JobOptions
+from bucketlearn.services import jobs
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ DIGITS = REPO / "data" / "digits.csv"
 
 def cli(stack: Any, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BUCKETLEARN_HOME": str(stack.home)}
-    return subprocess.run([sys.executable, "-m", "bucketlearn.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bucketlearn.entrypoints.cli", *args], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=REPO)
 
 
@@ -97,7 +98,7 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     rows = sorted(lines[1:], key=lambda line: int(line.rsplit(",", 1)[1]))
     sorted_csv = tmp_path / "digits_sorted.csv"
     sorted_csv.write_text("\n".join([lines[0], *rows]) + "\n")
-    from bucketlearn.serial import train_local
+    from bucketlearn.services.serial import train_local
 
     # Execute
     serial = train_local(str(sorted_csv), JobOptions())
@@ -126,7 +127,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     # Prepare
     from benchmarks.datasets import hmnist4
     from bucketlearn import codec
-    from bucketlearn.serial import simulate_pipeline, train_local
+    from bucketlearn.services.serial import simulate_pipeline, train_local
 
     data = hmnist4(tmp_path / "hmnist4_small.csv", "sorted", count=1600)
     options = JobOptions(epochs=4, rows_per_shard=128)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
-from bucketlearn.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
 from bucketlearn.ports import TaskMessage, VersionCommit
 
 pytestmark = pytest.mark.integration
@@ -126,7 +126,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     have been v2 is refused once the job is CANCELLED (status, version and epoch untouched), by
     the Firestore transaction as by the in-memory lock."""
     # Prepare
-    from bucketlearn.cancel import cancel_job
+    from bucketlearn.services.cancel import cancel_job
 
     registry = backend.registry
     job_id = new_job(registry)
@@ -147,7 +147,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
 def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) -> None:
     """start_training refuses a job cancelled while it was split, even with the right claim."""
     # Prepare
-    from bucketlearn.cancel import cancel_job
+    from bucketlearn.services.cancel import cancel_job
 
     registry = backend.registry
     job_id = new_job(registry)

@@ -1,7 +1,7 @@
 """The dashboard page rendered by Streamlit's AppTest on seeded registry documents.
 
 AppTest runs ``dashboard/app.py`` in this process, so replacing
-``bucketlearn.dashboard_data.get_services`` here is what the app sees. The services are the real
+``bucketlearn.services.dashboard_data.get_services`` here is what the app sees. The services are the real
 Google adapters on the session's Firestore and Storage emulators (Firestore emptied before each
 test), seeded through the port methods (create_job, start_training, commit_version, ...).
 """
@@ -16,9 +16,10 @@ import requests
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from bucketlearn import dashboard_data, layout
+from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.ports import VersionCommit
+from bucketlearn.services import dashboard_data
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 RUNNING_ID = "digits-0123456789ab"

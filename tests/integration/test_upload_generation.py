@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import jobs, layout
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from bucketlearn import layout
+from bucketlearn.services import jobs
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes
 
 pytestmark = pytest.mark.integration

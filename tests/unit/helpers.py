@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn import jobs, split
+from bucketlearn.services import jobs
+from bucketlearn.services import upload as split
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ def csv_bytes(header: Sequence[str], rows: Iterable[Sequence[object]]) -> bytes:
 
 def source_from_bytes(data: bytes, name: str = "upload.csv"):
     """An ingest.SourceFile reading from memory."""
-    from bucketlearn.ingest import SourceFile
+    from bucketlearn.ingest.split import SourceFile
 
     return SourceFile(display_name=name, size=len(data), opener=lambda: io.BytesIO(data))
 

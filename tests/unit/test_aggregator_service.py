@@ -7,15 +7,16 @@ import dataclasses
 
 import pytest
 
-from bucketlearn import jobs, layout
-from bucketlearn.aggregator import aggregate_job, handle_delta_event
+from bucketlearn import layout
+from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.ports import VersionCommit
-from bucketlearn.serial import simulate_pipeline
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
-from bucketlearn.worker import Decision, Learner
+from bucketlearn.services import jobs
+from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
+from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.serial import simulate_pipeline
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     deflated_with_bad_stream,
     npy_member,
@@ -132,7 +133,7 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     """Workers wait for the commit, not the evaluation: the version that completes epoch 1
     publishes epoch 2's first round before its holdout evaluation runs."""
     # Prepare
-    from bucketlearn import aggregator
+    from bucketlearn.services import aggregate as aggregator
     from tests.unit.test_invariants import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
@@ -162,7 +163,7 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     published round 1 leaves ``published`` at round 1 (before: it wrote round 0 back, so the
     aggregator and the watchdog took round 1 for unpublished and published it again)."""
     # Prepare
-    from bucketlearn.publish import publish_round
+    from bucketlearn.services.publish import publish_round
     from tests.unit.test_invariants import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)

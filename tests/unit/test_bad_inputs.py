@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import layout, split
+from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from bucketlearn.services import upload as split
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     BAD_DIR,
     assert_rejection_reason,

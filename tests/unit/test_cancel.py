@@ -10,13 +10,16 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import aggregator, jobs, layout, split
-from bucketlearn.cancel import CancelResult, cancel_job
+from bucketlearn import layout
 from bucketlearn.errors import JobStateError, NotFoundError
-from bucketlearn.models_io import model_bytes, predict_file
-from bucketlearn.scaling import outstanding_tasks
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
-from bucketlearn.worker import Decision, Learner, skip_reason
+from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import jobs
+from bucketlearn.services import upload as split
+from bucketlearn.services.autoscale import outstanding_tasks
+from bucketlearn.services.cancel import CancelResult, cancel_job
+from bucketlearn.services.learn import Decision, Learner, skip_reason
+from bucketlearn.services.models import model_bytes, predict_file
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes, write_blobs_csv
 from tests.unit.test_invariants import run_rounds, start_job, train_pending
 

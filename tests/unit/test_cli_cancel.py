@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import cli, jobs
+from bucketlearn.entrypoints import cli
+from bucketlearn.services import jobs
 from tests.unit.test_invariants import run_rounds, start_job, train_pending
 
 
@@ -18,7 +19,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
     """A RUNNING job at v1, which the CLI's commands reach."""
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     train_pending(svc, 2)
-    from bucketlearn.aggregator import aggregate_job
+    from bucketlearn.services.aggregate import aggregate_job
 
     aggregate_job(svc, job_id)
     monkeypatch.setattr(cli, "services", lambda settings=None: svc)

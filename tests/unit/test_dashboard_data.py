@@ -7,11 +7,11 @@ import math
 import pandas as pd
 import pytest
 
-from bucketlearn import dashboard_data as dd
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
 from bucketlearn.errors import ConfigError
+from bucketlearn.services import dashboard_data as dd
 
 T0 = 1_700_000_000.0
 

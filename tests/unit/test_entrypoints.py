@@ -17,13 +17,15 @@ import pytest
 from cloudevents.http import from_http
 from google.api_core import exceptions as gexc
 
-from bucketlearn import entrypoints, jobs, layout
+from bucketlearn import layout
 from bucketlearn.adapters.firestore import FirestoreRegistry
+from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.entrypoints import functions as entrypoints
 from bucketlearn.errors import BackendRejectedError, TransientError
 from bucketlearn.local.relay import cloudevent_for
-from bucketlearn.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
+from bucketlearn.services import jobs
 from tests.unit.helpers import csv_bytes
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import worker
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.worker import Learner, _Reporter
+from bucketlearn.services import learn as worker
+from bucketlearn.services.learn import Learner, _Reporter
 from tests.unit.helpers import eventually
 from tests.unit.test_invariants import start_job
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError
-from bucketlearn.ingest import (
+from bucketlearn.ingest.split import (
     DealPlan,
     Manifest,
     _ShardWriter,
@@ -20,8 +21,7 @@ from bucketlearn.ingest import (
     plan_split,
     split_upload,
 )
-from bucketlearn.memory import MemoryBlobStore
-from bucketlearn.serial import local_source
+from bucketlearn.services.serial import local_source
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 BUCKET = "work"

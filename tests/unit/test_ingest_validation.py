@@ -7,11 +7,11 @@ import io
 import numpy as np
 import pytest
 
+from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
-from bucketlearn.ingest import load_parts, split_upload
-from bucketlearn.memory import MemoryBlobStore
-from bucketlearn.serial import local_source
+from bucketlearn.ingest.split import load_parts, split_upload
+from bucketlearn.services.serial import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 
 BAD = DATA_DIR / "bad"
@@ -272,7 +272,7 @@ def test_label_column_defaults_to_label_then_last():
 def _changing_source(first, second, from_open=3):
     """A SourceFile whose opens from ``from_open`` on (pass 2) read ``second``, not ``first``:
     what an unpinned reader of a re-uploaded object sees."""
-    from bucketlearn.ingest import SourceFile
+    from bucketlearn.ingest.split import SourceFile
 
     opens = []
 

@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketlearn import aggregator, ingest, layout
+from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions, Limits
+from bucketlearn.ingest import split as ingest
 from bucketlearn.ports import BlobInfo
-from bucketlearn.split import StorageEvent, handle_upload
-from bucketlearn.worker import Decision, Learner
+from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.upload import StorageEvent, handle_upload
 from tests.unit.helpers import blobs_rows, csv_bytes, write_blobs_csv
 
 
@@ -198,7 +200,7 @@ def test_keras_safe_mode_refuses_code_in_a_model(tmp_path: Path) -> None:
     import keras
 
     from bucketlearn.errors import PermanentError
-    from bucketlearn.model import SIDECAR_NAME, load_model
+    from bucketlearn.ml.model import SIDECAR_NAME, load_model
 
     # Prepare
     inputs = keras.Input((3,))
@@ -240,11 +242,12 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     """A job about to export, whose holdout is ``parts`` parts of 4,096 rows (32 features,
     4 well-separated classes), with a head trained on one part; its runtime's model is built and
     has predicted once, so that what is traced afterwards is the evaluation's own memory."""
-    from bucketlearn import codec, jobs
-    from bucketlearn.ingest import Manifest
-    from bucketlearn.model import ModelSpec, build_model
-    from bucketlearn.runtime import job_runtime
-    from bucketlearn.training import optimizer_state, train_task
+    from bucketlearn import codec
+    from bucketlearn.ingest.split import Manifest
+    from bucketlearn.ml.model import ModelSpec, build_model
+    from bucketlearn.ml.training import optimizer_state, train_task
+    from bucketlearn.services import jobs
+    from bucketlearn.services.runtime import job_runtime
 
     svc = memory_services()
     job_id = f"holdout-{parts:04d}-000000000000"
@@ -301,7 +304,7 @@ def test_evaluation_memory_does_not_grow_with_the_holdout() -> None:
     2,000 holdout rows reads only the parts the sample draws from, one at a time; 4x the holdout
     rows leave the peak within 1.3x (before: the whole holdout was read and then subsampled,
     so the peak grew with it: 16 -> 64 parts of 512 KiB)."""
-    from bucketlearn.runtime import job_runtime
+    from bucketlearn.services.runtime import job_runtime
 
     # Prepare
     small_svc, small_job = exporting_job(16)
@@ -321,7 +324,7 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     on the whole holdout stream over its parts, one at a time, adding up accuracy, loss and
     class counts; 4x the holdout rows leave the export's peak within 1.3x (before: the whole
     holdout was loaded and concatenated, twice its size at once)."""
-    from bucketlearn import jobs
+    from bucketlearn.services import jobs
 
     # Prepare
     small_svc, small_job = exporting_job(16)
@@ -343,8 +346,8 @@ def test_holdout_sample_is_uniform_reproducible_and_reads_old_manifests() -> Non
     before they were recorded) gives the same sample, its parts counted one at a time."""
     import dataclasses
 
-    from bucketlearn.ingest import Manifest
-    from bucketlearn.runtime import JobRuntime, holdout_sample
+    from bucketlearn.ingest.split import Manifest
+    from bucketlearn.services.runtime import JobRuntime, holdout_sample
 
     # Prepare
     part_rows = [4096, 100, 4096, 0, 2000]

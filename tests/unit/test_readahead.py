@@ -1,4 +1,4 @@
-"""Bounded read-ahead of the CSV stream (bucketlearn.readahead) and its use by ingest.
+"""Bounded read-ahead of the CSV stream (bucketlearn.ingest.readahead) and its use by ingest.
 
 pyarrow's streaming CSV reader reads up to ~32 blocks ahead of the batches taken; ingest wraps
 the source so it reads at most ``READ_AHEAD_BLOCKS`` ahead, in small blocks, and reads again with
@@ -19,11 +19,12 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from bucketlearn import ingest, readahead
+from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError
-from bucketlearn.ingest import SourceFile, load_parts, split_upload
-from bucketlearn.memory import MemoryBlobStore
+from bucketlearn.ingest import readahead
+from bucketlearn.ingest import split as ingest
+from bucketlearn.ingest.split import SourceFile, load_parts, split_upload
 from tests.unit.helpers import blobs_rows, csv_bytes, eventually
 
 BLOCK = 16 * 1024

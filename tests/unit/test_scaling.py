@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import jobs
+from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.config import (
     SCALE_DOWN_COOLDOWN_SECONDS,
     AutoscalerSettings,
@@ -14,8 +14,13 @@ from bucketlearn.config import (
 )
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
-from bucketlearn.memory import MemoryRegistry
-from bucketlearn.scaling import ScalingPolicy, autoscale_once, desired_workers, outstanding_tasks
+from bucketlearn.services import jobs
+from bucketlearn.services.autoscale import (
+    ScalingPolicy,
+    autoscale_once,
+    desired_workers,
+    outstanding_tasks,
+)
 
 POLICY = ScalingPolicy(min_workers=0, max_workers=4, tasks_per_worker=2,
                        scale_down_cooldown_seconds=60)

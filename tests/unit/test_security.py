@@ -34,14 +34,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketlearn import aggregator, codec, jobs, layout, split
+from bucketlearn import codec, layout
+from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
-from bucketlearn.ingest import Manifest
-from bucketlearn.memory import MemoryBlobStore
+from bucketlearn.ingest.split import Manifest
 from bucketlearn.ports import TaskMessage
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
-from bucketlearn.worker import Decision, Learner
+from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import jobs
+from bucketlearn.services import upload as split
+from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import REPO_DIR, csv_bytes, write_blobs_csv
 
 # --- payloads ----------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ def lambda_model(path: Path, marker: Path) -> Path:
     """A .keras (with bucketlearn's sidecar) whose Lambda layer touches ``marker`` when run."""
     import keras
 
-    from bucketlearn.model import SIDECAR_NAME
+    from bucketlearn.ml.model import SIDECAR_NAME
 
     touch = eval(  # noqa: S307 - a lambda with the marker path as a constant (no closure)
         f"lambda x: (__import__('pathlib').Path({str(marker)!r}).touch(), x)[1]")
@@ -213,7 +216,7 @@ def lambda_model(path: Path, marker: Path) -> Path:
 def test_predict_refuses_a_model_with_a_lambda_layer(tmp_path: Path, marker: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`bucketlearn predict` exits non-zero naming the file and the reason; the lambda never runs."""
-    from bucketlearn import cli
+    from bucketlearn.entrypoints import cli
 
     # Prepare
     model = lambda_model(tmp_path / "evil.keras", marker)

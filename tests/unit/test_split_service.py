@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bucketlearn import jobs, layout
+from bucketlearn import layout
+from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
@@ -14,9 +15,9 @@ from bucketlearn.errors import (
     PermanentError,
     TransientError,
 )
-from bucketlearn.ingest import Manifest
-from bucketlearn.memory import MemoryBlobStore
-from bucketlearn.split import Outcome, StorageEvent, handle_upload
+from bucketlearn.ingest.split import Manifest
+from bucketlearn.services import jobs
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import REPO_DIR, csv_bytes
 
 
@@ -355,7 +356,7 @@ def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
     """A job update that makes the document larger than 1 MiB raises BackendRejectedError
     (permanent) and changes nothing; just under the limit is fine."""
     # Prepare
-    from bucketlearn.memory import FIRESTORE_MAX_DOCUMENT_BYTES, document_size
+    from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, document_size
 
     registry = memory_services().registry
     registry.create_job("j-000000000000", {"job_id": "j-000000000000", "status": "QUEUED"})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bucketlearn import cli
+from bucketlearn.entrypoints import cli
 from bucketlearn.local import processes
 from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV
 from bucketlearn.local.stack import Proc, stop_from_state

@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import cli, jobs
-from bucketlearn.errors import NoTargetError, TransientError, UnreachableError
-from bucketlearn.local import processes
-from bucketlearn.memory import MemoryRegistry
-from bucketlearn.target import (
+from bucketlearn.adapters.memory import MemoryRegistry
+from bucketlearn.entrypoints import cli
+from bucketlearn.entrypoints.target import (
     CLOUD,
     ENVIRONMENT,
     LOCAL,
@@ -23,6 +21,9 @@ from bucketlearn.target import (
     decide_target,
     resolve_target,
 )
+from bucketlearn.errors import NoTargetError, TransientError, UnreachableError
+from bucketlearn.local import processes
+from bucketlearn.services import jobs
 
 HOME = Path("/work/project/.bucketlearn")
 STATE: dict[str, Any] = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bucketlearn.model import ModelSpec, build_model
-from bucketlearn.training import (
+from bucketlearn.ml.model import ModelSpec, build_model
+from bucketlearn.ml.training import (
     EVAL_BATCH,
     evaluate,
     evaluate_detail,

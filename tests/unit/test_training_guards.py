@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketlearn import aggregator, codec, jobs, layout
+from bucketlearn import codec, layout
 from bucketlearn.config import JobOptions
-from bucketlearn.serial import simulate_pipeline
-from bucketlearn.worker import Learner
+from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import jobs
+from bucketlearn.services.learn import Learner
+from bucketlearn.services.serial import simulate_pipeline
 from tests.unit.helpers import csv_bytes
 from tests.unit.test_invariants import run_rounds, start_job
 

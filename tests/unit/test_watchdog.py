@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bucketlearn import aggregator, jobs, layout
+from bucketlearn import layout
+from bucketlearn.adapters.memory import MemoryQueue
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
-from bucketlearn.memory import MemoryQueue
-from bucketlearn.watchdog import drain_dead_letters, tend
-from bucketlearn.worker import Learner
+from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import jobs
+from bucketlearn.services.learn import Learner
+from bucketlearn.services.tend import drain_dead_letters, tend
 from tests.unit.test_invariants import run_rounds, start_job
 
 STALL = 600.0

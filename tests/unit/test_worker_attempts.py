@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from bucketlearn import worker
 from bucketlearn.errors import TransientError
-from bucketlearn.worker import Decision, Learner
+from bucketlearn.services import learn as worker
+from bucketlearn.services.learn import Decision, Learner
 from tests.unit.test_invariants import start_job
 
 

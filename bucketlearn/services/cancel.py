@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bucketlearn import jobs
 from bucketlearn.bootstrap import Services
 from bucketlearn.errors import NotFoundError, bounded
+from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn import jobs
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
 from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
-from bucketlearn.ingest import Manifest, SourceFile, load_parts, split_upload
-from bucketlearn.model import build_model, choose_spec
-from bucketlearn.training import evaluate, optimizer_state, train_task
+from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
+from bucketlearn.ml.model import build_model, choose_spec
+from bucketlearn.ml.training import evaluate, optimizer_state, train_task
+from bucketlearn.services import jobs
 
 
 @dataclass
@@ -78,9 +78,9 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
                       svc: Services | None = None) -> dict[str, Any]:
     """Run upload -> learners -> aggregator in-process with ``workers`` overlapping tasks."""
-    from bucketlearn.aggregator import aggregate_job  # noqa: PLC0415
-    from bucketlearn.split import StorageEvent, handle_upload  # noqa: PLC0415
-    from bucketlearn.worker import Learner  # noqa: PLC0415
+    from bucketlearn.services.aggregate import aggregate_job  # noqa: PLC0415
+    from bucketlearn.services.learn import Learner  # noqa: PLC0415
+    from bucketlearn.services.upload import StorageEvent, handle_upload  # noqa: PLC0415
 
     svc = svc or memory_services(Settings())
     with open(path, "rb") as handle:

@@ -45,9 +45,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from bucketlearn import codec, layout, readahead
+from bucketlearn import codec, layout
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InputProblem, InvalidInputError
+from bucketlearn.ingest import readahead
 from bucketlearn.ports import BlobStore
 
 log = logging.getLogger(__name__)

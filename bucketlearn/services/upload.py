@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn import codec, jobs, layout
+from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
 from bucketlearn.domain.job import Head, epoch_document
@@ -28,11 +28,12 @@ from bucketlearn.events import (  # noqa: F401
     display_uri,
     is_control,
 )
-from bucketlearn.ingest import Manifest, SourceFile, split_upload
-from bucketlearn.model import ModelSpec, build_model, choose_spec
+from bucketlearn.ingest.split import Manifest, SourceFile, split_upload
+from bucketlearn.ml.model import ModelSpec, build_model, choose_spec
+from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo
-from bucketlearn.publish import publish_round
-from bucketlearn.training import optimizer_state
+from bucketlearn.services import jobs
+from bucketlearn.services.publish import publish_round
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn import codec, jobs, layout
+from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
@@ -33,11 +33,12 @@ from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
-from bucketlearn.model import export_keras
+from bucketlearn.ml.model import export_keras
+from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import VersionCommit
-from bucketlearn.publish import publish_round
-from bucketlearn.runtime import JobRuntime, job_runtime
-from bucketlearn.training import evaluate_detail, evaluate_parts
+from bucketlearn.services import jobs
+from bucketlearn.services.publish import publish_round
+from bucketlearn.services.runtime import JobRuntime, job_runtime
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import numpy as np
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
-from bucketlearn.ingest import Manifest
-from bucketlearn.model import ModelSpec, build_model
+from bucketlearn.ingest.split import Manifest
+from bucketlearn.ml.model import ModelSpec, build_model
 
 MAX_JOBS_CACHED = 2
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn import jobs, layout
+from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import JobOptions
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
+from bucketlearn.services import jobs
 
 
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:
@@ -20,9 +21,9 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     other version, e.g. the head of a CANCELLED job, is built from its stored weights and the
     job's manifest (this needs TensorFlow, as the CLI and the dashboard have).
     """
-    from bucketlearn.aggregator import model_sidecar  # noqa: PLC0415
-    from bucketlearn.model import export_keras  # noqa: PLC0415
-    from bucketlearn.runtime import JobRuntime  # noqa: PLC0415
+    from bucketlearn.ml.model import export_keras  # noqa: PLC0415
+    from bucketlearn.services.aggregate import model_sidecar  # noqa: PLC0415
+    from bucketlearn.services.runtime import JobRuntime  # noqa: PLC0415
 
     job = svc.registry.get_job(job_id)
     if job is None:
@@ -77,7 +78,7 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.csv as pacsv  # noqa: PLC0415
 
-    from bucketlearn.model import load_model  # noqa: PLC0415
+    from bucketlearn.ml.model import load_model  # noqa: PLC0415
 
     model, sidecar = load_model(model_path)
     features: list[str] = sidecar["feature_names"]

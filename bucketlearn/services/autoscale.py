@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bucketlearn import jobs
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
+from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)
 

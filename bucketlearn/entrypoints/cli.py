@@ -2,7 +2,7 @@
 
 Talks to the local stack when one is running in this directory (``.bucketlearn/local.json``),
 otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET=cloud`` forces
-the cloud even when a local stack runs). ``bucketlearn.target`` decides; when there is nothing to
+the cloud even when a local stack runs). ``bucketlearn.entrypoints.target`` decides; when there is nothing to
 talk to (no stack, a stack that stopped, no project, no credentials) a command says so and exits
 with code 4.
 
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bucketlearn import jobs, layout
+from bucketlearn import layout
 from bucketlearn.config import (
     LOCAL_SCALE_DOWN_COOLDOWN_SECONDS,
     OPTION_SPECS,
@@ -33,8 +33,7 @@ from bucketlearn.config import (
     option_text,
     resolve_options,
 )
-from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
-from bucketlearn.target import (
+from bucketlearn.entrypoints.target import (
     LOCAL,
     START_HINT,
     StackWatch,
@@ -43,6 +42,8 @@ from bucketlearn.target import (
     stack_problem,
     started_text,
 )
+from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
+from bucketlearn.services import jobs
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
 # ``submit --wait`` / ``demo``: the job was cancelled; ``cancel``: the job had already ended
@@ -60,7 +61,7 @@ def state_home() -> Path:
 
 
 def connect() -> tuple[Any, Target]:
-    """Services for the backend this command goes to, and that target (``bucketlearn.target``)."""
+    """Services for the backend this command goes to, and that target (``bucketlearn.entrypoints.target``)."""
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
 
     target = resolve_target(os.environ, state_home())
@@ -119,8 +120,8 @@ def dead_stack_report(outcome: Any) -> str:
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
+    from bucketlearn.entrypoints.target import RESTART_HINT, probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import LocalStack  # noqa: PLC0415
-    from bucketlearn.target import RESTART_HINT, probe_stack  # noqa: PLC0415
 
     home = state_home()
     state = clear_dead_stack(home)
@@ -157,7 +158,7 @@ def scaling_policy(args: argparse.Namespace) -> Any:
     """A ScalingPolicy when --min-workers/--max-workers are given, else None (fixed --workers)."""
     if args.min_workers is None and args.max_workers is None:
         return None
-    from bucketlearn.scaling import ScalingPolicy  # noqa: PLC0415
+    from bucketlearn.services.autoscale import ScalingPolicy  # noqa: PLC0415
 
     minimum = 0 if args.min_workers is None else args.min_workers
     maximum = max(minimum, 1) if args.max_workers is None else args.max_workers
@@ -173,7 +174,7 @@ def start_detached(home: Path, workers: int, min_workers: int | None = None,
     log_path = home / "logs" / "supervisor.log"
     with open(log_path, "ab") as handle:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketlearn.cli", "local", "up", "--workers", str(workers),
+            [sys.executable, "-m", "bucketlearn.entrypoints.cli", "local", "up", "--workers", str(workers),
              *(["--min-workers", str(min_workers)] if min_workers is not None else []),
              *(["--max-workers", str(max_workers)] if max_workers is not None else [])],
             stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -221,8 +222,8 @@ def cmd_local_down(args: argparse.Namespace) -> int:
 
 def running_stack_state() -> dict[str, Any] | None:
     """The state of the stack running here; None, after saying why on stderr, when none is."""
+    from bucketlearn.entrypoints.target import probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import load_state  # noqa: PLC0415
-    from bucketlearn.target import probe_stack  # noqa: PLC0415
 
     home = state_home()
     state = load_state(home)
@@ -396,7 +397,7 @@ def canceller() -> str:
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a job: exit 0 when it is CANCELLED (now or before), 6 when it had already ended
     otherwise, 1 when there is no such job."""
-    from bucketlearn.cancel import CancelResult, cancel_job  # noqa: PLC0415
+    from bucketlearn.services.cancel import CancelResult, cancel_job  # noqa: PLC0415
 
     outcome = cancel_job(services(), args.job, canceller(), args.reason)
     refused = outcome.result is CancelResult.ALREADY_ENDED
@@ -408,7 +409,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from bucketlearn.models_io import model_bytes  # noqa: PLC0415
+    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
 
     svc = services()
     data, version = model_bytes(svc, args.job, args.version)
@@ -420,13 +421,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_train_local(args: argparse.Namespace) -> int:
-    from bucketlearn.models_io import serial_sidecar  # noqa: PLC0415
-    from bucketlearn.serial import train_local  # noqa: PLC0415
+    from bucketlearn.services.models import serial_sidecar  # noqa: PLC0415
+    from bucketlearn.services.serial import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
     result = train_local(args.file, options, load_settings().limits)
     if args.output:
-        from bucketlearn.model import export_keras  # noqa: PLC0415
+        from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 
         Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
             result.manifest, options, result.accuracy)))
@@ -446,7 +447,7 @@ def cmd_train_local(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from bucketlearn.models_io import predict_file  # noqa: PLC0415
+    from bucketlearn.services.models import predict_file  # noqa: PLC0415
 
     result = predict_file(args.model, args.file, args.output)
     if args.json:
@@ -484,7 +485,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     code = follow(svc, job_id, args.timeout, as_json=False, check=StackWatch(state).check)
     if code != EXIT_OK:
         return code
-    from bucketlearn.models_io import model_bytes  # noqa: PLC0415
+    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
 
     blob, version = model_bytes(svc, job_id, None)
     out = Path(args.output_dir) / f"{job_id}.keras"
@@ -503,7 +504,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def tend_once(svc: Any) -> dict[str, Any]:
     """One watchdog pass: dead letters into failure markers, then stalled jobs moved on."""
     from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
-    from bucketlearn.watchdog import drain_dead_letters, tend  # noqa: PLC0415
+    from bucketlearn.services.tend import drain_dead_letters, tend  # noqa: PLC0415
 
     markers = 0
     if svc.settings.dead_letter_subscription:
@@ -525,7 +526,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.scaling import ScalingPolicy, autoscale_once  # noqa: PLC0415
+    from bucketlearn.services.autoscale import ScalingPolicy, autoscale_once  # noqa: PLC0415
 
     settings = load_settings()
     setup_logging(settings.log_format)
@@ -545,7 +546,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from bucketlearn.worker import main as worker_main  # noqa: PLC0415
+    from bucketlearn.services.learn import main as worker_main  # noqa: PLC0415
 
     worker_main()
     return EXIT_OK

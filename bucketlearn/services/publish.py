@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn import jobs
 from bucketlearn.bootstrap import Services
 from bucketlearn.errors import TransientError
-from bucketlearn.ingest import Manifest
-from bucketlearn.runtime import job_runtime
+from bucketlearn.ingest.split import Manifest
+from bucketlearn.services import jobs
+from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bucketlearn import jobs, layout
+from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.ports import BlobStore, Registry
+from bucketlearn.services import jobs
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute

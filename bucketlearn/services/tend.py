@@ -20,12 +20,13 @@ import json
 import logging
 from typing import Any
 
-from bucketlearn import jobs, layout
-from bucketlearn.aggregator import list_deltas, write_nudge
+from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import TaskQueue
-from bucketlearn.runtime import job_runtime
+from bucketlearn.services import jobs
+from bucketlearn.services.aggregate import list_deltas, write_nudge
+from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bucketlearn import codec, jobs, layout
+from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.plan import step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
-from bucketlearn.ingest import load_parts
+from bucketlearn.ingest.split import load_parts
+from bucketlearn.ml.training import subtract, train_task
 from bucketlearn.ports import ReceivedTask, TaskMessage
-from bucketlearn.runtime import job_runtime
-from bucketlearn.training import subtract, train_task
+from bucketlearn.services import jobs
+from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
     Raises:
         RetryLater: transient trouble (HTTP 503): Eventarc retries the event.
     """
-    from bucketlearn.split import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
+    from bucketlearn.services.upload import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
     svc = svc or _services()
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
@@ -80,7 +80,7 @@ def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
 
 def on_delta(cloud_event: Any) -> str:
     """Storage finalize event on the deltas bucket -> aggregate that job."""
-    from bucketlearn.aggregator import handle_delta_event  # noqa: PLC0415
+    from bucketlearn.services.aggregate import handle_delta_event  # noqa: PLC0415
 
     svc = _services()
     data = cloud_event.data
