@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,10 @@ import pytest
 from tests.conftest import unique_prefix
 
 
-@pytest.fixture
-def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[Callable[..., Any]]:
-    """Start LocalStacks sharing the emulators, each with its own names; stop them when the test
-    ends (a stack left running would take CPU from every later test)."""
+@contextlib.contextmanager
+def stack_factory(emulators: Any, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Callable[..., Any]]:
+    """Start LocalStacks sharing the emulators, each with its own names; stop them all on exit."""
     from bucketlearn.local.stack import LocalStack
 
     stacks: list[Any] = []
@@ -33,3 +33,20 @@ def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
     finally:
         for stack in stacks:
             stack.stop()
+
+
+@pytest.fixture
+def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[Callable[..., Any]]:
+    """Stacks stopped when the test ends (a stack left running would take CPU from every later
+    test)."""
+    with stack_factory(emulators, tmp_path_factory) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def make_module_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[Callable[..., Any]]:
+    """Stacks shared by a module's tests, stopped when the module ends."""
+    with stack_factory(emulators, tmp_path_factory) as start:
+        yield start

@@ -57,8 +57,8 @@ def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(make_stack: Any) -> Any:
-    return make_stack("main", workers=2)
+def stack(make_module_stack: Any) -> Any:
+    return make_module_stack("main", workers=2)
 
 
 def test_digits_trains_to_a_downloadable_model(stack: Any, tmp_path: Path) -> None:
