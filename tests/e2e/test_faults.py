@@ -17,8 +17,8 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
+from tests.e2e.helpers import DIGITS, assert_ledger_consistent, wait_terminal
 from tests.e2e.proxy import ProxiedEmulators
-from tests.e2e.test_pipeline import DIGITS, assert_ledger_consistent, wait_terminal
 
 pytestmark = pytest.mark.e2e
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -7,53 +7,17 @@ whose functions, relay and workers are real processes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.config import JobOptions
-from bucketlearn.services import jobs
+from tests.e2e.helpers import DIGITS, assert_ledger_consistent, cli, submit_and_wait
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
-DIGITS = REPO / "data" / "digits.csv"
-
-
-def cli(stack: Any, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BUCKETLEARN_HOME": str(stack.home)}
-    return subprocess.run([sys.executable, "-m", "bucketlearn.entrypoints.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=REPO)
-
-
-def submit_and_wait(stack: Any, path: Path, *flags: str, timeout: float = 500) -> dict[str, Any]:
-    result = cli(stack, "submit", str(path), "--wait", "--json", "--timeout", str(timeout),
-                 *flags, timeout=timeout + 60)
-    assert result.stdout.strip(), f"no output; stderr:\n{result.stderr[-3000:]}"
-    return json.loads(result.stdout)
-
-
-def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
-    """Versions dense from 0, each planned task applied exactly once (invariants 2 and 3)."""
-    job = svc.registry.get_job(job_id)
-    versions = svc.registry.list_versions(job_id)
-    assert [v["version"] for v in versions] == list(range(job["version"] + 1))
-    assert all(v["parent"] == v["version"] - 1 for v in versions[1:])
-    applied = [t for v in versions for t in v["tasks_applied"]]
-    assert len(applied) == len(set(applied)), "a task was applied twice"
-    planned = {layout.task_id_for(job_id, e, t) for e in range(1, job["options"]["epochs"] + 1)
-               for t in range(job["tasks_per_epoch"])}
-    assert set(applied) == planned
-    assert job["tasks_applied"] == len(planned) == job["tasks_planned"]
-    for v in versions[1:]:  # each version's weights object exists (written before the commit)
-        assert svc.store.stat(svc.settings.models_bucket, v["weights_path"]) is not None
-    return versions
 
 
 @pytest.fixture(scope="module")
@@ -181,11 +145,3 @@ def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Pat
     assert "expected 3 fields" in rejected["error"]
     assert rejected["error_detail"]["row"] == 3
     assert trained["status"] == "DONE" and trained["accuracy"] > 0.5
-
-
-def wait_terminal(svc: Any, job_id: str, timeout: float) -> dict[str, Any]:
-    job = jobs.wait_terminal(svc.registry, job_id, timeout)
-    if not jobs.is_terminal(job):
-        raise AssertionError(f"job {job_id} did not finish in {timeout}s: {job}")
-    assert job is not None
-    return job

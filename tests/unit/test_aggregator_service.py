@@ -134,7 +134,7 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     publishes epoch 2's first round before its holdout evaluation runs."""
     # Prepare
     from bucketlearn.services import aggregate as aggregator
-    from tests.unit.test_invariants import start_job, train_pending
+    from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
     planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
@@ -164,7 +164,7 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     aggregator and the watchdog took round 1 for unpublished and published it again)."""
     # Prepare
     from bucketlearn.services.publish import publish_round
-    from tests.unit.test_invariants import start_job, train_pending
+    from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     read_at_round_0 = svc.registry.get_job(job_id)
@@ -214,7 +214,7 @@ def test_the_drain_stops_at_its_time_budget_and_leaves_a_nudge(tmp_path, budget,
     (before: one invocation folded all six rounds and exported, however long that took). A
     budget shorter than one fold still folds one round per invocation: no endless nudges."""
     # Prepare
-    from tests.unit.test_invariants import start_job, train_pending
+    from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     train_pending(svc, len(svc.queue))  # round 0, published by the upload

@@ -21,7 +21,7 @@ from bucketlearn.services.learn import Decision, Learner, skip_reason
 from bucketlearn.services.models import model_bytes, predict_file
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes, write_blobs_csv
-from tests.unit.test_invariants import run_rounds, start_job, train_pending
+from tests.unit.steps import run_rounds, start_job, train_pending
 
 BY = "alice@laptop (bucketlearn cancel)"
 

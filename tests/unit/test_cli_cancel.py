@@ -11,7 +11,7 @@ import pytest
 
 from bucketlearn.entrypoints import cli
 from bucketlearn.services import jobs
-from tests.unit.test_invariants import run_rounds, start_job, train_pending
+from tests.unit.steps import run_rounds, start_job, train_pending
 
 
 @pytest.fixture

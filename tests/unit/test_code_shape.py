@@ -44,3 +44,20 @@ def test_the_layering_contracts_hold() -> None:
     # Assert
     assert "Contracts: 6 kept, 0 broken" in result.stdout, result.stdout[-3000:]
     assert result.returncode == 0
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared test code lives in helper modules (``tests/unit/helpers.py``, ``steps.py``, the
+    conftests), never in a ``test_*.py`` another module imports."""
+    # Prepare
+    tests = ROOT / "tests"
+    # Execute
+    offenders = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and any(
+                    part.startswith("test_") for part in node.module.split(".")):
+                offenders.append(f"{path.relative_to(ROOT)}: from {node.module}")
+    # Assert
+    assert len(list(tests.rglob("test_*.py"))) > 30
+    assert not offenders, offenders

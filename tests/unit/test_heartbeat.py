@@ -14,7 +14,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.services import learn as worker
 from bucketlearn.services.learn import Learner, _Reporter
 from tests.unit.helpers import eventually
-from tests.unit.test_invariants import start_job
+from tests.unit.steps import start_job
 
 
 class Recorder:

@@ -26,40 +26,8 @@ from bucketlearn.config import JobOptions, Limits
 from bucketlearn.ingest import split as ingest
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.upload import StorageEvent, handle_upload
-from tests.unit.helpers import blobs_rows, csv_bytes, write_blobs_csv
-
-
-def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2) -> tuple[Any, str]:
-    svc = memory_services()
-    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
-    info = svc.store.write_bytes(svc.settings.uploads_bucket, "blobs.csv", path.read_bytes(),
-                                 "text/csv", {"epochs": str(epochs), "rows_per_shard": "64",
-                                              "parallel_tasks": str(parallel_tasks)})
-    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                info.size))
-    assert job_id is not None
-    return svc, job_id
-
-
-def train_pending(svc: Any, count: int) -> None:
-    learner = Learner(svc, "w1")
-    for _ in range(count):
-        received = svc.queue.pull(0)
-        assert received is not None
-        assert learner.process(received.message) is Decision.ACK
-        received.ack()
-
-
-def run_rounds(svc: Any, job_id: str, limit: int = 100) -> None:
-    """Train and fold every published round until the queue stays empty."""
-    for _ in range(limit):
-        if not len(svc.queue):
-            return
-        train_pending(svc, len(svc.queue))
-        aggregator.aggregate_job(svc, job_id)
-    raise AssertionError(f"job {job_id}: still publishing rounds after {limit}")
+from tests.unit.helpers import blobs_rows, csv_bytes
+from tests.unit.steps import run_rounds, start_job, train_pending
 
 
 def weight_objects(svc: Any, job_id: str) -> set[str]:

@@ -17,7 +17,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline
 from tests.unit.helpers import csv_bytes
-from tests.unit.test_invariants import run_rounds, start_job
+from tests.unit.steps import run_rounds, start_job
 
 
 def write_bad_result(svc: Any, job_id: str, poison: str) -> str:

@@ -15,7 +15,7 @@ from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.tend import drain_dead_letters, tend
-from tests.unit.test_invariants import run_rounds, start_job
+from tests.unit.steps import run_rounds, start_job
 
 STALL = 600.0
 

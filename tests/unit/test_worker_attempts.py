@@ -10,7 +10,7 @@ import pytest
 from bucketlearn.errors import TransientError
 from bucketlearn.services import learn as worker
 from bucketlearn.services.learn import Decision, Learner
-from tests.unit.test_invariants import start_job
+from tests.unit.steps import start_job
 
 
 @pytest.mark.parametrize("error, counted", [(ConnectionError("connection reset"), 0),

@@ -1,0 +1,45 @@
+"""Driving the pipeline on the in-memory ports one step at a time: upload, train, fold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.services import aggregate
+from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.upload import StorageEvent, handle_upload
+from tests.unit.helpers import write_blobs_csv
+
+
+def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2) -> tuple[Any, str]:
+    """A 400-row, 3-class upload split into 64-row shards: (services, job id), round 1 published."""
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, "blobs.csv", path.read_bytes(),
+                                 "text/csv", {"epochs": str(epochs), "rows_per_shard": "64",
+                                              "parallel_tasks": str(parallel_tasks)})
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    assert job_id is not None
+    return svc, job_id
+
+
+def train_pending(svc: Any, count: int) -> None:
+    """Train and acknowledge ``count`` task messages with one learner."""
+    learner = Learner(svc, "w1")
+    for _ in range(count):
+        received = svc.queue.pull(0)
+        assert received is not None
+        assert learner.process(received.message) is Decision.ACK
+        received.ack()
+
+
+def run_rounds(svc: Any, job_id: str, limit: int = 100) -> None:
+    """Train and fold every published round until the queue stays empty."""
+    for _ in range(limit):
+        if not len(svc.queue):
+            return
+        train_pending(svc, len(svc.queue))
+        aggregate.aggregate_job(svc, job_id)
+    raise AssertionError(f"job {job_id}: still publishing rounds after {limit}")
