@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo down test test-unit test-integration test-e2e test-infra lint bench clean \
+.PHONY: install demo down test test-domain test-unit test-integration test-e2e test-infra lint bench clean \
         checkov fmt-infra deploy teardown browser
 CHECKOV_STAMP := .venv-checkov/.installed-stamp
 
@@ -52,8 +52,11 @@ deploy:
 teardown:
 	infra/teardown.sh
 
+test-domain: install
+	$(PY) -m pytest -q tests/domain $(PYTEST_ARGS)
+
 test-unit: install
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/domain tests/unit $(PYTEST_ARGS)
 
 test-integration: install
 	$(PY) -m pytest -q tests/integration $(PYTEST_ARGS)
