@@ -345,12 +345,11 @@ class LocalStack:
             overrides = {k: v for k, v in self.extra_env.items() if k.startswith("BUCKETLEARN_")}
             self.settings = load_settings({**settings.to_env(), **overrides})
             self._create_resources()
-            base_env = {**os.environ, **self.extra_env, **self.settings.to_env(),
-                        "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+            base_env = self.child_env()
             bin_dir = Path(sys.executable).parent
             ports = {name: free_port() for name in ("upload_fn", "delta_fn", "dashboard")}
             source = str(repo_root() / "functions" / "main.py")
-            fn_env = {**base_env, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+            fn_env = self.child_env(single_threaded=True)
             for name, target in (("upload_fn", "on_upload"), ("delta_fn", "on_delta")):
                 self._spawn(name, [str(bin_dir / "functions-framework"), "--target", target,
                                    "--signature-type", "cloudevent", "--source", source,
@@ -382,6 +381,17 @@ class LocalStack:
         self.write_state()
         return self
 
+    def child_env(self, single_threaded: bool = False) -> dict[str, str]:
+        """The environment of every process the stack starts: ours, the stack's settings and
+        extra variables; TensorFlow on one thread for the functions and the learners (they
+        share the machine's cores with one another)."""
+        assert self.settings is not None
+        env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
+               "TF_CPP_MIN_LOG_LEVEL": "2"}
+        if single_threaded:
+            env.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+        return env
+
     def _spawn(self, name: str, argv: list[str], logs: Path, env: dict[str, str]) -> Proc:
         proc = Proc(name, argv, logs / f"{name}.log", env, self.stack_id)
         proc.start()
@@ -390,9 +400,7 @@ class LocalStack:
 
     def start_worker(self, index: int) -> Proc:
         assert self.settings is not None
-        env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
-               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": "1",
-               "TF_NUM_INTEROP_THREADS": "1",
+        env = {**self.child_env(single_threaded=True),
                "BUCKETLEARN_WORKER_ID": f"{self.name_prefix}-worker-{index}"}
         return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.services.learn"],
                            self.home / "logs", env)
