@@ -6,7 +6,7 @@ round trains from the same version, on its own rows, with the version's optimize
 all of them are in, the aggregator folds them into the next version. Nothing here depends on how
 many workers there are or how their timing interleaves: the same upload with the same options
 gives the same sequence of versions on 1 worker or 16 (invariant 10 by construction), and with
-R = 1 the pipeline takes exactly serial training's steps.
+R = 1 the pipeline takes serial training's steps (up to float32 rounding).
 
 How many tasks may train from one version is what decides whether parallel training keeps serial
 accuracy. Local SGD (R workers, H local steps each, then a model fold) converges like serial SGD
