@@ -22,6 +22,9 @@ pytestmark = pytest.mark.integration
 # ranges: after an overwrite, the emulator serves the later ones from the new file.
 FIRST = csv_bytes(["x", "y", "label"], [[i, i % 7, "ab"[i % 2]] for i in range(900_000)])
 SECOND = csv_bytes(["x", "y", "label"], [[i, i % 5, "abc"[i % 3]] for i in range(900_000)])
+# Few large shards: the test is about reading, and thousands of shard parts written to the
+# storage emulator took minutes.
+OPTIONS = {"rows_per_shard": "100000"}
 
 
 class ReuploadDuringSplit:
@@ -80,7 +83,7 @@ def test_reupload_during_the_split_is_rejected_on_the_emulator(cloud: Any,
     assert len(FIRST) > 8 * 1024**2 and len(SECOND) > 8 * 1024**2
     svc = cloud
     bucket = svc.settings.uploads_bucket
-    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv")
+    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
     svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
     event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)
     # Execute
