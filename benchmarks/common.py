@@ -55,6 +55,8 @@ def machine() -> dict[str, Any]:
         "nproc": nproc, "cpu_model": cpu, "ram_gib": ram,
         "python": platform.python_version(), "platform": platform.platform(),
         "packages": versions, "load_average_at_start": list(os.getloadavg()),
+        "tf_threads": {k: os.environ.get(k) for k in ("TF_NUM_INTRAOP_THREADS",
+                                                      "TF_NUM_INTEROP_THREADS")},
     }
 
 

@@ -16,6 +16,9 @@ shuffled stream with the same learning-rate schedule. The pipeline is measured
     nothing forces them to agree to the last bit);
   * with ``bucketlearn.services.serial.simulate_pipeline`` — the real upload, learner and aggregator code
     on the in-memory ports — with 8 and 16 workers whose tasks overlap in time.
+Serial training, the simulation and the stack's learners all run TensorFlow on one thread
+(``benchmarks.run.ONE_THREAD``): with R = 1 the pipeline then takes serial training's steps to the
+bit, so what a cell shows is the method, not the rounding of another thread count.
 Every cell runs with seeds 0, 1 and 2 (split, initial weights, shuffling), serial and pipeline
 alike. A cell's figure is the mean over its runs of (pipeline − serial) in points of holdout
 accuracy; its worst run is shown beside it.

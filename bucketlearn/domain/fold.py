@@ -23,6 +23,13 @@ say so (docs/TRAINING.md, ``benchmarks/methods.py``, 5 tuning datasets x 3 seeds
 
 How many tasks a round may have (``domain.plan``) bounds how far either fold is from serial.
 
+**Exact with R = 1.** A learner writes the weights its task ended with, not ``x_i - x``: the
+aggregator takes the delta against the round's base in float64, where the difference of two
+float32 arrays is exact, so ``x + (x_i - x)`` is ``x_i`` to the last bit. (A float32 delta is
+rounded where a weight crosses zero or halves, and ``x + Δ`` then misses ``x_i`` by an ulp; CNN
+training can turn such an ulp into points of accuracy, so the pipeline and ``train-local`` would
+part ways by chance.) Results written as deltas (``content`` not ``"weights"``) still fold.
+
 A delta is *refused* (never folded; its task is trained again) when it is not finite or when its
 norm is far outside the job's recent deltas (``check_delta``): one bad worker must not poison
 every later version.
@@ -49,6 +56,30 @@ class TaskResult:
     optimizer: Sequence[np.ndarray]
     examples: int
     train_loss: float | None = None
+
+
+WEIGHTS = "weights"  # a task result's ``content``: the weights it ended with (else a delta)
+
+
+def task_delta(arrays: Sequence[np.ndarray], base: Sequence[np.ndarray], content: str | None
+               ) -> list[np.ndarray]:
+    """A task result's delta against the round's base, float64.
+
+    Args:
+        arrays: what the result object holds: end weights (``content == WEIGHTS``) or a delta.
+        base: the version the round trained from.
+        content: the result's ``content`` metadata (None for results written as deltas).
+    """
+    if content != WEIGHTS:
+        return [np.asarray(a, dtype=np.float64) for a in arrays]
+    if len(arrays) != len(base):
+        raise ValueError(f"expected {len(base)} weight arrays; found {len(arrays)}")
+    found = [tuple(np.shape(a)) for a in arrays]
+    expected = [tuple(np.shape(b)) for b in base]
+    if found != expected:
+        raise ValueError(f"expected weight arrays of shapes {expected}; found {found}")
+    return [np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+            for a, b in zip(arrays, base, strict=True)]
 
 
 def delta_norm(delta: Sequence[np.ndarray]) -> float:

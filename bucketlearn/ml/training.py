@@ -171,7 +171,3 @@ def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y:
     found = evaluate_detail(model, weights, x, y)
     return found.accuracy, found.loss
 
-
-def subtract(new: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> list[np.ndarray]:
-    return [np.asarray(n, dtype=np.float32) - np.asarray(b, dtype=np.float32)
-            for n, b in zip(new, base, strict=True)]

@@ -230,8 +230,9 @@ def _read_round(svc: Services, job: dict[str, Any], plan: RoundPlan, base: list[
     recent = job.get("delta_norm")
     for task_index, ref in sorted(plan.results.items()):
         try:
-            delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, ref.name),
-                                                        ref.name)
+            arrays, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, ref.name),
+                                                         ref.name)
+            delta = fold.task_delta(arrays, base, meta.get("content"))
             result = fold.TaskResult(task_index, delta, optimizer,
                                      _int(meta.get("examples"), 0),
                                      _float(meta.get("train_loss")))
@@ -239,6 +240,8 @@ def _read_round(svc: Services, job: dict[str, Any], plan: RoundPlan, base: list[
                                        None if recent is None else float(recent))
         except (CorruptObjectError, NotFoundError) as exc:
             problem = f"unreadable: {exc}"
+        except ValueError as exc:  # end weights of the wrong shapes (task_delta)
+            problem = str(exc)
         if problem is None:
             read.results.append(result)
         else:

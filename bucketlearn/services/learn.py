@@ -2,9 +2,9 @@
 
 A task message names the version it trains from (the head when its round was published), its
 rows and its learning rate, so there is nothing to wait for and nothing to decide: the worker
-loads that version's weights and optimizer state, trains, and writes the delta and the optimizer
-state it ended with. Only the current round's tasks are ever published, so a worker never trains
-from a stale version.
+loads that version's weights and optimizer state, trains, and writes the weights and optimizer
+state it ended with (the aggregator takes the delta against that version, exactly: domain.fold).
+Only the current round's tasks are ever published, so a worker never trains from a stale version.
 
 Delivery is at least once, so a task may be trained twice; the aggregator applies it once.
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
@@ -27,10 +27,11 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.fold import WEIGHTS
 from bucketlearn.domain.plan import step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.ingest.split import load_parts
-from bucketlearn.ml.training import subtract, train_task
+from bucketlearn.ml.training import train_task
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime
@@ -312,8 +313,9 @@ class Learner:
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "round": task.round,
                 "base_version": task.base_version, "examples": result.examples,
-                "train_loss": result.train_loss, "worker_id": self.worker_id}
-        data = codec.encode_state(subtract(result.weights, base), result.optimizer, meta)
+                "train_loss": result.train_loss, "worker_id": self.worker_id,
+                "content": WEIGHTS}  # the aggregator takes the delta, exactly (domain.fold)
+        data = codec.encode_state(result.weights, result.optimizer, meta)
         path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
         svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream",
                               metadata={k: str(v) for k, v in meta.items()})

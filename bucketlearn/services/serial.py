@@ -5,7 +5,8 @@ the same model with the same initial weights and optimizer, and trains it in one
 the same tasks one after another: the plan the pipeline makes with ``parallel_tasks=1``, the same
 row order in every task and the same learning rate at every step. So the only difference between
 ``train-local`` and a pipeline job is the pipeline's parallel rounds; with ``parallel_tasks=1``
-the pipeline takes exactly these steps (up to float32 rounding of the deltas).
+the pipeline takes exactly these steps, to the bit (the aggregator takes each delta exactly:
+``domain.fold``), on the same machine and TensorFlow thread settings.
 
 ``simulate_pipeline`` runs the real upload, learner and aggregator code on the in-memory ports
 with W workers whose tasks overlap in time (each trains the round's task it pulled). Training in
@@ -38,6 +39,7 @@ class SerialResult:
     seconds: float
     manifest: Manifest
     model: Any
+    weights: list[Any]
 
 
 def local_source(path: str) -> SourceFile:
@@ -72,7 +74,8 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     accuracy, loss = evaluate(model, weights, x_hold, y_hold)
-    return SerialResult(accuracy, loss, time.perf_counter() - started, manifest, model)
+    return SerialResult(accuracy, loss, time.perf_counter() - started, manifest, model,
+                        list(weights))
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,

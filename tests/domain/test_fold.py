@@ -10,12 +10,14 @@ import pytest
 from bucketlearn.domain import health
 from bucketlearn.domain.fold import (
     OUTLIER_FACTOR,
+    WEIGHTS,
     TaskResult,
     check_delta,
     delta_norm,
     fold_round,
     running_norm,
     server_learning_rate,
+    task_delta,
     weighted_mean_loss,
 )
 
@@ -161,3 +163,33 @@ def test_degenerate_model_is_one_answer_no_better_than_the_class_frequencies():
     assert health.degenerate_model([10, 80, 0], balanced, names, 9.0, 1.0) is None
     assert health.degenerate_model([0, 90, 0], [0, 90, 0], names, 9.0, 1.0) is None
     assert health.prior_loss([30, 30, 30]) == pytest.approx(math.log(3))
+
+
+def test_one_task_folded_from_its_end_weights_is_those_weights_to_the_bit():
+    """R = 1 is serial training only if x + Δ gives back the task's weights. A float32 delta
+    cannot where a weight moves across zero or far from its base (1.0 -> 1e-8: the float32
+    spacing near 1 is 6e-8); the delta taken in float64 from the end weights can."""
+    # Prepare
+    base = [np.array([1.0, -3.0e-3, 0.75], np.float32)]
+    trained = [np.array([1.0e-8, 2.5e-3, 0.7500001], np.float32)]
+    rounded = [np.asarray(trained[0] - base[0], np.float32)]  # what a float32 delta holds
+    # Execute
+    exact, _ = fold_round(base, OPT, [TaskResult(0, task_delta(trained, base, WEIGHTS),
+                                                 OPT, 1)], server_lr=1.0)
+    lossy, _ = fold_round(base, OPT, [TaskResult(0, rounded, OPT, 1)], server_lr=1.0)
+    # Assert
+    assert exact[0].dtype == np.float32 and exact[0].tobytes() == trained[0].tobytes()
+    assert lossy[0].tobytes() != trained[0].tobytes()
+
+
+def test_a_result_written_as_a_delta_is_taken_as_it_is_and_end_weights_must_fit_the_base():
+    """Results written before the learner sent its end weights (no ``content``) are deltas; end
+    weights of other shapes than the base are refused with both shapes named."""
+    # Prepare
+    delta = [np.array([0.5, 0.25], np.float32), np.array([[1.0]], np.float32)]
+    # Execute
+    taken = task_delta(delta, BASE, None)
+    # Assert
+    assert [t.tolist() for t in taken] == [[0.5, 0.25], [[1.0]]]
+    with pytest.raises(ValueError, match=r"expected weight arrays of shapes \[\(2,\), \(1, 1\)\]"):
+        task_delta([np.zeros(3, np.float32), np.zeros((1, 1), np.float32)], BASE, WEIGHTS)

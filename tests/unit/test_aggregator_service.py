@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 
-from bucketlearn import layout
+from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
@@ -15,7 +16,7 @@ from bucketlearn.ports import VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
 from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.serial import simulate_pipeline
+from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     deflated_with_bad_stream,
@@ -106,6 +107,25 @@ def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_pa
     # Assert
     checksums = [[v["checksum"] for v in run["versions"]] for run in runs]
     assert len(checksums[0]) > 2 and all(c == checksums[0] for c in checksums[1:])
+
+
+def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
+    """With R = 1 a pipeline job is train-local: the same split, tasks, rows and rates, and a
+    fold that gives back each task's weights exactly, so its last version is train-local's
+    model bit for bit (on the same machine and thread settings)."""
+    # Prepare
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400, n_classes=3, n_features=4)
+    options = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1)
+    serial = train_local(str(path), options)
+    # Execute
+    run = simulate_pipeline(str(path), options, workers=2)
+    # Assert
+    svc, last = run["svc"], run["versions"][-1]
+    weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                            last["weights_path"]))
+    assert run["job"]["status"] == "DONE" and last["version"] >= 4
+    assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
+    assert last["holdout_accuracy"] == serial.accuracy
 
 
 def test_versions_record_where_the_fold_time_went(pipeline):
