@@ -83,9 +83,20 @@ def keras_module() -> Any:
 
 
 def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> Any:
-    """Build and compile the Keras model; the same spec and seed give the same initial weights."""
+    """Build and compile the Keras model; the same spec and seed give the same initial weights,
+    whichever thread builds it and whatever else runs at the same time.
+
+    Every kernel initializer has its own seed, derived from the job's: Keras's unseeded
+    initializers draw from process-wide random state (Python's ``random`` included), which the
+    upload function's other threads (concurrent uploads, client retries with jitter) also draw
+    from, so ``set_random_seed`` before a build did not make it reproducible.
+    """
     keras = keras_module()
-    keras.utils.set_random_seed(spec.seed)
+    seeds = iter(range(spec.seed * 16, spec.seed * 16 + 16))
+
+    def init() -> Any:
+        return keras.initializers.GlorotUniform(seed=next(seeds))
+
     inputs = keras.Input(shape=(spec.n_features,), name="features")
     x = keras.layers.Normalization(mean=np.asarray(mean, dtype=np.float32),
                                    variance=np.asarray(variance, dtype=np.float32),
@@ -93,18 +104,21 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> An
     if spec.kind == "cnn":
         assert spec.image_shape is not None
         x = keras.layers.Reshape(spec.image_shape)(x)
-        x = keras.layers.Conv2D(16, 3, activation="relu", padding="same")(x)
+        x = keras.layers.Conv2D(16, 3, activation="relu", padding="same",
+                                kernel_initializer=init())(x)
         x = keras.layers.MaxPooling2D()(x)
-        x = keras.layers.Conv2D(32, 3, activation="relu", padding="same")(x)
+        x = keras.layers.Conv2D(32, 3, activation="relu", padding="same",
+                                kernel_initializer=init())(x)
         x = keras.layers.MaxPooling2D()(x)
         x = keras.layers.Flatten()(x)
-        x = keras.layers.Dense(64, activation="relu")(x)
+        x = keras.layers.Dense(64, activation="relu", kernel_initializer=init())(x)
     elif spec.kind == "mlp":
-        x = keras.layers.Dense(128, activation="relu")(x)
-        x = keras.layers.Dense(64, activation="relu")(x)
+        x = keras.layers.Dense(128, activation="relu", kernel_initializer=init())(x)
+        x = keras.layers.Dense(64, activation="relu", kernel_initializer=init())(x)
     else:
         raise PermanentError(f"model kind: expected 'mlp' or 'cnn'; found: {spec.kind!r}")
-    outputs = keras.layers.Dense(spec.n_classes, activation="softmax", name="probabilities")(x)
+    outputs = keras.layers.Dense(spec.n_classes, activation="softmax", name="probabilities",
+                                 kernel_initializer=init())(x)
     model = keras.Model(inputs, outputs, name=f"bucketlearn_{spec.kind}")
     compile_model(model, spec.learning_rate)
     return model

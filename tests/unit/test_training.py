@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import threading
+
 import numpy as np
 import pytest
 
@@ -27,6 +30,39 @@ def _shard(rows=70):
     y = rng.integers(0, 3, rows)
     x = (rng.normal(size=(rows, 6)) + y[:, None]).astype(np.float32)
     return x, y
+
+
+def test_models_built_at_once_in_threads_start_from_the_seeds_weights():
+    """The upload function builds version 0 for concurrent uploads in threads, beside threads
+    whose clients draw retry jitter from Python's ``random``; each model must get the initial
+    weights its seed gives when built alone (with one ``set_random_seed`` before the build, the
+    shared random state interleaved and every one of three differed)."""
+    # Prepare
+    alone = [w.tobytes() for w in _model().get_weights()]
+    built: dict[int, list[bytes]] = {}
+    done = threading.Event()
+
+    def build(i):
+        built[i] = [w.tobytes() for w in _model().get_weights()]
+
+    def jitter():
+        while not done.is_set():
+            random.random()
+            np.random.random()
+
+    builders = [threading.Thread(target=build, args=(i,)) for i in range(3)]
+    noise = threading.Thread(target=jitter)
+    # Execute
+    noise.start()
+    for t in builders:
+        t.start()
+    for t in builders:
+        t.join(timeout=120)
+    done.set()
+    noise.join(timeout=10)
+    # Assert
+    assert sorted(built) == [0, 1, 2]
+    assert all(built[i] == alone for i in range(3))
 
 
 def test_task_takes_the_same_steps_as_fit():
