@@ -98,11 +98,14 @@ def test_the_supervisor_stops_what_a_killed_guard_left(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, proc.tail()
             time.sleep(0.1)
         jvm = int(pid_file.read_text())
-        assert proc.command_pid() is not None
+        command = proc.command_pid()
+        assert command is not None
         assert proc.popen is not None
         # Execute: the guard is killed outright
         proc.popen.send_signal(signal.SIGKILL)
         proc.popen.wait(timeout=10)
+        # its command dies of the parent-death signal (not at once on a loaded machine)
+        assert processes.wait_gone([command], 10) == []
         assert processes.alive(jvm), "precondition: the grandchild was orphaned"
         left = proc.stop_leftovers()
         # Assert
