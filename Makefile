@@ -65,7 +65,7 @@ test-e2e: install
 	$(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check bucketlearn functions workers dashboard tests data benchmarks
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 # Full benchmarks (minutes on 2 cores; run on an idle machine). BENCH_ARGS, e.g. "--only ingest".

@@ -1,7 +1,7 @@
 """Fresh process: plain numpy + keras only. bucketlearn and rawrow_lib are blocked from importing."""
 import json
-import re
 import os
+import re
 import sys
 import time
 import warnings
@@ -10,8 +10,8 @@ sys.modules["bucketlearn"] = None   # any `import bucketlearn` now raises Import
 sys.modules["rawrow_lib"] = None
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 warnings.simplefilter("always")
-import numpy as np  # noqa: E402
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (the backend keras already loaded)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

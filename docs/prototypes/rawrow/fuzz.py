@@ -12,11 +12,10 @@ import time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import numpy as np  # noqa: E402
 import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
+import numpy as np  # noqa: E402
 import rawrow_lib as rl  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 50000
 rng = random.Random(1)

@@ -9,11 +9,11 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
-
 import rawrow_lib as rl  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +69,6 @@ KINDS = {"age": "numeric", "income": "numeric", "color": "category", "city": "ca
 
 
 def main():
-    import keras
     t0 = time.time()
     train, y_train = make_rows(1500)
     test, _ = make_rows(300)
@@ -89,11 +88,11 @@ def main():
     for variant in ("string", "float"):
         raw = rl.build_raw_model(schema, core, numeric_input=variant)
         path = os.path.join(HERE, f"raw_{variant}.keras")
-        import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             raw.save(path)
-        same = all(np.array_equal(a, b) for a, b in zip(weights_before, raw.get_layer("core").get_weights()))
+        same = all(np.array_equal(a, b) for a, b in zip(weights_before, raw.get_layer("core").get_weights(),
+                                                          strict=True))
         results[variant] = {"bytes": os.path.getsize(path), "core_weights_identical": same,
                             "n_layers_outer": len(raw.layers),
                             "weights_raw_vs_core": [len(raw.weights), len(core.weights)],
@@ -108,8 +107,9 @@ def main():
         print(f"--- fresh process, variant={variant}")
         r = subprocess.run([sys.executable, os.path.join(HERE, "check_fresh.py"), variant],
                            capture_output=True, text=True, cwd="/tmp")
-        print(r.stdout + "\n".join(l for l in r.stderr.splitlines() if "absl" not in l and "cpu_feature" not in l
-                                    and "rebuild TensorFlow" not in l))
+        noise = ("absl", "cpu_feature", "rebuild TensorFlow")
+        print(r.stdout + "\n".join(line for line in r.stderr.splitlines()
+                                    if not any(n in line for n in noise)))
 
 
 if __name__ == "__main__":
