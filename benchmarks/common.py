@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bucketlearn.config import SINGLE_THREADED_TF
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DIGITS = REPO / "data" / "digits.csv"
@@ -55,8 +57,7 @@ def machine() -> dict[str, Any]:
         "nproc": nproc, "cpu_model": cpu, "ram_gib": ram,
         "python": platform.python_version(), "platform": platform.platform(),
         "packages": versions, "load_average_at_start": list(os.getloadavg()),
-        "tf_threads": {k: os.environ.get(k) for k in ("TF_NUM_INTRAOP_THREADS",
-                                                      "TF_NUM_INTEROP_THREADS")},
+        "tf_threads": {k: os.environ.get(k) for k in SINGLE_THREADED_TF},
     }
 
 

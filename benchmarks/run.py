@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.common import log
+from bucketlearn.config import SINGLE_THREADED_TF
 
 NAMES = ("ingest", "parity", "overhead", "scale", "methods", "schedules")
 TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
@@ -30,11 +31,11 @@ TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
           "methods": "5. Choosing the aggregation (tuning datasets only)",
           "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)"}
 # Parity compares serial training with the pipeline's learners, which on the local stack run
-# TensorFlow on one thread (``local.stack.Stack.child_env``). Another thread count sums in another
+# TensorFlow on one thread (``config.SINGLE_THREADED_TF``). Another thread count sums in another
 # order, and CNN training can turn that rounding into points of accuracy; so parity runs serial
 # training and the simulation on one thread too, in a process of its own when needed (TensorFlow
 # fixes its threads when it starts).
-ONE_THREAD = {"parity": {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}}
+ONE_THREAD = {"parity": SINGLE_THREADED_TF}
 DOC = common.REPO / "docs" / "BENCHMARKS.md"
 START, END = "<!-- bench:generated:start -->", "<!-- bench:generated:end -->"
 
@@ -222,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"benchmarks.{name}")
         log(f"{name}: start ({'smoke' if args.smoke else 'full'})")
         started = time.monotonic()
-        params, reduced = reduced_params(name, module, args)
         if _needs_child(name):
             try:
                 fresh[name] = _run_in_child(name, sys.argv[1:] if argv is None else argv,
@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 failed.append(name)
             continue
+        params, reduced = reduced_params(name, module, args)
         try:
             result = module.run(args.out, smoke=args.smoke, params=params)
             if reduced:

@@ -24,6 +24,11 @@ DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("wsd", "cosine", "constant")
 AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
+# TensorFlow on one thread: the local stack's functions and learners share the machine's cores.
+# The thread count fixes the order of TensorFlow's sums, so whatever is compared with them to the
+# bit (the parity benchmark, the test process) runs with the same.
+SINGLE_THREADED_TF: Mapping[str, str] = {"TF_NUM_INTRAOP_THREADS": "1",
+                                         "TF_NUM_INTEROP_THREADS": "1"}
 FAULT_POINTS = frozenset({
     "aggregator.before_commit",   # weights written, version not committed: the process dies
     "aggregator.after_commit",    # version committed, event not yet acknowledged: dies

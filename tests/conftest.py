@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from bucketlearn.config import SINGLE_THREADED_TF
+
 # TensorFlow in the test process computes as the local stack's learners and functions do (one
-# thread: ``local.stack.Stack.child_env``), so a job on the stack and train-local here can be
-# compared to the bit. TensorFlow fixes its threads when it starts: this runs before any test
-# module imports it.
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+# thread), so a job on the stack and train-local here can be compared to the bit. TensorFlow
+# fixes its threads when it starts: this runs before any test module imports it.
+for _key, _value in SINGLE_THREADED_TF.items():
+    os.environ.setdefault(_key, _value)
 
 REPO = Path(__file__).resolve().parents[1]
 ISOLATED_PREFIXES = ("BUCKETLEARN_",)

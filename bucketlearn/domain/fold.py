@@ -63,7 +63,7 @@ WEIGHTS = "weights"  # a task result's ``content``: the weights it ended with (e
 
 def task_delta(arrays: Sequence[np.ndarray], base: Sequence[np.ndarray], content: str | None
                ) -> list[np.ndarray]:
-    """A task result's delta against the round's base, float64.
+    """A task result's delta against the round's base (float64 when taken from end weights).
 
     Args:
         arrays: what the result object holds: end weights (``content == WEIGHTS``) or a delta.
@@ -71,7 +71,7 @@ def task_delta(arrays: Sequence[np.ndarray], base: Sequence[np.ndarray], content
         content: the result's ``content`` metadata (None for results written as deltas).
     """
     if content != WEIGHTS:
-        return [np.asarray(a, dtype=np.float64) for a in arrays]
+        return list(arrays)  # fold_round sums in float64
     if len(arrays) != len(base):
         raise ValueError(f"expected {len(base)} weight arrays; found {len(arrays)}")
     found = [tuple(np.shape(a)) for a in arrays]

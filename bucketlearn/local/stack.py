@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 
-from bucketlearn.config import Settings, load_settings
+from bucketlearn.config import SINGLE_THREADED_TF, Settings, load_settings
 from bucketlearn.errors import BucketlearnError
 from bucketlearn.local import processes
 from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV, descendants
@@ -389,7 +389,7 @@ class LocalStack:
         env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
                "TF_CPP_MIN_LOG_LEVEL": "2"}
         if single_threaded:
-            env.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+            env.update(SINGLE_THREADED_TF)
         return env
 
     def _spawn(self, name: str, argv: list[str], logs: Path, env: dict[str, str]) -> Proc:
