@@ -51,6 +51,7 @@ IMAGE = ("digits28", "hmnist4", "shapes", "gratings")
 TABULAR = ("digits", "blobs12k", "wide20", "segment", "banana", "binary15k")
 TUNING = ("digits28", "hmnist4", "digits", "blobs12k", "wide20")
 HELD_OUT = ("shapes", "gratings", "segment", "banana", "binary15k")
+MIXED = ("trips", "penguins")  # text, dates and missing cells (issue #15); no decision used them
 ORDERS = ("shuffled", "sorted")
 
 
@@ -272,10 +273,64 @@ def banana(path: Path, order: str) -> Path:
     return _write(path, ["x1", "x2"], features, labels, order)
 
 
+def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
+    """Taxi-trip-like mixed types (issue #15): an id, a timestamp, three text columns (one of
+    500 companies, Zipf-distributed), numbers with empty cells and ``NA``; the tip class comes
+    from the city, the payment, the distance and the hour, plus noise (not learned perfectly)."""
+    rng = np.random.default_rng(seed)
+    cities = np.array(["Chicago", "Evanston", "Oak Park", "Skokie", "Cicero", "Berwyn"])
+    payments = np.array(["Cash", "Credit Card", "Mobile", "Prcard"])
+    city, payment = rng.integers(0, 6, count), rng.integers(0, 4, count)
+    company = rng.zipf(1.4, count) % 500
+    distance = rng.gamma(2.0, 3.0, count)
+    hour = rng.integers(0, 24, count)
+    stamps = (np.datetime64("2023-01-01T00:00") + rng.integers(0, 730, count).astype(
+        "timedelta64[D]") + (hour * 60 + rng.integers(0, 60, count)).astype("timedelta64[m]"))
+    score = (np.array([0.8, 0.2, 0.5, -0.2, -0.6, 0.0])[city]
+             + np.array([-1.2, 0.6, 0.4, 0.0])[payment] + 0.15 * np.minimum(distance, 12)
+             + 0.7 * ((hour >= 17) & (hour <= 20)) + 0.3 * (company < 5)
+             + rng.normal(0, 0.6, count))
+    labels = np.where(score > 1.3, "high", np.where(score > 0.3, "mid", "low"))
+    blank = rng.random((count, 3)) < np.array([0.06, 0.03, 0.08])
+    rows = np.array([[f"T{i:07d}", str(stamps[i]), cities[city[i]],
+                      "" if blank[i, 0] else payments[payment[i]], f"Company {company[i]:03d}",
+                      "NA" if blank[i, 1] else f"{distance[i]:.2f}",
+                      f"{3.25 + 2.25 * distance[i] + rng.normal(0, 1):.2f}",
+                      "" if blank[i, 2] else f"{distance[i] * 3 + rng.gamma(2.0, 2.0):.1f}"]
+                     for i in range(count)], dtype=object)
+    header = ["trip_id", "start", "city", "payment", "company", "miles", "fare", "minutes"]
+    return _write_text(path, header, rows, labels, order, seed)
+
+
+def _write_text(path: Path, header: list[str], rows: np.ndarray, labels: np.ndarray, order: str,
+                seed: int) -> Path:
+    """Like ``_write`` for cells that are already text (label last)."""
+    index = (np.argsort(labels, kind="stable") if order == "sorted"
+             else np.random.default_rng([seed, 99]).permutation(len(labels)))
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow([*header, "label"])
+        for i in index:
+            writer.writerow([*rows[i], labels[i]])
+    return path
+
+
+def penguins(path: Path, order: str) -> Path:
+    """Palmer penguins as published (``data/penguins.csv``: text columns, NA cells), the label
+    ``species`` moved last; 344 rows."""
+    with open(REPO / "data" / "penguins.csv", encoding="utf-8") as handle:
+        records = list(csv.reader(handle))
+    header, body = records[0], records[1:]
+    at = header.index("species")
+    rows = np.array([[v for i, v in enumerate(r) if i != at] for r in body], dtype=object)
+    labels = np.array([r[at] for r in body])
+    return _write_text(path, [h for i, h in enumerate(header) if i != at], rows, labels, order, 0)
+
+
 WRITERS: dict[str, Callable[[Path, str], Path]] = {
     "digits28": digits28, "hmnist4": hmnist4, "shapes": shapes, "gratings": gratings,
     "digits": digits, "blobs12k": blobs12k, "wide20": wide20, "segment": segment,
-    "banana": banana, "binary15k": binary15k,
+    "banana": banana, "binary15k": binary15k, "trips": trips, "penguins": penguins,
     "hmnist4-12k": lambda path, order: hmnist4(path, order, 12_000),
     "hmnist4-48k": lambda path, order: hmnist4(path, order, 48_000),
 }

@@ -28,9 +28,30 @@ from benchmarks.common import MB, goal, log
 FULL = {"sizes_mb": [50, 500], "repeats": {"50": 3, "500": 2},
         "contenders": ["split", "split-tempdir", "pyarrow", "pandas"],
         "emulator_sizes_mb": [50],
-        "probes": {"50": ["probe-stages"], "500": ["probe-readahead"]}}
+        "probes": {"50": ["probe-stages"], "500": ["probe-readahead"]},
+        "mixed_sizes_mb": [50], "mixed_repeats": 3}
 SMOKE = {"sizes_mb": [1], "repeats": {"1": 1}, "contenders": ["split", "pyarrow", "pandas"],
-         "emulator_sizes_mb": []}
+         "emulator_sizes_mb": [], "mixed_sizes_mb": [1], "mixed_repeats": 1}
+
+
+def mixed_runs(tmp: Path, sizes: list[float], repeats: int) -> dict[str, Any]:
+    """Split and pyarrow on taxi-trip-like mixed-type files (issue #15): an identifier, a
+    timestamp, text columns, numbers with empty cells and NA (``common.write_mixed``)."""
+    figures: dict[str, Any] = {}
+    for size in sizes:
+        path = tmp / f"mixed_{size}mb.csv"
+        log(f"ingest: generating {path.name}")
+        rows = common.write_mixed(path, size)
+        common.warm_page_cache(path)
+        runs: dict[str, list[dict[str, Any]]] = {"split": [], "pyarrow": []}
+        for _ in range(repeats):
+            for contender in runs:
+                log(f"ingest: {contender} on {path.name}")
+                runs[contender].append(run_contender(contender, path))
+        figures[str(size)] = {"file_mb": path.stat().st_size / MB, "rows": rows,
+                              "contenders": {c: best_of(m) for c, m in runs.items()}}
+        path.unlink()
+    return figures
 
 
 def run_contender(contender: str, path: Path, extra_args: list[str] | None = None,
@@ -131,7 +152,9 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                     entry["contenders"]["split-emulator"] = {"error": str(exc)[:500]}
             figures[str(size)] = entry
             path.unlink()
+        mixed = mixed_runs(tmp, params.get("mixed_sizes_mb", []), params.get("mixed_repeats", 1))
     result["figures"] = figures
+    result["figures_mixed"] = mixed
     ratios: dict[str, Any] = {}
     for size, entry in figures.items():
         c = entry["contenders"]
@@ -152,6 +175,12 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         value = ratios[f"split_vs_pyarrow_throughput_{size}mb"]
         goal(result, f"split throughput / pyarrow.read_csv throughput ({size} MB)", value,
              ">= 0.5", value >= 0.5)
+    for size, entry in mixed.items():
+        c = entry["contenders"]
+        value = c["split"]["mb_per_s"] / c["pyarrow"]["mb_per_s"]
+        ratios[f"mixed_split_vs_pyarrow_throughput_{size}mb"] = value
+        goal(result, f"split throughput / pyarrow.read_csv throughput (mixed types, {size} MB)",
+             value, ">= 0.5", value >= 0.5)
     if len(sizes) > 1:
         value = ratios[f"split_peak_rss_growth_{small}_to_{large}mb"]
         goal(result, f"split peak RSS {large} MB / {small} MB", value, "<= 1.2", value <= 1.2)
@@ -170,14 +199,16 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
 
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
     rows = []
-    for entry in result["figures"].values():
+    entries = [("", e) for e in result["figures"].values()]
+    entries += [(" mixed", e) for e in result.get("figures_mixed", {}).values()]
+    for kind, entry in entries:
         base = entry["contenders"].get("pyarrow", {})
         for name, c in entry["contenders"].items():
             if "error" in c:
-                rows.append([f"{entry['file_mb']:.0f} MB", name, "error", "", "", ""])
+                rows.append([f"{entry['file_mb']:.0f} MB{kind}", name, "error", "", "", ""])
                 continue
             ratio = (f"{c['mb_per_s'] / base['mb_per_s']:.2f}x" if base else "")
-            rows.append([f"{entry['file_mb']:.0f} MB", name, f"{c['mb_per_s']:.1f}", ratio,
+            rows.append([f"{entry['file_mb']:.0f} MB{kind}", name, f"{c['mb_per_s']:.1f}", ratio,
                          f"{c['peak_rss_mb']:.0f}", f"{c['seconds']:.2f}"])
     return rows
 

@@ -41,8 +41,8 @@ from benchmarks.common import goal, log
 IMAGE_OPTIONS = {"epochs": 5}
 FULL = {
     "datasets": {name: {"options": IMAGE_OPTIONS if name in datasets.IMAGE else {}}
-                 for name in (*datasets.TUNING, *datasets.HELD_OUT)},
-    "held_out": list(datasets.HELD_OUT),
+                 for name in (*datasets.TUNING, *datasets.HELD_OUT, *datasets.MIXED)},
+    "held_out": [*datasets.HELD_OUT, *datasets.MIXED],
     "orders": ["shuffled", "sorted"],
     "sim_workers": [8, 16],
     "stack": {"workers": [1, 2, 4], "repeats": 2, "concurrent_jobs": 3},
@@ -68,6 +68,7 @@ def fit_reference(path: Path, options: Any) -> float:
 
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import Limits
+    from bucketlearn.domain.columns import is_matrix
     from bucketlearn.domain.plan import learning_rate
     from bucketlearn.ingest.split import load_parts, split_upload
     from bucketlearn.ml.model import build_model, choose_spec
@@ -77,9 +78,9 @@ def fit_reference(path: Path, options: Any) -> float:
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "fit",
                             options, Limits())
-    spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
-                       options.seed, options.learning_rate, path.name)
-    model = build_model(spec, manifest.mean, manifest.variance)
+    spec = choose_spec(options.model, manifest.width, len(manifest.classes), options.seed,
+                       options.learning_rate, path.name, matrix=is_matrix(manifest.schema))
+    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
     x, y = load_parts(svc.store, svc.settings.work_bucket,
                       [p for s in manifest.shards for p in s.parts])
     steps = math.ceil(len(y) / options.batch_size) * options.epochs

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES, parse_list
 from bucketlearn.errors import ConfigError
 
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
@@ -48,6 +49,7 @@ class OptionSpec:
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
     auto: bool = False  # a whole number that also takes "auto" (stored as AUTO = 0)
+    items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
 
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
@@ -71,6 +73,14 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("max_failed_tasks", int, 0,
                "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
                0, 1_000_000),
+    OptionSpec("missing_values", str, ",".join(DEFAULT_MISSING_VALUES),
+               "cell values read as missing, comma-separated (an empty cell always is)",
+               items=True),
+    OptionSpec("max_categories", int, 1000,
+               "a text column's vocabulary: its most frequent values up to this many; the rest "
+               "share one out-of-vocabulary code", 1, 100_000),
+    OptionSpec("drop_columns", str, "", "feature columns to leave out, comma-separated",
+               items=True),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -92,6 +102,9 @@ class JobOptions:
     parallel_tasks: int = _SPEC_BY_NAME["parallel_tasks"].default
     seed: int = _SPEC_BY_NAME["seed"].default
     max_failed_tasks: int = _SPEC_BY_NAME["max_failed_tasks"].default
+    missing_values: str = _SPEC_BY_NAME["missing_values"].default
+    max_categories: int = _SPEC_BY_NAME["max_categories"].default
+    drop_columns: str = _SPEC_BY_NAME["drop_columns"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,6 +112,15 @@ class JobOptions:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> JobOptions:
         return cls(**{k: v for k, v in values.items() if k in OPTION_NAMES})
+
+    @property
+    def missing_markers(self) -> list[str]:
+        """The values read as missing besides an empty cell."""
+        return parse_list(self.missing_values)
+
+    @property
+    def dropped_columns(self) -> list[str]:
+        return parse_list(self.drop_columns)
 
     def with_overrides(self, **overrides: Any) -> JobOptions:
         """Return a copy with the non-None overrides applied (after validation)."""
@@ -128,6 +150,11 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         return None
     if spec.kind is str:
         value = str(raw).strip()
+        if spec.items:
+            if len(value) > 4096:
+                raise ConfigError(name, "a comma-separated list of at most 4096 characters",
+                                  _short_text(value), source)
+            return ",".join(parse_list(value))
         if spec.choices is not None:
             value = value.lower()
             if value not in spec.choices:
@@ -157,6 +184,10 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         noun = "a whole number" if spec.kind is int else "a number"
         raise ConfigError(name, _range_text(noun, spec), raw, source)
     return value
+
+
+def _short_text(value: str) -> str:
+    return value if len(value) <= 60 else value[:60] + "…"
 
 
 def _range_text(noun: str, spec: OptionSpec) -> str:

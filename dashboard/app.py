@@ -285,6 +285,10 @@ def options_tab(job: dict) -> None:
                         hide_index=True, width="stretch")
     else:
         right.caption("Not split yet (or rejected before splitting).")
+    columns = dd.column_rows(job)
+    if columns:
+        st.markdown("**Columns** (text, dates, missing cells; and those left out)")
+        st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
 
 
 def model_tab(job: dict, versions: list[dict]) -> None:

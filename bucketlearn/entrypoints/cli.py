@@ -342,6 +342,18 @@ def progress_line(job: dict[str, Any]) -> str:
             f"holdout accuracy {acc_text}")
 
 
+def columns_lines(status: dict[str, Any]) -> list[str]:
+    """The job's feature columns by kind, and those left out with their reasons."""
+    columns = status.get("columns") or {}
+    lines = []
+    if columns.get("kinds"):
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(columns["kinds"].items()))
+        lines.append(f"columns:   {kinds}")
+    for dropped in status.get("dropped_columns") or []:
+        lines.append(f"left out:  {dropped['name']}: {dropped['reason']}")
+    return lines
+
+
 def print_status(status: dict[str, Any]) -> None:
     print(f"job:       {status['job_id']}")
     print(f"status:    {status['status']}")
@@ -350,6 +362,8 @@ def print_status(status: dict[str, Any]) -> None:
         print(f"{label:11s}{status['error']}")
     print(f"version:   {status['version']}")
     print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
+    for line in columns_lines(status):
+        print(line)
     print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
           f"{status.get('tasks_failed') or 0} failed")
     if status.get("model_uri"):
@@ -477,15 +491,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"the local stack in {home} stopped right after it started; see "
               f"{home / 'logs' / 'supervisor.log'}", file=sys.stderr)
         return EXIT_NO_TARGET
-    data = Path(args.file or repo_root() / "data" / "digits.csv")
     svc = services(load_settings({**os.environ, **state["env"]}))
-    info = svc.store.write_file(svc.settings.uploads_bucket, data.name, str(data), "text/csv", {})
+    data = repo_root() / "data"
+    runs = [(Path(args.file), {})] if args.file else [
+        (data / "digits.csv", {}),  # 8x8 images of digits: a numeric matrix
+        (data / "penguins.csv", {"label_column": "species"}),  # text, NA cells, as published
+    ]
+    for path, metadata in runs:
+        code = demo_job(svc, state, path, metadata, args)
+        if code != EXIT_OK:
+            return code
+    print(f"dashboard:        {state['urls'].get('dashboard', '(not running)')}")
+    print("the local stack keeps running; stop it with: bucketlearn local down")
+    return EXIT_OK
+
+
+def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, str],
+             args: argparse.Namespace) -> int:
+    """Upload one file to the local stack, follow its job, download its model; for a file with
+    a ``<name>_new.csv`` beside it, predict those raw rows with the downloaded model."""
+    info = svc.store.write_file(svc.settings.uploads_bucket, path.name, str(path), "text/csv",
+                                metadata)
     job_id = layout.job_id_for(info.bucket, info.name, info.generation)
-    print(f"submitted {data} as job {job_id}; training …", flush=True)
+    print(f"submitted {path} as job {job_id}; training …", flush=True)
     code = follow(svc, job_id, args.timeout, as_json=False, check=StackWatch(state).check)
     if code != EXIT_OK:
         return code
-    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
+    from bucketlearn.services.models import model_bytes, predict_file  # noqa: PLC0415
 
     blob, version = model_bytes(svc, job_id, None)
     out = Path(args.output_dir) / f"{job_id}.keras"
@@ -495,9 +527,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     accuracy = (job.get("head") or {}).get("holdout_accuracy")
     print()
     print(f"holdout accuracy: {accuracy:.4f}")
+    for line in columns_lines(jobs.status_object(job)):
+        print(line)
     print(f"model:            {out.resolve()}  (version {version})")
-    print(f"dashboard:        {state['urls'].get('dashboard', '(not running)')}")
-    print("the local stack keeps running; stop it with: bucketlearn local down")
+    new_rows = path.with_name(f"{path.stem}_new.csv")
+    if new_rows.exists():
+        result = predict_file(str(out), str(new_rows), None)
+        print(f"predictions for the raw rows of {new_rows} (empty cells, an unseen island): "
+              + ", ".join(result["predictions"]))
+    print()
     return EXIT_OK
 
 
@@ -594,7 +632,8 @@ def _add_local_commands(sub: Any) -> None:
     st.set_defaults(func=cmd_local_status)
     demo = sub.add_parser("demo", help="local stack up, train the sample data, download the model")
     demo.add_argument("--workers", type=int, default=2)
-    demo.add_argument("--file", help="CSV to train on (default: data/digits.csv)")
+    demo.add_argument("--file", help="CSV to train on (default: data/digits.csv, then "
+                                     "data/penguins.csv)")
     demo.add_argument("--output-dir", default="bucketlearn-demo")
     demo.add_argument("--timeout", type=float, default=1800.0)
     demo.set_defaults(func=cmd_demo)

@@ -47,8 +47,18 @@ import pyarrow.csv as pacsv
 
 from bucketlearn import codec, layout
 from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.columns import (
+    CATEGORY,
+    NUMERIC,
+    Column,
+    ColumnProfile,
+    Dropped,
+    decide_columns,
+    is_matrix,
+)
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ingest import readahead
+from bucketlearn.ingest.columns import Encoder, finish_profile, profile_batch, sniff_kind
 from bucketlearn.ports import BlobStore
 
 log = logging.getLogger(__name__)
@@ -113,6 +123,23 @@ class Manifest:
     variance: list[float]
     # rows of each holdout part (empty in manifests written before it was recorded)
     holdout_part_rows: list[int] = field(default_factory=list)
+    # the kept feature columns (``Column.to_dict``) in matrix order; empty in manifests written
+    # before column kinds: every feature numeric and complete
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    missing_values: list[str] = field(default_factory=list)
+
+    @property
+    def schema(self) -> list[Column]:
+        """The kept columns (legacy manifests: one numeric, complete column per feature)."""
+        if not self.columns:
+            return [Column(name, NUMERIC) for name in self.feature_names]
+        return [Column.from_dict(c) for c in self.columns]
+
+    @property
+    def width(self) -> int:
+        """Cells per row of the matrix the shards hold (the model's input width)."""
+        return sum(c.width for c in self.schema)
 
     def to_json(self) -> bytes:
         data = dict(self.__dict__)
@@ -137,7 +164,22 @@ class Manifest:
             "label_kind": self.label_kind,
             "class_counts": self.class_counts,
             "shards": len(self.shards),
+            "columns": columns_summary(self.schema),
+            "dropped_columns": list(self.dropped),
         }
+
+
+def columns_summary(columns: list[Column], detail_limit: int = 100) -> dict[str, Any]:
+    """The job document's view of the columns: counts by kind, and the columns worth naming
+    (not numeric, or with missing cells), at most ``detail_limit`` of them."""
+    kinds: dict[str, int] = {}
+    for column in columns:
+        kinds[column.kind] = kinds.get(column.kind, 0) + 1
+    named = [c for c in columns if c.kind != NUMERIC or c.missing]
+    detail = [{"name": c.name, "kind": c.kind, "missing": c.missing,
+               **({"categories": len(c.vocabulary), "distinct": c.distinct}
+                  if c.kind == CATEGORY else {})} for c in named[:detail_limit]]
+    return {"kinds": kinds, "detail": detail, "detail_truncated": len(named) > detail_limit}
 
 
 def _problem(file: str, message: str, **kw: Any) -> InvalidInputError:
@@ -333,14 +375,32 @@ class _BlockTooSmall(Exception):
     """A row (or the header) is longer than the read block; read again with a larger one."""
 
 
+@dataclass
+class _Reading:
+    """How the passes read the file's columns: each feature column's kind and the markers that
+    make a numeric cell missing (null). String columns keep their text (markers included)."""
+
+    kinds: dict[str, str]
+    markers: list[str]
+    # numeric only because every cell seen so far was missing: text later makes them category
+    unknown: set[str] = field(default_factory=set)
+
+    def types(self, columns: list[str], label: str) -> dict[str, pa.DataType]:
+        return {c: (pa.float32() if c != label and self.kinds.get(c, NUMERIC) == NUMERIC
+                    else pa.string()) for c in columns}
+
+
+_PLAIN = _Reading({}, [])  # every feature numeric, only an empty cell missing
+
+
 def _batches(source: SourceFile, columns: list[str], label: str, include: list[str] | None,
-             block_bytes: int) -> Any:
-    types = {c: (pa.string() if c == label else pa.float32()) for c in columns}
+             block_bytes: int, reading: _Reading = _PLAIN) -> Any:
     read_options = pacsv.ReadOptions(block_size=block_bytes, column_names=columns, skip_rows=1)
     parse_options = pacsv.ParseOptions(newlines_in_values=False)
     convert_options = pacsv.ConvertOptions(
-        column_types=types, include_columns=include, strings_can_be_null=False,
-        quoted_strings_can_be_null=False, null_values=[""])
+        column_types=reading.types(columns, label), include_columns=include,
+        strings_can_be_null=False, quoted_strings_can_be_null=False,
+        null_values=["", *reading.markers])
     stream = readahead.BoundedReader(source.opener(), ahead=READ_AHEAD_BLOCKS)
     try:
         yield from stream.batches(lambda s: pacsv.open_csv(
@@ -383,7 +443,8 @@ def _split_fields(text: str, limit: int) -> list[str]:
 
 
 def _diagnose(source: SourceFile, columns: list[str], label: str, limits: Limits,
-              arrow_message: str, target_row: int | None = None) -> InvalidInputError | None:
+              arrow_message: str, target_row: int | None = None,
+              reading: _Reading = _PLAIN) -> InvalidInputError | None:
     """Re-read the file line by line to name the first bad row and column exactly.
 
     Rows are numbered like the fast path numbers them: data rows from 1, empty lines skipped.
@@ -408,7 +469,7 @@ def _diagnose(source: SourceFile, columns: list[str], label: str, limits: Limits
             row_number += 1
             if target_row is not None and row_number < target_row:
                 continue
-            problem = _check_line(file, line, row_number, columns, label_index, limit)
+            problem = _check_line(file, line, row_number, columns, label_index, limit, reading)
             if problem is not None or target_row is not None:
                 return problem
     if target_row is not None:
@@ -418,14 +479,14 @@ def _diagnose(source: SourceFile, columns: list[str], label: str, limits: Limits
 
 
 def _diagnosed(source: SourceFile, columns: list[str], label: str, limits: Limits,
-               arrow_message: str) -> InvalidInputError:
-    problem = _diagnose(source, columns, label, limits, arrow_message)
+               arrow_message: str, reading: _Reading = _PLAIN) -> InvalidInputError:
+    problem = _diagnose(source, columns, label, limits, arrow_message, reading=reading)
     assert problem is not None  # without target_row, _diagnose always names a problem
     return problem
 
 
 def _check_line(file: str, line: bytes, row_number: int, columns: list[str], label_index: int,
-                limit: int) -> InvalidInputError | None:
+                limit: int, reading: _Reading = _PLAIN) -> InvalidInputError | None:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -444,7 +505,7 @@ def _check_line(file: str, line: bytes, row_number: int, columns: list[str], lab
     except csv.Error as exc:
         return _problem(file, "the row is not valid CSV", row=row_number,
                         expected="well-formed CSV", found=str(exc))
-    return _check_row(file, row, row_number, columns, label_index)
+    return _check_row(file, row, row_number, columns, label_index, reading)
 
 
 def _column_of_bad_byte(line: bytes, columns: list[str], limit: int) -> str | None:
@@ -460,7 +521,7 @@ def _column_of_bad_byte(line: bytes, columns: list[str], limit: int) -> str | No
 
 
 def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
-               label_index: int) -> InvalidInputError | None:
+               label_index: int, reading: _Reading = _PLAIN) -> InvalidInputError | None:
     if all(not value.strip() for value in row):
         return _problem(file, "the row has no values", row=row_number,
                         expected=f"{len(columns)} values (the features and a label)",
@@ -475,20 +536,27 @@ def _check_row(file: str, row: list[str], row_number: int, columns: list[str],
                                 column=columns[index], expected="a class label",
                                 found="an empty value")
             continue
-        problem = _check_number(file, value, row_number, columns[index])
+        if reading.kinds.get(columns[index], NUMERIC) != NUMERIC:
+            continue
+        problem = _check_number(file, value, row_number, columns[index], reading.markers)
         if problem is not None:
             return problem
     return None
 
 
-def _check_number(file: str, value: str, row_number: int, column: str) -> InvalidInputError | None:
+def _check_number(file: str, value: str, row_number: int, column: str,
+                  markers: list[str]) -> InvalidInputError | None:
     text = value.strip()
-    if not text:
-        return _problem(file, "a feature value is empty", row=row_number, column=column,
-                        expected="a number", found="an empty value")
+    if not text or value in markers:
+        return None  # a missing cell
     if not _NUMBER_RE.match(text):
+        shown = ", ".join(markers[:6]) + (", …" if len(markers) > 6 else "")
         return _problem(file, "a feature value is not a number", row=row_number, column=column,
-                        expected="a number", found=_short(value))
+                        expected="a number or a missing value (an empty cell"
+                                 + (f" or one of missing_values: {shown}" if markers else "")
+                                 + "), as in the column's first rows; add the value to "
+                                   "missing_values, or leave the column out with drop_columns",
+                        found=_short(value))
     number = float(text)
     if math.isnan(number) or (math.isinf(number) and "inf" in text.lower()):
         return _problem(file, "a feature value is not finite", row=row_number, column=column,
@@ -500,76 +568,114 @@ def _check_number(file: str, value: str, row_number: int, column: str) -> Invali
     return None
 
 
-def _features(batch: pa.RecordBatch, feature_names: list[str]) -> np.ndarray:
-    out = np.empty((batch.num_rows, len(feature_names)), dtype=np.float32)
-    for j, name in enumerate(feature_names):
-        column = batch.column(name)
-        if column.null_count:
-            column = column.fill_null(np.nan)
-        out[:, j] = column.to_numpy(zero_copy_only=False)
-    return out
+def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, schema: list[Column],
+                      row_offset: int, file: str) -> InvalidInputError | None:
+    """The first numeric cell that is present but not finite (inf, or out of float32's range).
 
-
-def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, feature_names: list[str],
-                      row_offset: int, file: str) -> tuple[InvalidInputError, bool] | None:
-    """The first empty or non-finite feature value: (problem, whether it was an empty cell)."""
-    bad = ~np.isfinite(x)
-    if not bad.any():
+    A missing cell is NaN, which the model imputes, except in a file pass 1 found complete and
+    numeric (taken as a matrix, no imputation): there it means the file changed.
+    """
+    matrix = is_matrix(schema)
+    first: tuple[int, int, str, bool] | None = None
+    at = 0
+    for column in schema:
+        if column.kind == NUMERIC:
+            values = x[:, at]
+            present = ~np.asarray(batch.column(column.name).is_null().to_numpy(
+                zero_copy_only=False), dtype=bool)
+            bad = ~np.isfinite(values) & (present | matrix)
+            if bad.any():
+                r = int(np.argmax(bad))
+                if first is None or r < first[0]:
+                    first = (r, at, column.name, bool(present[r]))
+        at += column.width
+    if first is None:
         return None
-    rows, cols = np.nonzero(bad)
-    first = int(np.argmin(rows * x.shape[1] + cols))
-    r, c = int(rows[first]), int(cols[first])
-    column = feature_names[c]
-    if batch.column(column).is_null()[r].as_py():
-        return _problem(file, "a feature value is empty", row=row_offset + r + 1, column=column,
-                        expected="a number", found="an empty value"), True
-    return _problem(file, "a feature value is not finite", row=row_offset + r + 1, column=column,
-                    expected="a finite number", found=str(x[r, c])), False
+    r, at, name, present = first
+    if not present:
+        return _changed_while_read(file, "a missing value in a column the first pass found "
+                                         "complete", row=row_offset + r + 1, column=name)
+    return _problem(file, "a feature value is not finite", row=row_offset + r + 1, column=name,
+                    expected="a finite number", found=str(x[r, at]))
 
 
 # --- pass 1: scan --------------------------------------------------------------------------------
 
+def _check_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                  labels: pa.Array, rows: int, reading: _Reading) -> None:
+    """A batch's labels: none empty, too long or broken over lines."""
+    empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
+    if pc.any(empty).as_py():
+        row = rows + int(pc.index(empty, True).as_py()) + 1
+        # the row may be worse than an empty label (e.g. only commas): say what it is
+        raise _diagnose(source, columns, label, limits, "", target_row=row,
+                        reading=reading) or _problem(
+            source.display_name, "the label is empty", row=row, column=label,
+            expected="a class label", found="an empty value")
+    too_long = pc.greater(pc.binary_length(pc.utf8_trim_whitespace(labels)), MAX_NAME_BYTES)
+    if pc.any(too_long).as_py():
+        r = int(pc.index(too_long, True).as_py())
+        value = labels[r].as_py().strip()
+        raise _problem(source.display_name, "a label is longer than the limit",
+                       row=rows + r + 1, column=label,
+                       expected=f"class labels of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                       found=f"a label of {len(value.encode())} bytes: {_short(value, 40)!r}")
+    broken = pc.match_substring_regex(labels, "[\r\n]")
+    if pc.any(broken).as_py():
+        r = int(pc.index(broken, True).as_py())
+        raise _problem(source.display_name, "a label contains a line break",
+                       row=rows + r + 1, column=label,
+                       expected="a label on one line (no line breaks inside quotes)",
+                       found=repr(_short(labels[r].as_py())))
+
+
+class _KindChanged(Exception):
+    """A column read as numeric because its first cells were all missing holds text."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__(column)
+        self.column = column
+
+
+_ARROW_COLUMN = re.compile(r"In CSV column #(\d+)")
+
+
+def _profile_features(source: SourceFile, batch: pa.RecordBatch,
+                      profiles: dict[str, ColumnProfile], rows: int, reading: _Reading) -> None:
+    for name, profile in profiles.items():
+        values = batch.column(name)
+        bad = profile_batch(profile, values, reading.markers)
+        if bad is not None:
+            raise _problem(source.display_name, "a value of a date column is not an ISO date",
+                           row=rows + bad + 1, column=name,
+                           expected="an ISO date (YYYY-MM-DD, optionally with a time), or a "
+                                    "missing value, as in the column's first rows",
+                           found=repr(_short(values[bad].as_py())))
+
+
 def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
-                block_bytes: int | None = None, progress: Progress | None = None
-                ) -> tuple[list[str], list[int]]:
-    """Pass 1: parse every row, read the labels; return (label values, counts) in first-seen order.
+                block_bytes: int | None = None, progress: Progress | None = None,
+                reading: _Reading = _PLAIN, features: list[str] | None = None
+                ) -> tuple[list[str], list[int], dict[str, ColumnProfile]]:
+    """Pass 1: parse every row, count the labels and profile the ``features`` (their kinds in
+    ``reading``); return (label values in first-seen order, their counts, the profiles).
 
     ``block_bytes``: the read block, by default one that holds any row within the line limit.
     With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
-    ``progress`` is called before each batch.
+    ``progress`` is called before each batch. A column of ``reading.unknown`` that turns out
+    to hold text raises ``_KindChanged``.
     """
     block, largest = _block_sizes(limits, block_bytes)
+    features = features or []
+    profiles = {name: ColumnProfile(name, reading.kinds.get(name, NUMERIC)) for name in features}
     counts: dict[str, int] = {}
     rows = 0
     try:
-        for batch in _batches(source, columns, label, [label], block):
+        for batch in _batches(source, columns, label, [label, *features], block, reading):
             if progress is not None:
                 progress()
-            labels = batch.column(0)
-            empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
-            if pc.any(empty).as_py():
-                row = rows + int(pc.index(empty, True).as_py()) + 1
-                # the row may be worse than an empty label (e.g. only commas): say what it is
-                raise _diagnose(source, columns, label, limits, "", target_row=row) or _problem(
-                    source.display_name, "the label is empty", row=row, column=label,
-                    expected="a class label", found="an empty value")
-            too_long = pc.greater(pc.binary_length(pc.utf8_trim_whitespace(labels)),
-                                  MAX_NAME_BYTES)
-            if pc.any(too_long).as_py():
-                r = int(pc.index(too_long, True).as_py())
-                value = labels[r].as_py().strip()
-                raise _problem(source.display_name, "a label is longer than the limit",
-                               row=rows + r + 1, column=label,
-                               expected=f"class labels of at most {MAX_NAME_BYTES} bytes (UTF-8)",
-                               found=f"a label of {len(value.encode())} bytes: "
-                                     f"{_short(value, 40)!r}")
-            broken = pc.match_substring_regex(labels, "[\r\n]")
-            if pc.any(broken).as_py():
-                r = int(pc.index(broken, True).as_py())
-                raise _problem(source.display_name, "a label contains a line break",
-                               row=rows + r + 1, column=label,
-                               expected="a label on one line (no line breaks inside quotes)",
-                               found=repr(_short(labels[r].as_py())))
+            labels = batch.column(label)
+            _check_labels(source, columns, label, limits, labels, rows, reading)
             for item in pc.value_counts(labels).to_pylist():
                 value = item["values"].strip()
                 counts[value] = counts.get(value, 0) + item["counts"]
@@ -577,15 +683,22 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
                 raise _problem(source.display_name, "too many distinct labels", column=label,
                                expected=f"at most {limits.max_classes} classes",
                                found=f"more than {limits.max_classes} (by row {rows + batch.num_rows})")
+            _profile_features(source, batch, profiles, rows, reading)
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
             raise _BlockTooSmall(str(exc)) from None
-        raise _diagnosed(source, columns, label, limits, str(exc)) from None
+        found = _ARROW_COLUMN.search(str(exc))
+        column = columns[int(found[1])] if found and int(found[1]) < len(columns) else None
+        if column in reading.unknown and profiles[column].present == 0:
+            raise _KindChanged(column) from None
+        raise _diagnosed(source, columns, label, limits, str(exc), reading) from None
     if rows == 0:
         raise _problem(source.display_name, "the file has a header but no data rows",
                        expected="at least one data row", found="0 rows")
-    return list(counts), list(counts.values())
+    for profile in profiles.values():
+        finish_profile(profile)
+    return list(counts), list(counts.values()), profiles
 
 
 def order_classes(values: list[str], counts: list[int], file: str,
@@ -826,10 +939,11 @@ class _HoldoutWriter:
 
 
 class _RunningStats:
-    """Chan et al. parallel mean/variance over row blocks, in float64."""
+    """Chan et al. parallel mean/variance over row blocks, in float64, per column over the cells
+    that are not NaN (a missing cell is imputed later, so it does not count)."""
 
     def __init__(self, width: int) -> None:
-        self.n = 0
+        self.n = np.zeros(width)
         self.mean = np.zeros(width)
         self.m2 = np.zeros(width)
 
@@ -837,19 +951,29 @@ class _RunningStats:
         if len(x) == 0:
             return
         block = x.astype(np.float64)  # the one float64 copy: deviations are squared in place
-        n_b = len(block)
-        mean_b = block.mean(axis=0)
-        block -= mean_b
+        missing = np.isnan(block)
+        if missing.any():
+            n_b = (~missing).sum(axis=0).astype(np.float64)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean_b = np.where(n_b > 0, np.nansum(block, axis=0) / np.maximum(n_b, 1), 0.0)
+            block -= mean_b
+            block[missing] = 0.0
+        else:
+            n_b = np.full(block.shape[1], float(len(block)))
+            mean_b = block.mean(axis=0)
+            block -= mean_b
         np.square(block, out=block)
         m2_b = block.sum(axis=0)
         total = self.n + n_b
         delta = mean_b - self.mean
-        self.mean = self.mean + delta * (n_b / total)
-        self.m2 = self.m2 + m2_b + delta**2 * (self.n * n_b / total)
+        share = np.divide(n_b, total, out=np.zeros_like(total), where=total > 0)
+        cross = np.divide(self.n * n_b, total, out=np.zeros_like(total), where=total > 0)
+        self.mean = self.mean + delta * share
+        self.m2 = self.m2 + m2_b + delta**2 * cross
         self.n = total
 
     def variance(self) -> np.ndarray:
-        var = self.m2 / max(self.n, 1)
+        var = self.m2 / np.maximum(self.n, 1)
         # A feature constant in training data would divide by ~0 at prediction time: leave it
         # unscaled instead (variance 1) so unseen values cannot explode.
         return np.where(var < 1e-12, 1.0, var)
@@ -1009,35 +1133,84 @@ class _Dealer:
                            f" where the first pass counted {counts[short]}", column=self.label)
 
 
-def _count_pass(source: SourceFile, columns: list[str], label: str, limits: Limits,
-                read_block_bytes: int, progress: Progress | None
-                ) -> tuple[list[str], list[int], str, int]:
-    """Pass 1: the classes, their row counts, the label kind, and the read block that fits."""
-    block, largest = _block_sizes(limits, read_block_bytes)
+def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: list[str],
+           markers: list[str], block: int) -> _Reading:
+    """Each feature column's kind from the file's first block read as text (``sniff_kind``).
+
+    A column whose cells there are all missing is read as numeric until text shows up. A
+    first block pyarrow cannot read leaves every column numeric: pass 1 names the problem.
+    """
+    as_text = _Reading(dict.fromkeys(features, CATEGORY), markers)
+    batches = _batches(source, columns, label, [label, *features], block, as_text)
     try:
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
-    except _BlockTooSmall as exc:  # pass 1 has written nothing: start it again
-        log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks", source.display_name,
-                 exc, block, largest)
-        block = largest
-        raw_values, raw_counts = scan_labels(source, columns, label, limits, block, progress)
+        first = next(batches, None)
+    except pa.ArrowInvalid:
+        first = None
+    finally:
+        batches.close()
+    reading = _Reading(dict.fromkeys(features, NUMERIC), markers)
+    for name in features:
+        kind = sniff_kind(first.column(name), markers) if first is not None else None
+        if kind is None:
+            reading.unknown.add(name)
+        else:
+            reading.kinds[name] = kind
+    return reading
+
+
+@dataclass
+class _Scan:
+    """What pass 1 found: classes and counts, the columns' kinds and profiles, the read block."""
+
+    classes: list[str]
+    class_counts: list[int]
+    label_kind: str
+    block: int
+    reading: _Reading
+    profiles: list[ColumnProfile]
+
+
+def _count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
+                limits: Limits, options: JobOptions, read_block_bytes: int,
+                progress: Progress | None) -> _Scan:
+    """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
+    block that fits. Starts again (nothing is written in pass 1) with a larger block when a row
+    does not fit, or with a column read as text when one thought numeric turns out to be."""
+    block, largest = _block_sizes(limits, read_block_bytes)
+    reading = _sniff_kinds(source, columns, label, features, options.missing_markers, block)
+    while True:
+        try:
+            raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
+                                                           progress, reading, features)
+            break
+        except _BlockTooSmall as exc:
+            log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks",
+                     source.display_name, exc, block, largest)
+            block = largest
+        except _KindChanged as exc:
+            log.info("%s: column %r holds text after missing cells; reading it as text",
+                     source.display_name, exc.column)
+            reading.unknown.discard(exc.column)
+            reading.kinds[exc.column] = CATEGORY
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts,
                                                       source.display_name, label)
-    return classes, class_counts, label_kind, block
+    return _Scan(classes, class_counts, label_kind, block, reading,
+                 [profiles[name] for name in features])
 
 
 def _checked_features(source: SourceFile, columns: list[str], label: str, limits: Limits,
-                      batch: pa.RecordBatch, feature_names: list[str], row_offset: int
-                      ) -> np.ndarray:
-    """A batch's features as float32, or the problem of its first non-finite cell."""
-    x = _features(batch, feature_names)
-    found = _first_non_finite(x, batch, feature_names, row_offset, source.display_name)
-    if found is not None:
-        problem, empty_cell = found
+                      batch: pa.RecordBatch, encoder: Encoder, reading: _Reading,
+                      row_offset: int) -> np.ndarray:
+    """A batch's feature matrix (float32), or the problem of its first non-finite number."""
+    x = encoder.encode(batch)
+    problem = _first_non_finite(x, batch, encoder.columns, row_offset, source.display_name)
+    if problem is not None:
         # pyarrow turned the text into float32: re-read the row to quote what it said
         # (an overflow such as 1e40 is out of range, not 'inf')
-        exact = None if empty_cell else _diagnose(source, columns, label, limits, "",
-                                                  target_row=problem.problem.row)
+        exact = None
+        if problem.problem.message == "a feature value is not finite":
+            exact = _diagnose(source, columns, label, limits, "", target_row=problem.problem.row,
+                              reading=reading)
         raise exact or problem
     return x
 
@@ -1053,19 +1226,20 @@ def _write_train_rows(writer: _ShardWriter, x: np.ndarray, y: np.ndarray,
             writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
 
 
-def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limits, block: int,
-               progress: Progress | None, plan: SplitPlan, dealer: _Dealer,
+def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limits, scan: _Scan,
+               progress: Progress | None, plan: SplitPlan, dealer: _Dealer, encoder: Encoder,
                writer: _ShardWriter, holdout: _HoldoutWriter, stats: _RunningStats
                ) -> list[Shard]:
     """Pass 2: check every row, write it to the holdout or to its shard; the shards written."""
-    file, feature_names = source.display_name, [c for c in columns if c != label]
+    file = source.display_name
     class_index = {name: i for i, name in enumerate(plan.classes)}
+    include = [label, *(c.name for c in encoder.columns)]
     row_offset = 0
     try:
-        for batch in _batches(source, columns, label, None, block):
+        for batch in _batches(source, columns, label, include, scan.block, scan.reading):
             if progress is not None:
                 progress()
-            x = _checked_features(source, columns, label, limits, batch, feature_names,
+            x = _checked_features(source, columns, label, limits, batch, encoder, scan.reading,
                                   row_offset)
             y = _class_ids(batch.column(label), class_index, plan.label_kind, file, row_offset,
                            label)
@@ -1076,28 +1250,22 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
             _write_train_rows(writer, x, y, shard_of_row, train)
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
-        raise _diagnosed(source, columns, label, limits, str(exc)) from None
+        raise _diagnosed(source, columns, label, limits, str(exc), scan.reading) from None
     dealer.check_complete()
     shard_list = writer.close()
     holdout.flush()
     return shard_list
 
 
-def split_upload(
-    source: SourceFile,
-    store: BlobStore,
-    work_bucket: str,
-    job_id: str,
-    options: JobOptions,
-    limits: Limits,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-    read_block_bytes: int = READ_BLOCK_BYTES,
-    progress: Progress | None = None,
-) -> Manifest:
+def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
+                 options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None
+                 ) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
-    Pass 1 counts the classes; ``plan_split`` decides holdout and deal from the counts alone;
-    pass 2 (``_deal_pass``) reads the rows again and writes each where the plan says.
+    Pass 1 counts the classes and profiles the columns (kinds sniffed from the first block);
+    ``decide_columns`` keeps or leaves out each column, ``plan_split`` decides holdout and deal
+    from the counts; pass 2 (``_deal_pass``) encodes the rows and writes each where planned.
 
     Args:
         source: the upload (name, size, opener for streaming reads).
@@ -1107,8 +1275,7 @@ def split_upload(
         limits: input limits, checked before expensive work.
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
-        progress: called before each record batch of both passes; what it raises ends the
-            split there, with nothing more written.
+        progress: called before each record batch of both passes; what it raises ends the split.
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -1119,30 +1286,64 @@ def split_upload(
     file = source.display_name
     columns = read_header(source, limits)
     label = choose_label_column(columns, options.label_column, file)
-    feature_names = [c for c in columns if c != label]
-    classes, class_counts, label_kind, block = _count_pass(source, columns, label, limits,
-                                                           read_block_bytes, progress)
-    plan = plan_split(classes, class_counts, label_kind, file, label, options, limits)
+    features = _features_read(columns, label, options, file)
+    scan = _count_pass(source, columns, label, features, limits, options, read_block_bytes,
+                       progress)
+    schema, dropped = _decide_schema(scan, options, file)
+    plan = plan_split(scan.classes, scan.class_counts, scan.label_kind, file, label, options,
+                      limits)
+    encoder = Encoder(schema, options.missing_markers)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
-    writer, stats = (_ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes),
-                     _RunningStats(len(feature_names)))
-    shard_list = _deal_pass(source, columns, label, limits, block, progress, plan,
-                            _Dealer(plan, options.holdout_fraction, file, label), writer,
-                            holdout, stats)
+    stats = _RunningStats(encoder.width)
+    shard_list = _deal_pass(
+        source, columns, label, limits, scan, progress, plan,
+        _Dealer(plan, options.holdout_fraction, file, label), encoder,
+        _ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes), holdout, stats)
     manifest = Manifest(
-        job_id=job_id, source=file, feature_names=feature_names, label_column=label,
-        classes=classes, label_kind=label_kind, class_counts=class_counts,
-        rows=int(sum(class_counts)), train_rows=plan.train_rows, holdout_rows=holdout.rows,
-        shards=shard_list, holdout_parts=holdout.parts,
+        job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
+        classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,
+        rows=int(sum(scan.class_counts)), train_rows=plan.train_rows,
+        holdout_rows=holdout.rows, shards=shard_list, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
-        holdout_part_rows=holdout.part_rows,
-    )
+        holdout_part_rows=holdout.part_rows, columns=[c.to_dict() for c in schema],
+        dropped=[{"name": d.name, "reason": d.reason} for d in dropped],
+        missing_values=options.missing_markers)
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
-    log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows", file, manifest.rows,
-             len(classes), len(shard_list), holdout.rows)
+    log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",
+             file, manifest.rows, len(scan.classes), len(shard_list), holdout.rows, len(dropped))
     return manifest
+
+
+def _features_read(columns: list[str], label: str, options: JobOptions, file: str) -> list[str]:
+    """The feature columns the passes read: all but the label and those in drop_columns."""
+    dropped = options.dropped_columns
+    unknown = [name for name in dropped if name not in columns]
+    if unknown or label in dropped:
+        raise _problem(file, "drop_columns names a column the file does not have"
+                       if unknown else "drop_columns names the label column",
+                       column=(unknown or [label])[0],
+                       expected="feature columns of the file: " + _short(
+                           ", ".join(c for c in columns if c != label), 200),
+                       found=", ".join(unknown or [label]))
+    features = [c for c in columns if c != label and c not in dropped]
+    if not features:
+        raise _problem(file, "drop_columns leaves no feature column",
+                       expected="at least one feature column", found=f"drop_columns={dropped}")
+    return features
+
+
+def _decide_schema(scan: _Scan, options: JobOptions, file: str
+                   ) -> tuple[list[Column], list[Dropped]]:
+    schema, dropped = decide_columns(scan.profiles, options.max_categories,
+                                     options.dropped_columns)
+    if not schema:
+        raise _problem(file, "no feature column can be trained on",
+                       expected="at least one feature column that is not empty, constant or "
+                                "identifier-like",
+                       found="; ".join(f"{d.name}: {d.reason}" for d in dropped)[:300])
+    return schema, dropped
 
 
 def load_parts(store: BlobStore, bucket: str, paths: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -9,17 +9,21 @@ with ``safe_mode=True``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from bucketlearn.domain.columns import Column, is_matrix
 from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
+from bucketlearn.ml.tabular import build_core, input_names, raw_row_model
 
 SIDECAR_NAME = "bucketlearn.json"
 
@@ -59,8 +63,19 @@ def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
 
 
 def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
-                learning_rate: float, file: str = "") -> ModelSpec:
-    """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side ≥ 16, else an MLP."""
+                learning_rate: float, file: str = "", matrix: bool = True) -> ModelSpec:
+    """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side ≥ 16, else an MLP.
+
+    ``matrix``: every feature is numeric and complete (else only an MLP fits the columns).
+    """
+    if not matrix:
+        if requested == "cnn":
+            raise InvalidInputError(InputProblem(
+                file=file, message="model 'cnn' needs numeric image features",
+                expected="only numeric feature columns without missing cells (or model=mlp/auto)",
+                found="text, date or missing cells among the feature columns"))
+        return ModelSpec(kind="mlp", n_features=n_features, n_classes=n_classes,
+                         image_shape=None, seed=seed, learning_rate=learning_rate)
     shape = image_shape_for(n_features)
     kind = requested
     if requested == "auto":
@@ -82,7 +97,8 @@ def keras_module() -> Any:
     return keras
 
 
-def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> Any:
+def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
+                columns: Sequence[Column] = ()) -> Any:
     """Build and compile the Keras model; the same spec and seed give the same initial weights,
     whichever thread builds it and whatever else runs at the same time.
 
@@ -92,7 +108,13 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float]) -> An
     from, so ``set_random_seed`` before a build did not make it reproducible.
     """
     keras = keras_module()
-    seeds = iter(range(spec.seed * 16, spec.seed * 16 + 16))
+    seeds = itertools.count(spec.seed * 16)
+    if columns and not is_matrix(list(columns)):
+        inputs, outputs = build_core(keras, columns, spec.n_classes, mean, variance,
+                                     lambda: next(seeds))
+        model = keras.Model(inputs, outputs, name="bucketlearn_table")
+        compile_model(model, spec.learning_rate)
+        return model
 
     def init() -> Any:
         return keras.initializers.GlorotUniform(seed=next(seeds))
@@ -134,7 +156,14 @@ def compile_model(model: Any, learning_rate: float) -> None:
 
 
 def export_keras(model: Any, sidecar: dict[str, Any]) -> bytes:
-    """Serialize the model to ``.keras`` bytes with ``bucketlearn.json`` inside the archive."""
+    """Serialize the model to ``.keras`` bytes with ``bucketlearn.json`` inside the archive.
+
+    A model of a table with text, dates or missing cells (``sidecar["inputs"]``) is exported as
+    the raw-row model around it (``bucketlearn.ml.tabular``).
+    """
+    if sidecar.get("inputs"):
+        columns = [Column.from_dict(c) for c in sidecar["columns"]]
+        model = raw_row_model(keras_module(), model, columns, sidecar.get("missing_values", []))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
@@ -170,3 +199,13 @@ def load_model(path: str) -> tuple[Any, dict[str, Any]]:
             f"{path}: refused to load the model in safe mode; expected a .keras model of "
             f"built-in layers (as bucketlearn exports); found: {reason}") from None
     return model, sidecar
+
+
+def model_inputs(manifest_columns: list[dict[str, Any]], markers: list[str]) -> dict[str, Any]:
+    """What a sidecar says about the exported model's inputs: nothing for a matrix (one
+    ``features`` input in the CSV's column order); per kept column its input name otherwise."""
+    columns = [Column.from_dict(c) for c in manifest_columns]
+    if not columns or is_matrix(columns):
+        return {}
+    return {"inputs": input_names(columns), "columns": manifest_columns,
+            "missing_values": list(markers)}

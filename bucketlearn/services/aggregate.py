@@ -33,7 +33,7 @@ from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
-from bucketlearn.ml.model import export_keras
+from bucketlearn.ml.model import export_keras, model_inputs
 from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import jobs
@@ -521,5 +521,6 @@ def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None) ->
         "holdout_accuracy": accuracy,
         "options": job["options"],
         "source": manifest.source,
+        **model_inputs(manifest.columns, manifest.missing_values),
     }
 

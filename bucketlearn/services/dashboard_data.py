@@ -473,12 +473,37 @@ def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
         "holdout rows": _int(dataset.get("holdout_rows")),
         "columns": features + 1,
         "feature columns": features,
+        "feature kinds": column_kinds(job),
         "label column": str(dataset.get("label_column") or ""),
         "classes": len(classes),
         "class names": shown,
         "shards": _int(dataset.get("shards")),
         "tasks per epoch": _int(job.get("tasks_per_epoch")),
     }
+
+
+def column_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The feature columns worth naming (text, dates, missing cells) and those left out, with
+    why; empty for a table of complete numbers (and for jobs split before column kinds)."""
+    dataset = job.get("dataset") or {}
+    columns = dataset.get("columns") or {}
+    rows = []
+    for column in columns.get("detail") or []:
+        kind = str(column.get("kind") or "")
+        note = (f"{_int(column.get('categories'))} categories of "
+                f"{_int(column.get('distinct'))} distinct values" if kind == "category" else "")
+        rows.append({"column": str(column.get("name")), "kind": kind,
+                     "missing cells": str(_int(column.get("missing"))), "note": note})
+    for dropped in dataset.get("dropped_columns") or []:
+        rows.append({"column": str(dropped.get("name")), "kind": "left out",
+                     "missing cells": "", "note": str(dropped.get("reason") or "")})
+    return rows
+
+
+def column_kinds(job: Mapping[str, Any]) -> str:
+    """Kept feature columns by kind, e.g. '2 category, 1 datetime, 2 numeric'."""
+    kinds = ((job.get("dataset") or {}).get("columns") or {}).get("kinds") or {}
+    return ", ".join(f"{_int(n)} {kind}" for kind, n in sorted(kinds.items()))
 
 
 # --- model downloads ---------------------------------------------------------------------------

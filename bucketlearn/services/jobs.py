@@ -133,6 +133,8 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
         "source": job.get("source"),
         "classes": dataset.get("classes"),
         "rows": dataset.get("rows"),
+        "columns": dataset.get("columns"),
+        "dropped_columns": dataset.get("dropped_columns"),
         "created_at": job.get("created_at"),
         "updated_at": job.get("updated_at"),
         "finished_at": job.get("finished_at"),

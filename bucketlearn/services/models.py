@@ -56,11 +56,13 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
 
 
 def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float) -> dict[str, Any]:
+    from bucketlearn.ml.model import model_inputs  # noqa: PLC0415
     return {"format": 1, "job_id": None, "version": None, "trained_by": "train-local",
             "feature_names": manifest.feature_names, "label_column": manifest.label_column,
             "class_names": manifest.classes, "label_kind": manifest.label_kind,
             "holdout_accuracy": accuracy, "options": options.to_dict(),
-            "source": manifest.source}
+            "source": manifest.source,
+            **model_inputs(manifest.columns, manifest.missing_values)}
 
 
 def _normalize_label(value: Any, kind: str) -> str:
@@ -75,34 +77,22 @@ def _normalize_label(value: Any, kind: str) -> str:
 
 def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str, Any]:
     """Predict every row of a CSV; return predictions (original label values) and accuracy."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.csv as pacsv  # noqa: PLC0415
-
     from bucketlearn.ml.model import load_model  # noqa: PLC0415
 
     model, sidecar = load_model(model_path)
     features: list[str] = sidecar["feature_names"]
     label = sidecar.get("label_column")
     classes: list[str] = sidecar["class_names"]
-    header = pacsv.open_csv(csv_path).schema.names
-    missing = [f for f in features if f not in header]
-    if missing:
-        raise PermanentError(
-            f"{csv_path}: expected the model's feature columns; missing: "
-            f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
-    types = {f: pa.float32() for f in features}
-    if label in header:
-        types[label] = pa.string()
-    try:
-        table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
-            column_types=types, include_columns=features + ([label] if label in header else [])))
-    except pa.ArrowInvalid as exc:
-        raise PermanentError(f"{csv_path}: expected numeric feature values; found: {exc}") from None
-    x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
-    if not np.isfinite(x).all():
-        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
-        raise PermanentError(f"{csv_path}: row {row}: expected finite feature values")
-    probabilities = model.predict(x.astype(np.float32), batch_size=1024, verbose=0)
+    table, header = _read_for_prediction(csv_path, sidecar, features, label)
+    if sidecar.get("inputs"):
+        probabilities = _predict_raw_rows(model, table, sidecar["inputs"])
+    else:
+        x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
+        if not np.isfinite(x).all():
+            row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
+            raise PermanentError(f"{csv_path}: row {row}: expected finite feature values (this "
+                                 "model was trained on complete numeric rows)")
+        probabilities = model.predict(x.astype(np.float32), batch_size=1024, verbose=0)
     predicted = [classes[i] for i in np.argmax(probabilities, axis=1)]
     result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "accuracy": None}
     if label in header:
@@ -118,3 +108,55 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     else:
         result["predictions"] = predicted
     return result
+
+
+def _read_for_prediction(csv_path: str, sidecar: dict[str, Any], features: list[str],
+                         label: str | None) -> tuple[Any, list[str]]:
+    """The CSV's feature (and label) columns as pyarrow reads them at ingest: numbers as float32
+    (missing markers null), text and dates as strings."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.csv as pacsv  # noqa: PLC0415
+
+    header = pacsv.open_csv(csv_path).schema.names
+    missing = [f for f in features if f not in header]
+    if missing:
+        raise PermanentError(
+            f"{csv_path}: expected the model's feature columns; missing: "
+            f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
+    kinds = {c["name"]: c["kind"] for c in sidecar.get("columns", [])}
+    types = {f: pa.float32() if kinds.get(f, "numeric") == "numeric" else pa.string()
+             for f in features}
+    if label in header:
+        types[label] = pa.string()
+    markers = sidecar.get("missing_values", [])
+    try:
+        table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
+            column_types=types, include_columns=features + ([label] if label in header else []),
+            strings_can_be_null=False, null_values=["", *markers]))
+    except pa.ArrowInvalid as exc:
+        raise PermanentError(f"{csv_path}: expected numeric values in the model's numeric "
+                             f"columns (or a missing value: empty, {', '.join(markers)}); "
+                             f"found: {exc}") from None
+    return table, header
+
+
+def _predict_raw_rows(model: Any, table: Any, inputs: dict[str, str],
+                      batch: int = 1024) -> np.ndarray:
+    """Class probabilities from the raw-row model, a batch of rows at a time (Keras's
+    ``predict`` does not take string arrays in a dict: the model is called on tensors)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    columns = {name: table.column(name) for name in inputs}
+    out = []
+    for start in range(0, max(table.num_rows, 1), batch):
+        feed = {}
+        for name, input_name in inputs.items():
+            values = columns[name].slice(start, batch)
+            if values.type == "string":
+                cells = np.array(values.to_pylist(), dtype=object).reshape(-1, 1)
+                feed[input_name] = tf.constant(cells, dtype=tf.string)
+            else:
+                cells = values.fill_null(np.nan).to_numpy(zero_copy_only=False)
+                feed[input_name] = tf.constant(cells.reshape(-1, 1), dtype=tf.float32)
+        out.append(np.asarray(model(feed, training=False)))
+    return np.concatenate(out)[:table.num_rows]

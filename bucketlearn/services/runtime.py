@@ -46,7 +46,8 @@ class JobRuntime:
     @property
     def model(self) -> Any:
         if self._model is None:
-            self._model = build_model(self.spec, self.manifest.mean, self.manifest.variance)
+            self._model = build_model(self.spec, self.manifest.mean, self.manifest.variance,
+                                      self.manifest.schema)
         return self._model
 
     def holdout_parts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:

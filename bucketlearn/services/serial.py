@@ -25,6 +25,7 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
+from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.ml.model import build_model, choose_spec
@@ -55,9 +56,10 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options,
                             limits or Limits())
-    spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
-                       options.seed, options.learning_rate, source.display_name)
-    model = build_model(spec, manifest.mean, manifest.variance)
+    spec = choose_spec(options.model, manifest.width, len(manifest.classes),
+                       options.seed, options.learning_rate, source.display_name,
+                       matrix=is_matrix(manifest.schema))
+    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          requested=1)
     weights, optimizer = model.get_weights(), optimizer_state(model)

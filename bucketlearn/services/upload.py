@@ -8,6 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
+from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.job import Head, epoch_document
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
@@ -238,8 +239,9 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits, progress=held.renew)
-        spec = choose_spec(options.model, len(manifest.feature_names), len(manifest.classes),
-                           options.seed, options.learning_rate, file)
+        spec = choose_spec(options.model, manifest.width, len(manifest.classes),
+                           options.seed, options.learning_rate, file,
+                           matrix=is_matrix(manifest.schema))
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
@@ -282,7 +284,8 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     """
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks)
-    model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance)
+    model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
+                        manifest.schema)
     data = codec.encode_state(model.get_weights(), optimizer_state(model),
                               {"job_id": job_id, "version": 0})
     weights_path = layout.weights_path(job_id, 0, layout.new_nonce())

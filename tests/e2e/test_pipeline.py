@@ -15,7 +15,7 @@ import pytest
 
 from bucketlearn.bootstrap import google_services
 from bucketlearn.config import JobOptions
-from tests.e2e.helpers import DIGITS, assert_ledger_consistent, cli, submit_and_wait
+from tests.e2e.helpers import DIGITS, REPO, assert_ledger_consistent, cli, submit_and_wait
 
 pytestmark = pytest.mark.e2e
 
@@ -140,3 +140,30 @@ def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Pat
     assert "expected 3 fields" in rejected["error"]
     assert rejected["error_detail"]["row"] == 3
     assert trained["status"] == "DONE" and trained["accuracy"] > 0.5
+
+
+def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack: Any,
+                                                                           tmp_path: Path) -> None:
+    """Issue #15 as a user meets it: Palmer penguins exactly as published (text columns, NA
+    cells) trains without editing, to train-local's accuracy; the status names the column
+    kinds; the downloaded model predicts raw rows with empty cells and an unseen island."""
+    penguins = REPO / "data" / "penguins.csv"
+    from bucketlearn.services.serial import train_local
+
+    # Execute
+    serial = train_local(str(penguins), JobOptions(label_column="species"))
+    status = submit_and_wait(stack, penguins, "--label-column", "species")
+    # Assert
+    assert status["status"] == "DONE", status
+    assert status["accuracy"] == serial.accuracy and status["accuracy"] > 0.9
+    assert status["columns"]["kinds"] == {"category": 2, "numeric": 5}
+    assert {c["name"]: c["missing"] for c in status["columns"]["detail"]}["sex"] == 11
+    model_path = tmp_path / "penguins.keras"
+    assert cli(stack, "download", status["job_id"], "-o", str(model_path)).returncode == 0
+    predict = cli(stack, "predict", str(model_path), str(REPO / "data" / "penguins_new.csv"),
+                  "--json")
+    assert predict.returncode == 0, predict.stderr
+    report = json.loads(predict.stdout)
+    assert report["rows"] == 4
+    assert set(report["predictions"]) <= {"Adelie", "Chinstrap", "Gentoo"}
+    assert report["predictions"][:2] == ["Gentoo", "Chinstrap"]  # clear-cut rows

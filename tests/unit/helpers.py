@@ -161,3 +161,66 @@ def deflated_with_bad_stream():
     good = zip_archive(("w0000.npy", npy_member((64,))), compression=zipfile.ZIP_DEFLATED)
     start = good.index(b"w0000.npy") + len("w0000.npy") + 5
     return good[:start] + bytes(b ^ 0x5A for b in good[start:start + 20]) + good[start + 20:]
+
+
+# --- mixed-type tables (issue #15) ---------------------------------------------------------------
+
+MIXED_HEADER = ["trip_id", "city", "payment", "distance", "fare", "start", "flag", "label"]
+
+
+def mixed_rows(n_rows: int, seed: int = 0, missing: float = 0.1) -> list[list[object]]:
+    """A table as people have them: an identifier, two text columns (one with missing cells),
+    numbers with empty cells and markers, a timestamp, a constant column; the label depends on
+    the city, the distance and the hour, so every kind of column carries signal."""
+    rng = np.random.default_rng(seed)
+    cities = ["Chicago", "Evanston", "Oak Park", "Skokie", "Cicero"]
+    rows = []
+    for i in range(n_rows):
+        city = cities[int(rng.integers(len(cities)))]
+        payment = ["cash", "card", "mobile"][int(rng.integers(3))]
+        distance = float(rng.gamma(2.0, 3.0))
+        hour = int(rng.integers(24))
+        start = f"2024-{int(rng.integers(1, 13)):02d}-{int(rng.integers(1, 29)):02d}T{hour:02d}:" \
+                f"{int(rng.integers(60)):02d}:00"
+        score = (city in ("Chicago", "Oak Park")) + (distance > 5) + (7 <= hour <= 9) \
+            + 0.3 * float(rng.normal())
+        label = "tip" if score >= 1.5 else "no_tip"
+        fare = f"{2.5 + 1.8 * distance:.2f}"
+        cells: list[object] = [f"T{i:06d}", city, payment, f"{distance:.3f}", fare, start, "Y",
+                               label]
+        if rng.random() < missing:
+            cells[2] = ["", "NA"][int(rng.integers(2))]
+        if rng.random() < missing:
+            cells[3] = ["", "?", "null"][int(rng.integers(3))]
+        if rng.random() < missing / 2:
+            cells[5] = ""
+        rows.append(cells)
+    return rows
+
+
+def write_mixed_csv(path: Path, n_rows: int = 600, seed: int = 0) -> Path:
+    path.write_bytes(csv_bytes(MIXED_HEADER, mixed_rows(n_rows, seed)))
+    return path
+
+
+def random_date_strings(n: int, seed: int = 0) -> list[str]:
+    """Valid ISO dates and timestamps, and near misses: bad days, months, hours, separators,
+    truncations, tails."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        y, mo, d = int(rng.integers(1, 3000)), int(rng.integers(0, 14)), int(rng.integers(0, 33))
+        text = f"{y:04d}-{mo:02d}-{d:02d}"
+        if rng.random() < 0.6:
+            text += ["T", " ", "x"][int(rng.integers(3))] + f"{int(rng.integers(0, 26)):02d}:" \
+                    f"{int(rng.integers(0, 62)):02d}"
+            if rng.random() < 0.6:
+                text += f":{int(rng.integers(0, 62)):02d}"
+        if rng.random() < 0.3:
+            text += [".123", "Z", "+02:00", "-0500", "!", "0"][int(rng.integers(6))]
+        if rng.random() < 0.15:
+            text = text[:int(rng.integers(0, len(text)))]
+        if rng.random() < 0.03:  # non-ASCII digits, a line break, a long tail
+            text = [text.replace("2", "\uff12"), text + "\n", text + ".é" * 20][int(rng.integers(3))]
+        out.append(text)
+    return out

@@ -42,12 +42,10 @@ BAD_CASES = [
                  "3 fields", "4 fields", id="ragged-long"),
     pytest.param(BAD / "non_numeric.csv", {}, {}, 3, "b", "not a number", "a number", "abc",
                  id="non-numeric"),
-    pytest.param(BAD / "empty_feature.csv", {}, {}, 5, "a", "feature value is empty",
-                 "a number", "an empty value", id="empty-feature"),
     pytest.param(BAD / "inf_feature.csv", {}, {}, 7, "b", "not finite", "a finite number",
                  "inf", id="inf"),
-    pytest.param(BAD / "nan_feature.csv", {}, {}, 2, "a", "not finite", "a finite number",
-                 "nan", id="nan"),
+    pytest.param(BAD / "nan_feature.csv", {"missing_values": "NA"}, {}, 2, "a", "not finite",
+                 "a finite number", "nan", id="nan-not-a-marker"),
     pytest.param(BAD / "empty_label.csv", {}, {}, 6, "label", "the label is empty",
                  "a class label", "an empty value", id="empty-label"),
     pytest.param(BAD / "blank_label.csv", {}, {}, 10, "label", "the label is empty",
@@ -269,9 +267,10 @@ def test_label_column_defaults_to_label_then_last():
     assert (second.label_column, second.feature_names) == ("target", ["x", "y"])
 
 
-def _changing_source(first, second, from_open=3):
-    """A SourceFile whose opens from ``from_open`` on (pass 2) read ``second``, not ``first``:
-    what an unpinned reader of a re-uploaded object sees."""
+def _changing_source(first, second, from_open=4):
+    """A SourceFile whose opens from ``from_open`` on (pass 2; the header, the kinds' first
+    block and pass 1 come before) read ``second``, not ``first``: what an unpinned reader of a
+    re-uploaded object sees."""
     from bucketlearn.ingest.split import SourceFile
 
     opens = []
@@ -309,3 +308,13 @@ def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
     assert (problem.row, problem.column) == (row, "label")
     assert problem.found == found
     assert "the same rows in both passes" in problem.expected
+
+
+def test_an_empty_feature_cell_is_missing_not_a_rejection():
+    """Issue #15: the empty cell at row 5 of column 'a' (a REJECTED file before) is a missing
+    value: the job trains, the cell is NaN in its part and the model imputes it."""
+    manifest, store = split_file(GOOD / "missing_cell.csv")
+    assert [c.missing for c in manifest.schema] == [1, 0]
+    parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
+    x, _ = load_parts(store, "work", parts)
+    assert np.isnan(x).sum() == 1 and np.isnan(x[:, 0]).sum() == 1

@@ -186,9 +186,9 @@ def spied_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = ingest._batches
 
     def spy(source: SourceFile, columns: list[str], label: str, include: Any,
-            block_bytes: int) -> Any:
+            block_bytes: int, reading: Any = ingest._PLAIN) -> Any:
         blocks.append(block_bytes)
-        return real(source, columns, label, include, block_bytes)
+        return real(source, columns, label, include, block_bytes, reading)
 
     monkeypatch.setattr(ingest, "_batches", spy)
     return blocks
@@ -239,9 +239,10 @@ def test_a_line_longer_than_the_block_is_read_again_with_the_large_block(monkeyp
     small_blocks = list(blocks)
     blocks.clear()
     large, large_store = split_bytes(data, 1 << 20)
-    # Assert: pass 1 at 16 KiB (failed), pass 1 again and pass 2 at 1 MiB; no row counted twice
-    assert small_blocks == [BLOCK, 1 << 20, 1 << 20]
-    assert blocks == [1 << 20, 1 << 20]
+    # Assert: the kinds' first block and pass 1 at 16 KiB (pass 1 failed), pass 1 again and
+    # pass 2 at 1 MiB; no row counted twice
+    assert small_blocks == [BLOCK, BLOCK, 1 << 20, 1 << 20]
+    assert blocks == [1 << 20, 1 << 20, 1 << 20]
     assert small.rows == 3000 and sum(small.class_counts) == 3000
     assert small.train_rows + small.holdout_rows == 3000
     assert_same_split(small, small_store, large, large_store)
@@ -252,7 +253,7 @@ def test_small_blocks_split_exactly_like_large_ones(monkeypatch):
     data = blob_csv()
     blocks = spied_blocks(monkeypatch)
     small, small_store = split_bytes(data, BLOCK)
-    assert blocks == [BLOCK, BLOCK]
+    assert blocks == [BLOCK, BLOCK, BLOCK]  # the kinds' first block, pass 1, pass 2
     large, large_store = split_bytes(data, 1 << 20)
     assert_same_split(small, small_store, large, large_store)
 

@@ -1,0 +1,204 @@
+"""Column kinds with pyarrow: sniff them, profile them in the first pass, encode them in the second.
+
+The rules (what a kind is, what is dropped) are in ``bucketlearn.domain.columns``; this module
+only reads record batches. Memory stays bounded whatever the file: a category column's value
+counts are pruned to ``COUNT_BOUND`` values (the most frequent kept) whenever they grow past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bucketlearn.domain.columns import (
+    CATEGORY,
+    DATE,
+    DATE_CHARS,
+    DATE_READ_PATTERN,
+    DATE_VALUE_RE,
+    FIRST_WORD_CODE,
+    MISSING_CODE,
+    NUMERIC,
+    OOV_CODE,
+    Column,
+    ColumnProfile,
+)
+
+COUNT_BOUND = 20_000  # distinct values a category profile keeps (pruned to half beyond it)
+_NUMBER_PATTERN = r"^\s*[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)\s*$"
+_DATE_PATTERN = DATE_VALUE_RE.pattern
+
+
+def missing_mask(values: pa.Array, markers: Sequence[str]) -> pa.Array:
+    """True where a string cell is empty or exactly one of the missing markers (the exported
+    model's lookup matches the same way: no trimming)."""
+    return pc.is_in(values, value_set=pa.array(["", *markers], pa.string()))
+
+
+def sniff_kind(values: pa.Array, markers: Sequence[str]) -> str | None:
+    """A column's kind from a first block of its cells as strings (None: every cell missing).
+
+    Numeric when most present cells are numbers, date when most are ISO dates, else category.
+    In a numeric or date column, a later value of another kind rejects the file (naming its row
+    and column): it is a typo or a missing marker far more often than a category.
+    """
+    present = pc.filter(values, pc.invert(missing_mask(values, markers)))
+    if len(present) == 0:
+        return None
+    half = len(present) / 2
+    numbers = pc.sum(pc.match_substring_regex(present, _NUMBER_PATTERN, ignore_case=True))
+    if (numbers.as_py() or 0) > half:
+        return NUMERIC
+    if (pc.sum(pc.match_substring_regex(present, _DATE_PATTERN)).as_py() or 0) > half:
+        return DATE
+    return CATEGORY
+
+
+def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[str]) -> int | None:
+    """Add a batch's cells to a profile; the batch row of a value a date column cannot hold
+    (None when every value fits)."""
+    profile.rows += len(values)
+    if profile.kind == NUMERIC:
+        profile.missing += values.null_count
+        bounds = pc.min_max(values).as_py()
+        if bounds["min"] is not None:
+            low, high = float(bounds["min"]), float(bounds["max"])
+            profile.minimum = low if profile.minimum is None else min(profile.minimum, low)
+            profile.maximum = high if profile.maximum is None else max(profile.maximum, high)
+        return None
+    missing = missing_mask(values, markers)
+    present = pc.filter(values, pc.invert(missing))
+    profile.missing += len(values) - len(present)
+    if profile.kind == DATE:
+        return _profile_dates(profile, values, missing, present)
+    _count(profile, present)
+    return None
+
+
+def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
+                   present: pa.Array) -> int | None:
+    good = pc.or_(missing, pc.match_substring_regex(values, _DATE_PATTERN))
+    if not pc.all(good).as_py():
+        return int(pc.index(good, False).as_py())
+    if len(present):
+        profile.has_time = profile.has_time or bool(
+            pc.max(pc.utf8_length(present)).as_py() > 10)
+        days = pc.utf8_slice_codeunits(present, 0, 10)
+        bounds = pc.min_max(days).as_py()
+        low, high = bounds["min"], bounds["max"]
+        if profile.has_time:  # any time of day makes the column vary unless all are equal
+            distinct = pc.count_distinct(present).as_py()
+            low, high = (low, high) if distinct <= 1 else ("0", "1")
+        # dates compare as text (ISO order); kept as ordinal strings for the constant check
+        first = _ordinal(low)
+        last = _ordinal(high)
+        profile.minimum = first if profile.minimum is None else min(profile.minimum, first)
+        profile.maximum = last if profile.maximum is None else max(profile.maximum, last)
+    return None
+
+
+def _ordinal(text: str) -> float:
+    return float(int(text.replace("-", ""))) if text.replace("-", "").isdigit() else -1.0
+
+
+def _count(profile: ColumnProfile, present: pa.Array) -> None:
+    """Add a batch's values to the column's running count (a pyarrow table, merged and pruned
+    in pyarrow: a new value in every row costs no Python per value)."""
+    if len(present) == 0:
+        return
+    counted = pc.value_counts(present)
+    profile.batch_distinct += len(counted)
+    batch = pa.table({"value": counted.field("values"), "count": counted.field("counts")})
+    if profile.tally is not None:
+        merged = pa.concat_tables([profile.tally, batch]).group_by("value").aggregate(
+            [("count", "sum")])
+        batch = pa.table({"value": merged["value"], "count": merged["count_sum"]})
+    if batch.num_rows > COUNT_BOUND:
+        batch = batch.sort_by([("count", "descending"), ("value", "ascending")]).slice(
+            0, COUNT_BOUND // 2)
+        profile.overflowed = True
+    profile.tally = batch
+
+
+def finish_profile(profile: ColumnProfile) -> None:
+    """Turn a profile's running count into ``counts`` (at the end of the first pass)."""
+    if profile.tally is not None:
+        profile.counts = dict(zip(profile.tally["value"].to_pylist(),
+                                  profile.tally["count"].to_pylist(), strict=True))
+        profile.tally = None
+
+
+class Encoder:
+    """A record batch's feature cells as the float32 matrix of the schema (see the domain)."""
+
+    def __init__(self, columns: list[Column], markers: Sequence[str]) -> None:
+        self.columns = columns
+        self.markers = list(markers)
+        self.vocabularies = {c.name: pa.array(list(c.vocabulary), pa.string())
+                             for c in columns if c.kind == CATEGORY}
+        self.width = sum(c.width for c in columns)
+
+    def encode(self, batch: pa.RecordBatch) -> np.ndarray:
+        out = np.empty((batch.num_rows, self.width), dtype=np.float32)
+        at = 0
+        for column in self.columns:
+            values = batch.column(column.name)
+            if column.kind == NUMERIC:
+                if values.null_count:
+                    values = values.fill_null(np.nan)
+                out[:, at] = values.to_numpy(zero_copy_only=False)
+            elif column.kind == CATEGORY:
+                out[:, at] = self._codes(values, column.name)
+            else:
+                out[:, at:at + column.width] = encode_dates(values, column.kind != DATE)
+            at += column.width
+        return out
+
+    def _codes(self, values: pa.Array, name: str) -> np.ndarray:
+        index = pc.index_in(values, value_set=self.vocabularies[name])
+        codes = pc.fill_null(pc.add(index, FIRST_WORD_CODE), OOV_CODE)
+        codes = pc.if_else(missing_mask(values, self.markers), MISSING_CODE, codes)
+        return codes.to_numpy(zero_copy_only=False).astype(np.float32)
+
+
+def encode_dates(values: pa.Array, with_time: bool) -> np.ndarray:
+    """Date cells (rows × 5 or 8), NaN for missing or invalid dates: ``parse_date`` vectorized
+    (pyarrow's RE2 for the pattern, numpy for the calendar)."""
+    width = 8 if with_time else 5
+    out = np.full((len(values), width), np.nan, dtype=np.float32)
+    head = pc.utf8_slice_codeunits(values, 0, DATE_CHARS)
+    parts = pc.extract_regex(head, f"(?s)^{DATE_READ_PATTERN}$")
+    matched = ~np.asarray(parts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if not matched.any():
+        return out
+
+    def field(name: str) -> np.ndarray:
+        text = parts.field(name)
+        number = pc.cast(pc.if_else(pc.equal(text, ""), "0", text).fill_null("0"), pa.int64())
+        return number.to_numpy(zero_copy_only=False)
+
+    y, mo, d, hh, mi, ss = (field(name) for name in ("y", "mo", "d", "hh", "mi", "ss"))
+    leap = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
+    month_days = _MONTH_DAYS[np.clip(mo - 1, 0, 11)] + (leap & (mo == 2))
+    valid = (matched & (y >= 1) & (mo >= 1) & (mo <= 12) & (d >= 1) & (d <= month_days)
+             & (hh <= 23) & (mi <= 59) & (ss <= 59))
+    days = _days_from_civil(y, mo, d)
+    cells = [y, mo, d, (days + 3) % 7, days] + ([hh, mi, ss] if with_time else [])
+    out[valid] = np.stack(cells, axis=1)[valid].astype(np.float32)
+    return out
+
+
+_MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
+
+def _days_from_civil(y: np.ndarray, mo: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 (H. Hinnant's algorithm; floor division throughout)."""
+    yy = y - (mo <= 2)
+    era = yy // 400
+    year_of_era = yy - era * 400
+    day_of_year = (153 * ((mo + 9) % 12) + 2) // 5 + d - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468

@@ -1,0 +1,175 @@
+"""Ingest of tables with text, dates and missing cells (issue #15): kinds, codes, what is left
+out, and the problems that still reject a file naming row and column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bucketlearn.adapters.memory import MemoryBlobStore
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.columns import CATEGORY, DATETIME, NUMERIC, ColumnProfile
+from bucketlearn.errors import InvalidInputError
+from bucketlearn.ingest import columns as ingest_columns
+from bucketlearn.ingest.split import load_parts, split_upload
+from tests.unit.helpers import (
+    MIXED_HEADER,
+    csv_bytes,
+    mixed_rows,
+    random_date_strings,
+    source_from_bytes,
+)
+
+
+def split(data: bytes, block: int | None = None, **options):
+    store = MemoryBlobStore()
+    kwargs = {"read_block_bytes": block} if block else {}
+    manifest = split_upload(source_from_bytes(data), store, "work", "job-000000000000",
+                            JobOptions(rows_per_shard=64, **options), Limits(), **kwargs)
+    return manifest, store
+
+
+def all_rows(manifest, store):
+    parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
+    return load_parts(store, "work", parts)
+
+
+def test_a_mixed_table_is_read_with_a_kind_per_column_and_notes_for_what_is_left_out():
+    manifest, store = split(csv_bytes(MIXED_HEADER, mixed_rows(500)))
+    kinds = {c.name: c.kind for c in manifest.schema}
+    assert kinds == {"city": CATEGORY, "payment": CATEGORY, "distance": NUMERIC,
+                     "fare": NUMERIC, "start": DATETIME}
+    dropped = {d["name"]: d["reason"] for d in manifest.dropped}
+    assert dropped["trip_id"].startswith("identifier-like")
+    assert dropped["flag"] == "constant: every row is 'Y'"
+    assert manifest.width == 1 + 1 + 1 + 1 + 8
+    summary = manifest.summary()["columns"]
+    assert summary["kinds"] == {"category": 2, "numeric": 2, "datetime": 1}
+    x, _ = all_rows(manifest, store)
+    assert x.shape == (500, 12)
+    distance = x[:, 2]
+    assert np.isnan(distance).sum() == next(c.missing for c in manifest.schema
+                                            if c.name == "distance") > 0
+
+
+def test_category_codes_say_unseen_missing_or_which_word():
+    words = ["a"] * 30 + ["b"] * 20 + ["c"] * 10 + ["NA"] * 6
+    rows = [[word, i % 2] for i, word in enumerate(words)]
+    manifest, store = split(csv_bytes(["kind", "label"], rows), max_categories=2)
+    assert manifest.schema[0].vocabulary == ("a", "b")  # the two most frequent
+    x, _ = all_rows(manifest, store)
+    codes = dict(zip(*np.unique(x[:, 0], return_counts=True), strict=True))
+    assert codes == {0.0: 10, 1.0: 6, 2.0: 30, 3.0: 20}  # c (outside the cap), missing, a, b
+
+
+def test_text_after_a_first_block_of_empty_cells_makes_the_column_text():
+    """The column's first block is all missing (read as numeric); text later restarts pass 1
+    with the column read as text instead of rejecting the file."""
+    rows = [[f"{i}.5", "" if i < 300 else ["red", "blue"][i % 2], i % 2] for i in range(400)]
+    manifest, _ = split(csv_bytes(["x", "colour", "label"], rows), block=1024)
+    assert {c.name: c.kind for c in manifest.schema} == {"x": NUMERIC, "colour": CATEGORY}
+
+
+def test_a_word_in_a_numeric_column_is_rejected_naming_row_and_column():
+    rows = [[f"{i}.5", i % 2] for i in range(300)]
+    rows[250][0] = "twelve"
+    with pytest.raises(InvalidInputError) as excinfo:
+        split(csv_bytes(["x", "label"], rows), block=1024)
+    problem = excinfo.value.problem
+    assert (problem.row, problem.column, problem.found) == (251, "x", "twelve")
+    assert "missing_values" in problem.expected and "drop_columns" in problem.expected
+
+
+def test_a_bad_date_is_rejected_naming_row_and_column():
+    rows = [[f"2024-01-{1 + i % 28:02d}", i % 2] for i in range(100)]
+    rows[70][0] = "31/01/2024"
+    with pytest.raises(InvalidInputError) as excinfo:
+        split(csv_bytes(["day", "label"], rows))
+    problem = excinfo.value.problem
+    assert (problem.row, problem.column, problem.found) == (71, "day", "'31/01/2024'")
+    assert "ISO date" in problem.expected
+
+
+def test_missing_values_and_drop_columns_options():
+    rows = [[f"{i}", "-" if i % 7 == 0 else f"{i % 5}", "junk", i % 2] for i in range(80)]
+    manifest, store = split(csv_bytes(["a", "b", "note", "label"], rows),
+                            missing_values="-", drop_columns="note")
+    assert [c.name for c in manifest.schema] == ["a", "b"]
+    assert {"name": "note", "reason": "drop_columns"} in manifest.dropped
+    x, _ = all_rows(manifest, store)
+    assert np.isnan(x[:, 1]).sum() == 12
+
+
+def test_drop_columns_naming_no_column_is_rejected():
+    with pytest.raises(InvalidInputError) as excinfo:
+        split(csv_bytes(["a", "label"], [[i, i % 2] for i in range(20)]), drop_columns="b")
+    assert excinfo.value.problem.column == "b"
+    assert "feature columns of the file: a" in excinfo.value.problem.expected
+
+
+def test_training_statistics_skip_missing_cells():
+    rows = [["" if i % 4 == 0 else str(i % 8), i % 2] for i in range(400)]
+    manifest, store = split(csv_bytes(["a", "label"], rows))
+    x, _ = all_rows(manifest, store)
+    train = np.concatenate([load_parts(store, "work", s.parts)[0] for s in manifest.shards])
+    present = train[~np.isnan(train[:, 0]), 0]
+    assert manifest.mean[0] == pytest.approx(float(present.mean()))
+    assert manifest.variance[0] == pytest.approx(float(present.var()))
+    assert np.isnan(x).any()
+
+
+def test_a_complete_numeric_file_is_split_as_before():
+    """No missing cell, no text: the matrix and its statistics are those of the plain path."""
+    rows = [[f"{i * 0.37:.2f}", "0", i % 3] for i in range(90)]
+    manifest, store = split(csv_bytes(["a", "zero", "label"], rows))
+    assert [c.name for c in manifest.schema] == ["a", "zero"] and not manifest.dropped
+    x, _ = all_rows(manifest, store)
+    assert not np.isnan(x).any() and manifest.variance[1] == 1.0
+
+
+def test_counting_a_text_column_stays_bounded(monkeypatch):
+    """A column with a new value in every row: the counts never hold more than the bound."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(ingest_columns, "COUNT_BOUND", 100)
+    profile = ColumnProfile("id", CATEGORY)
+    largest = 0
+    for start in range(0, 5000, 250):
+        values = pa.array([f"v{i}" for i in range(start, start + 250)])
+        ingest_columns.profile_batch(profile, values, ["NA"])
+        largest = max(largest, profile.tally.num_rows)
+    ingest_columns.finish_profile(profile)
+    assert largest <= 100 and profile.overflowed and len(profile.counts) == 50
+    assert profile.batch_distinct == 5000 and profile.present == 5000
+
+
+def test_status_and_dashboard_name_the_kinds_and_what_was_left_out():
+    from bucketlearn.entrypoints.cli import columns_lines
+    from bucketlearn.services import dashboard_data, jobs
+
+    manifest, _ = split(csv_bytes(MIXED_HEADER, mixed_rows(200)))
+    job = {"job_id": "j", "status": "TRAINING", "dataset": manifest.summary()}
+    status = jobs.status_object(job)
+    assert status["columns"]["kinds"]["category"] == 2
+    lines = columns_lines(status)
+    assert lines[0] == "columns:   2 category, 1 datetime, 2 numeric"
+    assert any(line.startswith("left out:  trip_id: identifier-like") for line in lines)
+    rows = {r["column"]: r for r in dashboard_data.column_rows(job)}
+    assert rows["city"]["kind"] == "category" and rows["city"]["note"].startswith("5 categories")
+    assert rows["flag"]["kind"] == "left out" and rows["flag"]["note"].startswith("constant")
+    assert dashboard_data.dataset_facts(job)["feature kinds"] == "2 category, 1 datetime, 2 numeric"
+
+
+@pytest.mark.parametrize("with_time", [False, True])
+def test_the_vectorized_date_encoder_reads_as_the_reference_does(with_time):
+    """Ingest's pyarrow/numpy date reader against ``parse_date``, on valid dates and near misses
+    (bad days, hours, separators, truncations, non-ASCII digits, line breaks)."""
+    import pyarrow as pa
+
+    from bucketlearn.domain.columns import parse_date
+
+    texts = random_date_strings(20000, seed=1)
+    found = ingest_columns.encode_dates(pa.array(texts), with_time)
+    expected = np.array([parse_date(t, with_time) for t in texts], dtype=np.float32)
+    assert np.isfinite(expected[:, 0]).sum() > 2000
+    np.testing.assert_array_equal(found, expected)

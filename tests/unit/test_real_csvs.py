@@ -1,0 +1,52 @@
+"""Real CSVs exactly as published, from packages that ship them (issue #15): they split without
+editing, with the kinds and the notes a user would expect."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from bucketlearn.adapters.memory import MemoryBlobStore
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.columns import CATEGORY, DATE, NUMERIC
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.services.serial import local_source
+
+
+def packaged(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"{package} is not installed (make install installs it with the dev extra)")
+    return Path(list(spec.submodule_search_locations)[0], *parts)
+
+
+def split(path: Path, **options):
+    return split_upload(local_source(str(path)), MemoryBlobStore(), "work", "job-000000000000",
+                        JobOptions(**options), Limits())
+
+
+def test_penguins_raw_with_dates_ids_comments_and_na():
+    manifest = split(packaged("palmerpenguins", "data", "penguins-raw.csv"),
+                     label_column="Species")
+    kinds = {c.name: c.kind for c in manifest.schema}
+    assert kinds["Date Egg"] == DATE
+    assert kinds["Island"] == CATEGORY and kinds["Culmen Length (mm)"] == NUMERIC
+    assert kinds["Comments"] == CATEGORY  # mostly NA: missing is a value of its own
+    dropped = {d["name"]: d["reason"] for d in manifest.dropped}
+    assert dropped["Region"] == "constant: every row is 'Anvers'"
+    assert dropped["Stage"] == "constant: every row is 'Adult, 1 Egg Stage'"
+    missing = {c.name: c.missing for c in manifest.schema}
+    assert missing["Delta 15 N (o/oo)"] == 14 and missing["Sex"] == 11
+    assert manifest.rows == 344 and len(manifest.classes) == 3
+
+
+def test_seattle_weather_with_a_non_iso_date_column():
+    """``2012/01/01`` is not an ISO date: the column is text with a value per row, left out as
+    identifier-like, and the job trains on the four numbers."""
+    manifest = split(packaged("vega_datasets", "_data", "seattle-weather.csv"))
+    assert manifest.label_column == "weather" and len(manifest.classes) == 5
+    assert [c.name for c in manifest.schema] == ["precipitation", "temp_max", "temp_min", "wind"]
+    assert manifest.dropped[0]["name"] == "date"
+    assert manifest.dropped[0]["reason"].startswith("identifier-like: 1461 distinct values")
