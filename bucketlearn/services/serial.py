@@ -28,7 +28,7 @@ from bucketlearn.config import JobOptions, Limits, Settings
 from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.ml.model import build_model, choose_spec
-from bucketlearn.ml.training import evaluate, optimizer_state, train_task
+from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.services import jobs
 
 
@@ -40,6 +40,7 @@ class SerialResult:
     manifest: Manifest
     model: Any
     weights: list[Any]
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # classification_report
 
 
 def local_source(path: str) -> SourceFile:
@@ -73,9 +74,9 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                                 options.seed, epoch, task_index)
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    accuracy, loss = evaluate(model, weights, x_hold, y_hold)
-    return SerialResult(accuracy, loss, time.perf_counter() - started, manifest, model,
-                        list(weights))
+    found = evaluate_detail(model, weights, x_hold, y_hold)
+    return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
+                        model, list(weights), found.report)
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,

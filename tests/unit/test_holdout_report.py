@@ -1,0 +1,119 @@
+"""Holdout figures beyond accuracy, wired through the evaluation, the aggregator and
+train-local (in-memory ports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bucketlearn.config import JobOptions
+from bucketlearn.domain.metrics import confusion_rows
+from bucketlearn.ml.model import ModelSpec, build_model
+from bucketlearn.ml.training import EPSILON, EVAL_BATCH, evaluate_parts
+from bucketlearn.services import jobs
+from bucketlearn.services.serial import simulate_pipeline
+from tests.unit.helpers import write_imbalanced_csv
+
+
+class _TableModel:
+    """A tiny model for hand computation: a row's first feature is the index of the
+    probabilities it answers."""
+
+    def __init__(self, table: list[list[float]]) -> None:
+        self.table = np.asarray(table, dtype=np.float32)
+
+    def set_weights(self, weights: Any) -> None:
+        pass
+
+    def predict_on_batch(self, x: np.ndarray) -> np.ndarray:
+        return self.table[np.asarray(x[:, 0], dtype=np.int64)]
+
+
+def _model(classes: int = 3, features: int = 6):
+    spec = ModelSpec(kind="mlp", n_features=features, n_classes=classes, image_shape=None,
+                     seed=5, learning_rate=1e-2)
+    return build_model(spec, [0.0] * features, [1.0] * features)
+
+
+def test_the_evaluation_tallies_the_confusion_matrix_worked_by_hand():
+    """Six rows in two parts, three classes: row by row (truth -> answer) 0->0, 0->0, 0->1,
+    1->1, 1->2, 2->2 give the confusion [[2,1,0],[0,1,1],[0,0,1]]; precision is each answer
+    column's share right, recall each truth row's."""
+    # Prepare
+    model = _TableModel([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3],
+                         [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.1, 0.2, 0.7]])
+    x = np.arange(6, dtype=np.float32).reshape(-1, 1)
+    y = np.array([0, 0, 0, 1, 1, 2])
+    # Execute
+    found = evaluate_parts(model, None, [(x[:4], y[:4]), (x[4:], y[4:])])
+    # Assert
+    report = found.report
+    assert report["confusion"] == [[2, 1, 0], [0, 1, 1], [0, 0, 1]]
+    assert found.accuracy == report["accuracy"] == pytest.approx(4 / 6)
+    assert report["precision"] == pytest.approx([1.0, 1 / 2, 1 / 2])
+    assert report["recall"] == pytest.approx([2 / 3, 1 / 2, 1.0])
+    assert report["majority_accuracy"] == pytest.approx(3 / 6) and report["beats_majority"]
+    picked = np.array([0.7, 0.6, 0.2, 0.8, 0.3, 0.7], dtype=np.float32)
+    assert found.loss == pytest.approx(float(np.mean(-np.log(picked.astype(np.float64)))))
+    assert found.predicted_counts == [2, 2, 2] and found.true_counts == [3, 2, 1]
+    assert "roc_auc" not in report
+
+
+def test_the_evaluation_keeps_accuracy_and_loss_to_the_bit():
+    """Accuracy and loss are the numbers the evaluation gave before it tallied a confusion
+    matrix (the parity benchmark and the end-to-end tests compare them to the bit): the loop
+    it ran then, over parts that straddle EVAL_BATCH, gives the same floats."""
+    # Prepare
+    rng = np.random.default_rng(4)
+    model = _model()
+    y = rng.integers(0, 3, 2 * EVAL_BATCH + 300)
+    x = (rng.normal(size=(len(y), 6)) + y[:, None]).astype(np.float32)
+    cut = EVAL_BATCH + 123
+    parts = [(x[:cut], y[:cut]), (x[cut:], y[cut:])]
+    correct, loss_sum = 0, 0.0
+    for px, py in parts:  # the evaluation as it was written before
+        for start in range(0, len(py), EVAL_BATCH):
+            probs = np.asarray(model.predict_on_batch(px[start:start + EVAL_BATCH]))
+            batch = py[start:start + EVAL_BATCH]
+            correct += int(np.count_nonzero(np.argmax(probs, axis=1) == batch))
+            picked = np.clip(probs[np.arange(len(batch)), batch], EPSILON, 1.0)
+            loss_sum += float(np.sum(-np.log(picked.astype(np.float64))))
+    # Execute
+    found = evaluate_parts(model, None, parts)
+    # Assert
+    assert found.accuracy == correct / len(y)
+    assert found.loss == loss_sum / len(y)
+    assert sum(map(sum, found.report["confusion"])) == len(y) == found.rows
+
+
+@pytest.fixture(scope="module")
+def imbalanced_csv(tmp_path_factory) -> Path:
+    """340 rows of class 0 and 60 of class 1, in overlapping blobs."""
+    return write_imbalanced_csv(tmp_path_factory.mktemp("imb") / "imbalanced.csv", [340, 60],
+                                spread=3.0)
+
+
+def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
+    """Every evaluated version records macro-F1, the majority baseline, ROC AUC (two classes)
+    and the per-class report; the DONE head's figures are those of the whole holdout and agree
+    with its accuracy."""
+    # Execute
+    run = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=3, rows_per_shard=64,
+                                                            parallel_tasks=2))
+    # Assert
+    job, versions = run["job"], run["versions"]
+    head = job["head"]
+    rows = confusion_rows(head["holdout_report"])
+    assert job["status"] == jobs.DONE
+    assert sum(map(sum, rows)) == job["final_holdout_rows"] == 80
+    assert head["holdout_accuracy"] == (rows[0][0] + rows[1][1]) / 80
+    assert head["holdout_majority_accuracy"] == 68 / 80
+    assert 0.0 <= head["holdout_roc_auc"] <= 1.0
+    evaluated = [v for v in versions if v.get("holdout_accuracy") is not None]
+    assert len(evaluated) == len(versions) - 1  # all but version 0
+    for v in evaluated:
+        assert v["holdout_report"]["classes"] == 2 and not v["holdout_report"]["truncated"]
+        assert v["holdout_macro_f1"] is not None and v["holdout_roc_auc"] is not None
