@@ -23,6 +23,7 @@ from bucketlearn.errors import ConfigError
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("wsd", "cosine", "constant")
+CLASS_WEIGHTS = ("none", "balanced")  # domain.plan.class_weights
 AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 # TensorFlow on one thread: the local stack's functions and learners share the machine's cores.
 # The thread count fixes the order of TensorFlow's sums, so whatever is compared with them to the
@@ -71,6 +72,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("max_failed_tasks", int, 0,
                "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
                0, 1_000_000),
+    OptionSpec("class_weight", str, "none",
+               "none: every row counts once; balanced: each class's rows weigh n_rows / "
+               "(n_classes * rows of the class) in the loss, from the training rows per class",
+               choices=CLASS_WEIGHTS),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -92,6 +97,7 @@ class JobOptions:
     parallel_tasks: int = _SPEC_BY_NAME["parallel_tasks"].default
     seed: int = _SPEC_BY_NAME["seed"].default
     max_failed_tasks: int = _SPEC_BY_NAME["max_failed_tasks"].default
+    class_weight: str = _SPEC_BY_NAME["class_weight"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -113,6 +113,16 @@ class Manifest:
     variance: list[float]
     # rows of each holdout part (empty in manifests written before it was recorded)
     holdout_part_rows: list[int] = field(default_factory=list)
+    # training rows of each class (empty in manifests written before it was recorded)
+    train_class_counts: list[int] = field(default_factory=list)
+
+    @property
+    def train_counts(self) -> list[int]:
+        """Training rows of each class; the file's class counts for a manifest written before
+        they were recorded (the basis of ``class_weight=balanced``)."""
+        if len(self.train_class_counts) == len(self.classes):
+            return list(self.train_class_counts)
+        return list(self.class_counts)
 
     def to_json(self) -> bytes:
         data = dict(self.__dict__)
@@ -1136,7 +1146,7 @@ def split_upload(
         rows=int(sum(class_counts)), train_rows=plan.train_rows, holdout_rows=holdout.rows,
         shards=shard_list, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
-        holdout_part_rows=holdout.part_rows,
+        holdout_part_rows=holdout.part_rows, train_class_counts=list(plan.train_per_class),
     )
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")

@@ -63,13 +63,15 @@ def set_optimizer_state(model: Any, state: Sequence[np.ndarray]) -> None:
 def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
                x: np.ndarray, y: np.ndarray, batch_size: int,
                learning_rates: float | Sequence[float], seed: int, epoch: int,
-               task_index: int) -> LocalResult:
+               task_index: int, class_weights: Sequence[float] | None = None) -> LocalResult:
     """Train one pass over a task's rows from a version's weights and optimizer state.
 
     The same steps as ``fit(epochs=1, shuffle=False)`` over the reshuffled rows, taken with
     ``train_on_batch``: a task is only a few batches, and ``fit()``'s per-call set-up (data
     adapter, callbacks, progress state) cost about three times the steps themselves.
     ``learning_rates`` is one rate for every step, or one per step (the last repeats).
+    ``class_weights`` (one per class; ``domain.plan.class_weights``) weight each row's loss by
+    its class; None trains unweighted, exactly as before the option existed.
 
     Returns:
         The weights and optimizer state after the task, its mean training loss and row count.
@@ -80,11 +82,17 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
     rates = ([float(learning_rates)] if isinstance(learning_rates, (int, float))
              else [float(r) for r in learning_rates])
     xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
+    row_weights = (None if class_weights is None else
+                   np.asarray(class_weights, dtype=np.float32)[np.asarray(ys, dtype=np.int64)])
     loss_sum, seen = 0.0, 0
     for step, start in enumerate(range(0, len(ys), batch_size)):
         model.optimizer.learning_rate.assign(rates[min(step, len(rates) - 1)])
         xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
-        logs = model.train_on_batch(xb, yb, return_dict=True)
+        if row_weights is None:
+            logs = model.train_on_batch(xb, yb, return_dict=True)
+        else:
+            logs = model.train_on_batch(xb, yb, sample_weight=row_weights[start:start + batch_size],
+                                        return_dict=True)
         loss_sum += float(logs["loss"]) * len(yb)
         seen += len(yb)
     return LocalResult(weights=[np.asarray(w) for w in model.get_weights()],

@@ -25,7 +25,7 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
-from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
+from bucketlearn.domain.plan import class_weights, epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.ml.model import build_model, choose_spec
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
@@ -62,6 +62,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          requested=1)
     weights, optimizer = model.get_weights(), optimizer_state(model)
+    balance = class_weights(options.class_weight, manifest.train_counts)
     for epoch in range(1, options.epochs + 1):
         for task_index, members in enumerate(epoch_tasks(plan, len(manifest.shards),
                                                           options.seed, epoch)):
@@ -71,7 +72,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                                plan.span(epoch, task_index),
                                math.ceil(len(y) / options.batch_size))
             result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
-                                options.seed, epoch, task_index)
+                                options.seed, epoch, task_index, balance)
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     found = evaluate_detail(model, weights, x_hold, y_hold)

@@ -1,5 +1,5 @@
-"""Holdout figures beyond accuracy, wired through the evaluation, the aggregator and
-train-local (in-memory ports)."""
+"""Holdout figures beyond accuracy and the class_weight option, wired through the evaluation,
+the aggregator, the learners and train-local (in-memory ports)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bucketlearn import codec
 from bucketlearn.config import JobOptions
 from bucketlearn.domain.metrics import confusion_rows
+from bucketlearn.domain.plan import class_weights
 from bucketlearn.ml.model import ModelSpec, build_model
-from bucketlearn.ml.training import EPSILON, EVAL_BATCH, evaluate_parts
+from bucketlearn.ml.training import (
+    EPSILON,
+    EVAL_BATCH,
+    evaluate_parts,
+    optimizer_state,
+    shuffle_rows,
+    train_task,
+)
 from bucketlearn.services import jobs
-from bucketlearn.services.serial import simulate_pipeline
+from bucketlearn.services.serial import simulate_pipeline, train_local
 from tests.unit.helpers import write_imbalanced_csv
 
 
@@ -89,11 +98,66 @@ def test_the_evaluation_keeps_accuracy_and_loss_to_the_bit():
     assert sum(map(sum, found.report["confusion"])) == len(y) == found.rows
 
 
+def test_balanced_class_weights_weigh_rows_as_keras_class_weight_does():
+    """A task with balanced weights takes the steps of fit(class_weight=...) over the same rows
+    (Keras's own weighting), and different steps from an unweighted task."""
+    # Prepare
+    rng = np.random.default_rng(2)
+    y = rng.choice(3, size=96, p=[0.7, 0.2, 0.1])
+    x = (rng.normal(size=(96, 6)) + y[:, None]).astype(np.float32)
+    weights = class_weights("balanced", np.bincount(y, minlength=3).tolist())
+    task_model, fit_model, plain_model = _model(), _model(), _model()
+    base = [w.copy() for w in task_model.get_weights()]
+    xs, ys = shuffle_rows(x, y, seed=0, epoch=1, task_index=0)
+    # Execute
+    weighted = train_task(task_model, base, optimizer_state(task_model), x, y, 32, 1e-2, 0, 1, 0,
+                          weights)
+    plain = train_task(plain_model, base, optimizer_state(plain_model), x, y, 32, 1e-2, 0, 1, 0)
+    fit_model.fit(xs, ys, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                  class_weight=dict(enumerate(weights)))
+    # Assert
+    assert weights is not None and weights[2] > weights[1] > weights[0]
+    for mine, theirs in zip(weighted.weights, fit_model.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(weighted.weights, plain.weights,
+                                                     strict=True))
+
+
 @pytest.fixture(scope="module")
 def imbalanced_csv(tmp_path_factory) -> Path:
     """340 rows of class 0 and 60 of class 1, in overlapping blobs."""
     return write_imbalanced_csv(tmp_path_factory.mktemp("imb") / "imbalanced.csv", [340, 60],
                                 spread=3.0)
+
+
+def _final_weights(run: dict[str, Any]) -> list[bytes]:
+    svc, last = run["svc"], run["versions"][-1]
+    weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                            last["weights_path"]))
+    return [w.tobytes() for w in weights]
+
+
+def test_balanced_training_is_the_same_in_the_pipeline_and_in_train_local(imbalanced_csv):
+    """class_weight=balanced with one task at a time: the learners and train-local weight the
+    same rows alike, so the pipeline's last version is train-local's model to the bit, and its
+    head's figures are train-local's; with class_weight=none the model differs."""
+    # Prepare
+    balanced = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1,
+                          class_weight="balanced")
+    serial = train_local(str(imbalanced_csv), balanced)
+    # Execute
+    run = simulate_pipeline(str(imbalanced_csv), balanced, workers=2)
+    plain = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=2, rows_per_shard=64,
+                                                              parallel_tasks=1))
+    # Assert
+    head = run["job"]["head"]
+    assert run["job"]["status"] == jobs.DONE and run["job"]["options"]["class_weight"] == "balanced"
+    assert _final_weights(run) == [np.asarray(w).tobytes() for w in serial.weights]
+    assert _final_weights(plain) != _final_weights(run)
+    assert head["holdout_accuracy"] == serial.accuracy
+    assert head["holdout_macro_f1"] == serial.report["macro_f1"]
+    assert confusion_rows(head["holdout_report"]) == serial.report["confusion"]
+    assert serial.manifest.train_counts == [272, 48]  # 80 % of each class trains
 
 
 def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
