@@ -1,8 +1,10 @@
 """Holdout figures beyond accuracy and the class_weight option, wired through the evaluation,
-the aggregator, the learners and train-local (in-memory ports)."""
+the aggregator, train-local, the status object and the CLI (in-memory ports)."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +12,11 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
+from bucketlearn.entrypoints import cli
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ml.training import (
     EPSILON,
@@ -23,8 +27,11 @@ from bucketlearn.ml.training import (
     train_task,
 )
 from bucketlearn.services import jobs
+from bucketlearn.services.aggregate import aggregate_job
 from bucketlearn.services.serial import simulate_pipeline, train_local
+from bucketlearn.services.upload import StorageEvent, handle_upload
 from tests.unit.helpers import write_imbalanced_csv
+from tests.unit.steps import train_pending
 
 
 class _TableModel:
@@ -181,3 +188,81 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     for v in evaluated:
         assert v["holdout_report"]["classes"] == 2 and not v["holdout_report"]["truncated"]
         assert v["holdout_macro_f1"] is not None and v["holdout_roc_auc"] is not None
+    status = jobs.status_object(job)
+    assert status["beats_majority"] is True and status["warning"] is None
+
+
+@pytest.fixture
+def hopeless_job(tmp_path, monkeypatch) -> tuple[Any, str]:
+    """A RUNNING job at v1 on 180 rows of class 0 and 20 of class 1 whose features are the same
+    in every row, so no model beats always answering class 0; the CLI's services are its
+    in-memory ones."""
+    svc = memory_services()
+    path = write_imbalanced_csv(tmp_path / "hopeless.csv", [180, 20], n_features=2,
+                                informative=False)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, "hopeless.csv", path.read_bytes(),
+                                 "text/csv", {"epochs": "2", "rows_per_shard": "64",
+                                              "parallel_tasks": "2"})
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    assert job_id is not None
+    train_pending(svc, 2)
+    aggregate_job(svc, job_id)
+    monkeypatch.setattr(cli, "services", lambda settings=None: svc)
+    return svc, job_id
+
+
+def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job, capsys):
+    """status --json of the head version: macro-F1, the majority baseline and class, ROC AUC
+    (two classes: every row scores alike, so one half), per-class precision and recall, the
+    confusion matrix and a warning, since the accuracy is not above the baseline."""
+    # Prepare
+    svc, job_id = hopeless_job
+    # Execute
+    code = cli.main(["status", job_id, "--json"])
+    # Assert
+    status = json.loads(capsys.readouterr().out)
+    assert code == cli.EXIT_OK and status["version"] == 1
+    assert status["majority_accuracy"] == 36 / 40 and status["majority_class"] == "0"
+    assert status["accuracy"] <= status["majority_accuracy"]
+    assert status["beats_majority"] is False
+    assert status["warning"].startswith(f"accuracy {status['accuracy']:.2%} is not above the "
+                                        "90.00% of always answering '0'")
+    assert status["roc_auc"] == 0.5
+    assert status["report_classes"] == ["0", "1"] and set(status["precision"]) == {"0", "1"}
+    assert set(status["recall"]) == {"0", "1"} and not math.isnan(status["macro_f1"])
+    assert [sum(row) for row in status["confusion"]] == [36, 4]
+    assert sum(1 for col in zip(*status["confusion"], strict=True) if any(col)) == 1
+    stored = svc.registry.get_version(job_id, 1)["holdout_report"]
+    assert stored["confusion"] == [{"row": row} for row in status["confusion"]]
+
+
+def test_status_prints_a_one_line_warning(hopeless_job, capsys):
+    """The human-readable status says macro-F1 and the baseline, and warns in one line."""
+    # Prepare
+    _, job_id = hopeless_job
+    # Execute
+    code = cli.main(["status", job_id])
+    # Assert
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert code == cli.EXIT_OK
+    assert len(warnings) == 1 and "always answering '0'" in warnings[0]
+    assert any(line.startswith("macro-F1:") and "majority baseline 0.9000" in line
+               for line in out.splitlines())
+
+
+def test_status_of_a_head_evaluated_before_the_figures_existed():
+    """A job document written before these figures: None and empty, no warning, no error."""
+    # Prepare
+    job = {"job_id": "old-000000000000", "status": "DONE", "version": 4,
+           "dataset": {"classes": ["a", "b"]},
+           "head": {"version": 4, "weights_path": "w", "holdout_accuracy": 0.5,
+                    "holdout_loss": 0.7}}
+    # Execute
+    status = jobs.status_object(job)
+    # Assert
+    assert status["accuracy"] == 0.5
+    assert status["macro_f1"] is None and status["roc_auc"] is None
+    assert status["warning"] is None and status["beats_majority"] is None
+    assert status["confusion"] == [] and status["precision"] == {}
