@@ -24,6 +24,7 @@ from bucketlearn.errors import ConfigError
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("wsd", "cosine", "constant")
+CLASS_WEIGHTS = ("none", "balanced")  # domain.plan.class_weights
 AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 # TensorFlow on one thread: the local stack's functions and learners share the machine's cores.
 # The thread count fixes the order of TensorFlow's sums, so whatever is compared with them to the
@@ -81,6 +82,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "share one out-of-vocabulary code", 1, 100_000),
     OptionSpec("drop_columns", str, "", "feature columns to leave out, comma-separated",
                items=True),
+    OptionSpec("class_weight", str, "none",
+               "none: every row counts once; balanced: each class's rows weigh n_rows / "
+               "(n_classes * rows of the class) in the loss, from the training rows per class",
+               choices=CLASS_WEIGHTS),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -105,6 +110,7 @@ class JobOptions:
     missing_values: str = _SPEC_BY_NAME["missing_values"].default
     max_categories: int = _SPEC_BY_NAME["max_categories"].default
     drop_columns: str = _SPEC_BY_NAME["drop_columns"].default
+    class_weight: str = _SPEC_BY_NAME["class_weight"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -210,11 +210,14 @@ def job_page() -> None:
     if s["status"] == jobs.CANCELLED:
         st.warning(f"Cancelled: {s['reason']}")
     metric_row(dd.headline_metrics(s))
+    if s.get("warning"):
+        st.warning(f"Head version v{s['version']}: {s['warning']}")
     if s["progress"] is not None:
         st.progress(s["progress"], text=dd.progress_text(s))
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
     with tabs[0]:
         training_tab(versions)
+        report_section(job, versions)
     with tabs[1]:
         throughput_tab(versions, now)
     with tabs[2]:
@@ -232,10 +235,37 @@ def training_tab(versions: list[dict]) -> None:
         return
     x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
     left, right = st.columns(2)
-    left.markdown("**Holdout accuracy**")
-    left.line_chart(frame, x=x, y="holdout_accuracy")
+    left.markdown("**Holdout accuracy and macro-F1**")
+    left.line_chart(frame, x=x, y=["holdout_accuracy", "holdout_macro_f1"])
     right.markdown("**Loss**")
     right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
+
+
+def report_section(job: dict, versions: list[dict]) -> None:
+    """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
+    classes), per-class precision/recall and the confusion matrix (the newest by default)."""
+    numbers = dd.evaluated_versions(versions)
+    if not numbers:
+        return
+    st.markdown("**Holdout report**")
+    picked = st.selectbox("Version", numbers, key="report_version",
+                          format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
+    version = next((v for v in versions if v.get("version") == picked), None)
+    report = dd.version_report(version, (job.get("dataset") or {}).get("classes") or [])
+    metric_row(report["metrics"])
+    if report["warning"] and picked != job.get("version"):  # the head's is shown at the top
+        st.warning(f"v{picked}: {report['warning']}")
+    if report["note"]:
+        st.caption(report["note"])
+    if report["per_class"].empty:
+        return
+    left, right = st.columns(2)
+    left.markdown("Per class")
+    left.dataframe(report["per_class"], hide_index=True, width="stretch", column_config={
+        name: st.column_config.NumberColumn(name, format="%.3f")
+        for name in ("precision", "recall", "f1")})
+    right.markdown("Confusion matrix (rows: true class, columns: predicted)")
+    right.dataframe(report["confusion"], width="stretch")
 
 
 def throughput_tab(versions: list[dict], now: float) -> None:

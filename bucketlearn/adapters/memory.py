@@ -148,13 +148,28 @@ def document_size(path: str, fields: Mapping[str, Any]) -> int:
     return name + firestore_size(dict(fields)) + 32
 
 
+def nested_array(value: Any, inside_array: bool = False) -> bool:
+    """Whether a value holds an array directly inside an array, which Firestore refuses (an
+    array of maps that hold arrays is fine)."""
+    if isinstance(value, Mapping):
+        return any(nested_array(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return inside_array or any(nested_array(v, inside_array=True) for v in value)
+    return False
+
+
 def _check_document(path: str, fields: Mapping[str, Any]) -> None:
-    """Refuse, as Firestore does (InvalidArgument), a document larger than 1 MiB."""
+    """Refuse, as Firestore does (InvalidArgument), a document larger than 1 MiB or with an
+    array directly inside an array."""
     size = document_size(path, fields)
     if size > FIRESTORE_MAX_DOCUMENT_BYTES:
         raise BackendRejectedError(
             f"firestore write of {path}: expected a document of at most "
             f"{FIRESTORE_MAX_DOCUMENT_BYTES} bytes (Firestore's limit); found {size} bytes")
+    if nested_array(fields):
+        raise BackendRejectedError(
+            f"firestore write of {path}: expected no array directly inside an array "
+            f"(Firestore's rule); found one")
 
 
 class MemoryRegistry:
@@ -256,9 +271,12 @@ class MemoryRegistry:
             if doc is None:
                 return False
             _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
-            doc.update(copy.deepcopy(dict(version_fields)))
             job = self.jobs.get(job_id)
-            if job is None or job.get("version") != version:
+            current = job is not None and job.get("version") == version
+            if current:
+                _check_document(f"jobs/{job_id}", {**job, "head": head})
+            doc.update(copy.deepcopy(dict(version_fields)))
+            if job is None or not current:
                 return False
             job["head"] = copy.deepcopy(dict(head))
             return True

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bucketlearn.domain.metrics import HOLDOUT_FIGURES
+
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
 CANCELLED = "CANCELLED"
 TERMINAL = (DONE, REJECTED, FAILED, CANCELLED)
@@ -83,7 +85,12 @@ def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] |
 
 @dataclass(frozen=True)
 class Head:
-    """The job's pointer to its newest version, and that version's figures once evaluated."""
+    """The job's pointer to its newest version, and that version's figures once evaluated.
+
+    Beyond accuracy and loss, an evaluated head carries the figures of ``metrics.holdout_fields``
+    (macro-F1, the majority-class baseline, binary ROC AUC, the per-class report); a head
+    written before they existed has None there.
+    """
 
     version: int
     weights_path: str
@@ -91,6 +98,10 @@ class Head:
     holdout_accuracy: float | None = None
     holdout_loss: float | None = None
     train_loss: float | None = None
+    holdout_macro_f1: float | None = None
+    holdout_majority_accuracy: float | None = None
+    holdout_roc_auc: float | None = None
+    holdout_report: Mapping[str, Any] | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,20 +111,28 @@ class Head:
         return cls(version=int(doc["version"]), weights_path=str(doc["weights_path"]),
                    checksum=str(doc.get("checksum") or ""),
                    holdout_accuracy=doc.get("holdout_accuracy"),
-                   holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"))
+                   holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
+                   **{name: doc.get(name) for name in HOLDOUT_FIGURES})
 
-    def evaluated(self, accuracy: float, loss: float) -> Head:
-        """The same head with its version's holdout figures."""
-        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss)
+    def evaluated(self, accuracy: float, loss: float,
+                  figures: Mapping[str, Any] | None = None) -> Head:
+        """The same head with its version's holdout figures (``figures``: the fields of
+        ``metrics.holdout_fields``)."""
+        extra = {name: (figures or {}).get(name) for name in HOLDOUT_FIGURES}
+        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss, **extra)
 
     def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
                  train_loss: float | None) -> Head:
         """The head after a fold into ``version``: a fold that applied results is not evaluated
         yet; one that only recorded failures keeps the previous figures (same weights)."""
-        return Head(version, weights_path, checksum,
-                    None if folded_results else self.holdout_accuracy,
-                    None if folded_results else self.holdout_loss,
-                    train_loss if train_loss is not None else self.train_loss)
+        kept = dataclasses.replace(self, version=version, weights_path=weights_path,
+                                   checksum=checksum,
+                                   train_loss=train_loss if train_loss is not None
+                                   else self.train_loss)
+        if not folded_results:
+            return kept
+        return dataclasses.replace(kept, holdout_accuracy=None, holdout_loss=None,
+                                   **dict.fromkeys(HOLDOUT_FIGURES))
 
 
 def epoch_document(epoch: int, planned: int, now: float) -> dict[str, Any]:

@@ -71,11 +71,33 @@ def classification_report(confusion: np.ndarray, loss: float,
         "precision": precision, "recall": recall, "f1": f1,
         "confusion": confusion.tolist(),
         "majority_accuracy": majority,
-        "beats_majority": accuracy > majority + 1e-12,
+        "majority_class": int(np.argmax(true_counts)) if total else 0,
+        "beats_majority": beats_majority(accuracy, majority),
     }
     if positive_scores is not None:
         report["roc_auc"] = roc_auc_from_histograms(positive_scores[0], positive_scores[1])
     return report
+
+
+def beats_majority(accuracy: float | None, majority_accuracy: float | None) -> bool | None:
+    """Whether an accuracy is above that of always answering the majority class (None when
+    either is unknown, e.g. a version evaluated before the baseline was recorded)."""
+    if accuracy is None or majority_accuracy is None:
+        return None
+    return float(accuracy) > float(majority_accuracy) + 1e-12
+
+
+def majority_warning(accuracy: float | None, majority_accuracy: float | None,
+                     majority_class: str | None) -> str | None:
+    """The warning a user sees when the accuracy is no better than always answering the
+    majority class; None when it is better, or when either figure is unknown."""
+    if accuracy is None or majority_accuracy is None or beats_majority(accuracy,
+                                                                       majority_accuracy):
+        return None
+    answer = ("the majority class" if majority_class is None else repr(str(majority_class)))
+    return (f"accuracy {float(accuracy):.2%} is not above the {float(majority_accuracy):.2%} of "
+            f"always answering {answer}: look at macro-F1 and per-class recall "
+            f"(class_weight=balanced may help)")
 
 
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> list[float]:
@@ -94,6 +116,58 @@ def roc_auc_from_histograms(negative: Sequence[int], positive: Sequence[int]) ->
     below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])  # negatives in lower bins
     wins = float(np.sum(pos * (below + 0.5 * neg)))
     return wins / (n_neg * n_pos)
+
+
+# --- the report as documents store it ------------------------------------------------------------
+
+MAX_REPORT_CLASSES = 50  # per-class detail kept in a document for at most this many classes
+HOLDOUT_FIGURES = ("holdout_macro_f1", "holdout_majority_accuracy", "holdout_roc_auc",
+                   "holdout_report")
+
+
+def holdout_fields(report: dict[str, Any], max_classes: int = MAX_REPORT_CLASSES
+                   ) -> dict[str, Any]:
+    """A classification report as the fields a version document (and the job's head) store:
+    macro-F1, the majority baseline and ROC AUC (binary; else None) as scalars, and the
+    per-class detail as a map (``report_document``). Keys: ``HOLDOUT_FIGURES``."""
+    return {"holdout_macro_f1": float(report["macro_f1"]),
+            "holdout_majority_accuracy": float(report["majority_accuracy"]),
+            "holdout_roc_auc": report.get("roc_auc"),
+            "holdout_report": report_document(report, max_classes)}
+
+
+def report_document(report: dict[str, Any], max_classes: int = MAX_REPORT_CLASSES
+                    ) -> dict[str, Any]:
+    """The per-class part of a report in a shape Firestore stores (no array inside an array:
+    the confusion matrix is a list of ``{"row": [...]}`` maps), kept small.
+
+    A table of more than ``max_classes`` classes keeps the ``max_classes`` with the most holdout
+    rows (ties: lower class id), in class-id order, and says so (``truncated``); the confusion
+    matrix is then restricted to those classes. ``class_index`` names the classes kept.
+    """
+    confusion = np.asarray(report["confusion"], dtype=np.int64)
+    support = confusion.sum(axis=1)
+    n = len(support)
+    kept = sorted(int(i) for i in np.argsort(-support, kind="stable")[:max_classes])
+    return {
+        "classes": n, "rows": int(report["rows"]), "truncated": n > max_classes,
+        "class_index": kept,
+        "precision": [float(report["precision"][i]) for i in kept],
+        "recall": [float(report["recall"][i]) for i in kept],
+        "f1": [float(report["f1"][i]) for i in kept],
+        "support": [int(support[i]) for i in kept],
+        "confusion": [{"row": [int(confusion[i, j]) for j in kept]} for i in kept],
+        "majority_class": int(report.get("majority_class", int(np.argmax(support)) if n else 0)),
+        "beats_majority": bool(report["beats_majority"]),
+    }
+
+
+def confusion_rows(document: dict[str, Any] | None) -> list[list[int]]:
+    """The confusion matrix of a stored report (``report_document``) as a list of rows; also
+    reads a plain list of lists. Empty when there is none."""
+    rows = (document or {}).get("confusion") or []
+    return [[int(v) for v in (row.get("row") or [] if isinstance(row, dict) else row)]
+            for row in rows]
 
 
 @dataclass

@@ -184,3 +184,26 @@ def learning_rate(base: float, schedule: str, progress: float) -> float:
     if schedule == "cosine":
         return float(base) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"lr_schedule: expected one of {', '.join(SCHEDULES)}; found {schedule!r}")
+
+
+CLASS_WEIGHTS = ("none", "balanced")
+
+
+def class_weights(mode: str, train_counts: Sequence[int]) -> list[float] | None:
+    """The weight of each class's rows in the training loss (``class_weight`` option).
+
+    ``none``: None (every row counts once; training takes exactly the steps it took before the
+    option existed). ``balanced``: ``n_rows / (n_classes * count_c)`` from the job's training
+    rows per class, as scikit-learn's ``balanced``: every class then weighs as much in the loss
+    as any other, whatever its share of the rows (a class without training rows gets 1.0; it
+    never occurs in a batch). The learners and ``train-local`` ask this with the same manifest's
+    counts, so both train with the same weights.
+    """
+    if mode == "none":
+        return None
+    if mode != "balanced":
+        raise ValueError(f"class_weight: expected one of {', '.join(CLASS_WEIGHTS)}; "
+                         f"found {mode!r}")
+    present = [int(c) for c in train_counts if int(c) > 0]
+    total = sum(present)
+    return [total / (len(present) * int(c)) if int(c) > 0 else 1.0 for c in train_counts]

@@ -364,6 +364,13 @@ def print_status(status: dict[str, Any]) -> None:
     print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
     for line in columns_lines(status):
         print(line)
+    if status.get("macro_f1") is not None:
+        auc = status.get("roc_auc")
+        print(f"macro-F1:  {format_accuracy(status['macro_f1'])} (majority baseline "
+              f"{format_accuracy(status.get('majority_accuracy'))}"
+              + ("" if auc is None else f", ROC AUC {format_accuracy(auc)}") + ")")
+    if status.get("warning"):
+        print(f"warning:   {status['warning']}")
     print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
           f"{status.get('tasks_failed') or 0} failed")
     if status.get("model_uri"):
@@ -447,7 +454,9 @@ def cmd_train_local(args: argparse.Namespace) -> int:
             result.manifest, options, result.accuracy)))
     report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
               "train_rows": result.manifest.train_rows,
-              "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict()}
+              "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict(),
+              **{key: result.report.get(key) for key in ("macro_f1", "majority_accuracy",
+                                                         "roc_auc")}}
     if args.output:
         report["model"] = args.output
     if args.json:

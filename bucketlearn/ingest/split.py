@@ -140,6 +140,16 @@ class Manifest:
     def width(self) -> int:
         """Cells per row of the matrix the shards hold (the model's input width)."""
         return sum(c.width for c in self.schema)
+    # training rows of each class (empty in manifests written before it was recorded)
+    train_class_counts: list[int] = field(default_factory=list)
+
+    @property
+    def train_counts(self) -> list[int]:
+        """Training rows of each class; the file's class counts for a manifest written before
+        they were recorded (the basis of ``class_weight=balanced``)."""
+        if len(self.train_class_counts) == len(self.classes):
+            return list(self.train_class_counts)
+        return list(self.class_counts)
 
     def to_json(self) -> bytes:
         data = dict(self.__dict__)
@@ -1308,7 +1318,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
         holdout_part_rows=holdout.part_rows, columns=[c.to_dict() for c in schema],
         dropped=[{"name": d.name, "reason": d.reason} for d in dropped],
-        missing_values=options.missing_markers)
+        missing_values=options.missing_markers, train_class_counts=list(plan.train_per_class))
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
     log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from bucketlearn.domain.metrics import ClassificationTally
+
 EVAL_BATCH = 1024
 EPSILON = 1e-7  # Keras's clip for the cross-entropy of probabilities
 
@@ -61,13 +63,15 @@ def set_optimizer_state(model: Any, state: Sequence[np.ndarray]) -> None:
 def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
                x: np.ndarray, y: np.ndarray, batch_size: int,
                learning_rates: float | Sequence[float], seed: int, epoch: int,
-               task_index: int) -> LocalResult:
+               task_index: int, class_weights: Sequence[float] | None = None) -> LocalResult:
     """Train one pass over a task's rows from a version's weights and optimizer state.
 
     The same steps as ``fit(epochs=1, shuffle=False)`` over the reshuffled rows, taken with
     ``train_on_batch``: a task is only a few batches, and ``fit()``'s per-call set-up (data
     adapter, callbacks, progress state) cost about three times the steps themselves.
     ``learning_rates`` is one rate for every step, or one per step (the last repeats).
+    ``class_weights`` (one per class; ``domain.plan.class_weights``) weight each row's loss by
+    its class; None trains unweighted, exactly as before the option existed.
 
     Returns:
         The weights and optimizer state after the task, its mean training loss and row count.
@@ -78,11 +82,17 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
     rates = ([float(learning_rates)] if isinstance(learning_rates, (int, float))
              else [float(r) for r in learning_rates])
     xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
+    row_weights = (None if class_weights is None else
+                   np.asarray(class_weights, dtype=np.float32)[np.asarray(ys, dtype=np.int64)])
     loss_sum, seen = 0.0, 0
     for step, start in enumerate(range(0, len(ys), batch_size)):
         model.optimizer.learning_rate.assign(rates[min(step, len(rates) - 1)])
         xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
-        logs = model.train_on_batch(xb, yb, return_dict=True)
+        if row_weights is None:
+            logs = model.train_on_batch(xb, yb, return_dict=True)
+        else:
+            logs = model.train_on_batch(xb, yb, sample_weight=row_weights[start:start + batch_size],
+                                        return_dict=True)
         loss_sum += float(logs["loss"]) * len(yb)
         seen += len(yb)
     return LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
@@ -99,15 +109,19 @@ class Evaluation:
     predicted_counts: list[int]  # how many rows the model put in each class
     true_counts: list[int] = field(default_factory=list)  # how many rows each class has
     rows: int = 0
+    # ``domain.metrics.classification_report``: per-class precision/recall/F1, macro-F1, the
+    # confusion matrix, the majority-class baseline, ROC AUC for two classes
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
                    parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> Evaluation:
     """Holdout figures of ``weights`` over rows that come in parts, one part held at a time.
 
-    Accuracy, loss and the predicted- and true-class counts are accumulated batch by batch, so
-    a holdout of any size is evaluated in the memory of one part (the export evaluates the
-    whole holdout this way); the figures are those of all the rows taken together.
+    A confusion matrix, the loss and (binary) score histograms are accumulated batch by batch
+    (``domain.metrics.ClassificationTally``), so a holdout of any size is evaluated in the
+    memory of one part (the export evaluates the whole holdout this way); the figures are those
+    of all the rows taken together.
 
     Args:
         model: the compiled model.
@@ -115,17 +129,15 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
         parts: (x, y) pairs; each is released before the next is asked for.
 
     Returns:
-        Accuracy, mean cross-entropy, predicted- and true-class counts and the row count.
+        Accuracy, mean cross-entropy, predicted- and true-class counts, the row count and the
+        classification report.
 
     Raises:
         ValueError: the parts hold no row.
     """
     if weights is not None:
         model.set_weights(list(weights))
-    rows = correct = 0
-    loss_sum = 0.0
-    predicted_counts = np.zeros(0, dtype=np.int64)
-    true_counts = np.zeros(0, dtype=np.int64)
+    tally: ClassificationTally | None = None
     for x, y in parts:
         labels = np.asarray(y, dtype=np.int64).reshape(-1)
         # predict_on_batch, not evaluate(): the same numbers, without evaluate()'s per-call
@@ -134,28 +146,18 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
         for start in range(0, len(labels), EVAL_BATCH):
             probs = np.asarray(model.predict_on_batch(x[start:start + EVAL_BATCH]))
             batch = labels[start:start + EVAL_BATCH]
-            predicted = np.argmax(probs, axis=1)
-            correct += int(np.count_nonzero(predicted == batch))
+            tally = tally or ClassificationTally(probs.shape[1])
             picked = np.clip(probs[np.arange(len(batch)), batch], EPSILON, 1.0)
             with np.errstate(invalid="ignore"):
-                loss_sum += float(np.sum(-np.log(picked.astype(np.float64))))
-            predicted_counts = _added(predicted_counts,
-                                      np.bincount(predicted, minlength=probs.shape[1]))
-            true_counts = _added(true_counts, np.bincount(batch, minlength=probs.shape[1]))
-        rows += len(labels)
+                losses = -np.log(picked.astype(np.float64))
+            tally.add(probs, batch, losses)
         del x, y, labels
-    if rows == 0:
+    if tally is None or tally.rows == 0:
         raise ValueError("holdout: expected at least one row; found none")
-    return Evaluation(correct / rows, loss_sum / rows, [int(c) for c in predicted_counts],
-                      [int(c) for c in true_counts], rows)
-
-
-def _added(total: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per-class counts added up, the shorter padded with zeros."""
-    if len(total) < len(counts):
-        total = np.pad(total, (0, len(counts) - len(total)))
-    total[:len(counts)] += counts
-    return total
+    rows = tally.rows
+    return Evaluation(int(np.trace(tally.confusion)) / rows, tally.loss_sum / rows,
+                      [int(c) for c in tally.confusion.sum(axis=0)],
+                      [int(c) for c in tally.confusion.sum(axis=1)], rows, tally.report())
 
 
 def evaluate_detail(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray,

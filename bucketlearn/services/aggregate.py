@@ -29,6 +29,7 @@ from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import Head, decide_after_fold
+from bucketlearn.domain.metrics import HOLDOUT_FIGURES, holdout_fields
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
@@ -369,6 +370,7 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
         "server_lr": fold.server_learning_rate(str(job["model"]["kind"]), len(results)),
         "samples": samples, "train_loss": train_loss,
         "holdout_accuracy": None, "holdout_loss": None,  # evaluated once committed
+        **dict.fromkeys(HOLDOUT_FIGURES),
         "created_at": now, "aggregator": {"planning_started_at": planning_started, **timings},
     }
     tasks_failed = int(job.get("tasks_failed") or 0) + len(failures)
@@ -410,10 +412,11 @@ def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
     try:
         x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
         found = evaluate_detail(runtime.model, weights, x_eval, y_eval)
-        head = Head.from_doc(job["head"]).evaluated(found.accuracy, found.loss).to_doc()
+        figures = holdout_fields(found.report)
+        head = Head.from_doc(job["head"]).evaluated(found.accuracy, found.loss, figures).to_doc()
         svc.registry.record_evaluation(
             job_id, version,
-            {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss,
+            {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss, **figures,
              "evaluated_at": svc.clock(),
              "aggregator": {**timings, "eval_seconds": round(time.perf_counter() - started, 6)}},
             head)
@@ -495,7 +498,8 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
                           "application/octet-stream")
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
                           "application/octet-stream")
-    head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss)
+    head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss,
+                **holdout_fields(found.report))  # the whole holdout's figures
     ended, current = jobs.end_job(svc.registry, job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,

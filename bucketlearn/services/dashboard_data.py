@@ -10,7 +10,8 @@ Documents read (field names as written by split.py, aggregator.py and worker.py)
 * job: status, phase, file/source, created_at, version, epoch, options, dataset, head,
   tasks_planned, tasks_applied, tasks_failed, started_at, error, error_detail;
 * version: version, epoch, created_at, samples, tasks_applied/tasks_failed (task ids),
-  holdout_accuracy, holdout_loss, train_loss;
+  holdout_accuracy, holdout_loss, train_loss, and (versions evaluated since they were recorded)
+  holdout_macro_f1, holdout_roc_auc, holdout_majority_accuracy, holdout_report;
 * task: task_id, epoch, task_index, state, attempts, worker_id, started_at, finished_at,
   fetch_seconds, train_seconds, write_seconds, error;
 * worker heartbeat: worker_id, state, last_seen, job_id, task_id, tasks_done.
@@ -30,6 +31,7 @@ import pandas as pd
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
+from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.ports import BlobStore, Registry
 from bucketlearn.services import jobs
 
@@ -40,8 +42,8 @@ TASK_STATES = ("queued", "running", "retrying", "done", "failed")
 _BIN_CHOICES = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
 
-VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy", "holdout_loss",
-                   "train_loss", "samples", "tasks")
+VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy",
+                   "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks")
 THROUGHPUT_COLUMNS = ("time", "samples_per_s", "tasks_per_min")
 TASK_COLUMNS = ("task_id", "epoch", "task_index", "state", "attempts", "worker_id", "started",
                 "seconds", "fetch_seconds", "train_seconds", "write_seconds", "rows", "error")
@@ -265,6 +267,7 @@ def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: flo
         "remaining": remaining_tasks(job),
         "eta_seconds": eta_seconds(job, versions, now),
         "reason": reason(job),
+        "binary": len((job.get("dataset") or {}).get("classes") or []) == 2,
     }
 
 
@@ -275,6 +278,9 @@ def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("Version", "—" if summary["version"] is None else str(summary["version"])),
         ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
         ("Holdout accuracy", format_percent(summary["accuracy"])),
+        ("Holdout macro-F1", format_number(summary.get("macro_f1"))),
+        *([("Holdout ROC AUC", format_number(summary.get("roc_auc")))]
+          if summary.get("binary") else []),
         ("Holdout loss", format_number(summary["loss"])),
         ("Train loss", format_number(summary["train_loss"])),
     ]
@@ -307,15 +313,84 @@ def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         "time": timestamp(v.get("created_at")),
         "created_at": _float(v.get("created_at")),
         "holdout_accuracy": _float(v.get("holdout_accuracy")),
+        "holdout_macro_f1": _float(v.get("holdout_macro_f1")),
         "holdout_loss": _float(v.get("holdout_loss")),
         "train_loss": _float(v.get("train_loss")),
         "samples": _int(v.get("samples")),
         "tasks": _tasks_in(v),
     } for v in versions]
     frame = pd.DataFrame(rows, columns=list(VERSION_COLUMNS))
-    for column in ("holdout_accuracy", "holdout_loss", "train_loss", "created_at"):
+    for column in ("holdout_accuracy", "holdout_macro_f1", "holdout_loss", "train_loss",
+                   "created_at"):
         frame[column] = frame[column].astype("float64")
     return frame.sort_values("version", kind="stable").reset_index(drop=True)
+
+
+def evaluated_versions(versions: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Numbers of the versions with a holdout evaluation, newest first (the report picker)."""
+    found = [_int(v.get("version")) for v in versions if _float(v.get("holdout_accuracy"))
+             is not None]
+    return sorted(found, reverse=True)
+
+
+def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
+                   ) -> dict[str, Any]:
+    """One version's holdout figures beyond accuracy, as the page shows them.
+
+    Keys: ``metrics`` ((label, value) pairs: accuracy, macro-F1, the majority baseline, ROC AUC
+    for two classes; "—" for a figure the version does not have), ``warning`` (accuracy not
+    above the majority baseline; None otherwise), ``per_class`` (a frame: class, precision,
+    recall, F1, holdout rows; empty for a version evaluated before per-class figures were
+    recorded), ``confusion`` (a frame, true classes down, predicted across; empty likewise) and
+    ``note`` (what the tables leave out, or why there are none).
+    """
+    version = version or {}
+    names = [str(c) for c in class_names]
+    report = version.get("holdout_report") or {}
+    kept = [_int(i) for i in report.get("class_index") or []]
+    labels = [names[i] if i < len(names) else str(i) for i in kept]
+    majority = report.get("majority_class")
+    majority_name = (names[_int(majority)] if majority is not None and _int(majority)
+                     < len(names) else None)
+    metrics = [("Accuracy", format_percent(version.get("holdout_accuracy"))),
+               ("Macro-F1", format_number(version.get("holdout_macro_f1"))),
+               ("Majority baseline", format_percent(version.get("holdout_majority_accuracy")))]
+    if len(names) == 2:
+        metrics.append(("ROC AUC", format_number(version.get("holdout_roc_auc"))))
+    per_class = pd.DataFrame({
+        "class": labels,
+        "precision": _floats(report.get("precision"), len(labels)),
+        "recall": _floats(report.get("recall"), len(labels)),
+        "f1": _floats(report.get("f1"), len(labels)),
+        "holdout rows": [_int(v) for v in (report.get("support") or [0] * len(labels))],
+    }, columns=["class", "precision", "recall", "f1", "holdout rows"])
+    rows = confusion_rows(report)
+    square = len(rows) == len(labels) > 0 and all(len(row) == len(labels) for row in rows)
+    confusion = (pd.DataFrame(rows, index=pd.Index(labels, name="true"),
+                              columns=pd.Index(labels, name="predicted"))
+                 if square else pd.DataFrame())
+    return {
+        "metrics": metrics,
+        "warning": majority_warning(_float(version.get("holdout_accuracy")),
+                                    _float(version.get("holdout_majority_accuracy")),
+                                    majority_name),
+        "per_class": per_class, "confusion": confusion, "note": _report_note(report, labels),
+    }
+
+
+def _floats(values: Any, count: int) -> list[float | None]:
+    values = list(values or [])
+    return [_float(values[i]) if i < len(values) else None for i in range(count)]
+
+
+def _report_note(report: Mapping[str, Any], labels: list[str]) -> str:
+    if not report:
+        return ("No per-class figures for this version (evaluated before they were recorded, "
+                "or not evaluated yet).")
+    if report.get("truncated"):
+        return (f"Per-class figures for the {len(labels)} classes with the most holdout rows, of "
+                f"{_int(report.get('classes'))}; the confusion matrix is restricted to them.")
+    return ""
 
 
 def choose_bin_seconds(span: float, target_bins: int = 40) -> int:

@@ -29,6 +29,7 @@ from bucketlearn.domain.job import (  # noqa: F401
     is_terminal,
     round_key,
 )
+from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_warning
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
@@ -112,7 +113,7 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
     dataset = job.get("dataset") or {}
     options = job.get("options") or {}
     head = job.get("head") or {}
-    result = {
+    result: dict[str, Any] = {
         "job_id": job.get("job_id"),
         "status": job.get("status"),
         "phase": job.get("phase"),
@@ -139,10 +140,40 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
         "updated_at": job.get("updated_at"),
         "finished_at": job.get("finished_at"),
         "model_path": job.get("model_path"),
+        **head_figures(head, dataset.get("classes") or []),
     }
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
     return result
+
+
+def head_figures(head: Mapping[str, Any], class_names: Sequence[Any]) -> dict[str, Any]:
+    """The head version's figures beyond accuracy, for the status object: macro-F1, the
+    majority-class baseline (and the class), ROC AUC (two classes), per-class precision and
+    recall, the confusion matrix (rows: true class, columns: predicted, in ``report_classes``
+    order) and a ``warning`` when the accuracy is not above the majority baseline. None (or
+    empty) for a head not evaluated yet or evaluated before these figures were recorded."""
+    report = head.get("holdout_report") or {}
+    kept = [int(i) for i in report.get("class_index") or []]
+    names = [str(class_names[i]) if i < len(class_names) else str(i) for i in kept]
+    majority = report.get("majority_class")
+    majority_name = (str(class_names[int(majority)]) if majority is not None
+                     and int(majority) < len(class_names) else majority)
+    return {
+        "macro_f1": head.get("holdout_macro_f1"),
+        "majority_accuracy": head.get("holdout_majority_accuracy"),
+        "majority_class": majority_name,
+        "roc_auc": head.get("holdout_roc_auc"),
+        "beats_majority": beats_majority(head.get("holdout_accuracy"),
+                                         head.get("holdout_majority_accuracy")),
+        "warning": majority_warning(head.get("holdout_accuracy"),
+                                    head.get("holdout_majority_accuracy"), majority_name),
+        "report_classes": names,
+        "report_truncated": bool(report.get("truncated")),
+        "precision": dict(zip(names, report.get("precision") or [], strict=False)),
+        "recall": dict(zip(names, report.get("recall") or [], strict=False)),
+        "confusion": confusion_rows(report),
+    }
 
 
 def round_position(job: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.fold import WEIGHTS
-from bucketlearn.domain.plan import step_rates
+from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.ingest.split import load_parts
 from bucketlearn.ml.training import train_task
@@ -307,8 +307,10 @@ class Learner:
         rates = step_rates(float(options["learning_rate"]),
                            str(options.get("lr_schedule", "constant")), task.span,
                            math.ceil(len(y) / batch_size))
+        weights = class_weights(str(options.get("class_weight", "none")),
+                                runtime.manifest.train_counts)
         result = train_task(runtime.model, base, optimizer, x, y, batch_size, rates,
-                            int(options["seed"]), task.epoch, task.task_index)
+                            int(options["seed"]), task.epoch, task.task_index, weights)
         t2 = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "round": task.round,

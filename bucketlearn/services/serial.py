@@ -26,10 +26,10 @@ from typing import Any
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
 from bucketlearn.domain.columns import is_matrix
-from bucketlearn.domain.plan import epoch_tasks, plan_training, step_rates
+from bucketlearn.domain.plan import class_weights, epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.ml.model import build_model, choose_spec
-from bucketlearn.ml.training import evaluate, optimizer_state, train_task
+from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.services import jobs
 
 
@@ -41,6 +41,7 @@ class SerialResult:
     manifest: Manifest
     model: Any
     weights: list[Any]
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # classification_report
 
 
 def local_source(path: str) -> SourceFile:
@@ -63,6 +64,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          requested=1)
     weights, optimizer = model.get_weights(), optimizer_state(model)
+    balance = class_weights(options.class_weight, manifest.train_counts)
     for epoch in range(1, options.epochs + 1):
         for task_index, members in enumerate(epoch_tasks(plan, len(manifest.shards),
                                                           options.seed, epoch)):
@@ -72,12 +74,12 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                                plan.span(epoch, task_index),
                                math.ceil(len(y) / options.batch_size))
             result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
-                                options.seed, epoch, task_index)
+                                options.seed, epoch, task_index, balance)
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    accuracy, loss = evaluate(model, weights, x_hold, y_hold)
-    return SerialResult(accuracy, loss, time.perf_counter() - started, manifest, model,
-                        list(weights))
+    found = evaluate_detail(model, weights, x_hold, y_hold)
+    return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
+                        model, list(weights), found.report)
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,

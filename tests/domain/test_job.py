@@ -92,5 +92,27 @@ def test_the_head_forgets_figures_of_older_weights_only() -> None:
     assert failures_only == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.25)
     assert folded.evaluated(0.95, 0.1).to_doc() == {
         "version": 4, "weights_path": "w/v4", "checksum": "c4", "holdout_accuracy": 0.95,
-        "holdout_loss": 0.1, "train_loss": 0.2}
+        "holdout_loss": 0.1, "train_loss": 0.2, "holdout_macro_f1": None,
+        "holdout_majority_accuracy": None, "holdout_roc_auc": None, "holdout_report": None}
     assert J.Head.from_doc(folded.to_doc()) == folded
+
+
+def test_the_head_carries_and_forgets_the_figures_beyond_accuracy() -> None:
+    """An evaluation with figures (macro-F1, the majority baseline, ROC AUC, the report) puts
+    them on the head; a fold of new weights clears them, a fold of failures only keeps them; a
+    head document written before they existed reads as None for each."""
+    # Prepare
+    figures = {"holdout_macro_f1": 0.5, "holdout_majority_accuracy": 0.9,
+               "holdout_roc_auc": 0.75, "holdout_report": {"classes": 2, "truncated": False}}
+    old_doc = {"version": 3, "weights_path": "w/v3", "checksum": "c3",
+               "holdout_accuracy": 0.9, "holdout_loss": 0.3, "train_loss": 0.25}
+    # Execute
+    head = J.Head.from_doc(old_doc).evaluated(0.9, 0.3, figures)
+    folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
+    failures_only = head.advanced(4, "w/v4", "c4", folded_results=False, train_loss=None)
+    # Assert
+    assert J.Head.from_doc(old_doc).holdout_report is None
+    assert {k: head.to_doc()[k] for k in figures} == figures
+    assert all(folded.to_doc()[k] is None for k in figures)
+    assert {k: failures_only.to_doc()[k] for k in figures} == figures
+    assert J.Head.from_doc(head.to_doc()) == head

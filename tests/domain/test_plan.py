@@ -11,6 +11,7 @@ from bucketlearn.domain.plan import (
     SERIAL_TASK_SHARDS,
     TrainingPlan,
     auto_parallel_tasks,
+    class_weights,
     epoch_tasks,
     learning_rate,
     plan_training,
@@ -144,3 +145,25 @@ def test_learning_rate_schedules():
 def test_a_plan_needs_shards():
     with pytest.raises(ValueError, match="at least one shard"):
         plan_training([], epochs=1, batch_size=32)
+
+
+def test_balanced_class_weights_by_hand():
+    """balanced: n_rows / (n_classes * count_c): 90 and 10 rows weigh 100/180 and 100/20, so
+    each class's rows add up to the same weight; none: no weights at all."""
+    # Execute
+    weights = class_weights("balanced", [90, 10])
+    # Assert
+    assert weights == pytest.approx([100 / 180, 100 / 20])
+    assert 90 * weights[0] == pytest.approx(10 * weights[1])
+    assert class_weights("none", [90, 10]) is None
+    assert class_weights("balanced", [5, 5, 5]) == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="class_weight"):
+        class_weights("inverse", [1, 2])
+
+
+def test_the_option_table_and_the_plan_know_the_same_class_weights():
+    """config.CLASS_WEIGHTS (the option's choices) is what domain.plan understands."""
+    from bucketlearn.config import CLASS_WEIGHTS
+    from bucketlearn.domain import plan
+
+    assert CLASS_WEIGHTS == plan.CLASS_WEIGHTS

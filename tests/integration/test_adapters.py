@@ -187,6 +187,44 @@ def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: An
     assert registry.get_job(job_id)["head"] == {"version": 2, "holdout_accuracy": 0.75}
 
 
+def test_an_array_inside_an_array_is_refused_for_good(backend: Any) -> None:
+    """Firestore stores no array directly inside an array (a confusion matrix is stored as a
+    list of {"row": [...]} maps instead): the adapter raises BackendRejectedError, and the
+    in-memory registry refuses it the same way; an array of maps holding arrays is fine."""
+    registry = backend.registry
+    job_id = new_job(registry)
+    with pytest.raises(BackendRejectedError):
+        registry.update_job(job_id, {"matrix": [[1, 2], [3, 4]]})
+    assert "matrix" not in (registry.get_job(job_id) or {})
+    registry.update_job(job_id, {"matrix": [{"row": [1, 2]}, {"row": [3, 4]}]})
+    assert registry.get_job(job_id)["matrix"] == [{"row": [1, 2]}, {"row": [3, 4]}]
+
+
+def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) -> None:
+    """The figures an evaluation records (``metrics.holdout_fields``: scalars, None for a
+    missing ROC AUC, the per-class report with its confusion matrix) read back as written, from
+    the version document and from the job's head."""
+    # Prepare
+    import numpy as np
+
+    from bucketlearn.domain.metrics import classification_report, holdout_fields
+
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    assert registry.commit_version(commit(job_id, 0, [0]))
+    figures = holdout_fields(classification_report(np.array([[8, 2, 0], [0, 3, 1], [0, 0, 1]]),
+                                                   loss=0.4))
+    # Execute
+    recorded = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.8, **figures},
+                                          {"version": 1, "holdout_accuracy": 0.8, **figures})
+    # Assert
+    version = registry.get_version(job_id, 1)
+    assert recorded is True
+    assert {k: version[k] for k in figures} == figures
+    assert registry.get_job(job_id)["head"] == {"version": 1, "holdout_accuracy": 0.8, **figures}
+
+
 def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
     registry = backend.registry
     name = f"lease-{uuid.uuid4().hex[:8]}"

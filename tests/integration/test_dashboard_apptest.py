@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import streamlit as st
@@ -18,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
 
@@ -25,6 +27,7 @@ APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 RUNNING_ID = "digits-0123456789ab"
 DONE_ID = "iris-00000000000d"
 REJECTED_ID = "broken-0000000000ee"
+BINARY_ID = "churn-0000000000b1"
 REASON = ("gs://bucketlearn-uploads/broken.csv, row 17, column 'petal_width': "
           "a value is not a number; expected a number; found: 'abc'")
 
@@ -201,6 +204,9 @@ def test_job_page_shows_the_head_version_and_accuracy(app, seeded):
     assert metrics["Holdout accuracy"] == "87.5%"
     assert metrics["Holdout loss"] == "0.1250"
     assert metrics["Train loss"] == "0.3250"
+    assert metrics["Holdout macro-F1"] == "—"  # versions written before it was recorded
+    assert metrics["Macro-F1"] == "—" and metrics["Accuracy"] == "87.5%"
+    assert any("before they were recorded" in c.value for c in at.caption)
     assert metrics["Workers alive"] == "1"
     assert metrics["Tasks done"] == "6" and metrics["Tasks queued"] == "6"
     assert float(metrics["Samples/s (last minute)"]) > 0
@@ -215,6 +221,40 @@ def test_job_page_defaults_to_the_newest_job_and_follows_the_picker(app, seeded)
     assert not at.exception
     assert at.query_params["job"] == DONE_ID
     assert _metrics(at)["Version"] == "2"
+
+
+def test_job_page_shows_figures_beyond_accuracy_and_warns_below_the_majority(app, registry):
+    """A binary job whose head answers 'no' for every row: macro-F1 and ROC AUC beside accuracy,
+    the majority warning, the per-class table and the confusion matrix named by class, all read
+    back from the Firestore emulator (the report's shape is one Firestore stores)."""
+    # Prepare
+    now = time.time()
+    registry.create_job(BINARY_ID, _job(BINARY_ID, "churn.csv", now - 100))
+    _train(registry, BINARY_ID, now - 90, [0.9], epochs=1, tasks_per_epoch=2)
+    figures = {**holdout_fields(classification_report(np.array([[9, 0], [1, 0]]), loss=0.3)),
+               "holdout_roc_auc": 0.5}
+    registry.update_job(BINARY_ID, {"dataset": {"rows": 50, "train_rows": 40,
+                                                "holdout_rows": 10, "features": 3,
+                                                "label_column": "churned",
+                                                "classes": ["no", "yes"], "shards": 2}})
+    head = {"version": 1, "weights_path": "w1", "holdout_accuracy": 0.9, "holdout_loss": 0.3,
+            "train_loss": 0.3, **figures}
+    assert registry.record_evaluation(BINARY_ID, 1, {"holdout_accuracy": 0.9, **figures}, head)
+    # Execute
+    at = _run(app, BINARY_ID)
+    # Assert
+    metrics = _metrics(at)
+    assert metrics["Holdout accuracy"] == "90.0%"
+    assert metrics["Holdout macro-F1"] == f"{figures['holdout_macro_f1']:.4f}"
+    assert metrics["Holdout ROC AUC"] == metrics["ROC AUC"] == "0.5000"
+    assert metrics["Majority baseline"] == "90.0%"
+    assert any("accuracy 90.00% is not above the 90.00% of always answering 'no'" in w.value
+               for w in at.warning)
+    tables = [d.value for d in at.dataframe]
+    per_class = next(t for t in tables if "recall" in t.columns)
+    assert list(per_class["class"]) == ["no", "yes"] and list(per_class["recall"]) == [1.0, 0.0]
+    confusion = next(t for t in tables if list(t.columns) == ["no", "yes"])
+    assert confusion.values.tolist() == [[9, 0], [1, 0]]
 
 
 def test_done_job_offers_its_exported_models(app, seeded):

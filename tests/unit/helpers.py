@@ -53,6 +53,23 @@ def write_blobs_csv(path: Path, n_rows: int = 600, n_classes: int = 3, n_feature
     return path
 
 
+def write_imbalanced_csv(path: Path, counts: Sequence[int], n_features: int = 4, seed: int = 0,
+                         spread: float = 2.0, informative: bool = True) -> Path:
+    """A table with ``counts[c]`` rows of class ``c`` in a seeded order: Gaussian blobs (centres
+    ``spread`` apart, overlapping for a small spread), or with ``informative=False`` the same
+    feature values in every row, so no model can tell the classes apart."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=spread, size=(len(counts), n_features))
+    labels = rng.permutation(np.repeat(np.arange(len(counts)), counts))
+    rows = []
+    for c in labels:
+        x = centers[c] + rng.normal(size=n_features) if informative else np.ones(n_features)
+        rows.append([f"{v:.5f}" for v in x] + [int(c)])
+    header = [f"f{j}" for j in range(n_features)] + ["label"]
+    path.write_bytes(csv_bytes(header, rows))
+    return path
+
+
 # --- bad-input cases (tests/data/bad/cases.json) -----------------------------------------------
 
 BAD_DIR = DATA_DIR / "bad"

@@ -88,8 +88,10 @@ def test_folded_metadata_keys_are_applied():
     ({"learning_rate": "nan"}, "learning_rate", "a finite number", "'nan'"),
     ({"holdout_fraction": "0.9"}, "holdout_fraction", "a number from 0.01 to 0.5", "'0.9'"),
     ({"label_column": "   "}, "label_column", "a non-empty name", "'   '"),
+    ({"class_weight": "inverse"}, "class_weight", "one of none, balanced", "'inverse'"),
 ], ids=["negative-epochs", "zero-epochs", "unknown-model", "string-for-int", "float-for-int",
-        "string-for-float", "nan-float", "out-of-range-float", "blank-label-column"])
+        "string-for-float", "nan-float", "out-of-range-float", "blank-label-column",
+        "unknown-class-weight"])
 def test_bad_metadata_raises_config_error_naming_key_expected_found(metadata, key, expected,
                                                                      found):
     """A bad value raises ConfigError whose message names the key, the expectation and the value."""
@@ -251,3 +253,20 @@ def test_job_option_defaults_come_from_the_one_option_table() -> None:
     fields = {f.name: f.default for f in dataclasses.fields(JobOptions)}
     # Assert
     assert fields == {spec.name: spec.default for spec in OPTION_SPECS}
+
+
+def test_class_weight_from_metadata_environment_and_command_line():
+    """class_weight: none by default; 'Balanced' in metadata or the environment is balanced;
+    the command line wins; it round-trips through object metadata."""
+    # Execute
+    default = resolve_options(environ={})
+    from_metadata = resolve_options(metadata={"Class-Weight": "Balanced"}, environ={})
+    from_env = resolve_options(environ={"BUCKETLEARN_DEFAULT_CLASS_WEIGHT": "balanced"})
+    overridden = resolve_options(metadata={"class_weight": "balanced"},
+                                 overrides={"class_weight": "none"}, environ={})
+    # Assert
+    assert default.class_weight == "none"
+    assert from_metadata.class_weight == from_env.class_weight == "balanced"
+    assert overridden.class_weight == "none"
+    assert from_metadata.to_metadata()["class_weight"] == "balanced"
+    assert resolve_options(metadata=from_metadata.to_metadata(), environ={}) == from_metadata

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
+from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
 
@@ -177,7 +179,8 @@ def test_headline_metrics_and_progress_text():
     summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
     assert dict(dd.headline_metrics(summary)) == {
         "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
-        "Holdout accuracy": "87.5%", "Holdout loss": "0.4100", "Train loss": "0.5200"}
+        "Holdout accuracy": "87.5%", "Holdout macro-F1": "—", "Holdout loss": "0.4100",
+        "Train loss": "0.5200"}
     assert dd.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
     queued = dd.job_summary(job_doc(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
@@ -435,3 +438,76 @@ def test_upload_csv_writes_the_upload_with_its_options_and_returns_the_job_id():
     assert svc.store.read_bytes(bucket, "digits.csv") == b"a,label\n1,0\n"
     assert job_id == layout.job_id_for(bucket, "digits.csv", info.generation)
     assert layout.is_job_id(job_id) and uri == f"gs://{bucket}/digits.csv"
+
+
+# --- figures beyond accuracy ---------------------------------------------------------------------
+
+def _evaluated(n: int, confusion, **fields):
+    """A version document as the aggregator writes it since it records the report."""
+    report = classification_report(np.array(confusion), loss=0.3)
+    return {**version(n, T0 + 10 * n, samples=400, tasks=2, acc=report["accuracy"], loss=0.3,
+                      train=0.4), **holdout_fields(report, **fields)}
+
+
+def test_a_version_written_before_the_report_still_renders_with_dashes():
+    """An old version document (no macro-F1, no report): every new figure is a dash, the tables
+    are empty with a note saying why, no warning; its macro-F1 column is NaN."""
+    # Execute
+    shown = dd.version_report(VERSIONS[3], ["0", "1", "2"])
+    frame = dd.version_frame(VERSIONS)
+    # Assert
+    assert dict(shown["metrics"]) == {"Accuracy": "87.5%", "Macro-F1": "—",
+                                      "Majority baseline": "—"}
+    assert shown["per_class"].empty and shown["confusion"].empty
+    assert shown["warning"] is None and "before they were recorded" in shown["note"]
+    assert frame["holdout_macro_f1"].isna().all()
+    assert dd.version_report(None, [])["per_class"].empty
+    assert dd.evaluated_versions(VERSIONS) == [3, 2, 1]
+
+
+def test_a_versions_report_gives_per_class_tables_and_the_majority_warning():
+    """A binary version that answers 'cat' for every row: precision/recall per class, the
+    confusion matrix named by class, ROC AUC among the figures and the warning that accuracy is
+    not above always answering 'cat'."""
+    # Prepare
+    doc = _evaluated(4, [[9, 0], [1, 0]])
+    # Execute
+    shown = dd.version_report(doc, ["cat", "dog"])
+    # Assert
+    metrics = dict(shown["metrics"])
+    assert metrics["Accuracy"] == "90.0%" and metrics["Majority baseline"] == "90.0%"
+    assert metrics["ROC AUC"] == "—"  # no scores in a report made from a matrix alone
+    assert list(shown["per_class"]["class"]) == ["cat", "dog"]
+    assert list(shown["per_class"]["recall"]) == [1.0, 0.0]
+    assert list(shown["per_class"]["holdout rows"]) == [9, 1]
+    assert shown["confusion"].loc["dog", "cat"] == 1 and shown["confusion"].loc["cat", "dog"] == 0
+    assert shown["warning"].startswith("accuracy 90.00% is not above the 90.00% of always "
+                                       "answering 'cat'")
+
+
+def test_a_truncated_report_says_what_it_leaves_out():
+    """Beyond the cap the tables keep the largest classes, named, and a note says so."""
+    # Prepare
+    doc = _evaluated(2, np.diag([3, 1, 2]).tolist(), max_classes=2)
+    # Execute
+    shown = dd.version_report(doc, ["a", "b", "c"])
+    # Assert
+    assert list(shown["per_class"]["class"]) == ["a", "c"]
+    assert list(shown["confusion"].columns) == ["a", "c"]
+    assert "2 classes with the most holdout rows, of 3" in shown["note"]
+    assert shown["warning"] is None
+
+
+def test_the_job_summary_warns_and_shows_roc_auc_for_a_binary_head():
+    """The head's figures reach the headline: macro-F1, ROC AUC for two classes, the warning."""
+    # Prepare
+    head = {"version": 3, "holdout_accuracy": 0.9, "holdout_loss": 0.3, "train_loss": 0.3,
+            "holdout_macro_f1": 0.47, "holdout_majority_accuracy": 0.9, "holdout_roc_auc": 0.61,
+            "holdout_report": {"majority_class": 1}}
+    job = job_doc(head=head, dataset={"classes": ["no", "yes"]})
+    # Execute
+    summary = dd.job_summary(job, VERSIONS, T0 + 30)
+    # Assert
+    metrics = dict(dd.headline_metrics(summary))
+    assert metrics["Holdout macro-F1"] == "0.4700" and metrics["Holdout ROC AUC"] == "0.6100"
+    assert "always answering 'yes'" in summary["warning"]
