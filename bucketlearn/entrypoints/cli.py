@@ -536,8 +536,6 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     accuracy = (job.get("head") or {}).get("holdout_accuracy")
     print()
     print(f"holdout accuracy: {accuracy:.4f}")
-    for line in columns_lines(jobs.status_object(job)):
-        print(line)
     print(f"model:            {out.resolve()}  (version {version})")
     new_rows = path.with_name(f"{path.stem}_new.csv")
     if new_rows.exists():
