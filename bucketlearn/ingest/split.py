@@ -168,6 +168,11 @@ class Manifest:
     missing_targets: int = 0  # rows left out: their label was empty or a missing value
 
     @property
+    def target(self) -> tuple[float, float] | None:
+        """A regression's training target (mean, standard deviation); None for classes."""
+        return (self.target_mean, self.target_std) if self.task == REGRESSION else None
+
+    @property
     def train_counts(self) -> list[int]:
         """Training rows of each class; the file's class counts for a manifest written before
         they were recorded (the basis of ``class_weight=balanced``)."""
