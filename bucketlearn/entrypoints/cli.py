@@ -500,8 +500,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {result['rows']} predictions to {args.output}")
     else:
-        for value in result["predictions"]:
-            print(value)
+        for value in result["predictions"]:  # (a numeric target's to 6 significant digits)
+            print(f"{value:.6g}" if isinstance(value, float) else value)
     if result.get("accuracy") is not None:
         print(f"accuracy {result['accuracy']:.4f} against column '{result['label_column']}'",
               file=sys.stderr)

@@ -67,3 +67,15 @@ def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2
     assert dd.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
     assert dd.is_regression(job) and not dd.is_regression({"dataset": {"task": "classification"}})
+
+
+def test_predict_prints_numbers_and_the_figures_against_the_label_column(monkeypatch, capsys):
+    from bucketlearn.services import models
+
+    found = {"rows": 2, "label_column": "y", "task": "regression", "predictions": [4867.7637, 3.5],
+             "rmse": 264.6, "mae": 211.9, "r2": 0.891, "scored_rows": 2}
+    monkeypatch.setattr(models, "predict_file", lambda *args: found)
+    code = cli.main(["predict", "m.keras", "rows.csv"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.splitlines() == ["4867.76", "3.5"]
+    assert "RMSE 264.6, MAE 211.9, R² 0.891 against column 'y' (2 rows" in err
