@@ -558,9 +558,8 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(blob)
     job = svc.registry.get_job(job_id) or {}
-    accuracy = (job.get("head") or {}).get("holdout_accuracy")
     print()
-    print(f"holdout accuracy: {accuracy:.4f}")
+    print(f"holdout:          {figure_text(jobs.status_object(job))}")
     for line in columns_lines(jobs.status_object(job)):
         print(line)
     print(f"model:            {out.resolve()}  (version {version})")
@@ -568,7 +567,7 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     if new_rows.exists():
         result = predict_file(str(out), str(new_rows), None)
         print(f"predictions for the raw rows of {new_rows} (empty cells, an unseen island): "
-              + ", ".join(result["predictions"]))
+              + ", ".join(str(p) for p in result["predictions"]))
     print()
     return EXIT_OK
 
