@@ -25,6 +25,7 @@ DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("wsd", "cosine", "constant")
 CLASS_WEIGHTS = ("none", "balanced")  # domain.plan.class_weights
+TASKS = ("auto", "classification", "regression")  # domain.target.decide_task
 AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 # TensorFlow on one thread: the local stack's functions and learners share the machine's cores.
 # The thread count fixes the order of TensorFlow's sums, so whatever is compared with them to the
@@ -86,6 +87,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "none: every row counts once; balanced: each class's rows weigh n_rows / "
                "(n_classes * rows of the class) in the loss, from the training rows per class",
                choices=CLASS_WEIGHTS),
+    OptionSpec("task", str, "auto",
+               "auto: a numeric target when every label in the file's first block is a number "
+               "and there are more than 20 distinct ones, else classes; classification; "
+               "regression", choices=TASKS),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -111,6 +116,7 @@ class JobOptions:
     max_categories: int = _SPEC_BY_NAME["max_categories"].default
     drop_columns: str = _SPEC_BY_NAME["drop_columns"].default
     class_weight: str = _SPEC_BY_NAME["class_weight"].default
+    task: str = _SPEC_BY_NAME["task"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

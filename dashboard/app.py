@@ -102,14 +102,15 @@ def jobs_overview() -> None:
         return
     st.dataframe(
         pd.DataFrame(rows), hide_index=True, width="stretch",
-        column_order=("link", "status", "source", "created", "version", "accuracy", "progress",
-                      "tasks", "eta", "reason"),
+        column_order=("link", "status", "source", "created", "version", "accuracy", "r2",
+                      "progress", "tasks", "eta", "reason"),
         column_config={
             "link": st.column_config.LinkColumn("job", display_text=r"\?job=(.*)"),
             "created": st.column_config.DatetimeColumn("created (UTC)",
                                                        format="YYYY-MM-DD HH:mm:ss"),
             "version": st.column_config.NumberColumn("head version"),
             "accuracy": st.column_config.NumberColumn("holdout accuracy", format="percent"),
+            "r2": st.column_config.NumberColumn("holdout R² (numeric target)", format="%.3f"),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0,
                                                         max_value=1.0, format="percent"),
             "tasks": "tasks applied/planned",
@@ -216,7 +217,7 @@ def job_page() -> None:
         st.progress(s["progress"], text=dd.progress_text(s))
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
     with tabs[0]:
-        training_tab(versions)
+        training_tab(versions, dd.is_regression(job))
         report_section(job, versions)
     with tabs[1]:
         throughput_tab(versions, now)
@@ -228,15 +229,20 @@ def job_page() -> None:
         model_tab(job, versions)
 
 
-def training_tab(versions: list[dict]) -> None:
+def training_tab(versions: list[dict], regression: bool = False) -> None:
     frame = dd.version_frame(versions)
-    if frame["holdout_accuracy"].notna().sum() == 0:
+    figure = "holdout_rmse" if regression else "holdout_accuracy"
+    if frame[figure].notna().sum() == 0:
         st.info("No evaluated version yet: the first one is committed after the first deltas.")
         return
     x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
     left, right = st.columns(2)
-    left.markdown("**Holdout accuracy and macro-F1**")
-    left.line_chart(frame, x=x, y=["holdout_accuracy", "holdout_macro_f1"])
+    if regression:  # a numeric target: its error in the target's units
+        left.markdown("**Holdout RMSE and MAE**")
+        left.line_chart(frame, x=x, y=["holdout_rmse", "holdout_mae"])
+    else:
+        left.markdown("**Holdout accuracy and macro-F1**")
+        left.line_chart(frame, x=x, y=["holdout_accuracy", "holdout_macro_f1"])
     right.markdown("**Loss**")
     right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
 

@@ -44,13 +44,15 @@ def chance_loss(classes: int) -> float:
     return math.log(max(2, classes))
 
 
-def observe(health: Health, version: int, loss: float, classes: int, learning_rate: float
-            ) -> tuple[Health, str | None]:
+def observe(health: Health, version: int, loss: float, classes: int, learning_rate: float,
+            chance: float | None = None) -> tuple[Health, str | None]:
     """Add one version's holdout loss; return the new health and, if training has diverged,
     the reason to fail the job with.
 
     Diverged: the loss is not finite; or for ``DIVERGE_PATIENCE`` evaluated versions in a row it
-    was above both ``DIVERGE_FACTOR`` times the best loss and the loss of a uniform guess.
+    was above both ``DIVERGE_FACTOR`` times the best loss and the loss of a uniform guess
+    (``chance``, when given, stands for that guess: for a regression, the mean squared error of
+    always answering the training mean, ``target_std**2``).
     """
     advice = (f"try a lower learning_rate (this job used {learning_rate:g}; "
               f"for example {learning_rate / 10:g})")
@@ -59,7 +61,8 @@ def observe(health: Health, version: int, loss: float, classes: int, learning_ra
                         f"{advice}")
     if health.best_loss is None or loss < health.best_loss:
         return Health(loss, version, 0), None
-    worse = loss > DIVERGE_FACTOR * health.best_loss and loss > chance_loss(classes)
+    baseline = chance_loss(classes) if chance is None else chance
+    worse = loss > DIVERGE_FACTOR * health.best_loss and loss > baseline
     streak = health.worse_streak + 1 if worse else 0
     updated = Health(health.best_loss, health.best_version, streak)
     if streak >= DIVERGE_PATIENCE:
@@ -73,6 +76,16 @@ def prior_loss(true_counts: Sequence[int]) -> float:
     """Cross-entropy of always answering the class frequencies: the entropy of the classes."""
     total = sum(true_counts)
     return -sum((n / total) * math.log(n / total) for n in true_counts if n > 0) if total else 0.0
+
+
+def degenerate_regression(loss: float, learning_rate: float) -> str | None:
+    """Why a final regression model must not be exported (None when it may be): its holdout
+    error is not a number (what a diverged job ends with)."""
+    if math.isfinite(loss):
+        return None
+    return (f"the final model's holdout mean squared error is {loss}: training diverged; try a "
+            f"lower learning_rate (this job used {learning_rate:g}; for example "
+            f"{learning_rate / 10:g})")
 
 
 def degenerate_model(predicted_counts: Sequence[int], true_counts: Sequence[int],

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bucketlearn.domain.metrics import HOLDOUT_FIGURES
+from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
 
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
 CANCELLED = "CANCELLED"
@@ -102,9 +102,18 @@ class Head:
     holdout_majority_accuracy: float | None = None
     holdout_roc_auc: float | None = None
     holdout_report: Mapping[str, Any] | None = None
+    # a regression's figures (``metrics.regression_fields``); a head without them (any
+    # classification head) stores none of these keys
+    holdout_rmse: float | None = None
+    holdout_mae: float | None = None
+    holdout_r2: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        if all(doc[name] is None for name in REGRESSION_FIGURES):
+            for name in REGRESSION_FIGURES:
+                del doc[name]
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Head:
@@ -112,13 +121,14 @@ class Head:
                    checksum=str(doc.get("checksum") or ""),
                    holdout_accuracy=doc.get("holdout_accuracy"),
                    holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
-                   **{name: doc.get(name) for name in HOLDOUT_FIGURES})
+                   **{name: doc.get(name) for name in (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)})
 
-    def evaluated(self, accuracy: float, loss: float,
+    def evaluated(self, accuracy: float | None, loss: float,
                   figures: Mapping[str, Any] | None = None) -> Head:
         """The same head with its version's holdout figures (``figures``: the fields of
-        ``metrics.holdout_fields``)."""
-        extra = {name: (figures or {}).get(name) for name in HOLDOUT_FIGURES}
+        ``metrics.holdout_fields``, or of ``metrics.regression_fields``)."""
+        extra = {name: (figures or {}).get(name)
+                 for name in (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)}
         return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss, **extra)
 
     def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
@@ -132,7 +142,7 @@ class Head:
         if not folded_results:
             return kept
         return dataclasses.replace(kept, holdout_accuracy=None, holdout_loss=None,
-                                   **dict.fromkeys(HOLDOUT_FIGURES))
+                                   **dict.fromkeys((*HOLDOUT_FIGURES, *REGRESSION_FIGURES)))
 
 
 def epoch_document(epoch: int, planned: int, now: float) -> dict[str, Any]:

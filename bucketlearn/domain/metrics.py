@@ -199,3 +199,22 @@ class RegressionTally:
         return {"rmse": math.sqrt(self.squared_error / n), "mae": self.absolute_error / n,
                 "r2": (1.0 - self.squared_error / total) if total > 1e-12 else None,
                 "rows": self.rows, "loss": self.squared_error / n}
+
+
+# a regression version's figures (issue #15), beside holdout_loss (the mean squared error)
+REGRESSION_FIGURES = ("holdout_rmse", "holdout_mae", "holdout_r2")
+
+
+def regression_fields(report: dict[str, Any]) -> dict[str, Any]:
+    """A regression report (``RegressionTally.report``) as the fields a version document (and
+    the job's head) store. Keys: ``REGRESSION_FIGURES``."""
+    r2 = report.get("r2")
+    return {"holdout_rmse": float(report["rmse"]), "holdout_mae": float(report["mae"]),
+            "holdout_r2": None if r2 is None else float(r2)}
+
+
+def regression_headline(rmse: float | None, mae: float | None, r2: float | None) -> str:
+    """``RMSE 236.8, MAE 193.9, R² 0.913`` (dashes for figures not known)."""
+    def number(value: float | None, digits: str) -> str:
+        return "-" if value is None else format(float(value), digits)
+    return f"RMSE {number(rmse, '.4g')}, MAE {number(mae, '.4g')}, R² {number(r2, '.3f')}"

@@ -33,6 +33,7 @@ from bucketlearn.config import (
     option_text,
     resolve_options,
 )
+from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.entrypoints.target import (
     LOCAL,
     START_HINT,
@@ -333,13 +334,19 @@ def format_accuracy(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
 
 
+def figure_text(status: dict[str, Any]) -> str:
+    """The head's holdout figure for one line: accuracy, or a numeric target's RMSE/MAE/R²."""
+    if status.get("task") == "regression":
+        return regression_headline(status.get("rmse"), status.get("mae"), status.get("r2"))
+    return f"accuracy {format_accuracy(status.get('accuracy'))}"
+
+
 def progress_line(job: dict[str, Any]) -> str:
     status = jobs.status_object(job)
-    acc_text = format_accuracy(status["accuracy"])
     return (f"{status['job_id']}: {status['status']} ({status['phase']}) "
             f"epoch {status['epoch'] or 0}/{status['epochs'] or '?'} v{status['version'] or 0} "
             f"tasks {status['tasks_applied'] or 0}/{status['tasks_planned'] or '?'} "
-            f"holdout accuracy {acc_text}")
+            f"holdout {figure_text(status)}")
 
 
 def columns_lines(status: dict[str, Any]) -> list[str]:
@@ -361,7 +368,11 @@ def print_status(status: dict[str, Any]) -> None:
         label = "cancelled:" if status["status"] == jobs.CANCELLED else "error:"
         print(f"{label:11s}{status['error']}")
     print(f"version:   {status['version']}")
-    print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
+    if status.get("task") == "regression":
+        print(f"target:    numeric ({status.get('task_reason') or 'task=regression'})")
+        print(f"holdout:   {figure_text(status)}")
+    else:
+        print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
     for line in columns_lines(status):
         print(line)
     if status.get("macro_f1") is not None:
@@ -397,7 +408,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs yet")
     for s in rows:
-        acc_text = format_accuracy(s["accuracy"])
+        acc_text = (f"R² {format_accuracy(s.get('r2'))}" if s.get("task") == "regression"
+                    else format_accuracy(s["accuracy"]))
         print(f"{s['job_id']:42s} {s['status']:9s} v{s['version'] or 0:<5} {acc_text:7s} "
               f"{(s['error'] or '')[:80]}")
     return EXIT_OK
@@ -451,21 +463,30 @@ def cmd_train_local(args: argparse.Namespace) -> int:
         from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 
         Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
-            result.manifest, options, result.accuracy)))
+            result.manifest, options, result.accuracy, result.report)))
+    regression = result.manifest.task == "regression"
     report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
               "train_rows": result.manifest.train_rows,
               "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict(),
-              **{key: result.report.get(key) for key in ("macro_f1", "majority_accuracy",
-                                                         "roc_auc")}}
+              "task": result.manifest.task, "task_reason": result.manifest.task_reason,
+              **{key: result.report.get(key) for key in (
+                  ("rmse", "mae", "r2") if regression else
+                  ("macro_f1", "majority_accuracy", "roc_auc"))}}
     if args.output:
         report["model"] = args.output
     if args.json:
         emit(report)
+        return EXIT_OK
+    if regression:
+        print(f"numeric target '{result.manifest.label_column}' ({result.manifest.task_reason})")
+        print(f"holdout {regression_headline(report['rmse'], report['mae'], report['r2'])} "
+              f"(MSE {result.loss:.4g}) on {result.manifest.holdout_rows} rows; trained in "
+              f"{result.seconds:.1f}s")
     else:
         print(f"holdout accuracy {result.accuracy:.4f} (loss {result.loss:.4f}) on "
               f"{result.manifest.holdout_rows} rows; trained in {result.seconds:.1f}s")
-        if args.output:
-            print(f"model: {args.output}")
+    if args.output:
+        print(f"model: {args.output}")
     return EXIT_OK
 
 
@@ -479,11 +500,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {result['rows']} predictions to {args.output}")
     else:
-        for value in result["predictions"]:
-            print(value)
+        for value in result["predictions"]:  # (a numeric target's to 6 significant digits)
+            print(f"{value:.6g}" if isinstance(value, float) else value)
     if result.get("accuracy") is not None:
         print(f"accuracy {result['accuracy']:.4f} against column '{result['label_column']}'",
               file=sys.stderr)
+    if result.get("rmse") is not None:
+        print(f"{regression_headline(result['rmse'], result['mae'], result['r2'])} against "
+              f"column '{result['label_column']}' ({result['scored_rows']} rows with a number "
+              "there)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -533,15 +558,14 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(blob)
     job = svc.registry.get_job(job_id) or {}
-    accuracy = (job.get("head") or {}).get("holdout_accuracy")
     print()
-    print(f"holdout accuracy: {accuracy:.4f}")
+    print(f"holdout:          {figure_text(jobs.status_object(job))}")
     print(f"model:            {out.resolve()}  (version {version})")
     new_rows = path.with_name(f"{path.stem}_new.csv")
     if new_rows.exists():
         result = predict_file(str(out), str(new_rows), None)
         print(f"predictions for the raw rows of {new_rows} (empty cells, an unseen island): "
-              + ", ".join(result["predictions"]))
+              + ", ".join(str(p) for p in result["predictions"]))
     print()
     return EXIT_OK
 

@@ -56,9 +56,20 @@ from bucketlearn.domain.columns import (
     decide_columns,
     is_matrix,
 )
+from bucketlearn.domain.target import (
+    CLASSIFICATION,
+    REGRESSION,
+    bin_counts,
+    bin_edges,
+    bin_names,
+    bin_of,
+    decide_task,
+    quantile_bins,
+)
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ingest import readahead
 from bucketlearn.ingest.columns import Encoder, finish_profile, profile_batch, sniff_kind
+from bucketlearn.ingest.targets import LabelSniff, TargetReader, sniff_labels
 from bucketlearn.ports import BlobStore
 
 log = logging.getLogger(__name__)
@@ -142,6 +153,24 @@ class Manifest:
         return sum(c.width for c in self.schema)
     # training rows of each class (empty in manifests written before it was recorded)
     train_class_counts: list[int] = field(default_factory=list)
+    # numeric targets (issue #15): "classification" (manifests written before) or "regression";
+    # a regression manifest has no classes: its rows are stratified by quantile bins of the
+    # target (the boundaries between bins and their rows; ``domain.target``), y holds the
+    # float32 targets, and
+    # the training rows' target mean and standard deviation scale the model's output
+    task: str = CLASSIFICATION
+    task_reason: str = ""
+    target_mean: float = 0.0
+    target_std: float = 1.0
+    bin_edges: list[float] = field(default_factory=list)
+    bin_counts: list[int] = field(default_factory=list)
+    train_bin_counts: list[int] = field(default_factory=list)
+    missing_targets: int = 0  # rows left out: their label was empty or a missing value
+
+    @property
+    def target(self) -> tuple[float, float] | None:
+        """A regression's training target (mean, standard deviation); None for classes."""
+        return (self.target_mean, self.target_std) if self.task == REGRESSION else None
 
     @property
     def train_counts(self) -> list[int]:
@@ -176,6 +205,12 @@ class Manifest:
             "shards": len(self.shards),
             "columns": columns_summary(self.schema),
             "dropped_columns": list(self.dropped),
+            "task": self.task,
+            "task_reason": self.task_reason,
+            **({"target_mean": self.target_mean, "target_std": self.target_std,
+                "bin_edges": list(self.bin_edges),
+                "bin_counts": list(self.bin_counts), "missing_targets": self.missing_targets}
+               if self.task == REGRESSION else {}),
         }
 
 
@@ -639,6 +674,20 @@ def _check_labels(source: SourceFile, columns: list[str], label: str, limits: Li
                        found=repr(_short(labels[r].as_py())))
 
 
+def _count_classes(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                   labels: pa.Array, rows: int, reading: _Reading, counts: dict[str, int]
+                   ) -> None:
+    """Check a batch's labels and add them to the class counts (within ``max_classes``)."""
+    _check_labels(source, columns, label, limits, labels, rows, reading)
+    for item in pc.value_counts(labels).to_pylist():
+        value = item["values"].strip()
+        counts[value] = counts.get(value, 0) + item["counts"]
+    if len(counts) > limits.max_classes:
+        raise _problem(source.display_name, "too many distinct labels", column=label,
+                       expected=f"at most {limits.max_classes} classes",
+                       found=f"more than {limits.max_classes} (by row {rows + len(labels)})")
+
+
 class _KindChanged(Exception):
     """A column read as numeric because its first cells were all missing holds text."""
 
@@ -665,7 +714,8 @@ def _profile_features(source: SourceFile, batch: pa.RecordBatch,
 
 def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
                 block_bytes: int | None = None, progress: Progress | None = None,
-                reading: _Reading = _PLAIN, features: list[str] | None = None
+                reading: _Reading = _PLAIN, features: list[str] | None = None,
+                targets: TargetReader | None = None
                 ) -> tuple[list[str], list[int], dict[str, ColumnProfile]]:
     """Pass 1: parse every row, count the labels and profile the ``features`` (their kinds in
     ``reading``); return (label values in first-seen order, their counts, the profiles).
@@ -673,7 +723,8 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
     ``block_bytes``: the read block, by default one that holds any row within the line limit.
     With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
     ``progress`` is called before each batch. A column of ``reading.unknown`` that turns out
-    to hold text raises ``_KindChanged``.
+    to hold text raises ``_KindChanged``. With ``targets`` (a regression file) the labels are
+    read as numbers into it instead of being counted as classes (no class is returned).
     """
     block, largest = _block_sizes(limits, block_bytes)
     features = features or []
@@ -685,14 +736,10 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
             if progress is not None:
                 progress()
             labels = batch.column(label)
-            _check_labels(source, columns, label, limits, labels, rows, reading)
-            for item in pc.value_counts(labels).to_pylist():
-                value = item["values"].strip()
-                counts[value] = counts.get(value, 0) + item["counts"]
-            if len(counts) > limits.max_classes:
-                raise _problem(source.display_name, "too many distinct labels", column=label,
-                               expected=f"at most {limits.max_classes} classes",
-                               found=f"more than {limits.max_classes} (by row {rows + batch.num_rows})")
+            if targets is not None:
+                targets.count(labels, rows)
+            else:
+                _count_classes(source, columns, label, limits, labels, rows, reading, counts)
             _profile_features(source, batch, profiles, rows, reading)
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
@@ -1112,11 +1159,14 @@ class _Dealer:
         self.seen_train = np.zeros(len(plan.classes), dtype=np.int64)
 
     def deal(self, y: np.ndarray, row_offset: int) -> tuple[np.ndarray, np.ndarray]:
-        """(is_holdout, shard_of_row) for a batch's class ids; -1 for held-out rows."""
+        """(is_holdout, shard_of_row) for a batch's class ids; -1 for held-out rows. A row of
+        class -1 (a regression row without a target) is neither held out nor dealt."""
         counts = self.plan.class_counts
         is_holdout = np.zeros(len(y), dtype=bool)
         shard_of_row = np.full(len(y), -1, dtype=np.int64)
         for c in np.unique(y):
+            if c < 0:
+                continue
             rows_c = np.nonzero(y == c)[0]
             if self.seen[c] + len(rows_c) > counts[c]:
                 raise _changed_while_read(
@@ -1144,8 +1194,9 @@ class _Dealer:
 
 
 def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: list[str],
-           markers: list[str], block: int) -> _Reading:
-    """Each feature column's kind from the file's first block read as text (``sniff_kind``).
+           markers: list[str], block: int) -> tuple[_Reading, LabelSniff]:
+    """Each feature column's kind from the file's first block read as text (``sniff_kind``),
+    and what its labels look like (``sniff_labels``, for ``task=auto``).
 
     A column whose cells there are all missing is read as numeric until text shows up. A
     first block pyarrow cannot read leaves every column numeric: pass 1 names the problem.
@@ -1165,7 +1216,7 @@ def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: l
             reading.unknown.add(name)
         else:
             reading.kinds[name] = kind
-    return reading
+    return reading, sniff_labels(first.column(label) if first is not None else None, markers)
 
 
 @dataclass
@@ -1178,6 +1229,12 @@ class _Scan:
     block: int
     reading: _Reading
     profiles: list[ColumnProfile]
+    task: str = CLASSIFICATION
+    task_reason: str = ""
+    # regression: the label reader (fine-bucket counts, missing targets) and each bin's first
+    # fine bucket; the "classes" above are then the bins
+    targets: TargetReader | None = None
+    bin_starts: np.ndarray | None = None
 
 
 def _count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
@@ -1187,11 +1244,18 @@ def _count_pass(source: SourceFile, columns: list[str], label: str, features: li
     block that fits. Starts again (nothing is written in pass 1) with a larger block when a row
     does not fit, or with a column read as text when one thought numeric turns out to be."""
     block, largest = _block_sizes(limits, read_block_bytes)
-    reading = _sniff_kinds(source, columns, label, features, options.missing_markers, block)
+    reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
+                                    block)
+    task, reason = decide_task(options.task, sniffed.all_numbers, sniffed.distinct,
+                               sniffed.rows, sniffed.capped)
+    targets = None
     while True:
+        if task == REGRESSION:  # (again on a restart: its counts start from zero)
+            targets = _target_reader(source.display_name, label, options, reason,
+                                     sniffed.center)
         try:
             raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
-                                                           progress, reading, features)
+                                                           progress, reading, features, targets)
             break
         except _BlockTooSmall as exc:
             log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks",
@@ -1202,10 +1266,35 @@ def _count_pass(source: SourceFile, columns: list[str], label: str, features: li
                      source.display_name, exc.column)
             reading.unknown.discard(exc.column)
             reading.kinds[exc.column] = CATEGORY
+    kept = [profiles[name] for name in features]
+    if targets is not None:
+        return _target_scan(source.display_name, label, targets, block, reading, kept, reason)
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts,
                                                       source.display_name, label)
-    return _Scan(classes, class_counts, label_kind, block, reading,
-                 [profiles[name] for name in features])
+    return _Scan(classes, class_counts, label_kind, block, reading, kept, task, reason)
+
+
+def _target_reader(file: str, label: str, options: JobOptions, reason: str,
+                   center: float) -> TargetReader:
+    """The label reader of a regression file (``class_weight`` has no classes to weigh)."""
+    if options.class_weight != "none":
+        raise _problem(file, "class_weight applies to classes, not to a numeric target",
+                       column=label, expected="class_weight=none for a numeric target, or "
+                                              "task=classification",
+                       found=f"class_weight={options.class_weight} ({reason})")
+    return TargetReader(file, label, options.missing_markers, reason, center=center)
+
+
+def _target_scan(file: str, label: str, targets: TargetReader, block: int, reading: _Reading,
+                 profiles: list[ColumnProfile], reason: str) -> _Scan:
+    """Pass 1's findings for a regression file: its quantile bins stand for classes."""
+    if int(targets.fine_counts.sum()) == 0:
+        raise _problem(file, "no row has a target", column=label,
+                       expected="numbers in the label column (a numeric target)",
+                       found=f"{targets.missing} rows whose label is empty or a missing value")
+    starts = quantile_bins(targets.fine_counts)
+    return _Scan(bin_names(bin_edges(starts, targets.center)), bin_counts(targets.fine_counts, starts), "float",
+                 block, reading, profiles, REGRESSION, reason, targets, starts)
 
 
 def _checked_features(source: SourceFile, columns: list[str], label: str, limits: Limits,
@@ -1236,10 +1325,25 @@ def _write_train_rows(writer: _ShardWriter, x: np.ndarray, y: np.ndarray,
             writer.add(int(ts[start]), tx[start:stop].copy(), ty[start:stop].copy())
 
 
+def _batch_labels(batch: pa.RecordBatch, label: str, scan: _Scan, class_index: dict[str, int],
+                  file: str, row_offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the stratum of each row: class id, or a regression target's bin (-1 without a target);
+    what a shard stores as y: the class id, or the float32 target)."""
+    if scan.targets is None:
+        y = _class_ids(batch.column(label), class_index, scan.label_kind, file, row_offset,
+                       label)
+        return y, y
+    assert scan.bin_starts is not None
+    targets, present = scan.targets.read(batch.column(label), row_offset)
+    strata = bin_of(scan.targets.buckets(targets), scan.bin_starts)
+    strata[~present] = -1
+    return strata, targets
+
+
 def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limits, scan: _Scan,
                progress: Progress | None, plan: SplitPlan, dealer: _Dealer, encoder: Encoder,
-               writer: _ShardWriter, holdout: _HoldoutWriter, stats: _RunningStats
-               ) -> list[Shard]:
+               writer: _ShardWriter, holdout: _HoldoutWriter, stats: _RunningStats,
+               target_stats: _RunningStats) -> list[Shard]:
     """Pass 2: check every row, write it to the holdout or to its shard; the shards written."""
     file = source.display_name
     class_index = {name: i for i, name in enumerate(plan.classes)}
@@ -1251,12 +1355,13 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
                 progress()
             x = _checked_features(source, columns, label, limits, batch, encoder, scan.reading,
                                   row_offset)
-            y = _class_ids(batch.column(label), class_index, plan.label_kind, file, row_offset,
-                           label)
-            is_holdout, shard_of_row = dealer.deal(y, row_offset)
+            strata, y = _batch_labels(batch, label, scan, class_index, file, row_offset)
+            is_holdout, shard_of_row = dealer.deal(strata, row_offset)
             holdout.add(x[is_holdout], y[is_holdout])
-            train = np.flatnonzero(~is_holdout)
+            train = np.flatnonzero(~is_holdout & (strata >= 0))
             stats.add(x[train])
+            if scan.targets is not None:
+                target_stats.add(y[train].reshape(-1, 1))
             _write_train_rows(writer, x, y, shard_of_row, train)
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
@@ -1305,11 +1410,11 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     encoder = Encoder(schema, options.missing_markers)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
-    stats = _RunningStats(encoder.width)
-    shard_list = _deal_pass(
-        source, columns, label, limits, scan, progress, plan,
-        _Dealer(plan, options.holdout_fraction, file, label), encoder,
-        _ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes), holdout, stats)
+    stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
+    writer = _ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes)
+    shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
+                            _Dealer(plan, options.holdout_fraction, file, label), encoder,
+                            writer, holdout, stats, target_stats)
     manifest = Manifest(
         job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
         classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,
@@ -1318,12 +1423,28 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
         holdout_part_rows=holdout.part_rows, columns=[c.to_dict() for c in schema],
         dropped=[{"name": d.name, "reason": d.reason} for d in dropped],
-        missing_values=options.missing_markers, train_class_counts=list(plan.train_per_class))
+        missing_values=options.missing_markers, train_class_counts=list(plan.train_per_class),
+        task=scan.task, task_reason=scan.task_reason)
+    if scan.targets is not None:
+        _as_regression(manifest, scan, plan, target_stats)
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
     log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",
              file, manifest.rows, len(scan.classes), len(shard_list), holdout.rows, len(dropped))
     return manifest
+
+
+def _as_regression(manifest: Manifest, scan: _Scan, plan: SplitPlan,
+                   target_stats: _RunningStats) -> None:
+    """A regression manifest: no classes; the bins, the target's statistics, the rows left out."""
+    assert scan.targets is not None and scan.bin_starts is not None
+    manifest.classes, manifest.class_counts, manifest.train_class_counts = [], [], []
+    manifest.bin_edges = bin_edges(scan.bin_starts, scan.targets.center)[1:]
+    manifest.bin_counts = list(scan.class_counts)
+    manifest.train_bin_counts = [int(n) for n in plan.train_per_class]
+    manifest.target_mean = float(target_stats.mean[0])
+    manifest.target_std = float(math.sqrt(target_stats.variance()[0]))
+    manifest.missing_targets = scan.targets.missing
 
 
 def _features_read(columns: list[str], label: str, options: JobOptions, file: str) -> list[str]:

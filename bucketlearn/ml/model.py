@@ -16,30 +16,45 @@ import os
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from bucketlearn.domain.columns import Column, is_matrix
+from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
-from bucketlearn.ml.tabular import build_core, input_names, raw_row_model
+from bucketlearn.ml.tabular import build_core, input_names, output_head, raw_row_model
 
 SIDECAR_NAME = "bucketlearn.json"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """What the model is. A regression model (``task``, issue #15) has one output, in the
+    target's units: a linear unit for the standardized target, then the training rows'
+    ``target_mean`` and ``target_std`` undo the standardization (``n_classes`` is 1)."""
+
     kind: str
     n_features: int
     n_classes: int
     image_shape: tuple[int, int, int] | None
     seed: int
     learning_rate: float
+    task: str = CLASSIFICATION
+    target_mean: float = 0.0
+    target_std: float = 1.0
+
+    @property
+    def regression(self) -> bool:
+        return self.task == REGRESSION
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["image_shape"] = list(self.image_shape) if self.image_shape else None
+        if not self.regression:  # a classification job's document as before the option
+            for name in ("task", "target_mean", "target_std"):
+                data.pop(name)
         return data
 
     @classmethod
@@ -48,7 +63,10 @@ class ModelSpec:
         return cls(kind=data["kind"], n_features=int(data["n_features"]),
                    n_classes=int(data["n_classes"]),
                    image_shape=tuple(shape) if shape else None,  # type: ignore[arg-type]
-                   seed=int(data["seed"]), learning_rate=float(data["learning_rate"]))
+                   seed=int(data["seed"]), learning_rate=float(data["learning_rate"]),
+                   task=str(data.get("task") or CLASSIFICATION),
+                   target_mean=float(data.get("target_mean", 0.0)),
+                   target_std=float(data.get("target_std", 1.0)))
 
 
 def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
@@ -63,11 +81,17 @@ def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
 
 
 def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
-                learning_rate: float, file: str = "", matrix: bool = True) -> ModelSpec:
+                learning_rate: float, file: str = "", matrix: bool = True,
+                target: tuple[float, float] | None = None) -> ModelSpec:
     """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side ≥ 16, else an MLP.
 
     ``matrix``: every feature is numeric and complete (else only an MLP fits the columns).
+    ``target``: a regression's training target (mean, standard deviation); None: classes.
     """
+    if target is not None:
+        spec = choose_spec(requested, n_features, 1, seed, learning_rate, file, matrix)
+        return replace(spec, task=REGRESSION, target_mean=float(target[0]),
+                       target_std=float(target[1]))
     if not matrix:
         if requested == "cnn":
             raise InvalidInputError(InputProblem(
@@ -111,9 +135,9 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
     seeds = itertools.count(spec.seed * 16)
     if columns and not is_matrix(list(columns)):
         inputs, outputs = build_core(keras, columns, spec.n_classes, mean, variance,
-                                     lambda: next(seeds))
+                                     lambda: next(seeds), _target(spec))
         model = keras.Model(inputs, outputs, name="bucketlearn_table")
-        compile_model(model, spec.learning_rate)
+        compile_model(model, spec.learning_rate, spec.task)
         return model
 
     def init() -> Any:
@@ -139,19 +163,27 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
         x = keras.layers.Dense(64, activation="relu", kernel_initializer=init())(x)
     else:
         raise PermanentError(f"model kind: expected 'mlp' or 'cnn'; found: {spec.kind!r}")
-    outputs = keras.layers.Dense(spec.n_classes, activation="softmax", name="probabilities",
-                                 kernel_initializer=init())(x)
+    outputs = output_head(keras, x, spec.n_classes, init, _target(spec))
     model = keras.Model(inputs, outputs, name=f"bucketlearn_{spec.kind}")
-    compile_model(model, spec.learning_rate)
+    compile_model(model, spec.learning_rate, spec.task)
     return model
 
 
-def compile_model(model: Any, learning_rate: float) -> None:
+def _target(spec: ModelSpec) -> tuple[float, float] | None:
+    return (spec.target_mean, spec.target_std) if spec.regression else None
+
+
+def compile_model(model: Any, learning_rate: float, task: str = CLASSIFICATION) -> None:
     """Compile with Adam and build its state now: a version carries the optimizer's state, so
-    version 0 needs one before any step."""
+    version 0 needs one before any step. A regression's loss is the mean squared error in the
+    target's units: ``target_std**2`` times that of the standardized target the last Dense unit
+    predicts (Adam's steps do not depend on that constant factor, up to its epsilon)."""
     keras = keras_module()
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    if task == REGRESSION:
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate), loss="mse")
+    else:
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model.optimizer.build(model.trainable_variables)
 
 

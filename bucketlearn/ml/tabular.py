@@ -49,10 +49,28 @@ def input_names(columns: Sequence[Column]) -> dict[str, str]:
     return {c.name: layer_name(c.name, taken) for c in columns}
 
 
+def output_head(keras: Any, x: Any, n_classes: int, init: Callable[[], Any],
+                target: tuple[float, float] | None = None) -> Any:
+    """The model's output: class probabilities (softmax); or, for a regression (``target``:
+    the training rows' target mean and standard deviation), one linear unit that predicts the
+    standardized target and a ``Normalization(invert=True)`` that turns it into the target's
+    units (built-in layers: the model loads in safe mode and predicts original values)."""
+    if target is None:
+        return keras.layers.Dense(n_classes, activation="softmax", name="probabilities",
+                                  kernel_initializer=init())(x)
+    z = keras.layers.Dense(1, name="standardized", kernel_initializer=init())(x)
+    mean, std = float(target[0]), float(target[1])
+    return keras.layers.Normalization(mean=np.array([mean], np.float32),
+                                      variance=np.array([std * std], np.float32), invert=True,
+                                      name="target")(z)
+
+
 def build_core(keras: Any, columns: Sequence[Column], n_classes: int, mean: Sequence[float],
-               variance: Sequence[float], next_seed: Callable[[], int]) -> tuple[Any, Any]:
-    """(inputs, class probabilities) of the core on the matrix; ``next_seed`` gives each
-    kernel's and embedding's initializer a seed of its own."""
+               variance: Sequence[float], next_seed: Callable[[], int],
+               target: tuple[float, float] | None = None) -> tuple[Any, Any]:
+    """(inputs, class probabilities, or a regression's target: ``output_head``) of the core
+    on the matrix; ``next_seed`` gives each kernel's and embedding's initializer a seed of its
+    own."""
     from keras import ops  # noqa: PLC0415 - TensorFlow is imported lazily
 
     def init() -> Any:
@@ -74,9 +92,7 @@ def build_core(keras: Any, columns: Sequence[Column], n_classes: int, mean: Sequ
     x = keras.layers.Concatenate(name="encoded")(blocks) if len(blocks) > 1 else blocks[0]
     x = keras.layers.Dense(128, activation="relu", kernel_initializer=init())(x)
     x = keras.layers.Dense(64, activation="relu", kernel_initializer=init())(x)
-    outputs = keras.layers.Dense(n_classes, activation="softmax", name="probabilities",
-                                 kernel_initializer=init())(x)
-    return inputs, outputs
+    return inputs, output_head(keras, x, n_classes, init, target)
 
 
 def _category_block(keras: Any, ops: Any, cells: Any, column: Column, name: str,

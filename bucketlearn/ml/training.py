@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.domain.metrics import ClassificationTally
+from bucketlearn.domain.metrics import ClassificationTally, RegressionTally
+from bucketlearn.domain.target import REGRESSION
 
 EVAL_BATCH = 1024
 EPSILON = 1e-7  # Keras's clip for the cross-entropy of probabilities
@@ -102,9 +103,10 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A model's figures on held-out rows."""
+    """A model's figures on held-out rows (a regression: no accuracy and no class counts; its
+    loss is the mean squared error in the target's units, its report RMSE, MAE and R²)."""
 
-    accuracy: float
+    accuracy: float | None
     loss: float
     predicted_counts: list[int]  # how many rows the model put in each class
     true_counts: list[int] = field(default_factory=list)  # how many rows each class has
@@ -115,7 +117,8 @@ class Evaluation:
 
 
 def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
-                   parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> Evaluation:
+                   parts: Iterable[tuple[np.ndarray, np.ndarray]],
+                   task: str = "classification") -> Evaluation:
     """Holdout figures of ``weights`` over rows that come in parts, one part held at a time.
 
     A confusion matrix, the loss and (binary) score histograms are accumulated batch by batch
@@ -127,6 +130,7 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
         model: the compiled model.
         weights: the weights to evaluate (None: the model's current weights).
         parts: (x, y) pairs; each is released before the next is asked for.
+        task: "regression": y are targets, and the figures those of ``evaluate_targets``.
 
     Returns:
         Accuracy, mean cross-entropy, predicted- and true-class counts, the row count and the
@@ -137,6 +141,8 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
     """
     if weights is not None:
         model.set_weights(list(weights))
+    if task == REGRESSION:
+        return evaluate_targets(model, parts)
     tally: ClassificationTally | None = None
     for x, y in parts:
         labels = np.asarray(y, dtype=np.int64).reshape(-1)
@@ -160,15 +166,32 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
                       [int(c) for c in tally.confusion.sum(axis=1)], rows, tally.report())
 
 
+def evaluate_targets(model: Any, parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> Evaluation:
+    """A regression model's holdout figures (its current weights), streamed like
+    ``evaluate_parts``: RMSE, MAE, R² and the mean squared error (the loss), in the target's
+    units (``domain.metrics.RegressionTally``, float64 sums)."""
+    tally = RegressionTally()
+    for x, y in parts:
+        targets = np.asarray(y, dtype=np.float32).reshape(-1)
+        for start in range(0, len(targets), EVAL_BATCH):
+            predicted = np.asarray(model.predict_on_batch(x[start:start + EVAL_BATCH]))
+            tally.add(predicted.reshape(-1), targets[start:start + EVAL_BATCH])
+        del x, y, targets
+    if tally.rows == 0:
+        raise ValueError("holdout: expected at least one row; found none")
+    report = tally.report()
+    return Evaluation(None, float(report["loss"]), [], [], tally.rows, report)
+
+
 def evaluate_detail(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray,
-                    y: np.ndarray) -> Evaluation:
+                    y: np.ndarray, task: str = "classification") -> Evaluation:
     """Holdout accuracy, loss and predicted-class counts of ``weights`` (or the model's current
     weights when None), on rows held in memory (``evaluate_parts`` of one part)."""
-    return evaluate_parts(model, weights, [(x, y)])
+    return evaluate_parts(model, weights, [(x, y)], task)
 
 
 def evaluate(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray
-             ) -> tuple[float, float]:
+             ) -> tuple[float | None, float]:
     """Holdout (accuracy, loss) of ``weights`` (or the model's current weights when None)."""
     found = evaluate_detail(model, weights, x, y)
     return found.accuracy, found.loss

@@ -29,7 +29,12 @@ from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import Head, decide_after_fold
-from bucketlearn.domain.metrics import HOLDOUT_FIGURES, holdout_fields
+from bucketlearn.domain.metrics import (
+    HOLDOUT_FIGURES,
+    holdout_fields,
+    regression_fields,
+    regression_headline,
+)
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
@@ -338,13 +343,13 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
     updated = {**job, **job_fields}
     if updated.get("phase") == jobs.TRAINING and updated.get("status") == jobs.RUNNING:
         publish_round(svc, updated)  # the workers start the next round before the evaluation
-    accuracy = None
+    headline = None
     if read.results:
-        accuracy = _evaluate_version(svc, updated, runtime, weights, new_version,
+        headline = _evaluate_version(svc, updated, runtime, weights, new_version,
                                      commit.version_doc["aggregator"])
-    log.info("job %s: v%d (epoch %d round %d, %d results, %d failed) holdout accuracy %s",
+    log.info("job %s: v%d (epoch %d round %d, %d results, %d failed) holdout %s",
              job_id, new_version, commit.epoch, int(job.get("round") or 0), len(read.results),
-             len(read.failures), accuracy)
+             len(read.failures), headline)
     return True
 
 
@@ -398,21 +403,34 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
     return commit, job_fields
 
 
+def _figures(found: Any, regression: bool) -> dict[str, Any]:
+    """A version's holdout figures as its document stores them (classes or a numeric target)."""
+    return regression_fields(found.report) if regression else holdout_fields(found.report)
+
+
+def _headline(found: Any) -> str:
+    """The holdout figures of a log line: accuracy, or a regression's RMSE, MAE and R²."""
+    if found.accuracy is not None:
+        return f"accuracy {found.accuracy:.4f}"
+    report = found.report
+    return regression_headline(report.get("rmse"), report.get("mae"), report.get("r2"))
+
+
 def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
-                      weights: list[Any], version: int, timings: dict[str, Any]) -> float | None:
+                      weights: list[Any], version: int, timings: dict[str, Any]) -> str | None:
     """Evaluate a committed version on the holdout, record it on the version (and on the job's
     head while it is still the head), and fail the job if its training has diverged.
 
     After the commit, not before: workers wait for the next round, not for the evaluation. If
     this fails or the process dies first, the version keeps no accuracy; training is unaffected
-    and the export evaluates the final model anyway.
+    and the export evaluates the final model anyway. Returns the figures for the log line.
     """
     job_id = job["job_id"]
     started = time.perf_counter()
     try:
         x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
-        found = evaluate_detail(runtime.model, weights, x_eval, y_eval)
-        figures = holdout_fields(found.report)
+        found = evaluate_detail(runtime.model, weights, x_eval, y_eval, runtime.spec.task)
+        figures = _figures(found, runtime.spec.regression)
         head = Head.from_doc(job["head"]).evaluated(found.accuracy, found.loss, figures).to_doc()
         svc.registry.record_evaluation(
             job_id, version,
@@ -423,15 +441,17 @@ def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
     except Exception:  # noqa: BLE001 - an unevaluated version is still a good version
         log.warning("job %s: could not evaluate v%d", job_id, version, exc_info=True)
         return None
-    _watch_health(svc, job, version, found.loss)
-    return found.accuracy
+    _watch_health(svc, job, version, found.loss, runtime.spec)
+    return _headline(found)
 
 
-def _watch_health(svc: Services, job: dict[str, Any], version: int, loss: float) -> None:
+def _watch_health(svc: Services, job: dict[str, Any], version: int, loss: float,
+                  spec: Any) -> None:
     """Record the version's loss in the job's health; fail a diverging job (invariant 9)."""
     before = health.Health.from_dict(job.get("health"))
+    chance = spec.target_std ** 2 if spec.regression else None
     after, reason = health.observe(before, version, loss, len(job["dataset"]["classes"]),
-                                   float(job["options"]["learning_rate"]))
+                                   float(job["options"]["learning_rate"]), chance)
     fields: dict[str, Any] = {"health": after.to_dict()}
     if reason is not None:
         now = svc.clock()
@@ -476,12 +496,13 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     weights = runtime.weights(job["head"]["weights_path"])
     model = runtime.model
     # the whole holdout, one part at a time: never all of it in memory
-    found = evaluate_parts(model, weights, runtime.holdout_parts())
+    found = evaluate_parts(model, weights, runtime.holdout_parts(), runtime.spec.task)
     manifest = runtime.manifest
     now = svc.clock()
-    problem = health.degenerate_model(found.predicted_counts, found.true_counts,
-                                      manifest.classes, found.loss,
-                                      float(job["options"]["learning_rate"]))
+    rate = float(job["options"]["learning_rate"])
+    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
+               health.degenerate_model(found.predicted_counts, found.true_counts,
+                                       manifest.classes, found.loss, rate))
     if problem is not None:
         if jobs.end_job(svc.registry, job["job_id"], {
                 "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
@@ -491,7 +512,8 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     if jobs.is_terminal(svc.registry.get_job(job["job_id"])):
         log.info("job %s ended during its final evaluation: not exported", job["job_id"])
         return
-    data = export_keras(model, model_sidecar(job, manifest, found.accuracy))
+    figures = _figures(found, runtime.spec.regression)
+    data = export_keras(model, model_sidecar(job, manifest, found.accuracy, figures))
     version = int(job["version"])
     bucket = svc.settings.models_bucket
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"], version), data,
@@ -499,7 +521,7 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
     svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
                           "application/octet-stream")
     head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss,
-                **holdout_fields(found.report))  # the whole holdout's figures
+                **figures)  # the whole holdout's figures
     ended, current = jobs.end_job(svc.registry, job["job_id"], {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
         "head": head, "finished_at": now, "updated_at": now,
@@ -509,11 +531,13 @@ def export_final(svc: Services, job: dict[str, Any]) -> None:
         log.info("job %s ended (%s) during its export: not marked DONE", job["job_id"],
                  (current or {}).get("status"))
         return
-    log.info("job %s: DONE at v%d, holdout accuracy %.4f", job["job_id"], version,
-             found.accuracy)
+    log.info("job %s: DONE at v%d, holdout %s", job["job_id"], version, _headline(found))
 
 
-def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None) -> dict[str, Any]:
+def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None,
+                  figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``bucketlearn.json`` in the exported archive says about the model: its columns,
+    classes (or numeric target: ``task``, the target's training mean and std) and figures."""
     return {
         "format": 1,
         "job_id": job["job_id"],
@@ -526,5 +550,15 @@ def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None) ->
         "options": job["options"],
         "source": manifest.source,
         **model_inputs(manifest.columns, manifest.missing_values),
+        **target_sidecar(manifest, figures),
     }
+
+
+def target_sidecar(manifest: Any, figures: dict[str, Any] | None) -> dict[str, Any]:
+    """A regression model's part of the sidecar (nothing for classes, as before)."""
+    if getattr(manifest, "task", "classification") != "regression":
+        return {}
+    return {"task": "regression", "target_mean": manifest.target_mean,
+            "target_std": manifest.target_std,
+            **{k: (figures or {}).get(k) for k in ("holdout_rmse", "holdout_mae", "holdout_r2")}}
 

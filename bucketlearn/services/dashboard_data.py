@@ -43,7 +43,8 @@ _BIN_CHOICES = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
 
 VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy",
-                   "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks")
+                   "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks",
+                   "holdout_rmse", "holdout_mae", "holdout_r2")  # (the last: numeric targets)
 THROUGHPUT_COLUMNS = ("time", "samples_per_s", "tasks_per_min")
 TASK_COLUMNS = ("task_id", "epoch", "task_index", "state", "attempts", "worker_id", "started",
                 "seconds", "fetch_seconds", "train_seconds", "write_seconds", "rows", "error")
@@ -218,6 +219,7 @@ def overview_rows(job_docs: Iterable[Mapping[str, Any]],
             "created_at": _float(job.get("created_at")),
             "version": job.get("version"),
             "accuracy": _float(head.get("holdout_accuracy")),
+            "r2": _float(head.get("holdout_r2")),  # a numeric target's (no accuracy)
             "progress": progress(job),
             "tasks": (f"{_int(job.get('tasks_applied'))}/{_int(job.get('tasks_planned'))}"
                       if job.get("tasks_planned") else ""),
@@ -271,16 +273,27 @@ def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: flo
     }
 
 
+def is_regression(job_or_summary: Mapping[str, Any]) -> bool:
+    """A job (or a ``job_summary``) of a numeric target (issue #15)."""
+    task = job_or_summary.get("task") or (job_or_summary.get("dataset") or {}).get("task")
+    return task == "regression"
+
+
 def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) of the job page's metric row, from ``job_summary``."""
+    """(label, value) of the job page's metric row, from ``job_summary``: accuracy and
+    macro-F1 for classes, RMSE, MAE and R² for a numeric target."""
+    figures = ([("Holdout RMSE", format_number(summary.get("rmse"))),
+                ("Holdout MAE", format_number(summary.get("mae"))),
+                ("Holdout R²", format_number(summary.get("r2")))] if is_regression(summary) else
+               [("Holdout accuracy", format_percent(summary["accuracy"])),
+                ("Holdout macro-F1", format_number(summary.get("macro_f1"))),
+                *([("Holdout ROC AUC", format_number(summary.get("roc_auc")))]
+                  if summary.get("binary") else [])])
     return [
         ("Status", str(summary["status"])),
         ("Version", "—" if summary["version"] is None else str(summary["version"])),
         ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
-        ("Holdout accuracy", format_percent(summary["accuracy"])),
-        ("Holdout macro-F1", format_number(summary.get("macro_f1"))),
-        *([("Holdout ROC AUC", format_number(summary.get("roc_auc")))]
-          if summary.get("binary") else []),
+        *figures,
         ("Holdout loss", format_number(summary["loss"])),
         ("Train loss", format_number(summary["train_loss"])),
     ]
@@ -318,18 +331,22 @@ def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         "train_loss": _float(v.get("train_loss")),
         "samples": _int(v.get("samples")),
         "tasks": _tasks_in(v),
+        "holdout_rmse": _float(v.get("holdout_rmse")),
+        "holdout_mae": _float(v.get("holdout_mae")),
+        "holdout_r2": _float(v.get("holdout_r2")),
     } for v in versions]
     frame = pd.DataFrame(rows, columns=list(VERSION_COLUMNS))
     for column in ("holdout_accuracy", "holdout_macro_f1", "holdout_loss", "train_loss",
-                   "created_at"):
+                   "created_at", "holdout_rmse", "holdout_mae", "holdout_r2"):
         frame[column] = frame[column].astype("float64")
     return frame.sort_values("version", kind="stable").reset_index(drop=True)
 
 
 def evaluated_versions(versions: Iterable[Mapping[str, Any]]) -> list[int]:
     """Numbers of the versions with a holdout evaluation, newest first (the report picker)."""
-    found = [_int(v.get("version")) for v in versions if _float(v.get("holdout_accuracy"))
-             is not None]
+    found = [_int(v.get("version")) for v in versions
+             if _float(v.get("holdout_accuracy")) is not None
+             or _float(v.get("holdout_rmse")) is not None]
     return sorted(found, reverse=True)
 
 
@@ -345,6 +362,8 @@ def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
     ``note`` (what the tables leave out, or why there are none).
     """
     version = version or {}
+    if version.get("holdout_rmse") is not None:
+        return regression_report(version)
     names = [str(c) for c in class_names]
     report = version.get("holdout_report") or {}
     kept = [_int(i) for i in report.get("class_index") or []]
@@ -375,6 +394,20 @@ def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
                                     _float(version.get("holdout_majority_accuracy")),
                                     majority_name),
         "per_class": per_class, "confusion": confusion, "note": _report_note(report, labels),
+    }
+
+
+def regression_report(version: Mapping[str, Any]) -> dict[str, Any]:
+    """A numeric target's version (``version_report``'s keys): RMSE, MAE, R² and the mean
+    squared error; no per-class tables."""
+    return {
+        "metrics": [("RMSE", format_number(version.get("holdout_rmse"))),
+                    ("MAE", format_number(version.get("holdout_mae"))),
+                    ("R²", format_number(version.get("holdout_r2"))),
+                    ("MSE (loss)", format_number(version.get("holdout_loss")))],
+        "warning": None, "per_class": pd.DataFrame(), "confusion": pd.DataFrame(),
+        "note": "A numeric target: RMSE, MAE and R² on the holdout, in the target's units "
+                "(R² = 1 − MSE / the holdout target's variance).",
     }
 
 
@@ -554,7 +587,21 @@ def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
         "class names": shown,
         "shards": _int(dataset.get("shards")),
         "tasks per epoch": _int(job.get("tasks_per_epoch")),
+        **target_facts(dataset),
     }
+
+
+def target_facts(dataset: Mapping[str, Any]) -> dict[str, Any]:
+    """How the label column was taken (issue #15), and a numeric target's statistics."""
+    facts: dict[str, Any] = {"task": str(dataset.get("task") or "classification")}
+    if dataset.get("task_reason"):
+        facts["task decided"] = str(dataset["task_reason"])
+    if dataset.get("task") == "regression":
+        facts.update({"target mean (training rows)": _float(dataset.get("target_mean")),
+                      "target std (training rows)": _float(dataset.get("target_std")),
+                      "rows without a target (left out)": _int(dataset.get("missing_targets")),
+                      "stratified by": f"{len(dataset.get('bin_counts') or [])} quantile bins"})
+    return facts
 
 
 def column_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:

@@ -141,6 +141,13 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
         "finished_at": job.get("finished_at"),
         "model_path": job.get("model_path"),
         **head_figures(head, dataset.get("classes") or []),
+        # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
+        "task": dataset.get("task") or "classification",
+        "task_reason": dataset.get("task_reason"),
+        "rmse": head.get("holdout_rmse"),
+        "mae": head.get("holdout_mae"),
+        "r2": head.get("holdout_r2"),
+        "missing_targets": dataset.get("missing_targets"),
     }
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"

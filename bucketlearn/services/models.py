@@ -51,18 +51,24 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     model = runtime.model
     model.set_weights(runtime.weights(doc["weights_path"]))
     sidecar = model_sidecar(dict(job, version=wanted), runtime.manifest,
-                            doc.get("holdout_accuracy"))
+                            doc.get("holdout_accuracy"), doc)
     return export_keras(model, sidecar), wanted
 
 
-def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float) -> dict[str, Any]:
+def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float | None,
+                   report: dict[str, Any] | None = None) -> dict[str, Any]:
+    from bucketlearn.domain.metrics import regression_fields  # noqa: PLC0415
     from bucketlearn.ml.model import model_inputs  # noqa: PLC0415
+    from bucketlearn.services.aggregate import target_sidecar  # noqa: PLC0415
+
+    figures = regression_fields(report) if report and "rmse" in report else None
     return {"format": 1, "job_id": None, "version": None, "trained_by": "train-local",
             "feature_names": manifest.feature_names, "label_column": manifest.label_column,
             "class_names": manifest.classes, "label_kind": manifest.label_kind,
             "holdout_accuracy": accuracy, "options": options.to_dict(),
             "source": manifest.source,
-            **model_inputs(manifest.columns, manifest.missing_values)}
+            **model_inputs(manifest.columns, manifest.missing_values),
+            **target_sidecar(manifest, figures)}
 
 
 def _normalize_label(value: Any, kind: str) -> str:
@@ -84,21 +90,17 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     label = sidecar.get("label_column")
     classes: list[str] = sidecar["class_names"]
     table, header = _read_for_prediction(csv_path, sidecar, features, label)
-    if sidecar.get("inputs"):
-        probabilities = _predict_raw_rows(model, table, sidecar["inputs"])
+    outputs = _model_outputs(model, table, sidecar, features, csv_path)
+    if sidecar.get("task") == "regression":
+        predicted, result = _regression_result(outputs, table, sidecar, header)
     else:
-        x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
-        if not np.isfinite(x).all():
-            row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
-            raise PermanentError(f"{csv_path}: row {row}: expected finite feature values (this "
-                                 "model was trained on complete numeric rows)")
-        probabilities = model.predict(x.astype(np.float32), batch_size=1024, verbose=0)
-    predicted = [classes[i] for i in np.argmax(probabilities, axis=1)]
-    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "accuracy": None}
-    if label in header:
-        truth = [_normalize_label(v, sidecar.get("label_kind", "str"))
-                 for v in table.column(label).to_pylist()]
-        result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth, strict=False)]))
+        predicted = [classes[i] for i in np.argmax(outputs, axis=1)]
+        result = {"rows": len(predicted), "label_column": label, "accuracy": None}
+        if label in header:
+            truth = [_normalize_label(v, sidecar.get("label_kind", "str"))
+                     for v in table.column(label).to_pylist()]
+            result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth,
+                                                                      strict=False)]))
     if output:
         with open(output, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
@@ -108,6 +110,52 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     else:
         result["predictions"] = predicted
     return result
+
+
+def _model_outputs(model: Any, table: Any, sidecar: dict[str, Any], features: list[str],
+                   csv_path: str) -> np.ndarray:
+    """The model's outputs for every row: class probabilities, or a regression's targets."""
+    if sidecar.get("inputs"):
+        return _predict_raw_rows(model, table, sidecar["inputs"])
+    x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
+    if not np.isfinite(x).all():
+        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
+        raise PermanentError(f"{csv_path}: row {row}: expected finite feature values (this "
+                             "model was trained on complete numeric rows)")
+    return np.asarray(model.predict(x.astype(np.float32), batch_size=1024, verbose=0))
+
+
+def _regression_result(outputs: np.ndarray, table: Any, sidecar: dict[str, Any],
+                       header: list[str]) -> tuple[list[float], dict[str, Any]]:
+    """A numeric target's predictions (floats, in the target's units) and, when the CSV has
+    the label column, RMSE, MAE and R² over its rows that have a number there (an empty cell
+    or a missing value is left out, as at training)."""
+    from bucketlearn.domain.metrics import RegressionTally  # noqa: PLC0415
+
+    predicted = [float(v) for v in np.asarray(outputs, dtype=np.float64).reshape(-1)]
+    label = sidecar.get("label_column")
+    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "task": "regression",
+                              "rmse": None, "mae": None, "r2": None, "scored_rows": 0}
+    if label in header:
+        markers = set(sidecar.get("missing_values") or [])
+        truth, scored = [], []
+        for i, value in enumerate(table.column(label).to_pylist()):
+            text = (value or "").strip()
+            if not text or value in markers:
+                continue
+            try:
+                truth.append(float(text))
+            except ValueError:
+                raise PermanentError(f"row {i + 1}, column {label!r}: expected a number (or a "
+                                     f"missing value); found {text[:60]!r}") from None
+            scored.append(predicted[i])
+        tally = RegressionTally()
+        tally.add(np.asarray(scored), np.asarray(truth))
+        if tally.rows:
+            report = tally.report()
+            result.update(rmse=report["rmse"], mae=report["mae"], r2=report["r2"],
+                          scored_rows=tally.rows)
+    return predicted, result
 
 
 def _read_for_prediction(csv_path: str, sidecar: dict[str, Any], features: list[str],

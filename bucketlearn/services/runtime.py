@@ -87,7 +87,7 @@ class JobRuntime:
         picks = holdout_sample(self.holdout_part_rows(), max_rows, self.spec.seed)
         rows = sum(len(pick) for pick in picks)
         x = np.empty((rows, self.spec.n_features), dtype=np.float32)
-        y = np.empty(rows, dtype=np.int32)
+        y = np.empty(rows, dtype=np.float32 if self.spec.regression else np.int32)
         filled = 0
         bucket = self.svc.settings.work_bucket
         for path, pick in zip(self.manifest.holdout_parts, picks, strict=True):

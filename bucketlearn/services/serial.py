@@ -35,13 +35,14 @@ from bucketlearn.services import jobs
 
 @dataclass
 class SerialResult:
-    accuracy: float
+    accuracy: float | None  # None for a regression (its figures are in ``report``)
     loss: float
     seconds: float
     manifest: Manifest
     model: Any
     weights: list[Any]
-    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # classification_report
+    # classification_report, or a regression's RMSE, MAE and R² (RegressionTally.report)
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def local_source(path: str) -> SourceFile:
@@ -59,7 +60,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                             limits or Limits())
     spec = choose_spec(options.model, manifest.width, len(manifest.classes),
                        options.seed, options.learning_rate, source.display_name,
-                       matrix=is_matrix(manifest.schema))
+                       matrix=is_matrix(manifest.schema), target=manifest.target)
     model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          requested=1)
@@ -77,7 +78,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                                 options.seed, epoch, task_index, balance)
             weights, optimizer = result.weights, result.optimizer
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    found = evaluate_detail(model, weights, x_hold, y_hold)
+    found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
     return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
                         model, list(weights), found.report)
 

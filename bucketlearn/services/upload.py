@@ -241,7 +241,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                                 settings.limits, progress=held.renew)
         spec = choose_spec(options.model, manifest.width, len(manifest.classes),
                            options.seed, options.learning_rate, file,
-                           matrix=is_matrix(manifest.schema))
+                           matrix=is_matrix(manifest.schema), target=manifest.target)
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id

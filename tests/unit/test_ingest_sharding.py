@@ -122,7 +122,7 @@ def test_fewer_rows_per_class_than_shards_leaves_no_shard_empty(tmp_path):
     rows (the per-class deal left shard 67 empty, and its task failed the job)."""
     # Prepare
     path = write_sorted_csv(tmp_path / "many.csv", [18] * 100, n_features=3)
-    options = JobOptions(rows_per_shard=8, seed=33)
+    options = JobOptions(rows_per_shard=8, seed=33, task="classification")  # 100 int labels
     # Execute
     manifest, store = split(path, options)
     # Assert

@@ -100,7 +100,8 @@ def test_many_small_classes_leave_no_shard_empty(class_sizes, rows_per_shard, se
     rows = [[row, c] for row, c in enumerate(c for c, n in enumerate(class_sizes)
                                              for _ in range(n))]
     store = MemoryBlobStore()
-    options = JobOptions(rows_per_shard=rows_per_shard, seed=seed)
+    # (20 or more integer labels: classes only when asked, task=auto would take a number)
+    options = JobOptions(rows_per_shard=rows_per_shard, seed=seed, task="classification")
     # Execute
     manifest = split_upload(source_from_bytes(csv_bytes(["id", "label"], rows)), store, "work",
                             "prop-000000000000", options, Limits())

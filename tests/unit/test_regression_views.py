@@ -1,0 +1,81 @@
+"""What a user sees of a numeric target (issue #15): the status object, the CLI's lines and the
+dashboard's figures, from documents as the aggregator writes them (no TensorFlow)."""
+
+from __future__ import annotations
+
+from bucketlearn.domain.job import Head
+from bucketlearn.entrypoints import cli
+from bucketlearn.services import dashboard_data as dd
+from bucketlearn.services import jobs
+
+DATASET = {"rows": 342, "train_rows": 274, "holdout_rows": 68, "features": 7,
+           "label_column": "body_mass_g", "classes": [], "label_kind": "float",
+           "class_counts": [], "shards": 9, "task": "regression",
+           "task_reason": "auto: 94 distinct numeric labels in the first 344 rows",
+           "target_mean": 4203.2, "target_std": 799.9, "bin_edges": [3312.0, 3488.0],
+           "bin_counts": [40, 31, 33], "missing_targets": 2}
+VERSION = {"version": 3, "epoch": 1, "created_at": 10.0, "holdout_accuracy": None,
+           "holdout_loss": 56079.4, "train_loss": 60000.0, "samples": 274,
+           "holdout_rmse": 236.81, "holdout_mae": 193.93, "holdout_r2": 0.9133,
+           "holdout_macro_f1": None}
+
+
+def regression_job(**fields):
+    head = Head(3, "w", "c", holdout_accuracy=None, holdout_loss=56079.4,
+                holdout_rmse=236.81, holdout_mae=193.93, holdout_r2=0.9133).to_doc()
+    return {"job_id": "j1", "status": "DONE", "phase": "done", "version": 3, "epoch": 1,
+            "options": {"epochs": 1}, "dataset": DATASET, "head": head, "tasks_applied": 3,
+            "tasks_planned": 3, **fields}
+
+
+def test_the_status_object_has_the_task_and_rmse_mae_r2():
+    status = jobs.status_object(regression_job())
+    assert status["task"] == "regression" and status["task_reason"].startswith("auto: 94")
+    assert (status["rmse"], status["mae"], status["r2"]) == (236.81, 193.93, 0.9133)
+    assert status["accuracy"] is None and status["warning"] is None
+    assert status["missing_targets"] == 2
+
+
+def test_a_classification_head_stores_no_regression_keys():
+    doc = Head(1, "w", "c", holdout_accuracy=0.9, holdout_loss=0.3).to_doc()
+    assert "holdout_rmse" not in doc and Head.from_doc(doc).holdout_rmse is None
+    status = jobs.status_object({"job_id": "j", "head": doc, "dataset": {"classes": ["a"]}})
+    assert status["task"] == "classification" and status["rmse"] is None
+
+
+def test_the_cli_prints_rmse_mae_and_r2(capsys):
+    status = jobs.status_object(regression_job())
+    cli.print_status(status)
+    out = capsys.readouterr().out
+    assert "holdout:   RMSE 236.8, MAE 193.9, R² 0.913" in out
+    assert "target:    numeric (auto: 94 distinct" in out and "accuracy:" not in out
+    assert cli.progress_line(regression_job()).endswith("holdout RMSE 236.8, MAE 193.9, R² 0.913")
+
+
+def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
+    job = regression_job()
+    summary = dd.job_summary(job, [VERSION], now=20.0)
+    metrics = dict(dd.headline_metrics(summary))
+    assert metrics["Holdout RMSE"] == "236.8100" and metrics["Holdout R²"] == "0.9133"
+    assert "Holdout accuracy" not in metrics
+    frame = dd.version_frame([VERSION])
+    assert frame.loc[0, "holdout_rmse"] == 236.81 and frame.loc[0, "holdout_r2"] == 0.9133
+    assert dd.evaluated_versions([VERSION]) == [3]
+    report = dd.version_report(VERSION, [])
+    assert dict(report["metrics"])["MAE"] == "193.9300" and report["per_class"].empty
+    facts = dd.dataset_facts(job)
+    assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2
+    assert dd.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
+    assert dd.is_regression(job) and not dd.is_regression({"dataset": {"task": "classification"}})
+
+
+def test_predict_prints_numbers_and_the_figures_against_the_label_column(monkeypatch, capsys):
+    from bucketlearn.services import models
+
+    found = {"rows": 2, "label_column": "y", "task": "regression", "predictions": [4867.7637, 3.5],
+             "rmse": 264.6, "mae": 211.9, "r2": 0.891, "scored_rows": 2}
+    monkeypatch.setattr(models, "predict_file", lambda *args: found)
+    code = cli.main(["predict", "m.keras", "rows.csv"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.splitlines() == ["4867.76", "3.5"]
+    assert "RMSE 264.6, MAE 211.9, R² 0.891 against column 'y' (2 rows" in err
