@@ -68,18 +68,16 @@ def fit_reference(path: Path, options: Any) -> float:
 
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import Limits
-    from bucketlearn.domain.columns import is_matrix
     from bucketlearn.domain.plan import learning_rate
     from bucketlearn.ingest.split import load_parts, split_upload
-    from bucketlearn.ml.model import build_model, choose_spec
+    from bucketlearn.ml.model import build_model, spec_for
     from bucketlearn.ml.training import evaluate
     from bucketlearn.services.serial import local_source
 
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "fit",
                             options, Limits())
-    spec = choose_spec(options.model, manifest.width, len(manifest.classes), options.seed,
-                       options.learning_rate, path.name, matrix=is_matrix(manifest.schema))
+    spec = spec_for(manifest, options, path.name)
     model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
     x, y = load_parts(svc.store, svc.settings.work_bucket,
                       [p for s in manifest.shards for p in s.parts])

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES, parse_list
+from bucketlearn.domain.plan import CLASS_WEIGHTS
+from bucketlearn.domain.target import TASKS
 from bucketlearn.errors import ConfigError
 
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("wsd", "cosine", "constant")
-CLASS_WEIGHTS = ("none", "balanced")  # domain.plan.class_weights
-TASKS = ("auto", "classification", "regression")  # domain.target.decide_task
 AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 # TensorFlow on one thread: the local stack's functions and learners share the machine's cores.
 # The thread count fixes the order of TensorFlow's sums, so whatever is compared with them to the

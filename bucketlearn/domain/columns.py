@@ -28,11 +28,11 @@ import calendar
 import datetime as dt
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 NUMERIC, CATEGORY, DATE, DATETIME = "numeric", "category", "date", "datetime"
-KINDS = (NUMERIC, CATEGORY, DATE, DATETIME)
 WIDTH = {NUMERIC: 1, CATEGORY: 1, DATE: 5, DATETIME: 8}
 DATE_PARTS = ("year", "month", "day", "weekday", "days")
 TIME_PARTS = ("hour", "minute", "second")
@@ -42,6 +42,10 @@ TIME_PARTS = ("hour", "minute", "second")
 DEFAULT_MISSING_VALUES = ("NA", "N/A", "NaN", "nan", "null", "NULL", "None", "?")
 
 OOV_CODE, MISSING_CODE, FIRST_WORD_CODE = 0, 1, 2
+
+# A decimal number without its sign, as pyarrow's float parser reads one: the patterns of a
+# numeric cell (ingest), of a column's kind (sniffing) and of a numeric target are built on it.
+UNSIGNED_DECIMAL = r"(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?"
 
 # A category column whose values are distinct in more than this share of its non-missing rows
 # (and in more than IDENTIFIER_MIN_ROWS rows) is identifier-like: it names rows, it does not
@@ -117,7 +121,9 @@ class ColumnProfile:
 
     ``counts`` holds at most a bounded number of values (ingest prunes it); ``overflowed`` says
     it was pruned, and ``batch_distinct`` (distinct values summed over read batches) then stands
-    in for the distinct count when judging whether the column is identifier-like.
+    in for the distinct count when judging whether the column is identifier-like. A date
+    column's ``counts`` holds at most two of its values (one: the column is constant);
+    ``minimum`` and ``maximum`` are a numeric column's.
     """
 
     name: str
@@ -163,9 +169,11 @@ def drop_reason(profile: ColumnProfile, whole_matrix: bool) -> str | None:
         return None
     if whole_matrix or profile.missing:
         return None
-    if profile.minimum is not None and profile.minimum == profile.maximum:
-        return f"constant: every row is {profile.minimum:g}" if profile.kind == NUMERIC else \
-            "constant: every row has the same date"
+    if profile.kind == NUMERIC and profile.minimum is not None \
+            and profile.minimum == profile.maximum:
+        return f"constant: every row is {profile.minimum:g}"
+    if profile.kind == DATE and len(profile.counts) == 1:
+        return "constant: every row has the same date"
     return None
 
 
@@ -201,7 +209,13 @@ def is_matrix(columns: list[Column]) -> bool:
     return all(c.kind == NUMERIC and c.missing == 0 for c in columns)
 
 
-def width(columns: list[Column]) -> int:
+def kinds_text(kinds: dict[str, int]) -> str:
+    """Kept columns by kind, as a job shows them: '2 category, 1 datetime, 2 numeric'."""
+    return ", ".join(f"{int(n)} {kind}" for kind, n in sorted(kinds.items()))
+
+
+def matrix_width(columns: Sequence[Column]) -> int:
+    """Cells per row of the matrix these columns make (the model's input width)."""
     return sum(c.width for c in columns)
 
 

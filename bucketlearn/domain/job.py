@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
 
+_FIGURES = (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)  # a head's figures beside accuracy and loss
+
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
 CANCELLED = "CANCELLED"
 TERMINAL = (DONE, REJECTED, FAILED, CANCELLED)
@@ -121,14 +123,14 @@ class Head:
                    checksum=str(doc.get("checksum") or ""),
                    holdout_accuracy=doc.get("holdout_accuracy"),
                    holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
-                   **{name: doc.get(name) for name in (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)})
+                   **{name: doc.get(name) for name in _FIGURES})
 
     def evaluated(self, accuracy: float | None, loss: float,
                   figures: Mapping[str, Any] | None = None) -> Head:
         """The same head with its version's holdout figures (``figures``: the fields of
         ``metrics.holdout_fields``, or of ``metrics.regression_fields``)."""
         extra = {name: (figures or {}).get(name)
-                 for name in (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)}
+                 for name in _FIGURES}
         return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss, **extra)
 
     def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
@@ -142,7 +144,7 @@ class Head:
         if not folded_results:
             return kept
         return dataclasses.replace(kept, holdout_accuracy=None, holdout_loss=None,
-                                   **dict.fromkeys((*HOLDOUT_FIGURES, *REGRESSION_FIGURES)))
+                                   **dict.fromkeys(_FIGURES))
 
 
 def epoch_document(epoch: int, planned: int, now: float) -> dict[str, Any]:

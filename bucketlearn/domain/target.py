@@ -30,7 +30,7 @@ TASKS = (AUTO, CLASSIFICATION, REGRESSION)
 REGRESSION_MIN_DISTINCT = 20  # auto: more distinct numbers than this make a regression target
 TARGET_BINS = 10  # a regression file is stratified by this many quantile bins (at most)
 FINE_BUCKETS = 1 << 16
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest target (and feature) a shard holds
 
 
 def decide_task(requested: str, all_numbers: bool, distinct: int, rows: int,
@@ -128,7 +128,3 @@ def bin_names(edges: Sequence[float]) -> list[str]:
     upper = [*edges[1:], math.inf]
     return [f"[{low:.4g}, {high:.4g})" for low, high in zip(edges, upper, strict=True)]
 
-
-def out_of_range(value: float) -> bool:
-    """A target a float32 cannot hold (or not finite)."""
-    return not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX)

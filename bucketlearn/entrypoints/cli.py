@@ -33,7 +33,9 @@ from bucketlearn.config import (
     option_text,
     resolve_options,
 )
+from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.target import (
     LOCAL,
     START_HINT,
@@ -336,7 +338,7 @@ def format_accuracy(value: Any) -> str:
 
 def figure_text(status: dict[str, Any]) -> str:
     """The head's holdout figure for one line: accuracy, or a numeric target's RMSE/MAE/R²."""
-    if status.get("task") == "regression":
+    if status.get("task") == REGRESSION:
         return regression_headline(status.get("rmse"), status.get("mae"), status.get("r2"))
     return f"accuracy {format_accuracy(status.get('accuracy'))}"
 
@@ -354,8 +356,7 @@ def columns_lines(status: dict[str, Any]) -> list[str]:
     columns = status.get("columns") or {}
     lines = []
     if columns.get("kinds"):
-        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(columns["kinds"].items()))
-        lines.append(f"columns:   {kinds}")
+        lines.append(f"columns:   {kinds_text(columns['kinds'])}")
     for dropped in status.get("dropped_columns") or []:
         lines.append(f"left out:  {dropped['name']}: {dropped['reason']}")
     return lines
@@ -368,7 +369,7 @@ def print_status(status: dict[str, Any]) -> None:
         label = "cancelled:" if status["status"] == jobs.CANCELLED else "error:"
         print(f"{label:11s}{status['error']}")
     print(f"version:   {status['version']}")
-    if status.get("task") == "regression":
+    if status.get("task") == REGRESSION:
         print(f"target:    numeric ({status.get('task_reason') or 'task=regression'})")
         print(f"holdout:   {figure_text(status)}")
     else:
@@ -408,7 +409,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs yet")
     for s in rows:
-        acc_text = (f"R² {format_accuracy(s.get('r2'))}" if s.get("task") == "regression"
+        acc_text = (f"R² {format_accuracy(s.get('r2'))}" if s.get("task") == REGRESSION
                     else format_accuracy(s["accuracy"]))
         print(f"{s['job_id']:42s} {s['status']:9s} v{s['version'] or 0:<5} {acc_text:7s} "
               f"{(s['error'] or '')[:80]}")
@@ -464,7 +465,7 @@ def cmd_train_local(args: argparse.Namespace) -> int:
 
         Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
             result.manifest, options, result.accuracy, result.report)))
-    regression = result.manifest.task == "regression"
+    regression = result.manifest.task == REGRESSION
     report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
               "train_rows": result.manifest.train_rows,
               "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict(),

@@ -23,12 +23,14 @@ from bucketlearn.domain.columns import (
     MISSING_CODE,
     NUMERIC,
     OOV_CODE,
+    UNSIGNED_DECIMAL,
     Column,
     ColumnProfile,
+    matrix_width,
 )
 
 COUNT_BOUND = 20_000  # distinct values a category profile keeps (pruned to half beyond it)
-_NUMBER_PATTERN = r"^\s*[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)\s*$"
+_NUMBER_PATTERN = rf"^\s*[+-]?({UNSIGNED_DECIMAL}|nan|inf|infinity)\s*$"
 _DATE_PATTERN = DATE_VALUE_RE.pattern
 
 
@@ -86,22 +88,10 @@ def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
     if len(present):
         profile.has_time = profile.has_time or bool(
             pc.max(pc.utf8_length(present)).as_py() > 10)
-        days = pc.utf8_slice_codeunits(present, 0, 10)
-        bounds = pc.min_max(days).as_py()
-        low, high = bounds["min"], bounds["max"]
-        if profile.has_time:  # any time of day makes the column vary unless all are equal
-            distinct = pc.count_distinct(present).as_py()
-            low, high = (low, high) if distinct <= 1 else ("0", "1")
-        # dates compare as text (ISO order); kept as ordinal strings for the constant check
-        first = _ordinal(low)
-        last = _ordinal(high)
-        profile.minimum = first if profile.minimum is None else min(profile.minimum, first)
-        profile.maximum = last if profile.maximum is None else max(profile.maximum, last)
+        if len(profile.counts) < 2:  # constant means one value: two distinct ones settle it
+            for value in pc.unique(present).slice(0, 2).to_pylist():
+                profile.counts.setdefault(value, 1)
     return None
-
-
-def _ordinal(text: str) -> float:
-    return float(int(text.replace("-", ""))) if text.replace("-", "").isdigit() else -1.0
 
 
 def _count(profile: ColumnProfile, present: pa.Array) -> None:
@@ -139,7 +129,7 @@ class Encoder:
         self.markers = list(markers)
         self.vocabularies = {c.name: pa.array(list(c.vocabulary), pa.string())
                              for c in columns if c.kind == CATEGORY}
-        self.width = sum(c.width for c in columns)
+        self.width = matrix_width(columns)
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray:
         out = np.empty((batch.num_rows, self.width), dtype=np.float32)

@@ -50,14 +50,17 @@ from bucketlearn.config import JobOptions, Limits
 from bucketlearn.domain.columns import (
     CATEGORY,
     NUMERIC,
+    UNSIGNED_DECIMAL,
     Column,
     ColumnProfile,
     Dropped,
     decide_columns,
     is_matrix,
+    matrix_width,
 )
 from bucketlearn.domain.target import (
     CLASSIFICATION,
+    FLOAT32_MAX,
     REGRESSION,
     bin_counts,
     bin_edges,
@@ -85,9 +88,7 @@ READ_AHEAD_BLOCKS = 3  # blocks read from the source ahead of the batch being pr
 HOLDOUT_PART_BYTES = 16 * 1024**2
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
-_NUMBER_RE = re.compile(
-    r"^[+-]?((\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|nan|inf|infinity)$", re.IGNORECASE)
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_NUMBER_RE = re.compile(rf"^[+-]?({UNSIGNED_DECIMAL}|nan|inf|infinity)$", re.IGNORECASE)
 # Column names and class labels end up in Firestore documents (a job lists every class name;
 # a document holds at most 1 MiB): each is at most this many bytes of UTF-8.
 MAX_NAME_BYTES = 256
@@ -139,6 +140,21 @@ class Manifest:
     columns: list[dict[str, Any]] = field(default_factory=list)
     dropped: list[dict[str, str]] = field(default_factory=list)
     missing_values: list[str] = field(default_factory=list)
+    # training rows of each class (empty in manifests written before it was recorded)
+    train_class_counts: list[int] = field(default_factory=list)
+    # numeric targets (issue #15): "classification" (manifests written before) or "regression";
+    # a regression manifest has no classes: its rows are stratified by quantile bins of the
+    # target (the boundaries between bins and their rows; ``domain.target``), y holds the
+    # float32 targets, and the training rows' target mean and standard deviation scale the
+    # model's output
+    task: str = CLASSIFICATION
+    task_reason: str = ""
+    target_mean: float = 0.0
+    target_std: float = 1.0
+    bin_edges: list[float] = field(default_factory=list)
+    bin_counts: list[int] = field(default_factory=list)
+    train_bin_counts: list[int] = field(default_factory=list)
+    missing_targets: int = 0  # rows left out: their label was empty or a missing value
 
     @property
     def schema(self) -> list[Column]:
@@ -150,22 +166,7 @@ class Manifest:
     @property
     def width(self) -> int:
         """Cells per row of the matrix the shards hold (the model's input width)."""
-        return sum(c.width for c in self.schema)
-    # training rows of each class (empty in manifests written before it was recorded)
-    train_class_counts: list[int] = field(default_factory=list)
-    # numeric targets (issue #15): "classification" (manifests written before) or "regression";
-    # a regression manifest has no classes: its rows are stratified by quantile bins of the
-    # target (the boundaries between bins and their rows; ``domain.target``), y holds the
-    # float32 targets, and
-    # the training rows' target mean and standard deviation scale the model's output
-    task: str = CLASSIFICATION
-    task_reason: str = ""
-    target_mean: float = 0.0
-    target_std: float = 1.0
-    bin_edges: list[float] = field(default_factory=list)
-    bin_counts: list[int] = field(default_factory=list)
-    train_bin_counts: list[int] = field(default_factory=list)
-    missing_targets: int = 0  # rows left out: their label was empty or a missing value
+        return matrix_width(self.schema)
 
     @property
     def target(self) -> tuple[float, float] | None:
@@ -606,16 +607,17 @@ def _check_number(file: str, value: str, row_number: int, column: str,
     if math.isnan(number) or (math.isinf(number) and "inf" in text.lower()):
         return _problem(file, "a feature value is not finite", row=row_number, column=column,
                         expected="a finite number", found=_short(value))
-    if not abs(number) <= _FLOAT32_MAX:
+    if not abs(number) <= FLOAT32_MAX:
         return _problem(file, "a feature value is out of range", row=row_number, column=column,
-                        expected=f"a number from -{_FLOAT32_MAX:.4g} to {_FLOAT32_MAX:.4g} "
+                        expected=f"a number from -{FLOAT32_MAX:.4g} to {FLOAT32_MAX:.4g} "
                                  "(32-bit float)", found=_short(value))
     return None
 
 
 def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, schema: list[Column],
-                      row_offset: int, file: str) -> InvalidInputError | None:
-    """The first numeric cell that is present but not finite (inf, or out of float32's range).
+                      row_offset: int, file: str) -> tuple[InvalidInputError, bool] | None:
+    """The first numeric cell that is present but not finite (inf, or out of float32's range):
+    (the problem, whether the cell had a value whose text is worth quoting).
 
     A missing cell is NaN, which the model imputes, except in a file pass 1 found complete and
     numeric (taken as a matrix, no imputation): there it means the file changed.
@@ -639,9 +641,9 @@ def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, schema: list[Column]
     r, at, name, present = first
     if not present:
         return _changed_while_read(file, "a missing value in a column the first pass found "
-                                         "complete", row=row_offset + r + 1, column=name)
+                                         "complete", row=row_offset + r + 1, column=name), False
     return _problem(file, "a feature value is not finite", row=row_offset + r + 1, column=name,
-                    expected="a finite number", found=str(x[r, at]))
+                    expected="a finite number", found=str(x[r, at])), True
 
 
 # --- pass 1: scan --------------------------------------------------------------------------------
@@ -1194,7 +1196,7 @@ class _Dealer:
 
 
 def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: list[str],
-           markers: list[str], block: int) -> tuple[_Reading, LabelSniff]:
+                 markers: list[str], block: int) -> tuple[_Reading, LabelSniff]:
     """Each feature column's kind from the file's first block read as text (``sniff_kind``),
     and what its labels look like (``sniff_labels``, for ``task=auto``).
 
@@ -1302,14 +1304,13 @@ def _checked_features(source: SourceFile, columns: list[str], label: str, limits
                       row_offset: int) -> np.ndarray:
     """A batch's feature matrix (float32), or the problem of its first non-finite number."""
     x = encoder.encode(batch)
-    problem = _first_non_finite(x, batch, encoder.columns, row_offset, source.display_name)
-    if problem is not None:
+    found = _first_non_finite(x, batch, encoder.columns, row_offset, source.display_name)
+    if found is not None:
+        problem, quote = found
         # pyarrow turned the text into float32: re-read the row to quote what it said
         # (an overflow such as 1e40 is out of range, not 'inf')
-        exact = None
-        if problem.problem.message == "a feature value is not finite":
-            exact = _diagnose(source, columns, label, limits, "", target_row=problem.problem.row,
-                              reading=reading)
+        exact = _diagnose(source, columns, label, limits, "", target_row=problem.problem.row,
+                          reading=reading) if quote else None
         raise exact or problem
     return x
 

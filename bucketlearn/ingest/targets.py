@@ -15,12 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bucketlearn.domain.target import FINE_BUCKETS, fine_buckets
+from bucketlearn.domain.columns import UNSIGNED_DECIMAL
+from bucketlearn.domain.target import FINE_BUCKETS, FLOAT32_MAX, fine_buckets
 from bucketlearn.errors import InputProblem, InvalidInputError
+from bucketlearn.ingest.columns import missing_mask
 
 # a finite decimal number (what pyarrow's float parser reads, without inf and nan)
-NUMBER_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+NUMBER_PATTERN = rf"^[+-]?{UNSIGNED_DECIMAL}$"
 _DISTINCT_CAP = 100_000  # the first block's distinct numbers are counted up to this many
 
 
@@ -48,17 +49,15 @@ def sniff_labels(labels: pa.Array | None, markers: list[str]) -> LabelSniff:
     values = pc.cast(pc.filter(trimmed, present), pa.float64())
     distinct = len(pc.unique(values))
     numbers = values.to_numpy(zero_copy_only=False)
-    numbers = numbers[np.abs(numbers) <= _FLOAT32_MAX]
+    numbers = numbers[np.abs(numbers) <= FLOAT32_MAX]
     center = float(np.float32(np.median(numbers))) if len(numbers) else 0.0
     return LabelSniff(True, min(distinct, _DISTINCT_CAP), len(labels), distinct > _DISTINCT_CAP,
                       center)
 
 
 def _missing(labels: pa.Array, trimmed: pa.Array, markers: list[str]) -> pa.Array:
-    empty = pc.equal(trimmed, "")
-    if not markers:
-        return empty
-    return pc.or_(empty, pc.is_in(labels, value_set=pa.array(markers, pa.string())))
+    """A missing target: blank (a label is read trimmed) or one of the markers."""
+    return pc.or_(pc.equal(trimmed, ""), missing_mask(labels, markers))
 
 
 @dataclass
@@ -92,11 +91,11 @@ class TargetReader:
         mask = np.asarray(present.to_numpy(zero_copy_only=False), dtype=bool)
         values = pc.cast(pc.if_else(present, trimmed, "0"), pa.float64()).to_numpy(
             zero_copy_only=False)
-        too_large = ~(np.abs(values) <= _FLOAT32_MAX)
+        too_large = ~(np.abs(values) <= FLOAT32_MAX)
         if too_large.any():
             r = int(np.argmax(too_large))
             raise self._problem("a label is out of range", row_offset + r + 1,
-                                f"a number from -{_FLOAT32_MAX:.4g} to {_FLOAT32_MAX:.4g} "
+                                f"a number from -{FLOAT32_MAX:.4g} to {FLOAT32_MAX:.4g} "
                                 "(32-bit float)", labels[r].as_py())
         return values.astype(np.float32), mask
 

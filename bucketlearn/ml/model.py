@@ -114,6 +114,14 @@ def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
                      learning_rate=learning_rate)
 
 
+def spec_for(manifest: Any, options: Any, file: str = "") -> ModelSpec:
+    """The spec of a split's model (``ingest.split.Manifest``) with a job's options: the matrix
+    width, the classes or the numeric target, and whether the columns are a plain matrix."""
+    return choose_spec(options.model, manifest.width, len(manifest.classes), options.seed,
+                       options.learning_rate, file, matrix=is_matrix(manifest.schema),
+                       target=manifest.target)
+
+
 def keras_module() -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras  # noqa: PLC0415 - deliberately lazy: TF takes seconds to import
@@ -179,11 +187,10 @@ def compile_model(model: Any, learning_rate: float, task: str = CLASSIFICATION) 
     target's units: ``target_std**2`` times that of the standardized target the last Dense unit
     predicts (Adam's steps do not depend on that constant factor, up to its epsilon)."""
     keras = keras_module()
-    if task == REGRESSION:
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate), loss="mse")
-    else:
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    loss, metrics = (("mse", None) if task == REGRESSION
+                     else ("sparse_categorical_crossentropy", ["accuracy"]))
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate), loss=loss,
+                  metrics=metrics)
     model.optimizer.build(model.trainable_variables)
 
 

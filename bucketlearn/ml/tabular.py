@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.domain.columns import CATEGORY, DATE_CHARS, NUMERIC, Column
+from bucketlearn.domain.columns import CATEGORY, DATE_CHARS, NUMERIC, Column, matrix_width
 
 ONE_HOT_MAX_TOKENS = 16  # a vocabulary of up to this many codes is one-hot, larger is embedded
 DATE_VOCABULARY = [*"0123456789", "-", "T", " ", ":", ".", "Z", "+"]
@@ -76,8 +76,7 @@ def build_core(keras: Any, columns: Sequence[Column], n_classes: int, mean: Sequ
     def init() -> Any:
         return keras.initializers.GlorotUniform(seed=next_seed())
 
-    width = sum(c.width for c in columns)
-    inputs = keras.Input(shape=(width,), name="features")
+    inputs = keras.Input(shape=(matrix_width(columns),), name="features")
     names = input_names(columns)
     blocks, at = [], 0
     for column in columns:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn.domain.metrics import ClassificationTally, RegressionTally
-from bucketlearn.domain.target import REGRESSION
+from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 
 EVAL_BATCH = 1024
 EPSILON = 1e-7  # Keras's clip for the cross-entropy of probabilities
@@ -89,11 +89,8 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
     for step, start in enumerate(range(0, len(ys), batch_size)):
         model.optimizer.learning_rate.assign(rates[min(step, len(rates) - 1)])
         xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
-        if row_weights is None:
-            logs = model.train_on_batch(xb, yb, return_dict=True)
-        else:
-            logs = model.train_on_batch(xb, yb, sample_weight=row_weights[start:start + batch_size],
-                                        return_dict=True)
+        weights_b = None if row_weights is None else row_weights[start:start + batch_size]
+        logs = model.train_on_batch(xb, yb, sample_weight=weights_b, return_dict=True)
         loss_sum += float(logs["loss"]) * len(yb)
         seen += len(yb)
     return LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
@@ -118,7 +115,7 @@ class Evaluation:
 
 def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
                    parts: Iterable[tuple[np.ndarray, np.ndarray]],
-                   task: str = "classification") -> Evaluation:
+                   task: str = CLASSIFICATION) -> Evaluation:
     """Holdout figures of ``weights`` over rows that come in parts, one part held at a time.
 
     A confusion matrix, the loss and (binary) score histograms are accumulated batch by batch
@@ -184,7 +181,7 @@ def evaluate_targets(model: Any, parts: Iterable[tuple[np.ndarray, np.ndarray]])
 
 
 def evaluate_detail(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray,
-                    y: np.ndarray, task: str = "classification") -> Evaluation:
+                    y: np.ndarray, task: str = CLASSIFICATION) -> Evaluation:
     """Holdout accuracy, loss and predicted-class counts of ``weights`` (or the model's current
     weights when None), on rows held in memory (``evaluate_parts`` of one part)."""
     return evaluate_parts(model, weights, [(x, y)], task)

@@ -36,6 +36,7 @@ from bucketlearn.domain.metrics import (
     regression_headline,
 )
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
+from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import NotFoundError, TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
@@ -556,9 +557,9 @@ def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None,
 
 def target_sidecar(manifest: Any, figures: dict[str, Any] | None) -> dict[str, Any]:
     """A regression model's part of the sidecar (nothing for classes, as before)."""
-    if getattr(manifest, "task", "classification") != "regression":
+    if manifest.target is None:
         return {}
-    return {"task": "regression", "target_mean": manifest.target_mean,
+    return {"task": REGRESSION, "target_mean": manifest.target_mean,
             "target_std": manifest.target_std,
             **{k: (figures or {}).get(k) for k in ("holdout_rmse", "holdout_mae", "holdout_r2")}}
 

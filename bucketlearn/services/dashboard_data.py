@@ -31,7 +31,9 @@ import pandas as pd
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
+from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
+from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.ports import BlobStore, Registry
 from bucketlearn.services import jobs
 
@@ -276,7 +278,7 @@ def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: flo
 def is_regression(job_or_summary: Mapping[str, Any]) -> bool:
     """A job (or a ``job_summary``) of a numeric target (issue #15)."""
     task = job_or_summary.get("task") or (job_or_summary.get("dataset") or {}).get("task")
-    return task == "regression"
+    return task == REGRESSION
 
 
 def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -593,10 +595,10 @@ def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
 
 def target_facts(dataset: Mapping[str, Any]) -> dict[str, Any]:
     """How the label column was taken (issue #15), and a numeric target's statistics."""
-    facts: dict[str, Any] = {"task": str(dataset.get("task") or "classification")}
+    facts: dict[str, Any] = {"task": str(dataset.get("task") or CLASSIFICATION)}
     if dataset.get("task_reason"):
         facts["task decided"] = str(dataset["task_reason"])
-    if dataset.get("task") == "regression":
+    if dataset.get("task") == REGRESSION:
         facts.update({"target mean (training rows)": _float(dataset.get("target_mean")),
                       "target std (training rows)": _float(dataset.get("target_std")),
                       "rows without a target (left out)": _int(dataset.get("missing_targets")),
@@ -624,8 +626,7 @@ def column_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def column_kinds(job: Mapping[str, Any]) -> str:
     """Kept feature columns by kind, e.g. '2 category, 1 datetime, 2 numeric'."""
-    kinds = ((job.get("dataset") or {}).get("columns") or {}).get("kinds") or {}
-    return ", ".join(f"{_int(n)} {kind}" for kind, n in sorted(kinds.items()))
+    return kinds_text(((job.get("dataset") or {}).get("columns") or {}).get("kinds") or {})
 
 
 # --- model downloads ---------------------------------------------------------------------------

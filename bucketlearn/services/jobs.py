@@ -31,6 +31,7 @@ from bucketlearn.domain.job import (  # noqa: F401
 )
 from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_warning
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
+from bucketlearn.domain.target import CLASSIFICATION
 from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
 
@@ -142,7 +143,7 @@ def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> d
         "model_path": job.get("model_path"),
         **head_figures(head, dataset.get("classes") or []),
         # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
-        "task": dataset.get("task") or "classification",
+        "task": dataset.get("task") or CLASSIFICATION,
         "task_reason": dataset.get("task_reason"),
         "rmse": head.get("holdout_rmse"),
         "mae": head.get("holdout_mae"),

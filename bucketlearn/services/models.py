@@ -10,6 +10,7 @@ import numpy as np
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import JobOptions
+from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
 from bucketlearn.services import jobs
 
@@ -61,7 +62,7 @@ def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float | None,
     from bucketlearn.ml.model import model_inputs  # noqa: PLC0415
     from bucketlearn.services.aggregate import target_sidecar  # noqa: PLC0415
 
-    figures = regression_fields(report) if report and "rmse" in report else None
+    figures = regression_fields(report) if report and manifest.target is not None else None
     return {"format": 1, "job_id": None, "version": None, "trained_by": "train-local",
             "feature_names": manifest.feature_names, "label_column": manifest.label_column,
             "class_names": manifest.classes, "label_kind": manifest.label_kind,
@@ -91,7 +92,7 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     classes: list[str] = sidecar["class_names"]
     table, header = _read_for_prediction(csv_path, sidecar, features, label)
     outputs = _model_outputs(model, table, sidecar, features, csv_path)
-    if sidecar.get("task") == "regression":
+    if sidecar.get("task") == REGRESSION:
         predicted, result = _regression_result(outputs, table, sidecar, header)
     else:
         predicted = [classes[i] for i in np.argmax(outputs, axis=1)]
@@ -134,7 +135,7 @@ def _regression_result(outputs: np.ndarray, table: Any, sidecar: dict[str, Any],
 
     predicted = [float(v) for v in np.asarray(outputs, dtype=np.float64).reshape(-1)]
     label = sidecar.get("label_column")
-    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "task": "regression",
+    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "task": REGRESSION,
                               "rmse": None, "mae": None, "r2": None, "scored_rows": 0}
     if label in header:
         markers = set(sidecar.get("missing_values") or [])

@@ -25,10 +25,9 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
-from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.plan import class_weights, epoch_tasks, plan_training, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
-from bucketlearn.ml.model import build_model, choose_spec
+from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.services import jobs
 
@@ -58,9 +57,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options,
                             limits or Limits())
-    spec = choose_spec(options.model, manifest.width, len(manifest.classes),
-                       options.seed, options.learning_rate, source.display_name,
-                       matrix=is_matrix(manifest.schema), target=manifest.target)
+    spec = spec_for(manifest, options, source.display_name)
     model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          requested=1)

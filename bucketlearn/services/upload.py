@@ -8,7 +8,6 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
-from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.job import Head, epoch_document
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
@@ -30,7 +29,7 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest.split import Manifest, SourceFile, split_upload
-from bucketlearn.ml.model import ModelSpec, build_model, choose_spec
+from bucketlearn.ml.model import ModelSpec, build_model, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import jobs
@@ -239,9 +238,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits, progress=held.renew)
-        spec = choose_spec(options.model, manifest.width, len(manifest.classes),
-                           options.seed, options.learning_rate, file,
-                           matrix=is_matrix(manifest.schema), target=manifest.target)
+        spec = spec_for(manifest, options, file)
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id

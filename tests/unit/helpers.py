@@ -241,3 +241,27 @@ def random_date_strings(n: int, seed: int = 0) -> list[str]:
             text = [text.replace("2", "\uff12"), text + "\n", text + ".é" * 20][int(rng.integers(3))]
         out.append(text)
     return out
+
+
+def outputs_without_bucketlearn(model_path: Path, rows: dict[str, list[list[object]]]
+                                ) -> np.ndarray:
+    """The outputs of an exported ``.keras`` on raw rows (one list of cells per input), loaded
+    with plain Keras in safe mode in a fresh process where ``import bucketlearn`` fails."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["bucketlearn"] = None  # import bucketlearn fails
+        import json, keras, numpy as np, tensorflow as tf
+        model = keras.models.load_model({str(model_path)!r}, safe_mode=True, compile=False)
+        rows = json.loads({json.dumps(rows)!r})
+        feed = {{k: tf.constant(v) for k, v in rows.items()}}
+        print(json.dumps(np.asarray(model(feed)).tolist()))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.array(json.loads(done.stdout.strip().splitlines()[-1]))

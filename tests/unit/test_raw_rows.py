@@ -3,11 +3,6 @@ dates go in, the core's probabilities come out, with plain Keras in safe mode.""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -31,6 +26,7 @@ from tests.unit.helpers import (
     MIXED_HEADER,
     csv_bytes,
     mixed_rows,
+    outputs_without_bucketlearn,
     random_date_strings,
     source_from_bytes,
 )
@@ -93,21 +89,10 @@ def test_the_raw_row_model_gives_the_cores_probabilities(exported):
 def test_the_exported_model_loads_with_plain_keras_in_safe_mode(exported):
     """In a process where bucketlearn cannot be imported: only built-in layers and ops."""
     _, core, path, _ = exported
-    script = textwrap.dedent(f"""
-        import sys
-        sys.modules["bucketlearn"] = None  # import bucketlearn fails
-        import json, keras, numpy as np, tensorflow as tf
-        model = keras.models.load_model({str(path)!r}, safe_mode=True, compile=False)
-        rows = {{"city": [["Chicago"], ["Atlantis"]], "payment": [["card"], [""]],
-                "distance": [[3.5], [float("nan")]], "fare": [[8.8], [float("nan")]],
-                "start": [["2024-03-04T08:15:00"], [""]]}}
-        feed = {{k: tf.constant(v) for k, v in rows.items()}}
-        print(json.dumps(np.asarray(model(feed)).tolist()))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    probabilities = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+    probabilities = outputs_without_bucketlearn(path, {
+        "city": [["Chicago"], ["Atlantis"]], "payment": [["card"], [""]],
+        "distance": [[3.5], [float("nan")]], "fare": [[8.8], [float("nan")]],
+        "start": [["2024-03-04T08:15:00"], [""]]})
     assert probabilities.shape == (2, 2)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
 

@@ -5,11 +5,6 @@ rows (loading with plain Keras in safe mode)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -19,7 +14,7 @@ from bucketlearn.ml.model import export_keras, read_sidecar
 from bucketlearn.services import jobs
 from bucketlearn.services.models import model_bytes, predict_file, serial_sidecar
 from bucketlearn.services.serial import simulate_pipeline, train_local
-from tests.unit.helpers import REPO_DIR, csv_bytes
+from tests.unit.helpers import REPO_DIR, csv_bytes, outputs_without_bucketlearn
 
 PENGUINS = REPO_DIR / "data" / "penguins.csv"
 
@@ -126,19 +121,8 @@ def test_predict_returns_grams_for_raw_rows_with_empty_cells_and_an_unseen_islan
 
 def test_the_exported_regression_model_loads_with_plain_keras_in_safe_mode(penguins_mass):
     _, path = penguins_mass
-    script = textwrap.dedent(f"""
-        import sys
-        sys.modules["bucketlearn"] = None  # import bucketlearn fails
-        import json, keras, numpy as np, tensorflow as tf
-        model = keras.models.load_model({str(path)!r}, safe_mode=True, compile=False)
-        rows = {{"species": [["Gentoo"]], "island": [["Biscoe"]], "bill_length_mm": [[47.5]],
-                "bill_depth_mm": [[14.2]], "flipper_length_mm": [[217.0]], "sex": [["female"]],
-                "year": [[2009.0]]}}
-        feed = {{k: tf.constant(v) for k, v in rows.items()}}
-        print(json.dumps(np.asarray(model(feed)).tolist()))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    grams = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+    grams = outputs_without_bucketlearn(path, {
+        "species": [["Gentoo"]], "island": [["Biscoe"]], "bill_length_mm": [[47.5]],
+        "bill_depth_mm": [[14.2]], "flipper_length_mm": [[217.0]], "sex": [["female"]],
+        "year": [[2009.0]]})
     assert grams.shape == (1, 1) and 4000 < grams[0, 0] < 6000  # a Gentoo female: ~4,700 g
