@@ -173,3 +173,10 @@ def test_the_vectorized_date_encoder_reads_as_the_reference_does(with_time):
     expected = np.array([parse_date(t, with_time) for t in texts], dtype=np.float32)
     assert np.isfinite(expected[:, 0]).sum() > 2000
     np.testing.assert_array_equal(found, expected)
+
+
+def test_a_date_column_constant_within_each_batch_but_not_across_them_is_kept():
+    """Each read batch holds one timestamp, but not the same one: the column varies."""
+    rows = [["2024-01-01T10:00" if i < 300 else "2024-01-01T11:00", i % 2] for i in range(600)]
+    manifest, _ = split(csv_bytes(["when", "label"], rows), block=1024)
+    assert [c.name for c in manifest.schema] == ["when"] and not manifest.dropped
