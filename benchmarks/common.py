@@ -94,12 +94,12 @@ def write_result(out: Path, name: str, result: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=jsonable) + "\n")
     tmp.replace(path)
     return path
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     if isinstance(value, Path):

@@ -28,6 +28,7 @@ held-out datasets alike.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -107,12 +108,20 @@ def job_figures(job: dict[str, Any], seconds: float, **extra: Any) -> dict[str, 
 
 
 def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeats: int,
-               concurrent: int, tmp: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+               concurrent: int, tmp: Path, done: dict[str, dict[str, Any]] | None = None,
+               on_result: Any = None) -> dict[tuple[str, str, int, int], dict[str, Any]]:
     """Every (dataset, order, seed) file ``repeats`` times through one LocalStack with
     ``workers`` workers, ``concurrent`` jobs at a time (training in rounds makes a job's result
-    independent of what else runs)."""
-    results: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-    runs = [(item, r) for r in range(repeats) for item in todo]
+    independent of what else runs). Runs already in ``done`` (``run_key``: figures; from a
+    checkpoint) are not run again; ``on_result(key, figures)`` is called after each job."""
+    done = done or {}
+    results = {key: done[run_key(*key)] for key in
+               [(name, order, seed, r) for r in range(repeats) for name, order, seed, *_ in todo]
+               if run_key(*key) in done}
+    runs = [(item, r) for r in range(repeats) for item in todo
+            if (item[0], item[1], item[2], r) not in results]
+    if not runs:
+        return results
     with (common.emulators(tmp) as emus,
           common.local_stack(tmp / f"stack-{workers}", workers, emus, "parity") as (_, svc)):
         for start in range(0, len(runs), concurrent):
@@ -127,7 +136,53 @@ def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeat
                 job = common.wait_terminal(svc, job_id, timeout=3600)
                 results[key] = job_figures(job, float(job.get("finished_at") or time.time()) - t0,
                                            job_id=job_id)
+                if on_result is not None:
+                    on_result(key, results[key])
     return results
+
+
+def run_key(name: str, order: str, seed: int, repeat: int) -> str:
+    return f"{name}/{order}/{seed}/{repeat}"
+
+
+class Checkpoint:
+    """What a run has measured so far, in ``<out>/parity.partial.json``, rewritten after every
+    seed and every stack job: a run stopped part-way (a crash, the OOM killer, a reboot) is taken
+    up again by the same command, which skips what the file holds. Only a file written with the
+    same parameters is taken up; the file is removed once the result is written."""
+
+    def __init__(self, out: Path, params: dict[str, Any]) -> None:
+        self.path = out / "parity.partial.json"
+        self.params = json.loads(json.dumps(params, default=str))
+        self.seeds: dict[str, dict[str, Any]] = {}  # "name/order/seed": that seed's figures
+        self.stack: dict[str, dict[str, dict[str, Any]]] = {}  # workers: run_key: figures
+        if self.path.exists():
+            saved = json.loads(self.path.read_text())
+            if saved.get("params") == self.params:
+                self.seeds, self.stack = saved["seeds"], saved["stack"]
+                log(f"parity: taking up {self.path} ({len(self.seeds)} seeds, "
+                    f"{sum(len(v) for v in self.stack.values())} stack runs done)")
+            else:
+                log(f"parity: {self.path} was written with other parameters; starting afresh")
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"params": self.params, "seeds": self.seeds,
+                                   "stack": self.stack}, default=common.jsonable))
+        tmp.replace(self.path)
+
+    def seed_done(self, key: str, figures: dict[str, Any]) -> None:
+        self.seeds[key] = figures
+        self.save()
+
+    def stack_done(self, workers: int, key: tuple[str, str, int, int],
+                   figures: dict[str, Any]) -> None:
+        self.stack.setdefault(str(workers), {})[run_key(*key)] = figures
+        self.save()
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def summarize(cell: dict[str, Any]) -> None:
@@ -156,9 +211,28 @@ def met(cell: dict[str, Any]) -> bool:
                for f in cell["pipeline"].values())
 
 
+def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
+             params: dict[str, Any]) -> dict[str, Any]:
+    """One seed of a cell: serial training, the fit reference and the simulations."""
+    from bucketlearn.services.serial import simulate_pipeline, train_local
+
+    log(f"parity: serial {name}/{order} seed {seed}")
+    serial = train_local(str(path), options)
+    one: dict[str, Any] = {"serial": serial.accuracy, "pipeline": {},
+                           "fit": (fit_reference(path, options)
+                                   if params.get("fit_reference") else None),
+                           "rows": serial.manifest.rows,
+                           "holdout_rows": serial.manifest.holdout_rows,
+                           "model": serial.model.name.removeprefix("bucketlearn_")}
+    for workers in params["sim_workers"]:
+        log(f"parity: simulation W={workers} {name}/{order} seed {seed}")
+        figures, seconds = common.timed(simulate_pipeline, str(path), options, workers=workers)
+        one["pipeline"][f"sim-{workers}"] = [job_figures(figures["job"], seconds)]
+    return one
+
+
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
-    from bucketlearn.services.serial import simulate_pipeline, train_local
 
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("parity", smoke, params)
@@ -166,6 +240,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     cells: dict[str, dict[str, Any]] = {}
     stack = params.get("stack")
     todo = []
+    checkpoint = Checkpoint(out, params)
     with common.scratch_dir("parity") as tmp:
         for name, spec in params["datasets"].items():
             for order in params["orders"]:
@@ -174,25 +249,22 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                                         "held_out": name in params["held_out"]}
                 for seed in params["seeds"]:
                     options = JobOptions(**{**spec["options"], "seed": seed})
-                    log(f"parity: serial {name}/{order} seed {seed}")
-                    serial = train_local(str(path), options)
-                    one: dict[str, Any] = {"serial": serial.accuracy, "pipeline": {},
-                                           "fit": (fit_reference(path, options)
-                                                   if params.get("fit_reference") else None)}
-                    cell.update(rows=serial.manifest.rows, holdout_rows=serial.manifest.holdout_rows,
-                                model=serial.model.name.removeprefix("bucketlearn_"))
-                    for workers in params["sim_workers"]:
-                        log(f"parity: simulation W={workers} {name}/{order} seed {seed}")
-                        figures, seconds = common.timed(simulate_pipeline, str(path), options,
-                                                        workers=workers)
-                        one["pipeline"][f"sim-{workers}"] = [job_figures(figures["job"], seconds)]
+                    key = f"{name}/{order}/{seed}"
+                    if key not in checkpoint.seeds:
+                        checkpoint.seed_done(key, one_seed(name, order, seed, path, options,
+                                                           params))
+                    one = dict(checkpoint.seeds[key])
+                    for field in ("rows", "holdout_rows", "model"):
+                        cell[field] = one.pop(field, None) or cell.get(field)
                     cell["seeds"][str(seed)] = one
                     if stack:
                         todo.append((name, order, seed, path, options))
                 cells[f"{name}/{order}"] = cell
         for workers in stack["workers"] if stack else []:
             found = stack_runs(todo, int(workers), int(stack["repeats"]),
-                               int(stack.get("concurrent_jobs", 1)), tmp)
+                               int(stack.get("concurrent_jobs", 1)), tmp,
+                               done=checkpoint.stack.get(str(workers)),
+                               on_result=lambda k, f, w=workers: checkpoint.stack_done(w, k, f))
             for (name, order, seed, _repeat), figures in sorted(found.items()):
                 runs = cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"]
                 runs.setdefault(f"stack-{workers}", []).append(figures)
@@ -225,6 +297,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         f"seeds {params['seeds']} (split, initial weights, shuffling), serial and pipeline alike; "
         "a cell's mean and worst are over its seeds and repeats")
     result["seconds"] = time.monotonic() - started
+    checkpoint.finish()
     return result
 
 

@@ -296,6 +296,9 @@ class Settings:
     faults: frozenset[str] = frozenset()
     fault_dir: str | None = None
     worker_id: str | None = None  # BUCKETLEARN_WORKER_ID; default <hostname>-<pid>
+    # A learner process is replaced by a fresh one after tasks of this many jobs (0: never):
+    # TensorFlow frees a model's memory only at process exit (bucketlearn.entrypoints.worker)
+    worker_max_jobs: int = 20
 
     @property
     def uses_emulators(self) -> bool:
@@ -335,6 +338,7 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
     "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS": ("aggregate_budget_seconds", float),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
+    "BUCKETLEARN_WORKER_MAX_JOBS": ("worker_max_jobs", int),
 }
 # Read by the Google client libraries themselves too (export_emulator_env).
 EMULATOR_ENV: dict[str, str] = {

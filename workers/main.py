@@ -1,6 +1,6 @@
 """Learner worker entry point (the container's command): pull tasks until SIGTERM."""
 
-from bucketlearn.services.learn import main
+from bucketlearn.entrypoints.worker import main
 
 if __name__ == "__main__":
     main()

@@ -616,10 +616,9 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from bucketlearn.services.learn import main as worker_main  # noqa: PLC0415
+    from bucketlearn.entrypoints.worker import run_learners  # noqa: PLC0415
 
-    worker_main()
-    return EXIT_OK
+    return run_learners()
 
 
 # --- parser ------------------------------------------------------------------------------------

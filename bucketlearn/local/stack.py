@@ -402,7 +402,7 @@ class LocalStack:
         assert self.settings is not None
         env = {**self.child_env(single_threaded=True),
                "BUCKETLEARN_WORKER_ID": f"{self.name_prefix}-worker-{index}"}
-        return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.services.learn"],
+        return self._spawn(f"worker-{index}", [sys.executable, "-m", "bucketlearn.entrypoints.worker"],
                            self.home / "logs", env)
 
     def worker_procs(self) -> list[Proc]:

@@ -18,7 +18,9 @@ import enum
 import json
 import logging
 import math
+import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -34,6 +36,7 @@ from bucketlearn.ingest.split import load_parts
 from bucketlearn.ml.training import train_task
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.services import jobs
+from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
@@ -140,8 +143,13 @@ class _Reporter:
 
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, max_jobs: int = 0) -> None:
         self.svc = svc
+        # After tasks of this many jobs, ``run`` returns between tasks with ``recycle`` set: the
+        # process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
+        self.max_jobs = max_jobs
+        self.jobs_trained: set[str] = set()
+        self.recycle = False
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
         self.started_at = svc.clock()
@@ -299,6 +307,7 @@ class Learner:
         svc = self.svc
         t0 = time.perf_counter()
         runtime = job_runtime(svc, job)
+        self.jobs_trained.add(task.job_id)
         base, optimizer = runtime.state(task.weights_path)
         x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
         t1 = time.perf_counter()
@@ -376,11 +385,17 @@ class Learner:
             except Exception:  # noqa: BLE001 - an unacked message is redelivered: no loss
                 log.warning("ack/nack failed", exc_info=True)
             handled += 1
+            if self.max_jobs and len(self.jobs_trained) >= self.max_jobs:
+                log.info("trained tasks of %d jobs: handing over to a fresh process (TensorFlow "
+                         "frees a model's memory only at exit)", len(self.jobs_trained))
+                self.recycle = True
+                break
         return handled
 
 
 def main() -> None:
-    """Entry point of a worker process (``bucketlearn worker``)."""
+    """The learner process (started by ``bucketlearn.entrypoints.worker``, which replaces it when
+it exits with ``RECYCLE_EXIT``)."""
     from bucketlearn.bootstrap import process_services  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
 
@@ -389,9 +404,13 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    learner = Learner(svc)
+    # recycling needs the parent that starts a fresh process (bucketlearn.entrypoints.worker)
+    max_jobs = svc.settings.worker_max_jobs if os.environ.get(LEARNER_CHILD_ENV) else 0
+    learner = Learner(svc, max_jobs=max_jobs)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
+    if learner.recycle and not stop.is_set():
+        sys.exit(RECYCLE_EXIT)
 
 
 if __name__ == "__main__":

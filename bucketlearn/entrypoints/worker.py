@@ -1,0 +1,77 @@
+"""The learner worker's process (the container's command, ``bucketlearn worker``, the local
+stack's workers): a small parent that keeps one learner process running.
+
+TensorFlow keeps memory for every model a process builds and trains, and gives it back only when
+the process ends (tensorflow/tensorflow#62854; neither ``keras.backend.clear_session()`` nor
+dropping the model's traced functions frees it). Measured here: 4 to 15 MB per job, so a learner
+that had trained about 60 jobs held 2.6 GB. So a learner that has trained tasks of
+``worker_max_jobs`` jobs (``BUCKETLEARN_WORKER_MAX_JOBS``; 0: never) acks its task and exits with
+``RECYCLE_EXIT``, and this parent starts a fresh one: the memory a worker holds is bounded by
+that many jobs, whatever it runs for. Nothing is lost: the learner stops only between tasks.
+
+The parent imports neither TensorFlow nor the Google clients. SIGTERM and SIGINT are passed to
+the learner, which finishes its task and exits; the parent then exits with the learner's code.
+The learner gets SIGTERM if the parent dies (Linux ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from bucketlearn.local.processes import set_parent_death_signal
+from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
+
+log = logging.getLogger("bucketlearn.worker")
+
+LEARNER = [sys.executable, "-m", "bucketlearn.services.learn"]
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    set_parent_death_signal(signal.SIGTERM)
+
+
+def run_learners(command: Sequence[str] = LEARNER, env: dict[str, str] | None = None) -> int:
+    """Run the learner, again each time it exits with ``RECYCLE_EXIT``; return its exit code
+    otherwise (128 + the signal's number when a signal ended it, as a shell reports it)."""
+    environment = {**(os.environ if env is None else env), LEARNER_CHILD_ENV: "1"}
+    stopping = threading.Event()
+    current: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        stopping.set()
+        for child in current:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        generation = 0
+        while True:
+            child = subprocess.Popen(list(command), env=environment,  # noqa: S603 - our own
+                                     preexec_fn=_child_setup)  # noqa: PLW1509 - prctl only
+            current[:] = [child]
+            code = child.wait()
+            if code != RECYCLE_EXIT or stopping.is_set():
+                return code if code >= 0 else 128 - code
+            generation += 1
+            log.info("learner %d recycled (its memory is given back); starting a fresh one",
+                     generation)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sys.exit(run_learners())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""A learner process hands over to a fresh one after tasks of ``worker_max_jobs`` jobs
+(TensorFlow frees a model's memory only at process exit): the learner stops between tasks,
+leaving every other message in the queue, and the parent starts the next process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.entrypoints.worker import run_learners
+from bucketlearn.services.learn import Learner
+from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
+from bucketlearn.services.upload import StorageEvent, handle_upload
+from tests.unit.helpers import write_blobs_csv
+
+
+def _two_jobs(tmp_path: Path) -> tuple[object, list[str]]:
+    """Two uploads on one set of in-memory services, each with its first round of 2 tasks
+    published."""
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
+    job_ids = []
+    for name in ("a.csv", "b.csv"):
+        info = svc.store.write_bytes(svc.settings.uploads_bucket, name, path.read_bytes(),
+                                     "text/csv", {"epochs": "1", "rows_per_shard": "64",
+                                                  "parallel_tasks": "2"})
+        _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                    info.size))
+        job_ids.append(job_id)
+    return svc, job_ids
+
+
+def test_the_learner_stops_between_tasks_once_it_has_trained_max_jobs_jobs(tmp_path: Path
+                                                                           ) -> None:
+    # Prepare
+    svc, job_ids = _two_jobs(tmp_path)
+    queued = len(svc.queue)
+    # Execute
+    learner = Learner(svc, "w1", max_jobs=2)
+    handled = learner.run(threading.Event(), max_tasks=queued, pull_timeout=0.1)
+    # Assert: it stopped after its first task of the second job; the rest wait in the queue
+    assert learner.recycle
+    assert learner.jobs_trained == set(job_ids)
+    assert 2 <= handled < queued
+    assert len(svc.queue) == queued - handled
+
+
+def test_without_a_bound_the_learner_runs_on(tmp_path: Path) -> None:
+    # Prepare
+    svc, _ = _two_jobs(tmp_path)
+    queued = len(svc.queue)
+    # Execute
+    learner = Learner(svc, "w1")
+    handled = learner.run(threading.Event(), max_tasks=queued, pull_timeout=0.1)
+    # Assert
+    assert not learner.recycle and handled == queued and len(svc.queue) == 0
+
+
+COUNTING_LEARNER = """
+import os, sys
+from pathlib import Path
+runs = Path(sys.argv[1])
+runs.write_text(runs.read_text() + os.environ["{env}"] + "\\n" if runs.exists() else "1\\n")
+sys.exit({recycle} if len(runs.read_text().split()) < 3 else 3)
+"""
+
+
+def test_the_parent_starts_a_fresh_learner_each_time_one_asks_to_be_recycled(tmp_path: Path
+                                                                             ) -> None:
+    # Prepare: a learner that asks to be recycled twice, then exits with 3
+    runs = tmp_path / "runs"
+    script = COUNTING_LEARNER.format(env=LEARNER_CHILD_ENV, recycle=RECYCLE_EXIT)
+    # Execute
+    code = run_learners([sys.executable, "-c", script, str(runs)])
+    # Assert: three processes, each told it runs under the parent
+    assert code == 3
+    assert runs.read_text().split() == ["1", "1", "1"]
+
+
+STOPPING_LEARNER = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, lambda *_: sys.exit({recycle}))
+Path(sys.argv[1]).write_text("ready")
+time.sleep(60)
+sys.exit(0)
+"""
+
+
+def test_sigterm_reaches_the_learner_and_the_parent_does_not_start_another(tmp_path: Path
+                                                                           ) -> None:
+    # Prepare: a learner that, told to stop, exits as if it were due for recycling
+    ready = tmp_path / "ready"
+    script = STOPPING_LEARNER.format(recycle=RECYCLE_EXIT)
+
+    def stop_when_ready() -> None:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # to the main thread, which waits on the learner: the parent's handler forwards it
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_when_ready, daemon=True)
+    stopper.start()
+    # Execute
+    started = time.monotonic()
+    code = run_learners([sys.executable, "-c", script, str(ready)])
+    # Assert: the learner got the signal (it did not sleep its 60 s) and was not restarted
+    assert code == RECYCLE_EXIT
+    assert time.monotonic() - started < 30
+    stopper.join(timeout=5)
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+
+
+def test_the_worker_command_runs_the_learner_under_the_parent() -> None:
+    # Execute: the real parent, with a learner command that fails at once
+    done = subprocess.run([sys.executable, "-c",
+                           "import sys; from bucketlearn.entrypoints.worker import run_learners; "
+                           "sys.exit(run_learners([sys.executable, '-c', "
+                           "'import os, sys; sys.exit(5 if os.environ.get(\"" + LEARNER_CHILD_ENV
+                           + "\") == \"1\" else 6)']))"],
+                          capture_output=True, text=True, timeout=60)
+    # Assert
+    assert done.returncode == 5, done.stderr
