@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,16 @@ def met(cell: dict[str, Any]) -> bool:
                for f in cell["pipeline"].values())
 
 
+def in_fresh_process(function: Any, *args: Any) -> Any:
+    """``function(*args)`` in a process of its own. TensorFlow keeps memory for every model a
+    process trains until it exits (``bucketlearn.entrypoints.worker``), and a seed of a cell
+    trains one model per simulated worker and more: the full matrix in one process grew past
+    4 GB."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result(timeout=6 * 3600)
+
+
 def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
              params: dict[str, Any]) -> dict[str, Any]:
     """One seed of a cell: serial training, the fit reference and the simulations."""
@@ -251,8 +263,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                     options = JobOptions(**{**spec["options"], "seed": seed})
                     key = f"{name}/{order}/{seed}"
                     if key not in checkpoint.seeds:
-                        checkpoint.seed_done(key, one_seed(name, order, seed, path, options,
-                                                           params))
+                        checkpoint.seed_done(key, in_fresh_process(
+                            one_seed, name, order, seed, path, options, params))
                     one = dict(checkpoint.seeds[key])
                     for field in ("rows", "holdout_rows", "model"):
                         cell[field] = one.pop(field, None) or cell.get(field)
