@@ -42,14 +42,23 @@ from benchmarks.common import goal, log
 IMAGE_OPTIONS = {"epochs": 5}
 FULL = {
     "datasets": {name: {"options": IMAGE_OPTIONS if name in datasets.IMAGE else {}}
-                 for name in (*datasets.TUNING, *datasets.HELD_OUT, *datasets.MIXED)},
-    "held_out": [*datasets.HELD_OUT, *datasets.MIXED],
+                 for name in (*datasets.TUNING, *datasets.HELD_OUT, *datasets.MIXED,
+                              *datasets.REGRESSION)},
+    "held_out": [*datasets.HELD_OUT, *datasets.MIXED, *datasets.REGRESSION],
     "orders": ["shuffled", "sorted"],
     "sim_workers": [8, 16],
     "stack": {"workers": [1, 2, 4], "repeats": 2, "concurrent_jobs": 3},
     "seeds": [0, 1, 2],
     "fit_reference": True,
 }
+# the tables and goals: (label, held out, task); a numeric target's gap is in % of RMSE
+GROUPS = (("tuning", False, "classification"), ("held-out", True, "classification"),
+          ("numeric-target", True, "regression"))
+UNITS = {"classification": "points", "regression": "% of RMSE"}
+TABLE_TITLES = {"tuning": "Tuning datasets",
+                "held-out": "Held-out datasets (run once, at the end)",
+                "numeric-target": "Numeric targets (held out; train-local's RMSE, and each gap "
+                                  "in % of it: positive is a lower RMSE than train-local's)"}
 SMOKE = {
     "datasets": {"digits": {"options": {"epochs": 1}}},
     "held_out": [],
@@ -64,7 +73,8 @@ MEAN_PP, WORST_PP = 1.0, 2.0
 
 def fit_reference(path: Path, options: Any) -> float:
     """Keras ``fit`` on the same split's training rows (one shuffled stream, the same cosine or
-    constant schedule stepped per batch), evaluated on the same holdout."""
+    constant schedule stepped per batch), evaluated on the same holdout: its accuracy (a numeric
+    target: its RMSE)."""
     import keras
 
     from bucketlearn.bootstrap import memory_services
@@ -72,7 +82,7 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.domain.plan import learning_rate
     from bucketlearn.ingest.split import load_parts, split_upload
     from bucketlearn.ml.model import build_model, spec_for
-    from bucketlearn.ml.training import evaluate
+    from bucketlearn.ml.training import evaluate_detail
     from bucketlearn.services.serial import local_source
 
     svc = memory_services()
@@ -96,12 +106,14 @@ def fit_reference(path: Path, options: Any) -> float:
     model.fit(x[order], y[order], batch_size=options.batch_size, epochs=options.epochs,
               shuffle=True, verbose=0, callbacks=[Schedule()])
     hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    return evaluate(model, None, *hold)[0]
+    found = evaluate_detail(model, None, *hold, spec.task)
+    return found.report["rmse"] if spec.regression else found.accuracy
 
 
 def job_figures(job: dict[str, Any], seconds: float, **extra: Any) -> dict[str, Any]:
     """A pipeline run's figures from its final job document."""
-    return {"status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+    return {"status": job["status"], "accuracy": job["head"].get("holdout_accuracy"),
+            "rmse": job["head"].get("holdout_rmse"),
             "versions": int(job["version"]) + 1, "parallel_tasks": job["plan"]["parallel_tasks"],
             "tasks_applied": job.get("tasks_applied"), "seconds": seconds,
             "error": job.get("error"), **extra}
@@ -185,9 +197,19 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
+def gap(serial: float, run: dict[str, Any], regression: bool) -> float:
+    """A run's gap to serial training: points of accuracy, or for a numeric target how much
+    lower its RMSE is, in percent of serial training's (both: positive is the pipeline better)."""
+    if regression:
+        return (serial - run["rmse"]) / serial * 100
+    return (run["accuracy"] - serial) * 100
+
+
 def summarize(cell: dict[str, Any]) -> None:
-    """Per run name: mean accuracy, mean and worst (pipeline − serial) over seeds and repeats."""
+    """Per run name: mean figure, mean and worst gap (``gap``) over seeds and repeats."""
     seeds = cell["seeds"]
+    regression = any(s.get("task") == "regression" for s in seeds.values())
+    cell["task"] = "regression" if regression else "classification"
     cell["serial"] = common.mean([s["serial"] for s in seeds.values()])
     cell["fit"] = common.mean([s["fit"] for s in seeds.values() if s.get("fit") is not None])
     names = sorted({n for s in seeds.values() for n in s["pipeline"]},
@@ -196,10 +218,11 @@ def summarize(cell: dict[str, Any]) -> None:
     for name in names:
         runs = [(s["serial"], run) for s in seeds.values() for run in s["pipeline"].get(name, [])]
         done = [(serial, run) for serial, run in runs if run["status"] == "DONE"]
-        gaps = [(run["accuracy"] - serial) * 100 for serial, run in done]
+        gaps = [gap(serial, run, regression) for serial, run in done]
+        figure = "rmse" if regression else "accuracy"
         cell["pipeline"][name] = {
             "runs": len(runs), "failed": len(runs) - len(done),
-            "accuracy": common.mean([run["accuracy"] for _, run in done]),
+            figure: common.mean([run[figure] for _, run in done]),
             "mean_gap_pp": common.mean(gaps), "worst_gap_pp": min(gaps) if gaps else None,
             "gaps_pp": gaps, "parallel_tasks": sorted({run["parallel_tasks"] for _, run in runs}),
         }
@@ -218,7 +241,10 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
 
     log(f"parity: serial {name}/{order} seed {seed}")
     serial = train_local(str(path), options)
-    one: dict[str, Any] = {"serial": serial.accuracy, "pipeline": {},
+    regression = serial.accuracy is None
+    one: dict[str, Any] = {"serial": serial.report["rmse"] if regression else serial.accuracy,
+                           "task": "regression" if regression else "classification",
+                           "pipeline": {},
                            "fit": (fit_reference(path, options)
                                    if params.get("fit_reference") else None),
                            "rows": serial.manifest.rows,
@@ -272,17 +298,18 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         summarize(cell)
         cell["one_row_pp"] = 100 / cell["holdout_rows"]
         cell["met"] = met(cell)
-    for label, held in (("tuning", False), ("held-out", True)):
-        chosen = [c for c in cells.values() if c["held_out"] == held]
+    for label, held, task in GROUPS:
+        chosen = [c for c in cells.values() if c["held_out"] == held and c["task"] == task]
         if not chosen:
             continue
         figures = [f for c in chosen for f in c["pipeline"].values() if f["mean_gap_pp"] is not None]
         worst_mean = max((abs(f["mean_gap_pp"]) for f in figures), default=None)
         worst_run = min((f["worst_gap_pp"] for f in figures), default=None)
         failed = sum(f["failed"] for c in chosen for f in c["pipeline"].values())
-        goal(result, f"{label} datasets: largest |mean gap| of a cell (points)", worst_mean,
+        unit = UNITS[task]
+        goal(result, f"{label} datasets: largest |mean gap| of a cell ({unit})", worst_mean,
              f"<= {MEAN_PP:g}", worst_mean is not None and worst_mean <= MEAN_PP + 1e-9)
-        goal(result, f"{label} datasets: worst single run (points)", worst_run,
+        goal(result, f"{label} datasets: worst single run ({unit})", worst_run,
              f">= -{WORST_PP:g}", worst_run is not None and worst_run >= -WORST_PP - 1e-9)
         goal(result, f"{label} datasets: runs that did not end DONE", failed, "0", failed == 0)
     result["figures"] = cells
@@ -302,22 +329,24 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
 
 
 def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The tuning table and the held-out table: serial, fit, then each run's mean gap (worst)."""
+    """The tuning, held-out and numeric-target tables: serial, fit, then each run's mean gap
+    (worst)."""
     cells = result["figures"]
     names = list(dict.fromkeys(n for c in cells.values() for n in c["pipeline"]))
-    header = (["dataset / order", "model", "holdout rows", "R", "train-local", "fit"]
-              + [f"{n} mean (worst)" for n in names] + ["met"])
     out = []
-    for label, held in (("Tuning datasets", False), ("Held-out datasets (run once, at the end)",
-                                                     True)):
+    for label, held, task in GROUPS:
+        figure = "RMSE" if task == "regression" else "accuracy"
+        header = (["dataset / order", "model", "holdout rows", "R", f"train-local {figure}",
+                   f"fit {figure}"] + [f"{n} mean (worst)" for n in names] + ["met"])
         rows = []
         for key, cell in cells.items():
-            if cell["held_out"] != held:
+            if cell["held_out"] != held or cell.get("task", "classification") != task:
                 continue
             parallel = sorted({r for f in cell["pipeline"].values() for r in f["parallel_tasks"]})
             row = [key, cell.get("model", "?"), str(cell["holdout_rows"]),
-                   "/".join(map(str, parallel)), f"{cell['serial']:.4f}",
-                   f"{cell['fit']:.4f}" if cell.get("fit") is not None else "–"]
+                   "/".join(map(str, parallel)), f"{cell['serial']:.4g}" if task == "regression"
+                   else f"{cell['serial']:.4f}",
+                   f"{cell['fit']:.4g}" if cell.get("fit") is not None else "–"]
             for name in names:
                 f = cell["pipeline"].get(name)
                 row.append("–" if not f or f["mean_gap_pp"] is None else
@@ -326,5 +355,5 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
             row.append("yes" if cell["met"] else "**no**")
             rows.append(row)
         if rows:
-            out.append((label, header, rows))
+            out.append((TABLE_TITLES[label], header, rows))
     return out
