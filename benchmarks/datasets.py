@@ -54,6 +54,7 @@ HELD_OUT = ("shapes", "gratings", "segment", "banana", "binary15k")
 MIXED = ("trips", "penguins")  # text, dates and missing cells (issue #15); no decision used them
 # numeric targets (issue #15; parity in RMSE); no decision used them
 REGRESSION = ("friedman", "trips_tip", "penguins_mass")
+REGRESSION_TUNING = ("friedman2", "friedman3")  # for choosing the regression fold only
 ORDERS = ("shuffled", "sorted")
 
 
@@ -330,6 +331,28 @@ def friedman(path: Path, order: str, count: int = 12_000, seed: int = 11) -> Pat
     return _write(path, [f"x{i}" for i in range(10)], x, np.round(y, 4), order, seed=seed)
 
 
+def friedman2(path: Path, order: str, count: int = 12_000, seed: int = 13) -> Path:
+    """Friedman's #2 (scikit-learn's ``make_friedman2``), noise sd 60 (about a fifth of the
+    target's sd); 12,000 rows. For choosing the regression fold (``REGRESSION_TUNING``)."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
+                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    y = np.sqrt(x[:, 0] ** 2 + (x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) ** 2)
+    y = y + rng.normal(0, 60, count)
+    return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 3), order, seed=seed)
+
+
+def friedman3(path: Path, order: str, count: int = 12_000, seed: int = 17) -> Path:
+    """Friedman's #3 (scikit-learn's ``make_friedman3``), noise sd 0.1; 12,000 rows. For
+    choosing the regression fold (``REGRESSION_TUNING``)."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
+                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    y = np.arctan((x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) / x[:, 0])
+    y = y + rng.normal(0, 0.1, count)
+    return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 5), order, seed=seed)
+
+
 def penguins_mass(path: Path, order: str) -> Path:
     """Palmer penguins with a numeric target (issue #15): ``body_mass_g`` (two rows have it
     ``NA``: left out as missing targets), the species a text feature; 344 rows."""
@@ -376,6 +399,7 @@ WRITERS: dict[str, Callable[[Path, str], Path]] = {
     "digits": digits, "blobs12k": blobs12k, "wide20": wide20, "segment": segment,
     "banana": banana, "binary15k": binary15k, "trips": trips, "penguins": penguins,
     "friedman": friedman, "trips_tip": trips_tip, "penguins_mass": penguins_mass,
+    "friedman2": friedman2, "friedman3": friedman3,
     "hmnist4-12k": lambda path, order: hmnist4(path, order, 12_000),
     "hmnist4-48k": lambda path, order: hmnist4(path, order, 48_000),
 }
