@@ -257,6 +257,34 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
     return one
 
 
+def conclude(result: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
+    """Summarize every cell and set the result's figures, goals and ratios (a run's cells, or
+    the cells of several runs merged: ``benchmarks.merge_parity``)."""
+    result["goals"] = []
+    for cell in cells.values():
+        summarize(cell)
+        cell["one_row_pp"] = 100 / cell["holdout_rows"]
+        cell["met"] = met(cell)
+    for label, held, task in GROUPS:
+        chosen = [c for c in cells.values() if c["held_out"] == held and c["task"] == task]
+        if not chosen:
+            continue
+        figures = [f for c in chosen for f in c["pipeline"].values() if f["mean_gap_pp"] is not None]
+        worst_mean = max((abs(f["mean_gap_pp"]) for f in figures), default=None)
+        worst_run = min((f["worst_gap_pp"] for f in figures), default=None)
+        failed = sum(f["failed"] for c in chosen for f in c["pipeline"].values())
+        unit = UNITS[task]
+        goal(result, f"{label} datasets: largest |mean gap| of a cell ({unit})", worst_mean,
+             f"<= {MEAN_PP:g}", worst_mean is not None and worst_mean <= MEAN_PP + 1e-9)
+        goal(result, f"{label} datasets: worst single run ({unit})", worst_run,
+             f">= -{WORST_PP:g}", worst_run is not None and worst_run >= -WORST_PP - 1e-9)
+        goal(result, f"{label} datasets: runs that did not end DONE", failed, "0", failed == 0)
+    result["figures"] = cells
+    result["ratios"] = {f"{k}:{name}:mean_gap_pp": f["mean_gap_pp"]
+                        for k, c in cells.items() for name, f in c["pipeline"].items()
+                        if f["mean_gap_pp"] is not None}
+
+
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
 
@@ -294,28 +322,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             for (name, order, seed, _repeat), figures in sorted(found.items()):
                 runs = cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"]
                 runs.setdefault(f"stack-{workers}", []).append(figures)
-    for cell in cells.values():
-        summarize(cell)
-        cell["one_row_pp"] = 100 / cell["holdout_rows"]
-        cell["met"] = met(cell)
-    for label, held, task in GROUPS:
-        chosen = [c for c in cells.values() if c["held_out"] == held and c["task"] == task]
-        if not chosen:
-            continue
-        figures = [f for c in chosen for f in c["pipeline"].values() if f["mean_gap_pp"] is not None]
-        worst_mean = max((abs(f["mean_gap_pp"]) for f in figures), default=None)
-        worst_run = min((f["worst_gap_pp"] for f in figures), default=None)
-        failed = sum(f["failed"] for c in chosen for f in c["pipeline"].values())
-        unit = UNITS[task]
-        goal(result, f"{label} datasets: largest |mean gap| of a cell ({unit})", worst_mean,
-             f"<= {MEAN_PP:g}", worst_mean is not None and worst_mean <= MEAN_PP + 1e-9)
-        goal(result, f"{label} datasets: worst single run ({unit})", worst_run,
-             f">= -{WORST_PP:g}", worst_run is not None and worst_run >= -WORST_PP - 1e-9)
-        goal(result, f"{label} datasets: runs that did not end DONE", failed, "0", failed == 0)
-    result["figures"] = cells
-    result["ratios"] = {f"{k}:{name}:mean_gap_pp": f["mean_gap_pp"]
-                        for k, c in cells.items() for name, f in c["pipeline"].items()
-                        if f["mean_gap_pp"] is not None}
+    conclude(result, cells)
     result["notes"].append(
         "sim-W = bucketlearn.services.serial.simulate_pipeline with W workers (in-process, in-memory "
         "ports); stack-W = the real local stack on the emulators with W worker processes, each "

@@ -1,4 +1,5 @@
-"""The parity benchmark's checkpoint: a run stopped part-way is taken up where it stopped.
+"""The parity benchmark's checkpoint (a run stopped part-way is taken up where it stopped) and
+its merge of several invocations.
 
 The full parity matrix runs for hours; a run the OOM killer stopped after 95 minutes once lost
 everything, because results were written only at the end.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from benchmarks import parity
+import pytest
+
+from benchmarks import merge_parity, parity
 
 
 def _seed_figures(serial: float, pipeline: float) -> dict:
@@ -59,3 +62,37 @@ def test_stack_runs_in_the_checkpoint_are_returned_without_starting_a_stack(tmp_
     # Assert
     assert found == {("digits", "sorted", 0, 0): done["digits/sorted/0/0"],
                      ("digits", "sorted", 0, 1): done["digits/sorted/0/1"]}
+
+
+def _cell(serial: float, runs: dict, held_out: bool = False) -> dict:
+    return {"dataset": "digits", "order": "sorted", "held_out": held_out, "rows": 1797,
+            "holdout_rows": 360, "model": "mlp",
+            "seeds": {"0": {"serial": serial, "fit": None, "pipeline": runs}}}
+
+
+def _run(accuracy: float) -> dict:
+    return {"status": "DONE", "accuracy": accuracy, "versions": 3, "parallel_tasks": 1}
+
+
+def test_merging_keeps_every_stack_run_and_one_copy_of_the_simulation() -> None:
+    # Prepare: two invocations of the same cell and seed
+    cells = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.9)], "stack-2": [_run(0.9)]})}
+    other = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.9)], "stack-2": [_run(0.89)],
+                                          "stack-4": [_run(0.91)]})}
+    # Execute
+    problems = merge_parity.merge_cells(cells, other)
+    result = {"goals": [], "notes": []}
+    parity.conclude(result, cells)
+    # Assert
+    assert problems == []
+    runs = cells["digits/sorted"]["seeds"]["0"]["pipeline"]
+    assert [r["accuracy"] for r in runs["stack-2"]] == [0.9, 0.89]
+    assert len(runs["sim-8"]) == 1 and [r["accuracy"] for r in runs["stack-4"]] == [0.91]
+    assert cells["digits/sorted"]["pipeline"]["stack-2"]["worst_gap_pp"] == pytest.approx(-1.0)
+    assert [g["met"] for g in result["goals"]] == [True, True, True]
+
+
+def test_merging_refuses_simulations_that_disagree() -> None:
+    cells = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.9)]})}
+    other = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.8)]})}
+    assert merge_parity.merge_cells(cells, other) == ["digits/sorted seed 0: sim-8 differs"]
