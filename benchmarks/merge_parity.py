@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import parity
+from benchmarks import common, parity
 
 
 def merge_cells(cells: dict[str, Any], other: dict[str, Any]) -> list[str]:
@@ -49,6 +49,19 @@ def merge_cells(cells: dict[str, Any], other: dict[str, Any]) -> list[str]:
     return problems
 
 
+def load(path: Path) -> dict[str, Any]:
+    """A parity result, or a run's checkpoint (``parity.partial.json`` of a run stopped
+    part-way) as a result of what it holds."""
+    found = json.loads(path.read_text())
+    if "figures" in found:
+        return found
+    result = common.new_result("parity", False, found["params"])
+    result["code"] = None
+    result["figures"] = parity.assemble(found["params"], found["seeds"], found["stack"])
+    result["notes"].append(f"{path}: a run stopped part-way (its checkpoint)")
+    return result
+
+
 def _figure(run: dict[str, Any]) -> Any:
     return run.get("rmse") if run.get("accuracy") is None else run["accuracy"]
 
@@ -60,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("others", type=Path, nargs="+")
     parser.add_argument("--doc", action="store_true", help="refresh docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
-    merged = json.loads(args.base.read_text())
+    merged = load(args.base)
     cells = merged["figures"]
     sources, problems = [merged.get("code")], []
     for path in args.others:
-        other = json.loads(path.read_text())
-        sources.append(other.get("code"))
+        other = load(path)
+        sources.append(other.get("code") or str(path))
         problems += merge_cells(cells, other["figures"])
     if problems:
         print("not merged; the deterministic figures disagree:\n" + "\n".join(problems))

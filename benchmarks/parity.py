@@ -28,6 +28,7 @@ held-out datasets alike.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -257,6 +258,34 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
     return one
 
 
+def assemble(params: dict[str, Any], seeds: dict[str, dict[str, Any]],
+             stack: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The cells of a run from what its checkpoint holds (``Checkpoint``: each seed's serial
+    and simulated figures, each stack run by worker count); a seed not measured is left out,
+    and a cell with no seed. So a run stopped part-way can be reported as far as it got."""
+    cells: dict[str, dict[str, Any]] = {}
+    for name in params["datasets"]:
+        for order in params["orders"]:
+            cell: dict[str, Any] = {"dataset": name, "order": order, "seeds": {},
+                                    "held_out": name in params["held_out"]}
+            for seed in params["seeds"]:
+                found = seeds.get(f"{name}/{order}/{seed}")
+                if found is None:
+                    continue
+                one = copy.deepcopy(found)
+                for field in ("rows", "holdout_rows", "model"):
+                    cell[field] = one.pop(field, None) or cell.get(field)
+                for workers, runs in stack.items():
+                    mine = sorted((key, figures) for key, figures in runs.items()
+                                  if key.startswith(f"{name}/{order}/{seed}/"))
+                    if mine:
+                        one["pipeline"][f"stack-{workers}"] = [figures for _, figures in mine]
+                cell["seeds"][str(seed)] = one
+            if cell["seeds"]:
+                cells[f"{name}/{order}"] = cell
+    return cells
+
+
 def conclude(result: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
     """Summarize every cell and set the result's figures, goals and ratios (a run's cells, or
     the cells of several runs merged: ``benchmarks.merge_parity``)."""
@@ -291,7 +320,6 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("parity", smoke, params)
     started = time.monotonic()
-    cells: dict[str, dict[str, Any]] = {}
     stack = params.get("stack")
     todo = []
     checkpoint = Checkpoint(out, params)
@@ -299,29 +327,20 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         for name, spec in params["datasets"].items():
             for order in params["orders"]:
                 path = datasets.write(name, tmp / f"{name}_{order}.csv", order)
-                cell: dict[str, Any] = {"dataset": name, "order": order, "seeds": {},
-                                        "held_out": name in params["held_out"]}
                 for seed in params["seeds"]:
                     options = JobOptions(**{**spec["options"], "seed": seed})
                     key = f"{name}/{order}/{seed}"
                     if key not in checkpoint.seeds:
                         checkpoint.seed_done(key, one_seed(name, order, seed, path, options,
                                                            params))
-                    one = dict(checkpoint.seeds[key])
-                    for field in ("rows", "holdout_rows", "model"):
-                        cell[field] = one.pop(field, None) or cell.get(field)
-                    cell["seeds"][str(seed)] = one
                     if stack:
                         todo.append((name, order, seed, path, options))
-                cells[f"{name}/{order}"] = cell
         for workers in stack["workers"] if stack else []:
-            found = stack_runs(todo, int(workers), int(stack["repeats"]),
-                               int(stack.get("concurrent_jobs", 1)), tmp,
-                               done=checkpoint.stack.get(str(workers)),
-                               on_result=lambda k, f, w=workers: checkpoint.stack_done(w, k, f))
-            for (name, order, seed, _repeat), figures in sorted(found.items()):
-                runs = cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"]
-                runs.setdefault(f"stack-{workers}", []).append(figures)
+            stack_runs(todo, int(workers), int(stack["repeats"]),
+                       int(stack.get("concurrent_jobs", 1)), tmp,
+                       done=checkpoint.stack.get(str(workers)),
+                       on_result=lambda k, f, w=workers: checkpoint.stack_done(w, k, f))
+    cells = assemble(params, checkpoint.seeds, checkpoint.stack)
     conclude(result, cells)
     result["notes"].append(
         "sim-W = bucketlearn.services.serial.simulate_pipeline with W workers (in-process, in-memory "

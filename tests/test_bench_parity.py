@@ -96,3 +96,21 @@ def test_merging_refuses_simulations_that_disagree() -> None:
     cells = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.9)]})}
     other = {"digits/sorted": _cell(0.9, {"sim-8": [_run(0.8)]})}
     assert merge_parity.merge_cells(cells, other) == ["digits/sorted seed 0: sim-8 differs"]
+
+
+def test_a_checkpoint_of_a_stopped_run_reads_as_a_result_of_what_it_holds(tmp_path: Path
+                                                                          ) -> None:
+    # Prepare: seed 0 measured with one stack run; seed 1 never reached
+    params = {**copy.deepcopy(parity.SMOKE), "seeds": [0, 1],
+              "stack": {"workers": [2], "repeats": 2}}
+    saved = parity.Checkpoint(tmp_path, params)
+    saved.seed_done("digits/shuffled/0", _seed_figures(0.5, 0.5))
+    saved.stack_done(2, ("digits", "shuffled", 0, 0), _run(0.49))
+    # Execute
+    result = merge_parity.load(tmp_path / "parity.partial.json")
+    parity.conclude(result, result["figures"])
+    # Assert
+    cell = result["figures"]["digits/shuffled"]
+    assert list(cell["seeds"]) == ["0"] and cell["rows"] == 1797
+    assert cell["pipeline"]["stack-2"]["runs"] == 1
+    assert cell["pipeline"]["stack-2"]["mean_gap_pp"] == pytest.approx(-1.0)
