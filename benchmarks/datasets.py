@@ -52,6 +52,9 @@ TABULAR = ("digits", "blobs12k", "wide20", "segment", "banana", "binary15k")
 TUNING = ("digits28", "hmnist4", "digits", "blobs12k", "wide20")
 HELD_OUT = ("shapes", "gratings", "segment", "banana", "binary15k")
 MIXED = ("trips", "penguins")  # text, dates and missing cells (issue #15); no decision used them
+# numeric targets (issue #15; parity in RMSE); no decision used them
+REGRESSION = ("friedman", "trips_tip", "penguins_mass")
+REGRESSION_TUNING = ("friedman2", "friedman3")  # for choosing the regression fold only
 ORDERS = ("shuffled", "sorted")
 
 
@@ -273,10 +276,8 @@ def banana(path: Path, order: str) -> Path:
     return _write(path, ["x1", "x2"], features, labels, order)
 
 
-def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
-    """Taxi-trip-like mixed types (issue #15): an id, a timestamp, three text columns (one of
-    500 companies, Zipf-distributed), numbers with empty cells and ``NA``; the tip class comes
-    from the city, the payment, the distance and the hour, plus noise (not learned perfectly)."""
+def _trips_table(count: int, seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Trips' header, text cells and the noisy score its tip comes from."""
     rng = np.random.default_rng(seed)
     cities = np.array(["Chicago", "Evanston", "Oak Park", "Skokie", "Cicero", "Berwyn"])
     payments = np.array(["Cash", "Credit Card", "Mobile", "Prcard"])
@@ -290,7 +291,6 @@ def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
              + np.array([-1.2, 0.6, 0.4, 0.0])[payment] + 0.15 * np.minimum(distance, 12)
              + 0.7 * ((hour >= 17) & (hour <= 20)) + 0.3 * (company < 5)
              + rng.normal(0, 0.6, count))
-    labels = np.where(score > 1.3, "high", np.where(score > 0.3, "mid", "low"))
     blank = rng.random((count, 3)) < np.array([0.06, 0.03, 0.08])
     rows = np.array([[f"T{i:07d}", str(stamps[i]), cities[city[i]],
                       "" if blank[i, 0] else payments[payment[i]], f"Company {company[i]:03d}",
@@ -299,14 +299,81 @@ def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
                       "" if blank[i, 2] else f"{distance[i] * 3 + rng.gamma(2.0, 2.0):.1f}"]
                      for i in range(count)], dtype=object)
     header = ["trip_id", "start", "city", "payment", "company", "miles", "fare", "minutes"]
+    return header, rows, score
+
+
+def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
+    """Taxi-trip-like mixed types (issue #15): an id, a timestamp, three text columns (one of
+    500 companies, Zipf-distributed), numbers with empty cells and ``NA``; the tip class comes
+    from the city, the payment, the distance and the hour, plus noise (not learned perfectly)."""
+    header, rows, score = _trips_table(count, seed)
+    labels = np.where(score > 1.3, "high", np.where(score > 0.3, "mid", "low"))
     return _write_text(path, header, rows, labels, order, seed)
 
 
+def trips_tip(path: Path, order: str, count: int = 20_000, seed: int = 7) -> Path:
+    """Trips with a numeric target (issue #15): the tip in dollars, from the same noisy score
+    as ``trips``' class (R² of a perfect model about 0.8: the noise is a fifth of the variance);
+    another draw of the rows (seed 7)."""
+    header, rows, score = _trips_table(count, seed)
+    tips = np.round(np.exp(0.5 * score), 2)
+    return _write_text(path, header, rows, tips, order, seed)
+
+
+def friedman(path: Path, order: str, count: int = 12_000, seed: int = 11) -> Path:
+    """Friedman's #1 regression problem (Friedman 1991; scikit-learn's ``make_friedman1``):
+    ten features uniform on [0, 1], five of them used,
+    y = 10 sin(pi x1 x2) + 20 (x3 - 1/2)^2 + 10 x4 + 5 x5 + N(0, 1); 12,000 rows."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(size=(count, 10))
+    y = (10 * np.sin(np.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3]
+         + 5 * x[:, 4] + rng.normal(0, 1, count))
+    return _write(path, [f"x{i}" for i in range(10)], x, np.round(y, 4), order, seed=seed)
+
+
+def friedman2(path: Path, order: str, count: int = 12_000, seed: int = 13) -> Path:
+    """Friedman's #2 (scikit-learn's ``make_friedman2``), noise sd 60 (about a fifth of the
+    target's sd); 12,000 rows. For choosing the regression fold (``REGRESSION_TUNING``)."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
+                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    y = np.sqrt(x[:, 0] ** 2 + (x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) ** 2)
+    y = y + rng.normal(0, 60, count)
+    return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 3), order, seed=seed)
+
+
+def friedman3(path: Path, order: str, count: int = 12_000, seed: int = 17) -> Path:
+    """Friedman's #3 (scikit-learn's ``make_friedman3``), noise sd 0.1; 12,000 rows. For
+    choosing the regression fold (``REGRESSION_TUNING``)."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
+                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    y = np.arctan((x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) / x[:, 0])
+    y = y + rng.normal(0, 0.1, count)
+    return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 5), order, seed=seed)
+
+
+def penguins_mass(path: Path, order: str) -> Path:
+    """Palmer penguins with a numeric target (issue #15): ``body_mass_g`` (two rows have it
+    ``NA``: left out as missing targets), the species a text feature; 344 rows."""
+    with open(REPO / "data" / "penguins.csv", encoding="utf-8") as handle:
+        records = list(csv.reader(handle))
+    header, body = records[0], records[1:]
+    at = header.index("body_mass_g")
+    rows = np.array([[v for i, v in enumerate(r) if i != at] for r in body], dtype=object)
+    mass = np.array([float(r[at]) if r[at] not in ("NA", "") else np.nan for r in body])
+    labels = np.array(["NA" if np.isnan(m) else f"{m:.0f}" for m in mass], dtype=object)
+    order_key = np.nan_to_num(mass, nan=np.inf)  # sorted by the number, missing last
+    return _write_text(path, [h for i, h in enumerate(header) if i != at], rows, labels, order,
+                       0, sort_key=order_key)
+
+
 def _write_text(path: Path, header: list[str], rows: np.ndarray, labels: np.ndarray, order: str,
-                seed: int) -> Path:
-    """Like ``_write`` for cells that are already text (label last)."""
-    index = (np.argsort(labels, kind="stable") if order == "sorted"
-             else np.random.default_rng([seed, 99]).permutation(len(labels)))
+                seed: int, sort_key: np.ndarray | None = None) -> Path:
+    """Like ``_write`` for cells that are already text (label last); "sorted" sorts by
+    ``sort_key`` when given (a numeric target written as text), else by the label."""
+    index = (np.argsort(labels if sort_key is None else sort_key, kind="stable")
+             if order == "sorted" else np.random.default_rng([seed, 99]).permutation(len(labels)))
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow([*header, "label"])
@@ -331,6 +398,8 @@ WRITERS: dict[str, Callable[[Path, str], Path]] = {
     "digits28": digits28, "hmnist4": hmnist4, "shapes": shapes, "gratings": gratings,
     "digits": digits, "blobs12k": blobs12k, "wide20": wide20, "segment": segment,
     "banana": banana, "binary15k": binary15k, "trips": trips, "penguins": penguins,
+    "friedman": friedman, "trips_tip": trips_tip, "penguins_mass": penguins_mass,
+    "friedman2": friedman2, "friedman3": friedman3,
     "hmnist4-12k": lambda path, order: hmnist4(path, order, 12_000),
     "hmnist4-48k": lambda path, order: hmnist4(path, order, 48_000),
 }

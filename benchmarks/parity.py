@@ -28,6 +28,7 @@ held-out datasets alike.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import multiprocessing
@@ -44,14 +45,23 @@ from benchmarks.common import goal, log
 IMAGE_OPTIONS = {"epochs": 5}
 FULL = {
     "datasets": {name: {"options": IMAGE_OPTIONS if name in datasets.IMAGE else {}}
-                 for name in (*datasets.TUNING, *datasets.HELD_OUT, *datasets.MIXED)},
-    "held_out": [*datasets.HELD_OUT, *datasets.MIXED],
+                 for name in (*datasets.TUNING, *datasets.HELD_OUT, *datasets.MIXED,
+                              *datasets.REGRESSION)},
+    "held_out": [*datasets.HELD_OUT, *datasets.MIXED, *datasets.REGRESSION],
     "orders": ["shuffled", "sorted"],
     "sim_workers": [8, 16],
     "stack": {"workers": [1, 2, 4], "repeats": 2, "concurrent_jobs": 3},
     "seeds": [0, 1, 2],
     "fit_reference": True,
 }
+# the tables and goals: (label, held out, task); a numeric target's gap is in % of RMSE
+GROUPS = (("tuning", False, "classification"), ("held-out", True, "classification"),
+          ("numeric-target", True, "regression"))
+UNITS = {"classification": "points", "regression": "% of RMSE"}
+TABLE_TITLES = {"tuning": "Tuning datasets",
+                "held-out": "Held-out datasets (run once, at the end)",
+                "numeric-target": "Numeric targets (held out; train-local's RMSE, and each gap "
+                                  "in % of it: positive is a lower RMSE than train-local's)"}
 SMOKE = {
     "datasets": {"digits": {"options": {"epochs": 1}}},
     "held_out": [],
@@ -66,7 +76,8 @@ MEAN_PP, WORST_PP = 1.0, 2.0
 
 def fit_reference(path: Path, options: Any) -> float:
     """Keras ``fit`` on the same split's training rows (one shuffled stream, the same cosine or
-    constant schedule stepped per batch), evaluated on the same holdout."""
+    constant schedule stepped per batch), evaluated on the same holdout: its accuracy (a numeric
+    target: its RMSE)."""
     import keras
 
     from bucketlearn.bootstrap import memory_services
@@ -74,7 +85,7 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.domain.plan import learning_rate
     from bucketlearn.ingest.split import load_parts, split_upload
     from bucketlearn.ml.model import build_model, spec_for
-    from bucketlearn.ml.training import evaluate
+    from bucketlearn.ml.training import evaluate_detail
     from bucketlearn.services.serial import local_source
 
     svc = memory_services()
@@ -98,12 +109,14 @@ def fit_reference(path: Path, options: Any) -> float:
     model.fit(x[order], y[order], batch_size=options.batch_size, epochs=options.epochs,
               shuffle=True, verbose=0, callbacks=[Schedule()])
     hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    return evaluate(model, None, *hold)[0]
+    found = evaluate_detail(model, None, *hold, spec.task)
+    return found.report["rmse"] if spec.regression else found.accuracy
 
 
 def job_figures(job: dict[str, Any], seconds: float, **extra: Any) -> dict[str, Any]:
     """A pipeline run's figures from its final job document."""
-    return {"status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+    return {"status": job["status"], "accuracy": job["head"].get("holdout_accuracy"),
+            "rmse": job["head"].get("holdout_rmse"),
             "versions": int(job["version"]) + 1, "parallel_tasks": job["plan"]["parallel_tasks"],
             "tasks_applied": job.get("tasks_applied"), "seconds": seconds,
             "error": job.get("error"), **extra}
@@ -187,9 +200,19 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
+def gap(serial: float, run: dict[str, Any], regression: bool) -> float:
+    """A run's gap to serial training: points of accuracy, or for a numeric target how much
+    lower its RMSE is, in percent of serial training's (both: positive is the pipeline better)."""
+    if regression:
+        return (serial - run["rmse"]) / serial * 100
+    return (run["accuracy"] - serial) * 100
+
+
 def summarize(cell: dict[str, Any]) -> None:
-    """Per run name: mean accuracy, mean and worst (pipeline − serial) over seeds and repeats."""
+    """Per run name: mean figure, mean and worst gap (``gap``) over seeds and repeats."""
     seeds = cell["seeds"]
+    regression = any(s.get("task") == "regression" for s in seeds.values())
+    cell["task"] = "regression" if regression else "classification"
     cell["serial"] = common.mean([s["serial"] for s in seeds.values()])
     cell["fit"] = common.mean([s["fit"] for s in seeds.values() if s.get("fit") is not None])
     names = sorted({n for s in seeds.values() for n in s["pipeline"]},
@@ -198,10 +221,11 @@ def summarize(cell: dict[str, Any]) -> None:
     for name in names:
         runs = [(s["serial"], run) for s in seeds.values() for run in s["pipeline"].get(name, [])]
         done = [(serial, run) for serial, run in runs if run["status"] == "DONE"]
-        gaps = [(run["accuracy"] - serial) * 100 for serial, run in done]
+        gaps = [gap(serial, run, regression) for serial, run in done]
+        figure = "rmse" if regression else "accuracy"
         cell["pipeline"][name] = {
             "runs": len(runs), "failed": len(runs) - len(done),
-            "accuracy": common.mean([run["accuracy"] for _, run in done]),
+            figure: common.mean([run[figure] for _, run in done]),
             "mean_gap_pp": common.mean(gaps), "worst_gap_pp": min(gaps) if gaps else None,
             "gaps_pp": gaps, "parallel_tasks": sorted({run["parallel_tasks"] for _, run in runs}),
         }
@@ -230,7 +254,10 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
 
     log(f"parity: serial {name}/{order} seed {seed}")
     serial = train_local(str(path), options)
-    one: dict[str, Any] = {"serial": serial.accuracy, "pipeline": {},
+    regression = serial.accuracy is None
+    one: dict[str, Any] = {"serial": serial.report["rmse"] if regression else serial.accuracy,
+                           "task": "regression" if regression else "classification",
+                           "pipeline": {},
                            "fit": (fit_reference(path, options)
                                    if params.get("fit_reference") else None),
                            "rows": serial.manifest.rows,
@@ -243,13 +270,68 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
     return one
 
 
+def assemble(params: dict[str, Any], seeds: dict[str, dict[str, Any]],
+             stack: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The cells of a run from what its checkpoint holds (``Checkpoint``: each seed's serial
+    and simulated figures, each stack run by worker count); a seed not measured is left out,
+    and a cell with no seed. So a run stopped part-way can be reported as far as it got."""
+    cells: dict[str, dict[str, Any]] = {}
+    for name in params["datasets"]:
+        for order in params["orders"]:
+            cell: dict[str, Any] = {"dataset": name, "order": order, "seeds": {},
+                                    "held_out": name in params["held_out"]}
+            for seed in params["seeds"]:
+                found = seeds.get(f"{name}/{order}/{seed}")
+                if found is None:
+                    continue
+                one = copy.deepcopy(found)
+                for field in ("rows", "holdout_rows", "model"):
+                    cell[field] = one.pop(field, None) or cell.get(field)
+                for workers, runs in stack.items():
+                    mine = sorted((key, figures) for key, figures in runs.items()
+                                  if key.startswith(f"{name}/{order}/{seed}/"))
+                    if mine:
+                        one["pipeline"][f"stack-{workers}"] = [figures for _, figures in mine]
+                cell["seeds"][str(seed)] = one
+            if cell["seeds"]:
+                cells[f"{name}/{order}"] = cell
+    return cells
+
+
+def conclude(result: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
+    """Summarize every cell and set the result's figures, goals and ratios (a run's cells, or
+    the cells of several runs merged: ``benchmarks.merge_parity``)."""
+    result["goals"] = []
+    for cell in cells.values():
+        summarize(cell)
+        cell["one_row_pp"] = 100 / cell["holdout_rows"]
+        cell["met"] = met(cell)
+    for label, held, task in GROUPS:
+        chosen = [c for c in cells.values() if c["held_out"] == held and c["task"] == task]
+        if not chosen:
+            continue
+        figures = [f for c in chosen for f in c["pipeline"].values() if f["mean_gap_pp"] is not None]
+        worst_mean = max((abs(f["mean_gap_pp"]) for f in figures), default=None)
+        worst_run = min((f["worst_gap_pp"] for f in figures), default=None)
+        failed = sum(f["failed"] for c in chosen for f in c["pipeline"].values())
+        unit = UNITS[task]
+        goal(result, f"{label} datasets: largest |mean gap| of a cell ({unit})", worst_mean,
+             f"<= {MEAN_PP:g}", worst_mean is not None and worst_mean <= MEAN_PP + 1e-9)
+        goal(result, f"{label} datasets: worst single run ({unit})", worst_run,
+             f">= -{WORST_PP:g}", worst_run is not None and worst_run >= -WORST_PP - 1e-9)
+        goal(result, f"{label} datasets: runs that did not end DONE", failed, "0", failed == 0)
+    result["figures"] = cells
+    result["ratios"] = {f"{k}:{name}:mean_gap_pp": f["mean_gap_pp"]
+                        for k, c in cells.items() for name, f in c["pipeline"].items()
+                        if f["mean_gap_pp"] is not None}
+
+
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
     result = common.new_result("parity", smoke, params)
     started = time.monotonic()
-    cells: dict[str, dict[str, Any]] = {}
     stack = params.get("stack")
     todo = []
     checkpoint = Checkpoint(out, params)
@@ -257,50 +339,21 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         for name, spec in params["datasets"].items():
             for order in params["orders"]:
                 path = datasets.write(name, tmp / f"{name}_{order}.csv", order)
-                cell: dict[str, Any] = {"dataset": name, "order": order, "seeds": {},
-                                        "held_out": name in params["held_out"]}
                 for seed in params["seeds"]:
                     options = JobOptions(**{**spec["options"], "seed": seed})
                     key = f"{name}/{order}/{seed}"
                     if key not in checkpoint.seeds:
                         checkpoint.seed_done(key, in_fresh_process(
                             one_seed, name, order, seed, path, options, params))
-                    one = dict(checkpoint.seeds[key])
-                    for field in ("rows", "holdout_rows", "model"):
-                        cell[field] = one.pop(field, None) or cell.get(field)
-                    cell["seeds"][str(seed)] = one
                     if stack:
                         todo.append((name, order, seed, path, options))
-                cells[f"{name}/{order}"] = cell
         for workers in stack["workers"] if stack else []:
-            found = stack_runs(todo, int(workers), int(stack["repeats"]),
-                               int(stack.get("concurrent_jobs", 1)), tmp,
-                               done=checkpoint.stack.get(str(workers)),
-                               on_result=lambda k, f, w=workers: checkpoint.stack_done(w, k, f))
-            for (name, order, seed, _repeat), figures in sorted(found.items()):
-                runs = cells[f"{name}/{order}"]["seeds"][str(seed)]["pipeline"]
-                runs.setdefault(f"stack-{workers}", []).append(figures)
-    for cell in cells.values():
-        summarize(cell)
-        cell["one_row_pp"] = 100 / cell["holdout_rows"]
-        cell["met"] = met(cell)
-    for label, held in (("tuning", False), ("held-out", True)):
-        chosen = [c for c in cells.values() if c["held_out"] == held]
-        if not chosen:
-            continue
-        figures = [f for c in chosen for f in c["pipeline"].values() if f["mean_gap_pp"] is not None]
-        worst_mean = max((abs(f["mean_gap_pp"]) for f in figures), default=None)
-        worst_run = min((f["worst_gap_pp"] for f in figures), default=None)
-        failed = sum(f["failed"] for c in chosen for f in c["pipeline"].values())
-        goal(result, f"{label} datasets: largest |mean gap| of a cell (points)", worst_mean,
-             f"<= {MEAN_PP:g}", worst_mean is not None and worst_mean <= MEAN_PP + 1e-9)
-        goal(result, f"{label} datasets: worst single run (points)", worst_run,
-             f">= -{WORST_PP:g}", worst_run is not None and worst_run >= -WORST_PP - 1e-9)
-        goal(result, f"{label} datasets: runs that did not end DONE", failed, "0", failed == 0)
-    result["figures"] = cells
-    result["ratios"] = {f"{k}:{name}:mean_gap_pp": f["mean_gap_pp"]
-                        for k, c in cells.items() for name, f in c["pipeline"].items()
-                        if f["mean_gap_pp"] is not None}
+            stack_runs(todo, int(workers), int(stack["repeats"]),
+                       int(stack.get("concurrent_jobs", 1)), tmp,
+                       done=checkpoint.stack.get(str(workers)),
+                       on_result=lambda k, f, w=workers: checkpoint.stack_done(w, k, f))
+    cells = assemble(params, checkpoint.seeds, checkpoint.stack)
+    conclude(result, cells)
     result["notes"].append(
         "sim-W = bucketlearn.services.serial.simulate_pipeline with W workers (in-process, in-memory "
         "ports); stack-W = the real local stack on the emulators with W worker processes, each "
@@ -314,22 +367,24 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
 
 
 def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The tuning table and the held-out table: serial, fit, then each run's mean gap (worst)."""
+    """The tuning, held-out and numeric-target tables: serial, fit, then each run's mean gap
+    (worst)."""
     cells = result["figures"]
     names = list(dict.fromkeys(n for c in cells.values() for n in c["pipeline"]))
-    header = (["dataset / order", "model", "holdout rows", "R", "train-local", "fit"]
-              + [f"{n} mean (worst)" for n in names] + ["met"])
     out = []
-    for label, held in (("Tuning datasets", False), ("Held-out datasets (run once, at the end)",
-                                                     True)):
+    for label, held, task in GROUPS:
+        figure = "RMSE" if task == "regression" else "accuracy"
+        header = (["dataset / order", "model", "holdout rows", "R", f"train-local {figure}",
+                   f"fit {figure}"] + [f"{n} mean (worst)" for n in names] + ["met"])
         rows = []
         for key, cell in cells.items():
-            if cell["held_out"] != held:
+            if cell["held_out"] != held or cell.get("task", "classification") != task:
                 continue
             parallel = sorted({r for f in cell["pipeline"].values() for r in f["parallel_tasks"]})
             row = [key, cell.get("model", "?"), str(cell["holdout_rows"]),
-                   "/".join(map(str, parallel)), f"{cell['serial']:.4f}",
-                   f"{cell['fit']:.4f}" if cell.get("fit") is not None else "–"]
+                   "/".join(map(str, parallel)), f"{cell['serial']:.4g}" if task == "regression"
+                   else f"{cell['serial']:.4f}",
+                   f"{cell['fit']:.4g}" if cell.get("fit") is not None else "–"]
             for name in names:
                 f = cell["pipeline"].get(name)
                 row.append("–" if not f or f["mean_gap_pp"] is None else
@@ -338,5 +393,5 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
             row.append("yes" if cell["met"] else "**no**")
             rows.append(row)
         if rows:
-            out.append((label, header, rows))
+            out.append((TABLE_TITLES[label], header, rows))
     return out

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES, parse_list
+from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES, FORCEABLE_KINDS, parse_list
 from bucketlearn.domain.plan import CLASS_WEIGHTS
 from bucketlearn.domain.target import TASKS
 from bucketlearn.errors import ConfigError
@@ -52,6 +52,8 @@ class OptionSpec:
     choices: tuple[str, ...] | None = None
     auto: bool = False  # a whole number that also takes "auto" (stored as AUTO = 0)
     items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
+    # with items: each item is ``name=value``, the value one of these
+    pairs: tuple[str, ...] | None = None
 
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
@@ -83,6 +85,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "share one out-of-vocabulary code", 1, 100_000),
     OptionSpec("drop_columns", str, "", "feature columns to leave out, comma-separated",
                items=True),
+    OptionSpec("column_kinds", str, "",
+               "a kind for named feature columns instead of the detected one, comma-separated "
+               "name=kind (numeric, category or date), e.g. zip=category",
+               items=True, pairs=FORCEABLE_KINDS),
     OptionSpec("class_weight", str, "none",
                "none: every row counts once; balanced: each class's rows weigh n_rows / "
                "(n_classes * rows of the class) in the loss, from the training rows per class",
@@ -115,6 +121,7 @@ class JobOptions:
     missing_values: str = _SPEC_BY_NAME["missing_values"].default
     max_categories: int = _SPEC_BY_NAME["max_categories"].default
     drop_columns: str = _SPEC_BY_NAME["drop_columns"].default
+    column_kinds: str = _SPEC_BY_NAME["column_kinds"].default
     class_weight: str = _SPEC_BY_NAME["class_weight"].default
     task: str = _SPEC_BY_NAME["task"].default
 
@@ -133,6 +140,12 @@ class JobOptions:
     @property
     def dropped_columns(self) -> list[str]:
         return parse_list(self.drop_columns)
+
+    @property
+    def forced_kinds(self) -> dict[str, str]:
+        """``column_kinds`` as {column: kind} (validated when the option was parsed)."""
+        pairs = (item.rsplit("=", 1) for item in parse_list(self.column_kinds))
+        return {column.strip(): kind.strip().lower() for column, kind in pairs}
 
     def with_overrides(self, **overrides: Any) -> JobOptions:
         """Return a copy with the non-None overrides applied (after validation)."""
@@ -166,7 +179,10 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
             if len(value) > 4096:
                 raise ConfigError(name, "a comma-separated list of at most 4096 characters",
                                   _short_text(value), source)
-            return ",".join(parse_list(value))
+            items = parse_list(value)
+            if spec.pairs is not None:
+                items = _checked_pairs(name, spec.pairs, items, source)
+            return ",".join(items)
         if spec.choices is not None:
             value = value.lower()
             if value not in spec.choices:
@@ -196,6 +212,22 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         noun = "a whole number" if spec.kind is int else "a number"
         raise ConfigError(name, _range_text(noun, spec), raw, source)
     return value
+
+
+def _checked_pairs(name: str, values: tuple[str, ...], items: list[str], source: str
+                   ) -> list[str]:
+    """Each item ``column=value`` with a known value (case folded), each column once; the
+    items as ``column=value``, trimmed."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        column, _, value = (part.strip() for part in item.rpartition("="))
+        if not column or value.lower() not in values:
+            raise ConfigError(name, "comma-separated column=kind pairs, the kind one of "
+                              + ", ".join(values), _short_text(item), source)
+        if column in pairs:
+            raise ConfigError(name, "each column once", _short_text(column), source)
+        pairs[column] = value.lower()
+    return [f"{column}={value}" for column, value in pairs.items()]
 
 
 def _short_text(value: str) -> str:

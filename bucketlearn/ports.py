@@ -129,8 +129,8 @@ class VersionCommit:
     next_epoch_doc: dict[str, Any] | None = None
 
 
-class Registry(Protocol):
-    """The model registry and job ledger (Firestore in the cloud)."""
+class JobDocuments(Protocol):
+    """The jobs collection: one document per upload, its status, options, plan and head."""
 
     def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool: ...
 
@@ -142,6 +142,11 @@ class Registry(Protocol):
                       fields: Mapping[str, Any]) -> bool: ...
 
     def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+
+class VersionLedger(Protocol):
+    """A job's versions and epochs: what was folded, in one transaction with the job's head
+    (the commit check is ``domain.job.commit_refusal``, called by every implementation)."""
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
                        version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool: ...
@@ -156,6 +161,10 @@ class Registry(Protocol):
     def list_versions(self, job_id: str) -> list[dict[str, Any]]: ...
 
     def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None: ...
+
+
+class TaskLedger(Protocol):
+    """A job's task documents: attempts, states and timings."""
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:
@@ -175,9 +184,17 @@ class Registry(Protocol):
 
     def list_tasks(self, job_id: str) -> list[dict[str, Any]]: ...
 
+
+class Leases(Protocol):
+    """Named leases: one aggregator per job, one splitter per upload."""
+
     def acquire_lease(self, name: str, holder: str, seconds: float) -> bool: ...
 
     def release_lease(self, name: str, holder: str) -> None: ...
+
+
+class WorkerDocuments(Protocol):
+    """Workers' heartbeats, and the controller's small documents (the autoscaler's state)."""
 
     def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None: ...
 
@@ -186,3 +203,9 @@ class Registry(Protocol):
     def get_control(self, name: str) -> dict[str, Any] | None: ...
 
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None: ...
+
+
+class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments, Protocol):
+    """The model registry and job ledger (Firestore in the cloud): the ports above, one per
+    collection, in one backend (``adapters.firestore``, and ``adapters.memory`` for tests).
+    A function that needs only one collection can take that port alone."""

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 NUMERIC, CATEGORY, DATE, DATETIME = "numeric", "category", "date", "datetime"
+# the kinds the ``column_kinds`` option can give a column (date or datetime follows its values)
+FORCEABLE_KINDS = (NUMERIC, CATEGORY, DATE)
 WIDTH = {NUMERIC: 1, CATEGORY: 1, DATE: 5, DATETIME: 8}
 DATE_PARTS = ("year", "month", "day", "weekday", "days")
 TIME_PARTS = ("hour", "minute", "second")

@@ -57,6 +57,8 @@ def run_learners(command: Sequence[str] = LEARNER, env: dict[str, str] | None = 
             child = subprocess.Popen(list(command), env=environment,  # noqa: S603 - our own
                                      preexec_fn=_child_setup)  # noqa: PLW1509 - prctl only
             current[:] = [child]
+            if stopping.is_set():  # a signal that came while the learner was being started
+                child.send_signal(signal.SIGTERM)
             code = child.wait()
             if code != RECYCLE_EXIT or stopping.is_set():
                 return code if code >= 0 else 128 - code

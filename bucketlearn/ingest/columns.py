@@ -59,9 +59,10 @@ def sniff_kind(values: pa.Array, markers: Sequence[str]) -> str | None:
     return CATEGORY
 
 
-def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[str]) -> int | None:
-    """Add a batch's cells to a profile; the batch row of a value a date column cannot hold
-    (None when every value fits)."""
+def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[str],
+                  bound: int = COUNT_BOUND) -> int | None:
+    """Add a batch's cells to a profile (a text column's counts kept to ``bound`` values); the
+    batch row of a value a date column cannot hold (None when every value fits)."""
     profile.rows += len(values)
     if profile.kind == NUMERIC:
         profile.missing += values.null_count
@@ -76,7 +77,7 @@ def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[st
     profile.missing += len(values) - len(present)
     if profile.kind == DATE:
         return _profile_dates(profile, values, missing, present)
-    _count(profile, present)
+    _count(profile, present, bound)
     return None
 
 
@@ -94,7 +95,7 @@ def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
     return None
 
 
-def _count(profile: ColumnProfile, present: pa.Array) -> None:
+def _count(profile: ColumnProfile, present: pa.Array, bound: int) -> None:
     """Add a batch's values to the column's running count (a pyarrow table, merged and pruned
     in pyarrow: a new value in every row costs no Python per value)."""
     if len(present) == 0:
@@ -106,9 +107,9 @@ def _count(profile: ColumnProfile, present: pa.Array) -> None:
         merged = pa.concat_tables([profile.tally, batch]).group_by("value").aggregate(
             [("count", "sum")])
         batch = pa.table({"value": merged["value"], "count": merged["count_sum"]})
-    if batch.num_rows > COUNT_BOUND:
+    if batch.num_rows > bound:
         batch = batch.sort_by([("count", "descending"), ("value", "ascending")]).slice(
-            0, COUNT_BOUND // 2)
+            0, bound // 2)
         profile.overflowed = True
     profile.tally = batch
 

@@ -600,7 +600,7 @@ def _check_number(file: str, value: str, row_number: int, column: str,
         return _problem(file, "a feature value is not a number", row=row_number, column=column,
                         expected="a number or a missing value (an empty cell"
                                  + (f" or one of missing_values: {shown}" if markers else "")
-                                 + "), as in the column's first rows; add the value to "
+                                 + ") as the column's kind (from its first rows, or column_kinds) says; add the value to "
                                    "missing_values, or leave the column out with drop_columns",
                         found=_short(value))
     number = float(text)
@@ -710,7 +710,7 @@ def _profile_features(source: SourceFile, batch: pa.RecordBatch,
             raise _problem(source.display_name, "a value of a date column is not an ISO date",
                            row=rows + bad + 1, column=name,
                            expected="an ISO date (YYYY-MM-DD, optionally with a time), or a "
-                                    "missing value, as in the column's first rows",
+                                    "missing value, as the column's kind (from its first rows, or column_kinds) says",
                            found=repr(_short(values[bad].as_py())))
 
 
@@ -1221,6 +1221,14 @@ def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: l
     return reading, sniff_labels(first.column(label) if first is not None else None, markers)
 
 
+def _force_kinds(reading: _Reading, forced: dict[str, str]) -> None:
+    """``column_kinds``: the user's kind replaces the detected one (a date column's cells still
+    decide date or datetime; its names were checked by ``_features_read``)."""
+    for name, kind in forced.items():
+        reading.kinds[name] = kind
+        reading.unknown.discard(name)
+
+
 @dataclass
 class _Scan:
     """What pass 1 found: classes and counts, the columns' kinds and profiles, the read block."""
@@ -1248,6 +1256,7 @@ def _count_pass(source: SourceFile, columns: list[str], label: str, features: li
     block, largest = _block_sizes(limits, read_block_bytes)
     reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
                                     block)
+    _force_kinds(reading, options.forced_kinds)
     task, reason = decide_task(options.task, sniffed.all_numbers, sniffed.distinct,
                                sniffed.rows, sniffed.capped)
     targets = None
@@ -1449,7 +1458,8 @@ def _as_regression(manifest: Manifest, scan: _Scan, plan: SplitPlan,
 
 
 def _features_read(columns: list[str], label: str, options: JobOptions, file: str) -> list[str]:
-    """The feature columns the passes read: all but the label and those in drop_columns."""
+    """The feature columns the passes read: all but the label and those in drop_columns; every
+    column ``column_kinds`` names must be one of them."""
     dropped = options.dropped_columns
     unknown = [name for name in dropped if name not in columns]
     if unknown or label in dropped:
@@ -1460,6 +1470,14 @@ def _features_read(columns: list[str], label: str, options: JobOptions, file: st
                            ", ".join(c for c in columns if c != label), 200),
                        found=", ".join(unknown or [label]))
     features = [c for c in columns if c != label and c not in dropped]
+    not_features = [name for name in options.forced_kinds if name not in features]
+    if not_features:
+        raise _problem(file, "column_kinds names a column that is not a feature column (the "
+                             "file lacks it, or it is the label or in drop_columns)",
+                       column=not_features[0],
+                       expected="feature columns of the file: " + _short(", ".join(features),
+                                                                        200),
+                       found=", ".join(not_features))
     if not features:
         raise _problem(file, "drop_columns leaves no feature column",
                        expected="at least one feature column", found=f"drop_columns={dropped}")

@@ -25,6 +25,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, layout
@@ -42,14 +43,19 @@ from bucketlearn.services.runtime import job_runtime
 log = logging.getLogger(__name__)
 
 
-TRANSIENT_BACKOFF_SECONDS = 2.0
-TRANSIENT_RETRY_SECONDS = 300.0  # how long a worker keeps a task through a backend outage
-HEARTBEAT_SECONDS = 10.0
-REPORT_MIN_SECONDS = 1.0
-REPORTER_JOIN_SECONDS = 5.0
-# How long the final heartbeat ("stopped") waits for a write still in flight (each write is
-# bounded by the registry's own timeout, 30 s for Firestore).
-HEARTBEAT_WRITE_WAIT_SECONDS = 60.0
+@dataclass(frozen=True)
+class LearnerTuning:
+    """How a learner paces itself; injected (``Learner(tuning=...)``), tests shorten it."""
+
+    transient_backoff_seconds: float = 2.0
+    # how long a worker keeps a task through a backend outage
+    transient_retry_seconds: float = 300.0
+    heartbeat_seconds: float = 10.0  # the current state is written again this often
+    report_min_seconds: float = 1.0  # a state change is written within this
+    reporter_join_seconds: float = 5.0
+    # How long the final heartbeat ("stopped") waits for a write still in flight (each write is
+    # bounded by the registry's own timeout, 30 s for Firestore).
+    heartbeat_write_wait_seconds: float = 60.0
 
 
 def skip_reason(job: dict[str, Any] | None, task: TaskMessage) -> str | None:
@@ -104,12 +110,14 @@ class _Reporter:
 
     A task lasts tenths of a second; writing "busy" and "idle" around each one put two Firestore
     writes on every task's critical path. Here a state change is written within
-    ``REPORT_MIN_SECONDS`` (when several happen in that time, the latest wins), and the current
-    state is written again every ``HEARTBEAT_SECONDS`` so the worker shows as alive.
+    ``report_min_seconds`` (when several happen in that time, the latest wins), and the current
+    state is written again every ``heartbeat_seconds`` so the worker shows as alive.
     """
 
-    def __init__(self, write: Callable[[str, TaskMessage | None], None]) -> None:
+    def __init__(self, write: Callable[[str, TaskMessage | None], None],
+                 tuning: LearnerTuning = LearnerTuning()) -> None:
         self.write = write
+        self.tuning = tuning
         self.state: tuple[str, TaskMessage | None] = ("idle", None)
         self.lock = threading.Lock()
         self.changed = threading.Event()
@@ -123,8 +131,8 @@ class _Reporter:
 
     def _run(self) -> None:
         while not self.closing.is_set():
-            self.changed.wait(HEARTBEAT_SECONDS)
-            if self.closing.wait(REPORT_MIN_SECONDS):
+            self.changed.wait(self.tuning.heartbeat_seconds)
+            if self.closing.wait(self.tuning.report_min_seconds):
                 return
             self.changed.clear()
             with self.lock:
@@ -138,13 +146,15 @@ class _Reporter:
     def __exit__(self, *exc: object) -> None:
         self.closing.set()
         self.changed.set()  # wake the thread; it sees ``closing`` and ends without writing
-        self.thread.join(timeout=REPORTER_JOIN_SECONDS)
+        self.thread.join(timeout=self.tuning.reporter_join_seconds)
 
 
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
-                 stop: threading.Event | None = None, max_jobs: int = 0) -> None:
+                 stop: threading.Event | None = None, max_jobs: int = 0,
+                 tuning: LearnerTuning = LearnerTuning()) -> None:
         self.svc = svc
+        self.tuning = tuning
         # After tasks of this many jobs, ``run`` returns between tasks with ``recycle`` set: the
         # process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
         self.max_jobs = max_jobs
@@ -174,10 +184,11 @@ class Learner:
         ``run`` may have stopped waiting for) and no write can land after it."""
         if final:
             self._heartbeats_closed.set()  # a reporter write not yet started will not start
-        locked = self._heartbeat_lock.acquire(timeout=HEARTBEAT_WRITE_WAIT_SECONDS)
+        wait = self.tuning.heartbeat_write_wait_seconds
+        locked = self._heartbeat_lock.acquire(timeout=wait)
         if not locked:
             log.warning("a heartbeat write is still in flight after %.0f s; %s",
-                        HEARTBEAT_WRITE_WAIT_SECONDS,
+                        wait,
                         "writing 'stopped' anyway" if final else "skipping this one")
             if not final:
                 return
@@ -212,7 +223,7 @@ class Learner:
 
         Attempts are counted once per delivery, idempotently (an attempt key per delivery), and
         only for failures that are the task's: through a backend outage the worker keeps the
-        message and retries for up to ``TRANSIENT_RETRY_SECONDS`` (every nack would count as a
+        message and retries for up to ``tuning.transient_retry_seconds`` (every nack would count as a
         Pub/Sub delivery towards dead-lettering), and an attempt it could not give back during
         the outage is given back later (``_settle_refunds``).
         """
@@ -255,9 +266,9 @@ class Learner:
     def _with_retries(self, call: Callable[[], Any],
                       on_give_up: Callable[[], None] | None = None) -> Any:
         """``call()``, retried through transient failures (a backend outage) with backoff for up
-        to ``TRANSIENT_RETRY_SECONDS``, while this worker keeps the task's message."""
-        deadline = time.monotonic() + TRANSIENT_RETRY_SECONDS
-        pause = TRANSIENT_BACKOFF_SECONDS
+        to ``tuning.transient_retry_seconds``, while this worker keeps the task's message."""
+        deadline = time.monotonic() + self.tuning.transient_retry_seconds
+        pause = self.tuning.transient_backoff_seconds
         while True:
             try:
                 return call()
@@ -358,7 +369,7 @@ class Learner:
         self._heartbeats_closed.clear()
         self._write_heartbeat("idle", None)
         try:
-            with _Reporter(self._write_heartbeat) as self._reporter:
+            with _Reporter(self._write_heartbeat, self.tuning) as self._reporter:
                 return self._loop(stop, max_tasks, pull_timeout)
         finally:
             self._reporter = None

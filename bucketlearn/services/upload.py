@@ -280,7 +280,8 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
         TransientError: another invocation took the split over.
     """
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         None if options.parallel_tasks == AUTO else options.parallel_tasks)
+                         None if options.parallel_tasks == AUTO else options.parallel_tasks,
+                         regression=manifest.target is not None)
     model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
                         manifest.schema)
     data = codec.encode_state(model.get_weights(), optimizer_state(model),

@@ -69,6 +69,19 @@ def test_a_serial_plan_groups_shards_into_fewer_tasks():
     assert plan.rounds_per_epoch == plan.tasks_per_epoch
 
 
+def test_a_numeric_target_trains_one_task_at_a_time_unless_asked_otherwise():
+    """The job of the test above with a numeric target: auto gives R = 1 (parallel rounds cost
+    regression jobs RMSE), saying why; an explicit parallel_tasks is still taken."""
+    # Execute
+    auto = plan_training([256] * 37 + [192], epochs=10, batch_size=32, regression=True)
+    asked = plan_training([256] * 37 + [192], epochs=10, batch_size=32, requested=3,
+                          regression=True)
+    # Assert
+    assert auto.parallel_tasks == 1 and auto.shards_per_task == SERIAL_TASK_SHARDS
+    assert "numeric target" in auto.decided
+    assert asked.parallel_tasks == 3 and asked.decided == "option parallel_tasks"
+
+
 def test_requested_parallel_tasks_win_over_auto_but_not_over_the_tasks():
     """parallel_tasks from the options is used as given, and never exceeds the tasks an epoch
     has."""

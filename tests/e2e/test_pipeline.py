@@ -167,3 +167,35 @@ def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack:
     assert report["rows"] == 4
     assert set(report["predictions"]) <= {"Adelie", "Chinstrap", "Gentoo"}
     assert report["predictions"][:2] == ["Gentoo", "Chinstrap"]  # clear-cut rows
+
+
+def test_a_numeric_target_trains_to_train_locals_rmse_and_predicts_numbers(stack: Any,
+                                                                           tmp_path: Path
+                                                                           ) -> None:
+    """Issue #15's numeric targets end to end: penguins' ``body_mass_g`` (two rows ``NA``) is a
+    regression under ``task=auto``; the job's RMSE is train-local's; the downloaded model
+    predicts grams from raw rows, an unseen island and empty cells included."""
+    penguins = REPO / "data" / "penguins.csv"
+    from bucketlearn.services.serial import train_local
+
+    new_rows = tmp_path / "new_penguins.csv"
+    new_rows.write_text("species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,sex,year\n"
+                        "Gentoo,Biscoe,47.5,14.2,217,male,2009\n"
+                        "Adelie,Dream,36.0,18.0,185,female,2008\n"
+                        "Chinstrap,Atlantis,NA,,200,,2010\n")
+    # Execute
+    serial = train_local(str(penguins), JobOptions(label_column="body_mass_g"))
+    status = submit_and_wait(stack, penguins, "--label-column", "body_mass_g")
+    # Assert
+    assert status["status"] == "DONE", status
+    assert status["task"] == "regression" and status["missing_targets"] == 2
+    assert status["rmse"] == pytest.approx(serial.report["rmse"], rel=1e-6)
+    assert status["r2"] > 0.8 and status["mae"] < status["rmse"]
+    model_path = tmp_path / "mass.keras"
+    assert cli(stack, "download", status["job_id"], "-o", str(model_path)).returncode == 0
+    predict = cli(stack, "predict", str(model_path), str(new_rows), "--json")
+    assert predict.returncode == 0, predict.stderr
+    grams = json.loads(predict.stdout)["predictions"]
+    assert len(grams) == 3 and all(isinstance(g, float) for g in grams)
+    assert grams[0] > grams[1] + 500  # a large Gentoo male outweighs a small Adelie female
+    assert all(2000 < g < 7000 for g in grams)

@@ -61,3 +61,21 @@ def test_no_test_module_imports_another_test_module() -> None:
     # Assert
     assert len(list(tests.rglob("test_*.py"))) > 30
     assert not offenders, offenders
+
+
+def test_no_test_monkeypatches_a_tuning_constant_of_the_core() -> None:
+    """Knobs a test needs to turn (a learner's pacing, a count's bound) are injected
+    (``LearnerTuning``, a ``bound`` argument), not module globals a test rewrites."""
+    # Prepare
+    tests = ROOT / "tests"
+    # Execute
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "setattr" and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
+                    and isinstance(node.args[1].value, str) and node.args[1].value.isupper()):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.args[1].value}")
+    # Assert
+    assert not offenders, f"tests that rewrite a module constant: {offenders}"

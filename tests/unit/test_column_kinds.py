@@ -127,16 +127,15 @@ def test_a_complete_numeric_file_is_split_as_before():
     assert not np.isnan(x).any() and manifest.variance[1] == 1.0
 
 
-def test_counting_a_text_column_stays_bounded(monkeypatch):
+def test_counting_a_text_column_stays_bounded():
     """A column with a new value in every row: the counts never hold more than the bound."""
     import pyarrow as pa
 
-    monkeypatch.setattr(ingest_columns, "COUNT_BOUND", 100)
     profile = ColumnProfile("id", CATEGORY)
     largest = 0
     for start in range(0, 5000, 250):
         values = pa.array([f"v{i}" for i in range(start, start + 250)])
-        ingest_columns.profile_batch(profile, values, ["NA"])
+        ingest_columns.profile_batch(profile, values, ["NA"], bound=100)
         largest = max(largest, profile.tally.num_rows)
     ingest_columns.finish_profile(profile)
     assert largest <= 100 and profile.overflowed and len(profile.counts) == 50
@@ -180,3 +179,38 @@ def test_a_date_column_constant_within_each_batch_but_not_across_them_is_kept():
     rows = [["2024-01-01T10:00" if i < 300 else "2024-01-01T11:00", i % 2] for i in range(600)]
     manifest, _ = split(csv_bytes(["when", "label"], rows), block=1024)
     assert [c.name for c in manifest.schema] == ["when"] and not manifest.dropped
+
+
+def test_column_kinds_reads_a_code_of_digits_as_text():
+    # Prepare: zip codes look like numbers; as numbers 60614 > 10001 would mean something
+    zips = ["60614", "10001", "94103", "02139"]
+    rows = [[zips[i % 4], i % 7 / 7, i % 2] for i in range(200)]
+    data = csv_bytes(["zip", "amount", "label"], rows)
+    # Execute
+    detected, _ = split(data)
+    forced, store = split(data, column_kinds="zip = Category")
+    # Assert
+    assert {c.name: c.kind for c in detected.schema} == {"zip": NUMERIC, "amount": NUMERIC}
+    zip_column = forced.schema[0]
+    assert (zip_column.name, zip_column.kind) == ("zip", CATEGORY)
+    assert sorted(zip_column.vocabulary) == sorted(zips)  # "02139" kept as written
+    x, _ = all_rows(forced, store)
+    assert set(np.unique(x[:, 0])) <= set(range(2, 6))  # word codes, not the numbers
+
+
+def test_column_kinds_numeric_on_text_rejects_the_file_naming_row_and_column():
+    rows = [["2024-01-02" if i else "2024-01-01", i % 2] for i in range(40)]
+    with pytest.raises(InvalidInputError) as caught:
+        split(csv_bytes(["when", "label"], rows), column_kinds="when=numeric")
+    assert "row 1, column 'when'" in str(caught.value)
+
+
+@pytest.mark.parametrize("named", ["nope", "label", "gone"])
+def test_column_kinds_naming_no_feature_column_is_rejected(named):
+    rows = [[i % 3, i % 5, i % 2] for i in range(40)]
+    with pytest.raises(InvalidInputError) as caught:
+        split(csv_bytes(["gone", "kept", "label"], rows), drop_columns="gone",
+              column_kinds=f"{named}=category")
+    text = str(caught.value)
+    assert f"column '{named}'" in text and "column_kinds" in text
+    assert "expected feature columns of the file: kept" in text

@@ -270,3 +270,16 @@ def test_class_weight_from_metadata_environment_and_command_line():
     assert overridden.class_weight == "none"
     assert from_metadata.to_metadata()["class_weight"] == "balanced"
     assert resolve_options(metadata=from_metadata.to_metadata(), environ={}) == from_metadata
+
+
+def test_column_kinds_is_parsed_into_pairs_and_a_bad_pair_names_itself():
+    # Execute
+    parsed = parse_option("column_kinds", " zip = Category , opened=date ", "metadata")
+    # Assert
+    assert parsed == "zip=category,opened=date"
+    assert JobOptions(column_kinds=parsed).forced_kinds == {"zip": "category", "opened": "date"}
+    for bad, found in (("zip=text", "zip=text"), ("zip", "zip"), ("=date", "=date"),
+                       ("zip=date,zip=numeric", "zip")):
+        with pytest.raises(ConfigError) as excinfo:
+            parse_option("column_kinds", bad, "metadata")
+        assert "column_kinds" in str(excinfo.value) and repr(found) in str(excinfo.value)

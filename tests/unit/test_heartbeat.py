@@ -1,5 +1,5 @@
 """A worker's heartbeat is written off the task path: state changes within a second (the latest
-wins), the current state again every ``HEARTBEAT_SECONDS``, and "stopped" when the worker ends."""
+wins), the current state again every ``heartbeat_seconds``, and "stopped" when the worker ends."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.services import learn as worker
-from bucketlearn.services.learn import Learner, _Reporter
+from bucketlearn.services.learn import Learner, LearnerTuning, _Reporter
 from tests.unit.helpers import eventually
 from tests.unit.steps import start_job
 
@@ -35,10 +34,9 @@ def test_a_burst_of_state_changes_is_one_write_of_the_latest(monkeypatch: pytest
                                                              ) -> None:
     # Prepare
     # a window far longer than the burst takes, however loaded the machine
-    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 2.0)
     recorder = Recorder()
     # Execute
-    with _Reporter(recorder) as reporter:
+    with _Reporter(recorder, LearnerTuning(report_min_seconds=2.0)) as reporter:
         for state in ("busy", "idle", "waiting", "busy"):
             reporter.set(state, "task-7")
         assert eventually(lambda: recorder.states(), seconds=10)
@@ -52,11 +50,10 @@ def test_the_state_is_written_again_while_nothing_changes(monkeypatch: pytest.Mo
                                                           ) -> None:
     """A worker idle on an empty queue still shows as alive."""
     # Prepare
-    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 0.01)
-    monkeypatch.setattr(worker, "HEARTBEAT_SECONDS", 0.05)
     recorder = Recorder()
     # Execute
-    with _Reporter(recorder) as reporter:
+    with _Reporter(recorder, LearnerTuning(report_min_seconds=0.01,
+                                           heartbeat_seconds=0.05)) as reporter:
         reporter.set("idle", None)
         assert eventually(lambda: len(recorder.states()) >= 3)
     # Assert
@@ -89,9 +86,6 @@ def test_a_late_heartbeat_never_lands_after_stopped(monkeypatch: pytest.MonkeyPa
     """A reporter write still in flight when ``run`` ends (a slow registry, longer than the
     reporter's join) lands before "stopped", never after it."""
     # Prepare: the reporter writes often; its writes take longer than run waits for it
-    monkeypatch.setattr(worker, "REPORT_MIN_SECONDS", 0.01)
-    monkeypatch.setattr(worker, "HEARTBEAT_SECONDS", 0.05)
-    monkeypatch.setattr(worker, "REPORTER_JOIN_SECONDS", 0.1)
     svc = memory_services()
     monkeypatch.setattr(svc.queue, "pull", lambda timeout: time.sleep(timeout))
     real = svc.registry.heartbeat
@@ -107,7 +101,9 @@ def test_a_late_heartbeat_never_lands_after_stopped(monkeypatch: pytest.MonkeyPa
     stop = threading.Event()
     threading.Thread(target=lambda: in_flight.wait(10) and stop.set(), daemon=True).start()
     # Execute: run ends while the reporter's write is in flight
-    Learner(svc, "w1").run(stop, pull_timeout=0.02)
+    tuning = LearnerTuning(report_min_seconds=0.01, heartbeat_seconds=0.05,
+                           reporter_join_seconds=0.1)
+    Learner(svc, "w1", tuning=tuning).run(stop, pull_timeout=0.02)
     for thread in threading.enumerate():
         if thread.name == "heartbeat":
             thread.join(timeout=10)

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.errors import TransientError
-from bucketlearn.services import learn as worker
-from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.learn import Decision, Learner, LearnerTuning
 from tests.unit.steps import start_job
 
 
@@ -19,8 +18,6 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
                                            error: Exception, counted: int) -> None:
     # Prepare: every shard read fails with ``error``; a transient one for longer than the worker
     # keeps a task through an outage
-    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
-    monkeypatch.setattr(worker, "TRANSIENT_RETRY_SECONDS", 0.0)
     svc, job_id = start_job(tmp_path)
     real_read = svc.store.read_bytes
 
@@ -32,7 +29,8 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(svc.store, "read_bytes", failing_read)
     received = svc.queue.pull(0)
     # Execute
-    decision = Learner(svc, "w1").process(received.message)
+    tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
+    decision = Learner(svc, "w1", tuning=tuning).process(received.message)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.NACK
@@ -60,7 +58,6 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     (ACK) instead of nacking: every nack is a Pub/Sub delivery towards dead-lettering (issue #14,
     item 1). One attempt is counted."""
     # Prepare
-    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.01)
     svc, job_id = start_job(tmp_path)
     real_read = svc.store.read_bytes
     failures = iter([True, True])
@@ -73,7 +70,8 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     monkeypatch.setattr(svc.store, "read_bytes", flaky_read)
     received = svc.queue.pull(0)
     # Execute
-    decision = Learner(svc, "w1").process(received.message)
+    tuning = LearnerTuning(transient_backoff_seconds=0.01)
+    decision = Learner(svc, "w1", tuning=tuning).process(received.message)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.ACK
@@ -85,7 +83,6 @@ def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
     """record_attempt's write lands but its answer is lost (an outage between the write and the
     read-back): the retry with the same attempt key counts once (issue #14, item 3)."""
     # Prepare
-    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
     svc, job_id = start_job(tmp_path)
     real = svc.registry.record_attempt
     lost = iter([True])
@@ -99,7 +96,8 @@ def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
     monkeypatch.setattr(svc.registry, "record_attempt", answer_lost)
     received = svc.queue.pull(0)
     # Execute
-    decision = Learner(svc, "w1").process(received.message)
+    tuning = LearnerTuning(transient_backoff_seconds=0.0)
+    decision = Learner(svc, "w1", tuning=tuning).process(received.message)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.ACK and task["attempts"] == 1
@@ -110,8 +108,6 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
     """A transient failure outlasts the worker's patience and the refund fails too (the registry
     is down): the attempt is owed, and given back with the next task (issue #14, item 3)."""
     # Prepare
-    monkeypatch.setattr(worker, "TRANSIENT_BACKOFF_SECONDS", 0.0)
-    monkeypatch.setattr(worker, "TRANSIENT_RETRY_SECONDS", 0.0)
     svc, job_id = start_job(tmp_path)
     real_read, real_refund = svc.store.read_bytes, svc.registry.refund_attempt
     down = {"storage": True, "refunds": True}
@@ -128,7 +124,8 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
 
     monkeypatch.setattr(svc.store, "read_bytes", read)
     monkeypatch.setattr(svc.registry, "refund_attempt", refund)
-    learner = Learner(svc, "w1")
+    tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
+    learner = Learner(svc, "w1", tuning=tuning)
     first = svc.queue.pull(0)
     # Execute: the outage
     assert learner.process(first.message) is Decision.NACK

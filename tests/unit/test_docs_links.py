@@ -1,0 +1,41 @@
+"""Every relative link in the README and docs/ points at a file that exists, and every
+``#anchor`` at a heading of that file (the README was split into docs/ pages: issue #16)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors: a heading lower-cased, punctuation but hyphens dropped, spaces as -."""
+    found = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    # Prepare
+    pages = [ROOT / "README.md", ROOT / "infra" / "README.md", *(ROOT / "docs").glob("*.md")]
+    # Execute
+    broken, checked = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            checked += 1
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in heading_anchors(
+                    dest.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    # Assert
+    assert checked > 30
+    assert not broken, broken
