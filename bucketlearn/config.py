@@ -328,9 +328,10 @@ class Settings:
     faults: frozenset[str] = frozenset()
     fault_dir: str | None = None
     worker_id: str | None = None  # BUCKETLEARN_WORKER_ID; default <hostname>-<pid>
-    # A learner process is replaced by a fresh one after tasks of this many jobs (0: never):
-    # TensorFlow frees a model's memory only at process exit (bucketlearn.entrypoints.worker)
-    worker_max_jobs: int = 20
+    # A learner process is replaced by a fresh one once it has built this many models, one per
+    # job it trains (0: never): TensorFlow frees a model's memory only at process exit
+    # (bucketlearn.entrypoints.worker)
+    worker_max_models: int = 20
 
     @property
     def uses_emulators(self) -> bool:
@@ -370,7 +371,7 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_EVAL_MAX_ROWS": ("eval_max_rows", int),
     "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS": ("aggregate_budget_seconds", float),
     "BUCKETLEARN_LOG_FORMAT": ("log_format", str),
-    "BUCKETLEARN_WORKER_MAX_JOBS": ("worker_max_jobs", int),
+    "BUCKETLEARN_WORKER_MAX_MODELS": ("worker_max_models", int),
 }
 # Read by the Google client libraries themselves too (export_emulator_env).
 EMULATOR_ENV: dict[str, str] = {

@@ -3,11 +3,11 @@ stack's workers): a small parent that keeps one learner process running.
 
 TensorFlow keeps memory for every model a process builds and trains, and gives it back only when
 the process ends (tensorflow/tensorflow#62854; neither ``keras.backend.clear_session()`` nor
-dropping the model's traced functions frees it). Measured here: 4 to 15 MB per job, so a learner
-that had trained about 60 jobs held 2.6 GB. So a learner that has trained tasks of
-``worker_max_jobs`` jobs (``BUCKETLEARN_WORKER_MAX_JOBS``; 0: never) acks its task and exits with
-``RECYCLE_EXIT``, and this parent starts a fresh one: the memory a worker holds is bounded by
-that many jobs, whatever it runs for. Nothing is lost: the learner stops only between tasks.
+dropping the model's traced functions frees it). Measured here: 4 to 15 MB per model. So a
+learner that has built ``worker_max_models`` models (``BUCKETLEARN_WORKER_MAX_MODELS``, default
+20; one per job it trains, again when a job left its runtime cache; 0: never) acks its task and
+exits with ``RECYCLE_EXIT``, and this parent starts a fresh one: the memory a worker holds is
+bounded, whatever it runs for. Nothing is lost: the learner stops only between tasks.
 
 The parent imports neither TensorFlow nor the Google clients. SIGTERM and SIGINT are passed to
 the learner, which finishes its task and exits; the parent then exits with the learner's code.

@@ -38,7 +38,7 @@ from bucketlearn.ml.training import train_task
 from bucketlearn.ports import ReceivedTask, TaskMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services.runtime import job_runtime, models_built
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +151,15 @@ class _Reporter:
 
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
-                 stop: threading.Event | None = None, max_jobs: int = 0,
+                 stop: threading.Event | None = None, max_models: int = 0,
                  tuning: LearnerTuning = LearnerTuning()) -> None:
         self.svc = svc
         self.tuning = tuning
-        # After tasks of this many jobs, ``run`` returns between tasks with ``recycle`` set: the
-        # process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
-        self.max_jobs = max_jobs
-        self.jobs_trained: set[str] = set()
+        # Once this process has built this many models (``runtime.models_built``: one per job,
+        # again if the job left the runtime cache), ``run`` returns between tasks with
+        # ``recycle`` set: the process is to be replaced (bucketlearn.entrypoints.worker; 0:
+        # never)
+        self.max_models = max_models
         self.recycle = False
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
@@ -318,7 +319,6 @@ class Learner:
         svc = self.svc
         t0 = time.perf_counter()
         runtime = job_runtime(svc, job)
-        self.jobs_trained.add(task.job_id)
         base, optimizer = runtime.state(task.weights_path)
         x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
         t1 = time.perf_counter()
@@ -396,9 +396,9 @@ class Learner:
             except Exception:  # noqa: BLE001 - an unacked message is redelivered: no loss
                 log.warning("ack/nack failed", exc_info=True)
             handled += 1
-            if self.max_jobs and len(self.jobs_trained) >= self.max_jobs:
-                log.info("trained tasks of %d jobs: handing over to a fresh process (TensorFlow "
-                         "frees a model's memory only at exit)", len(self.jobs_trained))
+            if self.max_models and models_built(self.svc) >= self.max_models:
+                log.info("built %d models: handing over to a fresh process (TensorFlow frees a "
+                         "model's memory only at exit)", models_built(self.svc))
                 self.recycle = True
                 break
         return handled
@@ -416,8 +416,8 @@ it exits with ``RECYCLE_EXIT``)."""
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     # recycling needs the parent that starts a fresh process (bucketlearn.entrypoints.worker)
-    max_jobs = svc.settings.worker_max_jobs if os.environ.get(LEARNER_CHILD_ENV) else 0
-    learner = Learner(svc, max_jobs=max_jobs)
+    max_models = svc.settings.worker_max_models if os.environ.get(LEARNER_CHILD_ENV) else 0
+    learner = Learner(svc, max_models=max_models)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
     if learner.recycle and not stop.is_set():

@@ -116,11 +116,11 @@ def test_worker_sigkill_mid_training(make_stack: Any, small_digits: Path) -> Non
 
 def test_learners_are_replaced_between_jobs_and_lose_nothing(make_stack: Any,
                                                              small_digits: Path) -> None:
-    """A learner that has trained tasks of ``BUCKETLEARN_WORKER_MAX_JOBS`` jobs hands over to a
+    """A learner that has built ``BUCKETLEARN_WORKER_MAX_MODELS`` models hands over to a
     fresh process between tasks (TensorFlow frees a model's memory only at exit): three jobs
     uploaded at once through one worker that is replaced after every second job."""
     # Prepare
-    stack = make_stack("recycle", workers=1, extra_env={"BUCKETLEARN_WORKER_MAX_JOBS": "2"})
+    stack = make_stack("recycle", workers=1, extra_env={"BUCKETLEARN_WORKER_MAX_MODELS": "2"})
     svc = google_services(stack.settings)
     # Execute
     job_ids = [submit(svc, f"digits-{i}.csv", {"epochs": "1"}, small_digits) for i in range(3)]
@@ -133,7 +133,7 @@ def test_learners_are_replaced_between_jobs_and_lose_nothing(make_stack: Any,
     recycled = log_text.count("recycled (its memory is given back)")
     assert recycled >= 1, log_text[-3000:]
     assert stack.procs["worker-0"].alive()
-    record("learner replaced between jobs", "BUCKETLEARN_WORKER_MAX_JOBS=2, one worker, three "
+    record("learner replaced between jobs", "BUCKETLEARN_WORKER_MAX_MODELS=2, one worker, three "
            "jobs uploaded at once", "every job DONE with a consistent ledger; the learner "
            "process was replaced", recycles=recycled,
            tasks=sum(int(job["tasks_applied"]) for job in jobs))

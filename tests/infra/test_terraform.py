@@ -52,7 +52,7 @@ AUTOSCALER_ENV = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"',
                                 inspect.getsource(load_autoscaler_settings)))
 # Settings whose default suits the cloud: given through var.extra_env when needed.
 OPTIONAL_ENV = {"BUCKETLEARN_LEASE_SECONDS", "BUCKETLEARN_MAX_EVENT_AGE_SECONDS",
-                "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_JOBS"}
+                "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_MODELS"}
 # The settings a deployed component cannot do without: where the data and the queue are.
 CLOUD_ENV = {key for key, (field, _kind) in SETTINGS_ENV.items()
              if field.endswith(("_bucket", "_topic", "_subscription", "_database"))

@@ -504,7 +504,7 @@ variable "dashboard_max_instances" {
 variable "extra_env" {
   type        = map(string)
   default     = {}
-  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_JOBS (jobs a learner process trains before a fresh process replaces it; 0: never). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, ...)."
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_MODELS (models, one per job, a learner process builds before a fresh process replaces it; 0: never). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, ...)."
 
   validation {
     condition = alltrue([
