@@ -156,6 +156,14 @@ def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeat
     return results
 
 
+def measured_with(params: dict[str, Any]) -> dict[str, Any]:
+    """What a seed's or a stack run's figures depend on: the datasets and their options, the
+    simulated worker counts, whether the fit reference runs (not which seeds, orders or stack
+    sizes a command asks for, nor which datasets count as held out)."""
+    return {"datasets": params.get("datasets"), "sim_workers": params.get("sim_workers"),
+            "fit_reference": bool(params.get("fit_reference"))}
+
+
 def run_key(name: str, order: str, seed: int, repeat: int) -> str:
     return f"{name}/{order}/{seed}/{repeat}"
 
@@ -163,22 +171,28 @@ def run_key(name: str, order: str, seed: int, repeat: int) -> str:
 class Checkpoint:
     """What a run has measured so far, in ``<out>/parity.partial.json``, rewritten after every
     seed and every stack job: a run stopped part-way (a crash, the OOM killer, a reboot) is taken
-    up again by the same command, which skips what the file holds. Only a file written with the
-    same parameters is taken up; the file is removed once the result is written."""
+    up again by a command with the same datasets and options (``measured_with``), which skips the
+    seeds and stack runs the file holds; seeds, orders, worker counts and repeats may differ.
+    A file measured otherwise is kept aside (``.stale-N``), never overwritten. The file is
+    removed once the result is written."""
 
     def __init__(self, out: Path, params: dict[str, Any]) -> None:
         self.path = out / "parity.partial.json"
         self.params = json.loads(json.dumps(params, default=str))
         self.seeds: dict[str, dict[str, Any]] = {}  # "name/order/seed": that seed's figures
         self.stack: dict[str, dict[str, dict[str, Any]]] = {}  # workers: run_key: figures
-        if self.path.exists():
-            saved = json.loads(self.path.read_text())
-            if saved.get("params") == self.params:
-                self.seeds, self.stack = saved["seeds"], saved["stack"]
-                log(f"parity: taking up {self.path} ({len(self.seeds)} seeds, "
-                    f"{sum(len(v) for v in self.stack.values())} stack runs done)")
-            else:
-                log(f"parity: {self.path} was written with other parameters; starting afresh")
+        if not self.path.exists():
+            return
+        saved = json.loads(self.path.read_text())
+        if measured_with(saved.get("params", {})) == measured_with(self.params):
+            self.seeds, self.stack = saved["seeds"], saved["stack"]
+            log(f"parity: taking up {self.path} ({len(self.seeds)} seeds, "
+                f"{sum(len(v) for v in self.stack.values())} stack runs done)")
+            return
+        aside = next(self.path.with_name(f"{self.path.name}.stale-{n}") for n in range(1000)
+                     if not self.path.with_name(f"{self.path.name}.stale-{n}").exists())
+        self.path.rename(aside)
+        log(f"parity: {self.path} was measured with other datasets or options; kept as {aside}")
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ everything, because results were written only at the end.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -39,16 +40,22 @@ def test_a_checkpointed_seed_is_not_run_again_and_the_file_goes_once_done(tmp_pa
     assert not (tmp_path / "parity.partial.json").exists()
 
 
-def test_a_checkpoint_of_other_parameters_is_not_taken_up(tmp_path: Path) -> None:
+def test_a_checkpoint_is_taken_up_by_the_same_measurement_and_kept_aside_otherwise(
+        tmp_path: Path) -> None:
     # Prepare
     params = copy.deepcopy(parity.SMOKE)
     parity.Checkpoint(tmp_path, params).seed_done("digits/shuffled/0", _seed_figures(0.5, 0.5))
-    other = {**params, "seeds": [1]}
+    more_seeds = {**params, "seeds": [0, 1], "held_out": ["digits"]}  # the same measurement
+    other = {**params, "sim_workers": [4]}  # another measurement
     # Execute
-    same, different = parity.Checkpoint(tmp_path, params), parity.Checkpoint(tmp_path, other)
+    same = parity.Checkpoint(tmp_path, more_seeds)
+    different = parity.Checkpoint(tmp_path, other)
     # Assert
     assert list(same.seeds) == ["digits/shuffled/0"]
     assert different.seeds == {} and different.stack == {}
+    aside = tmp_path / "parity.partial.json.stale-0"
+    assert not (tmp_path / "parity.partial.json").exists() and aside.exists()
+    assert "digits/shuffled/0" in json.loads(aside.read_text())["seeds"]
 
 
 def test_stack_runs_in_the_checkpoint_are_returned_without_starting_a_stack(tmp_path: Path
