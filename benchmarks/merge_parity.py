@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("not merged; the deterministic figures disagree:\n" + "\n".join(problems))
         return 1
+    names = list(dict.fromkeys(cell["dataset"] for cell in cells.values()))
+    cells = {key: cells[key] for key in sorted(
+        cells, key=lambda k: (names.index(cells[k]["dataset"]), cells[k]["order"] != "sorted"))}
     parity.conclude(merged, cells)
     merged["notes"] = [n for n in merged["notes"] if not n.startswith("merged from")]
     merged["notes"].append("merged from invocations: " + json.dumps(sources))
