@@ -331,12 +331,17 @@ def friedman(path: Path, order: str, count: int = 12_000, seed: int = 11) -> Pat
     return _write(path, [f"x{i}" for i in range(10)], x, np.round(y, 4), order, seed=seed)
 
 
+def _friedman_inputs(rng: np.random.Generator, count: int) -> np.ndarray:
+    """The four inputs of Friedman's #2 and #3, on scikit-learn's ranges."""
+    return np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
+                            rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+
+
 def friedman2(path: Path, order: str, count: int = 12_000, seed: int = 13) -> Path:
     """Friedman's #2 (scikit-learn's ``make_friedman2``), noise sd 60 (about a fifth of the
     target's sd); 12,000 rows. For choosing the regression fold (``REGRESSION_TUNING``)."""
     rng = np.random.default_rng(seed)
-    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
-                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    x = _friedman_inputs(rng, count)
     y = np.sqrt(x[:, 0] ** 2 + (x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) ** 2)
     y = y + rng.normal(0, 60, count)
     return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 3), order, seed=seed)
@@ -346,8 +351,7 @@ def friedman3(path: Path, order: str, count: int = 12_000, seed: int = 17) -> Pa
     """Friedman's #3 (scikit-learn's ``make_friedman3``), noise sd 0.1; 12,000 rows. For
     choosing the regression fold (``REGRESSION_TUNING``)."""
     rng = np.random.default_rng(seed)
-    x = np.column_stack([rng.uniform(0, 100, count), rng.uniform(40 * np.pi, 560 * np.pi, count),
-                         rng.uniform(0, 1, count), rng.uniform(1, 11, count)])
+    x = _friedman_inputs(rng, count)
     y = np.arctan((x[:, 1] * x[:, 2] - 1 / (x[:, 1] * x[:, 3])) / x[:, 0])
     y = y + rng.normal(0, 0.1, count)
     return _write(path, [f"x{i}" for i in range(4)], x, np.round(y, 5), order, seed=seed)
@@ -356,16 +360,11 @@ def friedman3(path: Path, order: str, count: int = 12_000, seed: int = 17) -> Pa
 def penguins_mass(path: Path, order: str) -> Path:
     """Palmer penguins with a numeric target (issue #15): ``body_mass_g`` (two rows have it
     ``NA``: left out as missing targets), the species a text feature; 344 rows."""
-    with open(REPO / "data" / "penguins.csv", encoding="utf-8") as handle:
-        records = list(csv.reader(handle))
-    header, body = records[0], records[1:]
-    at = header.index("body_mass_g")
-    rows = np.array([[v for i, v in enumerate(r) if i != at] for r in body], dtype=object)
-    mass = np.array([float(r[at]) if r[at] not in ("NA", "") else np.nan for r in body])
+    header, rows, values = _penguins_without("body_mass_g")
+    mass = np.array([float(v) if v not in ("NA", "") else np.nan for v in values])
     labels = np.array(["NA" if np.isnan(m) else f"{m:.0f}" for m in mass], dtype=object)
     order_key = np.nan_to_num(mass, nan=np.inf)  # sorted by the number, missing last
-    return _write_text(path, [h for i, h in enumerate(header) if i != at], rows, labels, order,
-                       0, sort_key=order_key)
+    return _write_text(path, header, rows, labels, order, 0, sort_key=order_key)
 
 
 def _write_text(path: Path, header: list[str], rows: np.ndarray, labels: np.ndarray, order: str,
@@ -385,13 +384,19 @@ def _write_text(path: Path, header: list[str], rows: np.ndarray, labels: np.ndar
 def penguins(path: Path, order: str) -> Path:
     """Palmer penguins as published (``data/penguins.csv``: text columns, NA cells), the label
     ``species`` moved last; 344 rows."""
+    header, rows, labels = _penguins_without("species")
+    return _write_text(path, header, rows, np.array(labels), order, 0)
+
+
+def _penguins_without(column: str) -> tuple[list[str], np.ndarray, list[str]]:
+    """``data/penguins.csv`` as published, ``column`` taken out: (the other columns' names,
+    their cells, that column's cells)."""
     with open(REPO / "data" / "penguins.csv", encoding="utf-8") as handle:
         records = list(csv.reader(handle))
     header, body = records[0], records[1:]
-    at = header.index("species")
+    at = header.index(column)
     rows = np.array([[v for i, v in enumerate(r) if i != at] for r in body], dtype=object)
-    labels = np.array([r[at] for r in body])
-    return _write_text(path, [h for i, h in enumerate(header) if i != at], rows, labels, order, 0)
+    return [h for i, h in enumerate(header) if i != at], rows, [r[at] for r in body]
 
 
 WRITERS: dict[str, Callable[[Path, str], Path]] = {

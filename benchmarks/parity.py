@@ -29,6 +29,7 @@ held-out datasets alike.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import multiprocessing
@@ -41,6 +42,7 @@ import numpy as np
 
 from benchmarks import common, datasets
 from benchmarks.common import goal, log
+from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 
 IMAGE_OPTIONS = {"epochs": 5}
 FULL = {
@@ -55,9 +57,9 @@ FULL = {
     "fit_reference": True,
 }
 # the tables and goals: (label, held out, task); a numeric target's gap is in % of RMSE
-GROUPS = (("tuning", False, "classification"), ("held-out", True, "classification"),
-          ("numeric-target", True, "regression"))
-UNITS = {"classification": "points", "regression": "% of RMSE"}
+GROUPS = (("tuning", False, CLASSIFICATION), ("held-out", True, CLASSIFICATION),
+          ("numeric-target", True, REGRESSION))
+UNITS = {CLASSIFICATION: "points", REGRESSION: "% of RMSE"}
 TABLE_TITLES = {"tuning": "Tuning datasets",
                 "held-out": "Held-out datasets (run once, at the end)",
                 "numeric-target": "Numeric targets (held out; train-local's RMSE, and each gap "
@@ -189,8 +191,8 @@ class Checkpoint:
             log(f"parity: taking up {self.path} ({len(self.seeds)} seeds, "
                 f"{sum(len(v) for v in self.stack.values())} stack runs done)")
             return
-        aside = next(self.path.with_name(f"{self.path.name}.stale-{n}") for n in range(1000)
-                     if not self.path.with_name(f"{self.path.name}.stale-{n}").exists())
+        aside = next(path for n in itertools.count()
+                     if not (path := self.path.with_name(f"{self.path.name}.stale-{n}")).exists())
         self.path.rename(aside)
         log(f"parity: {self.path} was measured with other datasets or options; kept as {aside}")
 
@@ -225,8 +227,8 @@ def gap(serial: float, run: dict[str, Any], regression: bool) -> float:
 def summarize(cell: dict[str, Any]) -> None:
     """Per run name: mean figure, mean and worst gap (``gap``) over seeds and repeats."""
     seeds = cell["seeds"]
-    regression = any(s.get("task") == "regression" for s in seeds.values())
-    cell["task"] = "regression" if regression else "classification"
+    regression = any(s.get("task") == REGRESSION for s in seeds.values())
+    cell["task"] = REGRESSION if regression else CLASSIFICATION
     cell["serial"] = common.mean([s["serial"] for s in seeds.values()])
     cell["fit"] = common.mean([s["fit"] for s in seeds.values() if s.get("fit") is not None])
     names = sorted({n for s in seeds.values() for n in s["pipeline"]},
@@ -268,9 +270,10 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
 
     log(f"parity: serial {name}/{order} seed {seed}")
     serial = train_local(str(path), options)
-    regression = serial.accuracy is None
-    one: dict[str, Any] = {"serial": serial.report["rmse"] if regression else serial.accuracy,
-                           "task": "regression" if regression else "classification",
+    task = serial.manifest.task
+    one: dict[str, Any] = {"serial": serial.report["rmse"] if task == REGRESSION
+                           else serial.accuracy,
+                           "task": task,
                            "pipeline": {},
                            "fit": (fit_reference(path, options)
                                    if params.get("fit_reference") else None),
@@ -387,16 +390,16 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     names = list(dict.fromkeys(n for c in cells.values() for n in c["pipeline"]))
     out = []
     for label, held, task in GROUPS:
-        figure = "RMSE" if task == "regression" else "accuracy"
+        figure = "RMSE" if task == REGRESSION else "accuracy"
         header = (["dataset / order", "model", "holdout rows", "R", f"train-local {figure}",
                    f"fit {figure}"] + [f"{n} mean (worst)" for n in names] + ["met"])
         rows = []
         for key, cell in cells.items():
-            if cell["held_out"] != held or cell.get("task", "classification") != task:
+            if cell["held_out"] != held or cell.get("task", CLASSIFICATION) != task:
                 continue
             parallel = sorted({r for f in cell["pipeline"].values() for r in f["parallel_tasks"]})
             row = [key, cell.get("model", "?"), str(cell["holdout_rows"]),
-                   "/".join(map(str, parallel)), f"{cell['serial']:.4g}" if task == "regression"
+                   "/".join(map(str, parallel)), f"{cell['serial']:.4g}" if task == REGRESSION
                    else f"{cell['serial']:.4f}",
                    f"{cell['fit']:.4g}" if cell.get("fit") is not None else "–"]
             for name in names:

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common, datasets
+from benchmarks import common, datasets, parity
 from benchmarks.common import log
 
 RULES = {"sum": lambda r: float(r), "mean": lambda r: 1.0, "sqrt": lambda r: math.sqrt(r)}
@@ -28,14 +28,13 @@ RULES = {"sum": lambda r: float(r), "mean": lambda r: 1.0, "sqrt": lambda r: mat
 def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
     from bucketlearn.config import JobOptions
     from bucketlearn.domain import fold
-    from bucketlearn.domain.plan import auto_parallel_tasks, serial_steps
+    from bucketlearn.domain.plan import plan_training
     from bucketlearn.services.serial import simulate_pipeline, train_local
 
     serial = train_local(str(path), JobOptions(seed=seed))
     shards = [s.rows for s in serial.manifest.shards]
-    defaults = JobOptions()
-    steps = serial_steps(shards, defaults.epochs, defaults.batch_size)
-    parallel = auto_parallel_tasks(steps, math.ceil(max(shards) / defaults.batch_size))
+    defaults = JobOptions()  # the classification plan's R for the same shards
+    parallel = plan_training(shards, defaults.epochs, defaults.batch_size).parallel_tasks
     options = JobOptions(seed=seed, parallel_tasks=parallel)
     row: dict[str, Any] = {"serial_rmse": serial.report["rmse"], "parallel_tasks": parallel}
     original = fold.server_learning_rate
@@ -43,8 +42,8 @@ def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
         for rule, rate in RULES.items():
             fold.server_learning_rate = lambda _kind, r, rate=rate: rate(r)
             job = simulate_pipeline(str(path), options, workers=8)["job"]
-            rmse = float(job["head"]["holdout_rmse"])
-            row[rule] = (row["serial_rmse"] - rmse) / row["serial_rmse"] * 100
+            row[rule] = parity.gap(row["serial_rmse"], {"rmse": job["head"]["holdout_rmse"]},
+                                   regression=True)
     finally:
         fold.server_learning_rate = original
     log(f"regression folds: {name}/{order} seed {seed}: {row}")

@@ -18,7 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES, FORCEABLE_KINDS, parse_list
+from bucketlearn.domain.columns import (
+    DEFAULT_MISSING_VALUES,
+    FORCEABLE_KINDS,
+    parse_list,
+    parse_pairs,
+)
 from bucketlearn.domain.plan import CLASS_WEIGHTS
 from bucketlearn.domain.target import TASKS
 from bucketlearn.errors import ConfigError
@@ -144,8 +149,7 @@ class JobOptions:
     @property
     def forced_kinds(self) -> dict[str, str]:
         """``column_kinds`` as {column: kind} (validated when the option was parsed)."""
-        pairs = (item.rsplit("=", 1) for item in parse_list(self.column_kinds))
-        return {column.strip(): kind.strip().lower() for column, kind in pairs}
+        return {column: kind.lower() for column, kind in parse_pairs(parse_list(self.column_kinds))}
 
     def with_overrides(self, **overrides: Any) -> JobOptions:
         """Return a copy with the non-None overrides applied (after validation)."""
@@ -219,8 +223,7 @@ def _checked_pairs(name: str, values: tuple[str, ...], items: list[str], source:
     """Each item ``column=value`` with a known value (case folded), each column once; the
     items as ``column=value``, trimmed."""
     pairs: dict[str, str] = {}
-    for item in items:
-        column, _, value = (part.strip() for part in item.rpartition("="))
+    for item, (column, value) in zip(items, parse_pairs(items), strict=True):
         if not column or value.lower() not in values:
             raise ConfigError(name, "comma-separated column=kind pairs, the kind one of "
                               + ", ".join(values), _short_text(item), source)

@@ -238,6 +238,13 @@ def parse_date(text: str, with_time: bool) -> list[float]:
     return [float(p) for p in parts + ([hh, mi, ss] if with_time else [])]
 
 
+def parse_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
+    """``name=value`` items as (name, value), both trimmed (the last ``=`` splits; an item
+    without one has an empty name)."""
+    return [(name.strip(), value.strip()) for name, _, value in
+            (item.rpartition("=") for item in items)]
+
+
 def parse_list(text: str) -> list[str]:
     """A comma-separated option value as a list (blank items dropped)."""
     return [item.strip() for item in text.split(",") if item.strip()]

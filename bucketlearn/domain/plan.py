@@ -122,8 +122,9 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
         cap: the most tasks a round may have.
         regression: a numeric target. ``auto`` then trains one task at a time: with parallel
             rounds (R = 3, every fold measured: the sum, the mean and √R) regression jobs ended
-            1.5 to 4.6 % above train-local's holdout RMSE on the regression tuning sets
-            (docs/REGRESSION.md), where classification jobs stay within a point.
+            2.7 to 9.4 % above train-local's holdout RMSE on the regression tuning sets
+            (``benchmarks.regression_folds``, docs/REGRESSION.md), where classification jobs
+            stay within a point.
 
     Returns:
         The plan. With R > 1 a task is one shard; with R = 1 a task is up to

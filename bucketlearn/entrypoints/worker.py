@@ -37,10 +37,10 @@ def _child_setup() -> None:  # runs in the child between fork and exec
     set_parent_death_signal(signal.SIGTERM)
 
 
-def run_learners(command: Sequence[str] = LEARNER, env: dict[str, str] | None = None) -> int:
+def run_learners(command: Sequence[str] = LEARNER) -> int:
     """Run the learner, again each time it exits with ``RECYCLE_EXIT``; return its exit code
     otherwise (128 + the signal's number when a signal ended it, as a shell reports it)."""
-    environment = {**(os.environ if env is None else env), LEARNER_CHILD_ENV: "1"}
+    environment = {**os.environ, LEARNER_CHILD_ENV: "1"}
     stopping = threading.Event()
     current: list[subprocess.Popen[bytes]] = []
 

@@ -89,6 +89,7 @@ HOLDOUT_PART_BYTES = 16 * 1024**2
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _NUMBER_RE = re.compile(rf"^[+-]?({UNSIGNED_DECIMAL}|nan|inf|infinity)$", re.IGNORECASE)
+_KIND_SAYS = "as the column's kind (from its first rows, or column_kinds) says"
 # Column names and class labels end up in Firestore documents (a job lists every class name;
 # a document holds at most 1 MiB): each is at most this many bytes of UTF-8.
 MAX_NAME_BYTES = 256
@@ -600,8 +601,8 @@ def _check_number(file: str, value: str, row_number: int, column: str,
         return _problem(file, "a feature value is not a number", row=row_number, column=column,
                         expected="a number or a missing value (an empty cell"
                                  + (f" or one of missing_values: {shown}" if markers else "")
-                                 + ") as the column's kind (from its first rows, or column_kinds) says; add the value to "
-                                   "missing_values, or leave the column out with drop_columns",
+                                 + f") {_KIND_SAYS}; add the value to missing_values, or "
+                                   "leave the column out with drop_columns",
                         found=_short(value))
     number = float(text)
     if math.isnan(number) or (math.isinf(number) and "inf" in text.lower()):
@@ -710,7 +711,7 @@ def _profile_features(source: SourceFile, batch: pa.RecordBatch,
             raise _problem(source.display_name, "a value of a date column is not an ISO date",
                            row=rows + bad + 1, column=name,
                            expected="an ISO date (YYYY-MM-DD, optionally with a time), or a "
-                                    "missing value, as the column's kind (from its first rows, or column_kinds) says",
+                                    f"missing value, {_KIND_SAYS}",
                            found=repr(_short(values[bad].as_py())))
 
 

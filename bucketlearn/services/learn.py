@@ -224,8 +224,8 @@ class Learner:
 
         Attempts are counted once per delivery, idempotently (an attempt key per delivery), and
         only for failures that are the task's: through a backend outage the worker keeps the
-        message and retries for up to ``tuning.transient_retry_seconds`` (every nack would count as a
-        Pub/Sub delivery towards dead-lettering), and an attempt it could not give back during
+        message and retries for up to ``tuning.transient_retry_seconds`` (every nack would count
+        as a Pub/Sub delivery towards dead-lettering), and an attempt it could not give back during
         the outage is given back later (``_settle_refunds``).
         """
         svc, registry = self.svc, self.svc.registry
@@ -405,8 +405,8 @@ class Learner:
 
 
 def main() -> None:
-    """The learner process (started by ``bucketlearn.entrypoints.worker``, which replaces it when
-it exits with ``RECYCLE_EXIT``)."""
+    """The learner process (started by ``bucketlearn.entrypoints.worker``, which replaces it
+    when it exits with ``RECYCLE_EXIT``)."""
     from bucketlearn.bootstrap import process_services  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
 
