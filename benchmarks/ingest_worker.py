@@ -11,6 +11,9 @@ Contenders:
                     (STORAGE_EMULATOR_HOST) and parts are written back to it
     pyarrow         pyarrow.csv.read_csv(FILE) (type inference, multi-threaded)
     pandas          pandas.read_csv(FILE) (C engine)
+    pyarrow-twice   the floor of a two-pass reader: pyarrow's streaming reader (pyarrow.csv.open_csv,
+                    4 MiB blocks as split reads) over the whole file twice, every column as text,
+                    doing nothing with the batches
     probe-readahead diagnosis: how many blocks have been read when the first batch is returned:
                     pyarrow's streaming reader alone (32 MiB blocks, as split used before; 4 MiB)
                     and split's bounded reader (4 MiB)
@@ -117,6 +120,22 @@ def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str,
 
 
 def run_reader(kind: str, path: str) -> dict[str, Any]:
+    if kind == "pyarrow-twice":
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        from bucketlearn.ingest.split import READ_BLOCK_BYTES
+
+        with open(path, "rb") as handle:
+            names = handle.readline().decode().strip().split(",")
+        read = pacsv.ReadOptions(block_size=READ_BLOCK_BYTES)
+        convert = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))
+        base = proc_status_mb("VmRSS")
+        started = time.perf_counter()
+        for _ in range(2):
+            rows = sum(b.num_rows for b in pacsv.open_csv(path, read_options=read,
+                                                          convert_options=convert))
+        return {"rows": rows, "seconds": time.perf_counter() - started, "base_rss_mb": base}
     if kind == "pyarrow":
         import pyarrow.csv as pacsv
 
@@ -216,7 +235,7 @@ def probe_stages(path: str) -> dict[str, Any]:
 
         setattr(owner, name, measured)
 
-    wrap(ingest, "_features", "features_float32_block")
+    wrap(ingest, "_checked_features", "features_float32_block")
     wrap(ingest._RunningStats, "add", "running_stats_float64_copies")
     wrap(ingest._ShardWriter, "flush", "shard_part_concat_and_npz")
     wrap(ingest._HoldoutWriter, "flush", "holdout_part_concat_and_npz")
@@ -233,7 +252,8 @@ def probe_stages(path: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("contender", choices=["split", "split-tempdir", "split-emulator",
-                                              "pyarrow", "pandas", "probe-readahead",
+                                              "pyarrow", "pyarrow-twice", "pandas",
+                                              "probe-readahead",
                                               "probe-stages"])
     parser.add_argument("file")
     parser.add_argument("--bucket")

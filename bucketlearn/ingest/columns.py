@@ -97,19 +97,24 @@ def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
 
 def _count(profile: ColumnProfile, present: pa.Array, bound: int) -> None:
     """Add a batch's values to the column's running count (a pyarrow table, merged and pruned
-    in pyarrow: a new value in every row costs no Python per value)."""
+    without Python per value: the merge sums by dictionary code, the prune keeps the top
+    ``bound // 2`` by count, ties by value, so which values stay does not depend on order)."""
     if len(present) == 0:
         return
     counted = pc.value_counts(present)
     profile.batch_distinct += len(counted)
-    batch = pa.table({"value": counted.field("values"), "count": counted.field("counts")})
+    values, counts = counted.field("values"), counted.field("counts").to_numpy()
     if profile.tally is not None:
-        merged = pa.concat_tables([profile.tally, batch]).group_by("value").aggregate(
-            [("count", "sum")])
-        batch = pa.table({"value": merged["value"], "count": merged["count_sum"]})
+        coded = pc.dictionary_encode(pa.concat_arrays([profile.tally["value"].combine_chunks(),
+                                                       values]))
+        weights = np.concatenate([profile.tally["count"].to_numpy(), counts])
+        counts = np.bincount(coded.indices.to_numpy(), weights=weights,
+                             minlength=len(coded.dictionary)).astype(np.int64)
+        values = coded.dictionary
+    batch = pa.table({"value": values, "count": pa.array(counts, pa.int64())})
     if batch.num_rows > bound:
-        batch = batch.sort_by([("count", "descending"), ("value", "ascending")]).slice(
-            0, bound // 2)
+        batch = batch.take(pc.select_k_unstable(
+            batch, bound // 2, [("count", "descending"), ("value", "ascending")]))
         profile.overflowed = True
     profile.tally = batch
 
@@ -157,21 +162,12 @@ class Encoder:
 
 def encode_dates(values: pa.Array, with_time: bool) -> np.ndarray:
     """Date cells (rows × 5 or 8), NaN for missing or invalid dates: ``parse_date`` vectorized
-    (pyarrow's RE2 for the pattern, numpy for the calendar)."""
+    (``_date_fields`` reads the parts, numpy checks them and does the calendar)."""
     width = 8 if with_time else 5
     out = np.full((len(values), width), np.nan, dtype=np.float32)
-    head = pc.utf8_slice_codeunits(values, 0, DATE_CHARS)
-    parts = pc.extract_regex(head, f"(?s)^{DATE_READ_PATTERN}$")
-    matched = ~np.asarray(parts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    (y, mo, d, hh, mi, ss), matched = _date_fields(values)
     if not matched.any():
         return out
-
-    def field(name: str) -> np.ndarray:
-        text = parts.field(name)
-        number = pc.cast(pc.if_else(pc.equal(text, ""), "0", text).fill_null("0"), pa.int64())
-        return number.to_numpy(zero_copy_only=False)
-
-    y, mo, d, hh, mi, ss = (field(name) for name in ("y", "mo", "d", "hh", "mi", "ss"))
     leap = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
     month_days = _MONTH_DAYS[np.clip(mo - 1, 0, 11)] + (leap & (mo == 2))
     valid = (matched & (y >= 1) & (mo >= 1) & (mo <= 12) & (d >= 1) & (d <= month_days)
@@ -180,6 +176,79 @@ def encode_dates(values: pa.Array, with_time: bool) -> np.ndarray:
     cells = [y, mo, d, (days + 3) % 7, days] + ([hh, mi, ss] if with_time else [])
     out[valid] = np.stack(cells, axis=1)[valid].astype(np.float32)
     return out
+
+
+def _date_fields(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(year, month, day, hour, minute, second as int64 rows of a 6 × n array; where the cell
+    has the reader's form). Cells written exactly ``YYYY-MM-DD``, ``YYYY-MM-DD[T ]HH:MM`` or
+    ``YYYY-MM-DD[T ]HH:MM:SS`` are read from the string buffer by position; the others (a
+    fraction, a zone, non-ASCII text) by ``DATE_READ_PATTERN``, so both read alike."""
+    fields = np.zeros((6, len(values)), dtype=np.int64)
+    matched = np.zeros(len(values), dtype=bool)
+    rest = _fixed_width_dates(values, fields, matched)
+    if len(rest):
+        fields[:, rest], matched[rest] = _pattern_dates(values.take(pa.array(rest)))
+    return fields, matched
+
+
+_FIXED_WIDTH = 19  # YYYY-MM-DDTHH:MM:SS
+_DIGIT_AT = {10: [0, 1, 2, 3, 5, 6, 8, 9], 16: [11, 12, 14, 15], 19: [17, 18]}
+_CHAR_AT = {10: {4: b"-", 7: b"-"}, 16: {10: b"T ", 13: b":"}, 19: {16: b":"}}
+
+
+def _fixed_width_dates(values: pa.Array, fields: np.ndarray, matched: np.ndarray) -> np.ndarray:
+    """Fill ``fields`` and ``matched`` for the cells of a fixed-width form; return the indices
+    of the cells left for the pattern (those of 10 bytes or more in another form: a shorter
+    cell cannot be a date)."""
+    if values.type != pa.string() or values.null_count:
+        return np.arange(len(values))
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32, count=len(values) + 1,
+                            offset=values.offset * 4)
+    data = values.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    padded = np.concatenate([raw[offsets[0]:offsets[-1]], np.zeros(_FIXED_WIDTH, np.uint8)])
+    starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
+    grid = padded[starts[:, None] + np.arange(_FIXED_WIDTH)]
+    digits = grid - np.uint8(ord("0"))  # wraps below '0': one comparison finds the digits
+    is_digit = digits <= 9
+    form_ok = {}
+    for width in (10, 16, 19):
+        ok = is_digit[:, _DIGIT_AT[width]].all(axis=1)
+        for at, allowed in _CHAR_AT[width].items():
+            ok &= np.logical_or.reduce([grid[:, at] == char for char in allowed])
+        form_ok[width] = ok
+    fast = form_ok[10] & ((lengths == 10) | (form_ok[16] & ((lengths == 16)
+                                                           | ((lengths == 19) & form_ok[19]))))
+
+    def number(at: list[int]) -> np.ndarray:
+        value = np.zeros(len(values), dtype=np.int64)
+        for i in at:
+            value = value * 10 + digits[:, i].astype(np.int64)
+        return np.where(fast, value, 0)
+
+    fields[:] = [number([0, 1, 2, 3]), number([5, 6]), number([8, 9]),
+                 np.where(lengths >= 16, number([11, 12]), 0),
+                 np.where(lengths >= 16, number([14, 15]), 0),
+                 np.where(lengths == 19, number([17, 18]), 0)]
+    matched[:] = fast
+    return np.flatnonzero(~fast & (lengths >= 10))
+
+
+def _pattern_dates(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``_date_fields`` by ``DATE_READ_PATTERN`` (pyarrow's RE2) on the first ``DATE_CHARS``
+    characters, as the exported model's parser reads them."""
+    head = pc.utf8_slice_codeunits(values, 0, DATE_CHARS)
+    parts = pc.extract_regex(head, f"(?s)^{DATE_READ_PATTERN}$")
+    matched = ~np.asarray(parts.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if not matched.any():
+        return np.zeros((6, len(values)), dtype=np.int64), matched
+
+    def field(name: str) -> np.ndarray:
+        text = parts.field(name)
+        number = pc.cast(pc.if_else(pc.equal(text, ""), "0", text).fill_null("0"), pa.int64())
+        return number.to_numpy(zero_copy_only=False)
+
+    return np.stack([field(n) for n in ("y", "mo", "d", "hh", "mi", "ss")]), matched
 
 
 _MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)

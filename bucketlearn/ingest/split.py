@@ -623,14 +623,17 @@ def _first_non_finite(x: np.ndarray, batch: pa.RecordBatch, schema: list[Column]
     A missing cell is NaN, which the model imputes, except in a file pass 1 found complete and
     numeric (taken as a matrix, no imputation): there it means the file changed.
     """
+    if np.isfinite(x).all():  # the common case, in one pass over the block
+        return None
     matrix = is_matrix(schema)
     first: tuple[int, int, str, bool] | None = None
     at = 0
     for column in schema:
         if column.kind == NUMERIC:
             values = x[:, at]
-            present = ~np.asarray(batch.column(column.name).is_null().to_numpy(
-                zero_copy_only=False), dtype=bool)
+            cells = batch.column(column.name)
+            present = ~np.asarray(cells.is_null().to_numpy(zero_copy_only=False), dtype=bool) \
+                if cells.null_count else np.ones(len(values), dtype=bool)
             bad = ~np.isfinite(values) & (present | matrix)
             if bad.any():
                 r = int(np.argmax(bad))
