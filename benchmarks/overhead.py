@@ -141,7 +141,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
     tasks = [t for t in svc.registry.list_tasks(job_id) if t.get("finished_at")]
-    epochs = {e: svc.registry.get_epoch(job_id, e) or {}
+    epochs = {e: svc.registry.get_epoch(job_id, e)
               for e in range(1, int(job["options"]["epochs"]) + 1)}
     finished = {t["task_id"]: t for t in tasks}
     v0 = versions[0]
@@ -191,7 +191,8 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     barrier_publish = []  # last delta of epoch e written -> epoch e+1 doc created (the last fold)
     for e in range(1, int(job["options"]["epochs"])):
         ends = [float(t["finished_at"]) for t in tasks if int(t["epoch"]) == e]
-        nxt = epochs.get(e + 1, {}).get("created_at")
+        following = epochs.get(e + 1)
+        nxt = following.created_at if following is not None else None
         if ends and nxt is not None:
             barrier_publish.append(float(nxt) - max(ends))
     busy = sum(float(t["finished_at"]) - float(t["started_at"]) for t in tasks)

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from bucketlearn.domain.job import Epoch
 from bucketlearn.layout import task_id_for
 
 
@@ -126,7 +127,7 @@ class VersionCommit:
     applied: list[int]
     failed: list[int]
     job_fields: dict[str, Any]
-    next_epoch_doc: dict[str, Any] | None = None
+    next_epoch: Epoch | None = None
 
 
 class JobDocuments(Protocol):
@@ -149,7 +150,7 @@ class VersionLedger(Protocol):
     (the commit check is ``domain.job.commit_refusal``, called by every implementation)."""
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool: ...
+                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool: ...
 
     def commit_version(self, commit: VersionCommit) -> bool: ...
 
@@ -160,7 +161,7 @@ class VersionLedger(Protocol):
 
     def list_versions(self, job_id: str) -> list[dict[str, Any]]: ...
 
-    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None: ...
+    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None: ...
 
 
 class TaskLedger(Protocol):

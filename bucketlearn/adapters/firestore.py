@@ -28,7 +28,7 @@ from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
-from bucketlearn.domain.job import SPLITTING, commit_refusal, is_terminal
+from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import VersionCommit
 
@@ -155,7 +155,7 @@ class FirestoreRegistry:
             raise _transient("list jobs", exc) from exc
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
+                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool:
         job_ref = self._job(job_id)
 
         @firestore.transactional
@@ -166,7 +166,7 @@ class FirestoreRegistry:
                     or is_terminal(data)):  # e.g. cancelled during the split
                 return False
             transaction.set(self._version(job_id, int(version_doc["version"])), dict(version_doc))
-            transaction.set(self._epoch(job_id, int(epoch_doc["epoch"])), dict(epoch_doc))
+            transaction.set(self._epoch(job_id, epoch.epoch), epoch.to_doc())
             transaction.update(job_ref, dict(job_fields))
             return True
 
@@ -186,17 +186,17 @@ class FirestoreRegistry:
             epoch_snap = epoch_ref.get(transaction=transaction)
             version_snap = version_ref.get(transaction=transaction)
             job = job_snap.to_dict() if job_snap.exists else None
-            epoch = epoch_snap.to_dict() if epoch_snap.exists else None
+            epoch = Epoch.from_doc(epoch_snap.to_dict()) if epoch_snap.exists else None
             if commit_refusal(job, epoch, version_snap.exists, commit) is not None:
                 return False
             assert job is not None and epoch is not None
+            done = epoch.with_results(commit.applied, commit.failed)
             transaction.create(version_ref, dict(commit.version_doc))
-            transaction.update(epoch_ref, {
-                "applied": list(epoch.get("applied", [])) + list(commit.applied),
-                "failed": list(epoch.get("failed", [])) + list(commit.failed)})
-            if commit.next_epoch_doc is not None:
-                transaction.set(self._epoch(commit.job_id, int(commit.next_epoch_doc["epoch"])),
-                                dict(commit.next_epoch_doc))
+            transaction.update(epoch_ref, {"applied": list(done.applied),
+                                           "failed": list(done.failed)})
+            if commit.next_epoch is not None:
+                transaction.set(self._epoch(commit.job_id, commit.next_epoch.epoch),
+                                commit.next_epoch.to_doc())
             transaction.update(job_ref, dict(commit.job_fields))
             return True
 
@@ -240,8 +240,9 @@ class FirestoreRegistry:
         query = self._job(job_id).collection("versions").order_by("version")
         return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
-    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
-        return _read(self._epoch(job_id, epoch), "get epoch")
+    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
+        doc = _read(self._epoch(job_id, epoch), "get epoch")
+        return Epoch.from_doc(doc) if doc is not None else None
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from bucketlearn.domain.job import SPLITTING, commit_refusal, is_terminal
+from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
@@ -221,7 +221,7 @@ class MemoryRegistry:
             return copy.deepcopy(jobs[:limit])
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch_doc: Mapping[str, Any]) -> bool:
+                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
             if (job is None or job.get("claim") != claim or job.get("phase") != SPLITTING
@@ -229,37 +229,35 @@ class MemoryRegistry:
                 return False
             _check_document(f"jobs/{job_id}/versions/{int(version_doc['version']):06d}",
                             version_doc)
-            _check_document(f"jobs/{job_id}/epochs/{int(epoch_doc['epoch']):04d}", epoch_doc)
+            _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch.to_doc())
             _check_document(f"jobs/{job_id}", {**job, **job_fields})
             self.versions[(job_id, int(version_doc["version"]))] = copy.deepcopy(dict(version_doc))
-            self.epochs[(job_id, int(epoch_doc["epoch"]))] = copy.deepcopy(dict(epoch_doc))
+            self.epochs[(job_id, epoch.epoch)] = epoch.to_doc()
             job.update(copy.deepcopy(dict(job_fields)))
             return True
 
     def commit_version(self, commit: VersionCommit) -> bool:
         with self._lock:
             job = self.jobs.get(commit.job_id)
-            epoch = self.epochs.get((commit.job_id, commit.epoch))
+            stored = self.epochs.get((commit.job_id, commit.epoch))
+            epoch = Epoch.from_doc(stored) if stored is not None else None
             version = int(commit.version_doc["version"])
             if commit_refusal(job, epoch, (commit.job_id, version) in self.versions,
                               commit) is not None:
                 return False
             assert job is not None and epoch is not None
+            done = epoch.with_results(commit.applied, commit.failed).to_doc()
             _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version_doc)
-            _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", {
-                **epoch, "applied": list(epoch.get("applied", [])) + list(commit.applied),
-                "failed": list(epoch.get("failed", [])) + list(commit.failed)})
-            if commit.next_epoch_doc is not None:
-                _check_document(f"jobs/{commit.job_id}/epochs/"
-                                f"{int(commit.next_epoch_doc['epoch']):04d}",
-                                commit.next_epoch_doc)
+            _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", done)
+            following = commit.next_epoch.to_doc() if commit.next_epoch is not None else None
+            if following is not None:
+                _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
+                                following)
             _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
             self.versions[(commit.job_id, version)] = copy.deepcopy(commit.version_doc)
-            epoch["applied"] = list(epoch.get("applied", [])) + list(commit.applied)
-            epoch["failed"] = list(epoch.get("failed", [])) + list(commit.failed)
-            if commit.next_epoch_doc is not None:
-                self.epochs[(commit.job_id, int(commit.next_epoch_doc["epoch"]))] = copy.deepcopy(
-                    commit.next_epoch_doc)
+            self.epochs[(commit.job_id, commit.epoch)] = done
+            if following is not None:
+                self.epochs[(commit.job_id, following["epoch"])] = following
             job.update(copy.deepcopy(commit.job_fields))
             self.commits += 1
             return True
@@ -289,9 +287,10 @@ class MemoryRegistry:
         with self._lock:
             return copy.deepcopy([v for (j, _), v in sorted(self.versions.items()) if j == job_id])
 
-    def get_epoch(self, job_id: str, epoch: int) -> dict[str, Any] | None:
+    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
         with self._lock:
-            return copy.deepcopy(self.epochs.get((job_id, epoch)))
+            stored = self.epochs.get((job_id, epoch))
+            return Epoch.from_doc(stored) if stored is not None else None
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:

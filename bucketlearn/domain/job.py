@@ -27,6 +27,40 @@ SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
 CANCELLED_PHASE = "cancelled"
 
 
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch's ledger: how many tasks it plans and which of them are done, applied to a
+    version or failed for good. A task is done at most once (``commit_refusal``), and a commit
+    adds its tasks with ``with_results``; the document is ``to_doc``/``from_doc``."""
+
+    epoch: int
+    planned: int
+    applied: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    created_at: float = 0.0
+
+    @property
+    def done(self) -> frozenset[int]:
+        """The finished task indices: applied, or failed for good."""
+        return frozenset(self.applied) | frozenset(self.failed)
+
+    def with_results(self, applied: Sequence[int], failed: Sequence[int]) -> Epoch:
+        """The ledger after a commit that applied ``applied`` and gave up on ``failed``."""
+        return dataclasses.replace(self, applied=(*self.applied, *applied),
+                                   failed=(*self.failed, *failed))
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "planned": self.planned, "applied": list(self.applied),
+                "failed": list(self.failed), "created_at": self.created_at}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Epoch:
+        return cls(epoch=int(doc["epoch"]), planned=int(doc.get("planned") or 0),
+                   applied=tuple(int(i) for i in doc.get("applied") or ()),
+                   failed=tuple(int(i) for i in doc.get("failed") or ()),
+                   created_at=float(doc.get("created_at") or 0.0))
+
+
 class Commit(Protocol):
     """What ``commit_refusal`` reads of a version commit (``ports.VersionCommit``)."""
 
@@ -57,12 +91,12 @@ def is_published(job: Mapping[str, Any]) -> bool:
     return job.get("published") == current_round_key(job)
 
 
-def done_tasks(epoch_doc: Mapping[str, Any]) -> set[int]:
-    """An epoch's finished task indices: applied, or failed for good."""
-    return set(epoch_doc.get("applied", [])) | set(epoch_doc.get("failed", []))
+def done_tasks(epoch: Epoch | None) -> frozenset[int]:
+    """An epoch's finished task indices (none for an epoch without a ledger yet)."""
+    return epoch.done if epoch is not None else frozenset()
 
 
-def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] | None,
+def commit_refusal(job: Mapping[str, Any] | None, epoch: Epoch | None,
                    version_exists: bool, commit: Commit) -> str | None:
     """Why a version commit must not happen (None: it may). Both registries ask this inside
     their lock or transaction, with the documents read there.
@@ -74,13 +108,13 @@ def commit_refusal(job: Mapping[str, Any] | None, epoch_doc: Mapping[str, Any] |
         return "no such job"
     if is_terminal(job):
         return f"the job is {job.get('status')}"
-    if epoch_doc is None:
+    if epoch is None:
         return f"epoch {commit.epoch} has no document"
     if version_exists:
         return f"version {commit.version_doc.get('version')} exists"
     if job.get("version") != commit.base_version:
         return f"the head is v{job.get('version')}, not the base v{commit.base_version}"
-    if done_tasks(epoch_doc) & (set(commit.applied) | set(commit.failed)):
+    if epoch.done & (set(commit.applied) | set(commit.failed)):
         return "a task of it is already applied or failed"
     return None
 
@@ -147,18 +181,13 @@ class Head:
                                    **dict.fromkeys(_FIGURES))
 
 
-def epoch_document(epoch: int, planned: int, now: float) -> dict[str, Any]:
-    """A new epoch's ledger: its planned task count, nothing applied or failed yet."""
-    return {"epoch": epoch, "planned": planned, "applied": [], "failed": [], "created_at": now}
-
-
 @dataclass(frozen=True)
 class AfterFold:
     """Where a job goes once a round is folded: the job fields that say so, and the next
     epoch's ledger when the fold completes an epoch that is not the last."""
 
     job_fields: dict[str, Any]
-    next_epoch_doc: dict[str, Any] | None = None
+    next_epoch: Epoch | None = None
 
 
 def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epochs: int,
@@ -177,4 +206,4 @@ def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epoch
     if epoch >= epochs:
         return AfterFold({"phase": EXPORTING})
     return AfterFold({"epoch": epoch + 1, "round": 0},
-                     epoch_document(epoch + 1, tasks_per_epoch, now))
+                     Epoch(epoch + 1, tasks_per_epoch, created_at=now))

@@ -159,16 +159,13 @@ def _has_work(svc: Services, job_id: str) -> bool:
         return False
     if job.get("phase") == jobs.EXPORTING or not jobs.is_published(job):
         return True
-    return _plan(svc, job, _epoch_doc(svc, job)).complete
+    return _plan(svc, job).complete
 
 
-def _epoch_doc(svc: Services, job: dict[str, Any]) -> dict[str, Any]:
-    """The job's current epoch document ({} if missing)."""
-    return svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
-
-
-def _plan(svc: Services, job: dict[str, Any], epoch_doc: dict[str, Any]) -> RoundPlan:
-    return plan_round(jobs.current_round_tasks(job), jobs.done_tasks(epoch_doc),
+def _plan(svc: Services, job: dict[str, Any]) -> RoundPlan:
+    """The current round's plan, from the epoch's ledger and the deltas written."""
+    epoch = svc.registry.get_epoch(job["job_id"], int(job["epoch"]))
+    return plan_round(jobs.current_round_tasks(job), jobs.done_tasks(epoch),
                       list_deltas(svc, job["job_id"], int(job["epoch"])),
                       jobs.job_plan(job).tasks_per_epoch)
 
@@ -192,8 +189,7 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str, budget: _Budget)
         if not jobs.is_published(job):
             publish_round(svc, job)
             continue
-        epoch_doc = _epoch_doc(svc, job)  # only this lease holder's commits change it
-        plan = _plan(svc, job, epoch_doc)
+        plan = _plan(svc, job)  # only this lease holder's commits change its epoch
         _collect_garbage(svc, plan.garbage)
         if not plan.complete:
             return True
@@ -396,11 +392,10 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
                               int(job["options"].get("max_failed_tasks", 0)),
                               failures[0]["error"] if failures else None, now)
     job_fields.update(after.job_fields)
-    next_epoch_doc = after.next_epoch_doc
     commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version_doc=version_doc,
                            epoch=epoch, applied=[r.task_index for r in results],
                            failed=[int(f["task_index"]) for f in failures],
-                           job_fields=job_fields, next_epoch_doc=next_epoch_doc)
+                           job_fields=job_fields, next_epoch=after.next_epoch)
     return commit, job_fields
 
 

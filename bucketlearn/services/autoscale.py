@@ -70,7 +70,7 @@ def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
         epoch = int(job.get("epoch") or 0)
         if epoch < 1 or not jobs.is_published(job):
             continue
-        done = jobs.done_tasks(registry.get_epoch(job["job_id"], epoch) or {})
+        done = jobs.done_tasks(registry.get_epoch(job["job_id"], epoch))
         total += sum(1 for t in jobs.current_round_tasks(job) if t not in done)
     return total
 

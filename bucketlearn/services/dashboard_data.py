@@ -32,6 +32,7 @@ from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain.columns import kinds_text
+from bucketlearn.domain.job import Epoch
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.ports import BlobStore, Registry
@@ -312,12 +313,12 @@ def progress_text(summary: Mapping[str, Any]) -> str:
     return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
 
 
-def epoch_progress(epoch_doc: Mapping[str, Any] | None) -> dict[str, int] | None:
+def epoch_progress(epoch: Epoch | None) -> dict[str, int] | None:
     """Tasks planned/applied/failed in the current epoch."""
-    if not epoch_doc:
+    if epoch is None:
         return None
-    return {"epoch": _int(epoch_doc.get("epoch")), "planned": _int(epoch_doc.get("planned")),
-            "applied": _count(epoch_doc.get("applied")), "failed": _count(epoch_doc.get("failed"))}
+    return {"epoch": epoch.epoch, "planned": epoch.planned, "applied": len(epoch.applied),
+            "failed": len(epoch.failed)}
 
 
 def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:

@@ -236,8 +236,7 @@ class Learner:
             log.info("task %s: %s; nothing to do", task.task_id, skip)
             return Decision.ACK
         assert job is not None
-        epoch_doc = registry.get_epoch(task.job_id, task.epoch) or {}
-        if task.task_index in jobs.done_tasks(epoch_doc):
+        if task.task_index in jobs.done_tasks(registry.get_epoch(task.job_id, task.epoch)):
             return Decision.ACK  # a duplicate delivery of a task already applied
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it

@@ -26,8 +26,7 @@ def publish_round(svc: Services, job: dict[str, Any], manifest: Manifest | None 
     """
     if manifest is None:
         manifest = job_runtime(svc, job).manifest
-    epoch_doc = svc.registry.get_epoch(job["job_id"], int(job["epoch"])) or {}
-    done = jobs.done_tasks(epoch_doc)
+    done = jobs.done_tasks(svc.registry.get_epoch(job["job_id"], int(job["epoch"])))
     pending = [t for t in jobs.current_round_tasks(job) if t not in done]
     messages = jobs.round_messages(job, manifest.shards, pending)
     svc.queue.publish(messages)

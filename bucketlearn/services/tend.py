@@ -60,7 +60,7 @@ def _decide(svc: Services, job: dict[str, Any], now: float) -> Tending | None:
     if job.get("phase") == jobs.TRAINING and job.get("plan"):
         epoch = int(job["epoch"])
         round_tasks = list(jobs.current_round_tasks(job))
-        done = jobs.done_tasks(svc.registry.get_epoch(job["job_id"], epoch) or {})
+        done = jobs.done_tasks(svc.registry.get_epoch(job["job_id"], epoch))
         with_result = {ref.task_index for ref in list_deltas(svc, job["job_id"], epoch)}
         for task_index in round_tasks:
             task = svc.registry.get_task(job["job_id"],
@@ -118,4 +118,4 @@ def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool
     job = svc.registry.get_job(job_id)
     if job is None or jobs.is_terminal(job) or int(job.get("epoch") or 0) != epoch:
         return False
-    return task_index not in jobs.done_tasks(svc.registry.get_epoch(job_id, epoch) or {})
+    return task_index not in jobs.done_tasks(svc.registry.get_epoch(job_id, epoch))

@@ -23,14 +23,16 @@ JOB = {"status": J.RUNNING, "phase": J.TRAINING, "version": 4, "epoch": 1, "roun
 
 
 @pytest.mark.parametrize(("job", "epoch", "exists", "commit", "reason"), [
-    (JOB, {"applied": [0, 1]}, False, Commit(), None),
-    (None, {}, False, Commit(), "no such job"),
-    ({**JOB, "status": J.CANCELLED}, {}, False, Commit(), "the job is CANCELLED"),
+    (JOB, J.Epoch(1, 4, applied=(0, 1)), False, Commit(), None),
+    (None, J.Epoch(1, 4), False, Commit(), "no such job"),
+    ({**JOB, "status": J.CANCELLED}, J.Epoch(1, 4), False, Commit(), "the job is CANCELLED"),
     (JOB, None, False, Commit(), "epoch 1 has no document"),
-    (JOB, {}, True, Commit(), "version 5 exists"),
-    ({**JOB, "version": 5}, {}, False, Commit(), "the head is v5, not the base v4"),
-    (JOB, {"applied": [3]}, False, Commit(), "a task of it is already applied or failed"),
-    (JOB, {"failed": [2]}, False, Commit(), "a task of it is already applied or failed"),
+    (JOB, J.Epoch(1, 4), True, Commit(), "version 5 exists"),
+    ({**JOB, "version": 5}, J.Epoch(1, 4), False, Commit(), "the head is v5, not the base v4"),
+    (JOB, J.Epoch(1, 4, applied=(3,)), False, Commit(),
+     "a task of it is already applied or failed"),
+    (JOB, J.Epoch(1, 4, failed=(2,)), False, Commit(),
+     "a task of it is already applied or failed"),
 ], ids=["allowed", "no-job", "ended", "no-epoch", "version-used", "head-moved", "applied-twice",
         "failed-then-applied"])
 def test_commit_refusal_names_the_first_rule_broken(job, epoch, exists, commit, reason) -> None:
@@ -38,6 +40,20 @@ def test_commit_refusal_names_the_first_rule_broken(job, epoch, exists, commit, 
     task finished twice; the answer says which rule failed."""
     # Execute / Assert
     assert J.commit_refusal(job, epoch, exists, commit) == reason
+
+
+def test_an_epoch_ledger_adds_a_commit_and_reads_back_from_its_document() -> None:
+    """A commit's tasks are added after those already done; the document round-trips, and one
+    written without lists (an older or hand-made document) reads as nothing done."""
+    # Prepare
+    epoch = J.Epoch(2, 6, applied=(0,), created_at=7.5)
+    # Execute
+    after = epoch.with_results([3, 1], [4])
+    # Assert
+    assert (after.applied, after.failed, after.done) == ((0, 3, 1), (4,), {0, 1, 3, 4})
+    assert epoch.applied == (0,)  # unchanged: a ledger is a value
+    assert J.Epoch.from_doc(after.to_doc()) == after
+    assert J.Epoch.from_doc({"epoch": 3, "planned": 2}) == J.Epoch(3, 2)
 
 
 def test_a_round_is_published_only_under_its_own_name() -> None:
@@ -48,7 +64,8 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     assert J.current_round_key(job) == J.round_key(2, 13) == "e0002r00013"
     assert not J.is_published(job)
     assert J.is_published({**job, "published": "e0002r00013"})
-    assert J.done_tasks({"applied": [1, 2], "failed": [7]}) == {1, 2, 7}
+    assert J.done_tasks(J.Epoch(1, 9, applied=(1, 2), failed=(7,))) == {1, 2, 7}
+    assert J.done_tasks(None) == set()
     assert J.is_terminal({"status": J.DONE}) and not J.is_terminal({"status": J.RUNNING})
     assert not J.is_terminal(None)
 
@@ -70,10 +87,11 @@ def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
     # Assert
     assert {k: after.job_fields[k] for k in expected} == expected
     if next_epoch is None:
-        assert after.next_epoch_doc is None
+        assert after.next_epoch is None
     else:
-        assert after.next_epoch_doc == {"epoch": next_epoch, "planned": 6, "applied": [],
-                                        "failed": [], "created_at": 50.0}
+        assert after.next_epoch == J.Epoch(next_epoch, 6, created_at=50.0)
+        assert after.next_epoch.to_doc() == {"epoch": next_epoch, "planned": 6, "applied": [],
+                                             "failed": [], "created_at": 50.0}
     if failed > 1:
         assert after.job_fields["error"] == ("2 task(s) failed for good (the job allows 1): "
                                              "task t3: bad shard")

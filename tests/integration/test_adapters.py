@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
+from bucketlearn.domain.job import Epoch
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -72,7 +73,7 @@ def start(registry: Any, job_id: str, planned: int = 3) -> None:
     ok = registry.start_training(
         job_id, "c1", {"phase": "training", "version": 0, "epoch": 1},
         {"version": 0, "parent": None, "weights_path": "w0"},
-        {"epoch": 1, "planned": planned, "applied": [], "failed": []})
+        Epoch(1, planned))
     assert ok
 
 
@@ -99,7 +100,7 @@ def test_start_training_requires_the_claim(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     assert registry.start_training(job_id, "not-mine", {"phase": "training"},
-                                   {"version": 0}, {"epoch": 1, "planned": 1}) is False
+                                   {"version": 0}, Epoch(1, 1)) is False
     start(registry, job_id)
     assert registry.get_job(job_id)["version"] == 0
 
@@ -117,7 +118,7 @@ def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> Non
     assert registry.commit_version(commit(job_id, 1, [], failed=[2])) is True
     assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1, 2]
     epoch = registry.get_epoch(job_id, 1)
-    assert sorted(epoch["applied"]) == [0, 1] and epoch["failed"] == [2]
+    assert sorted(epoch.applied) == [0, 1] and epoch.failed == (2,)
     assert registry.get_job(job_id)["version"] == 2
 
 
@@ -141,7 +142,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     assert committed is False
     assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 1)
     assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1]
-    assert registry.get_epoch(job_id, 1)["applied"] == [0]
+    assert registry.get_epoch(job_id, 1).applied == (0,)
 
 
 def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) -> None:
@@ -155,7 +156,7 @@ def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) ->
     # Execute
     started = registry.start_training(job_id, "c1", {"phase": "training", "version": 0,
                                                      "epoch": 1},
-                                       {"version": 0}, {"epoch": 1, "planned": 1})
+                                       {"version": 0}, Epoch(1, 1))
     # Assert
     job = registry.get_job(job_id)
     assert started is False

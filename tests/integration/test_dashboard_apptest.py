@@ -19,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.job import Epoch
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
@@ -95,8 +96,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
         {"version": 0, "parent": None, "weights_path": "w0", "epoch": 0, "tasks_applied": [],
          "samples": 0, "holdout_accuracy": None, "holdout_loss": None, "train_loss": None,
          "created_at": start},
-        {"epoch": 1, "planned": tasks_per_epoch, "applied": [], "failed": [],
-         "created_at": start})
+        Epoch(1, tasks_per_epoch, created_at=start))
     applied = 0
     for n, accuracy in enumerate(accuracies, start=1):
         epoch, first = 1 + applied // tasks_per_epoch, applied % tasks_per_epoch
@@ -117,8 +117,8 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
             job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
                         "samples_seen": 400 * n, "head": head, "updated_at": now,
                         **({"epoch": epoch + 1} if complete else {})},
-            next_epoch_doc=({"epoch": epoch + 1, "planned": tasks_per_epoch, "applied": [],
-                             "failed": [], "created_at": now} if complete else None)))
+            next_epoch=(Epoch(epoch + 1, tasks_per_epoch, created_at=now) if complete
+                        else None)))
         for i in indices:
             doc_id = f"e{epoch:04d}:t{i:05d}"
             registry.record_attempt(job_id, doc_id, {

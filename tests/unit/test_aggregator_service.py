@@ -12,6 +12,7 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
+from bucketlearn.domain.job import Epoch
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
@@ -330,7 +331,7 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     assert applied == [task.task_id]
     assert [v["version"] for v in versions] == [0, 1]
     assert job["tasks_applied"] == 1 and job["version"] == 1
-    assert svc.registry.get_epoch(job_id, 1)["applied"] == [task.task_index]
+    assert svc.registry.get_epoch(job_id, 1).applied == (task.task_index,)
     assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
 
 
@@ -387,8 +388,7 @@ def registry():
     reg = MemoryRegistry()
     reg.create_job(JOB, {"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None})
     started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1},
-                                 {"version": 0}, {"epoch": 1, "planned": 4, "applied": [],
-                                                  "failed": []})
+                                 {"version": 0}, Epoch(1, 4))
     assert started
     return reg
 
@@ -397,7 +397,7 @@ def commit(base, applied, failed=(), next_epoch=None):
     return VersionCommit(job_id=JOB, base_version=base,
                          version_doc={"version": base + 1, "parent": base}, epoch=1,
                          applied=list(applied), failed=list(failed),
-                         job_fields={"version": base + 1}, next_epoch_doc=next_epoch)
+                         job_fields={"version": base + 1}, next_epoch=next_epoch)
 
 
 def test_commit_version_advances_the_head(registry):
@@ -410,7 +410,7 @@ def test_commit_version_advances_the_head(registry):
     assert ok is True
     assert registry.get_job(JOB)["version"] == 1
     assert registry.get_version(JOB, 1) == {"version": 1, "parent": 0}
-    assert registry.get_epoch(JOB, 1)["applied"] == [1, 2]
+    assert registry.get_epoch(JOB, 1).applied == (1, 2)
 
 
 def test_commit_version_refuses_stale_base(registry):
@@ -437,7 +437,7 @@ def test_commit_version_checks_the_base_not_only_the_version_number(registry):
     # Assert
     assert ok is False
     assert registry.get_version(JOB, 5) is None
-    assert registry.get_epoch(JOB, 1)["applied"] == [1]
+    assert registry.get_epoch(JOB, 1).applied == (1,)
 
 
 def test_commit_version_refuses_reapplying_a_task(registry):
@@ -451,18 +451,17 @@ def test_commit_version_refuses_reapplying_a_task(registry):
     # Assert
     assert again_applied is False and again_failed is False
     assert fresh is True
-    assert registry.get_epoch(JOB, 1)["applied"] == [1, 2]
-    assert registry.get_epoch(JOB, 1)["failed"] == [3]
+    assert registry.get_epoch(JOB, 1).applied == (1, 2)
+    assert registry.get_epoch(JOB, 1).failed == (3,)
     assert registry.get_job(JOB)["version"] == 2
 
 
 def test_commit_version_opens_next_epoch(registry):
-    """A commit carrying next_epoch_doc creates that epoch's document."""
+    """A commit carrying next_epoch creates that epoch's ledger."""
     # Prepare
-    change = commit(0, [0, 1, 2, 3], next_epoch={"epoch": 2, "planned": 4, "applied": [],
-                                                 "failed": []})
+    change = commit(0, [0, 1, 2, 3], next_epoch=Epoch(2, 4))
     # Execute
     ok = registry.commit_version(change)
     # Assert
     assert ok is True
-    assert registry.get_epoch(JOB, 2)["planned"] == 4
+    assert registry.get_epoch(JOB, 2) == Epoch(2, 4)

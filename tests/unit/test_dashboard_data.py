@@ -11,6 +11,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
+from bucketlearn.domain.job import Epoch
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
@@ -201,7 +202,7 @@ def test_job_bundle_reads_everything_or_none():
 
 def test_epoch_progress():
     assert dd.epoch_progress(None) is None
-    assert dd.epoch_progress({"epoch": 2, "planned": 4, "applied": [0, 3], "failed": [1]}) == {
+    assert dd.epoch_progress(Epoch(2, 4, applied=(0, 3), failed=(1,))) == {
         "epoch": 2, "planned": 4, "applied": 2, "failed": 1}
 
 
