@@ -73,19 +73,18 @@ def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _translate_errors(cls: type) -> type:
-    """Apply ``_translated`` to every public method of a registry class (one place)."""
+    """Apply ``_translated`` to every public method of a registry class: the one place where a
+    Google error becomes the project's (a method catches only what it turns into an answer,
+    such as AlreadyExists into False)."""
     for name, member in list(vars(cls).items()):
         if callable(member) and not name.startswith("_"):
             setattr(cls, name, _translated(member))
     return cls
 
 
-def _read(ref: Any, what: str) -> dict[str, Any] | None:
-    """One document, or None when it does not exist; backend failures are transient."""
-    try:
-        snap = ref.get(timeout=TIMEOUT)
-    except _TRANSIENT as exc:
-        raise _transient(what, exc) from exc
+def _read(ref: Any) -> dict[str, Any] | None:
+    """One document, or None when it does not exist."""
+    snap = ref.get(timeout=TIMEOUT)
     return snap.to_dict() if snap.exists else None
 
 
@@ -112,23 +111,17 @@ class FirestoreRegistry:
         try:
             self._job(job_id).create(dict(doc), timeout=TIMEOUT)
             return True
-        except gexc.AlreadyExists:
+        except (gexc.AlreadyExists, gexc.Conflict):
             return False
-        except gexc.Conflict:
-            return False
-        except _TRANSIENT as exc:
-            raise _transient("create job", exc) from exc
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        return _read(self._job(job_id), "get job")
+        return _read(self._job(job_id))
 
     def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
         try:
             self._job(job_id).update(dict(fields), timeout=TIMEOUT)
         except gexc.NotFound:
             raise NotFoundError(f"job {job_id}: no such job") from None
-        except _TRANSIENT as exc:
-            raise _transient("update job", exc) from exc
 
     def update_job_if(self, job_id: str, expect: Mapping[str, Any],
                       fields: Mapping[str, Any]) -> bool:
@@ -143,16 +136,11 @@ class FirestoreRegistry:
             return True
         except (gexc.FailedPrecondition, gexc.NotFound):
             return False
-        except _TRANSIENT as exc:
-            raise _transient("conditional update", exc) from exc
 
     def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]:
         query = (self.client.collection("jobs")
                  .order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit))
-        try:
-            return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
-        except _TRANSIENT as exc:
-            raise _transient("list jobs", exc) from exc
+        return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
                        version_doc: Mapping[str, Any], epoch: Epoch) -> bool:
@@ -170,10 +158,7 @@ class FirestoreRegistry:
             transaction.update(job_ref, dict(job_fields))
             return True
 
-        try:
-            return bool(run(self.client.transaction()))
-        except _TRANSIENT as exc:
-            raise _transient("start training", exc) from exc
+        return bool(run(self.client.transaction()))
 
     def commit_version(self, commit: VersionCommit) -> bool:
         job_ref = self._job(commit.job_id)
@@ -226,22 +211,19 @@ class FirestoreRegistry:
         """Run a transaction that may meet concurrent writers (up to 5 attempts)."""
         try:
             return bool(run(self.client.transaction(max_attempts=5)))
-        except _TRANSIENT as exc:
-            raise _transient(what, exc) from exc
         except ValueError as exc:  # "Failed to commit transaction in 5 attempts": contention
             raise _transient(f"{what} (contended)", exc) from exc
 
     # -- versions, epochs, tasks ------------------------------------------------------------------
     def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
-        snap = self._version(job_id, version).get(timeout=TIMEOUT)
-        return snap.to_dict() if snap.exists else None
+        return _read(self._version(job_id, version))
 
     def list_versions(self, job_id: str) -> list[dict[str, Any]]:
         query = self._job(job_id).collection("versions").order_by("version")
         return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
     def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
-        doc = _read(self._epoch(job_id, epoch), "get epoch")
+        doc = _read(self._epoch(job_id, epoch))
         return Epoch.from_doc(doc) if doc is not None else None
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
@@ -258,10 +240,7 @@ class FirestoreRegistry:
                             merge=True)
             return len(keys)
 
-        try:
-            return int(run(self.client.transaction(max_attempts=5)))
-        except _TRANSIENT as exc:
-            raise _transient("record attempt", exc) from exc
+        return int(run(self.client.transaction(max_attempts=5)))
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
         ref = self._task(job_id, task_id)
@@ -275,19 +254,13 @@ class FirestoreRegistry:
                     if k != attempt_key]
             transaction.update(ref, {"attempt_keys": keys, "attempts": len(keys)})
 
-        try:
-            run(self.client.transaction(max_attempts=5))
-        except _TRANSIENT as exc:
-            raise _transient("refund attempt", exc) from exc
+        run(self.client.transaction(max_attempts=5))
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
-        try:
-            self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)
-        except _TRANSIENT as exc:
-            raise _transient("update task", exc) from exc
+        self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)
 
     def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
-        return _read(self._task(job_id, task_id), "read task")
+        return _read(self._task(job_id, task_id))
 
     def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
         return [snap.to_dict() for snap in
@@ -318,8 +291,6 @@ class FirestoreRegistry:
             return True
         except (gexc.AlreadyExists, gexc.Conflict, gexc.FailedPrecondition, gexc.NotFound):
             return False
-        except _TRANSIENT as exc:
-            raise _transient("acquire lease", exc) from exc
 
     def release_lease(self, name: str, holder: str) -> None:
         ref = self.client.collection("leases").document(name)
@@ -342,8 +313,7 @@ class FirestoreRegistry:
                 self.client.collection("workers").stream(timeout=TIMEOUT)]
 
     def get_control(self, name: str) -> dict[str, Any] | None:
-        snap = self.client.collection("control").document(name).get(timeout=TIMEOUT)
-        return snap.to_dict() if snap.exists else None
+        return _read(self.client.collection("control").document(name))
 
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None:
         self.client.collection("control").document(name).set(dict(fields), merge=True,

@@ -162,3 +162,28 @@ def test_firestore_adapter_classifies_backend_errors(raised, expected):
     # Assert
     assert type(raised).__name__ in str(excinfo.value)
     assert str(excinfo.value).startswith("firestore update job")
+
+
+@pytest.mark.parametrize("call", [
+    lambda r: r.get_job("j"), lambda r: r.get_version("j", 1), lambda r: r.list_versions("j"),
+    lambda r: r.get_epoch("j", 1), lambda r: r.get_task("j", "t"), lambda r: r.list_tasks("j"),
+    lambda r: r.list_workers(), lambda r: r.get_control("c"), lambda r: r.heartbeat("w", {}),
+    lambda r: r.list_jobs(),
+], ids=["get_job", "get_version", "list_versions", "get_epoch", "get_task", "list_tasks",
+        "list_workers", "get_control", "heartbeat", "list_jobs"])
+def test_every_firestore_read_turns_an_outage_into_a_transient_error(call):
+    """Reads included: a backend that does not answer is a TransientError (retried), whichever
+    method met it, not a google.api_core exception that the caller cannot classify."""
+    # Prepare
+    class Down:
+        def __getattr__(self, name: str) -> Any:
+            def fail(*args: Any, **kwargs: Any) -> Any:
+                if name in ("collection", "document", "order_by", "limit"):
+                    return self
+                raise gexc.ServiceUnavailable("connection refused")
+            return fail
+
+    registry = FirestoreRegistry(Settings(), client=Down())
+    # Execute / Assert
+    with pytest.raises(TransientError, match="ServiceUnavailable: 503 connection refused"):
+        call(registry)
