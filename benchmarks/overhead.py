@@ -140,10 +140,10 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     """Where a finished job's wall time went, from its Firestore documents."""
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    tasks = [t for t in svc.registry.list_tasks(job_id) if t.get("finished_at")]
+    tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
     epochs = {e: svc.registry.get_epoch(job_id, e)
               for e in range(1, int(job["options"]["epochs"]) + 1)}
-    finished = {t["task_id"]: t for t in tasks}
+    finished = {t.task_id: t for t in tasks}
     v0 = versions[0]
     last = versions[-1]
     wall = float(job["finished_at"]) - t0
@@ -151,32 +151,32 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     pre_train_reads = []  # message arrival -> task start
     by_version = {int(v["version"]): v for v in versions}
     for t in tasks:
-        if t.get("pulled_at") is not None:
-            pre_train_reads.append(float(t["started_at"]) - float(t["pulled_at"]))
-        base = by_version.get(int(t.get("base_version", -1)))
+        if t.pulled_at is not None:
+            pre_train_reads.append(t.started_at - t.pulled_at)
+        base = by_version.get(t.base_version if t.base_version is not None else -1)
         if base is not None:  # a round is published as soon as its base version is committed
-            queue_wait.append(float(t["started_at"]) - float(base["created_at"]))
-        fetch.append(float(t.get("fetch_seconds") or 0))
-        train.append(float(t.get("train_seconds") or 0))
-        write.append(float(t.get("write_seconds") or 0))
-        in_task_overhead.append(float(t["finished_at"]) - float(t["started_at"])
+            queue_wait.append(t.started_at - float(base["created_at"]))
+        fetch.append(t.phase_seconds("fetch") or 0.0)
+        train.append(t.phase_seconds("train") or 0.0)
+        write.append(t.phase_seconds("write") or 0.0)
+        in_task_overhead.append(t.finished_at - t.started_at
                                 - fetch[-1] - train[-1] - write[-1])
     # idle time of each worker between its tasks: within an epoch vs waiting at an epoch barrier
-    by_worker: dict[str, list[dict[str, Any]]] = {}
+    by_worker: dict[str, list[Any]] = {}
     for t in tasks:
-        by_worker.setdefault(str(t.get("worker_id")), []).append(t)
+        by_worker.setdefault(str(t.worker_id), []).append(t)
     gap_within, gap_barrier, ack_to_next_message = [], [], []
     for items in by_worker.values():
-        items.sort(key=lambda t: float(t["started_at"]))
+        items.sort(key=lambda t: t.started_at)
         for prev, cur in zip(items, items[1:], strict=False):
-            gap = float(cur["started_at"]) - float(prev["finished_at"])
-            (gap_barrier if int(cur["epoch"]) != int(prev["epoch"]) else gap_within).append(gap)
-            if cur.get("pulled_at") is not None and int(cur["epoch"]) == int(prev["epoch"]):
-                ack_to_next_message.append(float(cur["pulled_at"]) - float(prev["finished_at"]))
+            gap = cur.started_at - prev.finished_at
+            (gap_barrier if cur.epoch != prev.epoch else gap_within).append(gap)
+            if cur.pulled_at is not None and cur.epoch == prev.epoch:
+                ack_to_next_message.append(cur.pulled_at - prev.finished_at)
     delta_to_version, to_aggregator, planning = [], [], []
     fold_steps: dict[str, list[float]] = {k: [] for k in AGGREGATOR_STEPS + AFTER_COMMIT}
     for v in versions[1:]:
-        ends = [float(finished[i]["finished_at"]) for i in v.get("tasks_applied", [])
+        ends = [finished[i].finished_at for i in v.get("tasks_applied", [])
                 if i in finished]
         if ends:
             delta_to_version.append(float(v["created_at"]) - max(ends))
@@ -190,13 +190,13 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
                             - sum(float(timings.get(k) or 0) for k in AGGREGATOR_STEPS))
     barrier_publish = []  # last delta of epoch e written -> epoch e+1 doc created (the last fold)
     for e in range(1, int(job["options"]["epochs"])):
-        ends = [float(t["finished_at"]) for t in tasks if int(t["epoch"]) == e]
+        ends = [t.finished_at for t in tasks if t.epoch == e]
         following = epochs.get(e + 1)
         nxt = following.created_at if following is not None else None
         if ends and nxt is not None:
             barrier_publish.append(float(nxt) - max(ends))
-    busy = sum(float(t["finished_at"]) - float(t["started_at"]) for t in tasks)
-    first_start = min(float(t["started_at"]) for t in tasks)
+    busy = sum(t.finished_at - t.started_at for t in tasks)
+    first_start = min(t.started_at for t in tasks)
     phases = {
         "upload_and_trigger": float(job["created_at"]) - t0,
         "split_and_version0": float(v0["created_at"]) - float(job["created_at"]),
@@ -207,7 +207,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     return {
         "wall_seconds": wall, "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
         "versions": len(versions), "tasks": len(tasks), "workers_seen": len(by_worker),
-        "attempts_max": max(int(t.get("attempts", 1)) for t in tasks),
+        "attempts_max": max(t.attempts for t in tasks),
         "phases": phases,
         "worker_busy_seconds": busy,
         "per_task": {

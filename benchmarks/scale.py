@@ -294,7 +294,7 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
                                                           epochs=1,
                                                           parallel_tasks=max(2, workers)))
         common.wait_terminal(svc, warm_id, timeout=900)
-        warmed = {t.get("worker_id") for t in svc.registry.list_tasks(warm_id)}
+        warmed = {t.worker_id for t in svc.registry.list_tasks(warm_id)}
         data = write_tiny_csv(tmp / f"tiny-{workers}.csv", tiny["features"], tiny["classes"],
                               rows_for_tasks(tiny["tasks_per_epoch"], tiny["rows_per_shard"]))
         time.sleep(1.0)  # let the warm-up's last writes land before the snapshot
@@ -307,12 +307,12 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
         after = _counts(counts_dir)
         wall = float(job["finished_at"]) - t0
         versions = svc.registry.list_versions(job_id)
-        tasks = [t for t in svc.registry.list_tasks(job_id) if t.get("finished_at")]
-        first = min(float(t["started_at"]) for t in tasks)
+        tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
+        first = min(t.started_at for t in tasks)
         last_version = float(versions[-1]["created_at"])
         span = last_version - first
         applied = int(job.get("tasks_applied") or 0)
-        busy = sum(float(t["finished_at"]) - float(t["started_at"]) for t in tasks)
+        busy = sum(t.finished_at - t.started_at for t in tasks)
         writes = counts_diff(before, after)
         cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
         deltas_per_version = [len(v.get("tasks_applied", [])) for v in versions[1:]]
@@ -324,7 +324,7 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
             "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,
             "deltas_per_version": stats([float(n) for n in deltas_per_version]),
             "worker_utilization": busy / (workers * span),
-            "task_seconds": stats([float(t["finished_at"]) - float(t["started_at"]) for t in tasks]),
+            "task_seconds": stats([t.finished_at - t.started_at for t in tasks]),
             "train_seconds": stats([float(t.get("train_seconds") or 0) for t in tasks]),
             "fetch_seconds": stats([float(t.get("fetch_seconds") or 0) for t in tasks]),
             "write_seconds": stats([float(t.get("write_seconds") or 0) for t in tasks]),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.layout import task_id_for
 
 
@@ -181,9 +182,9 @@ class TaskLedger(Protocol):
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None: ...
 
-    def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None: ...
+    def get_task(self, job_id: str, task_id: str) -> TaskRecord | None: ...
 
-    def list_tasks(self, job_id: str) -> list[dict[str, Any]]: ...
+    def list_tasks(self, job_id: str) -> list[TaskRecord]: ...
 
 
 class Leases(Protocol):

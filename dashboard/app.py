@@ -14,6 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.config import OPTION_SPECS
+from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
 from bucketlearn.services import jobs
@@ -289,7 +291,7 @@ def throughput_tab(versions: list[dict], now: float) -> None:
     right.line_chart(frame, x="time", y="tasks_per_min")
 
 
-def workers_tab(job: dict, tasks: list[dict], workers: list[dict], epoch: dict | None,
+def workers_tab(job: dict, tasks: list[TaskRecord], workers: list[dict], epoch: Epoch | None,
                 now: float) -> None:
     counts = dd.task_state_counts(job, tasks)
     metric_row([("Workers alive", str(dd.alive_count(workers, now)))]

@@ -29,6 +29,7 @@ from google.cloud import firestore
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import VersionCommit
 
@@ -259,11 +260,12 @@ class FirestoreRegistry:
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)
 
-    def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
-        return _read(self._task(job_id, task_id))
+    def get_task(self, job_id: str, task_id: str) -> TaskRecord | None:
+        doc = _read(self._task(job_id, task_id))
+        return TaskRecord.from_doc(doc) if doc is not None else None
 
-    def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
-        return [snap.to_dict() for snap in
+    def list_tasks(self, job_id: str) -> list[TaskRecord]:
+        return [TaskRecord.from_doc(snap.to_dict()) for snap in
                 self._job(job_id).collection("tasks").stream(timeout=TIMEOUT)]
 
     # -- leases and heartbeats --------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
 
@@ -319,13 +320,15 @@ class MemoryRegistry:
             _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
             task.update(copy.deepcopy(dict(fields)))
 
-    def get_task(self, job_id: str, task_id: str) -> dict[str, Any] | None:
+    def get_task(self, job_id: str, task_id: str) -> TaskRecord | None:
         with self._lock:
-            return copy.deepcopy(self.tasks.get((job_id, task_id)))
+            stored = self.tasks.get((job_id, task_id))
+            return TaskRecord.from_doc(stored) if stored is not None else None
 
-    def list_tasks(self, job_id: str) -> list[dict[str, Any]]:
+    def list_tasks(self, job_id: str) -> list[TaskRecord]:
         with self._lock:
-            return copy.deepcopy([t for (j, _), t in sorted(self.tasks.items()) if j == job_id])
+            return [TaskRecord.from_doc(t) for (j, _), t in sorted(self.tasks.items())
+                    if j == job_id]
 
     def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         with self._lock:

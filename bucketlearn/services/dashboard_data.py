@@ -31,10 +31,12 @@ import pandas as pd
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
+from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.job import Epoch
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.ports import BlobStore, Registry
 from bucketlearn.services import jobs
 
@@ -496,59 +498,47 @@ def alive_count(workers: Iterable[Mapping[str, Any]], now: float,
     return sum(is_alive(w, now, alive_seconds) for w in workers)
 
 
-def task_state_counts(job: Mapping[str, Any], tasks: Iterable[Mapping[str, Any]]
-                      ) -> dict[str, int]:
+_STATE_NAMES = {attempt.RUNNING: "running", attempt.RETRYING: "retrying",
+                attempt.TRAINED: "done", attempt.FAILED: "failed"}
+
+
+def task_state_counts(job: Mapping[str, Any], tasks: Iterable[TaskRecord]) -> dict[str, int]:
     """queued (planned but never started), running, retrying, done (trained), failed."""
     counts = dict.fromkeys(TASK_STATES, 0)
     known = 0
     for task in tasks:
         known += 1
-        state = str(task.get("state") or "").upper()
-        key = {"RUNNING": "running", "RETRYING": "retrying", "TRAINED": "done",
-               "FAILED": "failed"}.get(state)
+        key = _STATE_NAMES.get(task.state)
         if key:
             counts[key] += 1
     counts["queued"] = max(0, _int(job.get("tasks_planned")) - known)
     return counts
 
 
-def task_frame(tasks: Iterable[Mapping[str, Any]], now: float) -> pd.DataFrame:
+def task_frame(tasks: Iterable[TaskRecord], now: float) -> pd.DataFrame:
     """Per-task timings, most recently started first. ``seconds`` runs on for a RUNNING task."""
     tasks = list(tasks)
-    rows = []
-    for task in tasks:
-        started, finished = _float(task.get("started_at")), _float(task.get("finished_at"))
-        state = str(task.get("state") or "")
-        if started is not None and state == "RUNNING":
-            seconds = now - started
-        elif started is not None and finished is not None:
-            seconds = finished - started
-        else:
-            seconds = None
-        rows.append({
-            "task_id": str(task.get("task_id") or ""), "epoch": _int(task.get("epoch")),
-            "task_index": _int(task.get("task_index")), "state": state,
-            "attempts": _int(task.get("attempts")), "worker_id": task.get("worker_id"),
-            "started": timestamp(started), "seconds": seconds,
-            "fetch_seconds": _float(task.get("fetch_seconds")),
-            "train_seconds": _float(task.get("train_seconds")),
-            "write_seconds": _float(task.get("write_seconds")),
-            "rows": _int(task.get("rows")), "error": task.get("error") or "",
-        })
+    rows = [{
+        "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
+        "state": task.state, "attempts": task.attempts, "worker_id": task.worker_id,
+        "started": timestamp(task.started_at), "seconds": task.busy_seconds(now),
+        **{f"{phase}_seconds": task.phase_seconds(phase) for phase in attempt.PHASES},
+        "rows": task.rows, "error": task.error or "",
+    } for task in tasks]
     frame = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
     for column in ("seconds", "fetch_seconds", "train_seconds", "write_seconds"):
         frame[column] = frame[column].astype("float64")
-    frame["_started"] = [_float(t.get("started_at")) or 0.0 for t in tasks]
+    frame["_started"] = [t.started_at or 0.0 for t in tasks]
     frame = frame.sort_values(["_started", "task_id"], ascending=[False, True], kind="stable")
     return frame.drop(columns="_started").reset_index(drop=True)
 
 
-def timing_summary(tasks: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+def timing_summary(tasks: Iterable[TaskRecord]) -> pd.DataFrame:
     """Median, 90th percentile and max of fetch/train/write seconds over trained tasks."""
-    trained = [t for t in tasks if str(t.get("state") or "") == "TRAINED"]
+    trained = [t for t in tasks if t.state == attempt.TRAINED]
     rows = []
-    for phase in ("fetch", "train", "write"):
-        values = [v for v in (_float(t.get(f"{phase}_seconds")) for t in trained) if v is not None]
+    for phase in attempt.PHASES:
+        values = [v for v in (t.phase_seconds(phase) for t in trained) if v is not None]
         if values:
             rows.append({"phase": phase, "tasks": len(values),
                          "median_s": float(np.median(values)),

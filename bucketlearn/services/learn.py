@@ -30,6 +30,7 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
 from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
@@ -243,12 +244,11 @@ class Learner:
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
         now = svc.clock()
         key = layout.new_nonce()
-        attempts = self._with_retries(lambda: registry.record_attempt(task.job_id, doc_id, {
-            "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
-            "round": task.round, "state": "RUNNING", "worker_id": self.worker_id,
-            "started_at": now, "rows": task.rows, "delivery_attempt": delivery_attempt,
-            "pulled_at": pulled_at if pulled_at is not None else now,
-        }, key), on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
+        fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round,
+                                 task.rows, self.worker_id, now, pulled_at, delivery_attempt)
+        attempts = self._with_retries(
+            lambda: registry.record_attempt(task.job_id, doc_id, fields, key),
+            on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
         if attempts > svc.settings.max_task_attempts:
             self.fail_task(task, doc_id, attempts - 1)
             return Decision.ACK
@@ -258,8 +258,7 @@ class Learner:
         except Exception as exc:  # noqa: BLE001 - every failure is retried
             return self._failed(task, doc_id, key, attempts, exc)
         self.tasks_done += 1
-        registry.update_task(task.job_id, doc_id, {"state": "TRAINED", "finished_at": svc.clock(),
-                                                   "error": None, **timings})
+        registry.update_task(task.job_id, doc_id, attempt.trained(svc.clock(), timings))
         self.heartbeat("idle")
         return Decision.ACK
 
@@ -293,9 +292,8 @@ class Learner:
             self._owe_refund(task.job_id, doc_id, key)
             self._settle_refunds()
         try:
-            self.svc.registry.update_task(task.job_id, doc_id, {
-                "state": "RETRYING", "error": f"{type(exc).__name__}: {exc}"[:2000],
-                "finished_at": self.svc.clock()})
+            self.svc.registry.update_task(task.job_id, doc_id, attempt.retrying(
+                f"{type(exc).__name__}: {exc}", self.svc.clock()))
         except Exception:  # noqa: BLE001 - the registry may be the backend that is down
             log.warning("could not record the failure of %s", task.task_id)
         return Decision.NACK
@@ -348,8 +346,8 @@ class Learner:
     def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:
         """Give up on a task: mark it FAILED and tell the aggregator with a failure marker."""
         svc = self.svc
-        previous = svc.registry.get_task(task.job_id, doc_id) or {}
-        error = previous.get("error") or "unknown error"
+        previous = svc.registry.get_task(task.job_id, doc_id)
+        error = (previous.error if previous is not None else None) or "unknown error"
         reason = f"task {task.task_id} failed after {attempts} attempts: {error}"
         marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                   "task_index": task.task_index, "attempts": attempts, "error": reason}
@@ -357,8 +355,7 @@ class Learner:
                                           layout.new_nonce())
         svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
                               "application/json", metadata={"failed": "true"})
-        svc.registry.update_task(task.job_id, doc_id, {"state": "FAILED", "error": error,
-                                                       "finished_at": svc.clock()})
+        svc.registry.update_task(task.job_id, doc_id, attempt.failed(error, svc.clock()))
         log.error("%s", reason)
 
     def run(self, stop: threading.Event, max_tasks: int | None = None,

@@ -55,7 +55,7 @@ def _decide(svc: Services, job: dict[str, Any], now: float) -> Tending | None:
     activity = [float(job.get(k) or 0)
                 for k in ("updated_at", "published_at", "tended_at", "created_at")]
     round_tasks: list[int] = []
-    done: set[int] = set()
+    done: frozenset[int] = frozenset()
     with_result: set[int] = set()
     if job.get("phase") == jobs.TRAINING and job.get("plan"):
         epoch = int(job["epoch"])
@@ -64,8 +64,9 @@ def _decide(svc: Services, job: dict[str, Any], now: float) -> Tending | None:
         with_result = {ref.task_index for ref in list_deltas(svc, job["job_id"], epoch)}
         for task_index in round_tasks:
             task = svc.registry.get_task(job["job_id"],
-                                         jobs.task_doc_id(job["job_id"], epoch, task_index)) or {}
-            activity += [float(task.get(k) or 0) for k in ("started_at", "finished_at")]
+                                         jobs.task_doc_id(job["job_id"], epoch, task_index))
+            if task is not None:
+                activity += [task.started_at or 0.0, task.finished_at or 0.0]
     return decide(job, round_tasks, done, with_result, max(activity), now,
                   svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
 

@@ -85,8 +85,8 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     assert (job["status"], job["version"]) == ("CANCELLED", head)
     assert [v["version"] for v in versions] == list(range(head + 1))
     assert job["head"]["version"] == head and job["tasks_applied"] < job["tasks_planned"]
-    late = [t["task_id"] for t in svc.registry.list_tasks(job_id)
-            if float(t.get("started_at") or 0) > cancelled_at + 2]
+    late = [t.task_id for t in svc.registry.list_tasks(job_id)
+            if (t.started_at or 0.0) > cancelled_at + 2]
     assert late == [], "workers trained tasks of the cancelled job"
     # Assert: status and a second cancel say what happened
     status = json.loads(cli(stack, "status", job_id, "--json").stdout)

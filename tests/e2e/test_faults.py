@@ -97,16 +97,16 @@ def test_worker_sigkill_mid_training(make_stack: Any, small_digits: Path) -> Non
     # Execute: kill whichever worker holds a task first (a job that trains one task at a time
     # may never hand one to a given worker)
     running = wait_for(lambda: svc.registry.get_job(job_id) and [
-        t for t in svc.registry.list_tasks(job_id) if t.get("state") == "RUNNING"
-        and str(t.get("worker_id", "")).startswith(f"{stack.name_prefix}-worker-")], 120,
+        t for t in svc.registry.list_tasks(job_id) if t.state == "RUNNING"
+        and str(t.worker_id or "").startswith(f"{stack.name_prefix}-worker-")], 120,
         "a worker to pick up a task")
-    victim = stack.procs[running[0]["worker_id"].removeprefix(f"{stack.name_prefix}-")]
+    victim = stack.procs[running[0].worker_id.removeprefix(f"{stack.name_prefix}-")]
     victim.kill()
     job = wait_terminal(svc, job_id, 400)
     # Assert
     assert job["status"] == "DONE", job.get("error")
     versions = assert_ledger_consistent(svc, job_id)
-    attempts = max(t["attempts"] for t in svc.registry.list_tasks(job_id))
+    attempts = max(t.attempts for t in svc.registry.list_tasks(job_id))
     assert attempts >= 2
     record("worker killed mid-training", "SIGKILL to a worker's process group while a task of "
            "it was RUNNING (ack deadline 10 s)", "job DONE; applied tasks == planned, each once; "
@@ -247,9 +247,9 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
     job = wait_terminal(svc, job_id, 400)
     # Assert
     assert job["status"] == expected, job.get("error")
-    failed = [t for t in svc.registry.list_tasks(job_id) if t.get("state") == "FAILED"]
-    assert failed and all(t["attempts"] == 4 for t in failed)  # 3 tries + the one that gives up
-    assert len({t["epoch"] for t in failed}) == len(failed)  # one task an epoch: shard 0's
+    failed = [t for t in svc.registry.list_tasks(job_id) if t.state == "FAILED"]
+    assert failed and all(t.attempts == 4 for t in failed)  # 3 tries + the one that gives up
+    assert len({t.epoch for t in failed}) == len(failed)  # one task an epoch: shard 0's
     if expected == "FAILED":
         assert "failed after 3 attempts" in job["error"] and ":e0001:t" in job["error"]
         assert "expected a .npz archive" in job["error"] or "CorruptObject" in job["error"]
@@ -287,7 +287,7 @@ def test_five_jobs_four_workers(make_stack: Any, tmp_path: Path) -> None:
     workers_per_job = []
     for job_id in job_ids:
         assert_ledger_consistent(svc, job_id)
-        workers_per_job.append(len({t["worker_id"] for t in svc.registry.list_tasks(job_id)}))
+        workers_per_job.append(len({t.worker_id for t in svc.registry.list_tasks(job_id)}))
     assert sum(w > 1 for w in workers_per_job) >= 4, workers_per_job  # work was shared
     record("five jobs, four workers", "5 uploads at once (one label-sorted), 4 workers",
            "all DONE; every ledger exact; tasks of each job spread over workers",

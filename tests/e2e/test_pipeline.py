@@ -108,7 +108,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])
     assert job["model"]["kind"] == "cnn" and job["plan"]["parallel_tasks"] == 1
-    assert len({t["worker_id"] for t in svc.registry.list_tasks(status["job_id"])}) == 2
+    assert len({t.worker_id for t in svc.registry.list_tasks(status["job_id"])}) == 2
     assert len(versions) == len(local["versions"]) > 4
 
     def state(where: Any, bucket: str, version: dict[str, Any]) -> list[bytes]:

@@ -252,7 +252,7 @@ def test_record_attempt_counts_each_key_once_and_refunds(backend: Any) -> None:
     registry.refund_attempt(job_id, "e0001-t00000", "a")
     registry.update_task(job_id, "e0001-t00000", {"state": "TRAINED"})
     [task] = registry.list_tasks(job_id)
-    assert task["attempts"] == 1 and task["state"] == "TRAINED"
+    assert task.attempts == 1 and task.state == "TRAINED"
     assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "c") == 2
 
 

@@ -13,6 +13,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
 from bucketlearn.domain.job import Epoch
 from bucketlearn.domain.metrics import classification_report, holdout_fields
+from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
 
@@ -271,7 +272,7 @@ def test_worker_rows_say_what_each_is_doing():
     assert by_id["w-stop"]["doing"] == "stopped"
 
 
-TASKS = [
+TASKS = [TaskRecord.from_doc(doc) for doc in [
     {"task_id": "a:e0001:t00000", "epoch": 1, "task_index": 0, "state": "TRAINED",
      "attempts": 1, "worker_id": "w1", "started_at": T0, "finished_at": T0 + 4,
      "fetch_seconds": 1.0, "train_seconds": 2.5, "write_seconds": 0.5, "rows": 200},
@@ -286,7 +287,7 @@ TASKS = [
     {"task_id": "a:e0002:t00000", "epoch": 2, "task_index": 0, "state": "FAILED",
      "attempts": 5, "worker_id": "w2", "started_at": T0 + 7, "finished_at": T0 + 8,
      "error": "PermanentError: bad shard"},
-]
+]]
 
 
 def test_task_state_counts_queued_is_planned_minus_known():

@@ -175,15 +175,15 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
     learner = Learner(svc, "w-security")
     # Execute
     first = learner.process(task)
-    after_first = {t["task_id"]: t for t in svc.registry.list_tasks(job_id)}[task.task_id]
+    after_first = {t.task_id: t for t in svc.registry.list_tasks(job_id)}[task.task_id]
     later = [learner.process(task) for _ in range(svc.settings.max_task_attempts)]
     # Assert
     assert first is Decision.NACK
-    assert after_first["attempts"] == 1 and after_first["state"] == "RETRYING"
-    assert "CorruptObjectError" in after_first["error"] and name in after_first["error"]
+    assert after_first.attempts == 1 and after_first.state == "RETRYING"
+    assert "CorruptObjectError" in after_first.error and name in after_first.error
     assert later == [Decision.NACK] * (svc.settings.max_task_attempts - 1) + [Decision.ACK]
-    final = {t["task_id"]: t for t in svc.registry.list_tasks(job_id)}[task.task_id]
-    assert final["state"] == "FAILED"
+    final = {t.task_id: t for t in svc.registry.list_tasks(job_id)}[task.task_id]
+    assert final.state == "FAILED"
     markers = [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/")
                if layout.parse_delta_path(i.name) and layout.parse_delta_path(i.name).failed]
     assert len(markers) == 1

@@ -34,8 +34,8 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.NACK
-    assert task["attempts"] == counted and task["state"] == "RETRYING"
-    assert type(error).__name__ in task["error"]
+    assert task.attempts == counted and task.state == "RETRYING"
+    assert type(error).__name__ in task.error
 
 
 def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
@@ -48,8 +48,8 @@ def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
     decision = Learner(svc, "w1").handle(received)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
-    assert decision is Decision.ACK and task["state"] == "TRAINED"
-    assert task["pulled_at"] <= task["started_at"] <= task["finished_at"]
+    assert decision is Decision.ACK and task.state == "TRAINED"
+    assert task.pulled_at <= task.started_at <= task.finished_at
 
 
 def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
@@ -75,7 +75,7 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.ACK
-    assert task["attempts"] == 1 and task["state"] == "TRAINED"
+    assert task.attempts == 1 and task.state == "TRAINED"
 
 
 def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
@@ -100,7 +100,7 @@ def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
     decision = Learner(svc, "w1", tuning=tuning).process(received.message)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
-    assert decision is Decision.ACK and task["attempts"] == 1
+    assert decision is Decision.ACK and task.attempts == 1
 
 
 def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
@@ -129,11 +129,11 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
     first = svc.queue.pull(0)
     # Execute: the outage
     assert learner.process(first.message) is Decision.NACK
-    owed = svc.registry.list_tasks(job_id)[0]["attempts"]
+    owed = svc.registry.list_tasks(job_id)[0].attempts
     # Execute: the backends are back; the next task settles what is owed
     down.update(storage=False, refunds=False)
     second = learner.process(first.message)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert owed == 1
-    assert second is Decision.ACK and task["attempts"] == 1  # the outage's attempt was given back
+    assert second is Decision.ACK and task.attempts == 1  # the outage's attempt was given back

@@ -1,0 +1,100 @@
+"""A task's attempt record: the states a worker moves it through, the fields each step writes,
+and the record read back (``TaskRecord``). Pure: the task ledger (``ports.TaskLedger``) stores
+what these functions return.
+
+A worker that takes a task records an attempt (``started``); it ends the attempt ``trained``
+(its result is in the deltas bucket), ``retrying`` (the message goes back to the queue) or, once
+the attempts are spent, ``failed`` (a failure marker tells the aggregator). Whether a task's
+result is folded is not decided here but by the round (``domain.rounds``) and the epoch's
+ledger (``domain.job.Epoch``): a record is what workers did, not what the model holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
+STATES = (RUNNING, TRAINED, RETRYING, FAILED)
+ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)
+
+# the timings a trained attempt records (seconds), in the order the worker takes them
+PHASES = ("fetch", "train", "write")
+
+
+def started(task_id: str, epoch: int, task_index: int, round_index: int, rows: int,
+            worker_id: str, now: float, pulled_at: float | None,
+            delivery_attempt: int | None) -> dict[str, Any]:
+    """The fields of a new attempt (the ledger counts attempts by key beside them)."""
+    return {"task_id": task_id, "epoch": epoch, "task_index": task_index, "round": round_index,
+            "state": RUNNING, "worker_id": worker_id, "started_at": now, "rows": rows,
+            "delivery_attempt": delivery_attempt,
+            "pulled_at": pulled_at if pulled_at is not None else now}
+
+
+def trained(now: float, timings: Mapping[str, Any]) -> dict[str, Any]:
+    """An attempt that wrote its result (``timings``: ``<phase>_seconds`` and what the worker
+    read and wrote)."""
+    return {"state": TRAINED, "finished_at": now, "error": None, **timings}
+
+
+def retrying(error: str, now: float) -> dict[str, Any]:
+    """An attempt that failed; the task's message goes back to the queue."""
+    return {"state": RETRYING, "error": error[:ERROR_CHARS], "finished_at": now}
+
+
+def failed(error: str, now: float) -> dict[str, Any]:
+    """The task given up on, after its last attempt."""
+    return {"state": FAILED, "error": error[:ERROR_CHARS], "finished_at": now}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task's attempt record as the ledger holds it (the newest attempt's fields)."""
+
+    task_id: str
+    epoch: int = 0
+    task_index: int = 0
+    state: str = ""
+    attempts: int = 0
+    worker_id: str | None = None
+    rows: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    pulled_at: float | None = None
+    error: str | None = None
+    base_version: int | None = None  # the version a trained attempt started from
+    seconds: Mapping[str, float | None] | None = None  # by phase, once trained
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> TaskRecord:
+        return cls(task_id=str(doc.get("task_id") or ""), epoch=int(doc.get("epoch") or 0),
+                   task_index=int(doc.get("task_index") or 0),
+                   state=str(doc.get("state") or "").upper(),
+                   attempts=int(doc.get("attempts") or 0), worker_id=doc.get("worker_id"),
+                   rows=int(doc.get("rows") or 0), started_at=_number(doc.get("started_at")),
+                   finished_at=_number(doc.get("finished_at")),
+                   pulled_at=_number(doc.get("pulled_at")), error=doc.get("error") or None,
+                   base_version=(int(doc["base_version"]) if doc.get("base_version") is not None
+                                 else None),
+                   seconds={p: _number(doc.get(f"{p}_seconds")) for p in PHASES})
+
+    def phase_seconds(self, phase: str) -> float | None:
+        """Seconds the attempt spent fetching, training or writing (None if not recorded)."""
+        return (self.seconds or {}).get(phase)
+
+    def busy_seconds(self, now: float) -> float | None:
+        """How long the attempt ran: until now while RUNNING, else until it finished."""
+        if self.started_at is None:
+            return None
+        if self.state == RUNNING:
+            return now - self.started_at
+        return self.finished_at - self.started_at if self.finished_at is not None else None
