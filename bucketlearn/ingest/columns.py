@@ -81,6 +81,25 @@ def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[st
     return None
 
 
+def profile_complete_numbers(profiles: Sequence[ColumnProfile], batch: pa.RecordBatch
+                             ) -> list[ColumnProfile]:
+    """``profile_batch`` for the numeric columns of a batch at once, when none of them has a
+    missing or NaN cell (a wide numeric file: one numpy pass instead of a compute call per
+    column); returns the profiles left to ``profile_batch`` (all of them otherwise)."""
+    numeric = [p for p in profiles if p.kind == NUMERIC]
+    if len(numeric) < 2 or any(batch.column(p.name).null_count for p in numeric):
+        return list(profiles)
+    block = np.column_stack([batch.column(p.name).to_numpy() for p in numeric])
+    if np.isnan(block).any() or block.shape[0] == 0:
+        return list(profiles)
+    lows, highs = block.min(axis=0).tolist(), block.max(axis=0).tolist()
+    for profile, low, high in zip(numeric, lows, highs, strict=True):
+        profile.rows += block.shape[0]
+        profile.minimum = low if profile.minimum is None else min(profile.minimum, low)
+        profile.maximum = high if profile.maximum is None else max(profile.maximum, high)
+    return [p for p in profiles if p.kind != NUMERIC]
+
+
 def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
                    present: pa.Array) -> int | None:
     good = pc.or_(missing, pc.match_substring_regex(values, _DATE_PATTERN))

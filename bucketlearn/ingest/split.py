@@ -71,7 +71,13 @@ from bucketlearn.domain.target import (
 )
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ingest import readahead
-from bucketlearn.ingest.columns import Encoder, finish_profile, profile_batch, sniff_kind
+from bucketlearn.ingest.columns import (
+    Encoder,
+    finish_profile,
+    profile_batch,
+    profile_complete_numbers,
+    sniff_kind,
+)
 from bucketlearn.ingest.targets import LabelSniff, TargetReader, sniff_labels
 from bucketlearn.ports import BlobStore
 
@@ -707,7 +713,8 @@ _ARROW_COLUMN = re.compile(r"In CSV column #(\d+)")
 
 def _profile_features(source: SourceFile, batch: pa.RecordBatch,
                       profiles: dict[str, ColumnProfile], rows: int, reading: _Reading) -> None:
-    for name, profile in profiles.items():
+    for profile in profile_complete_numbers(list(profiles.values()), batch):
+        name = profile.name
         values = batch.column(name)
         bad = profile_batch(profile, values, reading.markers)
         if bad is not None:

@@ -214,3 +214,31 @@ def test_column_kinds_naming_no_feature_column_is_rejected(named):
     text = str(caught.value)
     assert f"column '{named}'" in text and "column_kinds" in text
     assert "expected feature columns of the file: kept" in text
+
+
+def test_numeric_columns_profiled_at_once_read_as_one_by_one():
+    """A wide block of complete numbers is profiled in one numpy pass; a block with a missing
+    cell or a NaN goes column by column. Both give the profiles ``profile_batch`` gives."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(3)
+    blocks = [rng.normal(size=(50, 4)).astype(np.float32) for _ in range(3)]
+    blocks[1][7, 2] = np.nan
+    batches = [pa.RecordBatch.from_arrays([pa.array(b[:, j]) for j in range(4)],
+                                          names=list("abcd")) for b in blocks]
+    batches.append(pa.RecordBatch.from_arrays(
+        [pa.array([1.0, None], pa.float32()), *(pa.array([2.0, 3.0], pa.float32()),) * 3],
+        names=list("abcd")))
+    fast = [ColumnProfile(n, NUMERIC) for n in "abcd"]
+    slow = [ColumnProfile(n, NUMERIC) for n in "abcd"]
+    handled = 0
+    for batch in batches:
+        left = ingest_columns.profile_complete_numbers(fast, batch)
+        handled += len(left) == 0
+        for profile in left:
+            ingest_columns.profile_batch(profile, batch.column(profile.name), [])
+        for profile in slow:
+            ingest_columns.profile_batch(profile, batch.column(profile.name), [])
+    assert handled == 2  # the NaN block and the block with a missing cell went one by one
+    assert [(p.rows, p.missing, p.minimum, p.maximum) for p in fast] == \
+        [(p.rows, p.missing, p.minimum, p.maximum) for p in slow]
