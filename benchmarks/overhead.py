@@ -149,13 +149,13 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     wall = float(job["finished_at"]) - t0
     queue_wait, fetch, train, write, in_task_overhead = [], [], [], [], []
     pre_train_reads = []  # message arrival -> task start
-    by_version = {int(v["version"]): v for v in versions}
+    by_version = {v.version: v for v in versions}
     for t in tasks:
         if t.pulled_at is not None:
             pre_train_reads.append(t.started_at - t.pulled_at)
         base = by_version.get(t.base_version if t.base_version is not None else -1)
         if base is not None:  # a round is published as soon as its base version is committed
-            queue_wait.append(t.started_at - float(base["created_at"]))
+            queue_wait.append(t.started_at - base.created_at)
         fetch.append(t.phase_seconds("fetch") or 0.0)
         train.append(t.phase_seconds("train") or 0.0)
         write.append(t.phase_seconds("write") or 0.0)
@@ -176,17 +176,17 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     delta_to_version, to_aggregator, planning = [], [], []
     fold_steps: dict[str, list[float]] = {k: [] for k in AGGREGATOR_STEPS + AFTER_COMMIT}
     for v in versions[1:]:
-        ends = [finished[i].finished_at for i in v.get("tasks_applied", [])
+        ends = [finished[i].finished_at for i in v.tasks_applied
                 if i in finished]
         if ends:
-            delta_to_version.append(float(v["created_at"]) - max(ends))
-        timings = v.get("aggregator") or {}
+            delta_to_version.append(v.created_at - max(ends))
+        timings = v.aggregator
         if ends and timings.get("planning_started_at") is not None:
             began = float(timings["planning_started_at"])
             to_aggregator.append(max(0.0, began - max(ends)))  # a fold may start before the
             for key, values in fold_steps.items():              # event of its last delta
                 values.append(float(timings.get(key) or 0))
-            planning.append(float(v["created_at"]) - began
+            planning.append(v.created_at - began
                             - sum(float(timings.get(k) or 0) for k in AGGREGATOR_STEPS))
     barrier_publish = []  # last delta of epoch e written -> epoch e+1 doc created (the last fold)
     for e in range(1, int(job["options"]["epochs"])):
@@ -199,10 +199,10 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     first_start = min(t.started_at for t in tasks)
     phases = {
         "upload_and_trigger": float(job["created_at"]) - t0,
-        "split_and_version0": float(v0["created_at"]) - float(job["created_at"]),
-        "publish_to_first_task": first_start - float(v0["created_at"]),
-        "training_span": float(last["created_at"]) - first_start,
-        "export_and_final_eval": float(job["finished_at"]) - float(last["created_at"]),
+        "split_and_version0": v0.created_at - float(job["created_at"]),
+        "publish_to_first_task": first_start - v0.created_at,
+        "training_span": last.created_at - first_start,
+        "export_and_final_eval": float(job["finished_at"]) - last.created_at,
     }
     return {
         "wall_seconds": wall, "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],

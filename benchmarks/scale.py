@@ -309,13 +309,13 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
         versions = svc.registry.list_versions(job_id)
         tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
         first = min(t.started_at for t in tasks)
-        last_version = float(versions[-1]["created_at"])
+        last_version = versions[-1].created_at
         span = last_version - first
         applied = int(job.get("tasks_applied") or 0)
         busy = sum(t.finished_at - t.started_at for t in tasks)
         writes = counts_diff(before, after)
         cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
-        deltas_per_version = [len(v.get("tasks_applied", [])) for v in versions[1:]]
+        deltas_per_version = [len(v.tasks_applied) for v in versions[1:]]
         return {
             "workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
             "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.layout import task_id_for
 
@@ -123,7 +123,7 @@ class VersionCommit:
 
     job_id: str
     base_version: int
-    version_doc: dict[str, Any]
+    version: Version
     epoch: int
     applied: list[int]
     failed: list[int]
@@ -151,16 +151,16 @@ class VersionLedger(Protocol):
     (the commit check is ``domain.job.commit_refusal``, called by every implementation)."""
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool: ...
+                       version: Version, epoch: Epoch) -> bool: ...
 
     def commit_version(self, commit: VersionCommit) -> bool: ...
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
                           head: Mapping[str, Any]) -> bool: ...
 
-    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None: ...
+    def get_version(self, job_id: str, version: int) -> Version | None: ...
 
-    def list_versions(self, job_id: str) -> list[dict[str, Any]]: ...
+    def list_versions(self, job_id: str) -> list[Version]: ...
 
     def get_epoch(self, job_id: str, epoch: int) -> Epoch | None: ...
 

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
@@ -231,7 +231,7 @@ def job_page() -> None:
         model_tab(job, versions)
 
 
-def training_tab(versions: list[dict], regression: bool = False) -> None:
+def training_tab(versions: list[Version], regression: bool = False) -> None:
     frame = dd.version_frame(versions)
     figure = "holdout_rmse" if regression else "holdout_accuracy"
     if frame[figure].notna().sum() == 0:
@@ -249,7 +249,7 @@ def training_tab(versions: list[dict], regression: bool = False) -> None:
     right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
 
 
-def report_section(job: dict, versions: list[dict]) -> None:
+def report_section(job: dict, versions: list[Version]) -> None:
     """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
     classes), per-class precision/recall and the confusion matrix (the newest by default)."""
     numbers = dd.evaluated_versions(versions)
@@ -258,7 +258,7 @@ def report_section(job: dict, versions: list[dict]) -> None:
     st.markdown("**Holdout report**")
     picked = st.selectbox("Version", numbers, key="report_version",
                           format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
-    version = next((v for v in versions if v.get("version") == picked), None)
+    version = next((v for v in versions if v.version == picked), None)
     report = dd.version_report(version, (job.get("dataset") or {}).get("classes") or [])
     metric_row(report["metrics"])
     if report["warning"] and picked != job.get("version"):  # the head's is shown at the top
@@ -276,7 +276,7 @@ def report_section(job: dict, versions: list[dict]) -> None:
     right.dataframe(report["confusion"], width="stretch")
 
 
-def throughput_tab(versions: list[dict], now: float) -> None:
+def throughput_tab(versions: list[Version], now: float) -> None:
     rate = dd.current_rate(versions, now)
     metric_row([("Samples/s (last minute)", f"{rate['samples_per_s']:.1f}"),
                 ("Tasks/min (last minute)", f"{rate['tasks_per_min']:.1f}")])
@@ -329,7 +329,7 @@ def options_tab(job: dict) -> None:
         st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
 
 
-def model_tab(job: dict, versions: list[dict]) -> None:
+def model_tab(job: dict, versions: list[Version]) -> None:
     files = read(model_files, job["job_id"])
     if files is UNREADABLE:
         return

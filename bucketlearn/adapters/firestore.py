@@ -28,7 +28,7 @@ from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
-from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
+from bucketlearn.domain.job import SPLITTING, Epoch, Version, commit_refusal, is_terminal
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import VersionCommit
@@ -144,7 +144,7 @@ class FirestoreRegistry:
         return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool:
+                       version: Version, epoch: Epoch) -> bool:
         job_ref = self._job(job_id)
 
         @firestore.transactional
@@ -154,7 +154,7 @@ class FirestoreRegistry:
             if (data is None or data.get("claim") != claim or data.get("phase") != SPLITTING
                     or is_terminal(data)):  # e.g. cancelled during the split
                 return False
-            transaction.set(self._version(job_id, int(version_doc["version"])), dict(version_doc))
+            transaction.set(self._version(job_id, version.version), version.to_doc())
             transaction.set(self._epoch(job_id, epoch.epoch), epoch.to_doc())
             transaction.update(job_ref, dict(job_fields))
             return True
@@ -164,7 +164,7 @@ class FirestoreRegistry:
     def commit_version(self, commit: VersionCommit) -> bool:
         job_ref = self._job(commit.job_id)
         epoch_ref = self._epoch(commit.job_id, commit.epoch)
-        version_ref = self._version(commit.job_id, int(commit.version_doc["version"]))
+        version_ref = self._version(commit.job_id, commit.version.version)
 
         @firestore.transactional
         def run(transaction: firestore.Transaction) -> bool:
@@ -177,7 +177,7 @@ class FirestoreRegistry:
                 return False
             assert job is not None and epoch is not None
             done = epoch.with_results(commit.applied, commit.failed)
-            transaction.create(version_ref, dict(commit.version_doc))
+            transaction.create(version_ref, commit.version.to_doc())
             transaction.update(epoch_ref, {"applied": list(done.applied),
                                            "failed": list(done.failed)})
             if commit.next_epoch is not None:
@@ -216,12 +216,13 @@ class FirestoreRegistry:
             raise _transient(f"{what} (contended)", exc) from exc
 
     # -- versions, epochs, tasks ------------------------------------------------------------------
-    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
-        return _read(self._version(job_id, version))
+    def get_version(self, job_id: str, version: int) -> Version | None:
+        doc = _read(self._version(job_id, version))
+        return Version.from_doc(doc) if doc is not None else None
 
-    def list_versions(self, job_id: str) -> list[dict[str, Any]]:
+    def list_versions(self, job_id: str) -> list[Version]:
         query = self._job(job_id).collection("versions").order_by("version")
-        return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
+        return [Version.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
 
     def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
         doc = _read(self._epoch(job_id, epoch))

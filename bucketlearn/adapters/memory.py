@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from bucketlearn.domain.job import SPLITTING, Epoch, commit_refusal, is_terminal
+from bucketlearn.domain.job import SPLITTING, Epoch, Version, commit_refusal, is_terminal
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
@@ -222,17 +222,16 @@ class MemoryRegistry:
             return copy.deepcopy(jobs[:limit])
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version_doc: Mapping[str, Any], epoch: Epoch) -> bool:
+                       version: Version, epoch: Epoch) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
             if (job is None or job.get("claim") != claim or job.get("phase") != SPLITTING
                     or is_terminal(job)):  # e.g. cancelled during the split
                 return False
-            _check_document(f"jobs/{job_id}/versions/{int(version_doc['version']):06d}",
-                            version_doc)
+            _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version.to_doc())
             _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch.to_doc())
             _check_document(f"jobs/{job_id}", {**job, **job_fields})
-            self.versions[(job_id, int(version_doc["version"]))] = copy.deepcopy(dict(version_doc))
+            self.versions[(job_id, version.version)] = version.to_doc()
             self.epochs[(job_id, epoch.epoch)] = epoch.to_doc()
             job.update(copy.deepcopy(dict(job_fields)))
             return True
@@ -242,20 +241,20 @@ class MemoryRegistry:
             job = self.jobs.get(commit.job_id)
             stored = self.epochs.get((commit.job_id, commit.epoch))
             epoch = Epoch.from_doc(stored) if stored is not None else None
-            version = int(commit.version_doc["version"])
+            version = commit.version.version
             if commit_refusal(job, epoch, (commit.job_id, version) in self.versions,
                               commit) is not None:
                 return False
             assert job is not None and epoch is not None
             done = epoch.with_results(commit.applied, commit.failed).to_doc()
-            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version_doc)
+            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version.to_doc())
             _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", done)
             following = commit.next_epoch.to_doc() if commit.next_epoch is not None else None
             if following is not None:
                 _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
                                 following)
             _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
-            self.versions[(commit.job_id, version)] = copy.deepcopy(commit.version_doc)
+            self.versions[(commit.job_id, version)] = commit.version.to_doc()
             self.epochs[(commit.job_id, commit.epoch)] = done
             if following is not None:
                 self.epochs[(commit.job_id, following["epoch"])] = following
@@ -280,13 +279,15 @@ class MemoryRegistry:
             job["head"] = copy.deepcopy(dict(head))
             return True
 
-    def get_version(self, job_id: str, version: int) -> dict[str, Any] | None:
+    def get_version(self, job_id: str, version: int) -> Version | None:
         with self._lock:
-            return copy.deepcopy(self.versions.get((job_id, version)))
+            stored = self.versions.get((job_id, version))
+            return Version.from_doc(copy.deepcopy(stored)) if stored is not None else None
 
-    def list_versions(self, job_id: str) -> list[dict[str, Any]]:
+    def list_versions(self, job_id: str) -> list[Version]:
         with self._lock:
-            return copy.deepcopy([v for (j, _), v in sorted(self.versions.items()) if j == job_id])
+            return [Version.from_doc(copy.deepcopy(v))
+                    for (j, _), v in sorted(self.versions.items()) if j == job_id]
 
     def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
         with self._lock:

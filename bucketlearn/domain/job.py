@@ -66,7 +66,7 @@ class Commit(Protocol):
 
     epoch: int
     base_version: int
-    version_doc: Mapping[str, Any]
+    version: Version
     applied: Sequence[int]
     failed: Sequence[int]
 
@@ -111,7 +111,7 @@ def commit_refusal(job: Mapping[str, Any] | None, epoch: Epoch | None,
     if epoch is None:
         return f"epoch {commit.epoch} has no document"
     if version_exists:
-        return f"version {commit.version_doc.get('version')} exists"
+        return f"version {commit.version.version} exists"
     if job.get("version") != commit.base_version:
         return f"the head is v{job.get('version')}, not the base v{commit.base_version}"
     if epoch.done & (set(commit.applied) | set(commit.failed)):
@@ -179,6 +179,87 @@ class Head:
             return kept
         return dataclasses.replace(kept, holdout_accuracy=None, holdout_loss=None,
                                    **dict.fromkeys(_FIGURES))
+
+
+VERSION_FIGURES = ("holdout_accuracy", "holdout_loss", *_FIGURES)  # filled in by evaluation
+
+
+def _task_ids(value: Any) -> tuple[str, ...]:
+    return tuple(str(t) for t in value) if isinstance(value, (list, tuple)) else ()
+
+
+def _optional(value: Any, kind: type) -> Any:
+    return kind(value) if value is not None else None
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of a job's model as its document records it: its weights, the tasks folded
+    into it (``tasks_applied``) or given up on (``tasks_failed``) and, once it is evaluated after
+    its commit, its holdout ``figures`` (the ``VERSION_FIGURES``; None until then). Version 0 is
+    the initial model, written when the split is done; every later one is a fold's commit.
+    ``aggregator`` holds the fold's step timings (seconds, the evaluation's too), for the
+    overhead benchmark."""
+
+    version: int
+    weights_path: str
+    checksum: str | None = None
+    parent: int | None = None
+    epoch: int = 0
+    round: int | None = None
+    tasks_applied: tuple[str, ...] = ()
+    tasks_failed: tuple[str, ...] = ()
+    samples: int = 0
+    train_loss: float | None = None
+    created_at: float = 0.0
+    delta_norms: tuple[float, ...] = ()
+    server_lr: float | None = None
+    figures: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    aggregator: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    evaluated_at: float | None = None
+
+    @property
+    def holdout_accuracy(self) -> float | None:
+        return self.figures.get("holdout_accuracy")
+
+    def figure(self, name: str) -> Any:
+        """One of the ``VERSION_FIGURES`` (None when not evaluated, or not of this task)."""
+        return self.figures.get(name)
+
+    @property
+    def tasks(self) -> int:
+        """Tasks this version settled: applied or failed for good."""
+        return len(self.tasks_applied) + len(self.tasks_failed)
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = {"version": self.version, "parent": self.parent, "weights_path": self.weights_path,
+               "checksum": self.checksum, "epoch": self.epoch,
+               "tasks_applied": list(self.tasks_applied), "tasks_failed": list(self.tasks_failed),
+               "samples": self.samples, "train_loss": self.train_loss,
+               "created_at": self.created_at,
+               **{name: None for name in ("holdout_accuracy", "holdout_loss", *HOLDOUT_FIGURES)},
+               **self.figures}
+        extra = {"round": self.round, "delta_norms": list(self.delta_norms) or None,
+                 "server_lr": self.server_lr, "aggregator": dict(self.aggregator) or None,
+                 "evaluated_at": self.evaluated_at}
+        doc.update({k: v for k, v in extra.items() if v is not None})
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Version:
+        return cls(version=int(doc["version"]), weights_path=str(doc.get("weights_path") or ""),
+                   checksum=doc.get("checksum"), parent=_optional(doc.get("parent"), int),
+                   epoch=int(doc.get("epoch") or 0), round=_optional(doc.get("round"), int),
+                   tasks_applied=_task_ids(doc.get("tasks_applied")),
+                   tasks_failed=_task_ids(doc.get("tasks_failed")),
+                   samples=int(doc.get("samples") or 0),
+                   train_loss=_optional(doc.get("train_loss"), float),
+                   created_at=float(doc.get("created_at") or 0.0),
+                   delta_norms=tuple(float(n) for n in doc.get("delta_norms") or ()),
+                   server_lr=_optional(doc.get("server_lr"), float),
+                   figures={k: doc[k] for k in VERSION_FIGURES if doc.get(k) is not None},
+                   aggregator=dict(doc.get("aggregator") or {}),
+                   evaluated_at=_optional(doc.get("evaluated_at"), float))
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,8 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import Head, decide_after_fold
+from bucketlearn.domain.job import Head, Version, decide_after_fold
 from bucketlearn.domain.metrics import (
-    HOLDOUT_FIGURES,
     holdout_fields,
     regression_fields,
     regression_headline,
@@ -343,7 +342,7 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
     headline = None
     if read.results:
         headline = _evaluate_version(svc, updated, runtime, weights, new_version,
-                                     commit.version_doc["aggregator"])
+                                     commit.version.aggregator)
     log.info("job %s: v%d (epoch %d round %d, %d results, %d failed) holdout %s",
              job_id, new_version, commit.epoch, int(job.get("round") or 0), len(read.results),
              len(read.failures), headline)
@@ -362,19 +361,15 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
     samples = sum(r.examples for r in results)
     now = svc.clock()
     norms = [round(fold.delta_norm(r.delta), 6) for r in results]
-    version_doc = {
-        "version": new_version, "parent": new_version - 1, "weights_path": weights_path,
-        "checksum": checksum, "epoch": epoch, "round": round_index,
-        "tasks_applied": [layout.task_id_for(job_id, epoch, r.task_index) for r in results],
-        "tasks_failed": [layout.task_id_for(job_id, epoch, int(f["task_index"]))
-                         for f in failures],
-        "delta_norms": norms,
-        "server_lr": fold.server_learning_rate(str(job["model"]["kind"]), len(results)),
-        "samples": samples, "train_loss": train_loss,
-        "holdout_accuracy": None, "holdout_loss": None,  # evaluated once committed
-        **dict.fromkeys(HOLDOUT_FIGURES),
-        "created_at": now, "aggregator": {"planning_started_at": planning_started, **timings},
-    }
+    version = Version(  # its holdout figures are filled in once it is committed
+        new_version, weights_path, checksum, parent=new_version - 1, epoch=epoch,
+        round=round_index,
+        tasks_applied=tuple(layout.task_id_for(job_id, epoch, r.task_index) for r in results),
+        tasks_failed=tuple(layout.task_id_for(job_id, epoch, int(f["task_index"]))
+                           for f in failures),
+        samples=samples, train_loss=train_loss, created_at=now, delta_norms=tuple(norms),
+        server_lr=fold.server_learning_rate(str(job["model"]["kind"]), len(results)),
+        aggregator={"planning_started_at": planning_started, **timings})
     tasks_failed = int(job.get("tasks_failed") or 0) + len(failures)
     job_fields: dict[str, Any] = {
         "version": new_version, "status": jobs.RUNNING, "updated_at": now,
@@ -392,7 +387,7 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
                               int(job["options"].get("max_failed_tasks", 0)),
                               failures[0]["error"] if failures else None, now)
     job_fields.update(after.job_fields)
-    commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version_doc=version_doc,
+    commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
                            epoch=epoch, applied=[r.task_index for r in results],
                            failed=[int(f["task_index"]) for f in failures],
                            job_fields=job_fields, next_epoch=after.next_epoch)

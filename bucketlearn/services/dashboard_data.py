@@ -33,7 +33,7 @@ from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.domain.task import TaskRecord
@@ -73,13 +73,6 @@ def _float(value: Any) -> float | None:
 def _int(value: Any) -> int:
     number = _float(value)
     return int(number) if number is not None else 0
-
-
-def _count(value: Any) -> int:
-    """Task counts in version docs are lists of task ids; tolerate plain numbers."""
-    if isinstance(value, (list, tuple, set)):
-        return len(value)
-    return _int(value)
 
 
 def timestamp(value: Any) -> pd.Timestamp | None:
@@ -139,16 +132,11 @@ def rejection_details(job: Mapping[str, Any]) -> list[dict[str, str]]:
 
 # --- rates, ETA ----------------------------------------------------------------------------------
 
-def _version_times(versions: Iterable[Mapping[str, Any]]) -> list[tuple[float, Mapping[str, Any]]]:
-    out = [(_float(v.get("created_at")), v) for v in versions]
-    return sorted(((t, v) for t, v in out if t is not None), key=lambda item: item[0])
+def _version_times(versions: Iterable[Version]) -> list[tuple[float, Version]]:
+    return sorted(((v.created_at, v) for v in versions), key=lambda item: item[0])
 
 
-def _tasks_in(version: Mapping[str, Any]) -> int:
-    return _count(version.get("tasks_applied")) + _count(version.get("tasks_failed"))
-
-
-def current_rate(versions: Iterable[Mapping[str, Any]], now: float,
+def current_rate(versions: Iterable[Version], now: float,
                  window: float = RATE_WINDOW_SECONDS) -> dict[str, float]:
     """Samples/s and tasks/min committed in the last ``window`` seconds.
 
@@ -162,8 +150,8 @@ def current_rate(versions: Iterable[Mapping[str, Any]], now: float,
     if span <= 0:
         return {"samples_per_s": 0.0, "tasks_per_min": 0.0}
     recent = [v for t, v in timed if now - window < t <= now]
-    samples = sum(_int(v.get("samples")) for v in recent)
-    tasks = sum(_tasks_in(v) for v in recent)
+    samples = sum(v.samples for v in recent)
+    tasks = sum(v.tasks for v in recent)
     return {"samples_per_s": samples / span, "tasks_per_min": tasks * 60.0 / span}
 
 
@@ -174,7 +162,7 @@ def remaining_tasks(job: Mapping[str, Any]) -> int | None:
     return max(0, planned - _int(job.get("tasks_applied")) - _int(job.get("tasks_failed")))
 
 
-def eta_seconds(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]], now: float,
+def eta_seconds(job: Mapping[str, Any], versions: Iterable[Version], now: float,
                 window: float = ETA_WINDOW_SECONDS) -> float | None:
     """Seconds until every planned task is applied, at the recent rate; None when unknown."""
     if jobs.is_terminal(job):
@@ -199,7 +187,7 @@ def progress(job: Mapping[str, Any]) -> float | None:
 # --- jobs overview -------------------------------------------------------------------------------
 
 def overview_rows(job_docs: Iterable[Mapping[str, Any]],
-                  versions_by_job: Mapping[str, list[dict[str, Any]]], now: float
+                  versions_by_job: Mapping[str, list[Version]], now: float
                   ) -> list[dict[str, Any]]:
     """One row per job, newest first: what the jobs table shows."""
     rows = []
@@ -261,7 +249,7 @@ def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
     }
 
 
-def job_summary(job: Mapping[str, Any], versions: list[dict[str, Any]], now: float
+def job_summary(job: Mapping[str, Any], versions: list[Version], now: float
                 ) -> dict[str, Any]:
     """The headline numbers of the job page."""
     status = jobs.status_object(job)
@@ -323,22 +311,15 @@ def epoch_progress(epoch: Epoch | None) -> dict[str, int] | None:
             "failed": len(epoch.failed)}
 
 
-def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
     """Accuracy and losses per version (and its commit time), sorted by version."""
     rows = [{
-        "version": _int(v.get("version")),
-        "epoch": _int(v.get("epoch")),
-        "time": timestamp(v.get("created_at")),
-        "created_at": _float(v.get("created_at")),
-        "holdout_accuracy": _float(v.get("holdout_accuracy")),
-        "holdout_macro_f1": _float(v.get("holdout_macro_f1")),
-        "holdout_loss": _float(v.get("holdout_loss")),
-        "train_loss": _float(v.get("train_loss")),
-        "samples": _int(v.get("samples")),
-        "tasks": _tasks_in(v),
-        "holdout_rmse": _float(v.get("holdout_rmse")),
-        "holdout_mae": _float(v.get("holdout_mae")),
-        "holdout_r2": _float(v.get("holdout_r2")),
+        "version": v.version, "epoch": v.epoch, "time": timestamp(v.created_at),
+        "created_at": v.created_at, "train_loss": v.train_loss, "samples": v.samples,
+        "tasks": v.tasks,
+        **{name: _float(v.figure(name)) for name in ("holdout_accuracy", "holdout_macro_f1",
+                                                      "holdout_loss", "holdout_rmse",
+                                                      "holdout_mae", "holdout_r2")},
     } for v in versions]
     frame = pd.DataFrame(rows, columns=list(VERSION_COLUMNS))
     for column in ("holdout_accuracy", "holdout_macro_f1", "holdout_loss", "train_loss",
@@ -347,16 +328,15 @@ def version_frame(versions: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return frame.sort_values("version", kind="stable").reset_index(drop=True)
 
 
-def evaluated_versions(versions: Iterable[Mapping[str, Any]]) -> list[int]:
+def evaluated_versions(versions: Iterable[Version]) -> list[int]:
     """Numbers of the versions with a holdout evaluation, newest first (the report picker)."""
-    found = [_int(v.get("version")) for v in versions
-             if _float(v.get("holdout_accuracy")) is not None
-             or _float(v.get("holdout_rmse")) is not None]
+    found = [v.version for v in versions
+             if _float(v.figure("holdout_accuracy")) is not None
+             or _float(v.figure("holdout_rmse")) is not None]
     return sorted(found, reverse=True)
 
 
-def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
-                   ) -> dict[str, Any]:
+def version_report(version: Version | None, class_names: Iterable[Any]) -> dict[str, Any]:
     """One version's holdout figures beyond accuracy, as the page shows them.
 
     Keys: ``metrics`` ((label, value) pairs: accuracy, macro-F1, the majority baseline, ROC AUC
@@ -366,21 +346,21 @@ def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
     recorded), ``confusion`` (a frame, true classes down, predicted across; empty likewise) and
     ``note`` (what the tables leave out, or why there are none).
     """
-    version = version or {}
-    if version.get("holdout_rmse") is not None:
-        return regression_report(version)
+    figures = version.figures if version is not None else {}
+    if figures.get("holdout_rmse") is not None:
+        return regression_report(figures)
     names = [str(c) for c in class_names]
-    report = version.get("holdout_report") or {}
+    report = figures.get("holdout_report") or {}
     kept = [_int(i) for i in report.get("class_index") or []]
     labels = [names[i] if i < len(names) else str(i) for i in kept]
     majority = report.get("majority_class")
     majority_name = (names[_int(majority)] if majority is not None and _int(majority)
                      < len(names) else None)
-    metrics = [("Accuracy", format_percent(version.get("holdout_accuracy"))),
-               ("Macro-F1", format_number(version.get("holdout_macro_f1"))),
-               ("Majority baseline", format_percent(version.get("holdout_majority_accuracy")))]
+    metrics = [("Accuracy", format_percent(figures.get("holdout_accuracy"))),
+               ("Macro-F1", format_number(figures.get("holdout_macro_f1"))),
+               ("Majority baseline", format_percent(figures.get("holdout_majority_accuracy")))]
     if len(names) == 2:
-        metrics.append(("ROC AUC", format_number(version.get("holdout_roc_auc"))))
+        metrics.append(("ROC AUC", format_number(figures.get("holdout_roc_auc"))))
     per_class = pd.DataFrame({
         "class": labels,
         "precision": _floats(report.get("precision"), len(labels)),
@@ -395,21 +375,21 @@ def version_report(version: Mapping[str, Any] | None, class_names: Iterable[Any]
                  if square else pd.DataFrame())
     return {
         "metrics": metrics,
-        "warning": majority_warning(_float(version.get("holdout_accuracy")),
-                                    _float(version.get("holdout_majority_accuracy")),
+        "warning": majority_warning(_float(figures.get("holdout_accuracy")),
+                                    _float(figures.get("holdout_majority_accuracy")),
                                     majority_name),
         "per_class": per_class, "confusion": confusion, "note": _report_note(report, labels),
     }
 
 
-def regression_report(version: Mapping[str, Any]) -> dict[str, Any]:
-    """A numeric target's version (``version_report``'s keys): RMSE, MAE, R² and the mean
-    squared error; no per-class tables."""
+def regression_report(figures: Mapping[str, Any]) -> dict[str, Any]:
+    """A numeric target's version (its ``figures``; ``version_report``'s keys): RMSE, MAE, R²
+    and the mean squared error; no per-class tables."""
     return {
-        "metrics": [("RMSE", format_number(version.get("holdout_rmse"))),
-                    ("MAE", format_number(version.get("holdout_mae"))),
-                    ("R²", format_number(version.get("holdout_r2"))),
-                    ("MSE (loss)", format_number(version.get("holdout_loss")))],
+        "metrics": [("RMSE", format_number(figures.get("holdout_rmse"))),
+                    ("MAE", format_number(figures.get("holdout_mae"))),
+                    ("R²", format_number(figures.get("holdout_r2"))),
+                    ("MSE (loss)", format_number(figures.get("holdout_loss")))],
         "warning": None, "per_class": pd.DataFrame(), "confusion": pd.DataFrame(),
         "note": "A numeric target: RMSE, MAE and R² on the holdout, in the target's units "
                 "(R² = 1 − MSE / the holdout target's variance).",
@@ -437,7 +417,7 @@ def choose_bin_seconds(span: float, target_bins: int = 40) -> int:
     return next((b for b in _BIN_CHOICES if b >= wanted), _BIN_CHOICES[-1])
 
 
-def throughput_frame(versions: Iterable[Mapping[str, Any]], now: float | None = None,
+def throughput_frame(versions: Iterable[Version], now: float | None = None,
                      bin_seconds: int | None = None) -> pd.DataFrame:
     """Samples/s and tasks/min per time bin, from training start (version 0) to ``now``.
 
@@ -451,9 +431,9 @@ def throughput_frame(versions: Iterable[Mapping[str, Any]], now: float | None = 
     width = bin_seconds or choose_bin_seconds(end - start)
     count = int((end - start) // width) + 1
     index = np.array([min(int((t - start) // width), count - 1) for t, _ in timed])
-    samples = np.bincount(index, weights=[_int(v.get("samples")) for _, v in timed],
+    samples = np.bincount(index, weights=[v.samples for _, v in timed],
                           minlength=count)
-    tasks = np.bincount(index, weights=[_tasks_in(v) for _, v in timed], minlength=count)
+    tasks = np.bincount(index, weights=[v.tasks for _, v in timed], minlength=count)
     times = pd.to_datetime(start + np.arange(count) * width, unit="s", utc=True)
     return pd.DataFrame({"time": times, "samples_per_s": samples / width,
                          "tasks_per_min": tasks * 60.0 / width})
@@ -654,11 +634,11 @@ def model_files(store: BlobStore, models_bucket: str, job_id: str) -> list[Model
     return sorted(found, key=lambda f: (f.version is not None, -(f.version or 0)))
 
 
-def download_note(job: Mapping[str, Any], versions: Iterable[Mapping[str, Any]],
+def download_note(job: Mapping[str, Any], versions: Iterable[Version],
                   files: list[ModelFile]) -> str:
     """Which versions can be downloaded, and why the others cannot."""
     exported = {f.version for f in files if f.version is not None}
-    numbers = sorted(_int(v.get("version")) for v in versions)
+    numbers = sorted(v.version for v in versions)
     missing = [n for n in numbers if n not in exported]
     if job.get("status") == jobs.CANCELLED and not files:
         if job.get("version") is None:

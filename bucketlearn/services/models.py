@@ -45,14 +45,14 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
         return svc.store.read_bytes(bucket, exported), wanted
     except NotFoundError:
         pass
-    doc = svc.registry.get_version(job_id, wanted)
-    if doc is None:
+    found = svc.registry.get_version(job_id, wanted)
+    if found is None:
         raise NotFoundError(f"job {job_id}: version {wanted} has no document")
     runtime = JobRuntime(svc, job)
     model = runtime.model
-    model.set_weights(runtime.weights(doc["weights_path"]))
+    model.set_weights(runtime.weights(found.weights_path))
     sidecar = model_sidecar(dict(job, version=wanted), runtime.manifest,
-                            doc.get("holdout_accuracy"), doc)
+                            found.holdout_accuracy, dict(found.figures))
     return export_keras(model, sidecar), wanted
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
-from bucketlearn.domain.job import Epoch, Head
+from bucketlearn.domain.job import Epoch, Head, Version
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -290,11 +290,7 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     svc.store.write_bytes(svc.settings.models_bucket, weights_path, data,
                           "application/octet-stream")
     now = svc.clock()
-    version_doc = {
-        "version": 0, "parent": None, "weights_path": weights_path,
-        "checksum": codec.checksum(data), "epoch": 0, "tasks_applied": [], "samples": 0,
-        "train_loss": None, "holdout_accuracy": None, "holdout_loss": None, "created_at": now,
-    }
+    first = Version(0, weights_path, codec.checksum(data), created_at=now)
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
@@ -302,7 +298,7 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,
         "head": Head(0, weights_path, codec.checksum(data)).to_doc(),
     }
-    if not svc.registry.start_training(job_id, claim, job_fields, version_doc,
+    if not svc.registry.start_training(job_id, claim, job_fields, first,
                                       Epoch(1, plan.tasks_per_epoch, created_at=now)):
         if jobs.is_terminal(svc.registry.get_job(job_id)):
             return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)

@@ -14,7 +14,7 @@ from bucketlearn.domain import job as J
 class Commit:
     epoch: int = 1
     base_version: int = 4
-    version_doc: dict[str, Any] = field(default_factory=lambda: {"version": 5})
+    version: J.Version = field(default_factory=lambda: J.Version(5, "w5"))
     applied: list[int] = field(default_factory=lambda: [2, 3])
     failed: list[int] = field(default_factory=list)
 
@@ -134,3 +134,24 @@ def test_the_head_carries_and_forgets_the_figures_beyond_accuracy() -> None:
     assert all(folded.to_doc()[k] is None for k in figures)
     assert {k: failures_only.to_doc()[k] for k in figures} == figures
     assert J.Head.from_doc(head.to_doc()) == head
+
+
+def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> None:
+    """A fold's version reads back as written; its figures are None until evaluated. A version
+    0 written before tasks_failed existed, with an evaluation merged in, reads as such."""
+    # Prepare
+    folded = J.Version(3, "weights/j/v3", "sha", parent=2, epoch=1, round=4,
+                       tasks_applied=("j:e0001:t00004",), samples=250, train_loss=0.5,
+                       created_at=9.0, delta_norms=(0.25,), server_lr=1.0,
+                       aggregator={"fold_seconds": 0.01})
+    old = {"version": 0, "parent": None, "weights_path": "w0", "checksum": "c", "epoch": 0,
+           "tasks_applied": [], "samples": 0, "train_loss": None, "holdout_accuracy": 0.5,
+           "holdout_loss": 1.25, "created_at": 1.0}
+    # Execute
+    again = J.Version.from_doc(folded.to_doc())
+    first = J.Version.from_doc(old)
+    # Assert
+    assert again == folded and again.holdout_accuracy is None and again.tasks == 1
+    assert folded.to_doc()["holdout_accuracy"] is None  # the document says "not yet"
+    assert (first.tasks_failed, first.holdout_accuracy, first.figure("holdout_loss"),
+            first.round) == ((), 0.5, 1.25, None)

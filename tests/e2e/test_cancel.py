@@ -83,7 +83,7 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
     assert (job["status"], job["version"]) == ("CANCELLED", head)
-    assert [v["version"] for v in versions] == list(range(head + 1))
+    assert [v.version for v in versions] == list(range(head + 1))
     assert job["head"]["version"] == head and job["tasks_applied"] < job["tasks_planned"]
     late = [t.task_id for t in svc.registry.list_tasks(job_id)
             if (t.started_at or 0.0) > cancelled_at + 2]

@@ -180,7 +180,7 @@ def test_aggregator_killed(make_stack: Any, tmp_path: Path, point: str,
     assert "exited with code 137" in log_text or stack.procs["delta_fn"].restarts >= 1
     assert job["status"] == "DONE", job.get("error")
     versions = assert_ledger_consistent(svc, job_id)
-    referenced = {v["weights_path"] for v in versions}
+    referenced = {v.weights_path for v in versions}
     stored = {i.name for i in svc.store.list(stack.settings.models_bucket, f"weights/{job_id}/")}
     orphans = stored - referenced
     # The head points at a committed version's weights; an attempt that died before its commit

@@ -15,6 +15,7 @@ import pytest
 
 from bucketlearn.bootstrap import google_services
 from bucketlearn.config import JobOptions
+from bucketlearn.domain.job import Version
 from tests.e2e.helpers import DIGITS, REPO, assert_ledger_consistent, cli, submit_and_wait
 
 pytestmark = pytest.mark.e2e
@@ -75,8 +76,8 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])[1:]
     assert job["plan"]["parallel_tasks"] == 3 and job["plan"]["tasks_per_epoch"] == 6
-    assert [len(v["tasks_applied"]) for v in versions] == [3, 3] * 10
-    assert all(v["server_lr"] == 3.0 for v in versions)
+    assert [len(v.tasks_applied) for v in versions] == [3, 3] * 10
+    assert all(v.server_lr == 3.0 for v in versions)
 
 
 def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
@@ -111,14 +112,14 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     assert len({t.worker_id for t in svc.registry.list_tasks(status["job_id"])}) == 2
     assert len(versions) == len(local["versions"]) > 4
 
-    def state(where: Any, bucket: str, version: dict[str, Any]) -> list[bytes]:
+    def state(where: Any, bucket: str, version: Version) -> list[bytes]:
         weights, optimizer, _ = codec.decode_state(where.read_bytes(bucket,
-                                                                    version["weights_path"]))
+                                                                    version.weights_path))
         return [np.asarray(a).tobytes() for a in weights + optimizer]
 
     for ours, theirs in zip(versions, local["versions"], strict=True):
         assert state(svc.store, stack.settings.models_bucket, ours) == state(
-            local["svc"].store, local["svc"].settings.models_bucket, theirs), ours["version"]
+            local["svc"].store, local["svc"].settings.models_bucket, theirs), ours.version
     assert local["job"]["head"]["holdout_accuracy"] == serial.accuracy
     assert status["accuracy"] == serial.accuracy, (status["accuracy"], serial.accuracy)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -72,15 +72,14 @@ def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
 def start(registry: Any, job_id: str, planned: int = 3) -> None:
     ok = registry.start_training(
         job_id, "c1", {"phase": "training", "version": 0, "epoch": 1},
-        {"version": 0, "parent": None, "weights_path": "w0"},
-        Epoch(1, planned))
+        Version(0, "w0"), Epoch(1, planned))
     assert ok
 
 
 def commit(job_id: str, base: int, applied: list[int], failed: list[int] | None = None,
            epoch: int = 1) -> VersionCommit:
     return VersionCommit(job_id=job_id, base_version=base,
-                         version_doc={"version": base + 1, "parent": base},
+                         version=Version(base + 1, f"w{base + 1}", parent=base),
                          epoch=epoch, applied=applied, failed=failed or [],
                          job_fields={"version": base + 1})
 
@@ -100,7 +99,7 @@ def test_start_training_requires_the_claim(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     assert registry.start_training(job_id, "not-mine", {"phase": "training"},
-                                   {"version": 0}, Epoch(1, 1)) is False
+                                   Version(0, "w0"), Epoch(1, 1)) is False
     start(registry, job_id)
     assert registry.get_job(job_id)["version"] == 0
 
@@ -116,7 +115,7 @@ def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> Non
     assert registry.commit_version(commit(job_id, 0, [2])) is False  # stale base
     assert registry.commit_version(commit(job_id, 1, [1])) is False  # task 1 applied already
     assert registry.commit_version(commit(job_id, 1, [], failed=[2])) is True
-    assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1, 2]
+    assert [v.version for v in registry.list_versions(job_id)] == [0, 1, 2]
     epoch = registry.get_epoch(job_id, 1)
     assert sorted(epoch.applied) == [0, 1] and epoch.failed == (2,)
     assert registry.get_job(job_id)["version"] == 2
@@ -141,7 +140,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     job = registry.get_job(job_id)
     assert committed is False
     assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 1)
-    assert [v["version"] for v in registry.list_versions(job_id)] == [0, 1]
+    assert [v.version for v in registry.list_versions(job_id)] == [0, 1]
     assert registry.get_epoch(job_id, 1).applied == (0,)
 
 
@@ -156,7 +155,7 @@ def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) ->
     # Execute
     started = registry.start_training(job_id, "c1", {"phase": "training", "version": 0,
                                                      "epoch": 1},
-                                       {"version": 0}, Epoch(1, 1))
+                                       Version(0, "w0"), Epoch(1, 1))
     # Assert
     job = registry.get_job(job_id)
     assert started is False
@@ -183,8 +182,8 @@ def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: An
     # Assert
     assert (late, current, missing) == (False, True, False)
     versions = registry.list_versions(job_id)
-    assert [v.get("holdout_accuracy") for v in versions] == [None, 0.5, 0.75]
-    assert versions[1]["parent"] == 0  # the rest of the document is kept
+    assert [v.figure("holdout_accuracy") for v in versions] == [None, 0.5, 0.75]
+    assert versions[1].parent == 0  # the rest of the document is kept
     assert registry.get_job(job_id)["head"] == {"version": 2, "holdout_accuracy": 0.75}
 
 
@@ -222,7 +221,7 @@ def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) 
     # Assert
     version = registry.get_version(job_id, 1)
     assert recorded is True
-    assert {k: version[k] for k in figures} == figures
+    assert {k: version.figure(k) for k in figures} == figures
     assert registry.get_job(job_id)["head"] == {"version": 1, "holdout_accuracy": 0.8, **figures}
 
 

@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
@@ -93,10 +93,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
          "tasks_per_epoch": tasks_per_epoch, "tasks_planned": tasks_per_epoch * epochs,
          "dataset": dataset, "updated_at": start,
          "head": {"version": 0, "weights_path": "w0", "holdout_accuracy": None}},
-        {"version": 0, "parent": None, "weights_path": "w0", "epoch": 0, "tasks_applied": [],
-         "samples": 0, "holdout_accuracy": None, "holdout_loss": None, "train_loss": None,
-         "created_at": start},
-        Epoch(1, tasks_per_epoch, created_at=start))
+        Version(0, "w0", created_at=start), Epoch(1, tasks_per_epoch, created_at=start))
     applied = 0
     for n, accuracy in enumerate(accuracies, start=1):
         epoch, first = 1 + applied // tasks_per_epoch, applied % tasks_per_epoch
@@ -108,12 +105,12 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
                 "holdout_loss": 1 - accuracy, "train_loss": 1.2 - accuracy}
         assert registry.commit_version(VersionCommit(
             job_id=job_id, base_version=n - 1, epoch=epoch, applied=indices, failed=[],
-            version_doc={"version": n, "parent": n - 1, "weights_path": f"w{n}", "epoch": epoch,
-                         "tasks_applied": [layout.task_id_for(job_id, epoch, i)
-                                           for i in indices],
-                         "tasks_failed": [], "samples": 400, "train_loss": 1.2 - accuracy,
-                         "holdout_accuracy": accuracy, "holdout_loss": 1 - accuracy,
-                         "created_at": now},
+            version=Version(n, f"w{n}", parent=n - 1, epoch=epoch,
+                            tasks_applied=tuple(layout.task_id_for(job_id, epoch, i)
+                                                for i in indices),
+                            samples=400, train_loss=1.2 - accuracy, created_at=now,
+                            figures={"holdout_accuracy": accuracy,
+                                     "holdout_loss": 1 - accuracy}),
             job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
                         "samples_seen": 400 * n, "head": head, "updated_at": now,
                         **({"epoch": epoch + 1} if complete else {})},

@@ -12,7 +12,7 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
@@ -58,11 +58,11 @@ def test_versions_are_dense(pipeline):
     # Execute
     versions = svc.registry.list_versions(job["job_id"])
     # Assert
-    numbers = [v["version"] for v in versions]
+    numbers = [v.version for v in versions]
     assert numbers == list(range(job["version"] + 1))
     assert len(numbers) > 2
-    assert [v["parent"] for v in versions] == [None] + numbers[:-1]
-    assert job["head"]["weights_path"] == versions[-1]["weights_path"]
+    assert [v.parent for v in versions] == [None] + numbers[:-1]
+    assert job["head"]["weights_path"] == versions[-1].weights_path
 
 
 def test_every_task_applied_exactly_once(pipeline):
@@ -72,7 +72,7 @@ def test_every_task_applied_exactly_once(pipeline):
     expected = {layout.task_id_for(job["job_id"], e, t)
                 for e in (1, 2) for t in range(job["tasks_per_epoch"])}
     # Execute
-    applied = [task for v in versions for task in v["tasks_applied"]]
+    applied = [task for v in versions for task in v.tasks_applied]
     # Assert
     assert len(applied) == job["tasks_planned"] == 2 * job["tasks_per_epoch"]
     assert len(set(applied)) == len(applied)
@@ -90,11 +90,11 @@ def test_every_version_folds_one_whole_round(pipeline):
     folds = versions[1:]
     # Assert
     assert plan["parallel_tasks"] == 3 and plan["tasks_per_epoch"] == 8
-    assert [len(v["tasks_applied"]) for v in folds] == [3, 3, 2] * 2
+    assert [len(v.tasks_applied) for v in folds] == [3, 3, 2] * 2
     for v in folds:
-        indices = [int(t.rsplit(":t", 1)[1]) for t in v["tasks_applied"]]
-        assert indices == list(range(3 * v["round"], 3 * v["round"] + len(indices)))
-        assert len(v["delta_norms"]) == len(indices) and min(v["delta_norms"]) > 0
+        indices = [int(t.rsplit(":t", 1)[1]) for t in v.tasks_applied]
+        assert indices == list(range(3 * v.round, 3 * v.round + len(indices)))
+        assert len(v.delta_norms) == len(indices) and min(v.delta_norms) > 0
 
 
 def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_path):
@@ -106,7 +106,7 @@ def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_pa
     # Execute
     runs = [simulate_pipeline(str(path), options, workers=w) for w in (1, 2, 4, 16)]
     # Assert
-    checksums = [[v["checksum"] for v in run["versions"]] for run in runs]
+    checksums = [[v.checksum for v in run["versions"]] for run in runs]
     assert len(checksums[0]) > 2 and all(c == checksums[0] for c in checksums[1:])
 
 
@@ -123,10 +123,10 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
     # Assert
     svc, last = run["svc"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            last["weights_path"]))
-    assert run["job"]["status"] == "DONE" and last["version"] >= 4
+                                                            last.weights_path))
+    assert run["job"]["status"] == "DONE" and last.version >= 4
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
-    assert last["holdout_accuracy"] == serial.accuracy
+    assert last.figure("holdout_accuracy") == serial.accuracy
 
 
 def test_versions_record_where_the_fold_time_went(pipeline):
@@ -137,17 +137,17 @@ def test_versions_record_where_the_fold_time_went(pipeline):
     job, svc = pipeline["job"], pipeline["svc"]
     before_commit = ("read_seconds", "fold_seconds", "write_seconds")
     # Execute
-    folds = [v for v in svc.registry.list_versions(job["job_id"])[1:] if v["tasks_applied"]]
+    folds = [v for v in svc.registry.list_versions(job["job_id"])[1:] if v.tasks_applied]
     # Assert
     assert folds
     for v in folds:
-        timings = v["aggregator"]
-        assert timings["planning_started_at"] <= v["created_at"] <= v["evaluated_at"]
+        timings = v.aggregator
+        assert timings["planning_started_at"] <= v.created_at <= v.evaluated_at
         assert all(isinstance(timings[k], float) for k in (*before_commit, "eval_seconds"))
-        assert sum(timings[k] for k in before_commit) <= (v["created_at"]
+        assert sum(timings[k] for k in before_commit) <= (v.created_at
                                                          - timings["planning_started_at"])
-        assert timings["eval_seconds"] <= v["evaluated_at"] - timings["planning_started_at"]
-        assert 0.0 <= v["holdout_accuracy"] <= 1.0 and v["holdout_loss"] > 0
+        assert timings["eval_seconds"] <= v.evaluated_at - timings["planning_started_at"]
+        assert 0.0 <= v.figure("holdout_accuracy") <= 1.0 and v.figure("holdout_loss") > 0
 
 
 def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monkeypatch):
@@ -263,12 +263,12 @@ def test_the_drain_stops_at_its_time_budget_and_leaves_a_nudge(tmp_path, budget,
     # Assert
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    applied = [t for v in versions for t in v["tasks_applied"]]
+    applied = [t for v in versions for t in v.tasks_applied]
     assert first is Outcome.ACCEPTED
     assert after_first["version"] == first_version and after_first["phase"] == jobs.TRAINING
     assert count == invocations  # 250 s: 3 folds, 3 folds, the export
     assert job["status"] == jobs.DONE and job["version"] == 6
-    assert [v["version"] for v in versions] == list(range(7))
+    assert [v.version for v in versions] == list(range(7))
     assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
     assert left == []
 
@@ -326,10 +326,10 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     # Assert
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    applied = [t for v in versions for t in v["tasks_applied"]]
+    applied = [t for v in versions for t in v.tasks_applied]
     assert result is Outcome.ACCEPTED and (late_outcome, late_job) == (Outcome.ACCEPTED, job_id)
     assert applied == [task.task_id]
-    assert [v["version"] for v in versions] == [0, 1]
+    assert [v.version for v in versions] == [0, 1]
     assert job["tasks_applied"] == 1 and job["version"] == 1
     assert svc.registry.get_epoch(job_id, 1).applied == (task.task_index,)
     assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
@@ -388,14 +388,14 @@ def registry():
     reg = MemoryRegistry()
     reg.create_job(JOB, {"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None})
     started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1},
-                                 {"version": 0}, Epoch(1, 4))
+                                 Version(0, "w0"), Epoch(1, 4))
     assert started
     return reg
 
 
 def commit(base, applied, failed=(), next_epoch=None):
     return VersionCommit(job_id=JOB, base_version=base,
-                         version_doc={"version": base + 1, "parent": base}, epoch=1,
+                         version=Version(base + 1, f"w{base + 1}", parent=base), epoch=1,
                          applied=list(applied), failed=list(failed),
                          job_fields={"version": base + 1}, next_epoch=next_epoch)
 
@@ -409,7 +409,7 @@ def test_commit_version_advances_the_head(registry):
     # Assert
     assert ok is True
     assert registry.get_job(JOB)["version"] == 1
-    assert registry.get_version(JOB, 1) == {"version": 1, "parent": 0}
+    assert registry.get_version(JOB, 1) == Version(1, "w1", parent=0)
     assert registry.get_epoch(JOB, 1).applied == (1, 2)
 
 
@@ -431,7 +431,7 @@ def test_commit_version_checks_the_base_not_only_the_version_number(registry):
     # Prepare
     assert registry.commit_version(commit(0, [1]))
     stale = commit(0, [2])
-    stale.version_doc = {"version": 5, "parent": 0}
+    stale.version = Version(5, "w5", parent=0)
     # Execute
     ok = registry.commit_version(stale)
     # Assert

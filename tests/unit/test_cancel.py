@@ -115,7 +115,7 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     job = svc.registry.get_job(job_id)
     assert outcome == (Outcome.ACCEPTED, job_id)
     assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
-    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0, 1]
+    assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
     assert len(svc.queue.published) == published
     assert delta_objects(svc, job_id) == []
@@ -141,7 +141,7 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
     job = svc.registry.get_job(job_id)
     assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
     assert job["head"]["version"] == 1
-    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0, 1]
+    assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
     assert len(svc.queue.published) == published  # no next round
 

@@ -11,7 +11,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
@@ -39,15 +39,21 @@ def job_doc(job_id: str = "digits-0123456789ab", **fields):
 
 
 def version(n: int, at: float, samples: int = 0, tasks: int = 0, acc=None, loss=None,
-            train=None, failed: int = 0):
-    return {"version": n, "epoch": 1, "created_at": at, "samples": samples,
+            train=None, failed: int = 0) -> Version:
+    """A version as the registry reads it back (``version_doc``'s document)."""
+    return Version.from_doc(version_doc(n, at, samples, tasks, acc, loss, train, failed))
+
+
+def version_doc(n: int, at: float, samples: int = 0, tasks: int = 0, acc=None, loss=None,
+                train=None, failed: int = 0) -> dict:
+    return {"version": n, "weights_path": f"w{n}", "epoch": 1, "created_at": at, "samples": samples,
             "tasks_applied": [f"j:e0001:t{i:05d}" for i in range(tasks)],
             "tasks_failed": [f"j:e0001:t{i:05d}" for i in range(failed)],
             "holdout_accuracy": acc, "holdout_loss": loss, "train_loss": train}
 
 
 VERSIONS = [
-    {**version(0, T0), "tasks_failed": None},  # version 0 as split.py writes it (no tasks_failed)
+    Version.from_doc({**version_doc(0, T0), "tasks_failed": None}),  # as split.py wrote it
     version(1, T0 + 10, samples=400, tasks=2, acc=0.5, loss=1.2, train=1.5),
     version(2, T0 + 20, samples=400, tasks=2, acc=0.75, loss=0.8, train=1.0),
     version(3, T0 + 30, samples=400, tasks=2, acc=0.875, loss=0.41, train=0.52),
@@ -447,8 +453,9 @@ def test_upload_csv_writes_the_upload_with_its_options_and_returns_the_job_id():
 def _evaluated(n: int, confusion, **fields):
     """A version document as the aggregator writes it since it records the report."""
     report = classification_report(np.array(confusion), loss=0.3)
-    return {**version(n, T0 + 10 * n, samples=400, tasks=2, acc=report["accuracy"], loss=0.3,
-                      train=0.4), **holdout_fields(report, **fields)}
+    return Version.from_doc({**version_doc(n, T0 + 10 * n, samples=400, tasks=2,
+                                           acc=report["accuracy"], loss=0.3, train=0.4),
+                             **holdout_fields(report, **fields)})
 
 
 def test_a_version_written_before_the_report_still_renders_with_dashes():

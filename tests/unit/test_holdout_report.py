@@ -140,7 +140,7 @@ def imbalanced_csv(tmp_path_factory) -> Path:
 def _final_weights(run: dict[str, Any]) -> list[bytes]:
     svc, last = run["svc"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            last["weights_path"]))
+                                                            last.weights_path))
     return [w.tobytes() for w in weights]
 
 
@@ -183,11 +183,11 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     assert head["holdout_accuracy"] == (rows[0][0] + rows[1][1]) / 80
     assert head["holdout_majority_accuracy"] == 68 / 80
     assert 0.0 <= head["holdout_roc_auc"] <= 1.0
-    evaluated = [v for v in versions if v.get("holdout_accuracy") is not None]
+    evaluated = [v for v in versions if v.figure("holdout_accuracy") is not None]
     assert len(evaluated) == len(versions) - 1  # all but version 0
     for v in evaluated:
-        assert v["holdout_report"]["classes"] == 2 and not v["holdout_report"]["truncated"]
-        assert v["holdout_macro_f1"] is not None and v["holdout_roc_auc"] is not None
+        assert v.figure("holdout_report")["classes"] == 2 and not v.figure("holdout_report")["truncated"]
+        assert v.figure("holdout_macro_f1") is not None and v.figure("holdout_roc_auc") is not None
     status = jobs.status_object(job)
     assert status["beats_majority"] is True and status["warning"] is None
 
@@ -233,7 +233,7 @@ def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job
     assert set(status["recall"]) == {"0", "1"} and not math.isnan(status["macro_f1"])
     assert [sum(row) for row in status["confusion"]] == [36, 4]
     assert sum(1 for col in zip(*status["confusion"], strict=True) if any(col)) == 1
-    stored = svc.registry.get_version(job_id, 1)["holdout_report"]
+    stored = svc.registry.get_version(job_id, 1).figure("holdout_report")
     assert stored["confusion"] == [{"row": row} for row in status["confusion"]]
 
 

@@ -55,7 +55,7 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     assert len(orphans) == 1
     job = svc.registry.get_job(job_id)
     assert job["version"] == 0 and job["head"]["weights_path"] in before
-    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0]
+    assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
     # Execute: the lease expires, the event is retried
     monkeypatch.setattr(svc.registry, "commit_version", real_commit)
     svc.registry.leases.clear()
@@ -65,10 +65,10 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
     assert job["status"] == "DONE"
-    assert [v["version"] for v in versions] == list(range(job["version"] + 1))
-    applied = [t for v in versions for t in v["tasks_applied"]]
+    assert [v.version for v in versions] == list(range(job["version"] + 1))
+    applied = [t for v in versions for t in v.tasks_applied]
     assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
-    assert all(v["weights_path"] not in orphans for v in versions)
+    assert all(v.weights_path not in orphans for v in versions)
 
 
 def test_rerun_after_commit_changes_nothing(tmp_path: Path,

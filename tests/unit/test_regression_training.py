@@ -42,14 +42,14 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
     # Assert
     svc, job, last = run["svc"], run["job"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            last["weights_path"]))
-    assert job["status"] == "DONE" and last["version"] >= 4
+                                                            last.weights_path))
+    assert job["status"] == "DONE" and last.version >= 4
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
-    assert serial.accuracy is None and last["holdout_accuracy"] is None
-    assert last["holdout_rmse"] == serial.report["rmse"]
-    assert last["holdout_r2"] == serial.report["r2"] and last["holdout_mae"] == serial.report["mae"]
-    assert last["holdout_loss"] == pytest.approx(serial.report["rmse"] ** 2)
-    evaluated = [v for v in run["versions"][1:] if v.get("holdout_rmse") is not None]
+    assert serial.accuracy is None and last.figure("holdout_accuracy") is None
+    assert last.figure("holdout_rmse") == serial.report["rmse"]
+    assert last.figure("holdout_r2") == serial.report["r2"] and last.figure("holdout_mae") == serial.report["mae"]
+    assert last.figure("holdout_loss") == pytest.approx(serial.report["rmse"] ** 2)
+    evaluated = [v for v in run["versions"][1:] if v.figure("holdout_rmse") is not None]
     assert len(evaluated) == len(run["versions"]) - 1  # every version has its figures
     # the status object and the head carry them (the DONE head: the whole holdout)
     status = jobs.status_object(job)

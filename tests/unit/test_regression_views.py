@@ -3,7 +3,7 @@ dashboard's figures, from documents as the aggregator writes them (no TensorFlow
 
 from __future__ import annotations
 
-from bucketlearn.domain.job import Head
+from bucketlearn.domain.job import Head, Version
 from bucketlearn.entrypoints import cli
 from bucketlearn.services import dashboard_data as dd
 from bucketlearn.services import jobs
@@ -14,10 +14,10 @@ DATASET = {"rows": 342, "train_rows": 274, "holdout_rows": 68, "features": 7,
            "task_reason": "auto: 94 distinct numeric labels in the first 344 rows",
            "target_mean": 4203.2, "target_std": 799.9, "bin_edges": [3312.0, 3488.0],
            "bin_counts": [40, 31, 33], "missing_targets": 2}
-VERSION = {"version": 3, "epoch": 1, "created_at": 10.0, "holdout_accuracy": None,
-           "holdout_loss": 56079.4, "train_loss": 60000.0, "samples": 274,
-           "holdout_rmse": 236.81, "holdout_mae": 193.93, "holdout_r2": 0.9133,
-           "holdout_macro_f1": None}
+VERSION = Version.from_doc({
+    "version": 3, "weights_path": "w3", "epoch": 1, "created_at": 10.0, "holdout_accuracy": None,
+    "holdout_loss": 56079.4, "train_loss": 60000.0, "samples": 274, "holdout_rmse": 236.81,
+    "holdout_mae": 193.93, "holdout_r2": 0.9133, "holdout_macro_f1": None})
 
 
 def regression_job(**fields):

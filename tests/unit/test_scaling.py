@@ -12,7 +12,7 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Epoch
+from bucketlearn.domain.job import Epoch, Version
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import jobs
@@ -70,7 +70,7 @@ def seed_job(registry: MemoryRegistry, job_id: str, planned: int, applied: list[
         "phase": "training", "version": 0, "epoch": 1, "round": round_index,
         "published": jobs.round_key(1, round_index) if published else None,
         "plan": plan.to_dict(), "tasks_per_epoch": planned},
-        {"version": 0}, Epoch(1, planned, applied=tuple(applied), failed=tuple(failed or ())))
+        Version(0, "w0"), Epoch(1, planned, applied=tuple(applied), failed=tuple(failed or ())))
     registry.update_job(job_id, {"status": status})
 
 

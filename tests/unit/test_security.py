@@ -149,7 +149,7 @@ def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Pa
     assert (outcome, handled) == (Outcome.ACCEPTED, job_id)
     job = svc.registry.get_job(job_id)
     assert job["version"] == 0 and job["status"] == jobs.QUEUED
-    assert [v["version"] for v in svc.registry.list_versions(job_id)] == [0]
+    assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
     assert svc.registry.get_epoch(job_id, 1).applied == ()
     requeued = svc.queue.published[published_before:]
     assert [(m.job_id, m.epoch, m.task_index) for m in requeued] == [(job_id, 1, 0)]

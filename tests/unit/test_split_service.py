@@ -82,7 +82,7 @@ def test_the_first_round_is_published(digits_job):
         assert m.rows == sum(shard.rows for shard in shards)
         assert m.weights_path == job["head"]["weights_path"]
         assert m.span == plan.span(1, 0) and m.span[0] == 0.0 < m.span[1]
-    assert svc.registry.get_version(job_id, 0)["weights_path"].startswith(f"weights/{job_id}/")
+    assert svc.registry.get_version(job_id, 0).weights_path.startswith(f"weights/{job_id}/")
 
 
 def test_redelivered_event_is_duplicate_and_publishes_nothing(digits_job):

@@ -73,7 +73,7 @@ def test_a_nan_delta_is_refused_and_its_task_trained_again(tmp_path: Path) -> No
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
     assert job["status"] == jobs.DONE
-    assert all(np.isfinite(v["holdout_loss"]) for v in versions[1:])
+    assert all(np.isfinite(v.figure("holdout_loss")) for v in versions[1:])
 
 
 def test_an_outlying_delta_is_refused(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
                                                              [lost.message.task_index])]
     job = svc.registry.get_job(job_id)
     assert job["status"] == jobs.DONE and job["tendings"] == 1
-    applied = [t for v in svc.registry.list_versions(job_id) for t in v["tasks_applied"]]
+    applied = [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied]
     assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
 
 
