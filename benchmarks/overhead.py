@@ -153,7 +153,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     for t in tasks:
         if t.pulled_at is not None:
             pre_train_reads.append(t.started_at - t.pulled_at)
-        base = by_version.get(t.base_version if t.base_version is not None else -1)
+        base = by_version.get(t.base_version)  # None (no base recorded) is no key
         if base is not None:  # a round is published as soon as its base version is committed
             queue_wait.append(t.started_at - base.created_at)
         fetch.append(t.phase_seconds("fetch") or 0.0)
@@ -194,7 +194,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
         following = epochs.get(e + 1)
         nxt = following.created_at if following is not None else None
         if ends and nxt is not None:
-            barrier_publish.append(float(nxt) - max(ends))
+            barrier_publish.append(nxt - max(ends))
     busy = sum(t.finished_at - t.started_at for t in tasks)
     first_start = min(t.started_at for t in tasks)
     phases = {

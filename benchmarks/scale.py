@@ -325,9 +325,8 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
             "deltas_per_version": stats([float(n) for n in deltas_per_version]),
             "worker_utilization": busy / (workers * span),
             "task_seconds": stats([t.finished_at - t.started_at for t in tasks]),
-            "train_seconds": stats([float(t.get("train_seconds") or 0) for t in tasks]),
-            "fetch_seconds": stats([float(t.get("fetch_seconds") or 0) for t in tasks]),
-            "write_seconds": stats([float(t.get("write_seconds") or 0) for t in tasks]),
+            **{f"{phase}_seconds": stats([t.phase_seconds(phase) or 0.0 for t in tasks])
+               for phase in ("train", "fetch", "write")},
             "cpu_seconds": cpu, "cpu_capacity_seconds": (os.cpu_count() or 1) * wall,
             "firestore": writes,
             "writes_per_applied_task": writes["writes"] / max(applied, 1),

@@ -228,11 +228,12 @@ class MemoryRegistry:
             if (job is None or job.get("claim") != claim or job.get("phase") != SPLITTING
                     or is_terminal(job)):  # e.g. cancelled during the split
                 return False
-            _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version.to_doc())
-            _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch.to_doc())
+            version_doc, epoch_doc = version.to_doc(), epoch.to_doc()
+            _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
+            _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch_doc)
             _check_document(f"jobs/{job_id}", {**job, **job_fields})
-            self.versions[(job_id, version.version)] = version.to_doc()
-            self.epochs[(job_id, epoch.epoch)] = epoch.to_doc()
+            self.versions[(job_id, version.version)] = version_doc
+            self.epochs[(job_id, epoch.epoch)] = epoch_doc
             job.update(copy.deepcopy(dict(job_fields)))
             return True
 
@@ -247,14 +248,15 @@ class MemoryRegistry:
                 return False
             assert job is not None and epoch is not None
             done = epoch.with_results(commit.applied, commit.failed).to_doc()
-            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", commit.version.to_doc())
+            version_doc = commit.version.to_doc()
+            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", version_doc)
             _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", done)
             following = commit.next_epoch.to_doc() if commit.next_epoch is not None else None
             if following is not None:
                 _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
                                 following)
             _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
-            self.versions[(commit.job_id, version)] = commit.version.to_doc()
+            self.versions[(commit.job_id, version)] = version_doc
             self.epochs[(commit.job_id, commit.epoch)] = done
             if following is not None:
                 self.epochs[(commit.job_id, following["epoch"])] = following

@@ -181,7 +181,10 @@ class Head:
                                    **dict.fromkeys(_FIGURES))
 
 
-VERSION_FIGURES = ("holdout_accuracy", "holdout_loss", *_FIGURES)  # filled in by evaluation
+# what evaluation fills in: a new version's document holds the first ones as None ("not yet");
+# a regression's figures are written only by its evaluation
+_UNEVALUATED = ("holdout_accuracy", "holdout_loss", *HOLDOUT_FIGURES)
+VERSION_FIGURES = (*_UNEVALUATED, *REGRESSION_FIGURES)
 
 
 def _task_ids(value: Any) -> tuple[str, ...]:
@@ -237,8 +240,7 @@ class Version:
                "tasks_applied": list(self.tasks_applied), "tasks_failed": list(self.tasks_failed),
                "samples": self.samples, "train_loss": self.train_loss,
                "created_at": self.created_at,
-               **{name: None for name in ("holdout_accuracy", "holdout_loss", *HOLDOUT_FIGURES)},
-               **self.figures}
+               **dict.fromkeys(_UNEVALUATED), **self.figures}
         extra = {"round": self.round, "delta_norms": list(self.delta_norms) or None,
                  "server_lr": self.server_lr, "aggregator": dict(self.aggregator) or None,
                  "evaluated_at": self.evaluated_at}

@@ -12,11 +12,10 @@ ledger (``domain.job.Epoch``): a record is what workers did, not what the model 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
-STATES = (RUNNING, TRAINED, RETRYING, FAILED)
 ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)
 
 # the timings a trained attempt records (seconds), in the order the worker takes them
@@ -72,7 +71,7 @@ class TaskRecord:
     pulled_at: float | None = None
     error: str | None = None
     base_version: int | None = None  # the version a trained attempt started from
-    seconds: Mapping[str, float | None] | None = None  # by phase, once trained
+    seconds: Mapping[str, float | None] = field(default_factory=dict)  # by phase, once trained
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> TaskRecord:
@@ -89,7 +88,7 @@ class TaskRecord:
 
     def phase_seconds(self, phase: str) -> float | None:
         """Seconds the attempt spent fetching, training or writing (None if not recorded)."""
-        return (self.seconds or {}).get(phase)
+        return self.seconds.get(phase)
 
     def busy_seconds(self, now: float) -> float | None:
         """How long the attempt ran: until now while RUNNING, else until it finished."""

@@ -290,13 +290,14 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     svc.store.write_bytes(svc.settings.models_bucket, weights_path, data,
                           "application/octet-stream")
     now = svc.clock()
-    first = Version(0, weights_path, codec.checksum(data), created_at=now)
+    checksum = codec.checksum(data)
+    first = Version(0, weights_path, checksum, created_at=now)
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
         "tasks_planned": plan.total_tasks,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,
-        "head": Head(0, weights_path, codec.checksum(data)).to_doc(),
+        "head": Head(0, weights_path, checksum).to_doc(),
     }
     if not svc.registry.start_training(job_id, claim, job_fields, first,
                                       Epoch(1, plan.tasks_per_epoch, created_at=now)):
