@@ -219,13 +219,13 @@ def local_stack(home: Path, workers: int, emus: Any, label: str, timeout: float 
         stack.stop()
 
 
-def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> dict[str, Any]:
+def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> Any:
     from bucketlearn.services import jobs
 
     job = jobs.wait_terminal(svc.registry, job_id, timeout, poll)
     if job is None or not jobs.is_terminal(job):
         raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
-                           f"{ {k: (job or {}).get(k) for k in ('status', 'phase', 'epoch', 'version')} }")
+                           f"{ {k: getattr(job, k, None) for k in ('status', 'phase', 'epoch', 'version')} }")
     return job
 
 

@@ -142,11 +142,11 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     versions = svc.registry.list_versions(job_id)
     tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
     epochs = {e: svc.registry.get_epoch(job_id, e)
-              for e in range(1, int(job["options"]["epochs"]) + 1)}
+              for e in range(1, int(job.options["epochs"]) + 1)}
     finished = {t.task_id: t for t in tasks}
     v0 = versions[0]
     last = versions[-1]
-    wall = float(job["finished_at"]) - t0
+    wall = float(job.finished_at) - t0
     queue_wait, fetch, train, write, in_task_overhead = [], [], [], [], []
     pre_train_reads = []  # message arrival -> task start
     by_version = {v.version: v for v in versions}
@@ -189,7 +189,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
             planning.append(v.created_at - began
                             - sum(float(timings.get(k) or 0) for k in AGGREGATOR_STEPS))
     barrier_publish = []  # last delta of epoch e written -> epoch e+1 doc created (the last fold)
-    for e in range(1, int(job["options"]["epochs"])):
+    for e in range(1, int(job.options["epochs"])):
         ends = [t.finished_at for t in tasks if t.epoch == e]
         following = epochs.get(e + 1)
         nxt = following.created_at if following is not None else None
@@ -198,14 +198,14 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     busy = sum(t.finished_at - t.started_at for t in tasks)
     first_start = min(t.started_at for t in tasks)
     phases = {
-        "upload_and_trigger": float(job["created_at"]) - t0,
-        "split_and_version0": v0.created_at - float(job["created_at"]),
+        "upload_and_trigger": float(job.created_at) - t0,
+        "split_and_version0": v0.created_at - float(job.created_at),
         "publish_to_first_task": first_start - v0.created_at,
         "training_span": last.created_at - first_start,
-        "export_and_final_eval": float(job["finished_at"]) - last.created_at,
+        "export_and_final_eval": float(job.finished_at) - last.created_at,
     }
     return {
-        "wall_seconds": wall, "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+        "wall_seconds": wall, "status": job.status, "accuracy": job.head.holdout_accuracy,
         "versions": len(versions), "tasks": len(tasks), "workers_seen": len(by_worker),
         "attempts_max": max(t.attempts for t in tasks),
         "phases": phases,
@@ -278,15 +278,15 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             sim, sim_seconds = common.timed(simulate_pipeline, str(path), options, workers=1)
             figures[name] = {
                 "options": options.to_dict(), "rows": serial.manifest.rows,
-                "tasks_per_epoch": sim["job"]["tasks_per_epoch"],
-                "parallel_tasks": sim["job"]["plan"]["parallel_tasks"],
+                "tasks_per_epoch": sim["job"].tasks_per_epoch,
+                "parallel_tasks": sim["job"].plan["parallel_tasks"],
                 "serial": {"seconds": serial_seconds, "all_seconds": serial_runs,
                            "accuracy": serial.accuracy},
                 "fit": {"seconds": fit_seconds, "accuracy": fit_accuracy},
-                "sim-1": {"seconds": sim_seconds, "accuracy": sim["job"]["head"]["holdout_accuracy"],
+                "sim-1": {"seconds": sim_seconds, "accuracy": sim["job"].head.holdout_accuracy,
                           "versions": len(sim["versions"])},
                 "in_process": in_process_costs(serial.model, path, options,
-                                               int(sim["job"]["plan"]["parallel_tasks"])),
+                                               int(sim["job"].plan["parallel_tasks"])),
             }
             cells[name] = (path, options)
         if params["stack"]:

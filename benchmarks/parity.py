@@ -42,6 +42,7 @@ import numpy as np
 
 from benchmarks import common, datasets
 from benchmarks.common import goal, log
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 
 IMAGE_OPTIONS = {"epochs": 5}
@@ -115,13 +116,14 @@ def fit_reference(path: Path, options: Any) -> float:
     return found.report["rmse"] if spec.regression else found.accuracy
 
 
-def job_figures(job: dict[str, Any], seconds: float, **extra: Any) -> dict[str, Any]:
+def job_figures(job: Job, seconds: float, **extra: Any) -> dict[str, Any]:
     """A pipeline run's figures from its final job document."""
-    return {"status": job["status"], "accuracy": job["head"].get("holdout_accuracy"),
-            "rmse": job["head"].get("holdout_rmse"),
-            "versions": int(job["version"]) + 1, "parallel_tasks": job["plan"]["parallel_tasks"],
-            "tasks_applied": job.get("tasks_applied"), "seconds": seconds,
-            "error": job.get("error"), **extra}
+    head = job.head
+    return {"status": job.status, "accuracy": head.holdout_accuracy if head else None,
+            "rmse": head.holdout_rmse if head else None,
+            "versions": int(job.version) + 1, "parallel_tasks": job.plan["parallel_tasks"],
+            "tasks_applied": job.tasks_applied, "seconds": seconds,
+            "error": job.error, **extra}
 
 
 def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeats: int,
@@ -151,7 +153,7 @@ def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeat
                 submitted.append(((name, order, seed, repeat), job_id, t0))
             for key, job_id, t0 in submitted:
                 job = common.wait_terminal(svc, job_id, timeout=3600)
-                results[key] = job_figures(job, float(job.get("finished_at") or time.time()) - t0,
+                results[key] = job_figures(job, float(job.finished_at or time.time()) - t0,
                                            job_id=job_id)
                 if on_result is not None:
                     on_result(key, results[key])

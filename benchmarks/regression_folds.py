@@ -42,7 +42,7 @@ def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
         for rule, rate in RULES.items():
             fold.server_learning_rate = lambda _kind, r, rate=rate: rate(r)
             job = simulate_pipeline(str(path), options, workers=8)["job"]
-            row[rule] = parity.gap(row["serial_rmse"], {"rmse": job["head"]["holdout_rmse"]},
+            row[rule] = parity.gap(row["serial_rmse"], {"rmse": job.head.holdout_rmse},
                                    regression=True)
     finally:
         fold.server_learning_rate = original

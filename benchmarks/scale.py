@@ -129,7 +129,7 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     assert job_id is not None
     job = svc.registry.get_job(job_id)
     base, state, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                             job["head"]["weights_path"]))
+                                                             job.head.weights_path))
     rng = np.random.default_rng(1)
 
     def write_result(index: int, head: int) -> None:
@@ -144,20 +144,20 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
 
     aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
     elapsed = 0.0
-    while (job := svc.registry.get_job(job_id))["epoch"] == 1 and not jobs.is_terminal(job):
+    while (job := svc.registry.get_job(job_id)).epoch == 1 and not jobs.is_terminal(job):
         for index in jobs.current_round_tasks(job):
-            write_result(index, int(job["version"]))
+            write_result(index, int(job.version))
         t = time.perf_counter()
         aggregate_job(svc, job_id)
         elapsed += time.perf_counter() - t
     versions = svc.registry.list_versions(job_id)
-    applied = int(job.get("tasks_applied") or 0)
-    return {"rounds": {"tasks": int(job["tasks_per_epoch"]), "deltas_applied": applied,
+    applied = job.tasks_applied
+    return {"rounds": {"tasks": job.tasks_per_epoch, "deltas_applied": applied,
                        "versions": len(versions) - 1, "seconds": elapsed,
                        "deltas_per_second": applied / elapsed,
                        "versions_per_second": (len(versions) - 1) / elapsed,
-                       "epoch_after": job["epoch"],
-                       "holdout_rows": job["dataset"]["holdout_rows"]}}
+                       "epoch_after": job.epoch,
+                       "holdout_rows": job.dataset["holdout_rows"]}}
 
 
 # --- A + C. the stack ----------------------------------------------------------------------------
@@ -305,20 +305,20 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
         cpu_after = cpu_snapshot(stack, emus)
         time.sleep(1.0)
         after = _counts(counts_dir)
-        wall = float(job["finished_at"]) - t0
+        wall = float(job.finished_at) - t0
         versions = svc.registry.list_versions(job_id)
         tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
         first = min(t.started_at for t in tasks)
         last_version = versions[-1].created_at
         span = last_version - first
-        applied = int(job.get("tasks_applied") or 0)
+        applied = job.tasks_applied
         busy = sum(t.finished_at - t.started_at for t in tasks)
         writes = counts_diff(before, after)
         cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
         deltas_per_version = [len(v.tasks_applied) for v in versions[1:]]
         return {
             "workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
-            "status": job["status"], "accuracy": job["head"]["holdout_accuracy"],
+            "status": job.status, "accuracy": job.head.holdout_accuracy,
             "tasks_applied": applied, "task_attempts": len(tasks),
             "versions": len(versions) - 1, "training_span_seconds": span, "wall_seconds": wall,
             "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Job, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
@@ -123,9 +123,9 @@ def jobs_overview() -> None:
         st.error(f"**{row['job_id']}** was rejected: {row['reason']}")
 
 
-def pick_job(job_docs: list[dict]) -> str | None:
-    ids = [j["job_id"] for j in job_docs]
-    status = {j["job_id"]: j.get("status") for j in job_docs}
+def pick_job(job_docs: list[Job]) -> str | None:
+    ids = [j.job_id for j in job_docs]
+    status = {j.job_id: j.status for j in job_docs}
     wanted = st.query_params.get("job")
     if wanted and wanted not in ids:
         ids.insert(0, wanted)
@@ -163,9 +163,9 @@ def confirm_cancel(job_id: str) -> None:
     overview_data.clear()
 
 
-def cancel_controls(job: dict) -> None:
+def cancel_controls(job: Job) -> None:
     """A "Cancel job" button for a job that has not ended, with a confirmation step."""
-    job_id = job["job_id"]
+    job_id = job.job_id
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
         (st.success if said[1] == "success" else st.error)(said[2])
@@ -219,7 +219,7 @@ def job_page() -> None:
         st.progress(s["progress"], text=dd.progress_text(s))
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
     with tabs[0]:
-        training_tab(versions, dd.is_regression(job))
+        training_tab(versions, dd.is_regression(s))
         report_section(job, versions)
     with tabs[1]:
         throughput_tab(versions, now)
@@ -249,7 +249,7 @@ def training_tab(versions: list[Version], regression: bool = False) -> None:
     right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
 
 
-def report_section(job: dict, versions: list[Version]) -> None:
+def report_section(job: Job, versions: list[Version]) -> None:
     """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
     classes), per-class precision/recall and the confusion matrix (the newest by default)."""
     numbers = dd.evaluated_versions(versions)
@@ -259,9 +259,9 @@ def report_section(job: dict, versions: list[Version]) -> None:
     picked = st.selectbox("Version", numbers, key="report_version",
                           format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
     version = next((v for v in versions if v.version == picked), None)
-    report = dd.version_report(version, (job.get("dataset") or {}).get("classes") or [])
+    report = dd.version_report(version, job.classes)
     metric_row(report["metrics"])
-    if report["warning"] and picked != job.get("version"):  # the head's is shown at the top
+    if report["warning"] and picked != job.version:  # the head's is shown at the top
         st.warning(f"v{picked}: {report['warning']}")
     if report["note"]:
         st.caption(report["note"])
@@ -291,7 +291,7 @@ def throughput_tab(versions: list[Version], now: float) -> None:
     right.line_chart(frame, x="time", y="tasks_per_min")
 
 
-def workers_tab(job: dict, tasks: list[TaskRecord], workers: list[dict], epoch: Epoch | None,
+def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict], epoch: Epoch | None,
                 now: float) -> None:
     counts = dd.task_state_counts(job, tasks)
     metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
@@ -301,7 +301,7 @@ def workers_tab(job: dict, tasks: list[TaskRecord], workers: list[dict], epoch: 
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
     st.markdown(f"**Workers** (alive = heartbeat within {dd.ALIVE_SECONDS:g} s)")
-    st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job["job_id"])), hide_index=True,
+    st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job.job_id)), hide_index=True,
                  width="stretch")
     summary = dd.timing_summary(tasks)
     if not summary.empty:
@@ -312,7 +312,7 @@ def workers_tab(job: dict, tasks: list[TaskRecord], workers: list[dict], epoch: 
         "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
 
 
-def options_tab(job: dict) -> None:
+def options_tab(job: Job) -> None:
     left, right = st.columns(2)
     left.markdown("**Options**")
     left.dataframe(pd.DataFrame(dd.option_rows(job)), hide_index=True, width="stretch")
@@ -329,8 +329,8 @@ def options_tab(job: dict) -> None:
         st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
 
 
-def model_tab(job: dict, versions: list[Version]) -> None:
-    files = read(model_files, job["job_id"])
+def model_tab(job: Job, versions: list[Version]) -> None:
+    files = read(model_files, job.job_id)
     if files is UNREADABLE:
         return
     note = dd.download_note(job, versions, files)
@@ -343,11 +343,11 @@ def model_tab(job: dict, versions: list[Version]) -> None:
                                                              choice.path),
                            file_name=choice.file_name, mime="application/octet-stream",
                            on_click="ignore", type="primary")
-    elif job.get("status") == jobs.CANCELLED and job.get("version") is not None:
-        svc, version = services(), int(job["version"])
+    elif job.status == jobs.CANCELLED and job.version is not None:
+        svc, version = services(), job.version
         st.download_button(f"Download v{version}.keras", key="model_build",
-                           data=lambda: model_bytes(svc, job["job_id"], version)[0],
-                           file_name=f"{job['job_id']}-v{version}.keras",
+                           data=lambda: model_bytes(svc, job.job_id, version)[0],
+                           file_name=f"{job.job_id}-v{version}.keras",
                            mime="application/octet-stream", on_click="ignore", type="primary")
     if note:
         st.info(note)

@@ -28,7 +28,14 @@ from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
-from bucketlearn.domain.job import SPLITTING, Epoch, Version, commit_refusal, is_terminal
+from bucketlearn.domain.job import (
+    Epoch,
+    Head,
+    Job,
+    Version,
+    commit_refusal,
+    may_start_training,
+)
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import VersionCommit
@@ -108,15 +115,16 @@ class FirestoreRegistry:
         return self._job(job_id).collection("tasks").document(task_id)
 
     # -- jobs -------------------------------------------------------------------------------------
-    def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool:
+    def create_job(self, job: Job) -> bool:
         try:
-            self._job(job_id).create(dict(doc), timeout=TIMEOUT)
+            self._job(job.job_id).create(job.to_doc(), timeout=TIMEOUT)
             return True
         except (gexc.AlreadyExists, gexc.Conflict):
             return False
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
-        return _read(self._job(job_id))
+    def get_job(self, job_id: str) -> Job | None:
+        doc = _read(self._job(job_id))
+        return Job.from_doc(doc) if doc is not None else None
 
     def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
         try:
@@ -138,10 +146,10 @@ class FirestoreRegistry:
         except (gexc.FailedPrecondition, gexc.NotFound):
             return False
 
-    def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_jobs(self, limit: int = 100) -> list[Job]:
         query = (self.client.collection("jobs")
                  .order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit))
-        return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
+        return [Job.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
                        version: Version, epoch: Epoch) -> bool:
@@ -151,8 +159,7 @@ class FirestoreRegistry:
         def run(transaction: firestore.Transaction) -> bool:
             snap = job_ref.get(transaction=transaction)
             data = snap.to_dict() if snap.exists else None
-            if (data is None or data.get("claim") != claim or data.get("phase") != SPLITTING
-                    or is_terminal(data)):  # e.g. cancelled during the split
+            if not may_start_training(Job.from_doc(data) if data is not None else None, claim):
                 return False
             transaction.set(self._version(job_id, version.version), version.to_doc())
             transaction.set(self._epoch(job_id, epoch.epoch), epoch.to_doc())
@@ -171,7 +178,7 @@ class FirestoreRegistry:
             job_snap = job_ref.get(transaction=transaction)
             epoch_snap = epoch_ref.get(transaction=transaction)
             version_snap = version_ref.get(transaction=transaction)
-            job = job_snap.to_dict() if job_snap.exists else None
+            job = Job.from_doc(job_snap.to_dict()) if job_snap.exists else None
             epoch = Epoch.from_doc(epoch_snap.to_dict()) if epoch_snap.exists else None
             if commit_refusal(job, epoch, version_snap.exists, commit) is not None:
                 return False
@@ -189,7 +196,7 @@ class FirestoreRegistry:
         return self._contended(run, "commit version")
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
-                          head: Mapping[str, Any]) -> bool:
+                          head: Head) -> bool:
         job_ref = self._job(job_id)
         version_ref = self._version(job_id, version)
 
@@ -203,7 +210,7 @@ class FirestoreRegistry:
             job = job_snap.to_dict() if job_snap.exists else None
             if job is None or job.get("version") != version:
                 return False  # a newer version is the head: its own evaluation fills it in
-            transaction.update(job_ref, {"head": dict(head)})
+            transaction.update(job_ref, {"head": head.to_doc()})
             return True
 
         return self._contended(run, "record evaluation")

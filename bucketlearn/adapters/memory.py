@@ -15,7 +15,14 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from bucketlearn.domain.job import SPLITTING, Epoch, Version, commit_refusal, is_terminal
+from bucketlearn.domain.job import (
+    Epoch,
+    Head,
+    Job,
+    Version,
+    commit_refusal,
+    may_start_training,
+)
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
@@ -187,17 +194,19 @@ class MemoryRegistry:
         self.controls: dict[str, dict[str, Any]] = {}
         self.commits = 0
 
-    def create_job(self, job_id: str, doc: Mapping[str, Any]) -> bool:
+    def create_job(self, job: Job) -> bool:
         with self._lock:
-            if job_id in self.jobs:
+            if job.job_id in self.jobs:
                 return False
-            _check_document(f"jobs/{job_id}", doc)
-            self.jobs[job_id] = copy.deepcopy(dict(doc))
+            doc = job.to_doc()
+            _check_document(f"jobs/{job.job_id}", doc)
+            self.jobs[job.job_id] = copy.deepcopy(doc)
             return True
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
+    def get_job(self, job_id: str) -> Job | None:
         with self._lock:
-            return copy.deepcopy(self.jobs.get(job_id))
+            doc = self.jobs.get(job_id)
+            return Job.from_doc(copy.deepcopy(doc)) if doc is not None else None
 
     def update_job(self, job_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
@@ -216,17 +225,16 @@ class MemoryRegistry:
             job.update(copy.deepcopy(dict(fields)))
             return True
 
-    def list_jobs(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_jobs(self, limit: int = 100) -> list[Job]:
         with self._lock:
             jobs = sorted(self.jobs.values(), key=lambda j: j.get("created_at", 0), reverse=True)
-            return copy.deepcopy(jobs[:limit])
+            return [Job.from_doc(copy.deepcopy(doc)) for doc in jobs[:limit]]
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
                        version: Version, epoch: Epoch) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
-            if (job is None or job.get("claim") != claim or job.get("phase") != SPLITTING
-                    or is_terminal(job)):  # e.g. cancelled during the split
+            if not may_start_training(Job.from_doc(job) if job is not None else None, claim):
                 return False
             version_doc, epoch_doc = version.to_doc(), epoch.to_doc()
             _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
@@ -243,7 +251,8 @@ class MemoryRegistry:
             stored = self.epochs.get((commit.job_id, commit.epoch))
             epoch = Epoch.from_doc(stored) if stored is not None else None
             version = commit.version.version
-            if commit_refusal(job, epoch, (commit.job_id, version) in self.versions,
+            current = Job.from_doc(job) if job is not None else None
+            if commit_refusal(current, epoch, (commit.job_id, version) in self.versions,
                               commit) is not None:
                 return False
             assert job is not None and epoch is not None
@@ -265,7 +274,7 @@ class MemoryRegistry:
             return True
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
-                          head: Mapping[str, Any]) -> bool:
+                          head: Head) -> bool:
         with self._lock:
             doc = self.versions.get((job_id, version))
             if doc is None:
@@ -274,11 +283,11 @@ class MemoryRegistry:
             job = self.jobs.get(job_id)
             current = job is not None and job.get("version") == version
             if current:
-                _check_document(f"jobs/{job_id}", {**job, "head": head})
+                _check_document(f"jobs/{job_id}", {**job, "head": head.to_doc()})
             doc.update(copy.deepcopy(dict(version_fields)))
             if job is None or not current:
                 return False
-            job["head"] = copy.deepcopy(dict(head))
+            job["head"] = head.to_doc()
             return True
 
     def get_version(self, job_id: str, version: int) -> Version | None:

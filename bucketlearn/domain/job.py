@@ -3,7 +3,8 @@
 Statuses say how a job stands for its user; phases refine what the pipeline is doing. A version
 commit is allowed or refused by ``commit_refusal`` (asked by the in-memory registry under its
 lock and by Firestore's inside its transaction); a round is trainable once it is published
-(``is_published``). Pure: documents in, answers out.
+(``Job.is_published``). Pure: typed records in, answers out; each record's document is built
+and read by its own ``to_doc``/``from_doc``.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ class Commit(Protocol):
     failed: Sequence[int]
 
 
-def is_terminal(job: Mapping[str, Any] | None) -> bool:
-    """The job has ended (DONE, REJECTED, FAILED or CANCELLED); nothing may change it."""
-    return bool(job) and job.get("status") in TERMINAL  # type: ignore[union-attr]
+def is_terminal(job: Job | None) -> bool:
+    """The job exists and has ended (DONE, REJECTED, FAILED or CANCELLED)."""
+    return job is not None and job.is_terminal
 
 
 def round_key(epoch: int, round_index: int) -> str:
@@ -81,14 +82,12 @@ def round_key(epoch: int, round_index: int) -> str:
     return f"e{epoch:04d}r{round_index:05d}"
 
 
-def current_round_key(job: Mapping[str, Any]) -> str:
-    """The name of the job's current round."""
-    return round_key(int(job.get("epoch") or 0), int(job.get("round") or 0))
-
-
-def is_published(job: Mapping[str, Any]) -> bool:
-    """The job's current round has been published (its tasks can be trained)."""
-    return job.get("published") == current_round_key(job)
+def may_start_training(job: Job | None, claim: str) -> bool:
+    """The split holding ``claim`` may start the job's training: the job is still being split
+    under that claim and has not ended (e.g. cancelled during the split). Both registries ask
+    this inside their lock or transaction."""
+    return (job is not None and job.claim == claim and job.phase == SPLITTING
+            and not job.is_terminal)
 
 
 def done_tasks(epoch: Epoch | None) -> frozenset[int]:
@@ -96,7 +95,7 @@ def done_tasks(epoch: Epoch | None) -> frozenset[int]:
     return epoch.done if epoch is not None else frozenset()
 
 
-def commit_refusal(job: Mapping[str, Any] | None, epoch: Epoch | None,
+def commit_refusal(job: Job | None, epoch: Epoch | None,
                    version_exists: bool, commit: Commit) -> str | None:
     """Why a version commit must not happen (None: it may). Both registries ask this inside
     their lock or transaction, with the documents read there.
@@ -106,14 +105,14 @@ def commit_refusal(job: Mapping[str, Any] | None, epoch: Epoch | None,
     """
     if job is None:
         return "no such job"
-    if is_terminal(job):
-        return f"the job is {job.get('status')}"
+    if job.is_terminal:
+        return f"the job is {job.status}"
     if epoch is None:
         return f"epoch {commit.epoch} has no document"
     if version_exists:
         return f"version {commit.version.version} exists"
-    if job.get("version") != commit.base_version:
-        return f"the head is v{job.get('version')}, not the base v{commit.base_version}"
+    if job.version != commit.base_version:
+        return f"the head is v{job.version}, not the base v{commit.base_version}"
     if epoch.done & (set(commit.applied) | set(commit.failed)):
         return "a task of it is already applied or failed"
     return None
@@ -153,7 +152,7 @@ class Head:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Head:
-        return cls(version=int(doc["version"]), weights_path=str(doc["weights_path"]),
+        return cls(version=int(doc["version"]), weights_path=str(doc.get("weights_path") or ""),
                    checksum=str(doc.get("checksum") or ""),
                    holdout_accuracy=doc.get("holdout_accuracy"),
                    holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
@@ -262,6 +261,149 @@ class Version:
                    figures={k: doc[k] for k in VERSION_FIGURES if doc.get(k) is not None},
                    aggregator=dict(doc.get("aggregator") or {}),
                    evaluated_at=_optional(doc.get("evaluated_at"), float))
+
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return int(value) if value is not None else default
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One upload's job as its document records it: how it stands (``status``, ``phase``), where
+    training is (``version``, ``epoch``, ``round``, the round last ``published``), what was
+    decided at the split (``options``, ``plan``, ``dataset``, ``model``) and its ``head``.
+
+    Services read a job as this and change it with field updates (the registries' ``update_job``
+    and transactions), whose keys are these attribute names. A document key this code does not
+    know (a newer writer's) is kept in ``extra``. ``from_doc``/``to_doc`` are the one place a
+    job document is read or built.
+    """
+
+    job_id: str
+    status: str = QUEUED
+    phase: str | None = None
+    file: str = ""
+    source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    claim: str | None = None
+    claimed_at: float | None = None
+    created_at: float = 0.0
+    updated_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    # where training is
+    version: int | None = None
+    epoch: int = 0
+    round: int = 0
+    published: str | None = None
+    published_at: float | None = None
+    tasks_per_epoch: int = 0
+    tasks_planned: int = 0
+    tasks_applied: int = 0
+    tasks_failed: int = 0
+    samples_seen: int = 0
+    # decided at the split
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    plan: Mapping[str, Any] | None = None
+    dataset: Mapping[str, Any] | None = None
+    model: Mapping[str, Any] | None = None
+    head: Head | None = None
+    # what the aggregator, the watchdog and the health watch recorded
+    delta_norm: float | None = None
+    health: Mapping[str, Any] | None = None
+    refusals: Mapping[str, Any] | None = None
+    deltas_refused: int = 0
+    last_refusal: str | None = None
+    tendings: int = 0
+    tended_at: float | None = None
+    last_tending: str | None = None
+    # how it ended
+    error: str | None = None
+    error_detail: Mapping[str, Any] | None = None
+    cancelled_at: float | None = None
+    cancelled_by: str | None = None
+    cancel_reason: str | None = None
+    model_path: str | None = None
+    final_holdout_rows: int | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        """The job has ended (DONE, REJECTED, FAILED or CANCELLED); nothing may change it."""
+        return self.status in TERMINAL
+
+    @property
+    def round_key(self) -> str:
+        """The name of the job's current round."""
+        return round_key(self.epoch, self.round)
+
+    @property
+    def is_published(self) -> bool:
+        """The job's current round has been published (its tasks can be trained)."""
+        return self.published == self.round_key
+
+    @property
+    def classes(self) -> list[Any]:
+        """The class names the split found (empty for a regression, or before the split)."""
+        return list((self.dataset or {}).get("classes") or [])
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """One upload-time option as the job recorded it."""
+        return self.options.get(name, default)
+
+    def updated(self, fields: Mapping[str, Any]) -> Job:
+        """This job after the field update ``fields`` (document keys), as a registry stores it."""
+        return Job.from_doc({**self.to_doc(), **fields})
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "extra"}
+        doc["head"] = self.head.to_doc() if self.head is not None else None
+        for name in ("source", "options"):
+            doc[name] = dict(doc[name])
+        doc = {k: v for k, v in doc.items() if v is not None or k in _ALWAYS_STORED}
+        return {**self.extra, **doc}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Job:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        get = doc.get
+        head = get("head")
+        return cls(
+            job_id=str(doc["job_id"]), status=str(get("status") or QUEUED), phase=get("phase"),
+            file=str(get("file") or ""), source=_dict(get("source")), claim=get("claim"),
+            claimed_at=_optional(get("claimed_at"), float),
+            created_at=float(get("created_at") or 0.0),
+            updated_at=_optional(get("updated_at"), float),
+            started_at=_optional(get("started_at"), float),
+            finished_at=_optional(get("finished_at"), float),
+            version=_optional(get("version"), int), epoch=_int(get("epoch")),
+            round=_int(get("round")), published=get("published"),
+            published_at=_optional(get("published_at"), float),
+            tasks_per_epoch=_int(get("tasks_per_epoch")),
+            tasks_planned=_int(get("tasks_planned")),
+            tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
+            samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
+            plan=get("plan"), dataset=get("dataset"), model=get("model"),
+            head=Head.from_doc(head) if head else None,
+            delta_norm=_optional(get("delta_norm"), float), health=get("health"),
+            refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),
+            last_refusal=get("last_refusal"), tendings=_int(get("tendings")),
+            tended_at=_optional(get("tended_at"), float), last_tending=get("last_tending"),
+            error=get("error"), error_detail=get("error_detail"),
+            cancelled_at=_optional(get("cancelled_at"), float),
+            cancelled_by=get("cancelled_by"), cancel_reason=get("cancel_reason"),
+            model_path=get("model_path"),
+            final_holdout_rows=_optional(get("final_holdout_rows"), int),
+            extra={k: v for k, v in doc.items() if k not in known})
+
+
+# kept in a stored job document even while None: a new job's document has always said so
+_ALWAYS_STORED = ("version", "published", "error")
 
 
 @dataclass(frozen=True)

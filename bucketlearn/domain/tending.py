@@ -10,17 +10,15 @@ action is idempotent: a task published twice is applied once, a fold started twi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bucketlearn.domain.job import (
     EXPORTING,
     SPLITTING,
     TERMINAL,
     TRAINING,
-    current_round_key,
-    is_published,
+    Job,
 )
 
 PUBLISH, REPUBLISH, AGGREGATE, FAIL = "publish", "republish", "aggregate", "fail"
@@ -35,7 +33,7 @@ class Tending:
     tasks: list[int] = field(default_factory=list)
 
 
-def decide(job: Mapping[str, Any], round_tasks: Iterable[int], done: Iterable[int],
+def decide(job: Job, round_tasks: Iterable[int], done: Iterable[int],
            with_result: Iterable[int], last_activity: float, now: float, stall_seconds: float,
            split_seconds: float) -> Tending | None:
     """The action a stalled job needs, or None when it is moving (or has ended).
@@ -51,12 +49,12 @@ def decide(job: Mapping[str, Any], round_tasks: Iterable[int], done: Iterable[in
         stall_seconds: how long without activity counts as stalled.
         split_seconds: how long a split may stay unfinished before the job fails.
     """
-    status, phase = job.get("status"), job.get("phase")
+    status, phase = job.status, job.phase
     if status in TERMINAL:
         return None
     quiet = now - last_activity
     if phase == SPLITTING:
-        started = float(job.get("claimed_at") or job.get("created_at") or now)
+        started = float(job.claimed_at or job.created_at or now)
         if now - started > split_seconds:
             return Tending(FAIL, f"the split of the upload did not finish within "
                                  f"{split_seconds:.0f} s (its last attempt began "
@@ -68,8 +66,8 @@ def decide(job: Mapping[str, Any], round_tasks: Iterable[int], done: Iterable[in
         return Tending(AGGREGATE, f"the export made no progress for {quiet:.0f} s")
     if phase != TRAINING:
         return None
-    key = current_round_key(job)
-    if not is_published(job):
+    key = job.round_key
+    if not job.is_published:
         return Tending(PUBLISH, f"round {key} was never published ({quiet:.0f} s quiet)")
     finished = set(done) | set(with_result)
     missing = [t for t in round_tasks if t not in finished]

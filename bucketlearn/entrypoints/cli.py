@@ -34,6 +34,7 @@ from bucketlearn.config import (
     resolve_options,
 )
 from bucketlearn.domain.columns import kinds_text
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.target import (
@@ -296,7 +297,7 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = No
     tty = sys.stderr.isatty()
     shown = [""]
 
-    def show(job: dict[str, Any]) -> None:
+    def show(job: Job) -> None:
         line = progress_line(job)
         if line != shown[0]:
             print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n",
@@ -325,9 +326,9 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = No
     return exit_code(job)
 
 
-def exit_code(job: dict[str, Any]) -> int:
+def exit_code(job: Job) -> int:
     """How ``submit --wait`` ends for a job that has ended: 0 DONE, 5 CANCELLED, else 1."""
-    return {jobs.DONE: EXIT_OK, jobs.CANCELLED: EXIT_CANCELLED}.get(str(job.get("status")),
+    return {jobs.DONE: EXIT_OK, jobs.CANCELLED: EXIT_CANCELLED}.get(str(job.status),
                                                                      EXIT_JOB_FAILED)
 
 
@@ -343,7 +344,7 @@ def figure_text(status: dict[str, Any]) -> str:
     return f"accuracy {format_accuracy(status.get('accuracy'))}"
 
 
-def progress_line(job: dict[str, Any]) -> str:
+def progress_line(job: Job) -> str:
     status = jobs.status_object(job)
     return (f"{status['job_id']}: {status['status']} ({status['phase']}) "
             f"epoch {status['epoch'] or 0}/{status['epochs'] or '?'} v{status['version'] or 0} "
@@ -558,9 +559,10 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     out = Path(args.output_dir) / f"{job_id}.keras"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(blob)
-    job = svc.registry.get_job(job_id) or {}
+    job = svc.registry.get_job(job_id)
     print()
-    print(f"holdout:          {figure_text(jobs.status_object(job))}")
+    if job is not None:
+        print(f"holdout:          {figure_text(jobs.status_object(job))}")
     print(f"model:            {out.resolve()}  (version {version})")
     new_rows = path.with_name(f"{path.stem}_new.csv")
     if new_rows.exists():

@@ -28,7 +28,7 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import Head, Version, decide_after_fold
+from bucketlearn.domain.job import Job, Version, decide_after_fold
 from bucketlearn.domain.metrics import (
     holdout_fields,
     regression_fields,
@@ -153,19 +153,19 @@ def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
 
 def _has_work(svc: Services, job_id: str) -> bool:
     job = svc.registry.get_job(job_id)
-    if job is None or jobs.is_terminal(job) or job.get("phase") not in (jobs.TRAINING,
+    if job is None or jobs.is_terminal(job) or job.phase not in (jobs.TRAINING,
                                                                          jobs.EXPORTING):
         return False
-    if job.get("phase") == jobs.EXPORTING or not jobs.is_published(job):
+    if job.phase == jobs.EXPORTING or not job.is_published:
         return True
     return _plan(svc, job).complete
 
 
-def _plan(svc: Services, job: dict[str, Any]) -> RoundPlan:
+def _plan(svc: Services, job: Job) -> RoundPlan:
     """The current round's plan, from the epoch's ledger and the deltas written."""
-    epoch = svc.registry.get_epoch(job["job_id"], int(job["epoch"]))
+    epoch = svc.registry.get_epoch(job.job_id, job.epoch)
     return plan_round(jobs.current_round_tasks(job), jobs.done_tasks(epoch),
-                      list_deltas(svc, job["job_id"], int(job["epoch"])),
+                      list_deltas(svc, job.job_id, job.epoch),
                       jobs.job_plan(job).tasks_per_epoch)
 
 
@@ -178,14 +178,14 @@ def _drain(svc: Services, job_id: str, lease: str, holder: str, budget: _Budget)
         job = registry.get_job(job_id)
         if job is None or jobs.is_terminal(job):
             return True
-        if job.get("phase") == jobs.EXPORTING:
+        if job.phase == jobs.EXPORTING:
             if not budget.start(planning_started):
                 return False
             export_final(svc, job)
             return True
-        if job.get("phase") != jobs.TRAINING:
+        if job.phase != jobs.TRAINING:
             return True
-        if not jobs.is_published(job):
+        if not job.is_published:
             publish_round(svc, job)
             continue
         plan = _plan(svc, job)  # only this lease holder's commits change its epoch
@@ -222,14 +222,14 @@ class _Read:
     refused: dict[int, str]
 
 
-def _read_round(svc: Services, job: dict[str, Any], plan: RoundPlan, base: list[Any],
+def _read_round(svc: Services, job: Job, plan: RoundPlan, base: list[Any],
                 base_optimizer: list[Any]) -> _Read:
     """Decode and check every result of a complete round; read its failure markers."""
     bucket = svc.settings.deltas_bucket
     read = _Read([], [], {})
     shapes = [tuple(b.shape) for b in base]
     optimizer_shapes = [tuple(o.shape) for o in base_optimizer]
-    recent = job.get("delta_norm")
+    recent = job.delta_norm
     for task_index, ref in sorted(plan.results.items()):
         try:
             arrays, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, ref.name),
@@ -258,12 +258,12 @@ def _read_round(svc: Services, job: dict[str, Any], plan: RoundPlan, base: list[
     return read
 
 
-def _refuse(svc: Services, job: dict[str, Any], plan: RoundPlan, refused: dict[int, str]) -> None:
+def _refuse(svc: Services, job: Job, plan: RoundPlan, refused: dict[int, str]) -> None:
     """Never fold a refused result: delete it and train its task again, or fail the task for
     good once its results were refused ``MAX_REFUSALS`` times in this epoch."""
-    job_id, epoch = job["job_id"], int(job["epoch"])
+    job_id, epoch = job.job_id, job.epoch
     prefix = f"{epoch}-"
-    counts = {k: int(v) for k, v in (job.get("refusals") or {}).items() if k.startswith(prefix)}
+    counts = {k: int(v) for k, v in (job.refusals or {}).items() if k.startswith(prefix)}
     retrain = []
     for task_index, reason in sorted(refused.items()):
         task_id = layout.task_id_for(job_id, epoch, task_index)
@@ -283,7 +283,7 @@ def _refuse(svc: Services, job: dict[str, Any], plan: RoundPlan, refused: dict[i
     first = min(refused)
     last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
     svc.registry.update_job(job_id, {
-        "refusals": counts, "deltas_refused": int(job.get("deltas_refused") or 0) + len(refused),
+        "refusals": counts, "deltas_refused": job.deltas_refused + len(refused),
         "last_refusal": last[:2000], "updated_at": svc.clock()})
 
 
@@ -296,7 +296,7 @@ def _write_failure(svc: Services, job_id: str, epoch: int, task_index: int, reas
                           "application/json", metadata={"failed": "true"})
 
 
-def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
+def _fold(svc: Services, job: Job, plan: RoundPlan,
           planning_started: float | None = None) -> bool:
     """Fold a complete round, write and commit its version, publish the next round and evaluate
     the version. False when a result was refused (its task trains again) or the head moved.
@@ -304,18 +304,19 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
     The version document records when planning began and how long each step took
     (``aggregator``), so the latency from a result to its version is measured, not estimated.
     """
-    job_id, settings = job["job_id"], svc.settings
+    job_id, settings = job.job_id, svc.settings
     steps = _Stopwatch()
     runtime = job_runtime(svc, job)
-    head = job["head"]
-    base, base_optimizer = runtime.state(head["weights_path"])
+    head = job.head
+    assert head is not None  # a trainable job has its head since the split
+    base, base_optimizer = runtime.state(head.weights_path)
     read = _read_round(svc, job, plan, base, base_optimizer)
     if read.refused:
         _refuse(svc, job, plan, read.refused)
         return False
     steps.lap("read_seconds")
-    new_version = int(job["version"]) + 1
-    server_lr = fold.server_learning_rate(str(job["model"]["kind"]), len(read.results))
+    new_version = int(job.version) + 1
+    server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results))
     folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
     if folded is not None:
         weights, optimizer = folded
@@ -327,7 +328,7 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
         steps.lap("write_seconds")
         checksum = codec.checksum(data)
     else:  # every task of the round failed: the version records it, the weights stay
-        weights, weights_path, checksum = base, head["weights_path"], head.get("checksum")
+        weights, weights_path, checksum = base, head.weights_path, head.checksum
     commit, job_fields = _version_commit(svc, job, read, new_version, weights_path, checksum,
                                          planning_started, steps.laps)
     crash_point(settings, "aggregator.before_commit")
@@ -336,26 +337,26 @@ def _fold(svc: Services, job: dict[str, Any], plan: RoundPlan,
                     "during the fold", job_id, new_version, new_version - 1)
         return False
     crash_point(settings, "aggregator.after_commit")
-    updated = {**job, **job_fields}
-    if updated.get("phase") == jobs.TRAINING and updated.get("status") == jobs.RUNNING:
+    updated = job.updated(job_fields)
+    if updated.phase == jobs.TRAINING and updated.status == jobs.RUNNING:
         publish_round(svc, updated)  # the workers start the next round before the evaluation
     headline = None
     if read.results:
         headline = _evaluate_version(svc, updated, runtime, weights, new_version,
                                      commit.version.aggregator)
     log.info("job %s: v%d (epoch %d round %d, %d results, %d failed) holdout %s",
-             job_id, new_version, commit.epoch, int(job.get("round") or 0), len(read.results),
+             job_id, new_version, commit.epoch, job.round, len(read.results),
              len(read.failures), headline)
     return True
 
 
-def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version: int,
+def _version_commit(svc: Services, job: Job, read: _Read, new_version: int,
                     weights_path: str, checksum: str | None, planning_started: float | None,
                     timings: dict[str, float]) -> tuple[VersionCommit, dict[str, Any]]:
     """The version document, the job's new fields and the next round, as one commit."""
-    job_id, head = job["job_id"], job["head"]
+    job_id, head = job.job_id, job.head
     plan = jobs.job_plan(job)
-    epoch, round_index = int(job["epoch"]), int(job.get("round") or 0)
+    epoch, round_index = job.epoch, job.round
     results, failures = read.results, read.failures
     train_loss = fold.weighted_mean_loss(results)
     samples = sum(r.examples for r in results)
@@ -368,23 +369,23 @@ def _version_commit(svc: Services, job: dict[str, Any], read: _Read, new_version
         tasks_failed=tuple(layout.task_id_for(job_id, epoch, int(f["task_index"]))
                            for f in failures),
         samples=samples, train_loss=train_loss, created_at=now, delta_norms=tuple(norms),
-        server_lr=fold.server_learning_rate(str(job["model"]["kind"]), len(results)),
+        server_lr=fold.server_learning_rate(str(job.model["kind"]), len(results)),
         aggregator={"planning_started_at": planning_started, **timings})
-    tasks_failed = int(job.get("tasks_failed") or 0) + len(failures)
+    tasks_failed = job.tasks_failed + len(failures)
     job_fields: dict[str, Any] = {
         "version": new_version, "status": jobs.RUNNING, "updated_at": now,
-        "tasks_applied": int(job.get("tasks_applied") or 0) + len(results),
+        "tasks_applied": job.tasks_applied + len(results),
         "tasks_failed": tasks_failed,
-        "samples_seen": int(job.get("samples_seen") or 0) + samples,
-        "delta_norm": fold.running_norm(job.get("delta_norm"), results),
-        "head": Head.from_doc(head).advanced(new_version, weights_path, checksum, bool(results),
-                                             train_loss).to_doc(),
+        "samples_seen": job.samples_seen + samples,
+        "delta_norm": fold.running_norm(job.delta_norm, results),
+        "head": head.advanced(new_version, weights_path, checksum or "", bool(results),
+                              train_loss).to_doc(),
     }
-    if job.get("started_at") is None:
+    if job.started_at is None:
         job_fields["started_at"] = now
     after = decide_after_fold(epoch, round_index, plan.rounds_per_epoch, plan.epochs,
                               plan.tasks_per_epoch, tasks_failed,
-                              int(job["options"].get("max_failed_tasks", 0)),
+                              int(job.options.get("max_failed_tasks", 0)),
                               failures[0]["error"] if failures else None, now)
     job_fields.update(after.job_fields)
     commit = VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
@@ -407,7 +408,7 @@ def _headline(found: Any) -> str:
     return regression_headline(report.get("rmse"), report.get("mae"), report.get("r2"))
 
 
-def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
+def _evaluate_version(svc: Services, job: Job, runtime: JobRuntime,
                       weights: list[Any], version: int, timings: dict[str, Any]) -> str | None:
     """Evaluate a committed version on the holdout, record it on the version (and on the job's
     head while it is still the head), and fail the job if its training has diverged.
@@ -416,13 +417,14 @@ def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
     this fails or the process dies first, the version keeps no accuracy; training is unaffected
     and the export evaluates the final model anyway. Returns the figures for the log line.
     """
-    job_id = job["job_id"]
+    job_id = job.job_id
     started = time.perf_counter()
     try:
         x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
         found = evaluate_detail(runtime.model, weights, x_eval, y_eval, runtime.spec.task)
         figures = _figures(found, runtime.spec.regression)
-        head = Head.from_doc(job["head"]).evaluated(found.accuracy, found.loss, figures).to_doc()
+        assert job.head is not None
+        head = job.head.evaluated(found.accuracy, found.loss, figures)
         svc.registry.record_evaluation(
             job_id, version,
             {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss, **figures,
@@ -436,21 +438,21 @@ def _evaluate_version(svc: Services, job: dict[str, Any], runtime: JobRuntime,
     return _headline(found)
 
 
-def _watch_health(svc: Services, job: dict[str, Any], version: int, loss: float,
+def _watch_health(svc: Services, job: Job, version: int, loss: float,
                   spec: Any) -> None:
     """Record the version's loss in the job's health; fail a diverging job (invariant 9)."""
-    before = health.Health.from_dict(job.get("health"))
+    before = health.Health.from_dict(job.health)
     chance = spec.target_std ** 2 if spec.regression else None
-    after, reason = health.observe(before, version, loss, len(job["dataset"]["classes"]),
-                                   float(job["options"]["learning_rate"]), chance)
+    after, reason = health.observe(before, version, loss, len(job.dataset["classes"]),
+                                   float(job.options["learning_rate"]), chance)
     fields: dict[str, Any] = {"health": after.to_dict()}
     if reason is not None:
         now = svc.clock()
         fields.update(status=jobs.FAILED, phase="failed", error=reason, finished_at=now,
                       updated_at=now)
-        log.error("job %s: %s", job["job_id"], reason)
+        log.error("job %s: %s", job.job_id, reason)
     # Only while training: an export or another ending already decided the job's fate.
-    svc.registry.update_job_if(job["job_id"], {"status": jobs.RUNNING}, fields)
+    svc.registry.update_job_if(job.job_id, {"status": jobs.RUNNING}, fields)
 
 
 class _Stopwatch:
@@ -480,65 +482,64 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def export_final(svc: Services, job: dict[str, Any]) -> None:
+def export_final(svc: Services, job: Job) -> None:
     """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
     a degenerate final model ends the job FAILED instead (``domain.health``)."""
     runtime = job_runtime(svc, job)
-    weights = runtime.weights(job["head"]["weights_path"])
+    weights = runtime.weights(job.head.weights_path)
     model = runtime.model
     # the whole holdout, one part at a time: never all of it in memory
     found = evaluate_parts(model, weights, runtime.holdout_parts(), runtime.spec.task)
     manifest = runtime.manifest
     now = svc.clock()
-    rate = float(job["options"]["learning_rate"])
+    rate = float(job.options["learning_rate"])
     problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
                health.degenerate_model(found.predicted_counts, found.true_counts,
                                        manifest.classes, found.loss, rate))
     if problem is not None:
-        if jobs.end_job(svc.registry, job["job_id"], {
+        if jobs.end_job(svc.registry, job.job_id, {
                 "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
                 "updated_at": now})[0]:
-            log.error("job %s: %s", job["job_id"], problem)
+            log.error("job %s: %s", job.job_id, problem)
         return
-    if jobs.is_terminal(svc.registry.get_job(job["job_id"])):
-        log.info("job %s ended during its final evaluation: not exported", job["job_id"])
+    if jobs.is_terminal(svc.registry.get_job(job.job_id)):
+        log.info("job %s ended during its final evaluation: not exported", job.job_id)
         return
     figures = _figures(found, runtime.spec.regression)
     data = export_keras(model, model_sidecar(job, manifest, found.accuracy, figures))
-    version = int(job["version"])
+    version = int(job.version)
     bucket = svc.settings.models_bucket
-    svc.store.write_bytes(bucket, layout.model_path(job["job_id"], version), data,
+    svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), data,
                           "application/octet-stream")
-    svc.store.write_bytes(bucket, layout.model_path(job["job_id"]), data,
+    svc.store.write_bytes(bucket, layout.model_path(job.job_id), data,
                           "application/octet-stream")
-    head = dict(job["head"], holdout_accuracy=found.accuracy, holdout_loss=found.loss,
-                **figures)  # the whole holdout's figures
-    ended, current = jobs.end_job(svc.registry, job["job_id"], {
-        "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job["job_id"]),
-        "head": head, "finished_at": now, "updated_at": now,
+    head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
+    ended, current = jobs.end_job(svc.registry, job.job_id, {
+        "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job.job_id),
+        "head": head.to_doc(), "finished_at": now, "updated_at": now,
         "final_holdout_rows": found.rows,
     })
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
-        log.info("job %s ended (%s) during its export: not marked DONE", job["job_id"],
-                 (current or {}).get("status"))
+        log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
+                 current.status if current is not None else None)
         return
-    log.info("job %s: DONE at v%d, holdout %s", job["job_id"], version, _headline(found))
+    log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, _headline(found))
 
 
-def model_sidecar(job: dict[str, Any], manifest: Any, accuracy: float | None,
+def model_sidecar(job: Job, manifest: Any, accuracy: float | None,
                   figures: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``bucketlearn.json`` in the exported archive says about the model: its columns,
     classes (or numeric target: ``task``, the target's training mean and std) and figures."""
     return {
         "format": 1,
-        "job_id": job["job_id"],
-        "version": int(job["version"]),
+        "job_id": job.job_id,
+        "version": int(job.version),
         "feature_names": manifest.feature_names,
         "label_column": manifest.label_column,
         "class_names": manifest.classes,
         "label_kind": manifest.label_kind,
         "holdout_accuracy": accuracy,
-        "options": job["options"],
+        "options": job.options,
         "source": manifest.source,
         **model_inputs(manifest.columns, manifest.missing_values),
         **target_sidecar(manifest, figures),

@@ -65,12 +65,12 @@ def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
     round's tasks can be trained at once, so more workers than that would wait)."""
     total = 0
     for job in registry.list_jobs(limit):
-        if jobs.is_terminal(job) or job.get("phase") != jobs.TRAINING or not job.get("plan"):
+        if jobs.is_terminal(job) or job.phase != jobs.TRAINING or not job.plan:
             continue
-        epoch = int(job.get("epoch") or 0)
-        if epoch < 1 or not jobs.is_published(job):
+        epoch = job.epoch
+        if epoch < 1 or not job.is_published:
             continue
-        done = jobs.done_tasks(registry.get_epoch(job["job_id"], epoch))
+        done = jobs.done_tasks(registry.get_epoch(job.job_id, epoch))
         total += sum(1 for t in jobs.current_round_tasks(job) if t not in done)
     return total
 

@@ -87,19 +87,19 @@ def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -
     ended, job = jobs.end_job(svc.registry, job_id, cancel_fields(by, reason, svc.clock()))
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
-    version = job.get("version")
+    version = job.version
     if ended:
         kept = (f"its last version, v{version}, stays downloadable: bucketlearn download "
                 f"{job_id}" if version is not None else "it had no model version yet")
-        log.warning("job %s cancelled by %s (was %s, %s at v%s)", job_id, by, job.get("status"),
-                    job.get("phase"), version)
-        return CancelOutcome(CancelResult.CANCELLED, job_id, jobs.CANCELLED, job.get("status"),
-                             version, f"job {job_id} cancelled (it was {job.get('status')}, "
-                                      f"{job.get('phase')}); {kept}")
-    status = str(job.get("status"))
+        log.warning("job %s cancelled by %s (was %s, %s at v%s)", job_id, by, job.status,
+                    job.phase, version)
+        return CancelOutcome(CancelResult.CANCELLED, job_id, jobs.CANCELLED, job.status,
+                             version, f"job {job_id} cancelled (it was {job.status}, "
+                                      f"{job.phase}); {kept}")
+    status = str(job.status)
     if status == jobs.CANCELLED:
         return CancelOutcome(CancelResult.ALREADY_CANCELLED, job_id, status, None, version,
-                             f"job {job_id} is already CANCELLED ({job.get('error')})")
+                             f"job {job_id} is already CANCELLED ({job.error})")
     return CancelOutcome(CancelResult.ALREADY_ENDED, job_id, status, None, version,
                          f"job {job_id} is already {status}; only a job that has not ended "
                          "can be cancelled")

@@ -33,7 +33,7 @@ from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Job, Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.domain.task import TaskRecord
@@ -105,26 +105,26 @@ def format_number(value: Any, digits: int = 4) -> str:
     return "—" if number is None else f"{number:.{digits}f}"
 
 
-def source_file(job: Mapping[str, Any]) -> str:
+def source_file(job: Job) -> str:
     """The uploaded object, as gs://bucket/name."""
-    if job.get("file"):
-        return str(job["file"])
-    source = job.get("source") or {}
+    if job.file:
+        return str(job.file)
+    source = job.source or {}
     if source.get("bucket") and source.get("name"):
         return f"gs://{source['bucket']}/{source['name']}"
     return ""
 
 
-def reason(job: Mapping[str, Any]) -> str:
+def reason(job: Job) -> str:
     """Why a job ended without a model of its own (REJECTED/FAILED), or who cancelled it when
     (CANCELLED), in one plain sentence; '' otherwise."""
     ended = (jobs.REJECTED, jobs.FAILED, jobs.CANCELLED)
-    return str(job.get("error") or "") if job.get("status") in ended else ""
+    return str(job.error or "") if job.status in ended else ""
 
 
-def rejection_details(job: Mapping[str, Any]) -> list[dict[str, str]]:
+def rejection_details(job: Job) -> list[dict[str, str]]:
     """The structured reason of a REJECTED job (file, row, column, expected, found)."""
-    detail = job.get("error_detail") or {}
+    detail = job.error_detail or {}
     order = ("file", "row", "column", "message", "expected", "found")
     return [{"field": key, "value": str(detail[key])} for key in order
             if detail.get(key) is not None]
@@ -155,14 +155,14 @@ def current_rate(versions: Iterable[Version], now: float,
     return {"samples_per_s": samples / span, "tasks_per_min": tasks * 60.0 / span}
 
 
-def remaining_tasks(job: Mapping[str, Any]) -> int | None:
-    planned = _int(job.get("tasks_planned"))
+def remaining_tasks(job: Job) -> int | None:
+    planned = job.tasks_planned
     if planned <= 0:
         return None
-    return max(0, planned - _int(job.get("tasks_applied")) - _int(job.get("tasks_failed")))
+    return max(0, planned - job.tasks_applied - job.tasks_failed)
 
 
-def eta_seconds(job: Mapping[str, Any], versions: Iterable[Version], now: float,
+def eta_seconds(job: Job, versions: Iterable[Version], now: float,
                 window: float = ETA_WINDOW_SECONDS) -> float | None:
     """Seconds until every planned task is applied, at the recent rate; None when unknown."""
     if jobs.is_terminal(job):
@@ -176,26 +176,26 @@ def eta_seconds(job: Mapping[str, Any], versions: Iterable[Version], now: float,
     return remaining * 60.0 / per_minute if per_minute > 0 else None
 
 
-def progress(job: Mapping[str, Any]) -> float | None:
+def progress(job: Job) -> float | None:
     """tasks_applied / tasks_planned in [0, 1]; None before the job is split."""
-    planned = _int(job.get("tasks_planned"))
+    planned = job.tasks_planned
     if planned <= 0:
         return None
-    return min(1.0, _int(job.get("tasks_applied")) / planned)
+    return min(1.0, job.tasks_applied / planned)
 
 
 # --- jobs overview -------------------------------------------------------------------------------
 
-def overview_rows(job_docs: Iterable[Mapping[str, Any]],
+def overview_rows(job_docs: Iterable[Job],
                   versions_by_job: Mapping[str, list[Version]], now: float
                   ) -> list[dict[str, Any]]:
     """One row per job, newest first: what the jobs table shows."""
     rows = []
     for job in job_docs:
-        job_id = str(job.get("job_id") or "")
-        head = job.get("head") or {}
+        job_id = job.job_id
+        head = job.head.to_doc() if job.head is not None else {}
         eta = eta_seconds(job, versions_by_job.get(job_id, []), now)
-        status = str(job.get("status") or "")
+        status = job.status
         if status == jobs.DONE:
             eta_text = "finished"
         elif jobs.is_terminal(job):
@@ -206,16 +206,16 @@ def overview_rows(job_docs: Iterable[Mapping[str, Any]],
             "job_id": job_id,
             "link": f"?job={job_id}",
             "status": status,
-            "phase": str(job.get("phase") or ""),
+            "phase": str(job.phase or ""),
             "source": source_file(job),
-            "created": timestamp(job.get("created_at")),
-            "created_at": _float(job.get("created_at")),
-            "version": job.get("version"),
+            "created": timestamp(job.created_at),
+            "created_at": _float(job.created_at),
+            "version": job.version,
             "accuracy": _float(head.get("holdout_accuracy")),
             "r2": _float(head.get("holdout_r2")),  # a numeric target's (no accuracy)
             "progress": progress(job),
-            "tasks": (f"{_int(job.get('tasks_applied'))}/{_int(job.get('tasks_planned'))}"
-                      if job.get("tasks_planned") else ""),
+            "tasks": (f"{job.tasks_applied}/{job.tasks_planned}"
+                      if job.tasks_planned else ""),
             "eta": eta_text,
             "eta_seconds": eta,
             "reason": reason(job),
@@ -227,8 +227,8 @@ def overview_rows(job_docs: Iterable[Mapping[str, Any]],
 def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
     """The documents the overview needs: the jobs, and the versions of the jobs still training."""
     job_docs = registry.list_jobs(limit)
-    versions = {job["job_id"]: registry.list_versions(job["job_id"]) for job in job_docs
-                if not jobs.is_terminal(job) and job.get("phase") == jobs.TRAINING}
+    versions = {job.job_id: registry.list_versions(job.job_id) for job in job_docs
+                if not jobs.is_terminal(job) and job.phase == jobs.TRAINING}
     return {"jobs": job_docs, "versions": versions}
 
 
@@ -239,7 +239,7 @@ def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
     job = registry.get_job(job_id)
     if job is None:
         return None
-    epoch = _int(job.get("epoch"))
+    epoch = job.epoch
     return {
         "job": job,
         "versions": registry.list_versions(job_id),
@@ -249,11 +249,11 @@ def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
     }
 
 
-def job_summary(job: Mapping[str, Any], versions: list[Version], now: float
+def job_summary(job: Job, versions: list[Version], now: float
                 ) -> dict[str, Any]:
     """The headline numbers of the job page."""
     status = jobs.status_object(job)
-    options = job.get("options") or {}
+    options = job.options or {}
     return {
         **status,
         "source": source_file(job),
@@ -262,14 +262,13 @@ def job_summary(job: Mapping[str, Any], versions: list[Version], now: float
         "remaining": remaining_tasks(job),
         "eta_seconds": eta_seconds(job, versions, now),
         "reason": reason(job),
-        "binary": len((job.get("dataset") or {}).get("classes") or []) == 2,
+        "binary": len(job.classes) == 2,
     }
 
 
-def is_regression(job_or_summary: Mapping[str, Any]) -> bool:
-    """A job (or a ``job_summary``) of a numeric target (issue #15)."""
-    task = job_or_summary.get("task") or (job_or_summary.get("dataset") or {}).get("task")
-    return task == REGRESSION
+def is_regression(summary: Mapping[str, Any]) -> bool:
+    """A ``job_summary`` (or status object) of a numeric target (issue #15)."""
+    return summary.get("task") == REGRESSION
 
 
 def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -482,7 +481,7 @@ _STATE_NAMES = {attempt.RUNNING: "running", attempt.RETRYING: "retrying",
                 attempt.TRAINED: "done", attempt.FAILED: "failed"}
 
 
-def task_state_counts(job: Mapping[str, Any], tasks: Iterable[TaskRecord]) -> dict[str, int]:
+def task_state_counts(job: Job, tasks: Iterable[TaskRecord]) -> dict[str, int]:
     """queued (planned but never started), running, retrying, done (trained), failed."""
     counts = dict.fromkeys(TASK_STATES, 0)
     known = 0
@@ -491,7 +490,7 @@ def task_state_counts(job: Mapping[str, Any], tasks: Iterable[TaskRecord]) -> di
         key = _STATE_NAMES.get(task.state)
         if key:
             counts[key] += 1
-    counts["queued"] = max(0, _int(job.get("tasks_planned")) - known)
+    counts["queued"] = max(0, job.tasks_planned - known)
     return counts
 
 
@@ -528,9 +527,9 @@ def timing_summary(tasks: Iterable[TaskRecord]) -> pd.DataFrame:
 
 # --- options and dataset facts -----------------------------------------------------------------
 
-def option_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
+def option_rows(job: Job) -> list[dict[str, str]]:
     """The job's options (every OPTION_SPECS entry), marking those that differ from the default."""
-    options = job.get("options") or {}
+    options = job.options or {}
     rows = []
     for spec in OPTION_SPECS:
         value = options.get(spec.name, spec.default)
@@ -540,9 +539,9 @@ def option_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
+def dataset_facts(job: Job) -> dict[str, Any]:
     """Rows, columns, classes and shards of the job's dataset (empty before the split)."""
-    dataset = job.get("dataset") or {}
+    dataset = job.dataset or {}
     if not dataset:
         return {}
     classes = list(dataset.get("classes") or [])
@@ -559,7 +558,7 @@ def dataset_facts(job: Mapping[str, Any]) -> dict[str, Any]:
         "classes": len(classes),
         "class names": shown,
         "shards": _int(dataset.get("shards")),
-        "tasks per epoch": _int(job.get("tasks_per_epoch")),
+        "tasks per epoch": job.tasks_per_epoch,
         **target_facts(dataset),
     }
 
@@ -577,10 +576,10 @@ def target_facts(dataset: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def column_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
+def column_rows(job: Job) -> list[dict[str, str]]:
     """The feature columns worth naming (text, dates, missing cells) and those left out, with
     why; empty for a table of complete numbers (and for jobs split before column kinds)."""
-    dataset = job.get("dataset") or {}
+    dataset = job.dataset or {}
     columns = dataset.get("columns") or {}
     rows = []
     for column in columns.get("detail") or []:
@@ -595,9 +594,9 @@ def column_rows(job: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
-def column_kinds(job: Mapping[str, Any]) -> str:
+def column_kinds(job: Job) -> str:
     """Kept feature columns by kind, e.g. '2 category, 1 datetime, 2 numeric'."""
-    return kinds_text(((job.get("dataset") or {}).get("columns") or {}).get("kinds") or {})
+    return kinds_text(((job.dataset or {}).get("columns") or {}).get("kinds") or {})
 
 
 # --- model downloads ---------------------------------------------------------------------------
@@ -634,23 +633,23 @@ def model_files(store: BlobStore, models_bucket: str, job_id: str) -> list[Model
     return sorted(found, key=lambda f: (f.version is not None, -(f.version or 0)))
 
 
-def download_note(job: Mapping[str, Any], versions: Iterable[Version],
+def download_note(job: Job, versions: Iterable[Version],
                   files: list[ModelFile]) -> str:
     """Which versions can be downloaded, and why the others cannot."""
     exported = {f.version for f in files if f.version is not None}
     numbers = sorted(v.version for v in versions)
     missing = [n for n in numbers if n not in exported]
-    if job.get("status") == jobs.CANCELLED and not files:
-        if job.get("version") is None:
+    if job.status == jobs.CANCELLED and not files:
+        if job.version is None:
             return "This job was cancelled before its first version: there is no model."
-        return (f"This job was cancelled at v{job['version']}. Its model is built from that "
+        return (f"This job was cancelled at v{job.version}. Its model is built from that "
                 "version's stored weights when you download it (or run `bucketlearn download "
-                f"{job.get('job_id')}`).")
+                f"{job.job_id}`).")
     if not any(f.version is None for f in files):
-        if job.get("status") in (jobs.REJECTED, jobs.FAILED):
+        if job.status in (jobs.REJECTED, jobs.FAILED):
             return "This job ended without a model, so there is nothing to download."
         return ("No model exported yet: the final version is exported as "
-                f"{layout.model_path(str(job.get('job_id')))} when training finishes.")
+                f"{layout.model_path(str(job.job_id))} when training finishes.")
     if not missing:
         return ""
     span = f"v{missing[0]}" if len(missing) == 1 else f"v{missing[0]}–v{missing[-1]}"
@@ -674,12 +673,12 @@ def canceller(headers: Mapping[str, str] | None) -> str:
     return f"{user} (dashboard)" if user else "the dashboard"
 
 
-def cancel_prompt(job: Mapping[str, Any]) -> str:
+def cancel_prompt(job: Job) -> str:
     """What the confirmation step says will happen."""
-    version = job.get("version")
+    version = job.version
     kept = (f"its last version, v{version}, stays downloadable" if version is not None
             else "it has no model version yet, so it will end without a model")
-    return (f"Cancel job `{job.get('job_id')}`? It ends as CANCELLED: workers skip its tasks "
+    return (f"Cancel job `{job.job_id}`? It ends as CANCELLED: workers skip its tasks "
             f"and no new version is made; {kept}. This cannot be undone.")
 
 

@@ -22,10 +22,9 @@ from bucketlearn.domain.job import (  # noqa: F401
     STATUSES,
     TERMINAL,
     TRAINING,
+    Job,
     commit_refusal,
-    current_round_key,
     done_tasks,
-    is_published,
     is_terminal,
     round_key,
 )
@@ -39,7 +38,7 @@ END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job k
 
 
 def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
-            attempts: int = END_ATTEMPTS) -> tuple[bool, dict[str, Any] | None]:
+            attempts: int = END_ATTEMPTS) -> tuple[bool, Job | None]:
     """Write ``fields`` (an ending: status, phase, finished_at, reason) unless the job has ended
     already, so no ending ever overwrites another (a cancel, a rejection, DONE).
 
@@ -57,8 +56,8 @@ def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
         job = registry.get_job(job_id)
         if job is None or is_terminal(job):
             return False, job
-        if registry.update_job_if(job_id, {"status": job.get("status"),
-                                           "phase": job.get("phase")}, fields):
+        if registry.update_job_if(job_id, {"status": job.status,
+                                           "phase": job.phase}, fields):
             return True, job
         time.sleep(min(0.02 * (attempt + 1), 0.2))
     raise TransientError(f"job {job_id}: its document changed on each of {attempts} attempts to "
@@ -66,9 +65,9 @@ def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
 
 
 def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
-                  on_update: Callable[[dict[str, Any]], None] | None = None,
+                  on_update: Callable[[Job], None] | None = None,
                   check: Callable[[], None] | None = None,
-                  unreachable_after: float | None = None) -> dict[str, Any] | None:
+                  unreachable_after: float | None = None) -> Job | None:
     """Read the job every ``poll`` seconds until it has ended (DONE, REJECTED, FAILED or
     CANCELLED) or ``timeout`` passes; return the last document read (None if the job never
     appeared).
@@ -82,7 +81,7 @@ def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
             the first such error does).
     """
     deadline = time.monotonic() + timeout
-    job: dict[str, Any] | None = None
+    job: Job | None = None
     failing_since: float | None = None
     while time.monotonic() < deadline:
         if check is not None:
@@ -109,38 +108,38 @@ def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
     return job
 
 
-def status_object(job: Mapping[str, Any], models_bucket: str | None = None) -> dict[str, Any]:
+def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
     """The status a user sees (``bucketlearn status --json``); stable keys, documented in README."""
-    dataset = job.get("dataset") or {}
-    options = job.get("options") or {}
-    head = job.get("head") or {}
+    dataset = job.dataset or {}
+    options = job.options or {}
+    head = job.head.to_doc() if job.head is not None else {}
     result: dict[str, Any] = {
-        "job_id": job.get("job_id"),
-        "status": job.get("status"),
-        "phase": job.get("phase"),
-        "version": job.get("version"),
-        "epoch": job.get("epoch"),
+        "job_id": job.job_id,
+        "status": job.status,
+        "phase": job.phase,
+        "version": job.version,
+        "epoch": job.epoch,
         "epochs": options.get("epochs"),
         "accuracy": head.get("holdout_accuracy"),
         "loss": head.get("holdout_loss"),
         "train_loss": head.get("train_loss"),
-        "tasks_planned": job.get("tasks_planned"),
-        "tasks_applied": job.get("tasks_applied"),
-        "tasks_failed": job.get("tasks_failed"),
-        "samples_seen": job.get("samples_seen"),
-        "error": job.get("error"),
-        "error_detail": job.get("error_detail"),
-        "cancelled_by": job.get("cancelled_by"),
-        "cancel_reason": job.get("cancel_reason"),
-        "source": job.get("source"),
+        "tasks_planned": job.tasks_planned,
+        "tasks_applied": job.tasks_applied,
+        "tasks_failed": job.tasks_failed,
+        "samples_seen": job.samples_seen,
+        "error": job.error,
+        "error_detail": job.error_detail,
+        "cancelled_by": job.cancelled_by,
+        "cancel_reason": job.cancel_reason,
+        "source": job.source,
         "classes": dataset.get("classes"),
         "rows": dataset.get("rows"),
         "columns": dataset.get("columns"),
         "dropped_columns": dataset.get("dropped_columns"),
-        "created_at": job.get("created_at"),
-        "updated_at": job.get("updated_at"),
-        "finished_at": job.get("finished_at"),
-        "model_path": job.get("model_path"),
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+        "model_path": job.model_path,
         **head_figures(head, dataset.get("classes") or []),
         # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
         "task": dataset.get("task") or CLASSIFICATION,
@@ -184,17 +183,17 @@ def head_figures(head: Mapping[str, Any], class_names: Sequence[Any]) -> dict[st
     }
 
 
-def round_position(job: Mapping[str, Any]) -> dict[str, Any]:
+def round_position(job: Job) -> dict[str, Any]:
     """Where a job is in its training (epoch, round, version), as its document stores them:
     what a write about its current round expects to find unchanged."""
-    return {"epoch": job.get("epoch"), "round": job.get("round"), "version": job.get("version")}
+    return {"epoch": job.epoch, "round": job.round, "version": job.version}
 
 
-def job_plan(job: Mapping[str, Any]) -> TrainingPlan:
-    return TrainingPlan.from_dict(job["plan"])
+def job_plan(job: Job) -> TrainingPlan:
+    return TrainingPlan.from_dict(job.plan)
 
 
-def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
+def round_messages(job: Job, shards: Sequence[Any],
                    task_indices: Sequence[int] | None = None) -> list[TaskMessage]:
     """The task messages of the job's current round (or of ``task_indices`` in it), each naming
     the head version it trains from and the share of the job its round spans.
@@ -205,27 +204,29 @@ def round_messages(job: Mapping[str, Any], shards: Sequence[Any],
         task_indices: only these tasks of the round (a retry); all of them when None.
     """
     plan = job_plan(job)
-    options = job["options"]
-    epoch, round_index = int(job["epoch"]), int(job.get("round") or 0)
+    options = job.options
+    epoch, round_index = job.epoch, job.round
     tasks = epoch_tasks(plan, len(shards), int(options["seed"]), epoch)
     span = plan.span(epoch, round_index)
-    head = job["head"]
+    head = job.head
+    if head is None:
+        raise ValueError(f"job {job.job_id} has no head version to train from (not split yet)")
     wanted = plan.round_range(round_index) if task_indices is None else task_indices
     messages = []
     for task_index in wanted:
         members = [shards[i] for i in tasks[task_index]]
         messages.append(TaskMessage(
-            job_id=str(job["job_id"]), epoch=epoch, task_index=int(task_index),
+            job_id=str(job.job_id), epoch=epoch, task_index=int(task_index),
             parts=tuple(part for shard in members for part in shard.parts),
             rows=sum(int(shard.rows) for shard in members), round=round_index,
-            base_version=int(head["version"]), weights_path=str(head["weights_path"]),
+            base_version=head.version, weights_path=head.weights_path,
             span=span))
     return messages
 
 
-def current_round_tasks(job: Mapping[str, Any]) -> range:
+def current_round_tasks(job: Job) -> range:
     """The task indices (within the epoch) of the job's current round."""
-    return job_plan(job).round_range(int(job.get("round") or 0))
+    return job_plan(job).round_range(job.round)
 
 
 def task_doc_id(job_id: str, epoch: int, task_index: int) -> str:

@@ -32,6 +32,7 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.ingest.split import load_parts
@@ -59,7 +60,7 @@ class LearnerTuning:
     heartbeat_write_wait_seconds: float = 60.0
 
 
-def skip_reason(job: dict[str, Any] | None, task: TaskMessage) -> str | None:
+def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
     """Why a delivered task needs no training (None: train it).
 
     The job is gone or has ended; the message predates rounds (no base version); or the job has
@@ -69,11 +70,11 @@ def skip_reason(job: dict[str, Any] | None, task: TaskMessage) -> str | None:
     if job is None:
         return "the job is gone"
     if jobs.is_terminal(job):
-        return f"the job is {job.get('status')}"
+        return f"the job is {job.status}"
     if task.base_version < 0 or not task.weights_path:
         return "the message names no version to train from"
-    if int(job.get("version") or 0) > task.base_version:
-        return f"its round was folded (the job is at v{job.get('version')})"
+    if int(job.version or 0) > task.base_version:
+        return f"its round was folded (the job is at v{job.version})"
     return None
 
 
@@ -311,7 +312,7 @@ class Learner:
             except Exception:  # noqa: BLE001 - still down: try again with the next task
                 self._owed_refunds.append((job_id, doc_id, key))
 
-    def train(self, task: TaskMessage, job: dict[str, Any]) -> dict[str, Any]:
+    def train(self, task: TaskMessage, job: Job) -> dict[str, Any]:
         """Train the task from the version it names and write its result; return timings."""
         svc = self.svc
         t0 = time.perf_counter()
@@ -319,7 +320,7 @@ class Learner:
         base, optimizer = runtime.state(task.weights_path)
         x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
         t1 = time.perf_counter()
-        options = job["options"]
+        options = job.options
         batch_size = int(options["batch_size"])
         rates = step_rates(float(options["learning_rate"]),
                            str(options.get("lr_schedule", "constant")), task.span,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -29,17 +30,17 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     job = svc.registry.get_job(job_id)
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
-    if job.get("version") is None:
+    if job.version is None:
         when = "it ended before its first version" if jobs.is_terminal(job) else \
             "it has no model version yet"
-        raise JobStateError(f"job {job_id} is {job.get('status')}: {when}"
-                            + (f" ({job['error']})" if job.get("error") else ""))
-    head = int(job["version"])
+        raise JobStateError(f"job {job_id} is {job.status}: {when}"
+                            + (f" ({job.error})" if job.error else ""))
+    head = int(job.version)
     wanted = head if version is None else version
     if not 0 <= wanted <= head:
         raise JobStateError(f"job {job_id}: expected a version from 0 to {head}; found {wanted}")
     bucket = svc.settings.models_bucket
-    exported = layout.model_path(job_id) if (version is None and job.get("status") == jobs.DONE) \
+    exported = layout.model_path(job_id) if (version is None and job.status == jobs.DONE) \
         else layout.model_path(job_id, wanted)
     try:
         return svc.store.read_bytes(bucket, exported), wanted
@@ -51,7 +52,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     runtime = JobRuntime(svc, job)
     model = runtime.model
     model.set_weights(runtime.weights(found.weights_path))
-    sidecar = model_sidecar(dict(job, version=wanted), runtime.manifest,
+    sidecar = model_sidecar(dataclasses.replace(job, version=wanted), runtime.manifest,
                             found.holdout_accuracy, dict(found.figures))
     return export_keras(model, sidecar), wanted
 

@@ -16,6 +16,7 @@ import numpy as np
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain.job import Job
 from bucketlearn.ingest.split import Manifest
 from bucketlearn.ml.model import ModelSpec, build_model
 
@@ -30,10 +31,10 @@ MODELS_BUILT = "models_built"  # svc.cache key: how many models this process has
 class JobRuntime:
     """What a process needs to train or evaluate one job; built lazily, reused across tasks."""
 
-    def __init__(self, svc: Services, job: dict[str, Any]) -> None:
+    def __init__(self, svc: Services, job: Job) -> None:
         self.svc = svc
-        self.job_id = job["job_id"]
-        self.spec = ModelSpec.from_dict(job["model"])
+        self.job_id = job.job_id
+        self.spec = ModelSpec.from_dict(job.model)
         self._manifest: Manifest | None = None
         self._model: Any = None
         self._holdout: tuple[int, np.ndarray, np.ndarray] | None = None  # (max_rows, x, y)
@@ -155,13 +156,13 @@ def models_built(svc: Services) -> int:
     return int(svc.cache.get(MODELS_BUILT, 0))
 
 
-def job_runtime(svc: Services, job: dict[str, Any]) -> JobRuntime:
+def job_runtime(svc: Services, job: Job) -> JobRuntime:
     cache: OrderedDict[str, JobRuntime] = svc.cache.setdefault("runtimes", OrderedDict())
-    runtime = cache.get(job["job_id"])
+    runtime = cache.get(job.job_id)
     if runtime is None:
         runtime = JobRuntime(svc, job)
-        cache[job["job_id"]] = runtime
+        cache[job.job_id] = runtime
         while len(cache) > MAX_JOBS_CACHED:
             cache.popitem(last=False)
-    cache.move_to_end(job["job_id"])
+    cache.move_to_end(job.job_id)
     return runtime

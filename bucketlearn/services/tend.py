@@ -22,6 +22,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import TaskQueue
 from bucketlearn.services import jobs
@@ -44,35 +45,35 @@ def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
             tending = _decide(svc, job, now)
             if tending is not None:
                 _act(svc, job, tending, now)
-                actions.append({"job_id": job["job_id"], "action": tending.action,
+                actions.append({"job_id": job.job_id, "action": tending.action,
                                 "tasks": tending.tasks, "reason": tending.reason})
         except Exception:  # noqa: BLE001 - one job's trouble must not stop the others' tending
-            log.exception("watchdog: could not tend job %s", job.get("job_id"))
+            log.exception("watchdog: could not tend job %s", job.job_id)
     return actions
 
 
-def _decide(svc: Services, job: dict[str, Any], now: float) -> Tending | None:
-    activity = [float(job.get(k) or 0)
-                for k in ("updated_at", "published_at", "tended_at", "created_at")]
+def _decide(svc: Services, job: Job, now: float) -> Tending | None:
+    activity = [job.updated_at or 0.0, job.published_at or 0.0, job.tended_at or 0.0,
+                job.created_at]
     round_tasks: list[int] = []
     done: frozenset[int] = frozenset()
     with_result: set[int] = set()
-    if job.get("phase") == jobs.TRAINING and job.get("plan"):
-        epoch = int(job["epoch"])
+    if job.phase == jobs.TRAINING and job.plan:
+        epoch = job.epoch
         round_tasks = list(jobs.current_round_tasks(job))
-        done = jobs.done_tasks(svc.registry.get_epoch(job["job_id"], epoch))
-        with_result = {ref.task_index for ref in list_deltas(svc, job["job_id"], epoch)}
+        done = jobs.done_tasks(svc.registry.get_epoch(job.job_id, epoch))
+        with_result = {ref.task_index for ref in list_deltas(svc, job.job_id, epoch)}
         for task_index in round_tasks:
-            task = svc.registry.get_task(job["job_id"],
-                                         jobs.task_doc_id(job["job_id"], epoch, task_index))
+            task = svc.registry.get_task(job.job_id,
+                                         jobs.task_doc_id(job.job_id, epoch, task_index))
             if task is not None:
                 activity += [task.started_at or 0.0, task.finished_at or 0.0]
     return decide(job, round_tasks, done, with_result, max(activity), now,
                   svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
 
 
-def _act(svc: Services, job: dict[str, Any], tending: Tending, now: float) -> None:
-    job_id = job["job_id"]
+def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
+    job_id = job.job_id
     log.warning("watchdog: job %s: %s -> %s %s", job_id, tending.reason, tending.action,
                 tending.tasks or "")
     if tending.action in (PUBLISH, AGGREGATE):
@@ -81,12 +82,12 @@ def _act(svc: Services, job: dict[str, Any], tending: Tending, now: float) -> No
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
     elif tending.action == FAIL:
-        svc.registry.update_job_if(job_id, {"status": job.get("status"), "phase": job.get("phase")},
+        svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
                                    {"status": jobs.FAILED, "phase": "failed",
                                     "error": tending.reason, "finished_at": now})
         return
     svc.registry.update_job(job_id, {"tended_at": now,
-                                     "tendings": int(job.get("tendings") or 0) + 1,
+                                     "tendings": job.tendings + 1,
                                      "last_tending": tending.reason[:500]})
 
 
@@ -117,6 +118,6 @@ def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000
 def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool:
     """The task's job is active and the task is neither applied nor failed in its epoch."""
     job = svc.registry.get_job(job_id)
-    if job is None or jobs.is_terminal(job) or int(job.get("epoch") or 0) != epoch:
+    if job is None or jobs.is_terminal(job) or job.epoch != epoch:
         return False
     return task_index not in jobs.done_tasks(svc.registry.get_epoch(job_id, epoch))

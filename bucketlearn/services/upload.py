@@ -8,7 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
-from bucketlearn.domain.job import Epoch, Head, Version
+from bucketlearn.domain.job import Epoch, Head, Job, Version
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -38,18 +38,13 @@ from bucketlearn.services.publish import publish_round
 log = logging.getLogger(__name__)
 
 
-def new_job_document(event: StorageEvent, job_id: str, claim: str, now: float,
-                     file: str) -> dict[str, Any]:
-    """The document of a job just created for an upload, claimed for splitting by ``claim``."""
-    return {
-        "job_id": job_id, "status": jobs.QUEUED, "phase": jobs.SPLITTING,
-        # (a longer name is rejected later; Cloud Storage allows 1024 bytes anyway)
-        "source": {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
-                   "generation": event.generation, "size": event.size},
-        "file": file, "created_at": now, "updated_at": now, "claimed_at": now, "claim": claim,
-        "version": None, "epoch": 0, "round": 0, "published": None, "tasks_applied": 0,
-        "tasks_failed": 0, "samples_seen": 0, "error": None,
-    }
+def new_job(event: StorageEvent, job_id: str, claim: str, now: float, file: str) -> Job:
+    """The job just created for an upload, claimed for splitting by ``claim``."""
+    # (a longer name is rejected later; Cloud Storage allows 1024 bytes anyway)
+    source = {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
+              "generation": event.generation, "size": event.size}
+    return Job(job_id=job_id, status=jobs.QUEUED, phase=jobs.SPLITTING, source=source,
+               file=file, created_at=now, updated_at=now, claimed_at=now, claim=claim)
 
 
 def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outcome | None:
@@ -59,26 +54,29 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
     Raises:
         TransientError: another invocation is splitting it (or won the race to take it over).
     """
-    existing = svc.registry.get_job(job_id) or {}
-    if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
-        log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.get("status"))
+    existing = svc.registry.get_job(job_id)
+    if existing is None:  # gone since the create found it: nothing to take over
+        log.info("job %s: its document is gone: duplicate event ignored", job_id)
         return Outcome.DUPLICATE
-    if existing.get("phase") == jobs.SPLITTING:
-        if now - float(existing.get("claimed_at") or 0) < svc.settings.lease_seconds:
+    if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
+        log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.status)
+        return Outcome.DUPLICATE
+    if existing.phase == jobs.SPLITTING:
+        if now - float(existing.claimed_at or 0) < svc.settings.lease_seconds:
             raise TransientError(f"job {job_id} is being split by another invocation")
         # the claim as read, renewal included: a splitter that renewed it since is alive
         if not svc.registry.update_job_if(
-                job_id, {"claim": existing.get("claim"), "phase": jobs.SPLITTING,
-                         "claimed_at": existing.get("claimed_at")},
+                job_id, {"claim": existing.claim, "phase": jobs.SPLITTING,
+                         "claimed_at": existing.claimed_at},
                 {"claim": claim, "claimed_at": now}):
             raise TransientError(f"job {job_id}: lost the race to take over a stale split")
         log.warning("job %s: taking over a split abandoned since %s", job_id,
-                    existing.get("claimed_at"))
+                    existing.claimed_at)
         return None
-    if existing.get("phase") == jobs.TRAINING and existing.get("published") is None:
+    if existing.phase == jobs.TRAINING and existing.published is None:
         publish_round(svc, existing)  # the invocation that split it died before publishing
         return Outcome.ACCEPTED
-    log.info("job %s exists (%s): duplicate event ignored", job_id, existing.get("status"))
+    log.info("job %s exists (%s): duplicate event ignored", job_id, existing.status)
     return Outcome.DUPLICATE
 
 
@@ -108,7 +106,7 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         return Outcome.IGNORED, None
     job_id = layout.job_id_for(event.bucket, event.name, event.generation)
     claim = layout.new_nonce()
-    if not svc.registry.create_job(job_id, new_job_document(event, job_id, claim, now, file)):
+    if not svc.registry.create_job(new_job(event, job_id, claim, now, file)):
         settled = _claim_existing(svc, job_id, claim, now)
         if settled is not None:
             return settled, job_id
@@ -165,8 +163,8 @@ class SplitClaim:
 
     def holds(self) -> bool:
         """Whether the job is still splitting under this claim (one read)."""
-        job = self.svc.registry.get_job(self.job_id) or {}
-        return job.get("claim") == self.claim and job.get("phase") == jobs.SPLITTING
+        job = self.svc.registry.get_job(self.job_id)
+        return job is not None and job.claim == self.claim and job.phase == jobs.SPLITTING
 
     def renew(self) -> None:
         """Renew ``claimed_at`` if it is due (``renewal_due``).
@@ -184,8 +182,8 @@ class SplitClaim:
 
     def lost(self) -> TransientError:
         """The error for a split whose claim is no longer this invocation's."""
-        job = self.svc.registry.get_job(self.job_id) or {}
-        found = (f"claim {job.get('claim')!r} in phase {job.get('phase')!r}" if job
+        job = self.svc.registry.get_job(self.job_id)
+        found = (f"claim {job.claim!r} in phase {job.phase!r}" if job is not None
                  else "no job document")
         return TransientError(
             f"job {self.job_id}: another invocation took over the split, so this one stops; "
@@ -271,7 +269,7 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], options: JobOptions) -> dict[str, Any] | None:
+                   spec: dict[str, Any], options: JobOptions) -> Job | None:
     """Plan the job, write version 0 (initial weights and optimizer state) and make the job
     trainable, if this invocation still owns the split; return the job document, or None when
     the job ended (was cancelled) during the split.
@@ -340,7 +338,7 @@ def _ended(svc: Services, job_id: str, what: str) -> bool:
     job = svc.registry.get_job(job_id)
     if not jobs.is_terminal(job):
         return False
-    log.warning("job %s: %s: it ended first (%s)", job_id, what, (job or {}).get("status"))
+    log.warning("job %s: %s: it ended first (%s)", job_id, what, job.status if job is not None else None)
     _remove_partial_shards(svc, job_id)
     return True
 

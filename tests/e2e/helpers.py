@@ -34,14 +34,14 @@ def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
     """Versions dense from 0, each planned task applied exactly once (invariants 2 and 3)."""
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    assert [v.version for v in versions] == list(range(job["version"] + 1))
+    assert [v.version for v in versions] == list(range(job.version + 1))
     assert all(v.parent == v.version - 1 for v in versions[1:])
     applied = [t for v in versions for t in v.tasks_applied]
     assert len(applied) == len(set(applied)), "a task was applied twice"
-    planned = {layout.task_id_for(job_id, e, t) for e in range(1, job["options"]["epochs"] + 1)
-               for t in range(job["tasks_per_epoch"])}
+    planned = {layout.task_id_for(job_id, e, t) for e in range(1, job.options["epochs"] + 1)
+               for t in range(job.tasks_per_epoch)}
     assert set(applied) == planned
-    assert job["tasks_applied"] == len(planned) == job["tasks_planned"]
+    assert job.tasks_applied == len(planned) == job.tasks_planned
     for v in versions[1:]:  # each version's weights object exists (written before the commit)
         assert svc.store.stat(svc.settings.models_bucket, v.weights_path) is not None
     return versions

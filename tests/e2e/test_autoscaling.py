@@ -39,11 +39,11 @@ def test_queued_work_grows_workers_and_idle_shrinks_them_to_zero(make_stack: Any
         while time.monotonic() < deadline:
             peak = max(peak, len(stack.live_workers()))
             job = svc.registry.get_job(job_id)
-            if job and job.get("status") in ("DONE", "FAILED", "REJECTED"):
+            if job and job.status in ("DONE", "FAILED", "REJECTED"):
                 break
             time.sleep(0.25)
         # Assert: the backlog brought workers up to the cap, and they trained the job
-        assert job is not None and job["status"] == "DONE", job
+        assert job is not None and job.status == "DONE", job
         assert peak == 2
         # Execute: nothing outstanding any more
         deadline = time.monotonic() + 120

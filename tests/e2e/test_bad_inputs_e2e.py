@@ -35,12 +35,13 @@ def wait_all_terminal(svc: Any, job_ids: list[str], timeout: float) -> dict[str,
         for job_id in job_ids:
             if job_id not in done:
                 job = svc.registry.get_job(job_id)
-                if job and job.get("status") in TERMINAL:
+                if job and job.status in TERMINAL:
                     done[job_id] = job
         if len(done) == len(job_ids):
             return done
         time.sleep(0.5)
-    missing = {j: (svc.registry.get_job(j) or {}).get("status") for j in job_ids if j not in done}
+    missing = {j: getattr(svc.registry.get_job(j), "status", None) for j in job_ids
+               if j not in done}
     raise AssertionError(f"{len(missing)} jobs not finished in {timeout}s: {missing}")
 
 
@@ -72,8 +73,8 @@ def test_every_bad_case_is_rejected_once_and_a_good_upload_still_trains(
             failures.append(f"{case['id']}: {exc}")
     assert not failures, "\n".join(failures)
     # one job per upload, nothing else started; nothing left in the work bucket
-    ours = [j for j in svc.registry.list_jobs(1000) if j.get("source", {}).get("bucket") == bucket]
-    assert sorted(j["job_id"] for j in ours) == sorted(job_id for _, _, job_id in uploads)
+    ours = [j for j in svc.registry.list_jobs(1000) if j.source.get("bucket") == bucket]
+    assert sorted(j.job_id for j in ours) == sorted(job_id for _, _, job_id in uploads)
     assert list(svc.store.list(stack.settings.work_bucket)) == []
     # the upload function acked every event once: no crash, no retry loop
     log_path = stack.home / "logs" / "upload_fn.log"
@@ -95,5 +96,5 @@ def test_every_bad_case_is_rejected_once_and_a_good_upload_still_trains(
     good_id = layout.job_id_for(bucket, good.name, info.generation)
     job = wait_all_terminal(svc, [good_id], 300)[good_id]
     # Assert
-    assert job["status"] == "DONE", job.get("error")
-    assert job["dataset"]["rows"] == 600
+    assert job.status == "DONE", job.error
+    assert job.dataset["rows"] == 600

@@ -58,8 +58,8 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
         job_id = out_path.read_text().split()[0]
 
         def trained_a_while() -> bool:
-            job = svc.registry.get_job(job_id) or {}
-            return job.get("status") == "RUNNING" and int(job.get("version") or 0) >= 3
+            job = svc.registry.get_job(job_id)
+            return job is not None and job.status == "RUNNING" and (job.version or 0) >= 3
 
         assert wait_until(trained_a_while, 240), svc.registry.get_job(job_id)
         # Execute
@@ -77,14 +77,14 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     assert "CANCELLED" in out_path.read_text() + err_path.read_text()
     # Assert: nothing moves any more (results in flight at the cancel are not folded)
     job = svc.registry.get_job(job_id)
-    assert (job["status"], job["phase"]) == ("CANCELLED", "cancelled")
-    head = int(job["version"])
+    assert (job.status, job.phase) == ("CANCELLED", "cancelled")
+    head = int(job.version)
     time.sleep(SETTLE_SECONDS)
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    assert (job["status"], job["version"]) == ("CANCELLED", head)
+    assert (job.status, job.version) == ("CANCELLED", head)
     assert [v.version for v in versions] == list(range(head + 1))
-    assert job["head"]["version"] == head and job["tasks_applied"] < job["tasks_planned"]
+    assert job.head.version == head and job.tasks_applied < job.tasks_planned
     late = [t.task_id for t in svc.registry.list_tasks(job_id)
             if (t.started_at or 0.0) > cancelled_at + 2]
     assert late == [], "workers trained tasks of the cancelled job"

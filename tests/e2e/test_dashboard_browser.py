@@ -70,19 +70,20 @@ def test_dashboard_follows_a_job_to_done(make_stack: Any, browser: Any) -> None:
     while time.monotonic() < deadline:
         text = page_text(browser)
         seen_running = seen_running or ("RUNNING" in text or "QUEUED" in text)
-        job = svc.registry.get_job(job_id) or {}
-        if job.get("status") == "DONE" and "DONE" in text and f"\n{job['version']}\n" in text:
+        job = svc.registry.get_job(job_id)
+        if (job is not None and job.status == "DONE" and "DONE" in text
+                and f"\n{job.version}\n" in text):
             break
         time.sleep(1)
     ARTIFACTS.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "dashboard-job-done.png"))
     # Assert: the final version and accuracy as the registry has them, and the model offered
     job = svc.registry.get_job(job_id)
-    assert job["status"] == "DONE"
+    assert job.status == "DONE"
     assert seen_running, "the page never showed the job before it finished"
     assert "DONE" in text
     assert f"job={job_id}" in browser.current_url  # the grid is drawn on a canvas, not in text
-    assert f"\n{job['version']}\n" in text, text[:2000]
-    accuracy = f"{100 * job['head']['holdout_accuracy']:.1f}%"
+    assert f"\n{job.version}\n" in text, text[:2000]
+    accuracy = f"{100 * job.head.holdout_accuracy:.1f}%"
     assert accuracy in text, (accuracy, text[:2000])
     assert "Model" in text  # the tab holding the download buttons

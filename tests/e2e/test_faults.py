@@ -104,14 +104,14 @@ def test_worker_sigkill_mid_training(make_stack: Any, small_digits: Path) -> Non
     victim.kill()
     job = wait_terminal(svc, job_id, 400)
     # Assert
-    assert job["status"] == "DONE", job.get("error")
+    assert job.status == "DONE", job.error
     versions = assert_ledger_consistent(svc, job_id)
     attempts = max(t.attempts for t in svc.registry.list_tasks(job_id))
     assert attempts >= 2
     record("worker killed mid-training", "SIGKILL to a worker's process group while a task of "
            "it was RUNNING (ack deadline 10 s)", "job DONE; applied tasks == planned, each once; "
-           "versions dense; the task was redelivered", tasks=job["tasks_applied"],
-           versions=len(versions), max_attempts=attempts, accuracy=job["head"]["holdout_accuracy"])
+           "versions dense; the task was redelivered", tasks=job.tasks_applied,
+           versions=len(versions), max_attempts=attempts, accuracy=job.head.holdout_accuracy)
 
 
 def test_learners_are_replaced_between_jobs_and_lose_nothing(make_stack: Any,
@@ -126,7 +126,7 @@ def test_learners_are_replaced_between_jobs_and_lose_nothing(make_stack: Any,
     job_ids = [submit(svc, f"digits-{i}.csv", {"epochs": "1"}, small_digits) for i in range(3)]
     jobs = [wait_terminal(svc, job_id, 400) for job_id in job_ids]
     # Assert
-    assert [job["status"] for job in jobs] == ["DONE"] * 3, [job.get("error") for job in jobs]
+    assert [job.status for job in jobs] == ["DONE"] * 3, [job.error for job in jobs]
     for job_id in job_ids:
         assert_ledger_consistent(svc, job_id)
     log_text = stack.procs["worker-0"].log_path.read_text()
@@ -136,7 +136,7 @@ def test_learners_are_replaced_between_jobs_and_lose_nothing(make_stack: Any,
     record("learner replaced between jobs", "BUCKETLEARN_WORKER_MAX_MODELS=2, one worker, three "
            "jobs uploaded at once", "every job DONE with a consistent ledger; the learner "
            "process was replaced", recycles=recycled,
-           tasks=sum(int(job["tasks_applied"]) for job in jobs))
+           tasks=sum(int(job.tasks_applied) for job in jobs))
 
 
 def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
@@ -149,16 +149,16 @@ def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
     job_id = submit(svc, "digits.csv", {"epochs": "2"}, small_digits)
     job = wait_terminal(svc, job_id, 400)
     # Assert
-    assert job["status"] == "DONE", job.get("error")
-    jobs_for_upload = [j["job_id"] for j in svc.registry.list_jobs(500)
-                       if j.get("source", {}).get("bucket") == stack.settings.uploads_bucket]
+    assert job.status == "DONE", job.error
+    jobs_for_upload = [j.job_id for j in svc.registry.list_jobs(500)
+                       if j.source.get("bucket") == stack.settings.uploads_bucket]
     assert jobs_for_upload == [job_id]
     versions = assert_ledger_consistent(svc, job_id)
     log_text = (stack.home / "logs" / "upload_fn.log").read_text()
     assert "duplicate event ignored" in log_text or "being split by another" in log_text
     record("duplicates everywhere", "relay delivers every storage event twice; every task "
            "message published twice", "one job per upload; each task applied once; versions "
-           "dense", tasks=job["tasks_applied"], versions=len(versions))
+           "dense", tasks=job.tasks_applied, versions=len(versions))
 
 
 @pytest.mark.parametrize("point", ["aggregator.before_commit", "aggregator.after_commit"])
@@ -178,14 +178,14 @@ def test_aggregator_killed(make_stack: Any, tmp_path: Path, point: str,
     assert (tmp_path / "faults" / f"{point}.fired").exists(), "the fault never fired"
     log_text = (stack.home / "logs" / "delta_fn.log").read_text()
     assert "exited with code 137" in log_text or stack.procs["delta_fn"].restarts >= 1
-    assert job["status"] == "DONE", job.get("error")
+    assert job.status == "DONE", job.error
     versions = assert_ledger_consistent(svc, job_id)
     referenced = {v.weights_path for v in versions}
     stored = {i.name for i in svc.store.list(stack.settings.models_bucket, f"weights/{job_id}/")}
     orphans = stored - referenced
     # The head points at a committed version's weights; an attempt that died before its commit
     # (or lost the race to a taker-over of an expired lease) leaves an unreferenced object only.
-    assert job["head"]["weights_path"] in referenced
+    assert job.head.weights_path in referenced
     if point == "aggregator.before_commit":
         assert len(orphans) >= 1  # the crashed attempt's weights: written, never committed
     record(f"aggregator killed ({point.split('.')[1].replace('_', ' ')})",
@@ -209,7 +209,7 @@ def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
         for backend in ("firestore", "pubsub", "storage"):
             # Execute: wait for the job to make progress, then cut that backend off
             def version() -> int:
-                return int((svc.registry.get_job(job_id) or {}).get("version") or 0)
+                return int(getattr(svc.registry.get_job(job_id), "version", None) or 0)
 
             start = version()
             wait_for(lambda start=start: version() > start, 300,
@@ -219,7 +219,7 @@ def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
             refused[backend] = proxied.proxies[backend].refused
         job = wait_terminal(svc, job_id, 600)
     # Assert
-    assert job["status"] == "DONE", job.get("error")
+    assert job.status == "DONE", job.error
     versions = assert_ledger_consistent(svc, job_id)
     for backend in ("firestore", "pubsub", "storage"):
         record(f"{backend} outage", f"every connection to the {backend} emulator dropped and "
@@ -237,7 +237,7 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
     svc = google_services(stack.settings)
     job_id = submit(svc, f"digits-{allowed}.csv", {"epochs": "2", "parallel_tasks": "3",
                                                    "max_failed_tasks": str(allowed)}, small_digits)
-    wait_for(lambda: (svc.registry.get_job(job_id) or {}).get("published") == "e0001r00000",
+    wait_for(lambda: getattr(svc.registry.get_job(job_id), "published", None) == "e0001r00000",
              120, "round 1 of epoch 1 to be published")
     part = layout.shard_part_path(job_id, 0, 0)
     svc.store.write_bytes(stack.settings.work_bucket, part, b"not an npz", "text/plain")
@@ -246,21 +246,21 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
         stack.start_worker(i)
     job = wait_terminal(svc, job_id, 400)
     # Assert
-    assert job["status"] == expected, job.get("error")
+    assert job.status == expected, job.error
     failed = [t for t in svc.registry.list_tasks(job_id) if t.state == "FAILED"]
     assert failed and all(t.attempts == 4 for t in failed)  # 3 tries + the one that gives up
     assert len({t.epoch for t in failed}) == len(failed)  # one task an epoch: shard 0's
     if expected == "FAILED":
-        assert "failed after 3 attempts" in job["error"] and ":e0001:t" in job["error"]
-        assert "expected a .npz archive" in job["error"] or "CorruptObject" in job["error"]
+        assert "failed after 3 attempts" in job.error and ":e0001:t" in job.error
+        assert "expected a .npz archive" in job.error or "CorruptObject" in job.error
     else:
-        assert job["tasks_failed"] == 2 and job["tasks_applied"] == job["tasks_planned"] - 2
+        assert job.tasks_failed == 2 and job.tasks_applied == job.tasks_planned - 2
     record(f"poison task (max_failed_tasks={allowed})", "shard 0 overwritten with bytes that "
            "are not an .npz; BUCKETLEARN_MAX_TASK_ATTEMPTS=3", f"task FAILED after 3 attempts, "
            f"no endless redelivery; job {expected}" + (" with the task and the decode error in "
                                                        "its reason" if expected == "FAILED"
                                                        else " without it"),
-           status=job["status"], tasks_failed=job["tasks_failed"])
+           status=job.status, tasks_failed=job.tasks_failed)
 
 
 def test_five_jobs_four_workers(make_stack: Any, tmp_path: Path) -> None:
@@ -283,7 +283,7 @@ def test_five_jobs_four_workers(make_stack: Any, tmp_path: Path) -> None:
     job_ids = [submit(svc, p.name, {"epochs": "2", "parallel_tasks": "3"}, p) for p in files]
     finished = [wait_terminal(svc, job_id, 600) for job_id in job_ids]
     # Assert
-    assert [j["status"] for j in finished] == ["DONE"] * 5
+    assert [j.status for j in finished] == ["DONE"] * 5
     workers_per_job = []
     for job_id in job_ids:
         assert_ledger_consistent(svc, job_id)
@@ -292,4 +292,4 @@ def test_five_jobs_four_workers(make_stack: Any, tmp_path: Path) -> None:
     record("five jobs, four workers", "5 uploads at once (one label-sorted), 4 workers",
            "all DONE; every ledger exact; tasks of each job spread over workers",
            workers_per_job=workers_per_job,
-           accuracies=[round(j["head"]["holdout_accuracy"], 4) for j in finished])
+           accuracies=[round(j.head.holdout_accuracy, 4) for j in finished])

@@ -75,7 +75,7 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     svc = google_services(stack.settings)
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])[1:]
-    assert job["plan"]["parallel_tasks"] == 3 and job["plan"]["tasks_per_epoch"] == 6
+    assert job.plan["parallel_tasks"] == 3 and job.plan["tasks_per_epoch"] == 6
     assert [len(v.tasks_applied) for v in versions] == [3, 3] * 10
     assert all(v.server_lr == 3.0 for v in versions)
 
@@ -108,7 +108,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     svc = google_services(stack.settings)
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])
-    assert job["model"]["kind"] == "cnn" and job["plan"]["parallel_tasks"] == 1
+    assert job.model["kind"] == "cnn" and job.plan["parallel_tasks"] == 1
     assert len({t.worker_id for t in svc.registry.list_tasks(status["job_id"])}) == 2
     assert len(versions) == len(local["versions"]) > 4
 
@@ -120,7 +120,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     for ours, theirs in zip(versions, local["versions"], strict=True):
         assert state(svc.store, stack.settings.models_bucket, ours) == state(
             local["svc"].store, local["svc"].settings.models_bucket, theirs), ours.version
-    assert local["job"]["head"]["holdout_accuracy"] == serial.accuracy
+    assert local["job"].head.holdout_accuracy == serial.accuracy
     assert status["accuracy"] == serial.accuracy, (status["accuracy"], serial.accuracy)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Head, Job, Version
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -34,7 +34,7 @@ def new_job(registry: Any, **extra: Any) -> str:
     job_id = f"job-{uuid.uuid4().hex[:12]}"
     doc = {"job_id": job_id, "status": "QUEUED", "phase": "splitting", "claim": "c1",
            "version": None, "epoch": 0, "created_at": time.time(), **extra}
-    assert registry.create_job(job_id, doc) is True
+    assert registry.create_job(Job.from_doc(doc)) is True
     return job_id
 
 
@@ -42,8 +42,8 @@ def test_create_job_is_create_once(backend: Any) -> None:
     """A second create for the same job id is refused (invariant 1 rests on this)."""
     registry = backend.registry
     job_id = new_job(registry)
-    assert registry.create_job(job_id, {"job_id": job_id, "status": "QUEUED"}) is False
-    assert registry.get_job(job_id)["phase"] == "splitting"
+    assert registry.create_job(Job.from_doc({"job_id": job_id, "status": "QUEUED"})) is False
+    assert registry.get_job(job_id).phase == "splitting"
 
 
 def test_update_job_if_compares_fields(backend: Any) -> None:
@@ -51,7 +51,7 @@ def test_update_job_if_compares_fields(backend: Any) -> None:
     job_id = new_job(registry)
     assert registry.update_job_if(job_id, {"claim": "other"}, {"claim": "c2"}) is False
     assert registry.update_job_if(job_id, {"claim": "c1"}, {"claim": "c2"}) is True
-    assert registry.get_job(job_id)["claim"] == "c2"
+    assert registry.get_job(job_id).claim == "c2"
 
 
 def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
@@ -60,13 +60,13 @@ def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry, claimed_at=time.time() + 0.123456789)
     read = registry.get_job(job_id)
-    expect = {"claim": "c1", "phase": "splitting", "claimed_at": read["claimed_at"]}
+    expect = {"claim": "c1", "phase": "splitting", "claimed_at": read.claimed_at}
     assert registry.update_job_if(job_id, {"claim": "c1", "phase": "splitting"},
-                                  {"claimed_at": read["claimed_at"] + 20.0}) is True
+                                  {"claimed_at": read.claimed_at + 20.0}) is True
     assert registry.update_job_if(job_id, expect, {"claim": "c2"}) is False
-    expect["claimed_at"] = registry.get_job(job_id)["claimed_at"]
+    expect["claimed_at"] = registry.get_job(job_id).claimed_at
     assert registry.update_job_if(job_id, expect, {"claim": "c2"}) is True
-    assert registry.get_job(job_id)["claim"] == "c2"
+    assert registry.get_job(job_id).claim == "c2"
 
 
 def start(registry: Any, job_id: str, planned: int = 3) -> None:
@@ -91,7 +91,7 @@ def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
     job_id = new_job(registry)
     with pytest.raises(BackendRejectedError):
         registry.update_job(job_id, {"blob": "x" * 1_100_000})
-    assert "blob" not in (registry.get_job(job_id) or {})
+    assert "blob" not in registry.get_job(job_id).extra
     registry.update_job(job_id, {"blob": "x" * 1_000_000})  # under the limit: fine
 
 
@@ -101,7 +101,7 @@ def test_start_training_requires_the_claim(backend: Any) -> None:
     assert registry.start_training(job_id, "not-mine", {"phase": "training"},
                                    Version(0, "w0"), Epoch(1, 1)) is False
     start(registry, job_id)
-    assert registry.get_job(job_id)["version"] == 0
+    assert registry.get_job(job_id).version == 0
 
 
 def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> None:
@@ -118,7 +118,7 @@ def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> Non
     assert [v.version for v in registry.list_versions(job_id)] == [0, 1, 2]
     epoch = registry.get_epoch(job_id, 1)
     assert sorted(epoch.applied) == [0, 1] and epoch.failed == (2,)
-    assert registry.get_job(job_id)["version"] == 2
+    assert registry.get_job(job_id).version == 2
 
 
 def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
@@ -139,7 +139,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     # Assert
     job = registry.get_job(job_id)
     assert committed is False
-    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 1)
+    assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", 1)
     assert [v.version for v in registry.list_versions(job_id)] == [0, 1]
     assert registry.get_epoch(job_id, 1).applied == (0,)
 
@@ -159,7 +159,7 @@ def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) ->
     # Assert
     job = registry.get_job(job_id)
     assert started is False
-    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", None)
+    assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", None)
     assert registry.list_versions(job_id) == []
 
 
@@ -174,17 +174,17 @@ def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: An
     assert registry.commit_version(commit(job_id, 1, [1]))
     # Execute
     late = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.5},
-                                      {"version": 1, "holdout_accuracy": 0.5})
+                                      Head(1, "w1", "c1", holdout_accuracy=0.5))
     current = registry.record_evaluation(job_id, 2, {"holdout_accuracy": 0.75},
-                                         {"version": 2, "holdout_accuracy": 0.75})
+                                         Head(2, "w2", "c2", holdout_accuracy=0.75))
     missing = registry.record_evaluation(job_id, 9, {"holdout_accuracy": 1.0},
-                                         {"version": 9, "holdout_accuracy": 1.0})
+                                         Head(9, "w9", "c9", holdout_accuracy=1.0))
     # Assert
     assert (late, current, missing) == (False, True, False)
     versions = registry.list_versions(job_id)
     assert [v.figure("holdout_accuracy") for v in versions] == [None, 0.5, 0.75]
     assert versions[1].parent == 0  # the rest of the document is kept
-    assert registry.get_job(job_id)["head"] == {"version": 2, "holdout_accuracy": 0.75}
+    assert registry.get_job(job_id).head == Head(2, "w2", "c2", holdout_accuracy=0.75)
 
 
 def test_an_array_inside_an_array_is_refused_for_good(backend: Any) -> None:
@@ -195,9 +195,9 @@ def test_an_array_inside_an_array_is_refused_for_good(backend: Any) -> None:
     job_id = new_job(registry)
     with pytest.raises(BackendRejectedError):
         registry.update_job(job_id, {"matrix": [[1, 2], [3, 4]]})
-    assert "matrix" not in (registry.get_job(job_id) or {})
+    assert "matrix" not in registry.get_job(job_id).extra
     registry.update_job(job_id, {"matrix": [{"row": [1, 2]}, {"row": [3, 4]}]})
-    assert registry.get_job(job_id)["matrix"] == [{"row": [1, 2]}, {"row": [3, 4]}]
+    assert registry.get_job(job_id).extra["matrix"] == [{"row": [1, 2]}, {"row": [3, 4]}]
 
 
 def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) -> None:
@@ -216,13 +216,14 @@ def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) 
     figures = holdout_fields(classification_report(np.array([[8, 2, 0], [0, 3, 1], [0, 0, 1]]),
                                                    loss=0.4))
     # Execute
-    recorded = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.8, **figures},
-                                          {"version": 1, "holdout_accuracy": 0.8, **figures})
+    head = Head(1, "w1", "c1").evaluated(0.8, 0.4, figures)
+    recorded = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.8, **figures}, head)
     # Assert
     version = registry.get_version(job_id, 1)
     assert recorded is True
     assert {k: version.figure(k) for k in figures} == figures
-    assert registry.get_job(job_id)["head"] == {"version": 1, "holdout_accuracy": 0.8, **figures}
+    assert registry.get_job(job_id).head == head
+    assert {k: getattr(head, k) for k in figures} == figures
 
 
 def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:

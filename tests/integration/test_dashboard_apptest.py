@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
@@ -130,7 +130,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
 @pytest.fixture
 def seeded(services, registry, store):
     now = time.time()
-    registry.create_job(RUNNING_ID, _job(RUNNING_ID, "digits.csv", now - 100))
+    registry.create_job(Job.from_doc(_job(RUNNING_ID, "digits.csv", now - 100)))
     _train(registry, RUNNING_ID, now - 50, [0.5, 0.75, 0.875])
     registry.heartbeat("w1", {"worker_id": "w1", "state": "busy", "last_seen": now - 2,
                               "job_id": RUNNING_ID,
@@ -138,7 +138,7 @@ def seeded(services, registry, store):
     registry.heartbeat("w0", {"worker_id": "w0", "state": "idle", "last_seen": now - 300,
                               "job_id": None, "task_id": None, "tasks_done": 1})
 
-    registry.create_job(DONE_ID, _job(DONE_ID, "iris.csv", now - 400))
+    registry.create_job(Job.from_doc(_job(DONE_ID, "iris.csv", now - 400)))
     _train(registry, DONE_ID, now - 390, [0.6, 0.9], epochs=1)
     registry.update_job(DONE_ID, {"status": "DONE", "phase": "done", "finished_at": now - 300,
                                   "model_path": layout.model_path(DONE_ID)})
@@ -146,7 +146,7 @@ def seeded(services, registry, store):
     store.write_bytes(bucket, layout.model_path(DONE_ID), b"keras-latest", "application/x")
     store.write_bytes(bucket, layout.model_path(DONE_ID, 2), b"keras-v2", "application/x")
 
-    registry.create_job(REJECTED_ID, _job(REJECTED_ID, "broken.csv", now - 10))
+    registry.create_job(Job.from_doc(_job(REJECTED_ID, "broken.csv", now - 10)))
     registry.update_job(REJECTED_ID, {
         "status": "REJECTED", "phase": "rejected", "error": REASON, "finished_at": now - 9,
         "error_detail": {"file": "gs://bucketlearn-uploads/broken.csv", "row": 17,
@@ -226,7 +226,7 @@ def test_job_page_shows_figures_beyond_accuracy_and_warns_below_the_majority(app
     back from the Firestore emulator (the report's shape is one Firestore stores)."""
     # Prepare
     now = time.time()
-    registry.create_job(BINARY_ID, _job(BINARY_ID, "churn.csv", now - 100))
+    registry.create_job(Job.from_doc(_job(BINARY_ID, "churn.csv", now - 100)))
     _train(registry, BINARY_ID, now - 90, [0.9], epochs=1, tasks_per_epoch=2)
     figures = {**holdout_fields(classification_report(np.array([[9, 0], [1, 0]]), loss=0.3)),
                "holdout_roc_auc": 0.5}
@@ -234,8 +234,8 @@ def test_job_page_shows_figures_beyond_accuracy_and_warns_below_the_majority(app
                                                 "holdout_rows": 10, "features": 3,
                                                 "label_column": "churned",
                                                 "classes": ["no", "yes"], "shards": 2}})
-    head = {"version": 1, "weights_path": "w1", "holdout_accuracy": 0.9, "holdout_loss": 0.3,
-            "train_loss": 0.3, **figures}
+    head = Head.from_doc({"version": 1, "weights_path": "w1", "holdout_accuracy": 0.9,
+                          "holdout_loss": 0.3, "train_loss": 0.3, **figures})
     assert registry.record_evaluation(BINARY_ID, 1, {"holdout_accuracy": 0.9, **figures}, head)
     # Execute
     at = _run(app, BINARY_ID)
@@ -305,15 +305,15 @@ def test_cancel_button_asks_first_then_cancels_the_job(app, seeded, registry):
     assert not at.exception
     assert any(f"Cancel job `{RUNNING_ID}`?" in w.value and "v3, stays downloadable" in w.value
                for w in at.warning)
-    assert registry.get_job(RUNNING_ID)["status"] == "RUNNING"
+    assert registry.get_job(RUNNING_ID).status == "RUNNING"
     # Execute: confirm, with a reason
     at.text_input(key="cancel_reason").input("wrong upload")
     at.button(key="cancel_confirm").click().run()
     # Assert
     assert not at.exception, [e.value for e in at.exception]
     job = registry.get_job(RUNNING_ID)
-    assert (job["status"], job["phase"], job["version"]) == ("CANCELLED", "cancelled", 3)
-    assert (job["cancelled_by"], job["cancel_reason"]) == ("the dashboard", "wrong upload")
+    assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", 3)
+    assert (job.cancelled_by, job.cancel_reason) == ("the dashboard", "wrong upload")
     assert any(f"job {RUNNING_ID} cancelled" in s.value for s in at.success)
     assert _metrics(at)["Status"] == "CANCELLED"
     assert any(w.value.startswith("Cancelled: cancelled by the dashboard at ")
@@ -331,7 +331,7 @@ def test_cancel_can_be_called_off_at_the_confirmation(app, seeded, registry):
     at.button(key="cancel_keep").click().run()
     # Assert
     assert not at.exception
-    assert registry.get_job(RUNNING_ID)["status"] == "RUNNING"
+    assert registry.get_job(RUNNING_ID).status == "RUNNING"
     assert [b.key for b in at.button if b.key and b.key.startswith("cancel")] == ["cancel_job"]
 
 

@@ -93,8 +93,8 @@ def test_reupload_during_the_split_is_rejected_on_the_emulator(cloud: Any,
     now = svc.store.stat(bucket, "reupload.csv")
     assert svc.store.opens >= 3
     assert outcome is Outcome.REJECTED, job
-    assert job["status"] == jobs.REJECTED
-    assert "the upload was replaced or deleted while it was being read" in job["error"]
-    assert f"expected generation {info.generation} until the split ends" in job["error"]
-    assert f"found: generation {now.generation}" in job["error"]
+    assert job.status == jobs.REJECTED
+    assert "the upload was replaced or deleted while it was being read" in job.error
+    assert f"expected generation {info.generation} until the split ends" in job.error
+    assert f"found: generation {now.generation}" in job.error
     assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []

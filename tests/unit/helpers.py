@@ -119,9 +119,9 @@ def expected_uri(bucket: str, name: str) -> str:
 def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: str,
                             name: str) -> None:
     """The REJECTED job's error and error_detail say what the manifest says they say."""
-    error, detail = job["error"], job["error_detail"]
+    error, detail = job.error, job.error_detail
     uri = expected_uri(bucket, name)
-    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job), job
+    assert job.status == jobs.REJECTED and jobs.is_terminal(job), job
     assert error.startswith(uri), (error, uri)
     assert detail["file"] == uri
     assert (detail["row"], detail["column"]) == (case["row"], case["column"]), detail

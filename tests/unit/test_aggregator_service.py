@@ -12,7 +12,7 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Job, Version
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
@@ -56,28 +56,28 @@ def test_versions_are_dense(pipeline):
     # Prepare
     job, svc = pipeline["job"], pipeline["svc"]
     # Execute
-    versions = svc.registry.list_versions(job["job_id"])
+    versions = svc.registry.list_versions(job.job_id)
     # Assert
     numbers = [v.version for v in versions]
-    assert numbers == list(range(job["version"] + 1))
+    assert numbers == list(range(job.version + 1))
     assert len(numbers) > 2
     assert [v.parent for v in versions] == [None] + numbers[:-1]
-    assert job["head"]["weights_path"] == versions[-1].weights_path
+    assert job.head.weights_path == versions[-1].weights_path
 
 
 def test_every_task_applied_exactly_once(pipeline):
     """Σ tasks_applied over versions == tasks_planned, and every task id appears once."""
     # Prepare
     job, versions = pipeline["job"], pipeline["versions"]
-    expected = {layout.task_id_for(job["job_id"], e, t)
-                for e in (1, 2) for t in range(job["tasks_per_epoch"])}
+    expected = {layout.task_id_for(job.job_id, e, t)
+                for e in (1, 2) for t in range(job.tasks_per_epoch)}
     # Execute
     applied = [task for v in versions for task in v.tasks_applied]
     # Assert
-    assert len(applied) == job["tasks_planned"] == 2 * job["tasks_per_epoch"]
+    assert len(applied) == job.tasks_planned == 2 * job.tasks_per_epoch
     assert len(set(applied)) == len(applied)
     assert set(applied) == expected
-    assert job["tasks_applied"] == job["tasks_planned"]
+    assert job.tasks_applied == job.tasks_planned
 
 
 def test_every_version_folds_one_whole_round(pipeline):
@@ -85,7 +85,7 @@ def test_every_version_folds_one_whole_round(pipeline):
     of 3 are versions of 3, 3 and 2 tasks, each recording its round and every delta's norm."""
     # Prepare
     job, versions = pipeline["job"], pipeline["versions"]
-    plan = job["plan"]
+    plan = job.plan
     # Execute
     folds = versions[1:]
     # Assert
@@ -124,7 +124,7 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
     svc, last = run["svc"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
                                                             last.weights_path))
-    assert run["job"]["status"] == "DONE" and last.version >= 4
+    assert run["job"].status == "DONE" and last.version >= 4
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
     assert last.figure("holdout_accuracy") == serial.accuracy
 
@@ -137,7 +137,7 @@ def test_versions_record_where_the_fold_time_went(pipeline):
     job, svc = pipeline["job"], pipeline["svc"]
     before_commit = ("read_seconds", "fold_seconds", "write_seconds")
     # Execute
-    folds = [v for v in svc.registry.list_versions(job["job_id"])[1:] if v.tasks_applied]
+    folds = [v for v in svc.registry.list_versions(job.job_id)[1:] if v.tasks_applied]
     # Assert
     assert folds
     for v in folds:
@@ -158,13 +158,13 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
-    planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
+    planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
     real = aggregator.evaluate_detail
 
     def evaluate(*args, **kwargs):
         second = sum(1 for m in svc.queue.published if m.epoch == 2)
-        seen.append((int(svc.registry.get_job(job_id)["version"]), second))
+        seen.append((int(svc.registry.get_job(job_id).version), second))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(aggregator, "evaluate_detail", evaluate)
@@ -173,8 +173,8 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["epoch"] == 2 and job["published"] == jobs.round_key(2, 0)
-    assert seen and seen[-1] == (job["version"], planned)
+    assert job.epoch == 2 and job.published == jobs.round_key(2, 0)
+    assert seen and seen[-1] == (job.version, planned)
     assert all(published == 0 for _, published in seen[:-1])
 
 
@@ -192,14 +192,14 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     train_pending(svc, len(jobs.current_round_tasks(read_at_round_0)))
     aggregate_job(svc, job_id)
     after_fold = svc.registry.get_job(job_id)
-    assert (after_fold["round"], after_fold["published"]) == (1, jobs.round_key(1, 1))
+    assert (after_fold.round, after_fold.published) == (1, jobs.round_key(1, 1))
     messages_before = len(svc.queue.published)
     # Execute
     publish_round(svc, read_at_round_0)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["published"] == jobs.round_key(1, 1)
-    assert job["published_at"] == after_fold["published_at"]
+    assert job.published == jobs.round_key(1, 1)
+    assert job.published_at == after_fold.published_at
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
     assert len(svc.queue.published) == messages_before  # round 1 is not published again
 
@@ -265,11 +265,11 @@ def test_the_drain_stops_at_its_time_budget_and_leaves_a_nudge(tmp_path, budget,
     versions = svc.registry.list_versions(job_id)
     applied = [t for v in versions for t in v.tasks_applied]
     assert first is Outcome.ACCEPTED
-    assert after_first["version"] == first_version and after_first["phase"] == jobs.TRAINING
+    assert after_first.version == first_version and after_first.phase == jobs.TRAINING
     assert count == invocations  # 250 s: 3 folds, 3 folds, the export
-    assert job["status"] == jobs.DONE and job["version"] == 6
+    assert job.status == jobs.DONE and job.version == 6
     assert [v.version for v in versions] == list(range(7))
-    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
     assert left == []
 
 
@@ -279,12 +279,12 @@ def test_final_model_is_exported(pipeline):
     job, svc = pipeline["job"], pipeline["svc"]
     bucket = svc.settings.models_bucket
     # Execute
-    latest = svc.store.stat(bucket, layout.model_path(job["job_id"]))
-    versioned = svc.store.stat(bucket, layout.model_path(job["job_id"], job["version"]))
+    latest = svc.store.stat(bucket, layout.model_path(job.job_id))
+    versioned = svc.store.stat(bucket, layout.model_path(job.job_id, job.version))
     # Assert
     assert latest is not None and latest.size > 0
     assert versioned is not None
-    assert job["model_path"] == f"models/{job['job_id']}/latest.keras"
+    assert job.model_path == f"models/{job.job_id}/latest.keras"
     assert svc.store.read_bytes(bucket, latest.name)[:2] == b"PK"
 
 
@@ -293,7 +293,7 @@ def test_no_deltas_left_behind(pipeline):
     # Prepare
     job, svc = pipeline["job"], pipeline["svc"]
     # Execute
-    left = list(svc.store.list(svc.settings.deltas_bucket, f"{job['job_id']}/"))
+    left = list(svc.store.list(svc.settings.deltas_bucket, f"{job.job_id}/"))
     # Assert
     assert left == []
 
@@ -330,7 +330,7 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     assert result is Outcome.ACCEPTED and (late_outcome, late_job) == (Outcome.ACCEPTED, job_id)
     assert applied == [task.task_id]
     assert [v.version for v in versions] == [0, 1]
-    assert job["tasks_applied"] == 1 and job["version"] == 1
+    assert job.tasks_applied == 1 and job.version == 1
     assert svc.registry.get_epoch(job_id, 1).applied == (task.task_index,)
     assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
 
@@ -365,7 +365,7 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     assert result is Outcome.ACCEPTED
     assert [(m.epoch, m.task_index) for m in republished] == [(task.epoch, task.task_index)]
     assert svc.store.stat(bucket, bad_path) is None
-    assert job["version"] == 0 and not jobs.is_terminal(job)
+    assert job.version == 0 and not jobs.is_terminal(job)
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED  # nothing left to trip over
 
 
@@ -386,7 +386,7 @@ JOB = "j-000000000000"
 def registry():
     """A MemoryRegistry holding one job at version 0 with epoch 1 of 4 tasks."""
     reg = MemoryRegistry()
-    reg.create_job(JOB, {"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None})
+    reg.create_job(Job.from_doc({"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None}))
     started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1},
                                  Version(0, "w0"), Epoch(1, 4))
     assert started
@@ -408,7 +408,7 @@ def test_commit_version_advances_the_head(registry):
     ok = registry.commit_version(change)
     # Assert
     assert ok is True
-    assert registry.get_job(JOB)["version"] == 1
+    assert registry.get_job(JOB).version == 1
     assert registry.get_version(JOB, 1) == Version(1, "w1", parent=0)
     assert registry.get_epoch(JOB, 1).applied == (1, 2)
 
@@ -453,7 +453,7 @@ def test_commit_version_refuses_reapplying_a_task(registry):
     assert fresh is True
     assert registry.get_epoch(JOB, 1).applied == (1, 2)
     assert registry.get_epoch(JOB, 1).failed == (3,)
-    assert registry.get_job(JOB)["version"] == 2
+    assert registry.get_job(JOB).version == 2
 
 
 def test_commit_version_opens_next_epoch(registry):

@@ -37,7 +37,7 @@ def running(tmp_path: Path) -> tuple[Any, str]:
     train_pending(svc, round_size(svc, job_id))
     aggregator.aggregate_job(svc, job_id)
     job = svc.registry.get_job(job_id)
-    assert (job["status"], job["version"]) == (jobs.RUNNING, 1) and len(svc.queue) == 2
+    assert (job.status, job.version) == (jobs.RUNNING, 1) and len(svc.queue) == 2
     return svc, job_id
 
 
@@ -56,10 +56,10 @@ def test_cancel_ends_a_running_job_saying_who_when_and_why(running):
     assert (outcome.previous_status, outcome.status, outcome.version) == ("RUNNING",
                                                                            "CANCELLED", 1)
     assert f"job {job_id} cancelled" in outcome.message and "v1" in outcome.message
-    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
-    assert jobs.is_terminal(job) and job["finished_at"] == job["cancelled_at"]
-    assert (job["cancelled_by"], job["cancel_reason"]) == (BY, "wrong file")
-    assert job["error"].startswith(f"cancelled by {BY} at 20") and job["error"].endswith(
+    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
+    assert jobs.is_terminal(job) and job.finished_at == job.cancelled_at
+    assert (job.cancelled_by, job.cancel_reason) == (BY, "wrong file")
+    assert job.error.startswith(f"cancelled by {BY} at 20") and job.error.endswith(
         " UTC: wrong file")
     status = jobs.status_object(job)
     assert (status["status"], status["version"], status["cancelled_by"]) == ("CANCELLED", 1, BY)
@@ -104,7 +104,7 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     learner, bucket = Learner(svc, "w1"), svc.settings.deltas_bucket
     early = learner.train(first, svc.registry.get_job(job_id))["delta_path"]
     assert aggregator.handle_delta_event(svc, bucket, early) == (Outcome.ACCEPTED, job_id)
-    assert svc.registry.get_job(job_id)["version"] == 1  # the round is not complete yet
+    assert svc.registry.get_job(job_id).version == 1  # the round is not complete yet
     in_flight = svc.registry.get_job(job_id)
     cancel_job(svc, job_id, BY)
     published = len(svc.queue.published)
@@ -114,7 +114,7 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome == (Outcome.ACCEPTED, job_id)
-    assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
+    assert (job.status, job.version) == (jobs.CANCELLED, 1)
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
     assert len(svc.queue.published) == published
@@ -139,8 +139,8 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
     aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job["status"], job["version"]) == (jobs.CANCELLED, 1)
-    assert job["head"]["version"] == 1
+    assert (job.status, job.version) == (jobs.CANCELLED, 1)
+    assert job.head.version == 1
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
     assert len(svc.queue.published) == published  # no next round
@@ -171,10 +171,10 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     job = svc.registry.get_job(job_id)
     models = svc.settings.models_bucket
     assert exporting, "the export never ran"
-    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
-    assert job.get("model_path") is None
+    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
+    assert job.model_path is None
     assert svc.store.stat(models, layout.model_path(job_id)) is None
-    assert svc.store.stat(models, layout.model_path(job_id, job["version"])) is None
+    assert svc.store.stat(models, layout.model_path(job_id, job.version)) is None
 
 
 def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path,
@@ -196,9 +196,9 @@ def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tm
     run_rounds(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job["status"], job["phase"]) == (jobs.CANCELLED, "cancelled")
-    assert job.get("model_path") is None
-    assert model_bytes(svc, job_id, None)[1] == job["version"]
+    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
+    assert job.model_path is None
+    assert model_bytes(svc, job_id, None)[1] == job.version
 
 
 def test_the_last_version_of_a_cancelled_job_stays_downloadable(running, tmp_path):
@@ -230,7 +230,7 @@ def test_cancel_of_a_job_that_has_ended_is_refused_clearly(tmp_path):
     svc, job_id = start_job(tmp_path, epochs=1)
     run_rounds(svc, job_id)
     done = svc.registry.get_job(job_id)
-    assert done["status"] == jobs.DONE
+    assert done.status == jobs.DONE
     # Execute
     outcome = cancel_job(svc, job_id, BY)
     # Assert
@@ -294,8 +294,8 @@ def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (outcome, again) == (Outcome.CANCELLED, Outcome.DUPLICATE)
-    assert (job["status"], job["phase"], job["version"]) == (jobs.CANCELLED, "cancelled", None)
-    assert job["cancel_reason"] == "during the split"
+    assert (job.status, job.phase, job.version) == (jobs.CANCELLED, "cancelled", None)
+    assert job.cancel_reason == "during the split"
     assert svc.queue.published == []
     assert svc.registry.list_versions(job_id) == []
     assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []
@@ -317,8 +317,8 @@ def test_a_problem_found_after_a_cancel_does_not_overwrite_it(monkeypatch):
     _, job_id = handle_upload(svc, event)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job["status"], job["cancel_reason"]) == (jobs.CANCELLED, "during the split")
-    assert job.get("error_detail") is None
+    assert (job.status, job.cancel_reason) == (jobs.CANCELLED, "during the split")
+    assert job.error_detail is None
 
 
 def test_the_autoscaler_counts_no_task_of_a_cancelled_job(running):
@@ -343,4 +343,4 @@ def test_wait_terminal_returns_on_cancelled(running):
     # Execute
     job = jobs.wait_terminal(svc.registry, job_id, timeout=5, poll=0.01)
     # Assert
-    assert job["status"] == jobs.CANCELLED and time.monotonic() - started < 1
+    assert job.status == jobs.CANCELLED and time.monotonic() - started < 1

@@ -38,8 +38,8 @@ def test_cancel_says_what_it_did_and_exits_0(job, capsys):
     assert f"job {job_id} cancelled (it was RUNNING, training)" in out
     assert f"its last version, v1, stays downloadable: bucketlearn download {job_id}" in out
     stored = svc.registry.get_job(job_id)
-    assert stored["status"] == jobs.CANCELLED and stored["cancel_reason"] == "wrong file"
-    assert stored["cancelled_by"] == "alice@laptop (bucketlearn cancel)"
+    assert stored.status == jobs.CANCELLED and stored.cancel_reason == "wrong file"
+    assert stored.cancelled_by == "alice@laptop (bucketlearn cancel)"
 
 
 def test_cancel_json_and_a_second_cancel(job, capsys):
@@ -69,7 +69,7 @@ def test_cancel_of_a_finished_job_exits_6_saying_it_is_done(tmp_path, monkeypatc
     assert captured.err.startswith(f"job {job_id} is already DONE; only a job that has not "
                                    "ended can be cancelled")
     assert captured.out == ""
-    assert svc.registry.get_job(job_id)["status"] == jobs.DONE
+    assert svc.registry.get_job(job_id).status == jobs.DONE
 
 
 def test_cancel_of_an_unknown_job_exits_1(job, capsys):

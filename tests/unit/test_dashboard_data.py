@@ -11,7 +11,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
@@ -20,7 +20,8 @@ from bucketlearn.services import dashboard_data as dd
 T0 = 1_700_000_000.0
 
 
-def job_doc(job_id: str = "digits-0123456789ab", **fields):
+def a_job(job_id: str = "digits-0123456789ab", **fields) -> Job:
+    """A running job as the registry reads it back, with ``fields`` (document keys) changed."""
     doc = {
         "job_id": job_id, "status": "RUNNING", "phase": "training",
         "source": {"bucket": "up", "name": "digits.csv", "generation": 7, "size": 100},
@@ -30,12 +31,12 @@ def job_doc(job_id: str = "digits-0123456789ab", **fields):
         "options": {"epochs": 5, "batch_size": 32, "seed": 0},
         "dataset": {"rows": 1000, "train_rows": 800, "holdout_rows": 200, "features": 64,
                     "label_column": "label", "classes": ["0", "1", "2"], "shards": 4},
-        "head": {"version": 3, "holdout_accuracy": 0.875, "holdout_loss": 0.41,
-                 "train_loss": 0.52},
+        "head": {"version": 3, "weights_path": "digits/w3", "checksum": "c3",
+                 "holdout_accuracy": 0.875, "holdout_loss": 0.41, "train_loss": 0.52},
         "error": None,
     }
     doc.update(fields)
-    return doc
+    return Job.from_doc(doc)
 
 
 def version(n: int, at: float, samples: int = 0, tasks: int = 0, acc=None, loss=None,
@@ -78,9 +79,9 @@ def test_format_percent_and_number():
 
 
 def test_source_file_falls_back_to_the_source_map():
-    assert dd.source_file(job_doc()) == "gs://up/digits.csv"
-    assert dd.source_file(job_doc(file=None)) == "gs://up/digits.csv"
-    assert dd.source_file({"job_id": "x"}) == ""
+    assert dd.source_file(a_job()) == "gs://up/digits.csv"
+    assert dd.source_file(a_job(file=None)) == "gs://up/digits.csv"
+    assert dd.source_file(Job("x")) == ""
 
 
 # --- rates and ETA -------------------------------------------------------------------------------
@@ -108,29 +109,29 @@ def test_current_rate_counts_failed_tasks_and_is_zero_without_versions():
 
 def test_eta_extrapolates_the_recent_task_rate():
     # 6 tasks in 30 s -> 12 tasks/min; 14 remaining -> 70 s.
-    assert dd.eta_seconds(job_doc(), VERSIONS, now=T0 + 30) == pytest.approx(70.0)
+    assert dd.eta_seconds(a_job(), VERSIONS, now=T0 + 30) == pytest.approx(70.0)
 
 
 def test_eta_is_unknown_when_stalled_or_not_split_and_none_for_terminal_jobs():
-    assert dd.eta_seconds(job_doc(), VERSIONS, now=T0 + 1000) is None  # nothing in 2 minutes
-    assert dd.eta_seconds(job_doc(tasks_planned=None), VERSIONS, T0 + 30) is None
-    assert dd.eta_seconds(job_doc(status="DONE"), VERSIONS, T0 + 30) is None
-    assert dd.eta_seconds(job_doc(tasks_applied=19, tasks_failed=1), VERSIONS, T0 + 30) == 0.0
+    assert dd.eta_seconds(a_job(), VERSIONS, now=T0 + 1000) is None  # nothing in 2 minutes
+    assert dd.eta_seconds(a_job(tasks_planned=None), VERSIONS, T0 + 30) is None
+    assert dd.eta_seconds(a_job(status="DONE"), VERSIONS, T0 + 30) is None
+    assert dd.eta_seconds(a_job(tasks_applied=19, tasks_failed=1), VERSIONS, T0 + 30) == 0.0
 
 
 def test_progress():
-    assert dd.progress(job_doc()) == pytest.approx(0.3)
-    assert dd.progress(job_doc(tasks_planned=0)) is None
-    assert dd.progress(job_doc(tasks_applied=25)) == 1.0
+    assert dd.progress(a_job()) == pytest.approx(0.3)
+    assert dd.progress(a_job(tasks_planned=0)) is None
+    assert dd.progress(a_job(tasks_applied=25)) == 1.0
 
 
 # --- overview ------------------------------------------------------------------------------------
 
 def test_overview_rows_show_every_job_newest_first():
-    running = job_doc("run-000000000001", created_at=T0)
-    done = job_doc("done-000000000002", status="DONE", phase="done", created_at=T0 + 5,
+    running = a_job("run-000000000001", created_at=T0)
+    done = a_job("done-000000000002", status="DONE", phase="done", created_at=T0 + 5,
                    tasks_applied=20)
-    rejected = job_doc("bad-000000000003", status="REJECTED", phase="rejected",
+    rejected = a_job("bad-000000000003", status="REJECTED", phase="rejected",
                        created_at=T0 + 9, version=None, head=None, tasks_planned=None,
                        dataset=None, error="gs://up/bad.csv, row 3, column 'x': not a number")
     rows = dd.overview_rows([running, done, rejected], {"run-000000000001": VERSIONS}, T0 + 30)
@@ -150,33 +151,33 @@ def test_overview_rows_show_every_job_newest_first():
 
 
 def test_reason_is_only_shown_for_jobs_that_ended_badly():
-    assert dd.reason(job_doc(error="leftover")) == ""
-    assert dd.reason(job_doc(status="FAILED", error="3 task(s) failed")) == "3 task(s) failed"
+    assert dd.reason(a_job(error="leftover")) == ""
+    assert dd.reason(a_job(status="FAILED", error="3 task(s) failed")) == "3 task(s) failed"
 
 
 def test_rejection_details_lists_the_known_fields_in_order():
-    job = job_doc(status="REJECTED", error_detail={"file": "gs://up/x.csv", "row": 3,
+    job = a_job(status="REJECTED", error_detail={"file": "gs://up/x.csv", "row": 3,
                                                    "column": "a", "message": "bad",
                                                    "expected": "a number", "found": "'x'"})
     assert [d["field"] for d in dd.rejection_details(job)] == [
         "file", "row", "column", "message", "expected", "found"]
-    assert dd.rejection_details(job_doc()) == []
+    assert dd.rejection_details(a_job()) == []
 
 
 def test_overview_bundle_reads_versions_of_training_jobs_only():
     svc = memory_services()
     reg = svc.registry
-    reg.create_job("a-000000000001", job_doc("a-000000000001"))
-    reg.create_job("b-000000000002", job_doc("b-000000000002", status="DONE", phase="done"))
+    reg.create_job(a_job("a-000000000001"))
+    reg.create_job(a_job("b-000000000002", status="DONE", phase="done"))
     bundle = dd.overview_bundle(reg)
-    assert {j["job_id"] for j in bundle["jobs"]} == {"a-000000000001", "b-000000000002"}
+    assert {j.job_id for j in bundle["jobs"]} == {"a-000000000001", "b-000000000002"}
     assert list(bundle["versions"]) == ["a-000000000001"]
 
 
 # --- one job -------------------------------------------------------------------------------------
 
 def test_job_summary_has_the_headline_numbers():
-    summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
+    summary = dd.job_summary(a_job(), VERSIONS, T0 + 30)
     assert summary["version"] == 3 and summary["epoch"] == 2 and summary["epochs"] == 5
     assert summary["accuracy"] == 0.875 and summary["loss"] == 0.41
     assert summary["train_loss"] == 0.52
@@ -184,26 +185,26 @@ def test_job_summary_has_the_headline_numbers():
 
 
 def test_headline_metrics_and_progress_text():
-    summary = dd.job_summary(job_doc(), VERSIONS, T0 + 30)
+    summary = dd.job_summary(a_job(), VERSIONS, T0 + 30)
     assert dict(dd.headline_metrics(summary)) == {
         "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
         "Holdout accuracy": "87.5%", "Holdout macro-F1": "—", "Holdout loss": "0.4100",
         "Train loss": "0.5200"}
     assert dd.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
-    queued = dd.job_summary(job_doc(status="QUEUED", phase="splitting", version=None, head=None,
+    queued = dd.job_summary(a_job(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
     assert dict(dd.headline_metrics(queued))["Version"] == "—"
     assert dict(dd.headline_metrics(queued))["Holdout accuracy"] == "—"
-    done = dd.job_summary(job_doc(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
+    done = dd.job_summary(a_job(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
     assert dd.progress_text(done) == "20 of 20 tasks applied · finished"
 
 
 def test_job_bundle_reads_everything_or_none():
     svc = memory_services()
     assert dd.job_bundle(svc.registry, "nope-000000000000") is None
-    svc.registry.create_job("a-000000000001", job_doc("a-000000000001", epoch=0))
+    svc.registry.create_job(a_job("a-000000000001", epoch=0))
     bundle = dd.job_bundle(svc.registry, "a-000000000001")
-    assert bundle["job"]["job_id"] == "a-000000000001"
+    assert bundle["job"].job_id == "a-000000000001"
     assert bundle["versions"] == [] and bundle["tasks"] == [] and bundle["epoch"] is None
 
 
@@ -297,9 +298,9 @@ TASKS = [TaskRecord.from_doc(doc) for doc in [
 
 
 def test_task_state_counts_queued_is_planned_minus_known():
-    counts = dd.task_state_counts(job_doc(tasks_planned=20), TASKS)
+    counts = dd.task_state_counts(a_job(tasks_planned=20), TASKS)
     assert counts == {"queued": 15, "running": 1, "retrying": 1, "done": 2, "failed": 1}
-    assert dd.task_state_counts(job_doc(tasks_planned=None), [])["queued"] == 0
+    assert dd.task_state_counts(a_job(tasks_planned=None), [])["queued"] == 0
 
 
 def test_task_frame_has_timings_newest_first():
@@ -325,7 +326,7 @@ def test_timing_summary_over_trained_tasks():
 # --- options, dataset ----------------------------------------------------------------------------
 
 def test_option_rows_cover_every_option_and_mark_changes():
-    rows = {r["option"]: r for r in dd.option_rows(job_doc())}
+    rows = {r["option"]: r for r in dd.option_rows(a_job())}
     assert tuple(rows) == OPTION_NAMES
     assert rows["epochs"]["value"] == "5" and rows["epochs"]["changed"] == "yes"
     assert rows["batch_size"]["changed"] == ""
@@ -333,12 +334,12 @@ def test_option_rows_cover_every_option_and_mark_changes():
 
 
 def test_dataset_facts():
-    facts = dd.dataset_facts(job_doc())
+    facts = dd.dataset_facts(a_job())
     assert facts["rows"] == 1000 and facts["columns"] == 65 and facts["feature columns"] == 64
     assert facts["classes"] == 3 and facts["class names"] == "0, 1, 2"
     assert facts["shards"] == 4 and facts["tasks per epoch"] == 4
-    assert dd.dataset_facts(job_doc(dataset=None)) == {}
-    many = dd.dataset_facts(job_doc(dataset={"classes": [str(i) for i in range(30)]}))
+    assert dd.dataset_facts(a_job(dataset=None)) == {}
+    many = dd.dataset_facts(a_job(dataset={"classes": [str(i) for i in range(30)]}))
     assert many["class names"].endswith("…")
 
 
@@ -361,14 +362,14 @@ def test_model_files_lists_latest_first_and_ignores_other_objects():
 
 
 def test_download_note_says_which_versions_cannot_be_downloaded():
-    job = job_doc("a-000000000001", status="DONE", version=3)
+    job = a_job("a-000000000001", status="DONE", version=3)
     latest = dd.ModelFile("models/a-000000000001/latest.keras", None, 1)
     v3 = dd.ModelFile("models/a-000000000001/v000003.keras", 3, 1)
     note = dd.download_note(job, VERSIONS, [latest, v3])
     assert "v0–v2" in note and "latest" in note
     assert dd.download_note(job, VERSIONS[3:], [latest, v3]) == ""
-    assert "No model exported yet" in dd.download_note(job_doc(), VERSIONS, [])
-    assert "without a model" in dd.download_note(job_doc(status="REJECTED"), [], [])
+    assert "No model exported yet" in dd.download_note(a_job(), VERSIONS, [])
+    assert "without a model" in dd.download_note(a_job(status="REJECTED"), [], [])
 
 
 # --- cancel (issue #14, item 11) ------------------------------------------------------------------
@@ -378,7 +379,7 @@ CANCELLED = {"status": "CANCELLED", "phase": "cancelled",
 
 
 def test_a_cancelled_job_shows_who_cancelled_it_and_no_eta():
-    job = job_doc("c-000000000001", **CANCELLED)
+    job = a_job("c-000000000001", **CANCELLED)
     row = dd.overview_rows([job], {}, T0 + 30)[0]
     assert row["status"] == "CANCELLED" and row["eta"] == ""
     assert row["reason"] == CANCELLED["error"] == dd.reason(job)
@@ -388,9 +389,9 @@ def test_a_cancelled_job_shows_who_cancelled_it_and_no_eta():
 
 
 def test_download_note_of_a_cancelled_job_offers_its_last_version():
-    note = dd.download_note(job_doc("c-000000000001", **CANCELLED), VERSIONS, [])
+    note = dd.download_note(a_job("c-000000000001", **CANCELLED), VERSIONS, [])
     assert "cancelled at v3" in note and "bucketlearn download c-000000000001" in note
-    early = job_doc("c-000000000001", **CANCELLED, version=None)
+    early = a_job("c-000000000001", **CANCELLED, version=None)
     assert "cancelled before its first version" in dd.download_note(early, [], [])
 
 
@@ -406,8 +407,8 @@ def test_canceller_is_the_iap_user_when_there_is_one(headers, who):
 
 
 def test_cancel_prompt_says_what_stays():
-    assert "its last version, v3, stays downloadable" in dd.cancel_prompt(job_doc())
-    queued = dd.cancel_prompt(job_doc(status="QUEUED", phase="splitting", version=None))
+    assert "its last version, v3, stays downloadable" in dd.cancel_prompt(a_job())
+    queued = dd.cancel_prompt(a_job(status="QUEUED", phase="splitting", version=None))
     assert "no model version yet" in queued
 
 
@@ -513,7 +514,7 @@ def test_the_job_summary_warns_and_shows_roc_auc_for_a_binary_head():
     head = {"version": 3, "holdout_accuracy": 0.9, "holdout_loss": 0.3, "train_loss": 0.3,
             "holdout_macro_f1": 0.47, "holdout_majority_accuracy": 0.9, "holdout_roc_auc": 0.61,
             "holdout_report": {"majority_class": 1}}
-    job = job_doc(head=head, dataset={"classes": ["no", "yes"]})
+    job = a_job(head=head, dataset={"classes": ["no", "yes"]})
     # Execute
     summary = dd.job_summary(job, VERSIONS, T0 + 30)
     # Assert

@@ -59,11 +59,11 @@ def test_document_over_1_mib_fails_the_job_and_acks_the_event(caplog):
     # Assert
     job = svc.registry.get_job(job_id)
     assert answer == "failed"
-    assert job["status"] == jobs.FAILED and jobs.is_terminal(job)
-    assert job["error"].startswith(f"gs://{svc.settings.uploads_bucket}/many-classes.csv: a "
+    assert job.status == jobs.FAILED and jobs.is_terminal(job)
+    assert job.error.startswith(f"gs://{svc.settings.uploads_bucket}/many-classes.csv: a "
                                    "backend refused to store the job's state")
-    assert f"expected a document of at most {FIRESTORE_MAX_DOCUMENT_BYTES} bytes" in job["error"]
-    assert len(job["error"]) <= 2000
+    assert f"expected a document of at most {FIRESTORE_MAX_DOCUMENT_BYTES} bytes" in job.error
+    assert len(job.error) <= 2000
     assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []
     assert svc.queue.published == []
     assert any("failed" in r.getMessage() for r in caplog.records)
@@ -76,7 +76,7 @@ class RefusingRegistry(MemoryRegistry):
         super().__init__()
         self.error = error
 
-    def create_job(self, job_id: str, doc: Any) -> bool:
+    def create_job(self, job: Any) -> bool:
         raise self.error
 
 

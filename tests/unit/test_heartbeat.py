@@ -66,7 +66,7 @@ def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.Mo
     reporter, "stopped" at the end; before, every task wrote "busy" and "idle"."""
     # Prepare
     svc, job_id = start_job(tmp_path, parallel_tasks=5)  # one round of every task, published
-    planned = int(svc.registry.get_job(job_id)["tasks_per_epoch"])
+    planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     writes: list[str] = []
     real = svc.registry.heartbeat
     monkeypatch.setattr(svc.registry, "heartbeat",

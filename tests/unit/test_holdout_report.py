@@ -14,6 +14,7 @@ import pytest
 from bucketlearn import codec
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
 from bucketlearn.entrypoints import cli
@@ -157,13 +158,13 @@ def test_balanced_training_is_the_same_in_the_pipeline_and_in_train_local(imbala
     plain = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=2, rows_per_shard=64,
                                                               parallel_tasks=1))
     # Assert
-    head = run["job"]["head"]
-    assert run["job"]["status"] == jobs.DONE and run["job"]["options"]["class_weight"] == "balanced"
+    head = run["job"].head
+    assert run["job"].status == jobs.DONE and run["job"].options["class_weight"] == "balanced"
     assert _final_weights(run) == [np.asarray(w).tobytes() for w in serial.weights]
     assert _final_weights(plain) != _final_weights(run)
-    assert head["holdout_accuracy"] == serial.accuracy
-    assert head["holdout_macro_f1"] == serial.report["macro_f1"]
-    assert confusion_rows(head["holdout_report"]) == serial.report["confusion"]
+    assert head.holdout_accuracy == serial.accuracy
+    assert head.holdout_macro_f1 == serial.report["macro_f1"]
+    assert confusion_rows(head.holdout_report) == serial.report["confusion"]
     assert serial.manifest.train_counts == [272, 48]  # 80 % of each class trains
 
 
@@ -176,13 +177,13 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
                                                             parallel_tasks=2))
     # Assert
     job, versions = run["job"], run["versions"]
-    head = job["head"]
-    rows = confusion_rows(head["holdout_report"])
-    assert job["status"] == jobs.DONE
-    assert sum(map(sum, rows)) == job["final_holdout_rows"] == 80
-    assert head["holdout_accuracy"] == (rows[0][0] + rows[1][1]) / 80
-    assert head["holdout_majority_accuracy"] == 68 / 80
-    assert 0.0 <= head["holdout_roc_auc"] <= 1.0
+    head = job.head
+    rows = confusion_rows(head.holdout_report)
+    assert job.status == jobs.DONE
+    assert sum(map(sum, rows)) == job.final_holdout_rows == 80
+    assert head.holdout_accuracy == (rows[0][0] + rows[1][1]) / 80
+    assert head.holdout_majority_accuracy == 68 / 80
+    assert 0.0 <= head.holdout_roc_auc <= 1.0
     evaluated = [v for v in versions if v.figure("holdout_accuracy") is not None]
     assert len(evaluated) == len(versions) - 1  # all but version 0
     for v in evaluated:
@@ -255,10 +256,10 @@ def test_status_prints_a_one_line_warning(hopeless_job, capsys):
 def test_status_of_a_head_evaluated_before_the_figures_existed():
     """A job document written before these figures: None and empty, no warning, no error."""
     # Prepare
-    job = {"job_id": "old-000000000000", "status": "DONE", "version": 4,
-           "dataset": {"classes": ["a", "b"]},
-           "head": {"version": 4, "weights_path": "w", "holdout_accuracy": 0.5,
-                    "holdout_loss": 0.7}}
+    job = Job.from_doc({"job_id": "old-000000000000", "status": "DONE", "version": 4,
+                        "dataset": {"classes": ["a", "b"]},
+                        "head": {"version": 4, "weights_path": "w", "holdout_accuracy": 0.5,
+                                 "holdout_loss": 0.7}})
     # Execute
     status = jobs.status_object(job)
     # Assert

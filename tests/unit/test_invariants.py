@@ -23,6 +23,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.job import Head, Job
 from bucketlearn.ingest import split as ingest
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
@@ -54,7 +55,7 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     orphans = weight_objects(svc, job_id) - before
     assert len(orphans) == 1
     job = svc.registry.get_job(job_id)
-    assert job["version"] == 0 and job["head"]["weights_path"] in before
+    assert job.version == 0 and job.head.weights_path in before
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
     # Execute: the lease expires, the event is retried
     monkeypatch.setattr(svc.registry, "commit_version", real_commit)
@@ -64,10 +65,10 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     # Assert: everything applied exactly once, versions dense, head never points at the orphan
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    assert job["status"] == "DONE"
-    assert [v.version for v in versions] == list(range(job["version"] + 1))
+    assert job.status == "DONE"
+    assert [v.version for v in versions] == list(range(job.version + 1))
     applied = [t for v in versions for t in v.tasks_applied]
-    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
     assert all(v.weights_path not in orphans for v in versions)
 
 
@@ -85,8 +86,8 @@ def test_rerun_after_commit_changes_nothing(tmp_path: Path,
     aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["version"] == after_first["version"] == 1
-    assert job["tasks_applied"] == 2
+    assert job.version == after_first.version == 1
+    assert job.tasks_applied == 2
     assert len(svc.registry.list_versions(job_id)) == 2
 
 
@@ -100,7 +101,7 @@ def test_aggregator_refuses_to_fold_when_the_lease_is_held(tmp_path: Path) -> No
     outcome = aggregator.aggregate_job(svc, job_id)
     # Assert
     assert outcome.value == "busy"
-    assert svc.registry.get_job(job_id)["version"] == 0
+    assert svc.registry.get_job(job_id).version == 0
 
 
 class CountingStream(io.BytesIO):
@@ -248,10 +249,10 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     svc.store.write_bytes(svc.settings.models_bucket, weights_path,
                           codec.encode_state(trained.weights, trained.optimizer),
                           "application/octet-stream")
-    job = {"job_id": job_id, "status": jobs.RUNNING, "phase": jobs.EXPORTING, "version": 1,
-           "model": spec.to_dict(), "options": JobOptions(learning_rate=0.01).to_dict(),
-           "head": {"version": 1, "weights_path": weights_path}}
-    assert svc.registry.create_job(job_id, job)
+    job = Job(job_id, status=jobs.RUNNING, phase=jobs.EXPORTING, version=1,
+              model=spec.to_dict(), options=JobOptions(learning_rate=0.01).to_dict(),
+              head=Head(1, weights_path, ""))
+    assert svc.registry.create_job(job)
     runtime = job_runtime(svc, job)
     runtime.model.predict_on_batch(first["x"][:1024])  # trace the prediction function now
     return svc, job
@@ -301,10 +302,10 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     small = traced_peak(lambda: aggregator.export_final(small_svc, small_job))
     large = traced_peak(lambda: aggregator.export_final(large_svc, large_job))
     # Assert
-    done = large_svc.registry.get_job(large_job["job_id"])
-    assert done["status"] == jobs.DONE, done.get("error")
-    assert done["final_holdout_rows"] == 64 * ROWS_PER_PART
-    assert done["head"]["holdout_accuracy"] > 0.9
+    done = large_svc.registry.get_job(large_job.job_id)
+    assert done.status == jobs.DONE, done.error
+    assert done.final_holdout_rows == 64 * ROWS_PER_PART
+    assert done.head.holdout_accuracy > 0.9
     assert large <= 1.3 * small, (small, large)
 
 

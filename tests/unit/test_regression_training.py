@@ -43,7 +43,7 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
     svc, job, last = run["svc"], run["job"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
                                                             last.weights_path))
-    assert job["status"] == "DONE" and last.version >= 4
+    assert job.status == "DONE" and last.version >= 4
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
     assert serial.accuracy is None and last.figure("holdout_accuracy") is None
     assert last.figure("holdout_rmse") == serial.report["rmse"]
@@ -57,7 +57,7 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
     assert status["rmse"] == serial.report["rmse"] and status["r2"] == serial.report["r2"]
     assert status["accuracy"] is None and status["warning"] is None and status["classes"] == []
     # the exported file predicts numbers, in the target's units
-    data, _ = model_bytes(svc, job["job_id"], None)
+    data, _ = model_bytes(svc, job.job_id, None)
     (tmp_path / "model.keras").write_bytes(data)
     sidecar = read_sidecar(str(tmp_path / "model.keras"))
     assert sidecar["task"] == "regression" and sidecar["holdout_rmse"] == serial.report["rmse"]

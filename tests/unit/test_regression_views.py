@@ -3,7 +3,7 @@ dashboard's figures, from documents as the aggregator writes them (no TensorFlow
 
 from __future__ import annotations
 
-from bucketlearn.domain.job import Head, Version
+from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.entrypoints import cli
 from bucketlearn.services import dashboard_data as dd
 from bucketlearn.services import jobs
@@ -22,10 +22,9 @@ VERSION = Version.from_doc({
 
 def regression_job(**fields):
     head = Head(3, "w", "c", holdout_accuracy=None, holdout_loss=56079.4,
-                holdout_rmse=236.81, holdout_mae=193.93, holdout_r2=0.9133).to_doc()
-    return {"job_id": "j1", "status": "DONE", "phase": "done", "version": 3, "epoch": 1,
-            "options": {"epochs": 1}, "dataset": DATASET, "head": head, "tasks_applied": 3,
-            "tasks_planned": 3, **fields}
+                holdout_rmse=236.81, holdout_mae=193.93, holdout_r2=0.9133)
+    return Job("j1", status="DONE", phase="done", version=3, epoch=1, options={"epochs": 1},
+               dataset=DATASET, head=head, tasks_applied=3, tasks_planned=3, **fields)
 
 
 def test_the_status_object_has_the_task_and_rmse_mae_r2():
@@ -39,7 +38,8 @@ def test_the_status_object_has_the_task_and_rmse_mae_r2():
 def test_a_classification_head_stores_no_regression_keys():
     doc = Head(1, "w", "c", holdout_accuracy=0.9, holdout_loss=0.3).to_doc()
     assert "holdout_rmse" not in doc and Head.from_doc(doc).holdout_rmse is None
-    status = jobs.status_object({"job_id": "j", "head": doc, "dataset": {"classes": ["a"]}})
+    status = jobs.status_object(Job.from_doc({"job_id": "j", "head": doc,
+                                              "dataset": {"classes": ["a"]}}))
     assert status["task"] == "classification" and status["rmse"] is None
 
 
@@ -66,7 +66,7 @@ def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     facts = dd.dataset_facts(job)
     assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2
     assert dd.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
-    assert dd.is_regression(job) and not dd.is_regression({"dataset": {"task": "classification"}})
+    assert dd.is_regression(summary) and not dd.is_regression({"task": "classification"})
 
 
 def test_predict_prints_numbers_and_the_figures_against_the_label_column(monkeypatch, capsys):

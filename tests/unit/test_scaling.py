@@ -12,7 +12,7 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Epoch, Version
+from bucketlearn.domain.job import Epoch, Job, Version
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import jobs
@@ -62,8 +62,8 @@ def test_policy_validates_bounds(kwargs: dict[str, int], key: str) -> None:
 def seed_job(registry: MemoryRegistry, job_id: str, planned: int, applied: list[int],
              status: str = "RUNNING", published: bool = True, failed: list[int] | None = None,
              parallel: int = 4, round_index: int = 0) -> None:
-    registry.create_job(job_id, {"job_id": job_id, "status": "QUEUED", "phase": "splitting",
-                                 "claim": "c", "created_at": 1.0})
+    registry.create_job(Job.from_doc({"job_id": job_id, "status": "QUEUED", "phase": "splitting",
+                                 "claim": "c", "created_at": 1.0}))
     plan = TrainingPlan(parallel_tasks=parallel, shards_per_task=1, tasks_per_epoch=planned,
                         epochs=1, serial_steps=100, decided="test")
     registry.start_training(job_id, "c", {

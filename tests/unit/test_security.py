@@ -148,7 +148,7 @@ def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Pa
     # Assert
     assert (outcome, handled) == (Outcome.ACCEPTED, job_id)
     job = svc.registry.get_job(job_id)
-    assert job["version"] == 0 and job["status"] == jobs.QUEUED
+    assert job.version == 0 and job.status == jobs.QUEUED
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
     assert svc.registry.get_epoch(job_id, 1).applied == ()
     requeued = svc.queue.published[published_before:]
@@ -169,8 +169,7 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
     if where == "work-shard-part":
         bucket, name = svc.settings.work_bucket, task.parts[0]
     else:
-        bucket, name = svc.settings.models_bucket, svc.registry.get_job(job_id)["head"][
-            "weights_path"]
+        bucket, name = svc.settings.models_bucket, svc.registry.get_job(job_id).head.weights_path
     svc.store.write_bytes(bucket, name, PAYLOADS[kind](marker), "application/octet-stream")
     learner = Learner(svc, "w-security")
     # Execute
@@ -386,8 +385,8 @@ def test_nasty_object_names_never_reach_a_local_path_or_another_bucket(
     assert job_id is not None and layout.is_job_id(job_id)
     assert outcome is (Outcome.REJECTED if "\n" in name else Outcome.ACCEPTED)
     job = svc.registry.get_job(job_id)
-    assert job["source"]["name"] == name  # kept as data, exactly
-    assert job["file"] == split.display_uri(info.bucket, name)
+    assert job.source["name"] == name  # kept as data, exactly
+    assert job.file == split.display_uri(info.bucket, name)
     for bucket, written in store.written:
         assert bucket in (svc.settings.work_bucket, svc.settings.models_bucket), bucket
         prefix = f"jobs/{job_id}/" if bucket == svc.settings.work_bucket else f"weights/{job_id}/"

@@ -8,6 +8,7 @@ from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -50,13 +51,13 @@ def test_upload_is_accepted_as_one_job(digits_job):
     # Assert
     assert outcome is Outcome.ACCEPTED
     assert job_id == layout.job_id_for(event.bucket, event.name, event.generation)
-    assert [j["job_id"] for j in svc.registry.list_jobs()] == [job_id]
-    assert job["phase"] == jobs.TRAINING and not jobs.is_terminal(job)
-    assert job["options"]["epochs"] == 1
-    assert job["dataset"]["rows"] == 1797 and len(job["dataset"]["classes"]) == 10
-    assert job["version"] == 0 and job["epoch"] == 1 and job["round"] == 0
-    assert job["published"] == jobs.round_key(1, 0)
-    assert job["tasks_planned"] == job["tasks_per_epoch"] == job["plan"]["tasks_per_epoch"]
+    assert [j.job_id for j in svc.registry.list_jobs()] == [job_id]
+    assert job.phase == jobs.TRAINING and not jobs.is_terminal(job)
+    assert job.options["epochs"] == 1
+    assert job.dataset["rows"] == 1797 and len(job.dataset["classes"]) == 10
+    assert job.version == 0 and job.epoch == 1 and job.round == 0
+    assert job.published == jobs.round_key(1, 0)
+    assert job.tasks_planned == job.tasks_per_epoch == job.plan["tasks_per_epoch"]
 
 
 def test_the_first_round_is_published(digits_job):
@@ -68,7 +69,7 @@ def test_the_first_round_is_published(digits_job):
     job = svc.registry.get_job(job_id)
     manifest = Manifest.from_json(
         svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id)))
-    plan = TrainingPlan.from_dict(job["plan"])
+    plan = TrainingPlan.from_dict(job.plan)
     tasks = epoch_tasks(plan, len(manifest.shards), 0, 1)
     # Execute
     messages = [m for m in svc.queue.published if m.job_id == job_id]
@@ -80,7 +81,7 @@ def test_the_first_round_is_published(digits_job):
         assert (m.epoch, m.round, m.base_version) == (1, 0, 0)
         assert list(m.parts) == [p for shard in shards for p in shard.parts]
         assert m.rows == sum(shard.rows for shard in shards)
-        assert m.weights_path == job["head"]["weights_path"]
+        assert m.weights_path == job.head.weights_path
         assert m.span == plan.span(1, 0) and m.span[0] == 0.0 < m.span[1]
     assert svc.registry.get_version(job_id, 0).weights_path.startswith(f"weights/{job_id}/")
 
@@ -150,11 +151,11 @@ def test_bad_csv_is_rejected_and_its_partial_shards_removed():
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
     assert shard_writes, "precondition: some shards were written before the bad row"
     assert outcome is Outcome.REJECTED
-    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job)
-    assert job["error_detail"]["row"] == 149_001
-    assert job["error_detail"]["column"] == "f1"
-    assert "row 149001" in job["error"] and "column 'f1'" in job["error"]
-    assert "expected a finite number" in job["error"] and "found: inf" in job["error"]
+    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.error_detail["row"] == 149_001
+    assert job.error_detail["column"] == "f1"
+    assert "row 149001" in job.error and "column 'f1'" in job.error
+    assert "expected a finite number" in job.error and "found: inf" in job.error
     assert work_objects(svc, job_id) == []
     assert svc.queue.published == []
 
@@ -171,9 +172,9 @@ def test_small_bad_csv_is_rejected_with_row_and_column():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert job["status"] == jobs.REJECTED
-    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (5, "x")
-    assert job["error"].startswith(f"gs://{event.bucket}/bad.csv, row 5, column 'x'")
+    assert job.status == jobs.REJECTED
+    assert (job.error_detail["row"], job.error_detail["column"]) == (5, "x")
+    assert job.error.startswith(f"gs://{event.bucket}/bad.csv, row 5, column 'x'")
     assert work_objects(svc, job_id) == []
     assert svc.queue.published == []
     assert handle_upload(svc, event) == (Outcome.DUPLICATE, job_id)
@@ -190,10 +191,10 @@ def test_invalid_metadata_is_rejected_naming_the_option():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert job["status"] == jobs.REJECTED
-    assert "'epochs'" in job["error"]
-    assert "expected a whole number from 1 to 1000" in job["error"]
-    assert "'-1'" in job["error"]
+    assert job.status == jobs.REJECTED
+    assert "'epochs'" in job.error
+    assert "expected a whole number from 1 to 1000" in job.error
+    assert "'-1'" in job.error
     assert svc.queue.published == []
     assert work_objects(svc, job_id) == []
 
@@ -223,7 +224,7 @@ def test_replaced_object_is_rejected():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert f"expected generation {old.generation}" in job["error"]
+    assert f"expected generation {old.generation}" in job.error
     assert svc.queue.published == []
 
 
@@ -263,11 +264,11 @@ def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
     current = svc.store.stat(event.bucket, event.name)
     assert svc.store.opens == 3
     assert outcome is Outcome.REJECTED
-    assert job["status"] == jobs.REJECTED and jobs.is_terminal(job)
-    assert job["error"].startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
+    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.error.startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
                                    "deleted while it was being read")
-    assert f"expected generation {event.generation} until the split ends" in job["error"]
-    assert f"found: generation {current.generation}" in job["error"]
+    assert f"expected generation {event.generation} until the split ends" in job.error
+    assert f"found: generation {current.generation}" in job.error
     assert work_objects(svc, job_id) == []
     assert svc.queue.published == []
 
@@ -291,8 +292,8 @@ def test_upload_deleted_during_the_split_is_rejected():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert "replaced or deleted while it was being read" in job["error"]
-    assert job["error"].endswith("found: no object")
+    assert "replaced or deleted while it was being read" in job.error
+    assert job.error.endswith("found: no object")
 
 
 def test_memory_store_reads_only_the_pinned_generation():
@@ -327,11 +328,11 @@ def test_label_over_1_mib_is_rejected_with_a_short_reason():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (7, "label")
-    assert "a label is longer than the limit" in job["error"]
-    assert "expected class labels of at most 256 bytes (UTF-8)" in job["error"]
-    assert "found: a label of 1200000 bytes: 'ZZZZ" in job["error"]
-    assert len(job["error"]) < 1000
+    assert (job.error_detail["row"], job.error_detail["column"]) == (7, "label")
+    assert "a label is longer than the limit" in job.error
+    assert "expected class labels of at most 256 bytes (UTF-8)" in job.error
+    assert "found: a label of 1200000 bytes: 'ZZZZ" in job.error
+    assert len(job.error) < 1000
     assert svc.queue.published == []
 
 
@@ -346,10 +347,10 @@ def test_column_name_over_1_mib_is_rejected_with_a_short_reason():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert (job["error_detail"]["row"], job["error_detail"]["column"]) == (0, "#2")
-    assert "expected column names of at most 256 bytes (UTF-8)" in job["error"]
-    assert "found: a name of 1200000 bytes: 'YYYY" in job["error"]
-    assert len(job["error"]) < 1000
+    assert (job.error_detail["row"], job.error_detail["column"]) == (0, "#2")
+    assert "expected column names of at most 256 bytes (UTF-8)" in job.error
+    assert "found: a name of 1200000 bytes: 'YYYY" in job.error
+    assert len(job.error) < 1000
 
 
 def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
@@ -359,15 +360,15 @@ def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
     from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, document_size
 
     registry = memory_services().registry
-    registry.create_job("j-000000000000", {"job_id": "j-000000000000", "status": "QUEUED"})
-    base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000"))
+    registry.create_job(Job.from_doc({"job_id": "j-000000000000", "status": "QUEUED"}))
+    base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000").to_doc())
     fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("blob") - 2)
     # Execute
     registry.update_job("j-000000000000", {"blob": fits})
     with pytest.raises(BackendRejectedError) as excinfo:
         registry.update_job("j-000000000000", {"blob": fits + "y"})
     # Assert
-    assert registry.get_job("j-000000000000")["blob"] == fits
+    assert registry.get_job("j-000000000000").extra["blob"] == fits
     assert "expected a document of at most 1048576 bytes" in str(excinfo.value)
     assert "found 1048577 bytes" in str(excinfo.value)
     assert isinstance(excinfo.value, PermanentError)
@@ -477,10 +478,10 @@ def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(l
     job = svc.registry.get_job(job_id)
     assert len(retried) == 1 and isinstance(retried[0], TransientError), retried
     assert "is being split by another invocation" in str(retried[0])
-    assert outcome is Outcome.ACCEPTED and job["phase"] == jobs.TRAINING
+    assert outcome is Outcome.ACCEPTED and job.phase == jobs.TRAINING
     assert svc.store.opens == 4  # header, the kinds' first block, pass 1, pass 2: one split
     assert svc.store.parts_written > 100
-    assert job["claimed_at"] > started + LEASE  # renewed as the split went on
+    assert job.claimed_at > started + LEASE  # renewed as the split went on
     round_tasks = jobs.current_round_tasks(job)
     assert sorted(m.task_index for m in svc.queue.published) == sorted(round_tasks)
 
@@ -502,7 +503,7 @@ def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_c
             clock.now += 2 * LEASE  # this invocation stalls: its claim looks abandoned
             mine = svc.registry.get_job(job_id)
             assert svc.registry.update_job_if(  # what handle_upload's takeover writes
-                job_id, {"claim": mine["claim"], "phase": jobs.SPLITTING},
+                job_id, {"claim": mine.claim, "phase": jobs.SPLITTING},
                 {"claim": "another-invocation", "claimed_at": clock.now})
             taken["at"] = len(svc.store.names)
 
@@ -518,7 +519,7 @@ def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_c
     assert svc.store.parts_written < 70  # of about 120: it stopped
     assert list(svc.store.list(svc.settings.models_bucket)) == []
     assert svc.queue.published == []
-    assert (job["claim"], job["phase"], job["status"]) == ("another-invocation", jobs.SPLITTING,
+    assert (job.claim, job.phase, job.status) == ("another-invocation", jobs.SPLITTING,
                                                            jobs.QUEUED)
     assert "another invocation took over the split" in str(excinfo.value)
     assert "found claim 'another-invocation' in phase 'splitting'" in str(excinfo.value)
@@ -555,8 +556,8 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
     assert outcome is Outcome.ACCEPTED
     assert "another invocation took over the split" in str(excinfo.value)
     assert "found claim" in str(excinfo.value) and "in phase 'training'" in str(excinfo.value)
-    assert job["phase"] == jobs.TRAINING and job["status"] == jobs.QUEUED
-    assert job["error"] is None and "error_detail" not in job
+    assert job.phase == jobs.TRAINING and job.status == jobs.QUEUED
+    assert job.error is None and job.error_detail is None
     assert [i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")] == other[1]
     assert layout.manifest_path(job_id) in work_objects(svc, job_id)
     assert len(svc.queue.published) == len(jobs.current_round_tasks(job))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryRegistry
+from bucketlearn.domain.job import Job
 from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.target import (
     CLOUD,
@@ -156,13 +157,13 @@ def test_the_watch_tolerates_a_silent_emulator_for_its_grace() -> None:
         watch.check()
 
 
-def job_doc(status: str) -> dict[str, Any]:
-    return {"job_id": "j1", "status": status}
+def a_job(status: str) -> Job:
+    return Job("j1", status=status)
 
 
 def test_wait_ends_when_the_check_says_the_stack_is_gone() -> None:
     registry = MemoryRegistry()
-    registry.create_job("j1", job_doc(jobs.RUNNING))
+    registry.create_job(a_job(jobs.RUNNING))
     calls = []
 
     def check() -> None:
@@ -181,17 +182,17 @@ class FlakyRegistry:
     def __init__(self, failures: int, status: str = jobs.DONE) -> None:
         self.failures, self.status = failures, status
 
-    def get_job(self, job_id: str) -> dict[str, Any]:
+    def get_job(self, job_id: str) -> Job:
         if self.failures:
             self.failures -= 1
             raise TransientError("firestore get job: ServiceUnavailable: connection refused")
-        return job_doc(self.status)
+        return a_job(self.status)
 
 
 def test_wait_rides_out_a_short_registry_outage() -> None:
     job = jobs.wait_terminal(FlakyRegistry(3), "j1", timeout=30, poll=0.01,
                              unreachable_after=10.0)
-    assert job is not None and job["status"] == jobs.DONE
+    assert job is not None and job.status == jobs.DONE
 
 
 def test_wait_gives_up_when_the_registry_stays_unreachable() -> None:

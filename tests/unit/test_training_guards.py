@@ -63,8 +63,8 @@ def test_a_nan_delta_is_refused_and_its_task_trained_again(tmp_path: Path) -> No
     # Assert
     job = svc.registry.get_job(job_id)
     again = svc.queue.published[before:]
-    assert job["version"] == 0 and job["deltas_refused"] == 1
-    assert "not finite" in job["last_refusal"]
+    assert job.version == 0 and job.deltas_refused == 1
+    assert "not finite" in job.last_refusal
     assert svc.store.stat(svc.settings.deltas_bucket, bad) is None
     assert [m.task_index for m in again] == [0] and again[0].base_version == 0
     # Execute: the task is trained again and the job goes on
@@ -72,7 +72,7 @@ def test_a_nan_delta_is_refused_and_its_task_trained_again(tmp_path: Path) -> No
     # Assert
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    assert job["status"] == jobs.DONE
+    assert job.status == jobs.DONE
     assert all(np.isfinite(v.figure("holdout_loss")) for v in versions[1:])
 
 
@@ -83,15 +83,15 @@ def test_an_outlying_delta_is_refused(tmp_path: Path) -> None:
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
     train_round(svc)
     aggregator.aggregate_job(svc, job_id)  # round 0 folded: the job has a delta norm
-    assert svc.registry.get_job(job_id)["version"] == 1
+    assert svc.registry.get_job(job_id).version == 1
     write_bad_result(svc, job_id, "huge")
     train_round(svc)
     # Execute
     aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["version"] == 1 and job["deltas_refused"] == 1
-    assert "the job's recent deltas" in job["last_refusal"]
+    assert job.version == 1 and job.deltas_refused == 1
+    assert "the job's recent deltas" in job.last_refusal
 
 
 def test_a_task_refused_three_times_fails_the_job_with_the_reason(tmp_path: Path) -> None:
@@ -106,9 +106,9 @@ def test_a_task_refused_three_times_fails_the_job_with_the_reason(tmp_path: Path
         aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job["status"] == jobs.FAILED
-    assert "refused 3 times" in job["error"] and "not finite" in job["error"]
-    assert job["error"].startswith("1 task(s) failed for good")
+    assert job.status == jobs.FAILED
+    assert "refused 3 times" in job.error and "not finite" in job.error
+    assert job.error.startswith("1 task(s) failed for good")
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +133,9 @@ def test_a_diverging_job_ends_failed_with_advice_not_done(overlapping_csv: Path)
                             workers=2)
     # Assert
     job, svc = out["job"], out["svc"]
-    assert job["status"] == jobs.FAILED
-    assert "training diverged" in job["error"] and "learning_rate" in job["error"]
-    assert svc.store.stat(svc.settings.models_bucket, layout.model_path(job["job_id"])) is None
+    assert job.status == jobs.FAILED
+    assert "training diverged" in job.error and "learning_rate" in job.error
+    assert svc.store.stat(svc.settings.models_bucket, layout.model_path(job.job_id)) is None
 
 
 def test_the_same_data_at_a_sane_learning_rate_is_done(overlapping_csv: Path) -> None:
@@ -146,5 +146,5 @@ def test_the_same_data_at_a_sane_learning_rate_is_done(overlapping_csv: Path) ->
                             workers=2)
     # Assert
     job = out["job"]
-    assert job["status"] == jobs.DONE and job["head"]["holdout_accuracy"] > 0.6
-    assert not job.get("deltas_refused")
+    assert job.status == jobs.DONE and job.head.holdout_accuracy > 0.6
+    assert not job.deltas_refused

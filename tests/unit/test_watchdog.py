@@ -10,6 +10,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryQueue
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs
@@ -39,7 +40,7 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
     lost = svc.queue.pull(0)  # gone for good
     train(svc, svc.queue.pull(0))
     aggregator.aggregate_job(svc, job_id)
-    assert svc.registry.get_job(job_id)["version"] == 0  # the round waits for the lost task
+    assert svc.registry.get_job(job_id).version == 0  # the round waits for the lost task
     # Execute
     early = tend(svc)
     actions = tend(later(svc, STALL + 1))
@@ -49,9 +50,9 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
     assert [(a["action"], a["tasks"]) for a in actions] == [(REPUBLISH,
                                                              [lost.message.task_index])]
     job = svc.registry.get_job(job_id)
-    assert job["status"] == jobs.DONE and job["tendings"] == 1
+    assert job.status == jobs.DONE and job.tendings == 1
     applied = [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied]
-    assert sorted(applied) == sorted(set(applied)) and len(applied) == job["tasks_planned"]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
 
 
 def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) ->
     assert [a["action"] for a in actions] == [PUBLISH]
     assert nudged == job_id and outcome.value == "accepted"
     assert svc.store.stat(svc.settings.deltas_bucket, nudge) is None
-    assert svc.registry.get_job(job_id)["status"] == jobs.DONE
+    assert svc.registry.get_job(job_id).status == jobs.DONE
 
 
 def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
@@ -92,35 +93,35 @@ def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
     # Assert
     job = svc.registry.get_job(job_id)
     assert (written, again, len(dead)) == (1, 0, 0)
-    assert job["status"] == jobs.FAILED and "dead-lettered" in job["error"]
+    assert job.status == jobs.FAILED and "dead-lettered" in job.error
 
 
 def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
     """A job still SPLITTING longer than events are retried for ends FAILED with a reason."""
     # Prepare
     svc, _ = start_job(tmp_path)
-    svc.registry.create_job("stuck-000000000001", {
+    svc.registry.create_job(Job.from_doc({
         "job_id": "stuck-000000000001", "status": jobs.QUEUED, "phase": jobs.SPLITTING,
-        "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()})
+        "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()}))
     # Execute
     actions = tend(later(svc, svc.settings.max_event_age_seconds + 1))
     # Assert
     stuck = svc.registry.get_job("stuck-000000000001")
-    assert [a["action"] for a in actions if a["job_id"] == stuck["job_id"]] == [FAIL]
-    assert stuck["status"] == jobs.FAILED and "upload the file again" in stuck["error"]
+    assert [a["action"] for a in actions if a["job_id"] == stuck.job_id] == [FAIL]
+    assert stuck.status == jobs.FAILED and "upload the file again" in stuck.error
 
 
 def test_decide_leaves_moving_and_finished_jobs_alone() -> None:
     """Activity within the stall time, or an ended job: nothing to do. A complete round that
     nobody folded, or an export that stopped: nudge the aggregator."""
-    job = {"status": "RUNNING", "phase": "training", "epoch": 1, "round": 0,
-           "published": "e0001r00000"}
+    job = Job("j1", status="RUNNING", phase="training", epoch=1, round=0,
+              published="e0001r00000")
     now = 10_000.0
     assert decide(job, [0, 1], [], [], now - 10, now, STALL, 86400) is None
-    assert decide({**job, "status": "DONE"}, [0, 1], [], [], 0, now, STALL, 86400) is None
+    assert decide(dataclasses.replace(job, status="DONE"), [0, 1], [], [], 0, now, STALL, 86400) is None
     complete = decide(job, [0, 1], [], [0, 1], 0, now, STALL, 86400)
     assert complete is not None and complete.action == AGGREGATE
-    exporting = decide({**job, "phase": "exporting"}, [], [], [], 0, now, STALL, 86400)
+    exporting = decide(dataclasses.replace(job, phase="exporting"), [], [], [], 0, now, STALL, 86400)
     assert exporting is not None and exporting.action == AGGREGATE
     assert decide(job, [0, 1], [0, 1], [], 0, now, STALL, 86400) is None  # folded already
 
