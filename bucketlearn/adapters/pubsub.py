@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry, if_exception_type
 from google.cloud import pubsub_v1
 
 from bucketlearn.config import Settings
@@ -17,6 +18,14 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 60.0
 RPC_TIMEOUT = 30.0
+
+
+def _admin_retry() -> Retry:
+    """Retries of an admin call (create a topic or a subscription) that give up ``RPC_TIMEOUT``
+    after the first attempt; the client's own default keeps retrying an unreachable server for
+    600 s."""
+    return Retry(initial=0.25, maximum=5.0, multiplier=2.0, timeout=RPC_TIMEOUT,
+                 predicate=if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded))
 
 
 def _clients(settings: Settings) -> tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]:
@@ -103,18 +112,32 @@ class PubSubQueue:
         return None
 
     def ensure_topology(self) -> None:
-        """Create the topic and pull subscription if missing (local stack; Terraform in the cloud)."""
+        """Create the topic and pull subscription if missing (local stack; Terraform in the cloud).
+
+        Raises:
+            TransientError: Pub/Sub did not answer within ``RPC_TIMEOUT`` (retries included).
+        """
         try:
-            self.publisher.create_topic(request={"name": self.topic_path}, timeout=RPC_TIMEOUT)
+            self.publisher.create_topic(request={"name": self.topic_path}, timeout=RPC_TIMEOUT,
+                                        retry=_admin_retry())
         except gexc.AlreadyExists:
             pass
+        except gexc.RetryError as exc:
+            raise self._unanswered("create topic", exc) from exc
         try:
             self.subscriber.create_subscription(request={
                 "name": self.subscription_path, "topic": self.topic_path,
                 "ack_deadline_seconds": self.settings.ack_deadline_seconds},
-                timeout=RPC_TIMEOUT)
+                timeout=RPC_TIMEOUT, retry=_admin_retry())
         except gexc.AlreadyExists:
             pass
+        except gexc.RetryError as exc:
+            raise self._unanswered("create subscription", exc) from exc
+
+    def _unanswered(self, what: str, exc: Exception) -> TransientError:
+        where = self.settings.pubsub_emulator_host or "Pub/Sub"
+        return TransientError(f"pubsub {what}: {where} did not answer within {RPC_TIMEOUT:.0f} s "
+                              f"(expected a Pub/Sub server there); last error: {exc}")
 
     def backlog_estimate(self) -> int | None:
         """Unacked messages, where the backend can say cheaply (not on the emulator)."""
