@@ -20,11 +20,11 @@ PUBLISH_TIMEOUT = 60.0
 RPC_TIMEOUT = 30.0
 
 
-def _admin_retry() -> Retry:
-    """Retries of an admin call (create a topic or a subscription) that give up ``RPC_TIMEOUT``
+def _admin_retry(seconds: float) -> Retry:
+    """Retries of an admin call (create a topic or a subscription) that give up ``seconds``
     after the first attempt; the client's own default keeps retrying an unreachable server for
     600 s."""
-    return Retry(initial=0.25, maximum=5.0, multiplier=2.0, timeout=RPC_TIMEOUT,
+    return Retry(initial=0.25, maximum=5.0, multiplier=2.0, timeout=seconds,
                  predicate=if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded))
 
 
@@ -111,32 +111,32 @@ class PubSubQueue:
             return PulledTask(self, received.ack_id, received.message.data, attempt)
         return None
 
-    def ensure_topology(self) -> None:
+    def ensure_topology(self, timeout: float = RPC_TIMEOUT) -> None:
         """Create the topic and pull subscription if missing (local stack; Terraform in the cloud).
 
         Raises:
-            TransientError: Pub/Sub did not answer within ``RPC_TIMEOUT`` (retries included).
+            TransientError: Pub/Sub did not answer within ``timeout`` seconds, retries included.
         """
         try:
-            self.publisher.create_topic(request={"name": self.topic_path}, timeout=RPC_TIMEOUT,
-                                        retry=_admin_retry())
+            self.publisher.create_topic(request={"name": self.topic_path}, timeout=timeout,
+                                        retry=_admin_retry(timeout))
         except gexc.AlreadyExists:
             pass
         except gexc.RetryError as exc:
-            raise self._unanswered("create topic", exc) from exc
+            raise self._unanswered("create topic", exc, timeout) from exc
         try:
             self.subscriber.create_subscription(request={
                 "name": self.subscription_path, "topic": self.topic_path,
                 "ack_deadline_seconds": self.settings.ack_deadline_seconds},
-                timeout=RPC_TIMEOUT, retry=_admin_retry())
+                timeout=timeout, retry=_admin_retry(timeout))
         except gexc.AlreadyExists:
             pass
         except gexc.RetryError as exc:
-            raise self._unanswered("create subscription", exc) from exc
+            raise self._unanswered("create subscription", exc, timeout) from exc
 
-    def _unanswered(self, what: str, exc: Exception) -> TransientError:
+    def _unanswered(self, what: str, exc: Exception, timeout: float) -> TransientError:
         where = self.settings.pubsub_emulator_host or "Pub/Sub"
-        return TransientError(f"pubsub {what}: {where} did not answer within {RPC_TIMEOUT:.0f} s "
+        return TransientError(f"pubsub {what}: {where} did not answer within {timeout:.0f} s "
                               f"(expected a Pub/Sub server there); last error: {exc}")
 
     def backlog_estimate(self) -> int | None:

@@ -301,8 +301,8 @@ class Job:
     round: int = 0
     published: str | None = None
     published_at: float | None = None
-    tasks_per_epoch: int = 0
-    tasks_planned: int = 0
+    tasks_per_epoch: int | None = None  # both set by the split
+    tasks_planned: int | None = None
     tasks_applied: int = 0
     tasks_failed: int = 0
     samples_seen: int = 0
@@ -384,8 +384,8 @@ class Job:
             version=_optional(get("version"), int), epoch=_int(get("epoch")),
             round=_int(get("round")), published=get("published"),
             published_at=_optional(get("published_at"), float),
-            tasks_per_epoch=_int(get("tasks_per_epoch")),
-            tasks_planned=_int(get("tasks_planned")),
+            tasks_per_epoch=_optional(get("tasks_per_epoch"), int),
+            tasks_planned=_optional(get("tasks_planned"), int),
             tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
             plan=get("plan"), dataset=get("dataset"), model=get("model"),

@@ -156,7 +156,7 @@ def current_rate(versions: Iterable[Version], now: float,
 
 
 def remaining_tasks(job: Job) -> int | None:
-    planned = job.tasks_planned
+    planned = job.tasks_planned or 0
     if planned <= 0:
         return None
     return max(0, planned - job.tasks_applied - job.tasks_failed)
@@ -178,7 +178,7 @@ def eta_seconds(job: Job, versions: Iterable[Version], now: float,
 
 def progress(job: Job) -> float | None:
     """tasks_applied / tasks_planned in [0, 1]; None before the job is split."""
-    planned = job.tasks_planned
+    planned = job.tasks_planned or 0
     if planned <= 0:
         return None
     return min(1.0, job.tasks_applied / planned)
@@ -490,7 +490,7 @@ def task_state_counts(job: Job, tasks: Iterable[TaskRecord]) -> dict[str, int]:
         key = _STATE_NAMES.get(task.state)
         if key:
             counts[key] += 1
-    counts["queued"] = max(0, job.tasks_planned - known)
+    counts["queued"] = max(0, (job.tasks_planned or 0) - known)
     return counts
 
 
@@ -558,7 +558,7 @@ def dataset_facts(job: Job) -> dict[str, Any]:
         "classes": len(classes),
         "class names": shown,
         "shards": _int(dataset.get("shards")),
-        "tasks per epoch": job.tasks_per_epoch,
+        "tasks per epoch": job.tasks_per_epoch or 0,
         **target_facts(dataset),
     }
 

@@ -2,7 +2,7 @@
 
 Found when two local stacks picked the same free port: the topic's creation met an HTTP/1 server
 and the client's default retry kept at it for 600 s. A real gRPC client against a real socket;
-only the adapter's deadline is shortened for the test.
+only the call's deadline is shortened for the test.
 """
 
 from __future__ import annotations
@@ -50,16 +50,15 @@ def not_pubsub() -> Iterator[str]:
 
 
 def test_ensure_topology_gives_up_on_a_server_that_is_not_pubsub(
-        not_pubsub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        not_pubsub: str) -> None:
     """create_topic against a non-gRPC server ends in a TransientError naming the address
     within the adapter's deadline, not after the client's default 600 s."""
     # Prepare
-    monkeypatch.setattr(pubsub, "RPC_TIMEOUT", 3.0)
     queue = pubsub.PubSubQueue(Settings(project="p", pubsub_emulator_host=not_pubsub))
     # Execute
     started = time.monotonic()
     with pytest.raises(TransientError) as excinfo:
-        queue.ensure_topology()
+        queue.ensure_topology(timeout=3.0)
     # Assert
     assert f"{not_pubsub} did not answer within 3 s" in str(excinfo.value)
     assert time.monotonic() - started < 30, "gave up only after the client's own retries"
