@@ -198,8 +198,8 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     busy = sum(t.finished_at - t.started_at for t in tasks)
     first_start = min(t.started_at for t in tasks)
     phases = {
-        "upload_and_trigger": float(job.created_at) - t0,
-        "split_and_version0": v0.created_at - float(job.created_at),
+        "upload_and_trigger": job.created_at - t0,
+        "split_and_version0": v0.created_at - job.created_at,
         "publish_to_first_task": first_start - v0.created_at,
         "training_span": last.created_at - first_start,
         "export_and_final_eval": float(job.finished_at) - last.created_at,

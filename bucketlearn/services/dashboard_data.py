@@ -108,7 +108,7 @@ def format_number(value: Any, digits: int = 4) -> str:
 def source_file(job: Job) -> str:
     """The uploaded object, as gs://bucket/name."""
     if job.file:
-        return str(job.file)
+        return job.file
     source = job.source or {}
     if source.get("bucket") and source.get("name"):
         return f"gs://{source['bucket']}/{source['name']}"
@@ -209,7 +209,7 @@ def overview_rows(job_docs: Iterable[Job],
             "phase": str(job.phase or ""),
             "source": source_file(job),
             "created": timestamp(job.created_at),
-            "created_at": _float(job.created_at),
+            "created_at": job.created_at,
             "version": job.version,
             "accuracy": _float(head.get("holdout_accuracy")),
             "r2": _float(head.get("holdout_r2")),  # a numeric target's (no accuracy)
@@ -253,7 +253,7 @@ def job_summary(job: Job, versions: list[Version], now: float
                 ) -> dict[str, Any]:
     """The headline numbers of the job page."""
     status = jobs.status_object(job)
-    options = job.options or {}
+    options = job.options
     return {
         **status,
         "source": source_file(job),
@@ -529,7 +529,7 @@ def timing_summary(tasks: Iterable[TaskRecord]) -> pd.DataFrame:
 
 def option_rows(job: Job) -> list[dict[str, str]]:
     """The job's options (every OPTION_SPECS entry), marking those that differ from the default."""
-    options = job.options or {}
+    options = job.options
     rows = []
     for spec in OPTION_SPECS:
         value = options.get(spec.name, spec.default)
@@ -649,7 +649,7 @@ def download_note(job: Job, versions: Iterable[Version],
         if job.status in (jobs.REJECTED, jobs.FAILED):
             return "This job ended without a model, so there is nothing to download."
         return ("No model exported yet: the final version is exported as "
-                f"{layout.model_path(str(job.job_id))} when training finishes.")
+                f"{layout.model_path(job.job_id)} when training finishes.")
     if not missing:
         return ""
     span = f"v{missing[0]}" if len(missing) == 1 else f"v{missing[0]}–v{missing[-1]}"

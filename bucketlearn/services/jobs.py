@@ -111,7 +111,7 @@ def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
 def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
     """The status a user sees (``bucketlearn status --json``); stable keys, documented in README."""
     dataset = job.dataset or {}
-    options = job.options or {}
+    options = job.options
     head = job.head.to_doc() if job.head is not None else {}
     result: dict[str, Any] = {
         "job_id": job.job_id,
@@ -216,7 +216,7 @@ def round_messages(job: Job, shards: Sequence[Any],
     for task_index in wanted:
         members = [shards[i] for i in tasks[task_index]]
         messages.append(TaskMessage(
-            job_id=str(job.job_id), epoch=epoch, task_index=int(task_index),
+            job_id=job.job_id, epoch=epoch, task_index=int(task_index),
             parts=tuple(part for shard in members for part in shard.parts),
             rows=sum(int(shard.rows) for shard in members), round=round_index,
             base_version=head.version, weights_path=head.weights_path,

@@ -73,7 +73,7 @@ def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
         return f"the job is {job.status}"
     if task.base_version < 0 or not task.weights_path:
         return "the message names no version to train from"
-    if int(job.version or 0) > task.base_version:
+    if (job.version or 0) > task.base_version:
         return f"its round was folded (the job is at v{job.version})"
     return None
 
