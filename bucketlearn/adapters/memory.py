@@ -22,6 +22,7 @@ from bucketlearn.domain.job import (
     Version,
     commit_refusal,
     may_start_training,
+    unknown_fields,
 )
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
@@ -166,6 +167,14 @@ def nested_array(value: Any, inside_array: bool = False) -> bool:
     return False
 
 
+def _check_job_fields(job_id: str, fields: Mapping[str, Any]) -> None:
+    """Refuse a job update naming a field ``Job`` does not have. Stricter than Firestore, which
+    stores any key: the suite's typo check (a misspelt field would be written and never read)."""
+    unknown = unknown_fields(fields)
+    if unknown:
+        raise ValueError(f"jobs/{job_id}: expected fields of domain.job.Job; found {unknown}")
+
+
 def _check_document(path: str, fields: Mapping[str, Any]) -> None:
     """Refuse, as Firestore does (InvalidArgument), a document larger than 1 MiB or with an
     array directly inside an array."""
@@ -212,6 +221,7 @@ class MemoryRegistry:
         with self._lock:
             if job_id not in self.jobs:
                 raise NotFoundError(f"job {job_id}: no such job")
+            _check_job_fields(job_id, fields)
             _check_document(f"jobs/{job_id}", {**self.jobs[job_id], **fields})
             self.jobs[job_id].update(copy.deepcopy(dict(fields)))
 
@@ -221,6 +231,7 @@ class MemoryRegistry:
             job = self.jobs.get(job_id)
             if job is None or any(job.get(k) != v for k, v in expect.items()):
                 return False
+            _check_job_fields(job_id, fields)
             _check_document(f"jobs/{job_id}", {**job, **fields})
             job.update(copy.deepcopy(dict(fields)))
             return True
@@ -239,6 +250,7 @@ class MemoryRegistry:
             version_doc, epoch_doc = version.to_doc(), epoch.to_doc()
             _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
             _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch_doc)
+            _check_job_fields(job_id, job_fields)
             _check_document(f"jobs/{job_id}", {**job, **job_fields})
             self.versions[(job_id, version.version)] = version_doc
             self.epochs[(job_id, epoch.epoch)] = epoch_doc
@@ -264,6 +276,7 @@ class MemoryRegistry:
             if following is not None:
                 _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
                                 following)
+            _check_job_fields(commit.job_id, commit.job_fields)
             _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
             self.versions[(commit.job_id, version)] = version_doc
             self.epochs[(commit.job_id, commit.epoch)] = done

@@ -404,6 +404,13 @@ class Job:
 
 # kept in a stored job document even while None: a new job's document has always said so
 _ALWAYS_STORED = ("version", "published", "error")
+JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"extra"}
+
+
+def unknown_fields(fields: Mapping[str, Any]) -> list[str]:
+    """The keys of a job field update that name no ``Job`` attribute: a typo, or a field that
+    nothing would ever read back."""
+    return sorted(k for k in fields if k not in JOB_FIELDS)
 
 
 @dataclass(frozen=True)

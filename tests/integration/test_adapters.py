@@ -90,9 +90,9 @@ def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     with pytest.raises(BackendRejectedError):
-        registry.update_job(job_id, {"blob": "x" * 1_100_000})
-    assert "blob" not in registry.get_job(job_id).extra
-    registry.update_job(job_id, {"blob": "x" * 1_000_000})  # under the limit: fine
+        registry.update_job(job_id, {"last_tending": "x" * 1_100_000})
+    assert registry.get_job(job_id).last_tending is None
+    registry.update_job(job_id, {"last_tending": "x" * 1_000_000})  # under the limit: fine
 
 
 def test_start_training_requires_the_claim(backend: Any) -> None:
@@ -194,10 +194,10 @@ def test_an_array_inside_an_array_is_refused_for_good(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     with pytest.raises(BackendRejectedError):
-        registry.update_job(job_id, {"matrix": [[1, 2], [3, 4]]})
-    assert "matrix" not in registry.get_job(job_id).extra
-    registry.update_job(job_id, {"matrix": [{"row": [1, 2]}, {"row": [3, 4]}]})
-    assert registry.get_job(job_id).extra["matrix"] == [{"row": [1, 2]}, {"row": [3, 4]}]
+        registry.update_job(job_id, {"health": {"matrix": [[1, 2], [3, 4]]}})
+    assert registry.get_job(job_id).health is None
+    registry.update_job(job_id, {"health": {"matrix": [{"row": [1, 2]}, {"row": [3, 4]}]}})
+    assert registry.get_job(job_id).health == {"matrix": [{"row": [1, 2]}, {"row": [3, 4]}]}
 
 
 def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) -> None:

@@ -353,6 +353,23 @@ def test_column_name_over_1_mib_is_rejected_with_a_short_reason():
     assert len(job.error) < 1000
 
 
+def test_memory_registry_refuses_a_job_field_the_job_record_does_not_have():
+    """A misspelt field in a job update would be written and never read: the in-memory
+    registry (what the service tests run on) refuses it, naming it, and stores nothing."""
+    # Prepare
+    registry = memory_services().registry
+    registry.create_job(Job("j-000000000000", status="QUEUED"))
+    # Execute
+    with pytest.raises(ValueError) as excinfo:
+        registry.update_job("j-000000000000", {"staus": "DONE", "error": "x"})
+    with pytest.raises(ValueError):
+        registry.update_job_if("j-000000000000", {"status": "QUEUED"}, {"tasks_aplied": 1})
+    # Assert
+    assert "expected fields of domain.job.Job; found ['staus']" in str(excinfo.value)
+    job = registry.get_job("j-000000000000")
+    assert (job.status, job.error, job.extra) == ("QUEUED", None, {})
+
+
 def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
     """A job update that makes the document larger than 1 MiB raises BackendRejectedError
     (permanent) and changes nothing; just under the limit is fine."""
@@ -362,13 +379,13 @@ def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
     registry = memory_services().registry
     registry.create_job(Job.from_doc({"job_id": "j-000000000000", "status": "QUEUED"}))
     base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000").to_doc())
-    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("blob") - 2)
+    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("last_tending") - 2)
     # Execute
-    registry.update_job("j-000000000000", {"blob": fits})
+    registry.update_job("j-000000000000", {"last_tending": fits})
     with pytest.raises(BackendRejectedError) as excinfo:
-        registry.update_job("j-000000000000", {"blob": fits + "y"})
+        registry.update_job("j-000000000000", {"last_tending": fits + "y"})
     # Assert
-    assert registry.get_job("j-000000000000").extra["blob"] == fits
+    assert registry.get_job("j-000000000000").last_tending == fits
     assert "expected a document of at most 1048576 bytes" in str(excinfo.value)
     assert "found 1048577 bytes" in str(excinfo.value)
     assert isinstance(excinfo.value, PermanentError)
