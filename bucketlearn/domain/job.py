@@ -351,10 +351,6 @@ class Job:
         """The class names the split found (empty for a regression, or before the split)."""
         return list((self.dataset or {}).get("classes") or [])
 
-    def option(self, name: str, default: Any = None) -> Any:
-        """One upload-time option as the job recorded it."""
-        return self.options.get(name, default)
-
     def updated(self, fields: Mapping[str, Any]) -> Job:
         """This job after the field update ``fields`` (document keys), as a registry stores it."""
         return Job.from_doc({**self.to_doc(), **fields})
@@ -370,7 +366,6 @@ class Job:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Job:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         get = doc.get
         head = get("head")
         return cls(
@@ -399,7 +394,7 @@ class Job:
             cancelled_by=get("cancelled_by"), cancel_reason=get("cancel_reason"),
             model_path=get("model_path"),
             final_holdout_rows=_optional(get("final_holdout_rows"), int),
-            extra={k: v for k, v in doc.items() if k not in known})
+            extra={k: v for k, v in doc.items() if k not in JOB_FIELDS})
 
 
 # kept in a stored job document even while None: a new job's document has always said so

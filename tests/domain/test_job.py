@@ -76,7 +76,7 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
     assert (old.tasks_applied, old.epoch, old.head, old.classes) == (0, 0, None, [])
     moved = job.updated({"version": 4, "status": J.DONE})
     assert (moved.version, moved.is_terminal, job.version) == (4, True, 3)
-    assert job.classes == ["a", "b"] and job.option("epochs") == 4
+    assert job.classes == ["a", "b"] and job.options["epochs"] == 4
 
 
 def test_only_the_split_holding_the_claim_may_start_training() -> None:
