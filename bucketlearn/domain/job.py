@@ -263,9 +263,9 @@ class Version:
                    evaluated_at=_optional(doc.get("evaluated_at"), float))
 
 
-
-def _int(value: Any, default: int = 0) -> int:
-    return int(value) if value is not None else default
+def _int(value: Any) -> int:
+    """A counter as stored; 0 where an older document has none."""
+    return int(value) if value is not None else 0
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -443,7 +443,7 @@ def _watch_health(svc: Services, job: Job, version: int, loss: float,
     """Record the version's loss in the job's health; fail a diverging job (invariant 9)."""
     before = health.Health.from_dict(job.health)
     chance = spec.target_std ** 2 if spec.regression else None
-    after, reason = health.observe(before, version, loss, len(job.dataset["classes"]),
+    after, reason = health.observe(before, version, loss, len(job.classes),
                                    float(job.options["learning_rate"]), chance)
     fields: dict[str, Any] = {"health": after.to_dict()}
     if reason is not None:

@@ -193,7 +193,7 @@ def overview_rows(job_docs: Iterable[Job],
     rows = []
     for job in job_docs:
         job_id = job.job_id
-        head = job.head.to_doc() if job.head is not None else {}
+        head = job.head
         eta = eta_seconds(job, versions_by_job.get(job_id, []), now)
         status = job.status
         if status == jobs.DONE:
@@ -211,8 +211,8 @@ def overview_rows(job_docs: Iterable[Job],
             "created": timestamp(job.created_at),
             "created_at": job.created_at,
             "version": job.version,
-            "accuracy": _float(head.get("holdout_accuracy")),
-            "r2": _float(head.get("holdout_r2")),  # a numeric target's (no accuracy)
+            "accuracy": _float(head.holdout_accuracy) if head else None,
+            "r2": _float(head.holdout_r2) if head else None,  # a numeric target's (no accuracy)
             "progress": progress(job),
             "tasks": (f"{job.tasks_applied}/{job.tasks_planned}"
                       if job.tasks_planned else ""),

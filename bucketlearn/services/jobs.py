@@ -140,7 +140,7 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,
         "model_path": job.model_path,
-        **head_figures(head, dataset.get("classes") or []),
+        **head_figures(head, job.classes),
         # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
         "task": dataset.get("task") or CLASSIFICATION,
         "task_reason": dataset.get("task_reason"),

@@ -8,7 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
-from bucketlearn.domain.job import Epoch, Head, Job, Version
+from bucketlearn.domain.job import Epoch, Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -62,7 +62,7 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
         log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.status)
         return Outcome.DUPLICATE
     if existing.phase == jobs.SPLITTING:
-        if now - float(existing.claimed_at or 0) < svc.settings.lease_seconds:
+        if now - (existing.claimed_at or 0.0) < svc.settings.lease_seconds:
             raise TransientError(f"job {job_id} is being split by another invocation")
         # the claim as read, renewal included: a splitter that renewed it since is alive
         if not svc.registry.update_job_if(
@@ -162,9 +162,9 @@ class SplitClaim:
                              "job document kept changing)")
 
     def holds(self) -> bool:
-        """Whether the job is still splitting under this claim (one read)."""
-        job = self.svc.registry.get_job(self.job_id)
-        return job is not None and job.claim == self.claim and job.phase == jobs.SPLITTING
+        """Whether the job is still splitting under this claim (one read): the rule the
+        registries ask before training starts (``may_start_training``)."""
+        return may_start_training(self.svc.registry.get_job(self.job_id), self.claim)
 
     def renew(self) -> None:
         """Renew ``claimed_at`` if it is due (``renewal_due``).
