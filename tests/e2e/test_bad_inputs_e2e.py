@@ -75,15 +75,17 @@ def test_every_bad_case_is_rejected_once_and_a_good_upload_still_trains(
     # one job per upload, nothing else started; nothing left in the work bucket
     ours = [j for j in svc.registry.list_jobs(1000) if j.source.get("bucket") == bucket]
     assert sorted(j.job_id for j in ours) == sorted(job_id for _, _, job_id in uploads)
-    assert list(svc.store.list(stack.settings.work_bucket)) == []
-    # the upload function acked every event once: no crash, no retry loop
+    # the upload function acked every event once: no crash, no retry loop. The job turns
+    # REJECTED first (under its claim), then its partial shards go, then the outcome is logged.
     log_path = stack.home / "logs" / "upload_fn.log"
     expected_lines = [f"-> rejected (job {job_id})" for _, _, job_id in uploads]
-    deadline = time.monotonic() + 30  # the job turns REJECTED just before the outcome is logged
+    deadline = time.monotonic() + 30
     log_text = log_path.read_text(errors="replace")
     while time.monotonic() < deadline and not all(t in log_text for t in expected_lines):
         time.sleep(0.5)
         log_text = log_path.read_text(errors="replace")
+    # every handler has returned: nothing is left in the work bucket
+    assert list(svc.store.list(stack.settings.work_bucket)) == []
     assert "Traceback" not in log_text
     for case, _, job_id in uploads:
         assert log_text.count(f"-> rejected (job {job_id})") == 1, case["id"]
