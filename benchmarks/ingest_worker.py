@@ -14,6 +14,9 @@ Contenders:
     pyarrow-twice   the floor of a two-pass reader: pyarrow's streaming reader (pyarrow.csv.open_csv,
                     4 MiB blocks as split reads) over the whole file twice, every column as text,
                     doing nothing with the batches
+    pyarrow-once-typed  the floor of a one-pass reader that converts types: pyarrow's streaming
+                    reader over the file once (4 MiB blocks), types as pyarrow infers them from the
+                    first block, doing nothing with the batches
     probe-readahead diagnosis: how many blocks have been read when the first batch is returned:
                     pyarrow's streaming reader alone (32 MiB blocks, as split used before; 4 MiB)
                     and split's bounded reader (4 MiB)
@@ -136,6 +139,16 @@ def run_reader(kind: str, path: str) -> dict[str, Any]:
             rows = sum(b.num_rows for b in pacsv.open_csv(path, read_options=read,
                                                           convert_options=convert))
         return {"rows": rows, "seconds": time.perf_counter() - started, "base_rss_mb": base}
+    if kind == "pyarrow-once-typed":
+        import pyarrow.csv as pacsv
+
+        from bucketlearn.ingest.split import READ_BLOCK_BYTES
+
+        read = pacsv.ReadOptions(block_size=READ_BLOCK_BYTES)
+        base = proc_status_mb("VmRSS")
+        started = time.perf_counter()
+        rows = sum(b.num_rows for b in pacsv.open_csv(path, read_options=read))
+        return {"rows": rows, "seconds": time.perf_counter() - started, "base_rss_mb": base}
     if kind == "pyarrow":
         import pyarrow.csv as pacsv
 
@@ -252,7 +265,8 @@ def probe_stages(path: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("contender", choices=["split", "split-tempdir", "split-emulator",
-                                              "pyarrow", "pyarrow-twice", "pandas",
+                                              "pyarrow", "pyarrow-twice", "pyarrow-once-typed",
+                                              "pandas",
                                               "probe-readahead",
                                               "probe-stages"])
     parser.add_argument("file")
