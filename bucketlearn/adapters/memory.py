@@ -167,12 +167,14 @@ def nested_array(value: Any, inside_array: bool = False) -> bool:
     return False
 
 
-def _check_job_fields(job_id: str, fields: Mapping[str, Any]) -> None:
-    """Refuse a job update naming a field ``Job`` does not have. Stricter than Firestore, which
-    stores any key: the suite's typo check (a misspelt field would be written and never read)."""
+def _check_job_update(job_id: str, stored: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+    """Refuse a job update naming a field ``Job`` does not have (stricter than Firestore, which
+    stores any key: the suite's typo check, as a misspelt field would be written and never
+    read), or one that would make the stored document one Firestore refuses."""
     unknown = unknown_fields(fields)
     if unknown:
         raise ValueError(f"jobs/{job_id}: expected fields of domain.job.Job; found {unknown}")
+    _check_document(f"jobs/{job_id}", {**stored, **fields})
 
 
 def _check_document(path: str, fields: Mapping[str, Any]) -> None:
@@ -221,8 +223,7 @@ class MemoryRegistry:
         with self._lock:
             if job_id not in self.jobs:
                 raise NotFoundError(f"job {job_id}: no such job")
-            _check_job_fields(job_id, fields)
-            _check_document(f"jobs/{job_id}", {**self.jobs[job_id], **fields})
+            _check_job_update(job_id, self.jobs[job_id], fields)
             self.jobs[job_id].update(copy.deepcopy(dict(fields)))
 
     def update_job_if(self, job_id: str, expect: Mapping[str, Any],
@@ -231,8 +232,7 @@ class MemoryRegistry:
             job = self.jobs.get(job_id)
             if job is None or any(job.get(k) != v for k, v in expect.items()):
                 return False
-            _check_job_fields(job_id, fields)
-            _check_document(f"jobs/{job_id}", {**job, **fields})
+            _check_job_update(job_id, job, fields)
             job.update(copy.deepcopy(dict(fields)))
             return True
 
@@ -250,8 +250,7 @@ class MemoryRegistry:
             version_doc, epoch_doc = version.to_doc(), epoch.to_doc()
             _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
             _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch_doc)
-            _check_job_fields(job_id, job_fields)
-            _check_document(f"jobs/{job_id}", {**job, **job_fields})
+            _check_job_update(job_id, job, job_fields)
             self.versions[(job_id, version.version)] = version_doc
             self.epochs[(job_id, epoch.epoch)] = epoch_doc
             job.update(copy.deepcopy(dict(job_fields)))
@@ -276,8 +275,7 @@ class MemoryRegistry:
             if following is not None:
                 _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
                                 following)
-            _check_job_fields(commit.job_id, commit.job_fields)
-            _check_document(f"jobs/{commit.job_id}", {**job, **commit.job_fields})
+            _check_job_update(commit.job_id, job, commit.job_fields)
             self.versions[(commit.job_id, version)] = version_doc
             self.epochs[(commit.job_id, commit.epoch)] = done
             if following is not None:
@@ -295,12 +293,13 @@ class MemoryRegistry:
             _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
             job = self.jobs.get(job_id)
             current = job is not None and job.get("version") == version
+            head_fields = {"head": head.to_doc()}
             if current:
-                _check_document(f"jobs/{job_id}", {**job, "head": head.to_doc()})
+                _check_job_update(job_id, job, head_fields)
             doc.update(copy.deepcopy(dict(version_fields)))
             if job is None or not current:
                 return False
-            job["head"] = head.to_doc()
+            job.update(head_fields)
             return True
 
     def get_version(self, job_id: str, version: int) -> Version | None:

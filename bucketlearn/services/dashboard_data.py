@@ -109,7 +109,7 @@ def source_file(job: Job) -> str:
     """The uploaded object, as gs://bucket/name."""
     if job.file:
         return job.file
-    source = job.source or {}
+    source = job.source
     if source.get("bucket") and source.get("name"):
         return f"gs://{source['bucket']}/{source['name']}"
     return ""

@@ -30,7 +30,7 @@ def publish_round(svc: Services, job: Job, manifest: Manifest | None = None) -> 
     pending = [t for t in jobs.current_round_tasks(job) if t not in done]
     messages = jobs.round_messages(job, manifest.shards, pending)
     svc.queue.publish(messages)
-    key = jobs.round_key(job.epoch, job.round)
+    key = job.round_key
     if not _record_published(svc, job, key):
         log.warning("job %s: published %d tasks of round %s, but the job has moved on since it "
                     "was read; its 'published' is left as it is", job.job_id, len(messages),
