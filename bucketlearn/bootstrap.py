@@ -12,7 +12,7 @@ from typing import Any
 
 from bucketlearn import errors
 from bucketlearn.config import Settings, load_settings
-from bucketlearn.ports import BlobStore, Registry, TaskQueue
+from bucketlearn.ports import BlobStore, Registry, ResultQueue, TaskQueue
 
 
 @dataclass
@@ -21,13 +21,21 @@ class Services:
 
     settings: Settings
     store: BlobStore
-    queue: TaskQueue
+    queue: TaskQueue  # the tasks topic
     registry: Registry
+    results: ResultQueue  # the results topic (learners and the watchdog -> the aggregator)
     clock: Callable[[], float] = time.time
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     cache: dict[str, Any] = field(default_factory=dict)
     # which exceptions are worth retrying (the adapters' backends add their own)
     transient: Callable[[BaseException], bool] = errors.is_transient
+    # counts what this process asks of the cloud, per job (``adapters.metered``); None: nothing
+    # is counted (the in-memory services, unless a test meters them)
+    meter: Any = None
+
+    def usage(self, job_id: str) -> dict[str, float]:
+        """What this process used for a job since it was last asked (and forget it)."""
+        return self.meter.take(job_id) if self.meter is not None else {}
 
 
 def google_services(settings: Settings | None = None) -> Services:
@@ -35,11 +43,14 @@ def google_services(settings: Settings | None = None) -> Services:
     from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
     from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
     from bucketlearn.adapters.google_errors import is_transient  # noqa: PLC0415
-    from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
+    from bucketlearn.adapters.metered import Meter, metered  # noqa: PLC0415
+    from bucketlearn.adapters.pubsub import PubSubQueue, results_queue  # noqa: PLC0415
 
     settings = settings or load_settings()
-    return Services(settings=settings, store=GcsBlobStore(settings), queue=PubSubQueue(settings),
-                    registry=FirestoreRegistry(settings), transient=is_transient)
+    return metered(Services(settings=settings, store=GcsBlobStore(settings),
+                            queue=PubSubQueue(settings), registry=FirestoreRegistry(settings),
+                            results=results_queue(settings), transient=is_transient),
+                   Meter(record=settings.record_calls))
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,4 +63,4 @@ def memory_services(settings: Settings | None = None) -> Services:
     from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
 
     return Services(settings=settings or Settings(), store=MemoryBlobStore(), queue=MemoryQueue(),
-                    registry=MemoryRegistry())
+                    registry=MemoryRegistry(), results=MemoryQueue())

@@ -238,3 +238,17 @@ def decode_state(data: bytes, what: str = "state"
 
 def checksum(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def state_digest(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> str:
+    """A digest of a training state's arrays (dtype, shape and bytes of each, in order): two
+    states have the same digest exactly when they hold the same numbers, whatever archive they
+    came in. A task names its base by it; a learner that kept the state a round ended with
+    knows it needs no download when a task names that digest."""
+    digest = hashlib.sha256()
+    for group, arrays in ((b"w", weights), (b"o", optimizer)):
+        for array in arrays:
+            value = np.ascontiguousarray(array)
+            digest.update(group + value.dtype.str.encode() + repr(value.shape).encode())
+            digest.update(value.tobytes())
+    return "sha256:" + digest.hexdigest()

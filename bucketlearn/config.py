@@ -39,8 +39,11 @@ SINGLE_THREADED_TF: Mapping[str, str] = {"TF_NUM_INTRAOP_THREADS": "1",
                                          "TF_NUM_INTEROP_THREADS": "1"}
 FAULT_POINTS = frozenset({
     "aggregator.before_commit",   # weights written, version not committed: the process dies
-    "aggregator.after_commit",    # version committed, event not yet acknowledged: dies
-    "queue.duplicate_publish",    # every task message is published twice
+    "aggregator.after_commit",    # version committed, next round not published: dies
+    "aggregator.holding_lease",   # dies right after taking a job's lease, results unsettled
+    "learner.before_publish",     # result written, not announced: the learner dies
+    "learner.before_ack",         # result announced, task message not acked: dies
+    "queue.duplicate_publish",    # every task (and result) message is published twice
 })
 
 
@@ -305,19 +308,38 @@ class Settings:
     models_bucket: str = "bucketlearn-models"
     tasks_topic: str = "bucketlearn-tasks"
     tasks_subscription: str = "bucketlearn-tasks-workers"
+    # results: learners (and the watchdog's nudges) -> the long-running aggregator
+    results_topic: str = "bucketlearn-results"
+    results_subscription: str = "bucketlearn-results-aggregator"
     firestore_database: str = "(default)"
     storage_emulator_host: str | None = None
     pubsub_emulator_host: str | None = None
     firestore_emulator_host: str | None = None
     max_task_attempts: int = 5
     ack_deadline_seconds: int = 60
-    lease_seconds: float = 60.0
+    lease_seconds: float = 60.0  # a split's claim on its upload (renewed every third of it)
+    # A job's aggregation lease: a long-running aggregator renews it every third of this; one
+    # that dies holding it is replaced this long after its last renewal.
+    aggregator_lease_seconds: float = 15.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
-    # An aggregation invocation starts no fold or export after this many seconds; it leaves a
-    # nudge instead, whose event starts the next invocation. A margin under the 540 s that an
-    # event-driven function may run (Terraform sets it from the function's timeout).
+    # An aggregation pass of ``bucketlearn aggregate`` (the backstop run by hand or a test)
+    # starts no fold or export after this many seconds.
     aggregate_budget_seconds: float = 420.0
+    # R = 1: how long the aggregator waits for a chained round's result beyond what the chain's
+    # last task took, before it publishes the round for any learner (the chain's learner died)
+    chain_grace_seconds: float = 10.0
+    # an evaluation not carried by a commit within this many seconds is written on its own
+    eval_flush_seconds: float = 2.0
+    # shard parts a learner keeps decoded in memory (they never change once written)
+    worker_cache_bytes: int = 512 * 1024**2
+    # BUCKETLEARN_CALL_LOG: a directory where each process writes every remote call it made
+    # (kind, job, start, end), for the round-trip benchmark; empty: calls are only counted
+    call_log_dir: str = ""
+
+    @property
+    def record_calls(self) -> bool:
+        return bool(self.call_log_dir)
     # The watchdog (``bucketlearn tend``): a job with no sign of progress for this long gets its
     # current round's missing tasks published again, or the aggregator nudged.
     stall_seconds: float = 600.0
@@ -364,10 +386,17 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_MODELS_BUCKET": ("models_bucket", str),
     "BUCKETLEARN_TASKS_TOPIC": ("tasks_topic", str),
     "BUCKETLEARN_TASKS_SUBSCRIPTION": ("tasks_subscription", str),
+    "BUCKETLEARN_RESULTS_TOPIC": ("results_topic", str),
+    "BUCKETLEARN_RESULTS_SUBSCRIPTION": ("results_subscription", str),
+    "BUCKETLEARN_CHAIN_GRACE_SECONDS": ("chain_grace_seconds", float),
+    "BUCKETLEARN_EVAL_FLUSH_SECONDS": ("eval_flush_seconds", float),
+    "BUCKETLEARN_WORKER_CACHE_BYTES": ("worker_cache_bytes", int),
+    "BUCKETLEARN_CALL_LOG": ("call_log_dir", str),
     "BUCKETLEARN_FIRESTORE_DATABASE": ("firestore_database", str),
     "BUCKETLEARN_MAX_TASK_ATTEMPTS": ("max_task_attempts", int),
     "BUCKETLEARN_ACK_DEADLINE_SECONDS": ("ack_deadline_seconds", int),
     "BUCKETLEARN_LEASE_SECONDS": ("lease_seconds", float),
+    "BUCKETLEARN_AGGREGATOR_LEASE_SECONDS": ("aggregator_lease_seconds", float),
     "BUCKETLEARN_MAX_EVENT_AGE_SECONDS": ("max_event_age_seconds", float),
     "BUCKETLEARN_STALL_SECONDS": ("stall_seconds", float),
     "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION": ("dead_letter_subscription", str),
@@ -471,12 +500,17 @@ LOCAL_SCALE_DOWN_COOLDOWN_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class AutoscalerSettings:
-    """What ``bucketlearn autoscale`` needs: the worker pool and the policy's bounds."""
+    """What ``bucketlearn autoscale`` needs: the worker pools and the policy's bounds (the
+    aggregator pool is optional: a deployment that runs the aggregator elsewhere leaves
+    ``BUCKETLEARN_AGGREGATOR_POOL`` unset)."""
 
     worker_pool: str
     min_workers: int = 0
     max_workers: int = 4
     scale_down_cooldown_seconds: float = SCALE_DOWN_COOLDOWN_SECONDS
+    aggregator_pool: str = ""
+    min_aggregators: int = 0
+    max_aggregators: int = 1
 
 
 def load_autoscaler_settings(environ: Mapping[str, str] | None = None) -> AutoscalerSettings:
@@ -484,15 +518,22 @@ def load_autoscaler_settings(environ: Mapping[str, str] | None = None) -> Autosc
     ``_MAX_WORKERS`` and ``_SCALE_DOWN_COOLDOWN_SECONDS``."""
     env = os.environ if environ is None else environ
     pool = env.get("BUCKETLEARN_WORKER_POOL", "")
-    if not pool.startswith("projects/") or "/workerPools/" not in pool:
+    if not _is_pool(pool):
         raise ConfigError("BUCKETLEARN_WORKER_POOL",
                           "projects/<p>/locations/<region>/workerPools/<name>", pool, "environment")
+    aggregator_pool = env.get("BUCKETLEARN_AGGREGATOR_POOL", "")
+    if aggregator_pool and not _is_pool(aggregator_pool):
+        raise ConfigError("BUCKETLEARN_AGGREGATOR_POOL",
+                          "projects/<p>/locations/<region>/workerPools/<name> (or unset)",
+                          aggregator_pool, "environment")
     defaults = AutoscalerSettings(pool)
     values = []
     for key, default in (("BUCKETLEARN_MIN_WORKERS", defaults.min_workers),
                          ("BUCKETLEARN_MAX_WORKERS", defaults.max_workers),
                          ("BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS",
-                          defaults.scale_down_cooldown_seconds)):
+                          defaults.scale_down_cooldown_seconds),
+                         ("BUCKETLEARN_MIN_AGGREGATORS", defaults.min_aggregators),
+                         ("BUCKETLEARN_MAX_AGGREGATORS", defaults.max_aggregators)):
         raw = env.get(key) or str(default)
         try:
             value = float(raw)
@@ -501,4 +542,9 @@ def load_autoscaler_settings(environ: Mapping[str, str] | None = None) -> Autosc
         if value < 0:
             raise ConfigError(key, "a number >= 0", raw, "environment")
         values.append(value)
-    return AutoscalerSettings(pool, int(values[0]), int(values[1]), values[2])
+    return AutoscalerSettings(pool, int(values[0]), int(values[1]), values[2], aggregator_pool,
+                              int(values[3]), int(values[4]))
+
+
+def _is_pool(name: str) -> bool:
+    return name.startswith("projects/") and "/workerPools/" in name

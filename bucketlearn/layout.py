@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-[0-9a-f]{12}$")
-NUDGE_RE = re.compile(r"^(?P<job>[a-z0-9-]+)/nudge/(?P<nonce>[0-9a-f]{16})\.json$")
 DELTA_RE = re.compile(
     r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4,})/t(?P<task>\d{5,})/(?P<nonce>[0-9a-f]{16})"
     r"(?P<kind>\.npz|\.failed\.json)$"
@@ -82,7 +81,7 @@ def model_path(job_id: str, version: int | None = None) -> str:
 # --- deltas bucket -----------------------------------------------------------------------------
 
 def job_delta_prefix(job_id: str) -> str:
-    """Everything of one job in the deltas bucket: results, failure markers, nudges."""
+    """Everything of one job in the deltas bucket: results and failure markers."""
     return f"{job_id}/"
 
 
@@ -121,15 +120,3 @@ def parse_delta_path(name: str) -> DeltaName | None:
         nonce=match["nonce"],
         failed=match["kind"] == ".failed.json",
     )
-
-
-def nudge_path(job_id: str, nonce: str) -> str:
-    """An object whose upload makes the aggregator look at a job (written by the watchdog when
-    a job stalled: the same event path as a task result, so it works wherever results do)."""
-    return f"{job_id}/nudge/{nonce}.json"
-
-
-def parse_nudge_path(name: str) -> str | None:
-    """The job id of a nudge object's name, or None."""
-    match = NUDGE_RE.match(name)
-    return match["job"] if match else None

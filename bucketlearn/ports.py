@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from bucketlearn.domain.job import Epoch, Head, Job, Version
+from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.layout import task_id_for
 
@@ -69,6 +69,9 @@ class TaskMessage:
     base_version: int = -1  # -1: a message without one (not trainable; acknowledged)
     weights_path: str = ""
     span: tuple[float, float] = (0.0, 0.0)
+    # the digest of the base version's arrays (``codec.state_digest``): a learner that holds a
+    # state of that digest (the one its last task ended with) trains from it without a download
+    base_digest: str = ""
 
     @property
     def task_id(self) -> str:
@@ -78,7 +81,7 @@ class TaskMessage:
         return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
                 "parts": list(self.parts), "rows": self.rows, "round": self.round,
                 "base_version": self.base_version, "weights_path": self.weights_path,
-                "span": list(self.span)}
+                "span": list(self.span), "base_digest": self.base_digest}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
@@ -87,7 +90,8 @@ class TaskMessage:
                    rows=int(data["rows"]), round=int(data.get("round", 0)),
                    base_version=int(data.get("base_version", -1)),
                    weights_path=str(data.get("weights_path", "")),
-                   span=_span(data.get("span")))
+                   span=_span(data.get("span")),
+                   base_digest=str(data.get("base_digest") or ""))
 
 
 def _span(value: Any) -> tuple[float, float]:
@@ -99,8 +103,76 @@ def _span(value: Any) -> tuple[float, float]:
     return (start, end)
 
 
-class ReceivedTask(Protocol):
-    message: TaskMessage | None
+RESULT, FAILED, NUDGE = "result", "failed", "nudge"
+RESULT_KINDS = (RESULT, FAILED, NUDGE)
+
+
+@dataclass(frozen=True)
+class ResultMessage:
+    """What the aggregator hears, on the results topic: a task's result is in the deltas bucket
+    (``result``), a task was given up on and its failure marker written (``failed``), or the
+    watchdog asks for a fresh look at a stalled job (``nudge``).
+
+    A learner publishes it only after the object it names is written, and acknowledges its task
+    only after the publish, so a result is never announced before it exists nor lost between
+    the two (a task whose result was written but not announced is trained again, and the
+    watchdog's listing of the deltas bucket finds what was written). ``stats`` carries what the
+    learner measured (seconds by phase, rows, loss, its usage), recorded with the version.
+    """
+
+    job_id: str
+    kind: str = RESULT
+    epoch: int = 0
+    task_index: int = -1
+    round: int = 0
+    base_version: int = -1
+    base_digest: str = ""
+    path: str = ""
+    end_digest: str = ""
+    # the learner trains the next round from this result's end state (R = 1: the fold of a
+    # one-task round is that state, to the bit); the aggregator does not publish that round
+    chained: bool = False
+    worker_id: str = ""
+    reason: str = ""
+    sent_at: float = 0.0
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return task_id_for(self.job_id, self.epoch, self.task_index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "kind": self.kind, "epoch": self.epoch,
+                "task_index": self.task_index, "round": self.round,
+                "base_version": self.base_version, "base_digest": self.base_digest,
+                "path": self.path, "end_digest": self.end_digest, "chained": self.chained,
+                "worker_id": self.worker_id, "reason": self.reason, "sent_at": self.sent_at,
+                "stats": dict(self.stats)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResultMessage:
+        kind = str(data.get("kind") or RESULT)
+        if kind not in RESULT_KINDS:
+            raise ValueError(f"result message: expected kind one of {', '.join(RESULT_KINDS)}; "
+                             f"found {kind!r}")
+        stats = data.get("stats")
+        return cls(job_id=str(data["job_id"]), kind=kind, epoch=int(data.get("epoch") or 0),
+                   task_index=int(data.get("task_index", -1)), round=int(data.get("round") or 0),
+                   base_version=int(data.get("base_version", -1)),
+                   base_digest=str(data.get("base_digest") or ""),
+                   path=str(data.get("path") or ""), end_digest=str(data.get("end_digest") or ""),
+                   chained=bool(data.get("chained")), worker_id=str(data.get("worker_id") or ""),
+                   reason=str(data.get("reason") or "")[:2000],
+                   sent_at=float(data.get("sent_at") or 0.0),
+                   stats=dict(stats) if isinstance(stats, Mapping) else {})
+
+
+class Received(Protocol):
+    """One delivered message: its decoded body (None when it is not one of ours) and how to
+    settle it. ``extend(s)`` sets its ack deadline to ``s`` seconds from now (0: redeliver
+    at once)."""
+
+    message: Any
     raw: bytes
     delivery_attempt: int | None
 
@@ -111,24 +183,36 @@ class ReceivedTask(Protocol):
     def extend(self, seconds: int) -> None: ...
 
 
+ReceivedTask = Received  # a delivered TaskMessage
+
+
 class TaskQueue(Protocol):
     def publish(self, messages: Sequence[TaskMessage]) -> None: ...
 
-    def pull(self, timeout: float) -> ReceivedTask | None: ...
+    def pull(self, timeout: float) -> Received | None: ...
+
+
+class ResultQueue(Protocol):
+    """The results topic: learners and the watchdog publish, the aggregator pulls."""
+
+    def publish(self, messages: Sequence[ResultMessage]) -> None: ...
+
+    def pull(self, timeout: float) -> Received | None: ...
 
 
 @dataclass
 class VersionCommit:
-    """Everything one new version changes, committed in one transaction."""
+    """Everything one new version changes, committed at once: the version's document (which
+    tasks of round ``round`` of ``epoch`` it applied or gave up on) and the job's fields (its
+    head, position, counters, the next round's publish record), refused by
+    ``domain.job.commit_refusal`` unless the job is still at ``base_version`` and that round."""
 
     job_id: str
     base_version: int
     version: Version
     epoch: int
-    applied: list[int]
-    failed: list[int]
+    round: int
     job_fields: dict[str, Any]
-    next_epoch: Epoch | None = None
 
 
 class JobDocuments(Protocol):
@@ -143,7 +227,14 @@ class JobDocuments(Protocol):
     def update_job_if(self, job_id: str, expect: Mapping[str, Any],
                       fields: Mapping[str, Any]) -> bool: ...
 
-    def list_jobs(self, limit: int = 100) -> list[Job]: ...
+    def list_jobs(self, limit: int = 100) -> list[Job]:
+        """The newest ``limit`` jobs, newest first (for people: the dashboard, ``status``)."""
+        ...
+
+    def list_active_jobs(self) -> list[Job]:
+        """Every job that has not ended (QUEUED or RUNNING), however many newer ones there are:
+        what the watchdog and the autoscaler serve."""
+        ...
 
 
 class VersionLedger(Protocol):
@@ -151,7 +242,7 @@ class VersionLedger(Protocol):
     (the commit check is ``domain.job.commit_refusal``, called by every implementation)."""
 
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version: Version, epoch: Epoch) -> bool: ...
+                       version: Version) -> bool: ...
 
     def commit_version(self, commit: VersionCommit) -> bool: ...
 
@@ -160,9 +251,10 @@ class VersionLedger(Protocol):
 
     def get_version(self, job_id: str, version: int) -> Version | None: ...
 
-    def list_versions(self, job_id: str) -> list[Version]: ...
-
-    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None: ...
+    def list_versions(self, job_id: str) -> list[Version]:
+        """Every version, in order, with the figures later commits carried for them
+        (``domain.job.attach_evaluations``)."""
+        ...
 
 
 class TaskLedger(Protocol):
@@ -187,10 +279,23 @@ class TaskLedger(Protocol):
     def list_tasks(self, job_id: str) -> list[TaskRecord]: ...
 
 
-class Leases(Protocol):
-    """Named leases: one aggregator per job, one splitter per upload."""
+@dataclass(frozen=True)
+class Lease:
+    """The answer to ``acquire_lease``: true when granted; ``taken_over`` names the holder it
+    was taken from once that holder's lease had run out (its holder died holding it)."""
 
-    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool: ...
+    granted: bool
+    taken_over: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.granted
+
+
+class Leases(Protocol):
+    """Named leases: one aggregator per job. A holder renews its lease by acquiring it again
+    before it runs out."""
+
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease: ...
 
     def release_lease(self, name: str, holder: str) -> None: ...
 

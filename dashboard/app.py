@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import Epoch, Job, Version
+from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
@@ -224,7 +224,7 @@ def job_page() -> None:
     with tabs[1]:
         throughput_tab(versions, now)
     with tabs[2]:
-        workers_tab(job, tasks, bundle["workers"], bundle["epoch"], now)
+        workers_tab(job, tasks, bundle["workers"], bundle["versions"], now)
     with tabs[3]:
         options_tab(job)
     with tabs[4]:
@@ -291,24 +291,24 @@ def throughput_tab(versions: list[Version], now: float) -> None:
     right.line_chart(frame, x="time", y="tasks_per_min")
 
 
-def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict], epoch: Epoch | None,
-                now: float) -> None:
+def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
+                versions: list[Version], now: float) -> None:
     counts = dd.task_state_counts(job, tasks)
     metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
                + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
-    current = dd.epoch_progress(epoch)
+    current = dd.epoch_progress(job, versions)
     if current:
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
     st.markdown(f"**Workers** (alive = heartbeat within {dd.ALIVE_SECONDS:g} s)")
     st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job.job_id)), hide_index=True,
                  width="stretch")
-    summary = dd.timing_summary(tasks)
+    summary = dd.timing_summary(versions)
     if not summary.empty:
         st.markdown("**Task timings (trained tasks, seconds)**")
         st.dataframe(summary, hide_index=True)
     st.markdown("**Tasks**")
-    st.dataframe(dd.task_frame(tasks, now), hide_index=True, width="stretch", column_config={
+    st.dataframe(dd.task_frame(job, tasks, versions, now), hide_index=True, width="stretch", column_config={
         "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
 
 

@@ -3,17 +3,20 @@
 Layout::
 
     jobs/{job}                      status, options, dataset, head pointer, counters
-    jobs/{job}/versions/{v:06d}     one per version: weights path, checksum, tasks applied, metrics
-    jobs/{job}/epochs/{e:04d}       planned task count, applied and failed task indices
+    jobs/{job}/versions/{v:06d}     one per version: weights path, digest, tasks applied or
+                                    given up on (with their learners' timings), figures
     jobs/{job}/tasks/{e-t}          per task: attempts, state, worker, timings (workers write)
     leases/{name}                   one aggregation writer per job
     workers/{id}                    heartbeats
     control/{name}                  controller state (the autoscaler's last change)
 
-Only the aggregator writes a job's head and versions, under its lease, in one transaction per
-version; workers write only task and worker documents, so the head document sees ~1 write per
-version. Leases are taken with create/update *preconditions*, not transactions: the emulator
-stalls ~30 s on contended transactions.
+Only the aggregator writes a job's head and versions, under its lease, in one commit per version
+(two document writes: the version's, the job's); workers write one task document per task and
+their heartbeats, so the job document sees one write per version. A version commit is one RPC
+while nothing else wrote the job since this process's last commit (a batch whose job update is
+conditional on that write's update time); otherwise a transaction reads the job and decides.
+Leases are taken with create/update *preconditions*, not transactions: the emulator stalls
+~30 s on contended transactions.
 """
 
 from __future__ import annotations
@@ -29,16 +32,18 @@ from google.cloud import firestore
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.job import (
-    Epoch,
+    QUEUED,
+    RUNNING,
     Head,
     Job,
     Version,
+    attach_evaluations,
     commit_refusal,
     may_start_training,
 )
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
-from bucketlearn.ports import VersionCommit
+from bucketlearn.ports import Lease, VersionCommit
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,9 @@ def _read(ref: Any) -> dict[str, Any] | None:
 class FirestoreRegistry:
     def __init__(self, settings: Settings, client: firestore.Client | None = None) -> None:
         self.client = client or make_client(settings)
+        # job id -> (update time, document) as of this process's last version commit: the next
+        # commit is a conditional batch when the job was not written since (one RPC)
+        self._committed: dict[str, tuple[Any, dict[str, Any]]] = {}
 
     # -- references -----------------------------------------------------------------------------
     def _job(self, job_id: str) -> firestore.DocumentReference:
@@ -107,9 +115,6 @@ class FirestoreRegistry:
 
     def _version(self, job_id: str, version: int) -> firestore.DocumentReference:
         return self._job(job_id).collection("versions").document(f"{version:06d}")
-
-    def _epoch(self, job_id: str, epoch: int) -> firestore.DocumentReference:
-        return self._job(job_id).collection("epochs").document(f"{epoch:04d}")
 
     def _task(self, job_id: str, task_id: str) -> firestore.DocumentReference:
         return self._job(job_id).collection("tasks").document(task_id)
@@ -151,8 +156,13 @@ class FirestoreRegistry:
                  .order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit))
         return [Job.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
 
+    def list_active_jobs(self) -> list[Job]:
+        query = self.client.collection("jobs").where(
+            filter=firestore.FieldFilter("status", "in", [QUEUED, RUNNING]))
+        return [Job.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
+
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version: Version, epoch: Epoch) -> bool:
+                       version: Version) -> bool:
         job_ref = self._job(job_id)
 
         @firestore.transactional
@@ -162,38 +172,66 @@ class FirestoreRegistry:
             if not may_start_training(Job.from_doc(data) if data is not None else None, claim):
                 return False
             transaction.set(self._version(job_id, version.version), version.to_doc())
-            transaction.set(self._epoch(job_id, epoch.epoch), epoch.to_doc())
             transaction.update(job_ref, dict(job_fields))
             return True
 
         return bool(run(self.client.transaction()))
 
     def commit_version(self, commit: VersionCommit) -> bool:
+        if self._commit_unchanged(commit):
+            return True
         job_ref = self._job(commit.job_id)
-        epoch_ref = self._epoch(commit.job_id, commit.epoch)
         version_ref = self._version(commit.job_id, commit.version.version)
 
         @firestore.transactional
         def run(transaction: firestore.Transaction) -> bool:
-            job_snap = job_ref.get(transaction=transaction)
-            epoch_snap = epoch_ref.get(transaction=transaction)
-            version_snap = version_ref.get(transaction=transaction)
+            job_snap, version_snap = (job_ref.get(transaction=transaction),
+                                      version_ref.get(transaction=transaction))
             job = Job.from_doc(job_snap.to_dict()) if job_snap.exists else None
-            epoch = Epoch.from_doc(epoch_snap.to_dict()) if epoch_snap.exists else None
-            if commit_refusal(job, epoch, version_snap.exists, commit) is not None:
+            if commit_refusal(job, version_snap.exists, commit) is not None:
                 return False
-            assert job is not None and epoch is not None
-            done = epoch.with_results(commit.applied, commit.failed)
             transaction.create(version_ref, commit.version.to_doc())
-            transaction.update(epoch_ref, {"applied": list(done.applied),
-                                           "failed": list(done.failed)})
-            if commit.next_epoch is not None:
-                transaction.set(self._epoch(commit.job_id, commit.next_epoch.epoch),
-                                commit.next_epoch.to_doc())
             transaction.update(job_ref, dict(commit.job_fields))
             return True
 
-        return self._contended(run, "commit version")
+        committed = self._contended(run, "commit version")
+        self._committed.pop(commit.job_id, None)
+        if committed:  # the next commit can be one RPC again
+            snap = job_ref.get(timeout=TIMEOUT)
+            if snap.exists:
+                self._remember(commit.job_id, snap.update_time, snap.to_dict())
+        return committed
+
+    def _commit_unchanged(self, commit: VersionCommit) -> bool:
+        """Commit in one RPC if the job is as this process's last commit left it: a batch that
+        creates the version and updates the job on condition that the job's update time is
+        that commit's. False (nothing written) when there is no such commit, the commit is
+        refused on that document, or the job was written since."""
+        known = self._committed.get(commit.job_id)
+        if known is None:
+            return False
+        update_time, doc = known
+        if commit_refusal(Job.from_doc(doc), False, commit) is not None:
+            return False
+        batch = self.client.batch()
+        batch.create(self._version(commit.job_id, commit.version.version),
+                     commit.version.to_doc())
+        batch.update(self._job(commit.job_id), dict(commit.job_fields),
+                     option=self.client.write_option(last_update_time=update_time))
+        try:
+            results = batch.commit(timeout=TIMEOUT)
+        except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.Conflict, gexc.NotFound,
+                gexc.Aborted):
+            self._committed.pop(commit.job_id, None)
+            return False
+        self._remember(commit.job_id, results[-1].update_time, {**doc, **commit.job_fields})
+        return True
+
+    def _remember(self, job_id: str, update_time: Any, doc: dict[str, Any]) -> None:
+        self._committed.pop(job_id, None)
+        self._committed[job_id] = (update_time, doc)
+        while len(self._committed) > 1000:
+            self._committed.pop(next(iter(self._committed)))
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
                           head: Head) -> bool:
@@ -229,11 +267,8 @@ class FirestoreRegistry:
 
     def list_versions(self, job_id: str) -> list[Version]:
         query = self._job(job_id).collection("versions").order_by("version")
-        return [Version.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
-
-    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
-        doc = _read(self._epoch(job_id, epoch))
-        return Epoch.from_doc(doc) if doc is not None else None
+        return attach_evaluations([Version.from_doc(snap.to_dict())
+                                   for snap in query.stream(timeout=TIMEOUT)])
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:
@@ -277,7 +312,7 @@ class FirestoreRegistry:
                 self._job(job_id).collection("tasks").stream(timeout=TIMEOUT)]
 
     # -- leases and heartbeats --------------------------------------------------------------------
-    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:
         import time  # noqa: PLC0415
 
         ref = self.client.collection("leases").document(name)
@@ -286,21 +321,24 @@ class FirestoreRegistry:
         try:
             try:
                 ref.create(body, timeout=TIMEOUT)
-                return True
+                return Lease(True)
             except (gexc.AlreadyExists, gexc.Conflict):
                 pass
             snap = ref.get(timeout=TIMEOUT)
             if not snap.exists:
                 ref.create(body, timeout=TIMEOUT)
-                return True
+                return Lease(True)
             current = snap.to_dict() or {}
-            if current.get("holder") != holder and float(current.get("expires_at", 0)) > now:
-                return False
+            previous = current.get("holder")
+            if previous != holder and float(current.get("expires_at", 0)) > now:
+                return Lease(False)
+            if previous == holder:
+                body.pop("acquired_at")  # a renewal
             ref.update(body, option=self.client.write_option(last_update_time=snap.update_time),
                        timeout=TIMEOUT)
-            return True
+            return Lease(True, previous if previous != holder else None)
         except (gexc.AlreadyExists, gexc.Conflict, gexc.FailedPrecondition, gexc.NotFound):
-            return False
+            return Lease(False)
 
     def release_lease(self, name: str, holder: str) -> None:
         ref = self.client.collection("leases").document(name)

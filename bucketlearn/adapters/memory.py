@@ -16,17 +16,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn.domain.job import (
-    Epoch,
+    TERMINAL,
     Head,
     Job,
     Version,
+    attach_evaluations,
     commit_refusal,
     may_start_training,
     unknown_fields,
 )
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
-from bucketlearn.ports import BlobInfo, TaskMessage, VersionCommit
+from bucketlearn.ports import BlobInfo, Lease, VersionCommit
 
 
 class MemoryBlobStore:
@@ -83,44 +84,57 @@ class MemoryBlobStore:
 
 
 class _MemoryReceived:
-    def __init__(self, queue: MemoryQueue, message: TaskMessage, attempt: int) -> None:
-        self.message: TaskMessage | None = message
+    def __init__(self, queue: MemoryQueue, message: Any, attempt: int) -> None:
+        self.message: Any = message
         self.raw = b""
         self.delivery_attempt: int | None = attempt
         self._queue = queue
 
     def ack(self) -> None:
-        self._queue.acked.append(self.message)
+        self._queue.settled(self, acked=True)
 
     def nack(self) -> None:
-        assert self.message is not None
-        self._queue.redeliver(self.message, (self.delivery_attempt or 0) + 1)
+        self._queue.settled(self, acked=False)
 
     def extend(self, seconds: int) -> None:
-        return None
+        if seconds <= 0:
+            self.nack()
 
 
 class MemoryQueue:
-    """A FIFO with explicit nack/redelivery; unacked messages are redelivered on nack only."""
+    """A FIFO of messages (task or result messages) with explicit nack/redelivery: a message
+    pulled and neither acked nor nacked stays out (as an unacked message until its deadline);
+    ``pull`` waits up to ``timeout`` for one."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[TaskMessage, int]] = deque()
-        self._lock = threading.Lock()
-        self.published: list[TaskMessage] = []
-        self.acked: list[TaskMessage | None] = []
+        self._items: deque[tuple[Any, int]] = deque()
+        self._ready = threading.Condition()
+        self.published: list[Any] = []
+        self.acked: list[Any] = []
 
-    def publish(self, messages: Sequence[TaskMessage]) -> None:
-        with self._lock:
+    def publish(self, messages: Sequence[Any]) -> None:
+        with self._ready:
             for message in messages:
                 self._items.append((message, 1))
                 self.published.append(message)
+            self._ready.notify_all()
 
-    def redeliver(self, message: TaskMessage, attempt: int) -> None:
-        with self._lock:
+    def redeliver(self, message: Any, attempt: int) -> None:
+        with self._ready:
             self._items.append((message, attempt))
+            self._ready.notify_all()
+
+    def settled(self, received: _MemoryReceived, acked: bool) -> None:
+        if acked:
+            with self._ready:
+                self.acked.append(received.message)
+        else:
+            self.redeliver(received.message, (received.delivery_attempt or 0) + 1)
 
     def pull(self, timeout: float) -> _MemoryReceived | None:
-        with self._lock:
+        with self._ready:
+            if not self._items and timeout > 0:
+                self._ready.wait_for(lambda: bool(self._items), timeout)
             if not self._items:
                 return None
             message, attempt = self._items.popleft()
@@ -198,7 +212,6 @@ class MemoryRegistry:
         self._lock = threading.RLock()
         self.jobs: dict[str, dict[str, Any]] = {}
         self.versions: dict[tuple[str, int], dict[str, Any]] = {}
-        self.epochs: dict[tuple[str, int], dict[str, Any]] = {}
         self.tasks: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[str, tuple[str, float]] = {}
         self.workers: dict[str, dict[str, Any]] = {}
@@ -241,45 +254,37 @@ class MemoryRegistry:
             jobs = sorted(self.jobs.values(), key=lambda j: j.get("created_at", 0), reverse=True)
             return [Job.from_doc(copy.deepcopy(doc)) for doc in jobs[:limit]]
 
+    def list_active_jobs(self) -> list[Job]:
+        with self._lock:
+            return [Job.from_doc(copy.deepcopy(doc)) for doc in self.jobs.values()
+                    if doc.get("status") not in TERMINAL]
+
     def start_training(self, job_id: str, claim: str, job_fields: Mapping[str, Any],
-                       version: Version, epoch: Epoch) -> bool:
+                       version: Version) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
             if not may_start_training(Job.from_doc(job) if job is not None else None, claim):
                 return False
-            version_doc, epoch_doc = version.to_doc(), epoch.to_doc()
+            version_doc = version.to_doc()
             _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
-            _check_document(f"jobs/{job_id}/epochs/{epoch.epoch:04d}", epoch_doc)
             _check_job_update(job_id, job, job_fields)
             self.versions[(job_id, version.version)] = version_doc
-            self.epochs[(job_id, epoch.epoch)] = epoch_doc
             job.update(copy.deepcopy(dict(job_fields)))
             return True
 
     def commit_version(self, commit: VersionCommit) -> bool:
         with self._lock:
             job = self.jobs.get(commit.job_id)
-            stored = self.epochs.get((commit.job_id, commit.epoch))
-            epoch = Epoch.from_doc(stored) if stored is not None else None
             version = commit.version.version
             current = Job.from_doc(job) if job is not None else None
-            if commit_refusal(current, epoch, (commit.job_id, version) in self.versions,
+            if commit_refusal(current, (commit.job_id, version) in self.versions,
                               commit) is not None:
                 return False
-            assert job is not None and epoch is not None
-            done = epoch.with_results(commit.applied, commit.failed).to_doc()
+            assert job is not None
             version_doc = commit.version.to_doc()
             _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", version_doc)
-            _check_document(f"jobs/{commit.job_id}/epochs/{commit.epoch:04d}", done)
-            following = commit.next_epoch.to_doc() if commit.next_epoch is not None else None
-            if following is not None:
-                _check_document(f"jobs/{commit.job_id}/epochs/{following['epoch']:04d}",
-                                following)
             _check_job_update(commit.job_id, job, commit.job_fields)
             self.versions[(commit.job_id, version)] = version_doc
-            self.epochs[(commit.job_id, commit.epoch)] = done
-            if following is not None:
-                self.epochs[(commit.job_id, following["epoch"])] = following
             job.update(copy.deepcopy(commit.job_fields))
             self.commits += 1
             return True
@@ -309,13 +314,9 @@ class MemoryRegistry:
 
     def list_versions(self, job_id: str) -> list[Version]:
         with self._lock:
-            return [Version.from_doc(copy.deepcopy(v))
-                    for (j, _), v in sorted(self.versions.items()) if j == job_id]
-
-    def get_epoch(self, job_id: str, epoch: int) -> Epoch | None:
-        with self._lock:
-            stored = self.epochs.get((job_id, epoch))
-            return Epoch.from_doc(stored) if stored is not None else None
+            return attach_evaluations([Version.from_doc(copy.deepcopy(v))
+                                       for (j, _), v in sorted(self.versions.items())
+                                       if j == job_id])
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:
@@ -354,14 +355,15 @@ class MemoryRegistry:
             return [TaskRecord.from_doc(t) for (j, _), t in sorted(self.tasks.items())
                     if j == job_id]
 
-    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+    def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:
         with self._lock:
             current = self.leases.get(name)
             now = time.time()
             if current is None or current[0] == holder or current[1] < now:
                 self.leases[name] = (holder, now + seconds)
-                return True
-            return False
+                taken = current[0] if current is not None and current[0] != holder else None
+                return Lease(True, taken)
+            return Lease(False)
 
     def release_lease(self, name: str, holder: str) -> None:
         with self._lock:

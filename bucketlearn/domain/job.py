@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
+from bucketlearn.domain.plan import TrainingPlan
 
 _FIGURES = (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)  # a head's figures beside accuracy and loss
 
@@ -28,48 +29,13 @@ SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
 CANCELLED_PHASE = "cancelled"
 
 
-@dataclass(frozen=True)
-class Epoch:
-    """One epoch's ledger: how many tasks it plans and which of them are done, applied to a
-    version or failed for good. A task is done at most once (``commit_refusal``), and a commit
-    adds its tasks with ``with_results``; the document is ``to_doc``/``from_doc``."""
-
-    epoch: int
-    planned: int
-    applied: tuple[int, ...] = ()
-    failed: tuple[int, ...] = ()
-    created_at: float = 0.0
-
-    @property
-    def done(self) -> frozenset[int]:
-        """The finished task indices: applied, or failed for good."""
-        return frozenset(self.applied) | frozenset(self.failed)
-
-    def with_results(self, applied: Sequence[int], failed: Sequence[int]) -> Epoch:
-        """The ledger after a commit that applied ``applied`` and gave up on ``failed``."""
-        return dataclasses.replace(self, applied=(*self.applied, *applied),
-                                   failed=(*self.failed, *failed))
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "planned": self.planned, "applied": list(self.applied),
-                "failed": list(self.failed), "created_at": self.created_at}
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Epoch:
-        return cls(epoch=int(doc["epoch"]), planned=int(doc.get("planned") or 0),
-                   applied=tuple(int(i) for i in doc.get("applied") or ()),
-                   failed=tuple(int(i) for i in doc.get("failed") or ()),
-                   created_at=float(doc.get("created_at") or 0.0))
-
-
 class Commit(Protocol):
     """What ``commit_refusal`` reads of a version commit (``ports.VersionCommit``)."""
 
     epoch: int
+    round: int
     base_version: int
     version: Version
-    applied: Sequence[int]
-    failed: Sequence[int]
 
 
 def is_terminal(job: Job | None) -> bool:
@@ -90,31 +56,37 @@ def may_start_training(job: Job | None, claim: str) -> bool:
             and not job.is_terminal)
 
 
-def done_tasks(epoch: Epoch | None) -> frozenset[int]:
-    """An epoch's finished task indices (none for an epoch without a ledger yet)."""
-    return epoch.done if epoch is not None else frozenset()
+def done_tasks(job: Job | None) -> frozenset[int]:
+    """The task indices of the job's current epoch that are done (applied, or failed for good):
+    every task of the rounds before its current one. A round is committed whole, each of its
+    tasks applied or given up on in the one version that folds it, so the job's position is the
+    epoch's ledger; which tasks a version applied or gave up on is in that version's document."""
+    if job is None or job.plan is None:
+        return frozenset()
+    plan = job.training_plan
+    assert plan is not None
+    return frozenset(range(0, min(plan.tasks_per_epoch, job.round * plan.parallel_tasks)))
 
 
-def commit_refusal(job: Job | None, epoch: Epoch | None,
-                   version_exists: bool, commit: Commit) -> str | None:
+def commit_refusal(job: Job | None, version_exists: bool, commit: Commit) -> str | None:
     """Why a version commit must not happen (None: it may). Both registries ask this inside
     their lock or transaction, with the documents read there.
 
     A commit needs a job that has not ended (a fold racing a cancel must not advance it), the
-    head still at the commit's base, a new version number and no task applied or failed twice.
+    head still at the commit's base, the job still at the round the commit folds (so no round,
+    hence no task, is folded twice: invariant 2) and a new version number.
     """
     if job is None:
         return "no such job"
     if job.is_terminal:
         return f"the job is {job.status}"
-    if epoch is None:
-        return f"epoch {commit.epoch} has no document"
     if version_exists:
         return f"version {commit.version.version} exists"
     if job.version != commit.base_version:
         return f"the head is v{job.version}, not the base v{commit.base_version}"
-    if epoch.done & (set(commit.applied) | set(commit.failed)):
-        return "a task of it is already applied or failed"
+    if (job.epoch, job.round) != (commit.epoch, commit.round):
+        return (f"the job is at epoch {job.epoch} round {job.round}, not at the folded "
+                f"epoch {commit.epoch} round {commit.round}")
     return None
 
 
@@ -133,6 +105,11 @@ class Head:
     holdout_accuracy: float | None = None
     holdout_loss: float | None = None
     train_loss: float | None = None
+    # the digest of the version's arrays (``codec.state_digest``): tasks name their base by it
+    digest: str = ""
+    # which version the figures are of (the head's own, or an earlier one while the newest is
+    # being evaluated off the critical path); None when there are none
+    evaluated_version: int | None = None
     holdout_macro_f1: float | None = None
     holdout_majority_accuracy: float | None = None
     holdout_roc_auc: float | None = None
@@ -145,6 +122,10 @@ class Head:
 
     def to_doc(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
+        if not doc["digest"]:
+            del doc["digest"]
+        if doc["evaluated_version"] is None:
+            del doc["evaluated_version"]
         if all(doc[name] is None for name in REGRESSION_FIGURES):
             for name in REGRESSION_FIGURES:
                 del doc[name]
@@ -156,28 +137,41 @@ class Head:
                    checksum=str(doc.get("checksum") or ""),
                    holdout_accuracy=doc.get("holdout_accuracy"),
                    holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
+                   digest=str(doc.get("digest") or ""),
+                   evaluated_version=_optional(doc.get("evaluated_version"), int),
                    **{name: doc.get(name) for name in _FIGURES})
 
     def evaluated(self, accuracy: float | None, loss: float,
-                  figures: Mapping[str, Any] | None = None) -> Head:
-        """The same head with its version's holdout figures (``figures``: the fields of
-        ``metrics.holdout_fields``, or of ``metrics.regression_fields``)."""
+                  figures: Mapping[str, Any] | None = None, version: int | None = None) -> Head:
+        """The same head with the holdout figures of ``version`` (its own by default;
+        ``figures``: the fields of ``metrics.holdout_fields``, or of
+        ``metrics.regression_fields``)."""
         extra = {name: (figures or {}).get(name)
                  for name in _FIGURES}
-        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss, **extra)
+        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss,
+                                   evaluated_version=self.version if version is None else version,
+                                   **extra)
+
+    def with_evaluation(self, evaluation: Evaluation) -> Head:
+        """The head with an evaluation's figures, unless it already shows a newer version's."""
+        if self.evaluated_version is not None and self.evaluated_version > evaluation.version:
+            return self
+        return self.evaluated(evaluation.figures.get("holdout_accuracy"),
+                              evaluation.figures.get("holdout_loss"), evaluation.figures,
+                              evaluation.version)
 
     def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
-                 train_loss: float | None) -> Head:
-        """The head after a fold into ``version``: a fold that applied results is not evaluated
-        yet; one that only recorded failures keeps the previous figures (same weights)."""
+                 train_loss: float | None, digest: str = "") -> Head:
+        """The head after a fold into ``version``. Its figures stay those of the version they
+        were measured on (``evaluated_version``) until the new version's evaluation arrives; a
+        fold that only recorded failures has the previous version's weights, hence its figures."""
         kept = dataclasses.replace(self, version=version, weights_path=weights_path,
-                                   checksum=checksum,
+                                   checksum=checksum, digest=digest or self.digest,
                                    train_loss=train_loss if train_loss is not None
                                    else self.train_loss)
-        if not folded_results:
-            return kept
-        return dataclasses.replace(kept, holdout_accuracy=None, holdout_loss=None,
-                                   **dict.fromkeys(_FIGURES))
+        if not folded_results and self.evaluated_version == self.version:
+            return dataclasses.replace(kept, evaluated_version=version)
+        return kept
 
 
 # what evaluation fills in: a new version's document holds the first ones as None ("not yet");
@@ -195,13 +189,40 @@ def _optional(value: Any, kind: type) -> Any:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """One version's holdout figures (the ``VERSION_FIGURES``), measured off the critical path:
+    the long-running aggregator evaluates the newest version while the next round trains, and
+    the figures travel with a later commit (the version that carries them says so in its
+    ``evaluation``), so a version costs one write to the job's document, not two."""
+
+    version: int
+    figures: Mapping[str, Any]
+    evaluated_at: float
+    seconds: float | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"version": self.version, "evaluated_at": self.evaluated_at,
+                "eval_seconds": self.seconds, **dict(self.figures)}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Evaluation:
+        return cls(version=int(doc["version"]),
+                   figures={k: doc[k] for k in VERSION_FIGURES if doc.get(k) is not None},
+                   evaluated_at=float(doc.get("evaluated_at") or 0.0),
+                   seconds=_optional(doc.get("eval_seconds"), float))
+
+
+@dataclass(frozen=True)
 class Version:
-    """One version of a job's model as its document records it: its weights, the tasks folded
-    into it (``tasks_applied``) or given up on (``tasks_failed``) and, once it is evaluated after
-    its commit, its holdout ``figures`` (the ``VERSION_FIGURES``; None until then). Version 0 is
-    the initial model, written when the split is done; every later one is a fold's commit.
-    ``aggregator`` holds the fold's step timings (seconds, the evaluation's too), for the
-    overhead benchmark."""
+    """One version of a job's model as its document records it: its weights (and their
+    ``digest``), the tasks folded into it (``tasks_applied``) or given up on (``tasks_failed``)
+    with what each task's learner measured (``task_stats``: worker, seconds by phase) and, once
+    evaluated, its holdout ``figures`` (the ``VERSION_FIGURES``; None until then). A version's
+    figures are written on its own document (an evaluation recorded directly) or carried by a
+    later version's ``evaluation`` (``attach_evaluations`` puts them back on the version they
+    are of). Version 0 is the initial model, written when the split is done; every later one is
+    a fold's commit. ``aggregator`` holds the fold's step timings (seconds), for the
+    round-trip benchmark."""
 
     version: int
     weights_path: str
@@ -219,6 +240,9 @@ class Version:
     figures: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     aggregator: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     evaluated_at: float | None = None
+    digest: str = ""
+    evaluation: Evaluation | None = None  # an earlier version's figures, carried by this commit
+    task_stats: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def holdout_accuracy(self) -> float | None:
@@ -242,7 +266,9 @@ class Version:
                **dict.fromkeys(_UNEVALUATED), **self.figures}
         extra = {"round": self.round, "delta_norms": list(self.delta_norms) or None,
                  "server_lr": self.server_lr, "aggregator": dict(self.aggregator) or None,
-                 "evaluated_at": self.evaluated_at}
+                 "evaluated_at": self.evaluated_at, "digest": self.digest or None,
+                 "evaluation": self.evaluation.to_doc() if self.evaluation else None,
+                 "task_stats": dict(self.task_stats) or None}
         doc.update({k: v for k, v in extra.items() if v is not None})
         return doc
 
@@ -259,8 +285,30 @@ class Version:
                    delta_norms=tuple(float(n) for n in doc.get("delta_norms") or ()),
                    server_lr=_optional(doc.get("server_lr"), float),
                    figures={k: doc[k] for k in VERSION_FIGURES if doc.get(k) is not None},
-                   aggregator=dict(doc.get("aggregator") or {}),
-                   evaluated_at=_optional(doc.get("evaluated_at"), float))
+                   aggregator={**dict(doc.get("aggregator") or {}),
+                               **({"eval_seconds": doc["eval_seconds"]}
+                                  if doc.get("eval_seconds") is not None else {})},
+                   evaluated_at=_optional(doc.get("evaluated_at"), float),
+                   digest=str(doc.get("digest") or ""),
+                   evaluation=(Evaluation.from_doc(doc["evaluation"])
+                               if isinstance(doc.get("evaluation"), Mapping) else None),
+                   task_stats=_dict(doc.get("task_stats")))
+
+    def with_figures(self, evaluation: Evaluation) -> Version:
+        """This version with an evaluation's figures (of this version)."""
+        return dataclasses.replace(self, figures=dict(evaluation.figures),
+                                   evaluated_at=evaluation.evaluated_at,
+                                   aggregator={**self.aggregator,
+                                               "eval_seconds": evaluation.seconds})
+
+
+def attach_evaluations(versions: Sequence[Version]) -> list[Version]:
+    """Versions with the figures later commits carried for them (``Version.evaluation``) put
+    back on the version they are of; a version's own figures, when it has them, win. Both
+    registries' ``list_versions`` return this."""
+    carried = {v.evaluation.version: v.evaluation for v in versions if v.evaluation is not None}
+    return [v.with_figures(carried[v.version])
+            if not v.figures and v.version in carried else v for v in versions]
 
 
 def _int(value: Any) -> int:
@@ -321,6 +369,11 @@ class Job:
     tendings: int = 0
     tended_at: float | None = None
     last_tending: str | None = None
+    # the current round is trained by a learner chaining from its own last result (R = 1):
+    # its worker id; the aggregator publishes the round itself if the chain's result is late
+    chained_by: str | None = None
+    # what the job has used so far (``domain.usage``): CPU seconds, calls, messages
+    usage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # how it ended
     error: str | None = None
     error_detail: Mapping[str, Any] | None = None
@@ -347,6 +400,11 @@ class Job:
         return self.published == self.round_key
 
     @property
+    def training_plan(self) -> TrainingPlan | None:
+        """The plan the split decided (None before it)."""
+        return TrainingPlan.from_dict(dict(self.plan)) if self.plan else None
+
+    @property
     def classes(self) -> list[Any]:
         """The class names the split found (empty for a regression, or before the split)."""
         return list((self.dataset or {}).get("classes") or [])
@@ -361,6 +419,10 @@ class Job:
         doc["head"] = self.head.to_doc() if self.head is not None else None
         for name in ("source", "options"):
             doc[name] = dict(doc[name])
+        if not doc["usage"]:
+            del doc["usage"]
+        else:
+            doc["usage"] = dict(doc["usage"])
         doc = {k: v for k, v in doc.items() if v is not None or k in _ALWAYS_STORED}
         return {**self.extra, **doc}
 
@@ -389,6 +451,7 @@ class Job:
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),
             last_refusal=get("last_refusal"), tendings=_int(get("tendings")),
             tended_at=_optional(get("tended_at"), float), last_tending=get("last_tending"),
+            chained_by=get("chained_by"), usage=_dict(get("usage")),
             error=get("error"), error_detail=get("error_detail"),
             cancelled_at=_optional(get("cancelled_at"), float),
             cancelled_by=get("cancelled_by"), cancel_reason=get("cancel_reason"),
@@ -410,16 +473,19 @@ def unknown_fields(fields: Mapping[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class AfterFold:
-    """Where a job goes once a round is folded: the job fields that say so, and the next
-    epoch's ledger when the fold completes an epoch that is not the last."""
+    """Where a job goes once a round is folded: the job fields that say so."""
 
     job_fields: dict[str, Any]
-    next_epoch: Epoch | None = None
+
+    @property
+    def training_continues(self) -> bool:
+        """The fold opens another round (not the export, not an ending)."""
+        return "round" in self.job_fields
 
 
 def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epochs: int,
-                      tasks_per_epoch: int, tasks_failed: int, allowed_failures: int,
-                      first_failure: str | None, now: float) -> AfterFold:
+                      tasks_failed: int, allowed_failures: int, first_failure: str | None,
+                      now: float) -> AfterFold:
     """The transition a fold makes (pure): too many failed tasks end the job FAILED; the last
     round of the last epoch starts the export; the last round of another epoch opens the next
     epoch; any other round moves to the next round."""
@@ -428,9 +494,17 @@ def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epoch
         return AfterFold({"status": FAILED, "phase": "failed", "finished_at": now,
                           "error": f"{tasks_failed} task(s) failed for good (the job allows "
                                    f"{allowed_failures}): {reason}"[:2000]})
-    if round_index + 1 < rounds_per_epoch:
-        return AfterFold({"round": round_index + 1})
-    if epoch >= epochs:
+    following = next_round(epoch, round_index, rounds_per_epoch, epochs)
+    if following is None:
         return AfterFold({"phase": EXPORTING})
-    return AfterFold({"epoch": epoch + 1, "round": 0},
-                     Epoch(epoch + 1, tasks_per_epoch, created_at=now))
+    return AfterFold({"epoch": following[0], "round": following[1]})
+
+
+def next_round(epoch: int, round_index: int, rounds_per_epoch: int, epochs: int
+               ) -> tuple[int, int] | None:
+    """The (epoch, round) after this one; None after the last round of the last epoch."""
+    if round_index + 1 < rounds_per_epoch:
+        return epoch, round_index + 1
+    if epoch >= epochs:
+        return None
+    return epoch + 1, 0

@@ -2,11 +2,13 @@
 and the record read back (``TaskRecord``). Pure: the task ledger (``ports.TaskLedger``) stores
 what these functions return.
 
-A worker that takes a task records an attempt (``started``); it ends the attempt ``trained``
-(its result is in the deltas bucket), ``retrying`` (the message goes back to the queue) or, once
-the attempts are spent, ``failed`` (a failure marker tells the aggregator). Whether a task's
-result is folded is not decided here but by the round (``domain.rounds``) and the epoch's
-ledger (``domain.job.Epoch``): a record is what workers did, not what the model holds.
+A worker that takes a task records an attempt (``started``): the one write a task's document
+gets when all goes well (what the learner measured travels with its result message into the
+version that folds it). A failed attempt is recorded ``retrying`` (the message goes back to the
+queue) or, once the attempts are spent, ``failed`` (a failure marker tells the aggregator).
+Whether a task's result is folded is not decided here but by the round (``domain.rounds``) and
+the job's position (``domain.job.done_tasks``): a record is what workers did, not what the model
+holds. ``trained`` is what documents written before 2026-11-26 say of a finished attempt.
 """
 
 from __future__ import annotations

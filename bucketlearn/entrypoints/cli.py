@@ -204,7 +204,7 @@ def start_detached(home: Path, workers: int, min_workers: int | None = None,
 def print_urls(urls: dict[str, str]) -> None:
     if "dashboard" in urls:
         print(f"dashboard: {urls['dashboard']}")
-    for name in ("storage", "pubsub", "firestore", "upload_fn", "delta_fn"):
+    for name in ("storage", "pubsub", "firestore", "upload_fn"):
         if name in urls:
             print(f"{name}: {urls[name]}")
 
@@ -598,20 +598,30 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.services.autoscale import ScalingPolicy, autoscale_once  # noqa: PLC0415
+    from bucketlearn.services.autoscale import (  # noqa: PLC0415
+        JOBS_PER_AGGREGATOR,
+        ScalingPolicy,
+        autoscale_once,
+    )
 
     settings = load_settings()
     setup_logging(settings.log_format)
     scaler = load_autoscaler_settings()
     svc = google_services(settings)
     state = svc.registry.get_control("autoscaler") or {}
+    cooldown = scaler.scale_down_cooldown_seconds
+    aggregators = (CloudRunWorkerPool(scaler.aggregator_pool) if scaler.aggregator_pool
+                   else None)
     decision = autoscale_once(svc.registry, CloudRunWorkerPool(scaler.worker_pool),
                               ScalingPolicy(scaler.min_workers, scaler.max_workers,
-                                            scale_down_cooldown_seconds=(
-                                                scaler.scale_down_cooldown_seconds)),
-                              time.time(), state)
-    svc.registry.set_control("autoscaler", {"last_change_at": state.get("last_change_at"),
-                                            "last_decision": decision})
+                                            scale_down_cooldown_seconds=cooldown),
+                              time.time(), state, aggregators,
+                              ScalingPolicy(scaler.min_aggregators, scaler.max_aggregators,
+                                            JOBS_PER_AGGREGATOR, cooldown))
+    svc.registry.set_control("autoscaler", {
+        "last_change_at": state.get("last_change_at"),
+        "aggregators_changed_at": state.get("aggregators_changed_at"),
+        "last_decision": decision})
     tended = tend_once(svc)  # after the resize: a slow pass must not keep workers from starting
     emit({**decision, **tended})
     return EXIT_OK
@@ -621,6 +631,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from bucketlearn.entrypoints.worker import run_learners  # noqa: PLC0415
 
     return run_learners()
+
+
+def cmd_aggregator(args: argparse.Namespace) -> int:
+    from bucketlearn.entrypoints.aggregator import main as run_aggregator  # noqa: PLC0415
+
+    run_aggregator()
+    return EXIT_OK
 
 
 # --- parser ------------------------------------------------------------------------------------
@@ -633,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_commands(sub)
     sub.add_parser("worker", help="run a learner worker (container entry point)").set_defaults(
         func=cmd_worker)
+    sub.add_parser("aggregator", help="run the long-running aggregator: fold results into "
+                   "versions (container entry point)").set_defaults(func=cmd_aggregator)
     sub.add_parser("autoscale", help="one step of the cloud controller: the worker pool's "
                    "instance count from the backlog, then the watchdog's pass"
                    ).set_defaults(func=cmd_autoscale)

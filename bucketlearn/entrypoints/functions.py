@@ -1,4 +1,5 @@
-"""Decode Cloud Function events, call one core function, log the outcome.
+"""Decode the upload function's events, call one core function, log the outcome (task results
+go to the long-running aggregator over Pub/Sub: ``bucketlearn.entrypoints.aggregator``).
 
 Kept apart from ``functions/main.py`` so the decoding is unit-testable without the framework.
 """
@@ -75,23 +76,4 @@ def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
         log.error("upload %s: %s; not retried (retrying cannot help)", shown, exc)
         return Outcome.FAILED.value
     log.info("upload %s -> %s (job %s)", shown, outcome.value, job_id)
-    return outcome.value
-
-
-def on_delta(cloud_event: Any) -> str:
-    """Storage finalize event on the deltas bucket -> aggregate that job."""
-    from bucketlearn.services.aggregate import handle_delta_event  # noqa: PLC0415
-
-    svc = _services()
-    data = cloud_event.data
-    try:
-        outcome, job_id = handle_delta_event(svc, str(data["bucket"]), str(data["name"]))
-    except TransientError as exc:
-        log.warning("delta %r: %s; the event will be retried", data["name"], exc)
-        raise RetryLater(str(exc)) from exc
-    log.info("delta %r -> %s (job %s)", data["name"], outcome.value, job_id)
-    if outcome is Outcome.BUSY:
-        # Another invocation holds the job's lease. It re-checks before it lets go, but if it
-        # dies it never will: so this event comes back (with backoff) until someone folds it.
-        raise RetryLater(f"job {job_id}: another invocation is aggregating; retry later")
     return outcome.value

@@ -1,9 +1,9 @@
 """The local stack: the same code as the cloud, on emulators and local processes.
 
 ``LocalStack.start()`` brings up, each on a free port and logging to ``<home>/logs/``:
-the Pub/Sub and Firestore emulators (gcloud), gcp-storage-emulator, both functions under
-functions-framework, the storage-event relay (a thread), N learner workers and the Streamlit
-dashboard. It creates buckets, topic and subscription, waits for health, and writes
+the Pub/Sub and Firestore emulators (gcloud), gcp-storage-emulator, the upload function under
+functions-framework with the storage-event relay (a thread) in front of it, the long-running
+aggregator, N learner workers and the Streamlit dashboard. It creates buckets, topic and subscription, waits for health, and writes
 ``<home>/local.json`` so later CLI commands in the same directory find it. ``stop()`` ends every
 process it started (whole process groups: gcloud starts Java children).
 
@@ -286,6 +286,8 @@ class Emulators:
             uploads_bucket=f"{prefix}-uploads", work_bucket=f"{prefix}-work",
             deltas_bucket=f"{prefix}-deltas", models_bucket=f"{prefix}-models",
             tasks_topic=f"{prefix}-tasks", tasks_subscription=f"{prefix}-tasks-workers",
+            results_topic=f"{prefix}-results",
+            results_subscription=f"{prefix}-results-aggregator",
             storage_emulator_host=self.urls["storage"],
             pubsub_emulator_host=f"127.0.0.1:{self.ports['pubsub']}",
             firestore_emulator_host=f"127.0.0.1:{self.ports['firestore']}",
@@ -347,15 +349,16 @@ class LocalStack:
             self._create_resources()
             base_env = self.child_env()
             bin_dir = Path(sys.executable).parent
-            ports = {name: free_port() for name in ("upload_fn", "delta_fn", "dashboard")}
+            ports = {name: free_port() for name in ("upload_fn", "dashboard")}
             source = str(repo_root() / "functions" / "main.py")
             fn_env = self.child_env(single_threaded=True)
-            for name, target in (("upload_fn", "on_upload"), ("delta_fn", "on_delta")):
-                self._spawn(name, [str(bin_dir / "functions-framework"), "--target", target,
-                                   "--signature-type", "cloudevent", "--source", source,
-                                   "--host", "127.0.0.1", "--port", str(ports[name])],
-                            logs, fn_env)
-                self.urls[name] = f"http://127.0.0.1:{ports[name]}/"
+            self._spawn("upload_fn", [str(bin_dir / "functions-framework"), "--target",
+                                      "on_upload", "--signature-type", "cloudevent",
+                                      "--source", source, "--host", "127.0.0.1",
+                                      "--port", str(ports["upload_fn"])], logs, fn_env)
+            self.urls["upload_fn"] = f"http://127.0.0.1:{ports['upload_fn']}/"
+            self._spawn("aggregator", [sys.executable, "-m", "bucketlearn.entrypoints.aggregator"],
+                        logs, fn_env)
             initial = self.workers if self.scaling is None else self.scaling.min_workers
             for i in range(initial):
                 self.start_worker(i)
@@ -369,8 +372,7 @@ class LocalStack:
                                           "--client.toolbarMode", "viewer"],
                             logs, base_env)
                 self.urls["dashboard"] = f"http://127.0.0.1:{ports['dashboard']}"
-            for name in ("upload_fn", "delta_fn"):
-                wait_http(self.urls[name], timeout, self.procs[name], ok_any=True)
+            wait_http(self.urls["upload_fn"], timeout, self.procs["upload_fn"], ok_any=True)
             self._start_relay()
             if "dashboard" in self.urls:
                 wait_http(self.urls["dashboard"] + "/_stcore/health", timeout,
@@ -410,7 +412,7 @@ class LocalStack:
 
     def _create_resources(self) -> None:
         from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
-        from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
+        from bucketlearn.adapters.pubsub import PubSubQueue, results_queue  # noqa: PLC0415
 
         assert self.settings is not None
         store = GcsBlobStore(self.settings)
@@ -418,6 +420,7 @@ class LocalStack:
                        self.settings.deltas_bucket, self.settings.models_bucket):
             store.ensure_bucket(bucket)
         PubSubQueue(self.settings).ensure_topology()
+        results_queue(self.settings).ensure_topology()
 
     def _start_relay(self) -> None:
         from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
@@ -426,8 +429,7 @@ class LocalStack:
         assert self.settings is not None
         self.relay = StorageEventRelay(
             GcsBlobStore(self.settings),
-            {self.settings.uploads_bucket: self.urls["upload_fn"],
-             self.settings.deltas_bucket: self.urls["delta_fn"]},
+            {self.settings.uploads_bucket: self.urls["upload_fn"]},
             duplicate=self.duplicate_events)
         self.relay.start()
 
@@ -459,7 +461,7 @@ class LocalStack:
                     continue
                 self._clear_after(proc)
                 code = proc.popen.returncode if proc.popen else None
-                if name.startswith("worker-") or name.endswith("_fn"):
+                if name.startswith("worker-") or name.endswith("_fn") or name == "aggregator":
                     log.warning("%s exited (code %s); restarting", name, code)
                     proc.restarts += 1
                     proc.start()

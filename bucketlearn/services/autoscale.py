@@ -60,19 +60,23 @@ def desired_workers(policy: ScalingPolicy, outstanding_tasks: int, current: int,
     return target
 
 
-def outstanding_tasks(registry: Registry, limit: int = 500) -> int:
-    """Tasks of active jobs' current rounds that are neither applied nor failed yet (only a
-    round's tasks can be trained at once, so more workers than that would wait)."""
+def outstanding_tasks(registry: Registry) -> int:
+    """Tasks of active jobs' current rounds (a round is folded whole, so all of its tasks are
+    outstanding until it is; only a round's tasks can be trained at once, so more workers than
+    that would wait). Every job that has not ended counts, however many newer ones exist."""
     total = 0
-    for job in registry.list_jobs(limit):
+    for job in registry.list_active_jobs():
         if jobs.is_terminal(job) or job.phase != jobs.TRAINING or not job.plan:
             continue
-        epoch = job.epoch
-        if epoch < 1 or not job.is_published:
+        if job.epoch < 1 or not job.is_published:
             continue
-        done = jobs.done_tasks(registry.get_epoch(job.job_id, epoch))
-        total += sum(1 for t in jobs.current_round_tasks(job) if t not in done)
+        total += len(jobs.current_round_tasks(job))
     return total
+
+
+def active_jobs(registry: Registry) -> int:
+    """Jobs that have not ended: the aggregator pool runs while there is one."""
+    return len(registry.list_active_jobs())
 
 
 class WorkerPool(Protocol):
@@ -83,11 +87,18 @@ class WorkerPool(Protocol):
     def set(self, count: int) -> None: ...
 
 
-def autoscale_once(registry: Registry, pool: WorkerPool, policy: ScalingPolicy, now: float,
-                   state: dict[str, Any]) -> dict[str, Any]:
-    """One controller step: read outstanding work and the pool, resize if the policy says so.
+JOBS_PER_AGGREGATOR = 20  # jobs one aggregator serves before the pool asks for another
 
-    ``state`` carries ``last_change_at`` between runs (the caller persists it).
+
+def autoscale_once(registry: Registry, pool: WorkerPool, policy: ScalingPolicy, now: float,
+                   state: dict[str, Any], aggregators: WorkerPool | None = None,
+                   aggregator_policy: ScalingPolicy | None = None) -> dict[str, Any]:
+    """One controller step: read outstanding work and the pools, resize if the policy says so.
+
+    The learners follow the outstanding tasks; the aggregators (when given) the jobs that have
+    not ended, ``JOBS_PER_AGGREGATOR`` each (one while any job runs, none when idle), with the
+    same bounds-and-cool-down policy. ``state`` carries ``last_change_at`` (and
+    ``aggregators_changed_at``) between runs (the caller persists it).
     """
     outstanding = outstanding_tasks(registry)
     current = pool.current()
@@ -97,5 +108,15 @@ def autoscale_once(registry: Registry, pool: WorkerPool, policy: ScalingPolicy, 
         state["last_change_at"] = now
     decision = {"outstanding_tasks": outstanding, "current": current, "desired": desired,
                 "changed": desired != current, **state}
+    if aggregators is not None and aggregator_policy is not None:
+        active = active_jobs(registry)
+        running = aggregators.current()
+        wanted = desired_workers(aggregator_policy, active, running,
+                                 state.get("aggregators_changed_at"), now)
+        if wanted != running:
+            aggregators.set(wanted)
+            state["aggregators_changed_at"] = now
+        decision.update(active_jobs=active, aggregators=running, aggregators_desired=wanted,
+                        aggregators_changed_at=state.get("aggregators_changed_at"))
     log.info("autoscale: %s", decision)
     return decision

@@ -33,7 +33,7 @@ from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
-from bucketlearn.domain.job import Epoch, Job, Version
+from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.domain.task import TaskRecord
@@ -239,13 +239,11 @@ def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
     job = registry.get_job(job_id)
     if job is None:
         return None
-    epoch = job.epoch
     return {
         "job": job,
         "versions": registry.list_versions(job_id),
         "tasks": registry.list_tasks(job_id),
         "workers": registry.list_workers(),
-        "epoch": registry.get_epoch(job_id, epoch) if epoch > 0 else None,
     }
 
 
@@ -302,12 +300,16 @@ def progress_text(summary: Mapping[str, Any]) -> str:
     return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
 
 
-def epoch_progress(epoch: Epoch | None) -> dict[str, int] | None:
-    """Tasks planned/applied/failed in the current epoch."""
-    if epoch is None:
+def epoch_progress(job: Job, versions: Iterable[Version]) -> dict[str, int] | None:
+    """Tasks planned/applied/failed in the current epoch: the rounds before the job's current
+    one are done (``domain.job.done_tasks``); the versions that folded them say which failed."""
+    if job.epoch < 1 or job.tasks_per_epoch is None:
         return None
-    return {"epoch": epoch.epoch, "planned": epoch.planned, "applied": len(epoch.applied),
-            "failed": len(epoch.failed)}
+    done = (job.tasks_per_epoch if job.status == jobs.DONE
+            else len(jobs.done_tasks(job)))
+    failed = sum(len(v.tasks_failed) for v in versions if v.epoch == job.epoch)
+    return {"epoch": job.epoch, "planned": job.tasks_per_epoch, "applied": done - failed,
+            "failed": failed}
 
 
 def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
@@ -478,30 +480,47 @@ def alive_count(workers: Iterable[Mapping[str, Any]], now: float,
 
 
 _STATE_NAMES = {attempt.RUNNING: "running", attempt.RETRYING: "retrying",
-                attempt.TRAINED: "done", attempt.FAILED: "failed"}
+                attempt.TRAINED: "done", "APPLIED": "done", attempt.FAILED: "failed"}
+
+
+def shown_state(job: Job, task: TaskRecord) -> str:
+    """A task's state as the page shows it: a learner writes its task's document once, when it
+    starts an attempt, so a task of a round the job has folded shows as APPLIED (TRAINED on
+    older documents), whatever its document last said."""
+    if task.state in (attempt.FAILED,):
+        return task.state
+    folded = (job.status == jobs.DONE or task.epoch < job.epoch
+              or (task.epoch == job.epoch and task.task_index in jobs.done_tasks(job)))
+    return "APPLIED" if folded else task.state
 
 
 def task_state_counts(job: Job, tasks: Iterable[TaskRecord]) -> dict[str, int]:
-    """queued (planned but never started), running, retrying, done (trained), failed."""
+    """queued (planned but never started), running, retrying, done (folded), failed."""
     counts = dict.fromkeys(TASK_STATES, 0)
     known = 0
     for task in tasks:
         known += 1
-        key = _STATE_NAMES.get(task.state)
+        key = _STATE_NAMES.get(shown_state(job, task))
         if key:
             counts[key] += 1
     counts["queued"] = max(0, (job.tasks_planned or 0) - known)
     return counts
 
 
-def task_frame(tasks: Iterable[TaskRecord], now: float) -> pd.DataFrame:
-    """Per-task timings, most recently started first. ``seconds`` runs on for a RUNNING task."""
+def task_frame(job: Job, tasks: Iterable[TaskRecord], versions: Iterable[Version],
+               now: float) -> pd.DataFrame:
+    """Per-task timings, most recently started first. ``seconds`` runs on for a RUNNING task;
+    a folded task's phase timings come from the version that folded it (``task_stats``)."""
     tasks = list(tasks)
+    stats = task_stats(versions)
     rows = [{
         "task_id": task.task_id, "epoch": task.epoch, "task_index": task.task_index,
-        "state": task.state, "attempts": task.attempts, "worker_id": task.worker_id,
+        "state": shown_state(job, task), "attempts": task.attempts,
+        "worker_id": task.worker_id,
         "started": timestamp(task.started_at), "seconds": task.busy_seconds(now),
-        **{f"{phase}_seconds": task.phase_seconds(phase) for phase in attempt.PHASES},
+        **{f"{phase}_seconds": _float(stats.get(task.task_id, {}).get(f"{phase}_seconds"))
+           if task.phase_seconds(phase) is None else task.phase_seconds(phase)
+           for phase in attempt.PHASES},
         "rows": task.rows, "error": task.error or "",
     } for task in tasks]
     frame = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
@@ -512,12 +531,20 @@ def task_frame(tasks: Iterable[TaskRecord], now: float) -> pd.DataFrame:
     return frame.drop(columns="_started").reset_index(drop=True)
 
 
-def timing_summary(tasks: Iterable[TaskRecord]) -> pd.DataFrame:
-    """Median, 90th percentile and max of fetch/train/write seconds over trained tasks."""
-    trained = [t for t in tasks if t.state == attempt.TRAINED]
+def task_stats(versions: Iterable[Version]) -> dict[str, Mapping[str, Any]]:
+    """What each folded task's learner measured, by task id (``Version.task_stats``)."""
+    return {task_id: stats for version in versions
+            for task_id, stats in version.task_stats.items()}
+
+
+def timing_summary(versions: Iterable[Version]) -> pd.DataFrame:
+    """Median, 90th percentile and max of fetch/train/write seconds over folded tasks (as
+    their learners measured them; the versions record it)."""
+    trained = list(task_stats(list(versions)).values())
     rows = []
     for phase in attempt.PHASES:
-        values = [v for v in (t.phase_seconds(phase) for t in trained) if v is not None]
+        values = [v for v in (_float(t.get(f"{phase}_seconds")) for t in trained)
+                  if v is not None]
         if values:
             rows.append({"phase": phase, "tasks": len(values),
                          "median_s": float(np.median(values)),

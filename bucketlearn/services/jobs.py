@@ -31,6 +31,7 @@ from bucketlearn.domain.job import (  # noqa: F401
 from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_warning
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.domain.target import CLASSIFICATION
+from bucketlearn.domain.usage import summary as usage_summary
 from bucketlearn.errors import TransientError, UnreachableError
 from bucketlearn.ports import TaskMessage
 
@@ -148,6 +149,12 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         "mae": head.get("holdout_mae"),
         "r2": head.get("holdout_r2"),
         "missing_targets": dataset.get("missing_targets"),
+        # which version the figures above are of (the newest is evaluated off the critical
+        # path, so they may be of the one before)
+        "evaluated_version": job.head.evaluated_version if job.head is not None else None,
+        # how training was laid out, and what the job used and cost (issue #24)
+        "plan": dict(job.plan) if job.plan else None,
+        **usage_summary(job.usage or {}),
     }
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
@@ -203,14 +210,23 @@ def round_messages(job: Job, shards: Sequence[Any],
         shards: the manifest's shards (``ingest.Shard``), in shard order.
         task_indices: only these tasks of the round (a retry); all of them when None.
     """
-    plan = job_plan(job)
-    options = job.options
-    epoch, round_index = job.epoch, job.round
-    tasks = epoch_tasks(plan, len(shards), int(options["seed"]), epoch)
-    span = plan.span(epoch, round_index)
     head = job.head
-    if head is None:
+    if head is None or job.training_plan is None:
         raise ValueError(f"job {job.job_id} has no head version to train from (not split yet)")
+    return position_messages(job, shards, job.epoch, job.round, head.version, head.weights_path,
+                             head.digest, task_indices)
+
+
+def position_messages(job: Job, shards: Sequence[Any], epoch: int, round_index: int,
+                      base_version: int, weights_path: str, base_digest: str,
+                      task_indices: Sequence[int] | None = None) -> list[TaskMessage]:
+    """The task messages of round ``round_index`` of ``epoch`` from the version named (the
+    current round's from the head, or, for a learner chaining at R = 1, the next round's from
+    the state its task ended with, which the fold makes the next version)."""
+    plan = job.training_plan
+    assert plan is not None
+    tasks = epoch_tasks(plan, len(shards), int(job.options["seed"]), epoch)
+    span = plan.span(epoch, round_index)
     wanted = plan.round_range(round_index) if task_indices is None else task_indices
     messages = []
     for task_index in wanted:
@@ -219,8 +235,8 @@ def round_messages(job: Job, shards: Sequence[Any],
             job_id=job.job_id, epoch=epoch, task_index=int(task_index),
             parts=tuple(part for shard in members for part in shard.parts),
             rows=sum(int(shard.rows) for shard in members), round=round_index,
-            base_version=head.version, weights_path=head.weights_path,
-            span=span))
+            base_version=base_version, weights_path=weights_path, span=span,
+            base_digest=base_digest))
     return messages
 
 

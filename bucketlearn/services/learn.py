@@ -1,21 +1,34 @@
-"""The learner: pull one task, train it from the version it names, write its result, then ack.
+"""The learner: pull a task, train it from the version it names, write its result, announce it.
 
-A task message names the version it trains from (the head when its round was published), its
-rows and its learning rate, so there is nothing to wait for and nothing to decide: the worker
-loads that version's weights and optimizer state, trains, and writes the weights and optimizer
-state it ended with (the aggregator takes the delta against that version, exactly: domain.fold).
-Only the current round's tasks are ever published, so a worker never trains from a stale version.
+A task message names the version it trains from (its number, weights object and the digest of
+its arrays), its rows and its learning rates, so there is nothing to wait for and nothing to
+decide: the worker takes that version's weights and optimizer state, trains, writes the state it
+ended with to the deltas bucket, publishes a small result message naming that object (the
+aggregator pulls them), and only then acknowledges the task. Delivery is at least once, so a
+task may be trained twice; the aggregator applies it once.
 
-Delivery is at least once, so a task may be trained twice; the aggregator applies it once.
+What a round waits for is kept off its critical path:
+
+* a learner keeps what it read: shard parts (``runtime.PartCache``: written once, read every
+  epoch) and the state its last task ended with, so a task that names that state's digest reads
+  no weights;
+* the job read and the attempt record (``_admit``) run beside the training, not before it; the
+  result is announced only once both said yes;
+* **chaining (R = 1)**: when a job trains one task at a time, the fold of a round is its one
+  task's end state, to the bit. The learner announces its result as *chained* and goes straight
+  on with the next round's task from that state while the aggregator commits behind it; each
+  chained task's result is published only once the aggregator's commits have caught up to within
+  ``chain_depth`` versions of it, with the digests the learner expects (else the chain stops and
+  the learner goes back to pulling; the aggregator publishes a round whose chained result is late).
+
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
 ``max_task_attempts`` the task is marked FAILED, a failure marker is written to the deltas
-bucket (so the aggregator hears of it) and the message is acked.
+bucket and announced, and the message is acked.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
 import os
@@ -25,22 +38,24 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import Job, next_round
 from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
-from bucketlearn.ingest.split import load_parts
-from bucketlearn.ml.training import train_task
-from bucketlearn.ports import ReceivedTask, TaskMessage
+from bucketlearn.faults import crash_point
+from bucketlearn.ml.training import LocalResult, train_task
+from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, TaskMessage
 from bucketlearn.services import jobs
+from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
-from bucketlearn.services.runtime import job_runtime, models_built
+from bucketlearn.services.runtime import job_runtime, models_built, part_cache
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +73,12 @@ class LearnerTuning:
     # How long the final heartbeat ("stopped") waits for a write still in flight (each write is
     # bounded by the registry's own timeout, 30 s for Firestore).
     heartbeat_write_wait_seconds: float = 60.0
+    # Chaining (R = 1): a chained task's result is announced once the aggregator has committed
+    # the version ``chain_depth - 1`` before its base; the learner waits up to
+    # ``chain_confirm_seconds`` for that, reading the job every ``chain_poll_seconds``.
+    chain_depth: int = 2
+    chain_confirm_seconds: float = 30.0
+    chain_poll_seconds: float = 0.01
 
 
 def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
@@ -71,7 +92,7 @@ def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
         return "the job is gone"
     if jobs.is_terminal(job):
         return f"the job is {job.status}"
-    if task.base_version < 0 or not task.weights_path:
+    if task.base_version < 0 or not (task.weights_path or task.base_digest):
         return "the message names no version to train from"
     if (job.version or 0) > task.base_version:
         return f"its round was folded (the job is at v{job.version})"
@@ -151,10 +172,31 @@ class _Reporter:
         self.thread.join(timeout=self.tuning.reporter_join_seconds)
 
 
+@dataclass
+class _Admission:
+    """What the job read and the attempt record said about a task (``Learner._admit``)."""
+
+    job: Job | None
+    skip: str | None = None
+    attempts: int = 0
+    key: str = ""
+    doc_id: str = ""
+
+
+@dataclass
+class _Trained:
+    """One trained task: its result, the digest of the state it ended with, its figures."""
+
+    task: TaskMessage
+    result: LocalResult
+    end_digest: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
                  stop: threading.Event | None = None, max_models: int = 0,
-                 tuning: LearnerTuning = LearnerTuning()) -> None:
+                 tuning: LearnerTuning = LearnerTuning(), chain: bool = False) -> None:
         self.svc = svc
         self.tuning = tuning
         # Once this process has built this many models (``runtime.models_built``: one per job,
@@ -163,6 +205,9 @@ class Learner:
         # never)
         self.max_models = max_models
         self.recycle = False
+        # chain rounds at R = 1 (a learner process does; the in-process simulation, which folds
+        # between tasks in one thread, does not)
+        self.chain = chain
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
         self.started_at = svc.clock()
@@ -171,6 +216,10 @@ class Learner:
         self._owed_refunds: list[tuple[str, str, str]] = []  # (job, task doc, attempt key)
         self._heartbeat_lock = threading.Lock()  # one heartbeat write at a time, in order
         self._heartbeats_closed = threading.Event()  # "stopped" is written: nothing lands after
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="learner-io")
+        # results of chained tasks are written and announced from here, in order, while the
+        # next task trains
+        self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="announce")
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
         """Say what this worker is doing: through the reporter thread while ``run`` runs (the
@@ -222,7 +271,9 @@ class Learner:
 
     def process(self, task: TaskMessage, pulled_at: float | None = None,
                 delivery_attempt: int | None = None) -> Decision:
-        """Train one task (``pulled_at``: when its message arrived, recorded with the attempt).
+        """Train one task (``pulled_at``: when its message arrived, recorded with the attempt),
+        announce its result and, when the job trains one task at a time and this learner
+        chains, go on with the rounds after it (``_chain``).
 
         Attempts are counted once per delivery, idempotently (an attempt key per delivery), and
         only for failures that are the task's: through a backend outage the worker keeps the
@@ -230,38 +281,63 @@ class Learner:
         as a Pub/Sub delivery towards dead-lettering), and an attempt it could not give back during
         the outage is given back later (``_settle_refunds``).
         """
-        svc, registry = self.svc, self.svc.registry
         self._settle_refunds()
-        job = registry.get_job(task.job_id)
-        skip = skip_reason(job, task)
-        if skip is not None:
-            log.info("task %s: %s; nothing to do", task.task_id, skip)
-            return Decision.ACK
-        assert job is not None
-        if task.task_index in jobs.done_tasks(registry.get_epoch(task.job_id, task.epoch)):
-            return Decision.ACK  # a duplicate delivery of a task already applied
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it
+        pulled_at = self.svc.clock() if pulled_at is None else pulled_at
+        admission = self._io.submit(self._admit, task, pulled_at, delivery_attempt)
+        runtime_job = self._known_job(task.job_id)
+        if runtime_job is None:  # the first task of a job here: its model needs the job read
+            done = admission.result()
+            if done.skip is not None:
+                log.info("task %s: %s; nothing to do", task.task_id, done.skip)
+                return Decision.ACK
+            runtime_job = done.job
+        assert runtime_job is not None
+        self.heartbeat("busy", task)
+        try:
+            trained = self._with_retries(lambda: self.train(task, runtime_job))
+        except Exception as exc:  # noqa: BLE001 - every failure is retried
+            return self._failed_attempt(task, admission, exc)
+        admitted = admission.result()
+        if admitted.skip is not None:
+            log.info("task %s: %s; its result is not announced", task.task_id, admitted.skip)
+            return Decision.ACK
+        if admitted.attempts > self.svc.settings.max_task_attempts:
+            self.fail_task(task, admitted.doc_id, admitted.attempts - 1)
+            return Decision.ACK
+        assert admitted.job is not None
+        following = self._next_task(admitted.job, trained) if self.chain else None
+        self._with_retries(lambda: self.announce(trained, chained=following is not None))
+        self.tasks_done += 1
+        if following is not None:
+            self._chain(admitted.job, trained, following)
+        self.heartbeat("idle")
+        return Decision.ACK
+
+    def _known_job(self, job_id: str) -> Job | None:
+        """The job as this process's runtime cache knows it (its model is built), or None."""
+        runtime = self.svc.cache.get("runtimes", {}).get(job_id)
+        return runtime.job if runtime is not None else None
+
+    def _admit(self, task: TaskMessage, pulled_at: float,
+               delivery_attempt: int | None) -> _Admission:
+        """Read the job and, when the task is still to train, count this attempt (before the
+        result can be announced: a task that crashes its worker still runs out of attempts)."""
+        registry = self.svc.registry
+        job = self._with_retries(lambda: registry.get_job(task.job_id))
+        skip = skip_reason(job, task)
+        if skip is not None:
+            return _Admission(job, skip)
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
-        now = svc.clock()
         key = layout.new_nonce()
         fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round,
-                                 task.rows, self.worker_id, now, pulled_at, delivery_attempt)
+                                 task.rows, self.worker_id, self.svc.clock(), pulled_at,
+                                 delivery_attempt)
         attempts = self._with_retries(
             lambda: registry.record_attempt(task.job_id, doc_id, fields, key),
             on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
-        if attempts > svc.settings.max_task_attempts:
-            self.fail_task(task, doc_id, attempts - 1)
-            return Decision.ACK
-        self.heartbeat("busy", task)
-        try:
-            timings = self._with_retries(lambda: self.train(task, job))
-        except Exception as exc:  # noqa: BLE001 - every failure is retried
-            return self._failed(task, doc_id, key, attempts, exc)
-        self.tasks_done += 1
-        registry.update_task(task.job_id, doc_id, attempt.trained(svc.clock(), timings))
-        self.heartbeat("idle")
-        return Decision.ACK
+        return _Admission(job, None, attempts, key, doc_id)
 
     def _with_retries(self, call: Callable[[], Any],
                       on_give_up: Callable[[], None] | None = None) -> Any:
@@ -282,18 +358,30 @@ class Learner:
                     raise
                 pause = min(pause * 2, 30.0)
 
-    def _failed(self, task: TaskMessage, doc_id: str, key: str, attempts: int,
-                exc: Exception) -> Decision:
+    def _failed_attempt(self, task: TaskMessage, admission: Future[_Admission],
+                        exc: Exception) -> Decision:
         """Record a failed attempt (given back when the failure was transient); nack."""
+        try:
+            admitted = admission.result()
+        except Exception:  # noqa: BLE001 - the registry may be what failed: try again later
+            log.warning("task %s failed (%s) and the registry did not answer", task.task_id, exc)
+            return Decision.NACK
+        if admitted.skip is not None:
+            log.info("task %s failed (%s) but needs no training: %s", task.task_id, exc,
+                     admitted.skip)
+            return Decision.ACK
         transient = self.svc.transient(exc)
-        log.warning("task %s attempt %d failed (%s): %s", task.task_id, attempts,
+        if admitted.attempts > self.svc.settings.max_task_attempts and not transient:
+            self.fail_task(task, admitted.doc_id, admitted.attempts - 1)
+            return Decision.ACK
+        log.warning("task %s attempt %d failed (%s): %s", task.task_id, admitted.attempts,
                     "transient" if transient else "counted", exc,
                     exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))
         if transient:  # a backend outage is not the task's fault: give the attempt back
-            self._owe_refund(task.job_id, doc_id, key)
+            self._owe_refund(task.job_id, admitted.doc_id, admitted.key)
             self._settle_refunds()
         try:
-            self.svc.registry.update_task(task.job_id, doc_id, attempt.retrying(
+            self.svc.registry.update_task(task.job_id, admitted.doc_id, attempt.retrying(
                 f"{type(exc).__name__}: {exc}", self.svc.clock()))
         except Exception:  # noqa: BLE001 - the registry may be the backend that is down
             log.warning("could not record the failure of %s", task.task_id)
@@ -312,13 +400,16 @@ class Learner:
             except Exception:  # noqa: BLE001 - still down: try again with the next task
                 self._owed_refunds.append((job_id, doc_id, key))
 
-    def train(self, task: TaskMessage, job: Job) -> dict[str, Any]:
-        """Train the task from the version it names and write its result; return timings."""
+    def train(self, task: TaskMessage, job: Job,
+              state: tuple[list[Any], list[Any]] | None = None) -> _Trained:
+        """Train the task from the version it names (or from ``state``, a chain's last end
+        state); return its result and figures."""
         svc = self.svc
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         runtime = job_runtime(svc, job)
-        base, optimizer = runtime.state(task.weights_path)
-        x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
+        base, optimizer = state or runtime.state(task.weights_path, task.base_digest)
+        x, y = part_cache(svc).rows(svc, list(task.parts))
         t1 = time.perf_counter()
         options = job.options
         batch_size = int(options["batch_size"])
@@ -327,35 +418,126 @@ class Learner:
                            math.ceil(len(y) / batch_size))
         weights = class_weights(str(options.get("class_weight", "none")),
                                 runtime.manifest.train_counts)
-        result = train_task(runtime.model, base, optimizer, x, y, batch_size, rates,
-                            int(options["seed"]), task.epoch, task.task_index, weights)
+        with runtime.lock:
+            result = train_task(runtime.model, base, optimizer, x, y, batch_size, rates,
+                                int(options["seed"]), task.epoch, task.task_index, weights)
+        end_digest = codec.state_digest(result.weights, result.optimizer) if self.chain else ""
+        runtime.keep(end_digest, result.weights, result.optimizer)
         t2 = time.perf_counter()
+        return _Trained(task, result, end_digest, {
+            "fetch_seconds": round(t1 - t0, 6), "train_seconds": round(t2 - t1, 6),
+            "examples": result.examples, "train_loss": result.train_loss,
+            "finished_at": svc.clock(), "cpu_seconds": round(time.process_time() - cpu0, 6)})
+
+    def announce(self, trained: _Trained, chained: bool = False) -> ResultMessage:
+        """Write a trained task's result to the deltas bucket, then publish the message naming
+        it (never before the object exists)."""
+        svc, task = self.svc, trained.task
+        started = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "round": task.round,
-                "base_version": task.base_version, "examples": result.examples,
-                "train_loss": result.train_loss, "worker_id": self.worker_id,
+                "base_version": task.base_version, "base_digest": task.base_digest,
+                "examples": trained.result.examples,
+                "train_loss": trained.result.train_loss, "worker_id": self.worker_id,
                 "content": WEIGHTS}  # the aggregator takes the delta, exactly (domain.fold)
-        data = codec.encode_state(result.weights, result.optimizer, meta)
+        data = codec.encode_state(trained.result.weights, trained.result.optimizer, meta)
         path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
         svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream",
                               metadata={k: str(v) for k, v in meta.items()})
-        t3 = time.perf_counter()
-        return {"fetch_seconds": t1 - t0, "train_seconds": t2 - t1, "write_seconds": t3 - t2,
-                "base_version": task.base_version, "train_loss": result.train_loss,
-                "delta_path": path}
+        crash_point(svc.settings, "learner.before_publish")
+        stats = {**trained.stats, "write_seconds": round(time.perf_counter() - started, 6),
+                 "result_bytes": len(data)}
+        busy = sum(float(stats.get(k) or 0.0) for k in ("fetch_seconds", "train_seconds",
+                                                          "write_seconds"))
+        stats["usage"] = {**svc.usage(task.job_id), "worker_seconds": round(busy, 6)}
+        message = ResultMessage(
+            job_id=task.job_id, kind=RESULT, epoch=task.epoch, task_index=task.task_index,
+            round=task.round, base_version=task.base_version, base_digest=task.base_digest,
+            path=path, end_digest=trained.end_digest, chained=chained,
+            worker_id=self.worker_id, sent_at=svc.clock(), stats=stats)
+        svc.results.publish([message])
+        crash_point(svc.settings, "learner.before_ack")
+        return message
+
+    # -- chaining (R = 1) -------------------------------------------------------------------------
+    def _next_task(self, job: Job, trained: _Trained) -> TaskMessage | None:
+        """The next round's task when this learner may chain into it: the job trains one task at
+        a time, the round after this one exists (not the export) and the learner is not
+        stopping; its base is the version the fold of this task will be (this state)."""
+        plan = job.training_plan
+        task = trained.task
+        if (plan is None or plan.parallel_tasks != 1 or self.stop.is_set()
+                or (self.max_models and models_built(self.svc) >= self.max_models)):
+            return None
+        following = next_round(task.epoch, task.round, plan.rounds_per_epoch, plan.epochs)
+        if following is None:
+            return None
+        shards = job_runtime(self.svc, job).manifest.shards
+        [message] = jobs.position_messages(job, shards, following[0], following[1],
+                                           task.base_version + 1, "", trained.end_digest)
+        return message
+
+    def _chain(self, job: Job, first: _Trained, task: TaskMessage) -> None:
+        """Train the rounds after ``first`` from its end state, one after another, while the
+        aggregator commits behind; stop when the job ends, the chain runs out (the export) or
+        the aggregator's commits do not confirm the states this learner made."""
+        made = {first.task.base_version: first.task.base_digest,  # version -> digest expected
+                first.task.base_version + 1: first.end_digest}
+        previous, pending = first, None
+        while task is not None:
+            admission = self._io.submit(self._admit, task, self.svc.clock(), None)
+            self.heartbeat("busy", task)
+            try:
+                trained = self.train(task, job, (previous.result.weights,
+                                                 previous.result.optimizer))
+            except Exception:  # noqa: BLE001 - the chain stops; the round is published for all
+                log.warning("chained task %s failed; the chain stops", task.task_id,
+                            exc_info=True)
+                return
+            admitted = admission.result()
+            if admitted.skip is not None or admitted.attempts > self.svc.settings.max_task_attempts:
+                log.info("chain stops at %s: %s", task.task_id, admitted.skip or "attempts spent")
+                return
+            if not self._confirmed(task, admitted.job, made):
+                log.info("chain stops at %s: the aggregator did not commit the states it "
+                         "trained from", task.task_id)
+                return
+            following = self._next_task(admitted.job or job, trained)
+            made[task.base_version + 1] = trained.end_digest
+            if pending is not None:
+                pending.result()  # announcements go out in order; a failed one ends the chain
+            pending = self._announcer.submit(self.announce, trained, following is not None)
+            self.tasks_done += 1
+            previous, task = trained, following
+        if pending is not None:
+            pending.result()
+
+    def _confirmed(self, task: TaskMessage, job: Job | None, made: dict[int, str]) -> bool:
+        """Whether the chain may announce ``task``'s result: the job is still training and the
+        aggregator has committed, with the digests this learner made, every version up to
+        ``chain_depth - 1`` before the task's base (reading the job again until it has, for up
+        to ``chain_confirm_seconds``)."""
+        needed = task.base_version - (self.tuning.chain_depth - 1)
+        deadline = time.monotonic() + self.tuning.chain_confirm_seconds
+        while True:
+            if job is None or jobs.is_terminal(job) or job.head is None:
+                return False
+            version = int(job.version or 0)
+            if version >= needed:
+                return made.get(version) == job.head.digest
+            if time.monotonic() >= deadline or self.stop.wait(self.tuning.chain_poll_seconds):
+                return False
+            job = self.svc.registry.get_job(task.job_id)
 
     def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:
-        """Give up on a task: mark it FAILED and tell the aggregator with a failure marker."""
+        """Give up on a task: mark it FAILED and tell the aggregator (a failure marker in the
+        deltas bucket, announced on the results topic)."""
         svc = self.svc
         previous = svc.registry.get_task(task.job_id, doc_id)
         error = (previous.error if previous is not None else None) or "unknown error"
         reason = f"task {task.task_id} failed after {attempts} attempts: {error}"
-        marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
-                  "task_index": task.task_index, "attempts": attempts, "error": reason}
-        path = layout.failure_marker_path(task.job_id, task.epoch, task.task_index,
-                                          layout.new_nonce())
-        svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
-                              "application/json", metadata={"failed": "true"})
+        announce_failure(svc, task.job_id, task.epoch, task.task_index, reason,
+                         {"attempts": attempts, "worker_id": self.worker_id}, task.round)
         svc.registry.update_task(task.job_id, doc_id, attempt.failed(error, svc.clock()))
         log.error("%s", reason)
 
@@ -414,7 +596,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     # recycling needs the parent that starts a fresh process (bucketlearn.entrypoints.worker)
     max_models = svc.settings.worker_max_models if os.environ.get(LEARNER_CHILD_ENV) else 0
-    learner = Learner(svc, max_models=max_models)
+    learner = Learner(svc, max_models=max_models, chain=True)
     log.info("worker %s started", learner.worker_id)
     learner.run(stop)
     if learner.recycle and not stop.is_set():

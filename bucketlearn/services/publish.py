@@ -1,43 +1,52 @@
-"""Publishing a job's current round: its task messages, then ``published`` recorded once.
+"""What goes on the topics: a job's round of tasks (tasks topic), a task given up on (results
+topic).
 
-Used by the upload service (round 1 of epoch 1), the aggregator (every next round) and the
-watchdog's nudge (a round whose publish was lost).
+``publish_round`` is used by the upload service (round 1 of epoch 1), the aggregator (every next
+round, its publish record already in the commit that opened it; a round a chain left; a takeover)
+and a nudge (a round whose publish was lost). ``announce_failure`` by the learner after a task's
+last attempt, the aggregator after its last refused result and the watchdog for a dead-lettered
+task.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
+from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest.split import Manifest
+from bucketlearn.ports import FAILED, ResultMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 
 
-def publish_round(svc: Services, job: Job, manifest: Manifest | None = None) -> None:
-    """Publish the tasks of the job's current round, then record that it is published.
+def publish_round(svc: Services, job: Job, manifest: Manifest | None = None,
+                  task_indices: list[int] | None = None, record: bool = True) -> None:
+    """Publish the tasks of the job's current round (or ``task_indices`` of it), then, with
+    ``record``, record that the round is published (the aggregator records it in the commit
+    that opens the round instead).
 
     Idempotent in effect: publishing a round twice (a crash between the two steps) trains its
     tasks twice at most, and the aggregator applies each once.
     """
     if manifest is None:
         manifest = job_runtime(svc, job).manifest
-    done = jobs.done_tasks(svc.registry.get_epoch(job.job_id, job.epoch))
-    pending = [t for t in jobs.current_round_tasks(job) if t not in done]
-    messages = jobs.round_messages(job, manifest.shards, pending)
+    messages = jobs.round_messages(job, manifest.shards, task_indices)
     svc.queue.publish(messages)
     key = job.round_key
-    if not _record_published(svc, job, key):
+    if record and not _record_published(svc, job, key):
         log.warning("job %s: published %d tasks of round %s, but the job has moved on since it "
                     "was read; its 'published' is left as it is", job.job_id, len(messages),
                     key)
         return
     log.info("job %s: published %d tasks of round %s from v%s", job.job_id, len(messages),
-             key, job.head.version)
+             key, job.head.version if job.head else None)
 
 
 PUBLISH_RECORD_ATTEMPTS = 3
@@ -51,7 +60,8 @@ def _record_published(svc: Services, job: Job, key: str) -> bool:
     for _ in range(PUBLISH_RECORD_ATTEMPTS):
         now = svc.clock()
         if svc.registry.update_job_if(job.job_id, position,
-                                      {"published": key, "published_at": now, "updated_at": now}):
+                                      {"published": key, "published_at": now, "updated_at": now,
+                                       "chained_by": None}):
             return True
         # refused: the job moved on, or (Firestore) another write landed between read and write
         current = svc.registry.get_job(job.job_id)
@@ -60,3 +70,19 @@ def _record_published(svc: Services, job: Job, key: str) -> bool:
     raise TransientError(f"job {job.job_id}: could not record round {key} as published "
                          f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "
                          "changing)")
+
+
+def announce_failure(svc: Services, job_id: str, epoch: int, task_index: int, reason: str,
+                     detail: dict[str, Any] | None = None, round_index: int = 0) -> str:
+    """Tell the aggregator a task failed for good: write its failure marker (which the
+    watchdog's listing finds too), then announce it on the results topic. Returns the marker's
+    name."""
+    marker = {"job_id": job_id, "task_id": layout.task_id_for(job_id, epoch, task_index),
+              "epoch": epoch, "task_index": task_index, "error": reason, **(detail or {})}
+    path = layout.failure_marker_path(job_id, epoch, task_index, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
+                          "application/json", metadata={"failed": "true"})
+    svc.results.publish([ResultMessage(job_id=job_id, kind=FAILED, epoch=epoch,
+                                       task_index=task_index, round=round_index, path=path,
+                                       reason=reason[:2000], sent_at=svc.clock())])
+    return path

@@ -1,4 +1,6 @@
-"""Per-process caches of per-job things: manifest, compiled model, holdout sample, head weights.
+"""Per-process caches of per-job things: manifest, compiled model, holdout sample, the last
+training state read or made; and of shard parts (``PartCache``), which never change once the
+split has written them.
 
 The holdout is never held whole: it can be as large as half an upload (1 GB of arrays for a
 2 GiB file). Versions are evaluated on a fixed random sample of it (``holdout``), read part by
@@ -7,6 +9,7 @@ part; the export evaluates on all of it, one part at a time (``holdout_parts``).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -34,12 +37,16 @@ class JobRuntime:
     def __init__(self, svc: Services, job: Job) -> None:
         self.svc = svc
         self.job_id = job.job_id
+        self.job = job  # as first read here: what the split decided (options, plan, model)
         self.spec = ModelSpec.from_dict(job.model)
         self._manifest: Manifest | None = None
         self._model: Any = None
         self._holdout: tuple[int, np.ndarray, np.ndarray] | None = None  # (max_rows, x, y)
         self._part_rows: list[int] | None = None
         self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
+        # the last state this process made or read, by its digest (``codec.state_digest``)
+        self._kept: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
+        self.lock = threading.RLock()  # one user of the model at a time (training, evaluation)
 
     @property
     def manifest(self) -> Manifest:
@@ -114,14 +121,26 @@ class JobRuntime:
         self._holdout = (max_rows, x, y)
         return x, y
 
-    def state(self, weights_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """A version's weights and optimizer state (the last one read is kept: workers mostly
-        ask for the version their round trains from)."""
+    def state(self, weights_path: str, digest: str = ""
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """A version's weights and optimizer state: the one kept in memory when ``digest``
+        names it (the state this process's last task ended with, or the aggregator's last
+        fold), else the last one read from ``weights_path``, else read now."""
+        if digest and self._kept is not None and self._kept[0] == digest:
+            return self._kept[1], self._kept[2]
         if self._state is None or self._state[0] != weights_path:
             raw = self.svc.store.read_bytes(self.svc.settings.models_bucket, weights_path)
             weights, optimizer, _ = codec.decode_state(raw, weights_path)
             self._state = (weights_path, weights, optimizer)
         return self._state[1], self._state[2]
+
+    def keep(self, digest: str, weights: list[np.ndarray], optimizer: list[np.ndarray],
+             weights_path: str = "") -> None:
+        """Keep a state this process made (a task's end state; a fold it wrote to
+        ``weights_path``), so the next task or fold from it reads nothing."""
+        self._kept = (digest, weights, optimizer)
+        if weights_path:
+            self._state = (weights_path, weights, optimizer)
 
     def weights(self, weights_path: str) -> list[np.ndarray]:
         """A version's weights."""
@@ -149,6 +168,55 @@ def holdout_sample(part_rows: Sequence[int], max_rows: int, seed: int) -> list[n
     taken = rng.multivariate_hypergeometric(np.asarray(part_rows, dtype=np.int64), max_rows)
     return [np.sort(rng.choice(n, int(k), replace=False)) if k else np.arange(0)
             for n, k in zip(part_rows, taken, strict=True)]
+
+
+class PartCache:
+    """Decoded shard parts by path, the most recently used kept up to ``max_bytes``: a part is
+    written once by the split and never changes, and a learner trains the same job's shards
+    every epoch (a 12,000-row image job read 38 MB of parts per task without it)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = self.misses = 0
+        self._parts: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def rows(self, svc: Services, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The parts' rows, concatenated (x, y)."""
+        loaded = [self._part(svc, path) for path in paths]
+        if len(loaded) == 1:
+            return loaded[0]
+        return (np.concatenate([x for x, _ in loaded]), np.concatenate([y for _, y in loaded]))
+
+    def _part(self, svc: Services, path: str) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            found = self._parts.get(path)
+            if found is not None:
+                self._parts.move_to_end(path)
+                self.hits += 1
+                return found
+        arrays, _ = codec.decode_arrays(svc.store.read_bytes(svc.settings.work_bucket, path),
+                                        path)
+        part = (arrays["x"], arrays["y"])
+        size = part[0].nbytes + part[1].nbytes
+        with self._lock:
+            self.misses += 1
+            if size <= self.max_bytes and path not in self._parts:
+                self._parts[path] = part
+                self.bytes += size
+                while self.bytes > self.max_bytes:
+                    _, (x, y) = self._parts.popitem(last=False)
+                    self.bytes -= x.nbytes + y.nbytes
+        return part
+
+
+def part_cache(svc: Services) -> PartCache:
+    """The process's shard-part cache (``Settings.worker_cache_bytes``)."""
+    cache = svc.cache.get("parts")
+    if cache is None:
+        cache = svc.cache["parts"] = PartCache(svc.settings.worker_cache_bytes)
+    return cache
 
 
 def models_built(svc: Services) -> int:

@@ -4,41 +4,40 @@ Run periodically: in the cloud by ``bucketlearn autoscale`` (the Cloud Run job C
 starts every minute), locally by the stack's supervisor. What to do is decided by
 ``domain.tending.decide``; this module reads what it needs and acts:
 
-* a round never published, a complete round never folded, an export that stopped: write a
-  *nudge* object to the deltas bucket, which starts the aggregator the way a task result does;
-* tasks of the round without a result for too long (a lost or dead-lettered message): publish
-  them again (a task trained twice is applied once);
+* a round never published, a complete round never folded, an export that stopped: publish a
+  *nudge* on the results topic, which makes the aggregator read the job again and hear the
+  deltas bucket's listing (the backstop for a result whose message was lost);
+* tasks of the round without a result for too long (a lost or dead-lettered message, a chain
+  whose learner died): publish them again (a task trained twice is applied once);
 * a split that never finished: end the job FAILED.
 
+It looks at every job that has not ended (``list_active_jobs``), however many newer ones exist.
 ``drain_dead_letters`` turns task messages Pub/Sub gave up on (the dead-letter sink) into failure
 markers, so the round folds without them and the job's ``max_failed_tasks`` decides its fate.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
-from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
-from bucketlearn.ports import TaskQueue
+from bucketlearn.ports import NUDGE, ResultMessage, TaskQueue
 from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import list_deltas, write_nudge
+from bucketlearn.services.aggregate import list_deltas
+from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
-
-MAX_JOBS = 500
 
 
 def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
     """Look at every active job once; act on the stalled ones. Returns what was done."""
     now = svc.clock() if now is None else now
     actions = []
-    for job in svc.registry.list_jobs(MAX_JOBS):
+    for job in svc.registry.list_active_jobs():
         if jobs.is_terminal(job):
             continue
         try:
@@ -56,20 +55,25 @@ def _decide(svc: Services, job: Job, now: float) -> Tending | None:
     activity = [job.updated_at or 0.0, job.published_at or 0.0, job.tended_at or 0.0,
                 job.created_at]
     round_tasks: list[int] = []
-    done: frozenset[int] = frozenset()
     with_result: set[int] = set()
     if job.phase == jobs.TRAINING and job.plan:
         epoch = job.epoch
         round_tasks = list(jobs.current_round_tasks(job))
-        done = jobs.done_tasks(svc.registry.get_epoch(job.job_id, epoch))
         with_result = {ref.task_index for ref in list_deltas(svc, job.job_id, epoch)}
         for task_index in round_tasks:
             task = svc.registry.get_task(job.job_id,
                                          jobs.task_doc_id(job.job_id, epoch, task_index))
             if task is not None:
                 activity += [task.started_at or 0.0, task.finished_at or 0.0]
-    return decide(job, round_tasks, done, with_result, max(activity), now,
+    return decide(job, round_tasks, jobs.done_tasks(job), with_result, max(activity), now,
                   svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
+
+
+def nudge(svc: Services, job_id: str, reason: str) -> None:
+    """Ask the aggregator for a fresh look at a job (a message on the results topic)."""
+    svc.results.publish([ResultMessage(job_id=job_id, kind=NUDGE, reason=reason[:2000],
+                                       sent_at=svc.clock())])
+    log.info("job %s: nudged (%s)", job_id, reason)
 
 
 def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
@@ -77,14 +81,15 @@ def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
     log.warning("watchdog: job %s: %s -> %s %s", job_id, tending.reason, tending.action,
                 tending.tasks or "")
     if tending.action in (PUBLISH, AGGREGATE):
-        write_nudge(svc, job_id, tending.reason)
+        nudge(svc, job_id, tending.reason)
     elif tending.action == REPUBLISH:
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
     elif tending.action == FAIL:
         svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
                                    {"status": jobs.FAILED, "phase": "failed",
-                                    "error": tending.reason, "finished_at": now})
+                                    "error": tending.reason, "finished_at": now,
+                                    "updated_at": now})
         return
     svc.registry.update_job(job_id, {"tended_at": now,
                                      "tendings": job.tendings + 1,
@@ -92,8 +97,8 @@ def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
 
 
 def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000) -> int:
-    """Write a failure marker for every task message in the dead-letter sink (unless its task is
-    done already) and acknowledge it; returns how many markers were written."""
+    """Announce a failure for every task message in the dead-letter sink (unless its task is
+    done already) and acknowledge it; returns how many failures were announced."""
     written = 0
     for _ in range(limit):
         received = dead_letters.pull(timeout=1.0)
@@ -101,15 +106,10 @@ def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000
             break
         task = received.message
         if task is not None and _still_open(svc, task.job_id, task.epoch, task.task_index):
-            marker = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
-                      "task_index": task.task_index,
-                      "error": f"task {task.task_id}: Pub/Sub gave up delivering it "
-                               f"(dead-lettered after {received.delivery_attempt or 'its'} "
-                               "deliveries)"}
-            path = layout.failure_marker_path(task.job_id, task.epoch, task.task_index,
-                                              layout.new_nonce())
-            svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
-                                  "application/json", metadata={"failed": "true"})
+            announce_failure(svc, task.job_id, task.epoch, task.task_index,
+                             f"task {task.task_id}: Pub/Sub gave up delivering it "
+                             f"(dead-lettered after {received.delivery_attempt or 'its'} "
+                             "deliveries)", round_index=task.round)
             written += 1
         received.ack()
     return written
@@ -120,4 +120,4 @@ def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool
     job = svc.registry.get_job(job_id)
     if job is None or jobs.is_terminal(job) or job.epoch != epoch:
         return False
-    return task_index not in jobs.done_tasks(svc.registry.get_epoch(job_id, epoch))
+    return task_index not in jobs.done_tasks(job)

@@ -8,7 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, resolve_options
-from bucketlearn.domain.job import Epoch, Head, Job, Version, may_start_training
+from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import plan_training
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -282,23 +282,25 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
                          regression=manifest.target is not None)
     model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
                         manifest.schema)
-    data = codec.encode_state(model.get_weights(), optimizer_state(model),
-                              {"job_id": job_id, "version": 0})
+    weights, optimizer = model.get_weights(), optimizer_state(model)
+    data = codec.encode_state(weights, optimizer, {"job_id": job_id, "version": 0})
     weights_path = layout.weights_path(job_id, 0, layout.new_nonce())
     svc.store.write_bytes(svc.settings.models_bucket, weights_path, data,
                           "application/octet-stream")
     now = svc.clock()
     checksum = codec.checksum(data)
-    first = Version(0, weights_path, checksum, created_at=now)
+    digest = codec.state_digest(weights, optimizer)
+    first = Version(0, weights_path, checksum, created_at=now, digest=digest)
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
         "tasks_planned": plan.total_tasks,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,
-        "head": Head(0, weights_path, checksum).to_doc(),
+        "head": Head(0, weights_path, checksum, digest=digest).to_doc(),
+        # what the split used: its calls, and one invocation of the upload function
+        "usage": {**svc.usage(job_id), "function_invocations": 1.0},
     }
-    if not svc.registry.start_training(job_id, claim, job_fields, first,
-                                      Epoch(1, plan.tasks_per_epoch, created_at=now)):
+    if not svc.registry.start_training(job_id, claim, job_fields, first):
         if jobs.is_terminal(svc.registry.get_job(job_id)):
             return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)
         raise TransientError(f"job {job_id}: another invocation took over the split")

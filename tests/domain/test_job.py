@@ -13,47 +13,81 @@ from bucketlearn.domain import job as J
 @dataclass
 class Commit:
     epoch: int = 1
+    round: int = 1
     base_version: int = 4
     version: J.Version = field(default_factory=lambda: J.Version(5, "w5"))
-    applied: list[int] = field(default_factory=lambda: [2, 3])
-    failed: list[int] = field(default_factory=list)
 
 
-JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1)
+JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1,
+            plan={"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 5, "epochs": 2,
+                  "serial_steps": 40, "decided": "test"})
 
 
-@pytest.mark.parametrize(("job", "epoch", "exists", "commit", "reason"), [
-    (JOB, J.Epoch(1, 4, applied=(0, 1)), False, Commit(), None),
-    (None, J.Epoch(1, 4), False, Commit(), "no such job"),
-    (replace(JOB, status=J.CANCELLED), J.Epoch(1, 4), False, Commit(), "the job is CANCELLED"),
-    (JOB, None, False, Commit(), "epoch 1 has no document"),
-    (JOB, J.Epoch(1, 4), True, Commit(), "version 5 exists"),
-    (replace(JOB, version=5), J.Epoch(1, 4), False, Commit(), "the head is v5, not the base v4"),
-    (JOB, J.Epoch(1, 4, applied=(3,)), False, Commit(),
-     "a task of it is already applied or failed"),
-    (JOB, J.Epoch(1, 4, failed=(2,)), False, Commit(),
-     "a task of it is already applied or failed"),
-], ids=["allowed", "no-job", "ended", "no-epoch", "version-used", "head-moved", "applied-twice",
-        "failed-then-applied"])
-def test_commit_refusal_names_the_first_rule_broken(job, epoch, exists, commit, reason) -> None:
-    """A commit needs a live job, its epoch, an unused version, the head at its base and no
-    task finished twice; the answer says which rule failed."""
+@pytest.mark.parametrize(("job", "exists", "commit", "reason"), [
+    (JOB, False, Commit(), None),
+    (None, False, Commit(), "no such job"),
+    (replace(JOB, status=J.CANCELLED), False, Commit(), "the job is CANCELLED"),
+    (JOB, True, Commit(), "version 5 exists"),
+    (replace(JOB, version=5), False, Commit(), "the head is v5, not the base v4"),
+    (replace(JOB, round=2), False, Commit(),
+     "the job is at epoch 1 round 2, not at the folded epoch 1 round 1"),
+    (JOB, False, Commit(epoch=2),
+     "the job is at epoch 1 round 1, not at the folded epoch 2 round 1"),
+], ids=["allowed", "no-job", "ended", "version-used", "head-moved", "round-folded-already",
+        "another-epoch"])
+def test_commit_refusal_names_the_first_rule_broken(job, exists, commit, reason) -> None:
+    """A commit needs a live job, an unused version, the head at its base and the job still at
+    the round it folds (so no round, hence no task, is folded twice); the answer says which rule
+    failed."""
     # Execute / Assert
-    assert J.commit_refusal(job, epoch, exists, commit) == reason
+    assert J.commit_refusal(job, exists, commit) == reason
 
 
-def test_an_epoch_ledger_adds_a_commit_and_reads_back_from_its_document() -> None:
-    """A commit's tasks are added after those already done; the document round-trips, and one
-    written without lists (an older or hand-made document) reads as nothing done."""
+def test_the_rounds_before_the_current_one_are_the_epochs_done_tasks() -> None:
+    """A round is committed whole, so an epoch's done tasks are those of the rounds before the
+    job's current round (rounds of 2 of 5 tasks: round 2 starts at task 4)."""
+    # Execute / Assert
+    assert J.done_tasks(replace(JOB, round=0)) == set()
+    assert J.done_tasks(JOB) == {0, 1}
+    assert J.done_tasks(replace(JOB, round=2)) == {0, 1, 2, 3}
+    assert J.done_tasks(None) == set()
+    assert J.done_tasks(J.Job("j0")) == set()  # not split yet: no plan
+
+
+def test_figures_a_later_commit_carried_go_back_on_their_version() -> None:
+    """An evaluation travels with a later commit (one write to the job per version); listing
+    the versions puts its figures back on the version they are of. A version's own figures
+    (written directly) win; a version never evaluated keeps none."""
     # Prepare
-    epoch = J.Epoch(2, 6, applied=(0,), created_at=7.5)
+    evaluation = J.Evaluation(2, {"holdout_accuracy": 0.75, "holdout_loss": 0.5}, 10.0, 0.02)
+    docs = [J.Version(1, "w1", figures={"holdout_accuracy": 0.5}).to_doc(),
+            J.Version(2, "w2").to_doc(), J.Version(3, "w3").to_doc(),
+            J.Version(4, "w4", evaluation=evaluation).to_doc()]
     # Execute
-    after = epoch.with_results([3, 1], [4])
+    versions = J.attach_evaluations([J.Version.from_doc(d) for d in docs])
     # Assert
-    assert (after.applied, after.failed, after.done) == ((0, 3, 1), (4,), {0, 1, 3, 4})
-    assert epoch.applied == (0,)  # unchanged: a ledger is a value
-    assert J.Epoch.from_doc(after.to_doc()) == after
-    assert J.Epoch.from_doc({"epoch": 3, "planned": 2}) == J.Epoch(3, 2)
+    assert [v.figure("holdout_accuracy") for v in versions] == [0.5, 0.75, None, None]
+    assert versions[1].evaluated_at == 10.0 and versions[1].aggregator["eval_seconds"] == 0.02
+    assert versions[3].evaluation == evaluation  # the carrier still says what it carried
+
+
+def test_a_heads_figures_say_which_version_they_are_of() -> None:
+    """A fold keeps the head's last figures (of the version they were measured on) until the
+    new version's evaluation arrives; an older evaluation never replaces a newer one."""
+    # Prepare
+    head = J.Head(3, "w3", "c3", digest="d3").evaluated(0.8, 0.4)
+    # Execute
+    moved = head.advanced(4, "w4", "c4", True, 0.3, "d4")
+    newer = moved.with_evaluation(J.Evaluation(4, {"holdout_accuracy": 0.9,
+                                                   "holdout_loss": 0.2}, 1.0))
+    stale = newer.with_evaluation(J.Evaluation(3, {"holdout_accuracy": 0.1,
+                                                   "holdout_loss": 9.0}, 2.0))
+    # Assert
+    assert (moved.version, moved.digest, moved.holdout_accuracy, moved.evaluated_version) == (
+        4, "d4", 0.8, 3)
+    assert (newer.holdout_accuracy, newer.evaluated_version) == (0.9, 4)
+    assert stale == newer
+    assert J.Head.from_doc(newer.to_doc()) == newer
 
 
 def test_a_job_document_reads_back_as_it_was_written() -> None:
@@ -99,62 +133,57 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     assert job.round_key == J.round_key(2, 13) == "e0002r00013"
     assert not job.is_published
     assert replace(job, published="e0002r00013").is_published
-    assert J.done_tasks(J.Epoch(1, 9, applied=(1, 2), failed=(7,))) == {1, 2, 7}
-    assert J.done_tasks(None) == set()
     assert J.is_terminal(J.Job("j", status=J.DONE))
     assert not J.is_terminal(J.Job("j", status=J.RUNNING))
     assert not J.is_terminal(None)
 
 
-@pytest.mark.parametrize(("epoch", "round_index", "failed", "expected", "next_epoch"), [
-    (1, 0, 0, {"round": 1}, None),
-    (1, 2, 0, {"epoch": 2, "round": 0}, 2),
-    (3, 2, 0, {"phase": J.EXPORTING}, None),
-    (1, 0, 2, {"status": J.FAILED, "phase": "failed"}, None),
+@pytest.mark.parametrize(("epoch", "round_index", "failed", "expected"), [
+    (1, 0, 0, {"round": 1}),
+    (1, 2, 0, {"epoch": 2, "round": 0}),
+    (3, 2, 0, {"phase": J.EXPORTING}),
+    (1, 0, 2, {"status": J.FAILED, "phase": "failed"}),
 ], ids=["next-round", "next-epoch", "export", "too-many-failures"])
 def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
-        epoch: int, round_index: int, failed: int, expected: dict[str, Any],
-        next_epoch: int | None) -> None:
-    """3 epochs of 3 rounds, 6 tasks an epoch, 1 failure allowed."""
+        epoch: int, round_index: int, failed: int, expected: dict[str, Any]) -> None:
+    """3 epochs of 3 rounds, 1 failure allowed."""
     # Execute
     after = J.decide_after_fold(epoch, round_index, rounds_per_epoch=3, epochs=3,
-                                tasks_per_epoch=6, tasks_failed=failed, allowed_failures=1,
+                                tasks_failed=failed, allowed_failures=1,
                                 first_failure="task t3: bad shard", now=50.0)
     # Assert
     assert {k: after.job_fields[k] for k in expected} == expected
-    if next_epoch is None:
-        assert after.next_epoch is None
-    else:
-        assert after.next_epoch == J.Epoch(next_epoch, 6, created_at=50.0)
-        assert after.next_epoch.to_doc() == {"epoch": next_epoch, "planned": 6, "applied": [],
-                                             "failed": [], "created_at": 50.0}
-    if failed > 1:
-        assert after.job_fields["error"] == ("2 task(s) failed for good (the job allows 1): "
-                                             "task t3: bad shard")
+    assert after.training_continues == ("round" in expected)
+    assert J.next_round(epoch, round_index, 3, 3) == (
+        (expected.get("epoch", epoch), expected["round"]) if "round" in expected else
+        None if "phase" in expected and expected["phase"] == J.EXPORTING else
+        J.next_round(epoch, round_index, 3, 3))
 
 
-def test_the_head_forgets_figures_of_older_weights_only() -> None:
-    """A fold that applied results leaves the new head unevaluated; a fold of failures only
-    (the same weights) keeps the figures; an evaluation fills them in."""
+def test_the_heads_figures_stay_those_of_the_version_they_were_measured_on() -> None:
+    """A fold that applied results keeps the head's figures, saying they are of the older
+    version (the new one is evaluated off the critical path); a fold of failures only (the same
+    weights) makes them the new version's; an evaluation fills them in for the head's own."""
     # Prepare
-    head = J.Head(3, "w/v3", "c3", 0.9, 0.3, 0.25)
+    head = J.Head(3, "w/v3", "c3", 0.9, 0.3, 0.25, evaluated_version=3)
     # Execute
     folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
     failures_only = head.advanced(4, "w/v4", "c4", folded_results=False, train_loss=None)
     # Assert
-    assert folded == J.Head(4, "w/v4", "c4", None, None, 0.2)
-    assert failures_only == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.25)
+    assert folded == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.2, evaluated_version=3)
+    assert failures_only == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.25, evaluated_version=4)
     assert folded.evaluated(0.95, 0.1).to_doc() == {
         "version": 4, "weights_path": "w/v4", "checksum": "c4", "holdout_accuracy": 0.95,
-        "holdout_loss": 0.1, "train_loss": 0.2, "holdout_macro_f1": None,
-        "holdout_majority_accuracy": None, "holdout_roc_auc": None, "holdout_report": None}
+        "holdout_loss": 0.1, "train_loss": 0.2, "evaluated_version": 4,
+        "holdout_macro_f1": None, "holdout_majority_accuracy": None, "holdout_roc_auc": None,
+        "holdout_report": None}
     assert J.Head.from_doc(folded.to_doc()) == folded
 
 
-def test_the_head_carries_and_forgets_the_figures_beyond_accuracy() -> None:
+def test_the_head_carries_the_figures_beyond_accuracy() -> None:
     """An evaluation with figures (macro-F1, the majority baseline, ROC AUC, the report) puts
-    them on the head; a fold of new weights clears them, a fold of failures only keeps them; a
-    head document written before they existed reads as None for each."""
+    them on the head, and a fold keeps them with the version they are of; a head document
+    written before they existed reads as None for each."""
     # Prepare
     figures = {"holdout_macro_f1": 0.5, "holdout_majority_accuracy": 0.9,
                "holdout_roc_auc": 0.75, "holdout_report": {"classes": 2, "truncated": False}}
@@ -163,12 +192,12 @@ def test_the_head_carries_and_forgets_the_figures_beyond_accuracy() -> None:
     # Execute
     head = J.Head.from_doc(old_doc).evaluated(0.9, 0.3, figures)
     folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
-    failures_only = head.advanced(4, "w/v4", "c4", folded_results=False, train_loss=None)
     # Assert
     assert J.Head.from_doc(old_doc).holdout_report is None
+    assert J.Head.from_doc(old_doc).evaluated_version is None
     assert {k: head.to_doc()[k] for k in figures} == figures
-    assert all(folded.to_doc()[k] is None for k in figures)
-    assert {k: failures_only.to_doc()[k] for k in figures} == figures
+    assert {k: folded.to_doc()[k] for k in figures} == figures
+    assert folded.evaluated_version == 3
     assert J.Head.from_doc(head.to_doc()) == head
 
 

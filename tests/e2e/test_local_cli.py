@@ -100,7 +100,7 @@ def test_detached_stack_starts_reports_and_stops_everything(stacks: Stacks) -> N
     env = run(home, "local", "env").stdout
     # Assert: every piece is up and reachable, and env names the emulators
     names = set(status["processes"]) | set(status["emulators"])
-    assert {"pubsub", "firestore", "storage", "upload_fn", "delta_fn", "worker-0"} <= names
+    assert {"pubsub", "firestore", "storage", "upload_fn", "aggregator", "worker-0"} <= names
     assert all(p["alive"] for p in status["processes"].values())
     assert requests.get(status["urls"]["pubsub"], timeout=5).ok
     for key in ("PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST", "STORAGE_EMULATOR_HOST",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
-from bucketlearn.domain.job import Epoch, Head, Job, Version
+from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -69,19 +69,28 @@ def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
     assert registry.get_job(job_id).claim == "c2"
 
 
-def start(registry: Any, job_id: str, planned: int = 3) -> None:
+PLAN = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 3, "epochs": 2,
+        "serial_steps": 12, "decided": "test"}
+
+
+def start(registry: Any, job_id: str) -> None:
     ok = registry.start_training(
-        job_id, "c1", {"phase": "training", "version": 0, "epoch": 1},
-        Version(0, "w0"), Epoch(1, planned))
+        job_id, "c1", {"phase": "training", "version": 0, "epoch": 1, "round": 0,
+                       "plan": PLAN}, Version(0, "w0"))
     assert ok
 
 
-def commit(job_id: str, base: int, applied: list[int], failed: list[int] | None = None,
-           epoch: int = 1) -> VersionCommit:
-    return VersionCommit(job_id=job_id, base_version=base,
-                         version=Version(base + 1, f"w{base + 1}", parent=base),
-                         epoch=epoch, applied=applied, failed=failed or [],
-                         job_fields={"version": base + 1})
+def commit(job_id: str, base: int, round_index: int, applied: list[int] = (),
+           failed: list[int] = (), epoch: int = 1) -> VersionCommit:
+    """The commit of round ``round_index`` of ``epoch`` (rounds of 2 of 3 tasks) on ``base``."""
+    following = {"round": round_index + 1} if round_index == 0 else {"epoch": epoch + 1,
+                                                                      "round": 0}
+    task = f"{job_id}:e{epoch:04d}:t{{:05d}}"
+    version = Version(base + 1, f"w{base + 1}", parent=base, epoch=epoch, round=round_index,
+                      tasks_applied=tuple(task.format(t) for t in applied),
+                      tasks_failed=tuple(task.format(t) for t in failed))
+    return VersionCommit(job_id=job_id, base_version=base, version=version, epoch=epoch,
+                         round=round_index, job_fields={"version": base + 1, **following})
 
 
 def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
@@ -99,26 +108,52 @@ def test_start_training_requires_the_claim(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     assert registry.start_training(job_id, "not-mine", {"phase": "training"},
-                                   Version(0, "w0"), Epoch(1, 1)) is False
+                                   Version(0, "w0")) is False
     start(registry, job_id)
     assert registry.get_job(job_id).version == 0
 
 
 def test_commit_version_is_dense_and_applies_each_task_once(backend: Any) -> None:
-    """Invariants 2 and 3 at the registry: stale bases and re-applied tasks are refused."""
+    """Invariants 2 and 3 at the registry: stale bases and a round folded twice are refused,
+    and what each version applied or gave up on is on its document."""
     # Prepare
     registry = backend.registry
     job_id = new_job(registry)
     start(registry, job_id)
     # Execute / Assert
-    assert registry.commit_version(commit(job_id, 0, [0, 1])) is True
-    assert registry.commit_version(commit(job_id, 0, [2])) is False  # stale base
-    assert registry.commit_version(commit(job_id, 1, [1])) is False  # task 1 applied already
-    assert registry.commit_version(commit(job_id, 1, [], failed=[2])) is True
-    assert [v.version for v in registry.list_versions(job_id)] == [0, 1, 2]
-    epoch = registry.get_epoch(job_id, 1)
-    assert sorted(epoch.applied) == [0, 1] and epoch.failed == (2,)
-    assert registry.get_job(job_id).version == 2
+    assert registry.commit_version(commit(job_id, 0, 0, [0, 1])) is True
+    assert registry.commit_version(commit(job_id, 0, 1, [2])) is False  # stale base
+    assert registry.commit_version(commit(job_id, 1, 0, [1])) is False  # round 0 folded already
+    assert registry.commit_version(commit(job_id, 1, 1, failed=[2])) is True
+    versions = registry.list_versions(job_id)
+    assert [v.version for v in versions] == [0, 1, 2]
+    assert [len(v.tasks_applied) for v in versions] == [0, 2, 0] and len(versions[2].tasks_failed) == 1
+    job = registry.get_job(job_id)
+    assert (job.version, job.epoch, job.round) == (2, 2, 0)
+
+
+def test_commits_in_a_row_after_an_outside_write_stay_correct(backend: Any) -> None:
+    """A commit right after this process's last one (Firestore: one conditional RPC) and one
+    after another writer touched the job (the condition fails; a transaction decides) are both
+    taken; one on a job cancelled in between is refused."""
+    # Prepare
+    from bucketlearn.services.cancel import cancel_job
+
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    # Execute
+    first = registry.commit_version(commit(job_id, 0, 0, [0, 1]))
+    registry.update_job(job_id, {"tended_at": 1.0, "status": "RUNNING"})  # someone else writes
+    second = registry.commit_version(commit(job_id, 1, 1, [2]))
+    third = registry.commit_version(commit(job_id, 2, 0, [0, 1], epoch=2))
+    cancel_job(backend, job_id, "test")
+    fourth = registry.commit_version(commit(job_id, 3, 1, [2], epoch=2))
+    # Assert
+    job = registry.get_job(job_id)
+    assert (first, second, third, fourth) == (True, True, True, False)
+    assert (job.version, job.status, job.tended_at) == (3, "CANCELLED", 1.0)
+    assert [v.version for v in registry.list_versions(job_id)] == [0, 1, 2, 3]
 
 
 def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
@@ -131,17 +166,16 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     start(registry, job_id)
-    assert registry.commit_version(commit(job_id, 0, [0]))
+    assert registry.commit_version(commit(job_id, 0, 0, [0, 1]))
     registry.update_job(job_id, {"status": "RUNNING"})
     assert cancel_job(backend, job_id, "test").status == "CANCELLED"
     # Execute
-    committed = registry.commit_version(commit(job_id, 1, [1]))
+    committed = registry.commit_version(commit(job_id, 1, 1, [2]))
     # Assert
     job = registry.get_job(job_id)
     assert committed is False
     assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", 1)
     assert [v.version for v in registry.list_versions(job_id)] == [0, 1]
-    assert registry.get_epoch(job_id, 1).applied == (0,)
 
 
 def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) -> None:
@@ -155,7 +189,7 @@ def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) ->
     # Execute
     started = registry.start_training(job_id, "c1", {"phase": "training", "version": 0,
                                                      "epoch": 1},
-                                       Version(0, "w0"), Epoch(1, 1))
+                                       Version(0, "w0"))
     # Assert
     job = registry.get_job(job_id)
     assert started is False
@@ -170,8 +204,8 @@ def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: An
     registry = backend.registry
     job_id = new_job(registry)
     start(registry, job_id)
-    assert registry.commit_version(commit(job_id, 0, [0]))
-    assert registry.commit_version(commit(job_id, 1, [1]))
+    assert registry.commit_version(commit(job_id, 0, 0, [0, 1]))
+    assert registry.commit_version(commit(job_id, 1, 1, [2]))
     # Execute
     late = registry.record_evaluation(job_id, 1, {"holdout_accuracy": 0.5},
                                       Head(1, "w1", "c1", holdout_accuracy=0.5))
@@ -212,7 +246,7 @@ def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) 
     registry = backend.registry
     job_id = new_job(registry)
     start(registry, job_id)
-    assert registry.commit_version(commit(job_id, 0, [0]))
+    assert registry.commit_version(commit(job_id, 0, 0, [0, 1]))
     figures = holdout_fields(classification_report(np.array([[8, 2, 0], [0, 3, 1], [0, 0, 1]]),
                                                    loss=0.4))
     # Execute
@@ -227,17 +261,34 @@ def test_a_holdout_report_round_trips_on_the_version_and_the_head(backend: Any) 
 
 
 def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
+    """One holder at a time; renewed by acquiring again; a lease that ran out is taken over,
+    and the answer names the holder it was taken from (a released one names none)."""
     registry = backend.registry
     name = f"lease-{uuid.uuid4().hex[:8]}"
-    assert registry.acquire_lease(name, "a", 30) is True
-    assert registry.acquire_lease(name, "b", 30) is False
-    assert registry.acquire_lease(name, "a", 30) is True  # renewal by the holder
+    assert registry.acquire_lease(name, "a", 30)
+    assert not registry.acquire_lease(name, "b", 30)
+    renewed = registry.acquire_lease(name, "a", 30)  # renewal by the holder
+    assert renewed and renewed.taken_over is None
     registry.release_lease(name, "b")  # not the holder: no effect
-    assert registry.acquire_lease(name, "b", 30) is False
+    assert not registry.acquire_lease(name, "b", 30)
     registry.release_lease(name, "a")
-    assert registry.acquire_lease(name, "b", 0.5) is True
+    freed = registry.acquire_lease(name, "b", 0.5)
+    assert freed and freed.taken_over is None
     time.sleep(1.0)
-    assert registry.acquire_lease(name, "c", 30) is True  # b's lease expired
+    taken = registry.acquire_lease(name, "c", 30)  # b's lease expired
+    assert taken and taken.taken_over == "b"
+
+
+def test_active_jobs_are_found_however_many_newer_jobs_ended(backend: Any) -> None:
+    """``list_active_jobs`` queries by status, not by age (issue #26, item 1)."""
+    registry = backend.registry
+    old = new_job(registry)
+    registry.update_job(old, {"status": "RUNNING", "created_at": 1.0})
+    ended = [new_job(registry) for _ in range(3)]
+    for job_id in ended:
+        registry.update_job(job_id, {"status": "REJECTED", "created_at": time.time()})
+    active = {j.job_id for j in registry.list_active_jobs()}
+    assert old in active and not active & set(ended)
 
 
 def test_record_attempt_counts_each_key_once_and_refunds(backend: Any) -> None:

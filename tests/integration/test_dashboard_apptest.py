@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Epoch, Head, Job, Version
+from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
@@ -87,25 +87,28 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
     registry.update_job(job_id, {"options": options})
     dataset = {"rows": 1000, "train_rows": 800, "holdout_rows": 200, "features": 4,
                "label_column": "species", "classes": ["a", "b", "c"], "shards": tasks_per_epoch}
+    plan = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": tasks_per_epoch,
+            "epochs": epochs, "serial_steps": 100, "decided": "test"}
     assert registry.start_training(
         job_id, "c",
-        {"phase": "training", "version": 0, "epoch": 1, "published": "e0001r00000",
+        {"phase": "training", "version": 0, "epoch": 1, "round": 0, "published": "e0001r00000",
          "tasks_per_epoch": tasks_per_epoch, "tasks_planned": tasks_per_epoch * epochs,
-         "dataset": dataset, "updated_at": start,
+         "dataset": dataset, "updated_at": start, "plan": plan,
          "head": {"version": 0, "weights_path": "w0", "holdout_accuracy": None}},
-        Version(0, "w0", created_at=start), Epoch(1, tasks_per_epoch, created_at=start))
+        Version(0, "w0", created_at=start))
     applied = 0
     for n, accuracy in enumerate(accuracies, start=1):
         epoch, first = 1 + applied // tasks_per_epoch, applied % tasks_per_epoch
         indices = [first, first + 1]
+        round_index = first // 2
         applied += 2
         now = start + 10 * n
         complete = applied % tasks_per_epoch == 0 and epoch < epochs
         head = {"version": n, "weights_path": f"w{n}", "holdout_accuracy": accuracy,
                 "holdout_loss": 1 - accuracy, "train_loss": 1.2 - accuracy}
         assert registry.commit_version(VersionCommit(
-            job_id=job_id, base_version=n - 1, epoch=epoch, applied=indices, failed=[],
-            version=Version(n, f"w{n}", parent=n - 1, epoch=epoch,
+            job_id=job_id, base_version=n - 1, epoch=epoch, round=round_index,
+            version=Version(n, f"w{n}", parent=n - 1, epoch=epoch, round=round_index,
                             tasks_applied=tuple(layout.task_id_for(job_id, epoch, i)
                                                 for i in indices),
                             samples=400, train_loss=1.2 - accuracy, created_at=now,
@@ -113,9 +116,8 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
                                      "holdout_loss": 1 - accuracy}),
             job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
                         "samples_seen": 400 * n, "head": head, "updated_at": now,
-                        **({"epoch": epoch + 1} if complete else {})},
-            next_epoch=(Epoch(epoch + 1, tasks_per_epoch, created_at=now) if complete
-                        else None)))
+                        **({"epoch": epoch + 1, "round": 0} if complete
+                           else {"round": round_index + 1})}))
         for i in indices:
             doc_id = f"e{epoch:04d}:t{i:05d}"
             registry.record_attempt(job_id, doc_id, {

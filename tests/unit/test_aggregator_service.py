@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec, layout
-from bucketlearn.adapters.memory import MemoryQueue, MemoryRegistry
+from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Epoch, Job, Version
-from bucketlearn.ports import VersionCommit
+from bucketlearn.domain.job import Job, Version
+from bucketlearn.ports import ResultMessage, VersionCommit
 from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import aggregate_job, handle_delta_event
-from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.services.aggregate import InlineEvaluator, JobAggregator, aggregate_job
+from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
@@ -201,76 +201,11 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     assert job.published == jobs.round_key(1, 1)
     assert job.published_at == after_fold.published_at
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
-    assert len(svc.queue.published) == messages_before  # round 1 is not published again
-
-
-class InstantWorkers(MemoryQueue):
-    """A queue whose tasks are trained the moment they are published (by a learner with a model
-    of its own), as if the workers were infinitely fast: every round is complete at once."""
-
-    def __init__(self, svc):
-        super().__init__()
-        self.learner = Learner(dataclasses.replace(svc, queue=self, cache={}), "instant")
-
-    def publish(self, messages):
-        super().publish(messages)
-        while (received := self.pull(0)) is not None:
-            assert self.learner.process(received.message) is Decision.ACK
-            received.ack()
-
-
-def nudges(svc, job_id):
-    return [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/nudge/")]
-
-
-@pytest.mark.parametrize(("budget", "first_version", "invocations"),
-                         [(250.0, 3, 3), (0.001, 1, 7)], ids=["250s", "shorter-than-a-fold"])
-def test_the_drain_stops_at_its_time_budget_and_leaves_a_nudge(tmp_path, budget, first_version,
-                                                                invocations):
-    """An aggregation invocation has a time budget under the function's timeout (issue #14,
-    item 8): on a fake clock where each commit takes 100 s and the budget is 250 s, it folds
-    three rounds, starts no fourth though that round is complete, and leaves a nudge object
-    whose event carries on; the next invocation folds the last three rounds and stops before
-    the export, the one after exports. Nothing is stranded and every task is applied once
-    (before: one invocation folded all six rounds and exported, however long that took). A
-    budget shorter than one fold still folds one round per invocation: no endless nudges."""
-    # Prepare
-    from tests.unit.steps import start_job, train_pending
-
-    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
-    train_pending(svc, len(svc.queue))  # round 0, published by the upload
-    clock = [1_000_000.0]
-    svc.clock = lambda: clock[0]
-    svc.settings = dataclasses.replace(svc.settings, aggregate_budget_seconds=budget)
-    svc.queue = InstantWorkers(svc)
-    real_commit = svc.registry.commit_version
-
-    def slow_commit(commit):
-        clock[0] += 100.0
-        return real_commit(commit)
-
-    svc.registry.commit_version = slow_commit
-    # Execute
-    first = aggregate_job(svc, job_id)
-    after_first = svc.registry.get_job(job_id)
-    left = nudges(svc, job_id)
-    count = 1
-    while left and count < 20:
-        outcome, nudged = handle_delta_event(svc, svc.settings.deltas_bucket, left[0])
-        assert (outcome, nudged) == (Outcome.ACCEPTED, job_id)
-        count += 1
-        left = nudges(svc, job_id)
-    # Assert
-    job = svc.registry.get_job(job_id)
-    versions = svc.registry.list_versions(job_id)
-    applied = [t for v in versions for t in v.tasks_applied]
-    assert first is Outcome.ACCEPTED
-    assert after_first.version == first_version and after_first.phase == jobs.TRAINING
-    assert count == invocations  # 250 s: 3 folds, 3 folds, the export
-    assert job.status == jobs.DONE and job.version == 6
-    assert [v.version for v in versions] == list(range(7))
-    assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
-    assert left == []
+    stale = svc.queue.published[messages_before:]
+    assert stale and {m.round for m in stale} == {0}  # round 1 is not published again
+    from bucketlearn.services.learn import skip_reason
+    assert all(skip_reason(job, m) == f"its round was folded (the job is at v{job.version})"
+               for m in stale)  # the stale round's messages are not trained
 
 
 def test_final_model_is_exported(pipeline):
@@ -299,7 +234,8 @@ def test_no_deltas_left_behind(pipeline):
 
 
 def test_duplicate_delta_is_applied_once(tmp_path):
-    """Two copies of one task's delta (different nonces) give one application (invariant 2)."""
+    """Two copies of one task's delta (different nonces) give one application (invariant 2);
+    a third copy arriving after the fold is garbage, collected by the next pass."""
     # Prepare
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "dup.csv", n_rows=120, n_classes=3, n_features=4, seed=3)
@@ -310,9 +246,10 @@ def test_duplicate_delta_is_applied_once(tmp_path):
                                                       info.size))
     assert outcome is Outcome.ACCEPTED
     task = svc.queue.pull(0).message
-    timings = Learner(svc, "w1").train(task, svc.registry.get_job(job_id))
+    learner = Learner(svc, "w1")
+    message = learner.announce(learner.train(task, svc.registry.get_job(job_id)))
     bucket = svc.settings.deltas_bucket
-    first = svc.store.stat(bucket, timings["delta_path"])
+    first = svc.store.stat(bucket, message.path)
     delta_bytes = svc.store.read_bytes(bucket, first.name)
     copy_path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
     svc.store.write_bytes(bucket, copy_path, delta_bytes, "application/octet-stream",
@@ -322,17 +259,44 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     late_path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
     svc.store.write_bytes(bucket, late_path, delta_bytes, "application/octet-stream",
                           metadata=first.metadata)
-    late_outcome, late_job = handle_delta_event(svc, bucket, late_path)
+    late_outcome = aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
     applied = [t for v in versions for t in v.tasks_applied]
-    assert result is Outcome.ACCEPTED and (late_outcome, late_job) == (Outcome.ACCEPTED, job_id)
+    assert result is Outcome.ACCEPTED and late_outcome is Outcome.ACCEPTED
     assert applied == [task.task_id]
     assert [v.version for v in versions] == [0, 1]
     assert job.tasks_applied == 1 and job.version == 1
-    assert svc.registry.get_epoch(job_id, 1).applied == (task.task_index,)
     assert list(svc.store.list(bucket, f"{job_id}/")) == []  # copies collected as garbage
+
+
+def test_a_result_trained_from_another_state_is_never_folded(tmp_path):
+    """A result whose message names a base digest other than the head's (a chain that broke:
+    its learner trained from a state the aggregator never committed) is garbage: deleted and
+    acknowledged, never folded, and the round waits for a result from the head."""
+    # Prepare
+    from tests.unit.steps import start_job
+
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=1)
+    task = svc.queue.pull(0).message
+    learner = Learner(svc, "w1")
+    trained = learner.train(task, svc.registry.get_job(job_id))
+    stale_task = dataclasses.replace(task, base_digest="sha256:" + "0" * 64)
+    message = learner.announce(dataclasses.replace(trained, task=stale_task))
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator())
+    aggregator.refresh()
+    received = svc.results.pull(0)
+    assert received.message == message
+    # Execute
+    aggregator.hear(message, received)
+    folded = aggregator.step()
+    # Assert
+    assert svc.registry.get_job(job_id).version == 0
+    assert svc.store.stat(svc.settings.deltas_bucket, message.path) is None
+    assert message in svc.results.acked and aggregator.heard == {}
+    assert folded is True  # it did something: dropped the stale result
+    assert aggregator.step() is False  # and now waits
 
 
 @pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])
@@ -369,14 +333,18 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED  # nothing left to trip over
 
 
-def test_foreign_delta_names_are_ignored():
-    """A deltas-bucket object bucketlearn did not write is IGNORED."""
+def test_a_result_message_naming_a_foreign_object_is_acked_and_ignored():
+    """A result message whose path is not a bucketlearn result of its job is acknowledged and
+    never heard (nothing of it can be folded)."""
     # Prepare
     svc = memory_services()
+    aggregator = JobAggregator(svc, JOB, InlineEvaluator())
+    svc.results.publish([ResultMessage(job_id=JOB, path="notes/readme.txt")])
+    received = svc.results.pull(0)
     # Execute
-    outcome, job_id = handle_delta_event(svc, svc.settings.deltas_bucket, "notes/readme.txt")
+    aggregator.hear(received.message, received)
     # Assert
-    assert (outcome, job_id) == (Outcome.IGNORED, None)
+    assert aggregator.heard == {} and svc.results.acked == [received.message]
 
 
 JOB = "j-000000000000"
@@ -384,84 +352,78 @@ JOB = "j-000000000000"
 
 @pytest.fixture
 def registry():
-    """A MemoryRegistry holding one job at version 0 with epoch 1 of 4 tasks."""
+    """A MemoryRegistry holding one job at version 0, epoch 1 round 0 (rounds of 2 tasks)."""
     reg = MemoryRegistry()
     reg.create_job(Job.from_doc({"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None}))
-    started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1},
-                                 Version(0, "w0"), Epoch(1, 4))
+    plan = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 4, "epochs": 2,
+            "serial_steps": 16, "decided": "test"}
+    started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1,
+                                            "round": 0, "plan": plan}, Version(0, "w0"))
     assert started
     return reg
 
 
-def commit(base, applied, failed=(), next_epoch=None):
+def commit(base, round_index=None, epoch=1, applied=()):
+    round_index = base if round_index is None else round_index
+    following = {"round": round_index + 1} if round_index + 1 < 2 else {"epoch": epoch + 1,
+                                                                         "round": 0}
     return VersionCommit(job_id=JOB, base_version=base,
-                         version=Version(base + 1, f"w{base + 1}", parent=base), epoch=1,
-                         applied=list(applied), failed=list(failed),
-                         job_fields={"version": base + 1}, next_epoch=next_epoch)
+                         version=Version(base + 1, f"w{base + 1}", parent=base, epoch=epoch,
+                                         round=round_index, tasks_applied=tuple(applied)),
+                         epoch=epoch, round=round_index,
+                         job_fields={"version": base + 1, **following})
 
 
 def test_commit_version_advances_the_head(registry):
-    """A commit on the current head succeeds and records the applied tasks."""
+    """A commit on the current head succeeds, records its tasks on the version and moves the
+    job to the next round."""
     # Prepare
-    change = commit(0, [1, 2])
+    change = commit(0, applied=["a", "b"])
     # Execute
     ok = registry.commit_version(change)
     # Assert
+    job = registry.get_job(JOB)
     assert ok is True
-    assert registry.get_job(JOB).version == 1
-    assert registry.get_version(JOB, 1) == Version(1, "w1", parent=0)
-    assert registry.get_epoch(JOB, 1).applied == (1, 2)
+    assert (job.version, job.epoch, job.round) == (1, 1, 1)
+    assert registry.get_version(JOB, 1) == change.version
+    assert registry.get_version(JOB, 1).tasks_applied == ("a", "b")
 
 
 def test_commit_version_refuses_stale_base(registry):
     """A second commit on base 0 after the head moved is refused and changes nothing."""
     # Prepare
-    assert registry.commit_version(commit(0, [1]))
-    before = copy.deepcopy((registry.jobs, registry.versions, registry.epochs))
+    assert registry.commit_version(commit(0))
+    before = copy.deepcopy((registry.jobs, registry.versions))
     # Execute
-    ok = registry.commit_version(commit(0, [2]))
+    ok = registry.commit_version(commit(0))
     # Assert
     assert ok is False
-    assert (registry.jobs, registry.versions, registry.epochs) == before
+    assert (registry.jobs, registry.versions) == before
     assert registry.commits == 1
 
 
 def test_commit_version_checks_the_base_not_only_the_version_number(registry):
     """A commit whose base is not the head is refused even if its version number is free."""
     # Prepare
-    assert registry.commit_version(commit(0, [1]))
-    stale = commit(0, [2])
+    assert registry.commit_version(commit(0))
+    stale = commit(0)
     stale.version = Version(5, "w5", parent=0)
     # Execute
     ok = registry.commit_version(stale)
     # Assert
     assert ok is False
     assert registry.get_version(JOB, 5) is None
-    assert registry.get_epoch(JOB, 1).applied == (1,)
 
 
-def test_commit_version_refuses_reapplying_a_task(registry):
-    """Committing a task already applied (or failed) in the epoch is refused."""
+def test_commit_version_refuses_folding_a_round_twice(registry):
+    """A commit of a round the job has moved past (its tasks are applied or failed already) is
+    refused even on the current head: no task is folded twice."""
     # Prepare
-    assert registry.commit_version(commit(0, [1], failed=[3]))
+    assert registry.commit_version(commit(0, round_index=0))
     # Execute
-    again_applied = registry.commit_version(commit(1, [2, 1]))
-    again_failed = registry.commit_version(commit(1, [3]))
-    fresh = registry.commit_version(commit(1, [2]))
+    again = registry.commit_version(commit(1, round_index=0))
+    fresh = registry.commit_version(commit(1, round_index=1))
     # Assert
-    assert again_applied is False and again_failed is False
-    assert fresh is True
-    assert registry.get_epoch(JOB, 1).applied == (1, 2)
-    assert registry.get_epoch(JOB, 1).failed == (3,)
-    assert registry.get_job(JOB).version == 2
-
-
-def test_commit_version_opens_next_epoch(registry):
-    """A commit carrying next_epoch creates that epoch's ledger."""
-    # Prepare
-    change = commit(0, [0, 1, 2, 3], next_epoch=Epoch(2, 4))
-    # Execute
-    ok = registry.commit_version(change)
-    # Assert
-    assert ok is True
-    assert registry.get_epoch(JOB, 2) == Epoch(2, 4)
+    assert again is False and fresh is True
+    job = registry.get_job(JOB)
+    assert (job.version, job.epoch, job.round) == (2, 2, 0)

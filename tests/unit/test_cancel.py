@@ -83,6 +83,12 @@ def test_workers_ack_a_cancelled_jobs_tasks_without_training(running):
     assert svc.registry.list_tasks(job_id) == tasks_before  # not even an attempt counted
 
 
+def applied_indices(svc, job_id):
+    """The task indices the job's versions applied, in order."""
+    return [int(t.rsplit(":t", 1)[1]) for v in svc.registry.list_versions(job_id)
+            for t in v.tasks_applied]
+
+
 def test_skip_reason_names_the_cancelled_status(running):
     # Prepare
     svc, job_id = running
@@ -101,22 +107,22 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     # Prepare
     svc, job_id = running
     first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
-    learner, bucket = Learner(svc, "w1"), svc.settings.deltas_bucket
-    early = learner.train(first, svc.registry.get_job(job_id))["delta_path"]
-    assert aggregator.handle_delta_event(svc, bucket, early) == (Outcome.ACCEPTED, job_id)
+    learner = Learner(svc, "w1")
+    learner.announce(learner.train(first, svc.registry.get_job(job_id)))
+    assert aggregator.aggregate_job(svc, job_id) is Outcome.ACCEPTED
     assert svc.registry.get_job(job_id).version == 1  # the round is not complete yet
     in_flight = svc.registry.get_job(job_id)
     cancel_job(svc, job_id, BY)
     published = len(svc.queue.published)
     # Execute: the task in training at the cancel writes its result
-    late = learner.train(second, in_flight)["delta_path"]
-    outcome = aggregator.handle_delta_event(svc, bucket, late)
+    learner.announce(learner.train(second, in_flight))
+    outcome = aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert outcome == (Outcome.ACCEPTED, job_id)
+    assert outcome is Outcome.ACCEPTED
     assert (job.status, job.version) == (jobs.CANCELLED, 1)
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
-    assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
+    assert applied_indices(svc, job_id) == [0, 1]
     assert len(svc.queue.published) == published
     assert delta_objects(svc, job_id) == []
 
@@ -142,7 +148,7 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
     assert (job.status, job.version) == (jobs.CANCELLED, 1)
     assert job.head.version == 1
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
-    assert svc.registry.get_epoch(job_id, 1).applied == (0, 1)
+    assert applied_indices(svc, job_id) == [0, 1]
     assert len(svc.queue.published) == published  # no next round
 
 

@@ -11,7 +11,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import OPTION_NAMES, resolve_options
-from bucketlearn.domain.job import Epoch, Job, Version
+from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
@@ -205,13 +205,24 @@ def test_job_bundle_reads_everything_or_none():
     svc.registry.create_job(a_job("a-000000000001", epoch=0))
     bundle = dd.job_bundle(svc.registry, "a-000000000001")
     assert bundle["job"].job_id == "a-000000000001"
-    assert bundle["versions"] == [] and bundle["tasks"] == [] and bundle["epoch"] is None
+    assert bundle["versions"] == [] and bundle["tasks"] == []
 
 
-def test_epoch_progress():
-    assert dd.epoch_progress(None) is None
-    assert dd.epoch_progress(Epoch(2, 4, applied=(0, 3), failed=(1,))) == {
-        "epoch": 2, "planned": 4, "applied": 2, "failed": 1}
+PLAN = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 4, "epochs": 5,
+        "serial_steps": 100, "decided": "test"}
+
+
+def test_epoch_progress_comes_from_the_jobs_position_and_its_versions():
+    """The rounds before the current one are done; the versions say which tasks failed."""
+    job = a_job(epoch=2, round=1, plan=PLAN)
+    versions = [Version(5, "w5", epoch=2, round=0, tasks_applied=("a:e0002:t00000",),
+                        tasks_failed=("a:e0002:t00001",)),
+                Version(4, "w4", epoch=1, tasks_failed=("a:e0001:t00003",))]
+    assert dd.epoch_progress(a_job(epoch=0), []) is None
+    assert dd.epoch_progress(job, versions) == {"epoch": 2, "planned": 4, "applied": 1,
+                                                "failed": 1}
+    assert dd.epoch_progress(a_job(epoch=5, round=0, plan=PLAN, status="DONE"), []) == {
+        "epoch": 5, "planned": 4, "applied": 4, "failed": 0}
 
 
 def test_version_frame_by_version_and_time():
@@ -297,14 +308,27 @@ TASKS = [TaskRecord.from_doc(doc) for doc in [
 ]]
 
 
+AT_ROUND_1 = {"epoch": 1, "round": 1, "plan": PLAN}  # epoch 1's tasks 0 and 1 are folded
+
+
 def test_task_state_counts_queued_is_planned_minus_known():
-    counts = dd.task_state_counts(a_job(tasks_planned=20), TASKS)
+    counts = dd.task_state_counts(a_job(tasks_planned=20, **AT_ROUND_1), TASKS)
     assert counts == {"queued": 15, "running": 1, "retrying": 1, "done": 2, "failed": 1}
     assert dd.task_state_counts(a_job(tasks_planned=None), [])["queued"] == 0
 
 
+def test_a_task_of_a_folded_round_shows_applied_whatever_its_document_last_said():
+    """A learner writes its task's document once, when the attempt starts: the round's fold,
+    not the document, says the task is done."""
+    running = TaskRecord.from_doc({"task_id": "a:e0001:t00000", "epoch": 1, "task_index": 0,
+                                   "state": "RUNNING"})
+    assert dd.shown_state(a_job(**AT_ROUND_1), running) == "APPLIED"
+    assert dd.shown_state(a_job(epoch=1, round=0, plan=PLAN), running) == "RUNNING"
+    assert dd.shown_state(a_job(epoch=2, round=0, plan=PLAN), running) == "APPLIED"
+
+
 def test_task_frame_has_timings_newest_first():
-    frame = dd.task_frame(TASKS, now=T0 + 10)
+    frame = dd.task_frame(a_job(**AT_ROUND_1), TASKS, [], now=T0 + 10)
     assert list(frame["task_id"]) == ["a:e0002:t00000", "a:e0001:t00002", "a:e0001:t00003",
                                       "a:e0001:t00001", "a:e0001:t00000"]
     row = frame.set_index("task_id").loc["a:e0001:t00000"]
@@ -312,11 +336,26 @@ def test_task_frame_has_timings_newest_first():
     running = frame.set_index("task_id").loc["a:e0001:t00002"]
     assert running["seconds"] == 4.0 and math.isnan(running["train_seconds"])
     assert frame.set_index("task_id").loc["a:e0002:t00000"]["error"] == "PermanentError: bad shard"
-    assert dd.task_frame([], now=T0).empty
+    assert dd.task_frame(a_job(), [], [], now=T0).empty
 
 
-def test_timing_summary_over_trained_tasks():
-    summary = dd.timing_summary(TASKS).set_index("phase")
+STATS = {"a:e0001:t00000": {"fetch_seconds": 1.0, "train_seconds": 2.5, "write_seconds": 0.5},
+         "a:e0001:t00001": {"fetch_seconds": 3.0, "train_seconds": 0.5, "write_seconds": 0.5}}
+
+
+def test_task_timings_come_from_the_version_that_folded_the_task():
+    """A folded task's phase timings are those its learner sent with its result, which the
+    version records (its document has none)."""
+    started = TaskRecord.from_doc({"task_id": "a:e0001:t00001", "epoch": 1, "task_index": 1,
+                                   "state": "RUNNING", "started_at": T0})
+    frame = dd.task_frame(a_job(**AT_ROUND_1), [started], [Version(1, "w1", task_stats=STATS)],
+                          now=T0 + 10).set_index("task_id")
+    assert frame.loc["a:e0001:t00001", "fetch_seconds"] == 3.0
+    assert frame.loc["a:e0001:t00001", "state"] == "APPLIED"
+
+
+def test_timing_summary_over_folded_tasks():
+    summary = dd.timing_summary([Version(1, "w1", task_stats=STATS)]).set_index("phase")
     assert summary.loc["fetch", "tasks"] == 2
     assert summary.loc["fetch", "median_s"] == 2.0 and summary.loc["fetch", "max_s"] == 3.0
     assert summary.loc["train", "median_s"] == 1.5

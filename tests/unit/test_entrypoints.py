@@ -166,11 +166,11 @@ def test_firestore_adapter_classifies_backend_errors(raised, expected):
 
 @pytest.mark.parametrize("call", [
     lambda r: r.get_job("j"), lambda r: r.get_version("j", 1), lambda r: r.list_versions("j"),
-    lambda r: r.get_epoch("j", 1), lambda r: r.get_task("j", "t"), lambda r: r.list_tasks("j"),
+    lambda r: r.get_task("j", "t"), lambda r: r.list_tasks("j"),
     lambda r: r.list_workers(), lambda r: r.get_control("c"), lambda r: r.heartbeat("w", {}),
-    lambda r: r.list_jobs(),
-], ids=["get_job", "get_version", "list_versions", "get_epoch", "get_task", "list_tasks",
-        "list_workers", "get_control", "heartbeat", "list_jobs"])
+    lambda r: r.list_jobs(), lambda r: r.list_active_jobs(),
+], ids=["get_job", "get_version", "list_versions", "get_task", "list_tasks",
+        "list_workers", "get_control", "heartbeat", "list_jobs", "list_active_jobs"])
 def test_every_firestore_read_turns_an_outage_into_a_transient_error(call):
     """Reads included: a backend that does not answer is a TransientError (retried), whichever
     method met it, not a google.api_core exception that the caller cannot classify."""
@@ -178,7 +178,7 @@ def test_every_firestore_read_turns_an_outage_into_a_transient_error(call):
     class Down:
         def __getattr__(self, name: str) -> Any:
             def fail(*args: Any, **kwargs: Any) -> Any:
-                if name in ("collection", "document", "order_by", "limit"):
+                if name in ("collection", "document", "order_by", "limit", "where"):
                     return self
                 raise gexc.ServiceUnavailable("connection refused")
             return fail

@@ -78,7 +78,7 @@ def test_rerun_after_commit_changes_nothing(tmp_path: Path,
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=2)
     train_pending(svc, 2)
-    monkeypatch.setattr(aggregator, "_collect_garbage", lambda svc, refs: None)  # deltas stay
+    monkeypatch.setattr(aggregator, "_delete", lambda svc, name: None)  # deltas stay
     aggregator.aggregate_job(svc, job_id)
     after_first = svc.registry.get_job(job_id)
     # Execute: the same event delivered again, the deltas still in the bucket

@@ -12,7 +12,7 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Epoch, Job, Version
+from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import jobs
@@ -59,32 +59,49 @@ def test_policy_validates_bounds(kwargs: dict[str, int], key: str) -> None:
     assert excinfo.value.key == key
 
 
-def seed_job(registry: MemoryRegistry, job_id: str, planned: int, applied: list[int],
-             status: str = "RUNNING", published: bool = True, failed: list[int] | None = None,
-             parallel: int = 4, round_index: int = 0) -> None:
+def seed_job(registry: MemoryRegistry, job_id: str, planned: int, status: str = "RUNNING",
+             published: bool = True, parallel: int = 4, round_index: int = 0,
+             created_at: float = 1.0) -> None:
     registry.create_job(Job.from_doc({"job_id": job_id, "status": "QUEUED", "phase": "splitting",
-                                 "claim": "c", "created_at": 1.0}))
+                                 "claim": "c", "created_at": created_at}))
     plan = TrainingPlan(parallel_tasks=parallel, shards_per_task=1, tasks_per_epoch=planned,
                         epochs=1, serial_steps=100, decided="test")
     registry.start_training(job_id, "c", {
         "phase": "training", "version": 0, "epoch": 1, "round": round_index,
         "published": jobs.round_key(1, round_index) if published else None,
         "plan": plan.to_dict(), "tasks_per_epoch": planned},
-        Version(0, "w0"), Epoch(1, planned, applied=tuple(applied), failed=tuple(failed or ())))
+        Version(0, "w0"))
     registry.update_job(job_id, {"status": status})
 
 
-def test_outstanding_tasks_counts_unfinished_tasks_of_active_published_rounds() -> None:
-    """Only the current round's tasks can be trained at once: those not yet done count."""
+def test_outstanding_tasks_counts_the_tasks_of_active_published_rounds() -> None:
+    """Only the current round's tasks can be trained at once, and a round is folded whole:
+    all of its tasks count until it is."""
     # Prepare
     registry = MemoryRegistry()
-    seed_job(registry, "a", planned=6, applied=[0, 1])                    # round 0-3: 2 left
-    seed_job(registry, "b", planned=3, applied=[], failed=[2])            # round 0-2: 2 left
-    seed_job(registry, "c", planned=9, applied=[], published=False)       # not published: 0
-    seed_job(registry, "d", planned=9, applied=[], status="DONE")         # finished: 0
-    seed_job(registry, "e", planned=10, applied=[0, 1, 2, 3, 8], round_index=2)  # 8-9: 1 left
+    seed_job(registry, "a", planned=6)                                    # round 0-3: 4
+    seed_job(registry, "b", planned=3)                                    # round 0-2: 3
+    seed_job(registry, "c", planned=9, published=False)                   # not published: 0
+    seed_job(registry, "d", planned=9, status="DONE")                     # finished: 0
+    seed_job(registry, "e", planned=10, round_index=2)                    # round 8-9: 2
     # Execute / Assert
-    assert outstanding_tasks(registry) == 5
+    assert outstanding_tasks(registry) == 9
+
+
+def test_newer_ended_jobs_never_hide_a_running_one() -> None:
+    """Issue #26, item 1: 600 newer jobs that ended (empty uploads, rejected in seconds) do not
+    push an older running job out of what the autoscaler counts (before: it read the newest 500
+    jobs only, counted 0 outstanding tasks and shrank the pool to its minimum)."""
+    # Prepare
+    registry = MemoryRegistry()
+    seed_job(registry, "old", planned=8, created_at=1.0)
+    for i in range(600):
+        registry.create_job(Job.from_doc({"job_id": f"new-{i}", "status": "REJECTED",
+                                          "phase": "rejected", "created_at": 10.0 + i}))
+    # Execute / Assert
+    assert "old" not in {j.job_id for j in registry.list_jobs(500)}
+    assert outstanding_tasks(registry) == 4
+    assert [j.job_id for j in registry.list_active_jobs()] == ["old"]
 
 
 class FakePool:
@@ -103,7 +120,7 @@ class FakePool:
 def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
     # Prepare
     registry = MemoryRegistry()
-    seed_job(registry, "a", planned=7, applied=[])  # a round of 4 tasks
+    seed_job(registry, "a", planned=7)  # a round of 4 tasks
     pool = FakePool(0)
     state: dict[str, Any] = {}
     # Execute
@@ -117,11 +134,38 @@ def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
     assert late["desired"] == 0 and state["last_change_at"] == 200.0
 
 
+def test_the_aggregator_pool_runs_while_a_job_is_active_and_stops_when_idle() -> None:
+    """One aggregator while any job has not ended, within its bounds; none once all ended
+    (after the cool-down), so an idle deployment runs no aggregator."""
+    # Prepare
+    registry = MemoryRegistry()
+    seed_job(registry, "a", planned=7)
+    workers, aggregators = FakePool(0), FakePool(0)
+    policy = ScalingPolicy(0, 1, 20, 60.0)
+    state: dict[str, Any] = {}
+    # Execute
+    first = autoscale_once(registry, workers, POLICY, 100.0, state, aggregators, policy)
+    registry.update_job("a", {"status": "DONE"})
+    early = autoscale_once(registry, workers, POLICY, 130.0, state, aggregators, policy)
+    late = autoscale_once(registry, workers, POLICY, 200.0, state, aggregators, policy)
+    # Assert
+    assert (first["active_jobs"], first["aggregators_desired"]) == (1, 1)
+    assert early["aggregators_desired"] == 1  # within the cool-down
+    assert late["aggregators_desired"] == 0 and aggregators.sets == [1, 0]
+
+
 def test_autoscaler_settings_name_what_is_wrong() -> None:
     env = {"BUCKETLEARN_WORKER_POOL": "projects/p/locations/r/workerPools/w",
            "BUCKETLEARN_MIN_WORKERS": "1", "BUCKETLEARN_MAX_WORKERS": "8"}
     assert load_autoscaler_settings(env) == AutoscalerSettings(
         "projects/p/locations/r/workerPools/w", 1, 8, SCALE_DOWN_COOLDOWN_SECONDS)
+    pool = "projects/p/locations/r/workerPools/agg"
+    with_aggregators = load_autoscaler_settings({**env, "BUCKETLEARN_AGGREGATOR_POOL": pool,
+                                                 "BUCKETLEARN_MAX_AGGREGATORS": "2"})
+    assert (with_aggregators.aggregator_pool, with_aggregators.max_aggregators) == (pool, 2)
+    with pytest.raises(ConfigError) as bad_pool:
+        load_autoscaler_settings({**env, "BUCKETLEARN_AGGREGATOR_POOL": "agg"})
+    assert "BUCKETLEARN_AGGREGATOR_POOL" in str(bad_pool.value)
     with pytest.raises(ConfigError) as excinfo:
         load_autoscaler_settings({**env, "BUCKETLEARN_WORKER_POOL": "learners"})
     assert "BUCKETLEARN_WORKER_POOL" in str(excinfo.value) and "learners" in str(excinfo.value)

@@ -144,13 +144,13 @@ def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Pa
                           "application/octet-stream",
                           metadata={"base_version": "0", "examples": "64"})
     # Execute
-    outcome, handled = aggregator.handle_delta_event(svc, svc.settings.deltas_bucket, name)
+    outcome = aggregator.aggregate_job(svc, job_id)
     # Assert
-    assert (outcome, handled) == (Outcome.ACCEPTED, job_id)
+    assert outcome is Outcome.ACCEPTED
     job = svc.registry.get_job(job_id)
     assert job.version == 0 and job.status == jobs.QUEUED
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
-    assert svc.registry.get_epoch(job_id, 1).applied == ()
+    assert [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied] == []
     requeued = svc.queue.published[published_before:]
     assert [(m.job_id, m.epoch, m.task_index) for m in requeued] == [(job_id, 1, 0)]
     assert svc.store.stat(svc.settings.deltas_bucket, name) is None  # the planted object is gone

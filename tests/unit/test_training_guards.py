@@ -27,11 +27,11 @@ def write_bad_result(svc: Any, job_id: str, poison: str) -> str:
     task = received.message
     received.ack()
     job = svc.registry.get_job(job_id)
-    timings = Learner(svc, "w-bad").train(task, job)
+    learner = Learner(svc, "w-bad")
+    written = learner.announce(learner.train(task, job)).path
     bucket = svc.settings.deltas_bucket
-    delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket,
-                                                                     timings["delta_path"]))
-    svc.store.delete(bucket, timings["delta_path"])
+    delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, written))
+    svc.store.delete(bucket, written)
     if poison == "nan":
         delta[0] = delta[0].copy()
         delta[0].flat[0] = np.nan

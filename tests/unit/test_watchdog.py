@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryQueue
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
+from bucketlearn.ports import NUDGE
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
@@ -57,8 +57,8 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
 
 def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) -> None:
     """The aggregator died between committing a version and publishing the next round, and no
-    later event came: the watchdog writes a nudge object, whose event makes the aggregator
-    publish the round; the job then finishes."""
+    later result came: the watchdog publishes a nudge on the results topic, on which the
+    aggregator reads the job again and publishes the round; the job then finishes."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
     train(svc, svc.queue.pull(0))
@@ -68,13 +68,14 @@ def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) ->
     svc.registry.update_job(job_id, {"published": None})
     # Execute
     actions = tend(later(svc, STALL + 1))
-    [nudge] = [i.name for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/nudge/")]
-    outcome, nudged = aggregator.handle_delta_event(svc, svc.settings.deltas_bucket, nudge)
+    nudges = [m for m in svc.results.published if m.kind == NUDGE]
+    outcome = aggregator.aggregate_job(svc, job_id)
     run_rounds(svc, job_id)
     # Assert
     assert [a["action"] for a in actions] == [PUBLISH]
-    assert nudged == job_id and outcome.value == "accepted"
-    assert svc.store.stat(svc.settings.deltas_bucket, nudge) is None
+    assert [(m.job_id, m.reason.startswith("round e0001r00001 was never published"))
+            for m in nudges] == [(job_id, True)]
+    assert outcome.value == "accepted"
     assert svc.registry.get_job(job_id).status == jobs.DONE
 
 
@@ -124,10 +125,3 @@ def test_decide_leaves_moving_and_finished_jobs_alone() -> None:
     exporting = decide(dataclasses.replace(job, phase="exporting"), [], [], [], 0, now, STALL, 86400)
     assert exporting is not None and exporting.action == AGGREGATE
     assert decide(job, [0, 1], [0, 1], [], 0, now, STALL, 86400) is None  # folded already
-
-
-def test_nudge_names_are_parsed_and_nothing_else_is():
-    path = layout.nudge_path("j-000000000001", "0123456789abcdef")
-    assert layout.parse_nudge_path(path) == "j-000000000001"
-    assert layout.parse_nudge_path("j-000000000001/nudge/x.json") is None
-    assert layout.parse_delta_path(path) is None

@@ -40,7 +40,8 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
 
 def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
     """``pulled_at`` (the message's arrival) separates the queue's delivery from the worker's
-    reads before training: it is taken when the message is handed over, before ``started_at``."""
+    reads before training: it is taken when the message is handed over, before ``started_at``;
+    the result's message says when training finished. The task's document is written once."""
     # Prepare
     svc, job_id = start_job(tmp_path)
     received = svc.queue.pull(0)
@@ -48,8 +49,10 @@ def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
     decision = Learner(svc, "w1").handle(received)
     # Assert
     [task] = svc.registry.list_tasks(job_id)
-    assert decision is Decision.ACK and task.state == "TRAINED"
-    assert task.pulled_at <= task.started_at <= task.finished_at
+    [result] = svc.results.published
+    assert decision is Decision.ACK and task.state == "RUNNING"
+    assert task.pulled_at <= task.started_at <= result.stats["finished_at"] <= result.sent_at
+    assert (result.job_id, result.task_index, result.kind) == (job_id, task.task_index, "result")
 
 
 def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
@@ -75,7 +78,8 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     # Assert
     [task] = svc.registry.list_tasks(job_id)
     assert decision is Decision.ACK
-    assert task.attempts == 1 and task.state == "TRAINED"
+    assert task.attempts == 1 and task.state == "RUNNING"  # its one write: the attempt
+    assert [m.task_index for m in svc.results.published] == [task.task_index]
 
 
 def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(

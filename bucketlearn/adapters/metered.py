@@ -1,0 +1,231 @@
+"""What a process asks of the cloud, counted per job: the ports wrapped in meters.
+
+Every call through a metered port is counted under the job it concerns (read from its
+arguments: a job id, a ``VersionCommit``, messages, or an object name bucketlearn built from a
+job id) and under what it is billed as: Firestore document reads and writes, Cloud Storage
+class A operations (writes, listings) and class B operations (reads, metadata), bytes stored
+and read, Pub/Sub messages and bytes. The learner sends what one task used with its result, the
+aggregator adds its own and records the sum on the job with each commit (``Job.usage``), so a
+job's usage costs no write of its own; ``domain.usage`` prices it.
+
+With ``record`` the meter also keeps each call's start and end (``perf_counter``) and thread,
+which the round-trip benchmark reads to count the remote calls made one after another on a
+round's critical path.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketlearn.ports import VersionCommit
+
+_JOB_IN_NAME = re.compile(r"(?:^|/)([a-z0-9][a-z0-9-]{0,40}-[0-9a-f]{12})(?:/|$)")
+NO_JOB = ""  # calls that concern no one job (heartbeats, listings of every job)
+
+
+def job_of_name(name: str) -> str:
+    """The job id inside an object name bucketlearn wrote (``jobs/<job>/…``, ``<job>/e…``,
+    ``weights/<job>/…``), or ``NO_JOB``."""
+    found = _JOB_IN_NAME.search(name)
+    return found.group(1) if found else NO_JOB
+
+
+@dataclass
+class Call:
+    """One remote call, as recorded for the round-trip benchmark."""
+
+    kind: str
+    job: str
+    started: float
+    ended: float
+    thread: str
+
+
+@dataclass
+class Meter:
+    """Counters per job, and (with ``record``) the calls themselves."""
+
+    record: bool = False
+    counts: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    calls: list[Call] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, job: str, **amounts: float) -> None:
+        with self._lock:
+            counter = self.counts[job]
+            for key, value in amounts.items():
+                counter[key] += value
+
+    def take(self, job: str) -> dict[str, float]:
+        """The job's counters since the last ``take`` (and reset them)."""
+        with self._lock:
+            found = self.counts.pop(job, Counter())
+        return {k: round(float(v), 6) for k, v in found.items() if v}
+
+    def peek(self, job: str) -> dict[str, float]:
+        with self._lock:
+            return {k: float(v) for k, v in self.counts.get(job, Counter()).items()}
+
+    def log(self, kind: str, job: str, started: float, ended: float) -> None:
+        if self.record:
+            with self._lock:
+                self.calls.append(Call(kind, job, started, ended,
+                                       threading.current_thread().name))
+
+
+def _size(data: Any) -> int:
+    try:
+        return len(data)
+    except TypeError:
+        return 0
+
+
+class _Metered:
+    """Forwards every attribute to ``inner``; the methods in ``table`` are counted."""
+
+    # method -> (kind for the call log, job of the call, amounts to count given its result)
+    table: Mapping[str, tuple[str, Callable[..., str], Callable[..., dict[str, float]]]] = {}
+
+    def __init__(self, inner: Any, meter: Meter) -> None:
+        self._inner = inner
+        self._meter = meter
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        entry = self.table.get(name)
+        if entry is None or not callable(target):
+            return target
+        kind, job_of, amounts = entry
+        meter = self._meter
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            result = target(*args, **kwargs)
+            ended = time.perf_counter()
+            job = job_of(*args, **kwargs)
+            meter.add(job, **amounts(result, *args, **kwargs))
+            meter.log(kind, job, started, ended)
+            return result
+
+        return metered
+
+
+def _first(*args: Any, **_: Any) -> str:
+    return str(args[0]) if args else NO_JOB
+
+
+def _commit_job(commit: VersionCommit, *_: Any, **__: Any) -> str:
+    return commit.job_id
+
+
+def _no_job(*_: Any, **__: Any) -> str:
+    return NO_JOB
+
+
+def _name_job(bucket: str, name: str = "", *_: Any, **__: Any) -> str:
+    return job_of_name(name)
+
+
+def _messages_job(messages: Iterable[Any], *_: Any, **__: Any) -> str:
+    jobs = {getattr(m, "job_id", NO_JOB) for m in messages}
+    return jobs.pop() if len(jobs) == 1 else NO_JOB
+
+
+def _writes(n: float, reads: float = 0.0) -> Callable[..., dict[str, float]]:
+    return lambda *_, **__: {"firestore_writes": n, "firestore_reads": reads}
+
+
+def _reads(result: Any, *_: Any, **__: Any) -> dict[str, float]:
+    """A read or a query: one read per document returned, at least one (Firestore bills a
+    query that returns nothing as one read)."""
+    if isinstance(result, list):
+        return {"firestore_reads": max(1, len(result))}
+    return {"firestore_reads": 1}
+
+
+def _conditional(result: Any, *_: Any, **__: Any) -> dict[str, float]:
+    return {"firestore_reads": 1, "firestore_writes": 1 if result else 0}
+
+
+class MeteredRegistry(_Metered):
+    """The registry, counting document reads and writes (a commit: the version's document and
+    the job's; a transaction's reads too, as Firestore bills them)."""
+
+    table = {
+        "create_job": ("firestore.write", lambda job, *a, **k: job.job_id, _writes(1)),
+        "get_job": ("firestore.read", _first, _reads),
+        "update_job": ("firestore.write", _first, _writes(1)),
+        "update_job_if": ("firestore.conditional", _first, _conditional),
+        "list_jobs": ("firestore.query", _no_job, _reads),
+        "list_active_jobs": ("firestore.query", _no_job, _reads),
+        "start_training": ("firestore.commit", _first, _writes(2, 1)),
+        "commit_version": ("firestore.commit", _commit_job, _writes(2)),
+        "record_evaluation": ("firestore.commit", _first, _writes(2, 2)),
+        "get_version": ("firestore.read", _first, _reads),
+        "list_versions": ("firestore.query", _first, _reads),
+        "record_attempt": ("firestore.transaction", _first, _writes(1, 1)),
+        "refund_attempt": ("firestore.transaction", _first, _writes(1, 1)),
+        "update_task": ("firestore.write", _first, _writes(1)),
+        "get_task": ("firestore.read", _first, _reads),
+        "list_tasks": ("firestore.query", _first, _reads),
+        "acquire_lease": ("firestore.lease", lambda name, *a, **k: name.removeprefix(
+            "aggregate-"), _writes(1, 1)),
+        "release_lease": ("firestore.lease", lambda name, *a, **k: name.removeprefix(
+            "aggregate-"), _writes(1, 1)),
+        "heartbeat": ("firestore.heartbeat", _no_job, _writes(1)),
+        "list_workers": ("firestore.query", _no_job, _reads),
+        "get_control": ("firestore.read", _no_job, _reads),
+        "set_control": ("firestore.write", _no_job, _writes(1)),
+    }
+
+
+class MeteredStore(_Metered):
+    """The blob store, counting Cloud Storage operations by class and the bytes moved."""
+
+    table = {
+        "write_bytes": ("storage.write", _name_job,
+                        lambda result, bucket, name, data, *a, **k: {
+                            "storage_class_a": 1, "storage_bytes_written": _size(data)}),
+        "write_file": ("storage.write", _name_job,
+                       lambda result, *a, **k: {"storage_class_a": 1,
+                                                "storage_bytes_written": result.size}),
+        "read_bytes": ("storage.read", _name_job,
+                       lambda result, *a, **k: {"storage_class_b": 1,
+                                                "storage_bytes_read": _size(result)}),
+        "open_read": ("storage.read", _name_job, lambda *a, **k: {"storage_class_b": 1}),
+        "stat": ("storage.stat", _name_job, lambda *a, **k: {"storage_class_b": 1}),
+        "list": ("storage.list", lambda bucket, prefix="", *a, **k: job_of_name(prefix),
+                 lambda *a, **k: {"storage_class_a": 1}),
+        "delete": ("storage.delete", _name_job, lambda *a, **k: {"storage_deletes": 1}),
+    }
+
+
+def _published(result: Any, messages: Iterable[Any], *_: Any, **__: Any) -> dict[str, float]:
+    messages = list(messages)
+    return {"pubsub_messages": len(messages),
+            "pubsub_bytes": sum(len(str(m.to_dict())) for m in messages)}
+
+
+class MeteredQueue(_Metered):
+    """A topic, counting the messages (and their bytes) published to it."""
+
+    table = {"publish": ("pubsub.publish", _messages_job, _published)}
+
+
+def metered(svc: Any, meter: Meter) -> Any:
+    """The same services with their ports metered (``svc.meter`` is ``meter``)."""
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(svc, store=MeteredStore(svc.store, meter),
+                               registry=MeteredRegistry(svc.registry, meter),
+                               queue=MeteredQueue(svc.queue, meter),
+                               results=MeteredQueue(svc.results, meter), meter=meter)

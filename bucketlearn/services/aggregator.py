@@ -1,0 +1,311 @@
+"""The long-running aggregator: results in over Pub/Sub, one writer per job, evaluation aside.
+
+``bucketlearn aggregator`` (a Cloud Run worker pool in the cloud, a process of the local stack)
+pulls the results topic with a streaming pull. A message's job is served by a ``_JobSlot``: a
+thread holding the job's ``JobAggregator`` (``services.aggregate``), fed through an inbox, so a
+round of one job never waits on another job's fold or export. Before it serves a job the process
+takes the job's lease and renews it every third of ``aggregator_lease_seconds`` while it serves
+it; a message for a job whose lease another aggregator holds goes back to Pub/Sub for a few
+seconds. A process that takes over a lease from a holder that died (the lease ran out) hears
+the deltas bucket's listing (results whose messages that holder took with it) and publishes the
+current round's tasks that have no result yet (the holder may have died between a commit and
+its publish).
+
+Committed versions are evaluated by one thread of the process (``_Evaluator``: the newest
+version of each job, older ones skipped when rounds are faster than evaluations); the figures
+go back to the job's slot, which sends them with its next commit, or writes them on their own
+after ``eval_flush_seconds`` without one.
+
+Results are acknowledged once folded (or found to be garbage), so a process that dies loses
+nothing: Pub/Sub delivers the unacknowledged ones again, and the listing finds what was never
+announced.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bucketlearn import layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.faults import crash_point
+from bucketlearn.ports import NUDGE, Received, ResultMessage
+from bucketlearn.services import jobs
+from bucketlearn.services.aggregate import (
+    JobAggregator,
+    evaluate_version,
+    lease_name,
+    list_deltas,
+)
+from bucketlearn.services.publish import publish_round
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AggregatorTuning:
+    """How the long-running aggregator paces itself; tests shorten it."""
+
+    pull_seconds: float = 0.5  # the longest a pull waits (deadlines are checked in between)
+    idle_seconds: float = 300.0  # a job with no message for this long is let go (lease released)
+    busy_retry_seconds: int = 5  # a message for a job another aggregator holds comes back after
+    error_pause_seconds: float = 1.0  # after a step failed (a backend outage), before the next
+
+
+class _Evaluator:
+    """One thread evaluating the newest committed version of each job (older ones pending for
+    the same job are skipped); figures go back to the job's slot."""
+
+    def __init__(self, svc: Services, stop: threading.Event) -> None:
+        self.svc = svc
+        self.stop = stop
+        self._pending: dict[str, tuple[_JobSlot, int, list[Any]]] = {}
+        self._lock = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
+
+    def bind(self, slot: _JobSlot) -> Any:
+        """The ``Evaluator`` a slot's ``JobAggregator`` submits to."""
+        evaluator = self
+
+        class _Bound:
+            def submit(self, aggregator: JobAggregator, version: int,
+                       weights: list[Any]) -> None:
+                with evaluator._lock:
+                    evaluator._pending[slot.job_id] = (slot, version, weights)
+                    evaluator._lock.notify()
+
+        return _Bound()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with self._lock:
+                self._lock.wait_for(lambda: bool(self._pending) or self.stop.is_set(), 0.5)
+                if not self._pending:
+                    continue
+                job_id = next(iter(self._pending))
+                slot, version, weights = self._pending.pop(job_id)
+            job = slot.aggregator.job
+            if job is None or job.is_terminal:
+                continue
+            found = evaluate_version(self.svc, job, weights, version)
+            if found is not None:
+                slot.inbox.put(("evaluation", found))
+
+
+class _JobSlot:
+    """One job served by this process: its aggregator, its inbox and the thread that works
+    through it."""
+
+    def __init__(self, service: AggregatorService, job_id: str) -> None:
+        self.service = service
+        self.job_id = job_id
+        self.aggregator = JobAggregator(service.svc, job_id, service.evaluator.bind(self))
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.lost = threading.Event()  # its lease went to another aggregator
+        self.ended = threading.Event()
+        self.last_message_at = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name=f"job-{job_id}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not (self.service.stop.is_set() or self.lost.is_set()):
+                self._take(self._wait())
+                if self._work():
+                    break
+                if time.monotonic() - self.last_message_at > self.service.tuning.idle_seconds:
+                    log.info("job %s: idle for %.0f s; let go", self.job_id,
+                             self.service.tuning.idle_seconds)
+                    break
+        except Exception:  # noqa: BLE001 - the slot ends; unsettled messages come back
+            log.exception("job %s: its aggregation stopped", self.job_id)
+        finally:
+            self.ended.set()
+            self.service.let_go(self)
+
+    def _wait(self) -> list[tuple[str, Any]]:
+        """Every item waiting in the inbox (waiting for one up to the next deadline)."""
+        deadline = self.aggregator.next_deadline()
+        timeout = self.service.tuning.pull_seconds
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - self.service.svc.clock()))
+        items = []
+        try:
+            items.append(self.inbox.get(timeout=timeout))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _take(self, items: list[tuple[str, Any]]) -> None:
+        aggregator = self.aggregator
+        for kind, item in items:
+            if kind == "message":
+                message, received = item
+                self.last_message_at = time.monotonic()
+                if message.kind == NUDGE:
+                    log.info("job %s: nudged (%s)", self.job_id, message.reason)
+                    aggregator.refresh()
+                    aggregator.listen_to_bucket()
+                    received.ack()
+                else:
+                    aggregator.hear(message, received)
+            elif kind == "evaluation":
+                evaluation, loss = item
+                aggregator.evaluated(evaluation, loss)
+
+    def _work(self) -> bool:
+        """Do what is due; True when the job has ended (the slot is done)."""
+        aggregator = self.aggregator
+        try:
+            for _ in range(10_000):
+                if not aggregator.step():
+                    break
+            aggregator.flush_evaluations(self.service.svc.settings.eval_flush_seconds)
+        except Exception:  # noqa: BLE001 - a backend outage: messages stay, try again
+            log.warning("job %s: aggregation step failed; retrying", self.job_id,
+                        exc_info=True)
+            self.service.stop.wait(self.service.tuning.error_pause_seconds)
+            aggregator.job = None  # read it again
+            return False
+        return aggregator.job is None or aggregator.job.is_terminal
+
+
+class AggregatorService:
+    """The long-running aggregator (see the module docstring).
+
+    Args:
+        svc: the services (``svc.results`` is pulled).
+        stop: set to stop (SIGTERM): each job's slot finishes its step, leases are released and
+            unsettled messages go back to Pub/Sub.
+        tuning: pacing.
+    """
+
+    def __init__(self, svc: Services, stop: threading.Event,
+                 tuning: AggregatorTuning = AggregatorTuning()) -> None:
+        self.svc = svc
+        self.stop = stop
+        self.tuning = tuning
+        self.identity = f"{svc.identity}-{layout.new_nonce()}"
+        self.evaluator = _Evaluator(svc, stop)
+        self.slots: dict[str, _JobSlot] = {}
+        self._lock = threading.Lock()
+        self._renewer = threading.Thread(target=self._renew, name="leases", daemon=True)
+        self.messages = 0
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Pull and serve results until ``stop`` is set (or ``until()`` says so)."""
+        self.evaluator.thread.start()
+        self._renewer.start()
+        try:
+            while not self.stop.is_set() and not (until is not None and until()):
+                try:
+                    received = self.svc.results.pull(timeout=self.tuning.pull_seconds)
+                except Exception:  # noqa: BLE001 - Pub/Sub briefly unreachable
+                    log.warning("results pull failed; retrying", exc_info=True)
+                    self.stop.wait(self.tuning.error_pause_seconds)
+                    continue
+                if received is not None:
+                    self.messages += 1
+                    self.dispatch(received)
+        finally:
+            self.shutdown()
+
+    def dispatch(self, received: Received) -> None:
+        """Hand one result message to its job's slot (taking the job on first)."""
+        message: ResultMessage | None = received.message
+        if message is None:
+            log.error("dropping a result message that is not one of ours: %r",
+                      received.raw[:200])
+            received.ack()
+            return
+        slot = self.slots.get(message.job_id)
+        if slot is None or slot.ended.is_set():
+            slot = self._take_on(message.job_id)
+        if slot is None:
+            received.extend(self.tuning.busy_retry_seconds)
+            return
+        slot.inbox.put(("message", (message, received)))
+
+    def _take_on(self, job_id: str) -> _JobSlot | None:
+        """Take a job's lease and start serving it; None when another aggregator holds it."""
+        lease = self.svc.registry.acquire_lease(lease_name(job_id), self.identity,
+                                                self.svc.settings.aggregator_lease_seconds)
+        if not lease:
+            return None
+        crash_point(self.svc.settings, "aggregator.holding_lease")
+        slot = _JobSlot(self, job_id)
+        job = slot.aggregator.refresh()
+        slot.aggregator.listen_to_bucket()
+        if lease.taken_over and job is not None:
+            log.warning("job %s: taken over from %s, whose lease ran out", job_id,
+                        lease.taken_over)
+            self._republish_missing(slot)
+        with self._lock:
+            self.slots[job_id] = slot
+        slot.thread.start()
+        return slot
+
+    def _republish_missing(self, slot: _JobSlot) -> None:
+        """After a takeover: the current round's tasks with no result heard, published again
+        (the previous holder may have died between a commit and its publish)."""
+        job = slot.aggregator.job
+        if job is None or job.is_terminal or job.phase != jobs.TRAINING or not job.is_published:
+            return
+        heard = {ref.task_index for ref in list_deltas(self.svc, job.job_id, job.epoch)}
+        missing = [t for t in jobs.current_round_tasks(job) if t not in heard]
+        if missing:
+            publish_round(self.svc, job, task_indices=missing, record=False)
+
+    def let_go(self, slot: _JobSlot) -> None:
+        """A slot ended: release its lease, send back the messages it still holds."""
+        with self._lock:
+            if self.slots.get(slot.job_id) is slot:
+                del self.slots[slot.job_id]
+        for heard in list(slot.aggregator.heard.values()):
+            if heard.received is not None:
+                try:
+                    heard.received.nack()
+                except Exception:  # noqa: BLE001 - it comes back after its deadline anyway
+                    log.debug("nack failed", exc_info=True)
+        while True:
+            try:
+                kind, item = slot.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "message":
+                item[1].nack()
+        if not slot.lost.is_set():
+            self.svc.registry.release_lease(lease_name(slot.job_id), self.identity)
+
+    def _renew(self) -> None:
+        seconds = self.svc.settings.aggregator_lease_seconds
+        while not self.stop.wait(seconds / 3):
+            with self._lock:
+                slots = list(self.slots.values())
+            for slot in slots:
+                try:
+                    if not self.svc.registry.acquire_lease(lease_name(slot.job_id),
+                                                           self.identity, seconds):
+                        log.error("job %s: its lease went to another aggregator; let go",
+                                  slot.job_id)
+                        slot.lost.set()
+                except Exception:  # noqa: BLE001 - try again at the next renewal
+                    log.warning("job %s: lease renewal failed", slot.job_id, exc_info=True)
+
+    def shutdown(self) -> None:
+        """Stop serving: each slot finishes its step; leases released; the pull closed."""
+        self.stop.set()
+        with self._lock:
+            slots = list(self.slots.values())
+        for slot in slots:
+            slot.thread.join(timeout=60)
+        close = getattr(self.svc.results, "close", None)
+        if close is not None:
+            close()
+

@@ -1,0 +1,339 @@
+"""The long-running aggregator and chaining learners, on the in-memory ports, in threads.
+
+These run the real ``AggregatorService`` (results pulled from the results topic, a slot per job,
+leases, the background evaluator) against real ``Learner`` threads: the shape the stack runs,
+without its processes. What the e2e suite checks on the emulators, this checks in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bucketlearn import codec
+from bucketlearn.adapters.memory import MemoryRegistry
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import JobOptions, Settings
+from bucketlearn.domain.usage import estimate_cost
+from bucketlearn.ports import NUDGE, ResultMessage
+from bucketlearn.services import jobs
+from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
+from bucketlearn.services.learn import Learner, LearnerTuning
+from bucketlearn.services.serial import train_local
+from bucketlearn.services.upload import StorageEvent, handle_upload
+from tests.unit.helpers import write_blobs_csv
+
+TUNING = AggregatorTuning(pull_seconds=0.05, idle_seconds=30.0, error_pause_seconds=0.05)
+LEARNING = LearnerTuning(transient_backoff_seconds=0.01, heartbeat_seconds=0.5,
+                         report_min_seconds=0.05, chain_poll_seconds=0.005,
+                         chain_confirm_seconds=10.0)
+
+
+class CountingRegistry(MemoryRegistry):
+    """Counts the writes each collection's documents get (job documents, task documents)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: Counter[str] = Counter()
+
+    def _count(self, what: str, done: bool = True) -> None:
+        if done:
+            self.writes[what] += 1
+
+    def update_job(self, job_id, fields):
+        super().update_job(job_id, fields)
+        self._count("job")
+
+    def update_job_if(self, job_id, expect, fields):
+        done = super().update_job_if(job_id, expect, fields)
+        self._count("job", done)
+        return done
+
+    def start_training(self, *args, **kwargs):
+        done = super().start_training(*args, **kwargs)
+        self._count("job", done)
+        return done
+
+    def commit_version(self, commit):
+        done = super().commit_version(commit)
+        self._count("job", done)
+        self._count("version", done)
+        return done
+
+    def record_evaluation(self, job_id, version, version_fields, head):
+        current = super().record_evaluation(job_id, version, version_fields, head)
+        self._count("version")
+        self._count("job", current)
+        return current
+
+    def record_attempt(self, *args, **kwargs):
+        self._count("task")
+        return super().record_attempt(*args, **kwargs)
+
+    def update_task(self, *args, **kwargs):
+        self._count("task")
+        return super().update_task(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class Running:
+    svc: Any
+    job_id: str
+    service: AggregatorService
+    learners: list[Learner]
+
+
+def upload(svc: Any, path: Path, options: JobOptions) -> str:
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
+                                 "text/csv", options.to_metadata())
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    assert job_id is not None
+    return job_id
+
+
+@pytest.fixture
+def run_job(tmp_path: Path) -> Iterator[Any]:
+    """Start the aggregator service and ``learners`` chaining learner threads on a job; stop
+    every thread afterwards."""
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start(options: JobOptions, learners: int = 1, settings: Settings | None = None,
+              rows: int = 400) -> Running:
+        svc = dataclasses.replace(memory_services(settings), registry=CountingRegistry())
+        path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=rows, n_classes=3, n_features=4)
+        job_id = upload(svc, path, options)
+        service = AggregatorService(svc, stop, TUNING)
+        workers = [Learner(dataclasses.replace(svc, cache={}), f"w{i}", tuning=LEARNING,
+                           chain=True) for i in range(learners)]
+        threads.append(threading.Thread(target=service.run, daemon=True))
+        threads.extend(threading.Thread(target=w.run, args=(stop,),
+                                        kwargs={"pull_timeout": 0.05}, daemon=True)
+                       for w in workers)
+        for thread in threads:
+            thread.start()
+        return Running(svc, job_id, service, workers)
+
+    yield start
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a thread outlived the test"
+
+
+def wait_ended(svc: Any, job_id: str, timeout: float = 120.0) -> Any:
+    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll=0.05)
+    assert job is not None and job.is_terminal, f"job not ended after {timeout} s: {job}"
+    return job
+
+
+def test_a_chained_job_is_train_locals_model_with_one_job_write_per_version(run_job, tmp_path):
+    """R = 1 on the long-running aggregator with a chaining learner: the job ends DONE with
+    train-local's model to the bit; most rounds were trained by the chain (no publish, no pull
+    between them); the job's document is written once per version, each task's document once;
+    the versions are dense and every task applied once."""
+    # Prepare
+    options = JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1)
+    running = run_job(options)
+    serial = train_local(str(tmp_path / "blobs.csv"), options)
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    svc = running.svc
+    versions = svc.registry.list_versions(running.job_id)
+    last = versions[-1]
+    weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                            last.weights_path))
+    assert job.status == jobs.DONE, job.error
+    assert [v.version for v in versions] == list(range(len(versions)))
+    assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
+    applied = [t for v in versions for t in v.tasks_applied]
+    assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
+    chained = [v for v in versions[1:] if any(s.get("chained") for s in v.task_stats.values())]
+    assert len(chained) >= len(versions) // 2
+    folds = len(versions) - 1
+    writes = svc.registry.writes
+    assert writes["task"] == job.tasks_planned  # one write per task
+    # the job's document: the split's claim, its start and its round-1 publish record, then one
+    # write per version, then the end (DONE); plus an evaluation a commit did not carry in
+    # time, written on its own (it writes the version's document too)
+    on_their_own = writes["version"] - folds
+    assert writes["job"] <= 3 + folds + 1 + on_their_own
+    assert on_their_own <= 1
+
+
+def test_evaluations_travel_with_later_commits(run_job):
+    """The figures of versions evaluated off the critical path reach their versions (carried by
+    a later commit) and the head says which version its figures are of."""
+    # Prepare
+    running = run_job(JobOptions(epochs=3, rows_per_shard=32, parallel_tasks=1))
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    versions = running.svc.registry.list_versions(running.job_id)
+    carried = [v for v in versions if v.evaluation is not None]
+    evaluated = [v for v in versions if v.figure("holdout_accuracy") is not None]
+    assert job.status == jobs.DONE
+    assert carried and all(v.evaluation.version < v.version for v in carried)
+    assert {v.evaluation.version for v in carried} <= {v.version for v in evaluated}
+    assert job.head.evaluated_version == job.version  # the export's figures are the head's
+
+
+def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, tmp_path):
+    """R = 2 with two learners and the long-running aggregator: the same versions, to the
+    bit, as the synchronous in-process simulation of the same upload."""
+    # Prepare
+    from bucketlearn.services.serial import simulate_pipeline
+
+    options = JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=2)
+    running = run_job(options, learners=2)
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    simulated = simulate_pipeline(str(tmp_path / "blobs.csv"), options, workers=2)
+    # Assert
+    versions = running.svc.registry.list_versions(running.job_id)
+    assert job.status == jobs.DONE
+    assert [v.digest for v in versions] == [v.digest for v in simulated["versions"]]
+    assert all(len(v.tasks_applied) == 2 for v in versions[1:] if v.round is not None
+               and (v.round + 1) * 2 <= job.tasks_per_epoch)
+
+
+def test_a_job_records_what_it_used_and_what_that_costs(run_job):
+    """With metered ports the job's usage (reads, writes, operations, messages, learner and
+    aggregator seconds) is recorded with its commits, and priced."""
+    # Prepare
+    from bucketlearn.adapters.metered import Meter, metered
+
+    svc = memory_services()
+    meter = Meter()
+    metered_svc = metered(svc, meter)
+    assert metered_svc.usage("nobody") == {}
+    # Execute
+    running = run_job(JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    job = wait_ended(running.svc, running.job_id)
+    # Assert: the unmetered in-memory services record the seconds, not calls
+    usage = job.usage
+    assert usage["worker_seconds"] > 0 and usage["aggregator_seconds"] > 0
+    assert usage["function_invocations"] == 1
+    cost = estimate_cost(usage)
+    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"),
+                                          abs=1e-5)
+    assert cost["learners"] > 0
+
+
+def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
+    """The learner that chains into the next round dies after announcing its result: once the
+    chain's deadline passes, the aggregator publishes that round for every learner."""
+    # Prepare
+    settings = dataclasses.replace(Settings(), chain_grace_seconds=0.2)
+    svc = memory_services(settings)
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    learner = Learner(svc, "w-dies", tuning=LEARNING, chain=True)
+    received = svc.queue.pull(0)
+    job = svc.registry.get_job(job_id)
+    trained = learner.train(received.message, job)
+    learner.announce(trained, chained=True)  # ...and then the learner is gone
+    received.ack()
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run,
+                              kwargs={"until": lambda: len(svc.queue) > 0}, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    job = svc.registry.get_job(job_id)
+    [message] = [svc.queue.pull(0).message]
+    assert not thread.is_alive()
+    assert job.version == 1 and job.chained_by == "w-dies"
+    assert (message.epoch, message.round, message.base_version) == (1, 1, 1)
+    assert message.base_digest == trained.end_digest == job.head.digest
+    assert time.monotonic() - started >= 0.2
+
+
+def test_a_nudge_makes_the_aggregator_publish_a_round_it_never_published(tmp_path):
+    """The round after a commit was never published (the aggregator died in between): a nudge
+    on the results topic makes the service read the job and publish it."""
+    # Prepare
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
+    svc.queue._items.clear()
+    svc.registry.update_job(job_id, {"published": None})
+    svc.results.publish([ResultMessage(job_id=job_id, kind=NUDGE, reason="test")])
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run,
+                              kwargs={"until": lambda: len(svc.queue) > 0}, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    assert not thread.is_alive()
+    assert svc.registry.get_job(job_id).is_published
+    assert sorted(m.task_index for m in svc.queue.published[-2:]) == [0, 1]
+
+
+def test_a_job_held_by_another_aggregator_is_left_to_it(tmp_path):
+    """One writer per job: a result of a job whose lease another aggregator holds goes back to
+    the topic (with a delay) and nothing is folded here."""
+    # Prepare
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    assert svc.registry.acquire_lease(f"aggregate-{job_id}", "elsewhere", 60)
+    learner = Learner(svc, "w1")
+    received = svc.queue.pull(0)
+    learner.process(received.message)
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run,
+                              kwargs={"until": lambda: service.messages >= 1}, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    assert not thread.is_alive()
+    assert svc.registry.get_job(job_id).version == 0 and service.slots == {}
+    assert svc.results.acked == []  # not settled here: Pub/Sub delivers it again later
+
+
+def test_a_lease_taken_over_from_a_dead_aggregator_republishes_what_has_no_result(tmp_path):
+    """A holder died holding the lease (it ran out): the aggregator that takes the job over
+    publishes the current round's tasks that have no result, since the dead one may have
+    died between a commit and its publish."""
+    # Prepare
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
+    svc.registry.leases[f"aggregate-{job_id}"] = ("dead", time.time() - 1)
+    first = svc.queue.pull(0).message
+    svc.queue._items.clear()  # the round's messages were lost with the dead holder
+    Learner(svc, "w1").process(first)
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    published = len(svc.queue.published)
+    # Execute
+    thread = threading.Thread(target=service.run,
+                              kwargs={"until": lambda: len(svc.queue) > 0}, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    again = svc.queue.published[published:]
+    assert not thread.is_alive()
+    assert [m.task_index for m in again] == [1 - first.task_index]
