@@ -20,12 +20,12 @@
 # It enables serviceusage and cloudresourcemanager with gcloud, then Terraform enables the APIs
 # in REQUIRED_APIS below.
 #
-# Steps: checks -> package the functions (infra/package-functions.sh) -> enable the Service Usage
-# and Resource Manager APIs -> terraform init -> terraform apply -target: the APIs, the image
-# repository, the build service account and its grants, and a one-off wait for IAM to propagate
-# -> build and push the worker and dashboard images (Cloud Build, as the build service account;
-# or local docker with --builder docker) -> terraform apply everything, images pinned by digest ->
-# print the dashboard URL and how to start a job.
+# Steps: checks -> package the split function (infra/package-functions.sh) -> enable the
+# Service Usage and Resource Manager APIs -> terraform init -> terraform apply -target: the APIs,
+# the image repository, the build service account and its grants, and a one-off wait for IAM to
+# propagate -> build and push the worker and dashboard images (Cloud Build, as the build service
+# account; or local docker with --builder docker) -> terraform apply everything, images pinned by
+# digest -> print the dashboard URL and how to start a job.
 #
 # Works with bash 3.2 (macOS) and later.
 set -euo pipefail
@@ -349,7 +349,7 @@ tf() {
 
 echo "==> project $PROJECT, region $REGION, prefix $NAME_PREFIX, images tagged $TAG"
 
-echo "==> packaging the functions"
+echo "==> packaging the split function"
 "$ROOT/infra/package-functions.sh" "$FUNCTION_ZIP"
 
 write_tfvars "$WORKER_IMAGE" "$DASHBOARD_IMAGE"
@@ -362,7 +362,7 @@ echo "==> terraform init"
 tf init -input=false
 
 # What the image builds need: the APIs, the repository, and the build account with its roles
-# (time_sleep.iam_propagation depends on every grant the builds and the functions need and waits
+# (time_sleep.iam_propagation depends on every grant the builds and the function need and waits
 # once for IAM to propagate).
 echo "==> enabling APIs, creating the image repository and the build service account"
 tf apply -input=false ${AUTO_APPROVE[@]+"${AUTO_APPROVE[@]}"} \

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build the Cloud Functions source archive: functions/main.py and functions/requirements.txt at
-# the root, plus a vendored copy of bucketlearn/ (the functions import it from there).
+# Build the Cloud Functions source archive: functions/main.py (the split function's on_upload
+# entry point) and functions/requirements.txt at the root, plus a vendored copy of bucketlearn/
+# (the function imports it from there). The aggregator is not a function: it runs from the
+# worker image (`bucketlearn aggregator`, infra/cloudbuild.yaml builds it).
 # The archive is deterministic (sorted entries, fixed timestamps and modes), so the same code
-# gives the same MD5 and Terraform does not redeploy the functions for nothing.
+# gives the same MD5 and Terraform does not redeploy the function for nothing.
 #
 # Usage: infra/package-functions.sh [OUTPUT_ZIP]   (default: infra/.build/functions.zip)
 set -euo pipefail

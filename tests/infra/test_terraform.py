@@ -7,8 +7,9 @@ check what can be checked offline:
 * the structure of every ``.tf`` file, parsed with python-hcl2 (skipped if not installed): the
   environment the code reads (``bucketlearn.config``) reaches every component (the watchdog's
   settings the controller job alone), Pub/Sub dead-lettering and the sink's one consumer, the
-  Eventarc bucket filters, least-privilege IAM (the controller's grant by grant), no public
-  members;
+  results topic that feeds the aggregator pool (never dead-lettered), the split function's
+  Eventarc filter and no trigger on the deltas bucket, least-privilege IAM (the controller's,
+  the aggregator's and the learners' grant by grant), no public members;
 * the Dockerfiles (pinned base image, non-root user);
 * checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
 """
@@ -47,16 +48,26 @@ PROJECT_ENV = {"GOOGLE_CLOUD_PROJECT", "BUCKETLEARN_PROJECT"}
 # gets them on top of env_vars, and no other component does (the dead-letter sink has one
 # consumer).
 CONTROLLER_ENV = {"BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION"}
+# The results topic and the aggregator pool (an aggregator process fed over Pub/Sub instead of
+# an aggregate function triggered by the deltas bucket): the names the infra sets, which the
+# Python side of that change reads (results in SETTINGS_ENV, the pool in the autoscaler's
+# settings). Listed here so the infra can land first; once bucketlearn.config has them, adding
+# them changes nothing, and test_the_code_reads_the_results_and_aggregator_names_the_infra_sets
+# fails if the code names them differently.
+RESULTS_ENV = {"BUCKETLEARN_RESULTS_TOPIC", "BUCKETLEARN_RESULTS_SUBSCRIPTION"}
+AGGREGATOR_POOL_ENV = {"BUCKETLEARN_AGGREGATOR_POOL", "BUCKETLEARN_MIN_AGGREGATORS",
+                       "BUCKETLEARN_MAX_AGGREGATORS"}
 # `bucketlearn autoscale`'s own settings (bucketlearn.config.load_autoscaler_settings).
-AUTOSCALER_ENV = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"',
-                                inspect.getsource(load_autoscaler_settings)))
+AUTOSCALER_CODE_ENV = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"',
+                                     inspect.getsource(load_autoscaler_settings)))
+AUTOSCALER_ENV = AUTOSCALER_CODE_ENV | AGGREGATOR_POOL_ENV
 # Settings whose default suits the cloud: given through var.extra_env when needed.
 OPTIONAL_ENV = {"BUCKETLEARN_LEASE_SECONDS", "BUCKETLEARN_MAX_EVENT_AGE_SECONDS",
                 "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_MODELS"}
 # The settings a deployed component cannot do without: where the data and the queue are.
-CLOUD_ENV = {key for key, (field, _kind) in SETTINGS_ENV.items()
-             if field.endswith(("_bucket", "_topic", "_subscription", "_database"))
-             } - CONTROLLER_ENV
+CLOUD_ENV = ({key for key, (field, _kind) in SETTINGS_ENV.items()
+              if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}
+             | RESULTS_ENV) - CONTROLLER_ENV
 FORBIDDEN_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 PUBSUB_IAM = ("google_pubsub_topic_iam_member", "google_pubsub_subscription_iam_member")
@@ -294,10 +305,22 @@ def test_cloud_env_names_are_the_ones_the_code_reads() -> None:
     assert CLOUD_ENV == {
         "BUCKETLEARN_UPLOADS_BUCKET", "BUCKETLEARN_WORK_BUCKET", "BUCKETLEARN_DELTAS_BUCKET",
         "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC", "BUCKETLEARN_TASKS_SUBSCRIPTION",
+        "BUCKETLEARN_RESULTS_TOPIC", "BUCKETLEARN_RESULTS_SUBSCRIPTION",
         "BUCKETLEARN_FIRESTORE_DATABASE"}
     assert CONTROLLER_ENV <= set(SETTINGS_ENV)
     assert {"BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS",
-            "BUCKETLEARN_MAX_WORKERS"} <= AUTOSCALER_ENV
+            "BUCKETLEARN_MAX_WORKERS"} <= AUTOSCALER_CODE_ENV
+
+
+def test_the_code_reads_the_results_and_aggregator_names_the_infra_sets() -> None:
+    # Until bucketlearn.config reads them, RESULTS_ENV and AGGREGATOR_POOL_ENV stand in for the
+    # code; a results or aggregator-pool setting it reads under another name must fail here
+    # rather than go unset in the cloud.
+    results_in_code = {key for key, (field, _kind) in SETTINGS_ENV.items()
+                       if field.startswith("results_")}
+    assert results_in_code <= RESULTS_ENV, results_in_code - RESULTS_ENV
+    pool_in_code = {key for key in AUTOSCALER_CODE_ENV if "AGGREGATOR" in key}
+    assert pool_in_code <= AGGREGATOR_POOL_ENV, pool_in_code - AGGREGATOR_POOL_ENV
 
 
 def controller_env(module: Config) -> dict[str, str]:
@@ -324,9 +347,9 @@ def test_every_setting_the_code_reads_is_set_or_optional(module: Config) -> None
 def test_controller_env_runs_the_watchdog(module: Config) -> None:
     env = controller_env(module)
     names = set(env)
-    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | AUTOSCALER_ENV
+    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | AUTOSCALER_ENV | RESULTS_ENV
     assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
-    needed = CLOUD_ENV | PROJECT_ENV | CONTROLLER_ENV | {
+    needed = CLOUD_ENV | PROJECT_ENV | CONTROLLER_ENV | AGGREGATOR_POOL_ENV | {
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS"}
     assert needed <= names, f"the controller job lacks {needed - names}"
     # The sink's short name, as the tasks subscription is passed, and only with dead-lettering.
@@ -356,11 +379,11 @@ def test_only_the_controller_reads_the_watchdog_settings(module: Config) -> None
     # The sink has one consumer: a component (or a CLI fed env_vars) that got the dead-letter
     # subscription would drain it too.
     assert not module.env_names(module.outputs["env_vars"]["value"]) & CONTROLLER_ENV
-    for name in ("split", "aggregate"):
-        function = module.resource("google_cloudfunctions2_function", name)
-        env = module.env_names(function["service_config"][0]["environment_variables"])
-        assert not env & CONTROLLER_ENV, f"function {name} gets {env & CONTROLLER_ENV}"
+    function = module.resource("google_cloudfunctions2_function", "split")
+    env = module.env_names(function["service_config"][0]["environment_variables"])
+    assert not env & CONTROLLER_ENV, f"the split function gets {env & CONTROLLER_ENV}"
     for rtype, name in [("google_cloud_run_v2_worker_pool", "learners"),
+                        ("google_cloud_run_v2_worker_pool", "aggregator"),
                         ("google_cloud_run_v2_service", "dashboard")]:
         (block,) = dynamic_blocks(module.resource(rtype, name), "env")
         env = module.env_names(block["for_each"])
@@ -378,7 +401,7 @@ def test_extra_env_cannot_shadow_what_the_module_sets(module: Config) -> None:
 def test_app_env_has_exactly_known_names(module: Config) -> None:
     app_env = module.locals["app_env"]
     names = set(app_env)
-    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV
+    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | RESULTS_ENV
     assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
     assert CLOUD_ENV | PROJECT_ENV <= names, f"missing: {(CLOUD_ENV | PROJECT_ENV) - names}"
     assert app_env["BUCKETLEARN_LOG_FORMAT"] == "json"
@@ -387,17 +410,33 @@ def test_app_env_has_exactly_known_names(module: Config) -> None:
 
 def test_every_component_gets_the_cloud_env(module: Config) -> None:
     needed = CLOUD_ENV | PROJECT_ENV
-    for name in ("split", "aggregate"):
-        function = module.resource("google_cloudfunctions2_function", name)
-        env = module.env_names(function["service_config"][0]["environment_variables"])
-        assert needed <= env, f"function {name} lacks {needed - env}"
+    function = module.resource("google_cloudfunctions2_function", "split")
+    env = module.env_names(function["service_config"][0]["environment_variables"])
+    assert needed <= env, f"the split function lacks {needed - env}"
     for rtype, name in [("google_cloud_run_v2_worker_pool", "learners"),
+                        ("google_cloud_run_v2_worker_pool", "aggregator"),
                         ("google_cloud_run_v2_job", "autoscaler"),
                         ("google_cloud_run_v2_service", "dashboard")]:
         blocks = dynamic_blocks(module.resource(rtype, name), "env")
         assert len(blocks) == 1, f"{rtype}.{name} should set its env with one dynamic block"
         env = module.env_names(blocks[0]["for_each"])
         assert needed <= env, f"{rtype}.{name} lacks {needed - env}"
+
+
+def test_every_component_is_told_the_results_topic_and_subscription(module: Config) -> None:
+    # Learners publish "result ready" to the topic, the aggregator pulls the subscription, the
+    # watchdog publishes nudges; all read them from the one app environment, as the tasks.
+    app_env = module.locals["app_env"]
+    assert app_env["BUCKETLEARN_RESULTS_TOPIC"] == "${google_pubsub_topic.results.name}"
+    assert app_env["BUCKETLEARN_RESULTS_SUBSCRIPTION"] == (
+        "${google_pubsub_subscription.results.name}")
+    assert module.locals["runtime_env"] == "${merge(var.extra_env, local.app_env)}"
+    assert RESULTS_ENV <= module.env_names(module.outputs["env_vars"]["value"])
+    for rtype, name in [("google_cloud_run_v2_worker_pool", "learners"),
+                        ("google_cloud_run_v2_worker_pool", "aggregator"),
+                        ("google_cloud_run_v2_job", "autoscaler")]:
+        (block,) = dynamic_blocks(module.resource(rtype, name), "env")
+        assert RESULTS_ENV <= module.env_names(block["for_each"]), f"{rtype}.{name}"
 
 
 def test_subscription_ack_deadline_matches_the_app(module: Config) -> None:
@@ -410,13 +449,14 @@ def test_subscription_ack_deadline_matches_the_app(module: Config) -> None:
 
 # --- Pub/Sub -----------------------------------------------------------------------------------
 
-def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config) -> None:
+def test_every_subscription_but_the_sink_and_the_results_dead_letters(module: Config) -> None:
     subscriptions = list(module.resources("google_pubsub_subscription"))
-    assert {name for _t, name, _b in subscriptions} >= {"tasks", "dead_letter_sink"}
+    assert {name for _t, name, _b in subscriptions} == {"tasks", "results", "dead_letter_sink"}
     for _type, name, body in subscriptions:
-        if name == "dead_letter_sink":
-            assert "dead_letter_topic" not in json.dumps(body)
-            assert "google_pubsub_topic.dead_letter" in body["topic"]
+        if name in ("dead_letter_sink", "results"):
+            # The sink is the end of the line; a result must never be dropped.
+            assert "dead_letter" not in json.dumps(body).replace(
+                "google_pubsub_topic.dead_letter.", ""), f"subscription {name} dead-letters"
             continue
         assert has_block(body, "dead_letter_policy"), f"subscription {name}: no dead_letter_policy"
         assert "retry_policy" in body, f"subscription {name} has no retry_policy"
@@ -424,6 +464,43 @@ def test_every_subscription_but_the_dead_letter_sink_dead_letters(module: Config
         assert "var.max_delivery_attempts" in dlq["for_each"] + json.dumps(dlq["content"])
     assert module.variables["max_delivery_attempts"]["default"] == 10
     assert module.variables["dead_letter_enabled"]["default"] is True
+
+
+def test_results_topic_feeds_the_aggregator_and_is_never_dead_lettered(module: Config) -> None:
+    topic = module.resource("google_pubsub_topic", "results")
+    assert topic["name"] == "${local.results_topic_name}"
+    assert module.locals["results_topic_name"] == "${var.name_prefix}-results"
+    results = module.resource("google_pubsub_subscription", "results")
+    tasks = module.resource("google_pubsub_subscription", "tasks")
+    assert results["name"] == "${local.results_subscription_name}"
+    assert module.locals["results_subscription_name"] == "${var.name_prefix}-results-aggregator"
+    assert results["topic"] == "${google_pubsub_topic.results.id}"
+    # Acked only once folded: no dead-letter policy, static or dynamic, on any switch.
+    assert not has_block(results, "dead_letter_policy")
+    assert "dead_letter" not in json.dumps(results)
+    # A pull subscription (the aggregator's streaming pull), never expiring, retaining and
+    # leasing like the tasks one.
+    for kind in ("push_config", "bigquery_config", "cloud_storage_config"):
+        assert kind not in results, kind
+    assert results["expiration_policy"][0]["ttl"] == ""
+    for key in ("ack_deadline_seconds", "message_retention_duration"):
+        assert results[key] == tasks[key], key
+    assert results["ack_deadline_seconds"] == "${var.ack_deadline_seconds}"
+    assert results.get("retain_acked_messages", False) is False
+    # The aggregator's is the only subscription on the topic.
+    on_topic = [name for _t, name, body in module.resources("google_pubsub_subscription")
+                if "google_pubsub_topic.results." in body["topic"]]
+    assert on_topic == ["results"]
+
+
+def test_results_subscription_has_one_consumer(module: Config) -> None:
+    members = [body["member"] for _t, _n, body in module.resources(
+        "google_pubsub_subscription_iam_member") if "subscription.results." in body["subscription"]]
+    assert members == ["serviceAccount:${google_service_account.aggregate.email}"]
+    publishers = {body["member"] for _t, _n, body in module.resources(
+        "google_pubsub_topic_iam_member") if "topic.results." in body["topic"]}
+    assert publishers == {"serviceAccount:${google_service_account.worker.email}",
+                          "serviceAccount:${google_service_account.autoscaler.email}"}
 
 
 def _seconds(duration: str) -> int:
@@ -487,7 +564,6 @@ def test_dead_letter_grants_follow_the_switch(module: Config) -> None:
 
 @pytest.mark.parametrize(("name", "entry_point", "bucket"), [
     ("split", "on_upload", "uploads"),
-    ("aggregate", "on_delta", "deltas"),
 ])
 def test_function_triggers(module: Config, name: str, entry_point: str, bucket: str) -> None:
     function = module.resource("google_cloudfunctions2_function", name)
@@ -513,6 +589,140 @@ def test_function_triggers(module: Config, name: str, entry_point: str, bucket: 
     assert module.variables["function_memory"]["default"] == "2Gi"
 
 
+def test_nothing_triggers_on_the_deltas_bucket(module: Config) -> None:
+    """Results reach the aggregator as Pub/Sub messages, not as Eventarc events (1-3 s each):
+    the split function is the only function, no trigger or notification watches the deltas
+    bucket, and nothing of the aggregate function (trigger, invoker grant, variable, output) is
+    left."""
+    functions = {name: body for _t, name, body in module.resources(
+        "google_cloudfunctions2_function")}
+    assert set(functions) == {"split"}
+    for name, body in functions.items():
+        assert "google_storage_bucket.deltas." not in json.dumps(body.get("event_trigger")), name
+    for rtype in ("google_eventarc_trigger", "google_storage_notification",
+                  "google_cloudfunctions_function"):
+        assert not list(module.resources(rtype)), f"a {rtype} is back"
+    # Eventarc may invoke the split function's service and nothing else.
+    invokers = [body["name"] for _t, _n, body in module.resources(
+        "google_cloud_run_v2_service_iam_member")
+        if "google_service_account.eventarc." in body["member"]]
+    assert invokers == ["${google_cloudfunctions2_function.split.name}"]
+    assert "aggregate_max_instances" not in module.variables
+    assert "aggregate_function" not in module.outputs
+    for path in tf_files():
+        text = path.read_text()
+        assert "cloudfunctions2_function.aggregate" not in text, path
+        assert "on_delta" not in text, path
+
+
+# --- aggregator --------------------------------------------------------------------------------
+
+def test_aggregator_pool_runs_the_aggregator_as_its_own_account(module: Config) -> None:
+    pool = module.resource("google_cloud_run_v2_worker_pool", "aggregator")
+    learners = module.resource("google_cloud_run_v2_worker_pool", "learners")
+    assert pool["name"] == "${local.aggregator_pool_name}"
+    assert module.locals["aggregator_pool_name"] == "${var.name_prefix}-aggregator"
+    (template,) = pool["template"]
+    assert template["service_account"] == "${google_service_account.aggregate.email}"
+    (container,) = template["containers"]
+    assert container["image"] == "${var.worker_image}"
+    assert container["command"] == ["bucketlearn"] and container["args"] == ["aggregator"]
+    assert container["resources"][0]["limits"] == {"cpu": "${var.aggregator_cpu}",
+                                                   "memory": "${var.aggregator_memory}"}
+    (env,) = dynamic_blocks(pool, "env")
+    assert env["for_each"] == "${local.runtime_env}"
+    # The learners' pattern: manual scaling from the lower bound, then the autoscaler owns it.
+    assert pool["scaling"][0]["manual_instance_count"] == "${var.min_aggregators}"
+    for key in ("launch_stage", "deletion_protection", "location", "project"):
+        assert pool[key] == learners[key], key
+    assert pool["lifecycle"][0]["ignore_changes"] == learners["lifecycle"][0]["ignore_changes"]
+    preconditions = [c["condition"] for c in pool["lifecycle"][0]["precondition"]]
+    assert any("var.min_aggregators <= var.max_aggregators" in c for c in preconditions)
+    # It starts after the grants it uses.
+    for grant in ("google_storage_bucket_iam_member.aggregate",
+                  "google_pubsub_subscription_iam_member.aggregator_results_subscriber",
+                  "google_pubsub_topic_iam_member.aggregate_publisher",
+                  "google_project_iam_member.firestore_users"):
+        assert "${" + grant + "}" in pool["depends_on"], f"the aggregator does not wait for {grant}"
+    variables = module.variables
+    assert variables["aggregator_cpu"]["default"] == "1"
+    assert variables["aggregator_memory"]["default"] == "2Gi"
+    assert variables["min_aggregators"]["default"] == 0
+    assert variables["max_aggregators"]["default"] == 1
+    assert "lease" in variables["max_aggregators"]["description"]
+    assert module.outputs["aggregator_pool"]["value"] == (
+        "${google_cloud_run_v2_worker_pool.aggregator.id}")
+    account = module.resource("google_service_account", "aggregate")
+    assert account["account_id"] == "${var.name_prefix}-aggregate"  # kept for existing deploys
+    assert account["display_name"] == "bucketlearn aggregator"
+
+
+def _evaluate(tmp_path: Path, expressions: list[str]) -> list[Any]:
+    """Evaluate expressions with `terraform console` (no provider needed)."""
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed; expressions not evaluated")
+    (tmp_path / "main.tf").write_text("")
+    result = subprocess.run([terraform, "console"],
+                            input="jsonencode([" + ", ".join(expressions) + "])\n",
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TF_CLI_CONFIG_FILE": os.devnull})
+    assert result.returncode == 0, result.stderr
+    answers = json.loads(json.loads(result.stdout.strip()))
+    assert len(answers) == len(expressions), result.stdout
+    return answers
+
+
+@pytest.mark.parametrize(("variable", "allowed", "refused"), [
+    ("max_aggregators", [1, 2, 10], [0, 11, 1.5, -1]),
+    ("min_aggregators", [0, 1, 10], [11, 0.5, -1]),
+])
+def test_aggregator_bounds(module: Config, tmp_path: Path, variable: str,
+                           allowed: list[float], refused: list[float]) -> None:
+    (validation,) = module.variables[variable]["validation"]
+    condition = _strip(validation["condition"])
+    values = allowed + refused
+    answers = _evaluate(tmp_path, [condition.replace(f"var.{variable}", repr(v)) for v in values])
+    assert answers == [True] * len(allowed) + [False] * len(refused), list(zip(values, answers,
+                                                                              strict=True))
+
+
+def test_aggregator_has_exactly_what_it_needs(module: Config) -> None:
+    # Pull results and ack them, read manifests, fold and delete results, write weights and
+    # exports, publish the next round; Firestore. No results publisher, no project-wide role
+    # but Firestore's.
+    work, deltas = "${google_storage_bucket.work.name}", "${google_storage_bucket.deltas.name}"
+    models = "${google_storage_bucket.models.name}"
+    assert grants_to(module, "aggregate") == {
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", work),
+        ("google_storage_bucket_iam_member", "roles/storage.objectUser", deltas),
+        ("google_storage_bucket_iam_member", "roles/storage.objectUser", models),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.tasks.name}"),
+        ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
+         "${google_pubsub_subscription.results.name}"),
+        ("google_project_iam_member", "roles/datastore.user", "project"),
+    }
+
+
+def test_learners_have_exactly_what_they_need(module: Config) -> None:
+    # Pull tasks, read shards and weights, write results and announce them.
+    work, deltas = "${google_storage_bucket.work.name}", "${google_storage_bucket.deltas.name}"
+    models = "${google_storage_bucket.models.name}"
+    assert grants_to(module, "worker") == {
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", work),
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", models),
+        ("google_storage_bucket_iam_member", "roles/storage.objectCreator", deltas),
+        ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
+         "${google_pubsub_subscription.tasks.name}"),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.results.name}"),
+        ("google_project_iam_member", "roles/datastore.user", "project"),
+    }
+    pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
+    assert "${google_pubsub_subscription_iam_member.worker_subscriber}" in pool["depends_on"]
+
+
 # --- CPU and memory ----------------------------------------------------------------------------
 
 # Cloud Run's rule (docs: configuring CPU limits and memory limits; 2nd gen functions run on Cloud
@@ -531,7 +741,7 @@ def _memory_precondition(body: dict[str, Any]) -> str:
     return _strip(condition)
 
 
-@pytest.mark.parametrize("component", ["worker", "function"])
+@pytest.mark.parametrize("component", ["worker", "aggregator", "function"])
 def test_cpu_and_memory_are_checked_together(module: Config, tmp_path: Path,
                                              component: str) -> None:
     """The module's own precondition, evaluated by `terraform console` (no provider needed)
@@ -539,13 +749,13 @@ def test_cpu_and_memory_are_checked_together(module: Config, tmp_path: Path,
     terraform = shutil.which("terraform")
     if terraform is None:
         pytest.skip("terraform is not installed; the CPU/memory preconditions were not evaluated")
-    if component == "worker":
-        bodies = [module.resource("google_cloud_run_v2_worker_pool", "learners")]
+    if component in ("worker", "aggregator"):
+        pool = "learners" if component == "worker" else "aggregator"
+        bodies = [module.resource("google_cloud_run_v2_worker_pool", pool)]
         memories = ["512Mi", "1Gi", "2047Mi", "2Gi", "4Gi", "4097Mi", "8Gi", "16Gi", "24Gi",
                     "32Gi", "33Gi"]
     else:
-        bodies = [module.resource("google_cloudfunctions2_function", n)
-                  for n in ("split", "aggregate")]
+        bodies = [module.resource("google_cloudfunctions2_function", "split")]
         memories = ["1Gi", "2Gi", "4Gi", "8Gi", "16Gi"]
     conditions = {_memory_precondition(body) for body in bodies}
     assert len(conditions) == 1, conditions
@@ -695,13 +905,19 @@ def test_the_controller_has_exactly_what_its_steps_need(module: Config) -> None:
         ("google_storage_bucket_iam_member", "roles/storage.objectViewer", work),
         ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
          "${google_pubsub_topic.tasks.name}"),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.results.name}"),
         ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
          "${google_pubsub_subscription.dead_letter_sink.name}"),
         ("google_project_iam_member", "roles/datastore.user", "project"),
         ("google_cloud_run_v2_worker_pool_iam_member", "roles/run.developer",
          "${google_cloud_run_v2_worker_pool.learners.name}"),
+        ("google_cloud_run_v2_worker_pool_iam_member", "roles/run.developer",
+         "${google_cloud_run_v2_worker_pool.aggregator.name}"),
         ("google_service_account_iam_member", "roles/iam.serviceAccountUser",
          "${google_service_account.worker.name}"),
+        ("google_service_account_iam_member", "roles/iam.serviceAccountUser",
+         "${google_service_account.aggregate.name}"),
     }
     # The sink grant goes with dead-lettering, as the environment variable does.
     (sink_grant,) = [body for _t, _n, body in module.resources(
@@ -712,7 +928,10 @@ def test_the_controller_has_exactly_what_its_steps_need(module: Config) -> None:
     depends_on = set(job["depends_on"])
     for grant in ("google_storage_bucket_iam_member.autoscaler",
                   "google_pubsub_topic_iam_member.autoscaler_publisher",
+                  "google_pubsub_topic_iam_member.autoscaler_results_publisher",
                   "google_pubsub_subscription_iam_member.autoscaler_dead_letter_subscriber",
+                  "google_cloud_run_v2_worker_pool_iam_member.autoscaler_developer",
+                  "google_cloud_run_v2_worker_pool_iam_member.autoscaler_aggregator_developer",
                   "google_project_iam_member.firestore_users"):
         assert "${" + grant + "}" in depends_on, f"the autoscaler job does not wait for {grant}"
 
@@ -756,12 +975,12 @@ def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:
 def test_one_service_account_per_component(module: Config) -> None:
     accounts = {name for _t, name, _b in module.resources("google_service_account")}
     assert {"split", "aggregate", "worker", "dashboard", "autoscaler"} <= accounts
-    function_accounts = {
-        module.resource("google_cloudfunctions2_function", n)["service_config"][0][
-            "service_account_email"] for n in ("split", "aggregate")}
-    assert len(function_accounts) == 2
+    split = module.resource("google_cloudfunctions2_function", "split")
+    assert "google_service_account.split." in split["service_config"][0]["service_account_email"]
     pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
     assert "google_service_account.worker." in pool["template"][0]["service_account"]
+    aggregator = module.resource("google_cloud_run_v2_worker_pool", "aggregator")
+    assert "google_service_account.aggregate." in aggregator["template"][0]["service_account"]
     dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
     assert "google_service_account.dashboard." in dashboard["template"][0]["service_account"]
     job = module.resource("google_cloud_run_v2_job", "autoscaler")
@@ -782,15 +1001,39 @@ def test_autoscaler_runs_every_minute_and_owns_the_instance_count(module: Config
     assert container["command"] == ["bucketlearn"] and container["args"] == ["autoscale"]
     env = module.env_names(dynamic_blocks(job, "env")[0]["for_each"])
     assert {"BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS"} <= env
+    assert AGGREGATOR_POOL_ENV <= env
     scheduler = module.resource("google_cloud_scheduler_job", "autoscaler")
     assert scheduler["schedule"] == "${var.autoscaler_schedule}"
     assert module.variables["autoscaler_schedule"]["default"] == "* * * * *"
     assert "google_cloud_run_v2_job.autoscaler.name" in scheduler["http_target"][0]["uri"]
-    pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
-    assert "${scaling[0].manual_instance_count}" in pool["lifecycle"][0]["ignore_changes"]
-    grant = module.resource("google_cloud_run_v2_worker_pool_iam_member", "autoscaler_developer")
-    assert grant["role"] == "roles/run.developer"
-    assert "google_cloud_run_v2_worker_pool.learners" in grant["name"]
+    for pool_name, grant_name in [("learners", "autoscaler_developer"),
+                                  ("aggregator", "autoscaler_aggregator_developer")]:
+        pool = module.resource("google_cloud_run_v2_worker_pool", pool_name)
+        assert "${scaling[0].manual_instance_count}" in pool["lifecycle"][0]["ignore_changes"]
+        grant = module.resource("google_cloud_run_v2_worker_pool_iam_member", grant_name)
+        assert grant["role"] == "roles/run.developer"
+        assert grant["name"] == f"${{google_cloud_run_v2_worker_pool.{pool_name}.name}}"
+        assert grant["member"] == "serviceAccount:${google_service_account.autoscaler.email}"
+
+
+def test_autoscaler_is_told_the_aggregator_pool_and_its_bounds(module: Config) -> None:
+    env = controller_env(module)
+    pools = {}
+    for name, local in [("BUCKETLEARN_WORKER_POOL", "worker_pool_name"),
+                        ("BUCKETLEARN_AGGREGATOR_POOL", "aggregator_pool_name")]:
+        match = re.search(name + r'\s*=\s*"(projects/\$\{var\.project_id\}/locations/'
+                          r'\$\{var\.region\}/workerPools/\$\{local\.(\w+)\})"', env[name])
+        assert match, f"{name} is not projects/<p>/locations/<r>/workerPools/<pool>: {env[name]}"
+        assert match.group(2) == local, name
+        pools[name] = match.group(1)
+    assert len(set(pools.values())) == 2
+    for bound in ("min", "max"):
+        name = f"BUCKETLEARN_{bound.upper()}_AGGREGATORS"
+        assert re.search(name + rf"\s*=\s*tostring\(var\.{bound}_aggregators\)", env[name]), (
+            env[name])
+    # The pool name the controller resizes is the pool Terraform makes.
+    assert module.resource("google_cloud_run_v2_worker_pool", "aggregator")["name"] == (
+        "${local.aggregator_pool_name}")
 
 
 # --- Dockerfiles and requirements --------------------------------------------------------------

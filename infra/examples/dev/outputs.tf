@@ -28,8 +28,18 @@ output "worker_pool" {
   value       = module.bucketlearn.worker_pool
 }
 
+output "aggregator_pool" {
+  description = "Aggregator worker pool resource name."
+  value       = module.bucketlearn.aggregator_pool
+}
+
+output "results_subscription" {
+  description = "Subscription of \"result ready\" messages the aggregator pool reads."
+  value       = module.bucketlearn.results_subscription
+}
+
 output "autoscaler_job" {
-  description = "Cloud Run job running `bucketlearn autoscale` every minute (the watchdog, then the worker pool's resize)."
+  description = "Cloud Run job running `bucketlearn autoscale` every minute (the watchdog, then the learner and aggregator pools' resize)."
   value       = module.bucketlearn.autoscaler_job
 }
 
@@ -39,7 +49,7 @@ output "dead_letter_subscription" {
 }
 
 output "build_service_account" {
-  description = "Account Cloud Build runs as (function builds; infra/deploy.sh passes it to gcloud builds submit for the images)."
+  description = "Account Cloud Build runs as (the split function's build; infra/deploy.sh passes it to gcloud builds submit for the images)."
   value       = module.bucketlearn.build_service_account
 }
 

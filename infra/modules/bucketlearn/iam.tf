@@ -9,6 +9,14 @@
 #   objectUser    read, list, create, overwrite, delete: needed where names are rewritten
 #                 (re-delivered split rewrites shards; latest.keras is overwritten; the aggregator
 #                 and split delete what they consumed / abandoned)
+#
+# Pub/Sub roles, on one topic or subscription each:
+#   tasks topic              publisher: split (round 0), aggregator (next rounds), autoscaler
+#                            (lost tasks)
+#   tasks subscription       subscriber: learners
+#   results topic            publisher: learners ("result ready"), autoscaler (nudges)
+#   results subscription     subscriber: aggregator (acks a result once it is folded)
+#   dead-letter sink         subscriber: autoscaler (its only consumer)
 
 # --- service accounts --------------------------------------------------------------------------
 
@@ -21,11 +29,13 @@ resource "google_service_account" "split" {
   depends_on = [google_project_service.apis]
 }
 
+# The account id keeps its old name ("-aggregate", from the aggregate function this pool
+# replaced), so existing deployments keep their account and its grants.
 resource "google_service_account" "aggregate" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-aggregate"
-  display_name = "bucketlearn aggregate function"
-  description  = "Runs the on_delta Cloud Function: folds deltas into versions, exports models, publishes the next epoch."
+  display_name = "bucketlearn aggregator"
+  description  = "Runs the aggregator worker pool: pulls result messages, folds results into versions, publishes the next round, exports models."
 
   depends_on = [google_project_service.apis]
 }
@@ -34,7 +44,7 @@ resource "google_service_account" "worker" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-worker"
   display_name = "bucketlearn learner worker"
-  description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes deltas."
+  description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes results, announces them on the results topic."
 
   depends_on = [google_project_service.apis]
 }
@@ -52,7 +62,7 @@ resource "google_service_account" "autoscaler" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-autoscaler"
   display_name = "bucketlearn autoscaler"
-  description  = "Runs `bucketlearn autoscale`: the watchdog (republishes lost tasks, drains dead letters, nudges stalled jobs), then sets the worker pool's instance count from the task backlog."
+  description  = "Runs `bucketlearn autoscale`: the watchdog (republishes lost tasks, drains dead letters, nudges stalled jobs), then sets the learner and aggregator pools' instance counts."
 
   depends_on = [google_project_service.apis]
 }
@@ -69,13 +79,13 @@ resource "google_service_account" "scheduler" {
 resource "google_service_account" "eventarc" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-events"
-  display_name = "bucketlearn Eventarc triggers"
-  description  = "Identity of the Eventarc storage triggers; may only receive events and invoke the two functions."
+  display_name = "bucketlearn Eventarc trigger"
+  description  = "Identity of the split function's Eventarc storage trigger; may only receive events and invoke that function."
 
   depends_on = [google_project_service.apis]
 }
 
-# Cloud Build runs the builds of the two functions and of the worker and dashboard images
+# Cloud Build runs the build of the split function and of the worker and dashboard images
 # (infra/deploy.sh passes it to `gcloud builds submit`) as this account. Not the project's
 # default build account: in projects created since mid-2024 that is the Compute Engine default
 # service account, which lacks the roles a build needs (and has far more than it needs).
@@ -85,7 +95,7 @@ resource "google_service_account" "build" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-build"
   display_name = "bucketlearn builds"
-  description  = "Runs the Cloud Build builds of the two functions and of the worker and dashboard images."
+  description  = "Runs the Cloud Build builds of the split function and of the worker and dashboard images."
 
   depends_on = [google_project_service.apis]
 }
@@ -141,11 +151,11 @@ locals {
     models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectViewer" }
   }
 
-  # The controller's watchdog lists a job's results in the deltas bucket and writes nudges and
-  # failure markers there (write-once names with a random nonce: create, never overwrite or
-  # delete - the aggregator deletes them); it reads a job's manifest (jobs/<job>/manifest.json)
-  # in the work bucket to publish lost tasks again. Viewer + creator, not objectUser (which
-  # carries delete).
+  # The controller's watchdog lists a job's results in the deltas bucket and writes failure
+  # markers there (write-once names with a random nonce: create, never overwrite or delete - the
+  # aggregator deletes them; its nudges are messages on the results topic now); it reads a job's
+  # manifest (jobs/<job>/manifest.json) in the work bucket to publish lost tasks again. Viewer +
+  # creator, not objectUser (which carries delete).
   autoscaler_bucket_roles = {
     deltas_viewer  = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectViewer" }
     deltas_creator = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectCreator" }
@@ -216,10 +226,35 @@ resource "google_pubsub_subscription_iam_member" "worker_subscriber" {
   member       = "serviceAccount:${google_service_account.worker.email}"
 }
 
+# A learner announces each result it wrote to the deltas bucket.
+resource "google_pubsub_topic_iam_member" "worker_results_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.results.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.worker.email}"
+}
+
+# The aggregator pulls result messages and acks each once it is folded; it is the results
+# subscription's only consumer.
+resource "google_pubsub_subscription_iam_member" "aggregator_results_subscriber" {
+  project      = var.project_id
+  subscription = google_pubsub_subscription.results.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${google_service_account.aggregate.email}"
+}
+
 # The controller's watchdog publishes the tasks of a stalled round again.
 resource "google_pubsub_topic_iam_member" "autoscaler_publisher" {
   project = var.project_id
   topic   = google_pubsub_topic.tasks.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# ... and nudges the aggregator about a stalled job with a message on the results topic.
+resource "google_pubsub_topic_iam_member" "autoscaler_results_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.results.name
   role    = "roles/pubsub.publisher"
   member  = "serviceAccount:${google_service_account.autoscaler.email}"
 }
@@ -302,7 +337,7 @@ resource "google_project_iam_member" "firestore_users" {
   }
 }
 
-# --- Eventarc storage triggers -----------------------------------------------------------------
+# --- Eventarc storage trigger (the split function's; none on the deltas bucket) ----------------
 
 # Project level: roles/eventarc.eventReceiver is only grantable on the project.
 resource "google_project_iam_member" "eventarc_receiver" {
@@ -311,20 +346,12 @@ resource "google_project_iam_member" "eventarc_receiver" {
   member  = "serviceAccount:${google_service_account.eventarc.email}"
 }
 
-# The trigger delivers events by invoking the functions' Cloud Run services: invoker on those two
-# services only (a 2nd-gen function's service has the function's name).
+# The trigger delivers events by invoking the function's Cloud Run service: invoker on that
+# service only (a 2nd-gen function's service has the function's name).
 resource "google_cloud_run_v2_service_iam_member" "eventarc_invokes_split" {
   project  = var.project_id
   location = var.region
   name     = google_cloudfunctions2_function.split.name
-  role     = "roles/run.invoker"
-  member   = "serviceAccount:${google_service_account.eventarc.email}"
-}
-
-resource "google_cloud_run_v2_service_iam_member" "eventarc_invokes_aggregate" {
-  project  = var.project_id
-  location = var.region
-  name     = google_cloudfunctions2_function.aggregate.name
   role     = "roles/run.invoker"
   member   = "serviceAccount:${google_service_account.eventarc.email}"
 }
@@ -349,8 +376,9 @@ resource "google_service_account_iam_member" "pubsub_agent_token_creator" {
 
 # --- autoscaler --------------------------------------------------------------------------------
 
-# Resize the worker pool - this pool only. (roles/run.developer is the narrowest predefined role
-# with run.workerpools.update; a custom role with just get+update would be narrower still.)
+# Resize the two worker pools - these pools only. (roles/run.developer is the narrowest
+# predefined role with run.workerpools.update; a custom role with just get+update would be
+# narrower still.)
 resource "google_cloud_run_v2_worker_pool_iam_member" "autoscaler_developer" {
   project  = var.project_id
   location = var.region
@@ -359,10 +387,24 @@ resource "google_cloud_run_v2_worker_pool_iam_member" "autoscaler_developer" {
   member   = "serviceAccount:${google_service_account.autoscaler.email}"
 }
 
-# Updating a Cloud Run resource requires actAs on the identity it runs as: only the worker's
-# account, not the project's.
+resource "google_cloud_run_v2_worker_pool_iam_member" "autoscaler_aggregator_developer" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_worker_pool.aggregator.name
+  role     = "roles/run.developer"
+  member   = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+# Updating a Cloud Run resource requires actAs on the identity it runs as: only the accounts
+# of the two pools (learner, aggregator), not the project's.
 resource "google_service_account_iam_member" "autoscaler_acts_as_worker" {
   service_account_id = google_service_account.worker.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = "serviceAccount:${google_service_account.autoscaler.email}"
+}
+
+resource "google_service_account_iam_member" "autoscaler_acts_as_aggregator" {
+  service_account_id = google_service_account.aggregate.name
   role               = "roles/iam.serviceAccountUser"
   member             = "serviceAccount:${google_service_account.autoscaler.email}"
 }

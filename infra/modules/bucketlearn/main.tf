@@ -1,9 +1,10 @@
 # bucketlearn on Google Cloud. The resources are split by concern:
 #   storage.tf    buckets (uploads, work, deltas, models, function sources)
-#   pubsub.tf     tasks topic, pull subscription, dead-letter topic and its sink subscription
+#   pubsub.tf     tasks and results topics with their pull subscriptions, dead-letter topic and
+#                 its sink subscription
 #   firestore.tf  database and security rules
-#   functions.tf  split (on_upload) and aggregate (on_delta) Cloud Functions with Eventarc triggers
-#   workers.tf    learner worker pool, autoscaler job, Cloud Scheduler trigger
+#   functions.tf  split (on_upload) Cloud Function with its Eventarc trigger on the uploads bucket
+#   workers.tf    learner and aggregator worker pools, autoscaler job, Cloud Scheduler trigger
 #   dashboard.tf  Streamlit dashboard on Cloud Run behind IAP (or internal ingress)
 #   iam.tf        one service account per component and every grant, scoped to one resource
 #                 wherever the service allows it
@@ -22,11 +23,14 @@ locals {
   tasks_topic_name        = "${var.name_prefix}-tasks"
   tasks_subscription_name = "${var.name_prefix}-tasks-workers"
 
+  results_topic_name        = "${var.name_prefix}-results"
+  results_subscription_name = "${var.name_prefix}-results-aggregator"
+
   # The settings every component reads (bucketlearn.config.SETTINGS_ENV plus the project). The
-  # functions, the worker pool, the autoscaler job and the dashboard all get exactly this map
-  # (plus var.extra_env), and the env_vars output returns it, so the local stack, `bucketlearn`
-  # on a laptop and the cloud read the same names. tests/infra checks the names against
-  # bucketlearn.config.
+  # split function, both worker pools, the autoscaler job and the dashboard all get exactly this
+  # map (plus var.extra_env), and the env_vars output returns it, so the local stack,
+  # `bucketlearn` on a laptop and the cloud read the same names. tests/infra checks the names
+  # against bucketlearn.config.
   app_env = {
     GOOGLE_CLOUD_PROJECT             = var.project_id
     BUCKETLEARN_PROJECT              = var.project_id
@@ -36,26 +40,33 @@ locals {
     BUCKETLEARN_MODELS_BUCKET        = google_storage_bucket.models.name
     BUCKETLEARN_TASKS_TOPIC          = google_pubsub_topic.tasks.name
     BUCKETLEARN_TASKS_SUBSCRIPTION   = google_pubsub_subscription.tasks.name
+    BUCKETLEARN_RESULTS_TOPIC        = google_pubsub_topic.results.name
+    BUCKETLEARN_RESULTS_SUBSCRIPTION = google_pubsub_subscription.results.name
     BUCKETLEARN_FIRESTORE_DATABASE   = var.firestore_database
     BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
     BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
     BUCKETLEARN_LOG_FORMAT           = "json"
-    # The aggregator starts no fold after this long and leaves a nudge instead: a margin under
-    # the functions' timeout (420 s of 540 s).
+    # How long one aggregation pass may go on starting folds (420 s with the default 540 s
+    # function_timeout_seconds). It was a margin under the aggregate function's timeout; the
+    # aggregator pool has no timeout, and it stays derived as before while bucketlearn.config
+    # reads it.
     BUCKETLEARN_AGGREGATE_BUDGET_SECONDS = tostring(var.function_timeout_seconds - min(120, floor(var.function_timeout_seconds / 4)))
   }
 
   runtime_env = merge(var.extra_env, local.app_env)
 
   # What the controller job (`bucketlearn autoscale`: the watchdog's pass, then the resize)
-  # needs besides the app settings: which pool to resize and the bounds, and how long a job may
+  # needs besides the app settings: which pools to resize and their bounds, and how long a job may
   # stand still before the watchdog acts. Kept out of env_vars because only the controller
   # reads them.
   autoscaler_env = merge({
-    BUCKETLEARN_WORKER_POOL   = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.worker_pool_name}"
-    BUCKETLEARN_MIN_WORKERS   = tostring(var.min_workers)
-    BUCKETLEARN_MAX_WORKERS   = tostring(var.max_workers)
-    BUCKETLEARN_STALL_SECONDS = tostring(var.stall_seconds)
+    BUCKETLEARN_WORKER_POOL     = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.worker_pool_name}"
+    BUCKETLEARN_MIN_WORKERS     = tostring(var.min_workers)
+    BUCKETLEARN_MAX_WORKERS     = tostring(var.max_workers)
+    BUCKETLEARN_AGGREGATOR_POOL = "projects/${var.project_id}/locations/${var.region}/workerPools/${local.aggregator_pool_name}"
+    BUCKETLEARN_MIN_AGGREGATORS = tostring(var.min_aggregators)
+    BUCKETLEARN_MAX_AGGREGATORS = tostring(var.max_aggregators)
+    BUCKETLEARN_STALL_SECONDS   = tostring(var.stall_seconds)
   }, local.dead_letter_drain_env)
 
   # The dead-letter sink the watchdog drains (each message becomes a failure marker, then is
@@ -66,12 +77,13 @@ locals {
     BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION = google_pubsub_subscription.dead_letter_sink.name
   } : {}
 
-  worker_pool_name = "${var.name_prefix}-learners"
+  worker_pool_name     = "${var.name_prefix}-learners"
+  aggregator_pool_name = "${var.name_prefix}-aggregator"
 
   # Memory Cloud Run allows per whole number of vCPUs, in MiB [min, max] (Cloud Functions 2nd gen
-  # run on Cloud Run, so the functions follow it too): 1 vCPU up to 4 GiB, 2 up to 8 GiB, 4 from
+  # run on Cloud Run, so the function follows it too): 1 vCPU up to 4 GiB, 2 up to 8 GiB, 4 from
   # 2 to 16 GiB, 6 from 4 to 24 GiB, 8 from 4 to 32 GiB; never under 512 MiB. Checked by the
-  # preconditions of the worker pool and the functions (a variable's validation cannot read
+  # preconditions of the worker pools and the function (a variable's validation cannot read
   # another variable before Terraform 1.9).
   memory_mib_range_by_cpu = {
     "1" = [512, 4096]
@@ -80,8 +92,9 @@ locals {
     "6" = [4096, 24576]
     "8" = [4096, 32768]
   }
-  worker_memory_mib   = tonumber(regex("^[0-9]+", var.worker_memory)) * (endswith(var.worker_memory, "Gi") ? 1024 : 1)
-  function_memory_mib = tonumber(trimsuffix(var.function_memory, "Gi")) * 1024
+  worker_memory_mib     = tonumber(regex("^[0-9]+", var.worker_memory)) * (endswith(var.worker_memory, "Gi") ? 1024 : 1)
+  aggregator_memory_mib = tonumber(regex("^[0-9]+", var.aggregator_memory)) * (endswith(var.aggregator_memory, "Gi") ? 1024 : 1)
+  function_memory_mib   = tonumber(trimsuffix(var.function_memory, "Gi")) * 1024
 
   # Google-managed service agents that get grants in iam.tf.
   pubsub_service_agent = "service-${local.project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
@@ -148,7 +161,7 @@ resource "google_project_service_identity" "iap" {
 }
 
 # The Cloud Storage service agent publishes the bucket notifications behind Eventarc storage
-# triggers; this data source also creates it if needed.
+# triggers (the split function's); this data source also creates it if needed.
 data "google_storage_project_service_account" "gcs" {
   project = var.project_id
 

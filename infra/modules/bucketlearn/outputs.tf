@@ -4,7 +4,7 @@ output "env_vars" {
 }
 
 output "autoscaler_env_vars" {
-  description = "The extra variables only the controller job (`bucketlearn autoscale`) gets: which worker pool and its bounds, the watchdog's stall seconds and, with dead_letter_enabled, the dead-letter subscription it drains."
+  description = "The extra variables only the controller job (`bucketlearn autoscale`) gets: the learner and aggregator pools and their bounds, the watchdog's stall seconds and, with dead_letter_enabled, the dead-letter subscription it drains."
   value       = local.autoscaler_env
 }
 
@@ -38,6 +38,16 @@ output "tasks_subscription" {
   value       = google_pubsub_subscription.tasks.name
 }
 
+output "results_topic" {
+  description = "Pub/Sub topic of \"result ready\" messages (learners) and nudges (the controller's watchdog)."
+  value       = google_pubsub_topic.results.name
+}
+
+output "results_subscription" {
+  description = "Pull subscription the aggregator pool reads (no dead-letter policy: a result message is acked only once folded)."
+  value       = google_pubsub_subscription.results.name
+}
+
 output "dead_letter_subscription" {
   description = "Subscription holding dead-lettered tasks; the controller job drains it every minute (acked messages are kept 7 days)."
   value       = google_pubsub_subscription.dead_letter_sink.name
@@ -58,14 +68,14 @@ output "split_function" {
   value       = google_cloudfunctions2_function.split.name
 }
 
-output "aggregate_function" {
-  description = "Name of the aggregate (on_delta) function."
-  value       = google_cloudfunctions2_function.aggregate.name
-}
-
 output "worker_pool" {
   description = "Full resource name of the learner worker pool."
   value       = google_cloud_run_v2_worker_pool.learners.id
+}
+
+output "aggregator_pool" {
+  description = "Full resource name of the aggregator worker pool."
+  value       = google_cloud_run_v2_worker_pool.aggregator.id
 }
 
 output "autoscaler_job" {
@@ -93,6 +103,6 @@ output "service_accounts" {
 }
 
 output "build_service_account" {
-  description = "Email of the account Cloud Build runs as (function builds; pass it to `gcloud builds submit --service-account` for the images, as infra/deploy.sh does)."
+  description = "Email of the account Cloud Build runs as (the split function's build; pass it to `gcloud builds submit --service-account` for the images, as infra/deploy.sh does)."
   value       = local.build_service_account
 }

@@ -1,4 +1,7 @@
-# Tasks: one message per shard per epoch, published by both functions, pulled by the workers.
+# Tasks: one message per task of a round, published by the split function (round 0), the
+# aggregator (each next round) and the watchdog (lost tasks), pulled by the learners.
+# Results: one small "result ready" message per result object a learner writes to the deltas
+# bucket, plus the watchdog's nudges, pulled by the aggregator pool.
 #
 # Encryption: Google-managed keys. The messages carry ids and object names, never training data
 # (that stays in the buckets), so CMEK is not required; add kms_key_name if your policy says so.
@@ -82,6 +85,49 @@ resource "google_pubsub_subscription" "dead_letter_sink" {
 
   expiration_policy {
     ttl = ""
+  }
+}
+
+# "Result ready" messages: a learner publishes one after writing its result object to the deltas
+# bucket, and the controller's watchdog publishes nudges for stalled jobs. The aggregator pool
+# pulls them with streaming pull (tens of milliseconds, where an Eventarc storage trigger per
+# result costs 1-3 s plus cold starts) and acks one only once it is folded (or found to be
+# nothing to fold). Losing a message delays a round and loses nothing: the results themselves
+# are objects in the deltas bucket, which the watchdog lists as its backstop.
+resource "google_pubsub_topic" "results" {
+  #checkov:skip=CKV_GCP_83:Messages hold only ids and object names (no training data); Google-managed encryption is sufficient.
+  name    = local.results_topic_name
+  project = var.project_id
+  labels  = local.labels
+
+  depends_on = [google_project_service.apis]
+}
+
+# No dead-letter policy, on purpose: a result must never be dropped. Only the aggregator acks a
+# result message, once the result is folded; however often it is redelivered, nothing else takes
+# it away. Retention and expiration as for the tasks. Pub/Sub's exactly-once is not needed: the
+# aggregator ignores a task it already applied (invariant 2).
+resource "google_pubsub_subscription" "results" {
+  name    = local.results_subscription_name
+  project = var.project_id
+  topic   = google_pubsub_topic.results.id
+  labels  = local.labels
+
+  ack_deadline_seconds         = var.ack_deadline_seconds
+  message_retention_duration   = var.message_retention_duration
+  retain_acked_messages        = false
+  enable_exactly_once_delivery = false
+  enable_message_ordering      = false
+
+  expiration_policy {
+    ttl = ""
+  }
+
+  # Only a nacked or expired message waits (an aggregator that died mid-fold); the normal path
+  # is one delivery, acked after the fold.
+  retry_policy {
+    minimum_backoff = var.retry_minimum_backoff
+    maximum_backoff = var.retry_maximum_backoff
   }
 }
 

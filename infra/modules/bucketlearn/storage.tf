@@ -1,10 +1,13 @@
-# Five buckets, all regional (Eventarc storage triggers must be in the bucket's region), all
+# Five buckets, all regional (the uploads bucket's Eventarc trigger must be in its region), all
 # with uniform bucket-level access and public access prevention enforced. Access logging: usage
 # logs are a legacy feature; Cloud Audit Logs (Data Access logs for storage.googleapis.com,
 # enabled per project) are the supported way to audit object access, so no log bucket is made.
 #
-# Deltas get their own bucket because Eventarc storage triggers filter by bucket only: the
-# aggregate function must not be woken by every shard the split writes.
+# Deltas (task results) have their own bucket, where nothing triggers: the aggregator pool
+# learns of a result from the learner's message on the results topic, lists this bucket for a
+# job's results, and the controller's watchdog lists it as its backstop (a lost message delays a
+# round and loses nothing). Keeping results apart from the work bucket's shards keeps those
+# listings short and lets the deltas expire after a day.
 
 # CSV uploads. Versioned: a job is keyed by (bucket, name, generation) and the split reads its
 # generation; re-uploading the same name must not delete a generation that is still being split.
@@ -84,8 +87,9 @@ resource "google_storage_bucket" "work" {
   depends_on = [google_project_service.apis]
 }
 
-# Weight deltas: write-once names (random nonce), consumed within minutes by the aggregator,
-# which deletes what it applied; the lifecycle rule sweeps leftovers after deltas_retention_days.
+# Weight deltas (task results) and failure markers: write-once names (random nonce), consumed
+# within minutes by the aggregator, which deletes what it applied; the lifecycle rule sweeps
+# leftovers after deltas_retention_days. No notification or trigger on this bucket.
 resource "google_storage_bucket" "deltas" {
   #checkov:skip=CKV_GCP_62:Usage logs are legacy; object access is audited with Cloud Audit Logs (see the comment at the top of storage.tf).
   #checkov:skip=CKV_GCP_78:Write-once transient objects (random nonce names) deleted within a day; versioning would keep every applied delta.
@@ -163,7 +167,7 @@ resource "google_storage_bucket" "models" {
 }
 
 # Function source archives. The object name carries the archive's MD5, so a new archive is a
-# new object (redeploying both functions) and Terraform deletes the previous one.
+# new object (redeploying the split function) and Terraform deletes the previous one.
 resource "google_storage_bucket" "sources" {
   #checkov:skip=CKV_GCP_62:Usage logs are legacy; object access is audited with Cloud Audit Logs (see the comment at the top of storage.tf).
   #checkov:skip=CKV_GCP_78:Archives are rebuilt from git by infra/deploy.sh; each has a content-addressed name, so versions add nothing.

@@ -12,7 +12,7 @@ variable "project_id" {
 
 variable "region" {
   type        = string
-  description = "Region for the buckets, functions, Eventarc triggers, Cloud Run resources, Artifact Registry and Cloud Scheduler. Buckets are regional so that Eventarc storage triggers can live in the same region."
+  description = "Region for the buckets, the split function and its Eventarc trigger, Cloud Run resources, Artifact Registry and Cloud Scheduler. Buckets are regional so that the Eventarc storage trigger can live in the same region."
 
   validation {
     condition     = can(regex("^[a-z]+-[a-z]+[0-9]+$", var.region))
@@ -229,7 +229,7 @@ variable "firestore_iam_condition" {
 
 variable "function_source_zip" {
   type        = string
-  description = "Path to the zip holding functions/main.py, functions/requirements.txt and a vendored copy of bucketlearn/ (infra/package-functions.sh builds it). Its MD5 is part of the object name, so a changed zip redeploys both functions."
+  description = "Path to the zip holding functions/main.py, functions/requirements.txt and a vendored copy of bucketlearn/ (infra/package-functions.sh builds it). Its MD5 is part of the object name, so a changed zip redeploys the split function."
 
   validation {
     condition     = endswith(var.function_source_zip, ".zip")
@@ -240,7 +240,7 @@ variable "function_source_zip" {
 variable "function_runtime" {
   type        = string
   default     = "python311"
-  description = "Cloud Functions runtime of both functions."
+  description = "Cloud Functions runtime of the split function."
 
   validation {
     condition     = contains(["python311", "python312"], var.function_runtime)
@@ -251,7 +251,7 @@ variable "function_runtime" {
 variable "function_memory" {
   type        = string
   default     = "2Gi"
-  description = "Memory of each function instance; TensorFlow plus one model and one shard fits in 2Gi. 8Gi needs function_cpu >= 2, 16Gi needs >= 4."
+  description = "Memory of each split function instance; TensorFlow plus one model and one shard fits in 2Gi. 8Gi needs function_cpu >= 2, 16Gi needs >= 4."
 
   validation {
     condition     = contains(["1Gi", "2Gi", "4Gi", "8Gi", "16Gi"], var.function_memory)
@@ -262,7 +262,7 @@ variable "function_memory" {
 variable "function_cpu" {
   type        = string
   default     = "1"
-  description = "vCPUs of each function instance. Must fit function_memory as Cloud Run requires (checked at plan): 1 vCPU allows up to 4Gi, 2 up to 8Gi, 4 needs 2Gi-16Gi, 8 needs 4Gi-32Gi."
+  description = "vCPUs of each split function instance. Must fit function_memory as Cloud Run requires (checked at plan): 1 vCPU allows up to 4Gi, 2 up to 8Gi, 4 needs 2Gi-16Gi, 8 needs 4Gi-32Gi."
 
   validation {
     condition     = contains(["1", "2", "4", "8"], var.function_cpu)
@@ -273,7 +273,7 @@ variable "function_cpu" {
 variable "function_timeout_seconds" {
   type        = number
   default     = 540
-  description = "Timeout of each event-driven function invocation; Eventarc-triggered functions allow at most 540 s."
+  description = "Timeout of each split function invocation; Eventarc-triggered functions allow at most 540 s. BUCKETLEARN_AGGREGATE_BUDGET_SECONDS is still derived from it (main.tf)."
 
   validation {
     condition     = var.function_timeout_seconds >= 60 && var.function_timeout_seconds <= 540
@@ -292,17 +292,6 @@ variable "split_max_instances" {
   }
 }
 
-variable "aggregate_max_instances" {
-  type        = number
-  default     = 10
-  description = "Maximum instances of the aggregate (delta) function. Per job there is a single writer (a Firestore lease); other instances return fast and their deltas are folded by the holder."
-
-  validation {
-    condition     = var.aggregate_max_instances >= 1 && var.aggregate_max_instances <= 100
-    error_message = "aggregate_max_instances must be from 1 to 100."
-  }
-}
-
 variable "build_service_account" {
   type        = string
   default     = null
@@ -312,7 +301,7 @@ variable "build_service_account" {
 variable "iam_propagation_wait" {
   type        = string
   default     = "120s"
-  description = "How long to wait, once, between creating the grants and service agents the functions need (the Eventarc and Cloud Storage service agents, the trigger and build accounts) and creating the functions. IAM changes take minutes to propagate, and Eventarc grants its own service agent its role only when the API is first enabled; without the wait the first apply on a fresh project can fail and a rerun works. \"0s\" disables it."
+  description = "How long to wait, once, between creating the grants and service agents the split function needs (the Eventarc and Cloud Storage service agents, the trigger and build accounts) and creating the function. IAM changes take minutes to propagate, and Eventarc grants its own service agent its role only when the API is first enabled; without the wait the first apply on a fresh project can fail and a rerun works. \"0s\" disables it."
 
   validation {
     condition     = can(regex("^[0-9]+s$", var.iam_propagation_wait))
@@ -410,10 +399,54 @@ variable "worker_memory" {
   }
 }
 
+variable "min_aggregators" {
+  type        = number
+  default     = 0
+  description = "Fewest aggregator instances the autoscaler keeps (0: none while no job is active; the autoscaler starts one within a minute of a new job, so 1 saves that minute at the cost of an idle instance). Also the instance count the aggregator pool is created with."
+
+  validation {
+    condition     = var.min_aggregators >= 0 && var.min_aggregators <= 10 && floor(var.min_aggregators) == var.min_aggregators
+    error_message = "min_aggregators must be a whole number from 0 to 10."
+  }
+}
+
+variable "max_aggregators" {
+  type        = number
+  default     = 1
+  description = "Most aggregator instances the autoscaler starts. One aggregator serves every job: a job is held by one aggregator at a time through a Firestore lease (the single writer of its versions), so more instances only help when many jobs run at once; they never speed up one job."
+
+  validation {
+    condition     = var.max_aggregators >= 1 && var.max_aggregators <= 10 && floor(var.max_aggregators) == var.max_aggregators
+    error_message = "max_aggregators must be a whole number from 1 to 10."
+  }
+}
+
+variable "aggregator_cpu" {
+  type        = string
+  default     = "1"
+  description = "vCPUs of each aggregator instance (folds, evaluation on the holdout sample, export). Must fit aggregator_memory as Cloud Run requires (checked at plan): 1 vCPU allows 512Mi-4Gi, 2 allows 512Mi-8Gi, 4 needs 2Gi-16Gi, 6 needs 4Gi-24Gi, 8 needs 4Gi-32Gi."
+
+  validation {
+    condition     = contains(["1", "2", "4", "6", "8"], var.aggregator_cpu)
+    error_message = "aggregator_cpu must be one of 1, 2, 4, 6, 8."
+  }
+}
+
+variable "aggregator_memory" {
+  type        = string
+  default     = "2Gi"
+  description = "Memory of each aggregator instance (a model, its weights and optimizer state, a round's results, the holdout sample), such as 2Gi or 3072Mi; from 512Mi to 32Gi and within what aggregator_cpu allows (see aggregator_cpu)."
+
+  validation {
+    condition     = can(regex("^[0-9]+(Mi|Gi)$", var.aggregator_memory))
+    error_message = "aggregator_memory must look like 2Gi or 2048Mi."
+  }
+}
+
 variable "worker_pool_launch_stage" {
   type        = string
   default     = "BETA"
-  description = "launch_stage sent for the worker pool and the dashboard service. BETA lets the API accept worker-pool manual scaling and Cloud Run IAP while they are in preview; GA once both are GA in your project. Later drift of this field is ignored."
+  description = "launch_stage sent for the worker pools (learners, aggregator) and the dashboard service. BETA lets the API accept worker-pool manual scaling and Cloud Run IAP while they are in preview; GA once both are GA in your project. Later drift of this field is ignored."
 
   validation {
     condition     = contains(["ALPHA", "BETA", "GA"], var.worker_pool_launch_stage)
@@ -435,13 +468,13 @@ variable "autoscaler_schedule" {
 variable "autoscaler_paused" {
   type        = bool
   default     = false
-  description = "Pause the Cloud Scheduler job that runs the autoscaler (the pool then keeps its current instance count)."
+  description = "Pause the Cloud Scheduler job that runs the autoscaler (the learner and aggregator pools then keep their current instance counts, and the watchdog does not run)."
 }
 
 variable "stall_seconds" {
   type        = number
   default     = 600
-  description = "Seconds a job may show no progress (no update, no task of its current round starting or finishing) before the controller's watchdog acts on it: publishes the round's missing tasks again or nudges the aggregator (BUCKETLEARN_STALL_SECONDS, read by the autoscaler job only). Above ack_deadline_seconds, so a task whose worker died is redelivered by Pub/Sub first; a task that trains longer than this is trained twice and applied once."
+  description = "Seconds a job may show no progress (no update, no task of its current round starting or finishing) before the controller's watchdog acts on it: publishes the round's missing tasks again or nudges the aggregator with a message on the results topic (BUCKETLEARN_STALL_SECONDS, read by the autoscaler job only). Above ack_deadline_seconds, so a task whose worker died is redelivered by Pub/Sub first; a task that trains longer than this is trained twice and applied once."
 
   validation {
     condition     = var.stall_seconds >= 60 && var.stall_seconds <= 86400 && floor(var.stall_seconds) == var.stall_seconds
@@ -504,7 +537,7 @@ variable "dashboard_max_instances" {
 variable "extra_env" {
   type        = map(string)
   default     = {}
-  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_MODELS (models, one per job, a learner process builds before a fresh process replaces it; 0: never). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, ...)."
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_MODELS (models, one per job, a learner process builds before a fresh process replaces it; 0: never). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, max_aggregators, ...)."
 
   validation {
     condition = alltrue([
@@ -513,11 +546,13 @@ variable "extra_env" {
         "BUCKETLEARN_DELTAS_BUCKET", "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC",
         "BUCKETLEARN_TASKS_SUBSCRIPTION", "BUCKETLEARN_FIRESTORE_DATABASE",
         "BUCKETLEARN_ACK_DEADLINE_SECONDS", "BUCKETLEARN_MAX_TASK_ATTEMPTS", "BUCKETLEARN_LOG_FORMAT",
+        "BUCKETLEARN_RESULTS_TOPIC", "BUCKETLEARN_RESULTS_SUBSCRIPTION",
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS",
+        "BUCKETLEARN_AGGREGATOR_POOL", "BUCKETLEARN_MIN_AGGREGATORS", "BUCKETLEARN_MAX_AGGREGATORS",
         "BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION",
         "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS",
       ], k)
     ])
-    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topic, subscriptions, database, project, ack deadline, max task attempts, log format, the aggregator's time budget (from function_timeout_seconds); the autoscaler job's worker pool, min/max workers, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers instead)."
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topics, subscriptions, database, project, ack deadline, max task attempts, log format, the aggregator's time budget (from function_timeout_seconds); the autoscaler job's worker and aggregator pools, their min/max counts, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers, min_aggregators, max_aggregators instead)."
   }
 }

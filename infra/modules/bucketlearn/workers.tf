@@ -1,10 +1,10 @@
-# Learner workers: a Cloud Run worker pool.
+# Learner workers and the aggregator: two Cloud Run worker pools, from the same image.
 #
 # Why a worker pool and not a Cloud Run service with min instances:
-#   * The worker is a long-running pull loop with no HTTP server. A worker pool is the Cloud Run
-#     resource made for that: no endpoint, no request timeout, CPU always allocated. A service
-#     would need a dummy listener on $PORT, `cpu_idle = false`, and min instances pinned, and
-#     would still be scaled on request load it never receives.
+#   * The learner, like the aggregator, is a long-running pull loop with no HTTP server. A
+#     worker pool is the Cloud Run resource made for that: no endpoint, no request timeout, CPU
+#     always allocated. A service would need a dummy listener on $PORT, `cpu_idle = false`, and
+#     min instances pinned, and would still be scaled on request load it never receives.
 #   * Backlog scaling needs an external controller either way (worker pools do not autoscale on
 #     Pub/Sub backlog; services scale on requests/CPU). The worker pool's manual instance count
 #     is made for external controllers: changing it does not create a revision.
@@ -91,6 +91,94 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
   ]
 }
 
+# --- aggregator --------------------------------------------------------------------------------
+#
+# The aggregator: a long-running `bucketlearn aggregator` process that pulls "result ready"
+# messages (learners' results, the watchdog's nudges) from the results subscription with
+# streaming pull, folds each round into the next version, commits it to Firestore, publishes
+# the next round's tasks, evaluates and exports. It replaces the aggregate Cloud Function, whose
+# Eventarc trigger on the deltas bucket cost 1-3 s per result (plus cold starts): longer than
+# most rounds' training. One instance serves every job; a job is held by one aggregator at a
+# time through a Firestore lease (the single writer of its versions), so a second instance only
+# takes other jobs. The controller job sizes the pool: 1 while any job is active, 0 when idle,
+# within [min_aggregators, max_aggregators].
+#
+# Shutdown (scale-in, a new revision): Cloud Run sends SIGTERM and kills 10 s later. A result
+# message is acked only once folded, so one in flight is redelivered after its ack deadline; the
+# lease of the killed holder expires and the next aggregator picks up every unapplied result
+# from the deltas bucket (invariant 4), ignoring tasks already applied (invariant 2).
+
+resource "google_cloud_run_v2_worker_pool" "aggregator" {
+  name                = local.aggregator_pool_name
+  project             = var.project_id
+  location            = var.region
+  description         = "bucketlearn aggregator (pull result messages, fold rounds into versions, publish the next round, export)"
+  labels              = local.labels
+  launch_stage        = var.worker_pool_launch_stage
+  deletion_protection = var.deletion_protection
+
+  # Manual scaling, as for the learners: Terraform sets the starting count, then the autoscaler
+  # owns it (see ignore_changes).
+  scaling {
+    manual_instance_count = var.min_aggregators
+  }
+
+  template {
+    service_account = google_service_account.aggregate.email
+    labels          = local.labels
+
+    containers {
+      name    = "aggregator"
+      image   = var.worker_image
+      command = ["bucketlearn"]
+      args    = ["aggregator"]
+
+      resources {
+        limits = {
+          cpu    = var.aggregator_cpu
+          memory = var.aggregator_memory
+        }
+      }
+
+      dynamic "env" {
+        for_each = local.runtime_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [
+      # Set by the autoscaler every minute; Terraform must not reset it on the next apply.
+      scaling[0].manual_instance_count,
+      launch_stage,
+      client,
+      client_version,
+    ]
+
+    precondition {
+      condition     = var.min_aggregators <= var.max_aggregators
+      error_message = "min_aggregators must not exceed max_aggregators."
+    }
+
+    precondition {
+      condition     = local.aggregator_memory_mib >= local.memory_mib_range_by_cpu[var.aggregator_cpu][0] && local.aggregator_memory_mib <= local.memory_mib_range_by_cpu[var.aggregator_cpu][1]
+      error_message = "aggregator_memory does not fit aggregator_cpu. Cloud Run allows: 1 vCPU 512Mi-4Gi, 2 vCPU 512Mi-8Gi, 4 vCPU 2Gi-16Gi, 6 vCPU 4Gi-24Gi, 8 vCPU 4Gi-32Gi."
+    }
+  }
+
+  depends_on = [
+    google_project_service.apis,
+    google_storage_bucket_iam_member.aggregate,
+    google_pubsub_subscription_iam_member.aggregator_results_subscriber,
+    google_pubsub_topic_iam_member.aggregate_publisher,
+    google_project_iam_member.firestore_users,
+  ]
+}
+
 # --- autoscaler (the controller) ---------------------------------------------------------------
 #
 # Every minute Cloud Scheduler starts a one-task Cloud Run job that runs `bucketlearn autoscale`
@@ -98,15 +186,20 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
 # (bucketlearn/services/tend.py): it drains the dead-letter sink (BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION,
 # with dead_letter_enabled) into failure markers in the deltas bucket; then, for every active job
 # that showed no progress for BUCKETLEARN_STALL_SECONDS, it publishes the round's missing tasks
-# again (reading the job's manifest in the work bucket), or writes a nudge object
-# (<job>/nudge/<nonce>.json) to the deltas bucket, whose finalize event starts the aggregator
-# like a task result does. Then it counts the outstanding tasks (active jobs' current epochs,
-# neither applied nor failed) in Firestore - exact, no metric delay, in-flight tasks included -
-# applies bucketlearn's scaling policy (desired workers from outstanding tasks, clamped to
-# [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS], scale-down cool-down) - the same policy the
-# local supervisor uses - and, if the answer differs, sets the worker pool's
-# manual_instance_count through the Cloud Run Admin API. It exits; nothing runs between ticks.
-# A run that fails or overlaps the next one is harmless: each run only sets an absolute count,
+# again (reading the job's manifest in the work bucket), or publishes a nudge message for the
+# job to the results topic (BUCKETLEARN_RESULTS_TOPIC), which wakes the aggregator like a
+# learner's "result ready" message does; the aggregator then lists the job's results in the
+# deltas bucket, the backstop for a lost message. Then it sizes both pools through the Cloud Run
+# Admin API, setting manual_instance_count only where the answer differs:
+#   * the learners (BUCKETLEARN_WORKER_POOL): it counts the outstanding tasks (active jobs'
+#     current epochs, neither applied nor failed) in Firestore - exact, no metric delay,
+#     in-flight tasks included - and applies bucketlearn's scaling policy (desired workers from
+#     outstanding tasks, clamped to [BUCKETLEARN_MIN_WORKERS, BUCKETLEARN_MAX_WORKERS],
+#     scale-down cool-down), the same policy the local supervisor uses;
+#   * the aggregator (BUCKETLEARN_AGGREGATOR_POOL): 1 while any job is active, 0 when none is,
+#     clamped to [BUCKETLEARN_MIN_AGGREGATORS, BUCKETLEARN_MAX_AGGREGATORS].
+# It exits; nothing runs between ticks.
+# A run that fails or overlaps the next one is harmless: each run only sets absolute counts,
 # and every watchdog action is idempotent (a task published twice is applied once, a nudge for
 # a job that moved on folds nothing, a dead letter is acked only after its marker is written).
 # Its grants are in iam.tf.
@@ -165,9 +258,11 @@ resource "google_cloud_run_v2_job" "autoscaler" {
   depends_on = [
     google_project_service.apis,
     google_cloud_run_v2_worker_pool_iam_member.autoscaler_developer,
+    google_cloud_run_v2_worker_pool_iam_member.autoscaler_aggregator_developer,
     google_project_iam_member.firestore_users,
     google_storage_bucket_iam_member.autoscaler,
     google_pubsub_topic_iam_member.autoscaler_publisher,
+    google_pubsub_topic_iam_member.autoscaler_results_publisher,
     google_pubsub_subscription_iam_member.autoscaler_dead_letter_subscriber,
   ]
 }
@@ -176,7 +271,7 @@ resource "google_cloud_scheduler_job" "autoscaler" {
   name             = "${var.name_prefix}-autoscaler"
   project          = var.project_id
   region           = coalesce(var.scheduler_region, var.region)
-  description      = "Runs the bucketlearn autoscaler job (the watchdog: lost tasks republished, dead letters drained, stalled jobs nudged; then the learner worker pool resized from the task backlog)"
+  description      = "Runs the bucketlearn autoscaler job (the watchdog: lost tasks republished, dead letters drained, stalled jobs nudged; then the learner pool resized from the task backlog and the aggregator pool from the active jobs)"
   schedule         = var.autoscaler_schedule
   time_zone        = "Etc/UTC"
   paused           = var.autoscaler_paused
