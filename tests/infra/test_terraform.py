@@ -63,7 +63,10 @@ AUTOSCALER_CODE_ENV = set(re.findall(r'"(BUCKETLEARN_[A-Z0-9_]+)"',
 AUTOSCALER_ENV = AUTOSCALER_CODE_ENV | AGGREGATOR_POOL_ENV
 # Settings whose default suits the cloud: given through var.extra_env when needed.
 OPTIONAL_ENV = {"BUCKETLEARN_LEASE_SECONDS", "BUCKETLEARN_MAX_EVENT_AGE_SECONDS",
-                "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_MODELS"}
+                "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_MODELS",
+                "BUCKETLEARN_AGGREGATOR_LEASE_SECONDS", "BUCKETLEARN_CHAIN_GRACE_SECONDS",
+                "BUCKETLEARN_EVAL_FLUSH_SECONDS", "BUCKETLEARN_WORKER_CACHE_BYTES",
+                "BUCKETLEARN_CALL_LOG"}
 # The settings a deployed component cannot do without: where the data and the queue are.
 CLOUD_ENV = ({key for key, (field, _kind) in SETTINGS_ENV.items()
               if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}
@@ -500,7 +503,9 @@ def test_results_subscription_has_one_consumer(module: Config) -> None:
     publishers = {body["member"] for _t, _n, body in module.resources(
         "google_pubsub_topic_iam_member") if "topic.results." in body["topic"]}
     assert publishers == {"serviceAccount:${google_service_account.worker.email}",
-                          "serviceAccount:${google_service_account.autoscaler.email}"}
+                          "serviceAccount:${google_service_account.autoscaler.email}",
+                          # it announces a task it gave up on after refused results
+                          "serviceAccount:${google_service_account.aggregate.email}"}
 
 
 def _seconds(duration: str) -> int:
@@ -701,6 +706,8 @@ def test_aggregator_has_exactly_what_it_needs(module: Config) -> None:
          "${google_pubsub_topic.tasks.name}"),
         ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
          "${google_pubsub_subscription.results.name}"),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.results.name}"),
         ("google_project_iam_member", "roles/datastore.user", "project"),
     }
 

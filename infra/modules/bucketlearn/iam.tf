@@ -14,7 +14,8 @@
 #   tasks topic              publisher: split (round 0), aggregator (next rounds), autoscaler
 #                            (lost tasks)
 #   tasks subscription       subscriber: learners
-#   results topic            publisher: learners ("result ready"), autoscaler (nudges)
+#   results topic            publisher: learners ("result ready"), autoscaler (nudges),
+#                            aggregator (a task it gives up on after its refused results)
 #   results subscription     subscriber: aggregator (acks a result once it is folded)
 #   dead-letter sink         subscriber: autoscaler (its only consumer)
 
@@ -232,6 +233,15 @@ resource "google_pubsub_topic_iam_member" "worker_results_publisher" {
   topic   = google_pubsub_topic.results.name
   role    = "roles/pubsub.publisher"
   member  = "serviceAccount:${google_service_account.worker.email}"
+}
+
+# The aggregator announces a task it gave up on (its result refused MAX_REFUSALS times) on the
+# results topic, as a learner announces a task whose attempts ran out.
+resource "google_pubsub_topic_iam_member" "aggregator_results_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.results.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.aggregate.email}"
 }
 
 # The aggregator pulls result messages and acks each once it is folded; it is the results

@@ -174,6 +174,7 @@ resource "google_cloud_run_v2_worker_pool" "aggregator" {
     google_project_service.apis,
     google_storage_bucket_iam_member.aggregate,
     google_pubsub_subscription_iam_member.aggregator_results_subscriber,
+    google_pubsub_topic_iam_member.aggregator_results_publisher,
     google_pubsub_topic_iam_member.aggregate_publisher,
     google_project_iam_member.firestore_users,
   ]
