@@ -1,6 +1,6 @@
 """Run the benchmarks, write ``<out>/<name>.json``, print markdown tables, refresh the doc.
 
-    python -m benchmarks.run [--only ingest,parity,overhead,scale] [--smoke] [--out DIR] [--no-doc]
+    python -m benchmarks.run [--only ingest,parity,roundtrip,scale] [--smoke] [--out DIR] [--no-doc]
 
 ``--smoke`` runs tiny sizes (well under a minute; what CI runs through tests/test_bench_smoke.py).
 Without ``--smoke`` and with the default ``--out``, the generated section of docs/BENCHMARKS.md
@@ -25,9 +25,10 @@ from benchmarks import common
 from benchmarks.common import log
 from bucketlearn.config import SINGLE_THREADED_TF
 
-NAMES = ("ingest", "parity", "overhead", "scale", "methods", "schedules")
+NAMES = ("ingest", "parity", "roundtrip", "scale", "methods", "schedules")
 TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
-          "overhead": "3. Pipeline overhead", "scale": "4. Control-plane scale",
+          "roundtrip": "3. The round trip and the pipeline's overhead",
+          "scale": "4. Control-plane scale",
           "methods": "5. Choosing the aggregation (tuning datasets only)",
           "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)"}
 # Parity compares serial training with the pipeline's learners, which on the local stack run
@@ -136,7 +137,7 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name == "ingest" and args.sizes:
         params["sizes_mb"] = [int(x) for x in args.sizes.split(",")]
         reduced.append(f"sizes_mb={params['sizes_mb']}")
-    if name in ("parity", "overhead", "methods", "schedules") and args.datasets:
+    if name in ("parity", "roundtrip", "methods", "schedules") and args.datasets:
         keep = args.datasets.split(",")
         if isinstance(params["datasets"], dict):
             params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
@@ -162,6 +163,9 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
         if args.no_fit:
             params["fit_reference"] = False
             reduced.append("no fit reference")
+    if name == "roundtrip" and args.baseline:
+        params["baseline"] = str(args.baseline)
+        reduced.append(f"baseline={args.baseline}")
     if name == "scale" and args.workers:
         params["workers"] = [int(x) for x in args.workers.split(",")]
         reduced.append(f"workers={params['workers']}")
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=common.RESULTS)
     parser.add_argument("--no-doc", action="store_true", help="do not refresh docs/BENCHMARKS.md")
     parser.add_argument("--sizes", help="ingest: file sizes in MB, e.g. 50 (reduced run)")
-    parser.add_argument("--datasets", help="parity/overhead: datasets, e.g. digits (reduced run)")
+    parser.add_argument("--datasets", help="parity/roundtrip: datasets, e.g. digits (reduced run)")
     parser.add_argument("--seeds", help="parity: seeds, e.g. 0 (reduced run)")
     parser.add_argument("--workers", help="scale: worker counts, e.g. 1,2,4 (reduced run)")
     parser.add_argument("--orders", help="parity: row orders, e.g. sorted (reduced run)")
@@ -212,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack-workers", help="parity: local-stack worker counts, e.g. 4")
     parser.add_argument("--repeats", type=int, help="parity: runs of each job on the stack")
     parser.add_argument("--no-fit", action="store_true", help="parity: skip the Keras fit reference")
+    parser.add_argument("--baseline", type=Path,
+                        help="roundtrip: a worktree of older code whose overhead benchmark runs "
+                             "in the same session, for the before/after table")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in NAMES]

@@ -175,8 +175,8 @@ def _counts(directory: Path) -> dict[str, dict[str, Any]]:
 def _role(argv: str) -> str:
     if "bucketlearn.services.learn" in argv:
         return "worker"
-    if "on_delta" in argv:
-        return "aggregator (delta_fn)"
+    if "bucketlearn.entrypoints.aggregator" in argv:
+        return "aggregator"
     if "on_upload" in argv:
         return "split (upload_fn)"
     return "other"
@@ -412,7 +412,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
 
 TABLE_HEADER = ["workers", "tasks/s", "vs 1 worker", "versions/s", "deltas/version (median)",
                 "worker utilization", "Firestore writes / applied task", "CPU s (workers / "
-                "delta_fn / firestore / pubsub / storage) per wall s"]
+                "aggregator / firestore / pubsub / storage) per wall s"]
 
 
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -423,7 +423,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
         cpu = r["cpu_seconds"]
         wall = r["wall_seconds"]
         share = " / ".join(f"{cpu.get(k, 0.0) / wall:.2f}" for k in (
-            "workers", "delta_fn", "emulator:firestore", "emulator:pubsub", "emulator:storage"))
+            "workers", "aggregator", "emulator:firestore", "emulator:pubsub", "emulator:storage"))
         rows.append([n, f"{r['tasks_per_second']:.2f}", f"{r['tasks_per_second'] / base:.2f}x",
                      f"{r['versions_per_second']:.2f}", f"{r['deltas_per_version']['median']:.0f}",
                      f"{100 * r['worker_utilization']:.0f}%", f"{r['writes_per_applied_task']:.2f}",

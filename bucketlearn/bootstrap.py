@@ -47,10 +47,12 @@ def google_services(settings: Settings | None = None) -> Services:
     from bucketlearn.adapters.pubsub import PubSubQueue, results_queue  # noqa: PLC0415
 
     settings = settings or load_settings()
+    meter = Meter()
+    if settings.call_log_dir:
+        meter.write_to(settings.call_log_dir, settings.process_name or "process")
     return metered(Services(settings=settings, store=GcsBlobStore(settings),
                             queue=PubSubQueue(settings), registry=FirestoreRegistry(settings),
-                            results=results_queue(settings), transient=is_transient),
-                   Meter(record=settings.record_calls))
+                            results=results_queue(settings), transient=is_transient), meter)
 
 
 @functools.lru_cache(maxsize=1)

@@ -336,10 +336,9 @@ class Settings:
     # BUCKETLEARN_CALL_LOG: a directory where each process writes every remote call it made
     # (kind, job, start, end), for the round-trip benchmark; empty: calls are only counted
     call_log_dir: str = ""
-
-    @property
-    def record_calls(self) -> bool:
-        return bool(self.call_log_dir)
+    # which process of a deployment this is (the local stack names its processes; the call
+    # log's file is named after it); not exported by ``to_env``
+    process_name: str | None = None
     # The watchdog (``bucketlearn tend``): a job with no sign of progress for this long gets its
     # current round's missing tasks published again, or the aggregator nudged.
     stall_seconds: float = 600.0
@@ -443,6 +442,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     values["faults"] = frozenset(faults)
     values["fault_dir"] = env.get("BUCKETLEARN_FAULT_DIR") or None
     values["worker_id"] = env.get("BUCKETLEARN_WORKER_ID") or None
+    values["process_name"] = env.get("BUCKETLEARN_STACK_PROC") or None
     values.update({name: env.get(key) or None for key, name in EMULATOR_ENV.items()})
     settings = Settings(**values)
     if settings.log_format not in ("text", "json"):

@@ -8,19 +8,24 @@ and read, Pub/Sub messages and bytes. The learner sends what one task used with 
 aggregator adds its own and records the sum on the job with each commit (``Job.usage``), so a
 job's usage costs no write of its own; ``domain.usage`` prices it.
 
-With ``record`` the meter also keeps each call's start and end (``perf_counter``) and thread,
-which the round-trip benchmark reads to count the remote calls made one after another on a
-round's critical path.
+With ``record`` the meter also keeps each call's start and end (wall clock, comparable across
+the processes of one machine) and thread, and appends them every half second to
+``<directory>/<process>-<pid>.jsonl``: the round-trip benchmark reads them to count the remote
+calls made one after another on a round's critical path.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import re
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bucketlearn.ports import VersionCommit
@@ -55,6 +60,31 @@ class Meter:
     counts: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     calls: list[Call] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _path: Path | None = None
+
+    def write_to(self, directory: str, process: str) -> None:
+        """Append the recorded calls to ``<directory>/<process>-<pid>.jsonl`` every half
+        second from a daemon thread, and at exit."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self._path = Path(directory) / f"{process}-{os.getpid()}.jsonl"
+        self.record = True
+
+        def loop() -> None:
+            while True:
+                time.sleep(0.5)
+                self.flush()
+
+        threading.Thread(target=loop, name="call-log", daemon=True).start()
+        atexit.register(self.flush)
+
+    def flush(self) -> None:
+        if self._path is None:
+            return
+        with self._lock:
+            calls, self.calls = self.calls, []
+        if calls:
+            with open(self._path, "a", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(asdict(c)) + "\n" for c in calls)
 
     def add(self, job: str, **amounts: float) -> None:
         with self._lock:
@@ -89,7 +119,8 @@ def _size(data: Any) -> int:
 class _Metered:
     """Forwards every attribute to ``inner``; the methods in ``table`` are counted."""
 
-    # method -> (kind for the call log, job of the call, amounts to count given its result)
+    # method -> (service, job of the call, amounts to count given its result); the call log
+    # names a call ``<service>.<method>``, e.g. ``firestore.commit_version``
     table: Mapping[str, tuple[str, Callable[..., str], Callable[..., dict[str, float]]]] = {}
 
     def __init__(self, inner: Any, meter: Meter) -> None:
@@ -104,14 +135,17 @@ class _Metered:
         entry = self.table.get(name)
         if entry is None or not callable(target):
             return target
-        kind, job_of, amounts = entry
+        service, job_of, amounts = entry
+        kind = f"{service.split('.', 1)[0]}.{name}"
         meter = self._meter
 
         def metered(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started = time.time()
             result = target(*args, **kwargs)
-            ended = time.perf_counter()
+            ended = time.time()
             job = job_of(*args, **kwargs)
+            if job == NO_JOB and name == "pull" and result is not None:
+                job = str(getattr(getattr(result, "message", None), "job_id", "") or "")
             meter.add(job, **amounts(result, *args, **kwargs))
             meter.log(kind, job, started, ended)
             return result
@@ -215,10 +249,20 @@ def _published(result: Any, messages: Iterable[Any], *_: Any, **__: Any) -> dict
             "pubsub_bytes": sum(len(str(m.to_dict())) for m in messages)}
 
 
-class MeteredQueue(_Metered):
-    """A topic, counting the messages (and their bytes) published to it."""
+def _pulled(result: Any, *_: Any, **__: Any) -> dict[str, float]:
+    """A message delivered (Pub/Sub bills the bytes delivered as it bills those published)."""
+    if result is None:
+        return {}
+    return {"pubsub_pulled": 1, "pubsub_bytes": len(getattr(result, "raw", b"") or b"")}
 
-    table = {"publish": ("pubsub.publish", _messages_job, _published)}
+
+class MeteredQueue(_Metered):
+    """A topic and its subscription, counting the messages (and their bytes) published to it
+    and delivered from it. A pull is attributed to the job of the message it returned; it is
+    counted as a call whether or not one came (a pull that waits is still a call)."""
+
+    table = {"publish": ("pubsub.publish", _messages_job, _published),
+             "pull": ("pubsub.pull", _no_job, _pulled)}
 
 
 def metered(svc: Any, meter: Meter) -> Any:

@@ -73,6 +73,7 @@ class Heard:
     epoch: int
     message: ResultMessage | None = None
     received: Received | None = None
+    heard_at: float | None = None  # wall clock, when its message was handed to this job
 
 
 class Evaluator(Protocol):
@@ -139,7 +140,7 @@ class JobAggregator:
             earlier.received.ack()  # the same announcement delivered twice
         self.heard[message.path] = Heard(DeltaRef(message.path, parsed.task_index,
                                                   message.kind == FAILED), parsed.epoch,
-                                         message, received)
+                                         message, received, time.time())
 
     def listen_to_bucket(self) -> None:
         """The backstop: every result object and failure marker of the job's current epoch in the
@@ -371,7 +372,7 @@ class JobAggregator:
                 assert result is not None
                 read.results.append(result)
                 read.stats[layout.task_id_for(job.job_id, job.epoch, task_index)] = _task_stats(
-                    message, meta)
+                    message, meta, heard.heard_at if heard is not None else None)
                 self._count_usage(message)
             else:
                 read.refused[task_index] = problem
@@ -523,14 +524,18 @@ def _check_result(raw: bytes | None, name: str, base: list[Any], shapes: list[An
     return problem, result, meta
 
 
-def _task_stats(message: ResultMessage | None, meta: dict[str, Any]) -> dict[str, Any]:
-    """What the version records of one folded task: who trained it and how long each phase
-    took (from its message; a result found by listing has only its object's metadata)."""
+def _task_stats(message: ResultMessage | None, meta: dict[str, Any],
+                heard_at: float | None) -> dict[str, Any]:
+    """What the version records of one folded task: who trained it, how long each phase took,
+    and when its result was sent and heard (from its message; a result found by listing has only
+    its object's metadata)."""
     stats = dict(message.stats) if message is not None else {}
-    keep = ("fetch_seconds", "train_seconds", "write_seconds", "cpu_seconds", "finished_at")
+    keep = ("fetch_seconds", "train_seconds", "write_seconds", "cpu_seconds", "finished_at",
+            "train_started_at", "train_ended_at")
     return {"worker_id": (message.worker_id if message is not None else None)
             or meta.get("worker_id"), "chained": bool(message and message.chained),
-            "sent_at": message.sent_at if message is not None else None,
+            "sent_at": message.sent_at if message is not None else None, "heard_at": heard_at,
+            "task_index": int(meta.get("task_index", -1)),
             **{k: stats[k] for k in keep if k in stats}}
 
 

@@ -418,6 +418,7 @@ class Learner:
                            math.ceil(len(y) / batch_size))
         weights = class_weights(str(options.get("class_weight", "none")),
                                 runtime.manifest.train_counts)
+        train_started_at = time.time()
         with runtime.lock:
             result = train_task(runtime.model, base, optimizer, x, y, batch_size, rates,
                                 int(options["seed"]), task.epoch, task.task_index, weights)
@@ -427,7 +428,9 @@ class Learner:
         return _Trained(task, result, end_digest, {
             "fetch_seconds": round(t1 - t0, 6), "train_seconds": round(t2 - t1, 6),
             "examples": result.examples, "train_loss": result.train_loss,
-            "finished_at": svc.clock(), "cpu_seconds": round(time.process_time() - cpu0, 6)})
+            "finished_at": svc.clock(), "cpu_seconds": round(time.process_time() - cpu0, 6),
+            # wall clock (comparable across processes): the round-trip benchmark's hops
+            "train_started_at": train_started_at, "train_ended_at": time.time()})
 
     def announce(self, trained: _Trained, chained: bool = False) -> ResultMessage:
         """Write a trained task's result to the deltas bucket, then publish the message naming
