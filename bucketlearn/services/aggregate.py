@@ -51,6 +51,7 @@ from bucketlearn.ml.model import export_keras, model_inputs
 from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, VersionCommit
 from bucketlearn.services import jobs
+from bucketlearn.services.ending import wind_up
 from bucketlearn.services.publish import announce_failure, publish_round
 from bucketlearn.services.runtime import JobRuntime, job_runtime
 
@@ -113,6 +114,7 @@ class JobAggregator:
         self.health: dict[str, Any] | None = None
         self.usage: dict[str, float] = {}  # the learners' measured use since the last commit
         self.folds = 0
+        self.wound_up = False
         self.last_commit_seconds: float | None = None
         self._fold_started = time.perf_counter()
         self._readers: ThreadPoolExecutor | None = None
@@ -156,13 +158,13 @@ class JobAggregator:
         """Publish, fold or export what is due now; True when it did something (call again)."""
         job = self.job if self.job is not None else self.refresh()
         if job is None or job.is_terminal:
-            self._collect_all_garbage()
+            self._settle_ended(job)
             return False
         if job.phase == jobs.EXPORTING:
             export_final(self.svc, job)
             job = self.refresh()
             if job is None or job.is_terminal:
-                self._collect_all_garbage()
+                self._settle_ended(job)
             return False
         if job.phase != jobs.TRAINING:
             return False
@@ -443,12 +445,13 @@ class JobAggregator:
             if delete:
                 _delete(self.svc, ref.name)
 
-    def _collect_all_garbage(self) -> None:
-        """The job has ended: settle every message heard and delete its deltas objects."""
+    def _settle_ended(self, job: Job | None) -> None:
+        """The job has ended: settle every message heard, then wind it up (a cancelled job's
+        model exported, its work objects, old weights and results deleted: ``ending``)."""
         self._drop([h.ref for h in list(self.heard.values())], delete=False)
-        for info in list(self.svc.store.list(self.svc.settings.deltas_bucket,
-                                             layout.job_delta_prefix(self.job_id))):
-            _delete(self.svc, info.name)
+        if job is not None and not self.wound_up:
+            wind_up(self.svc, job)
+            self.wound_up = True
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluated(self, evaluation: Evaluation, loss: float) -> str | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage
 from bucketlearn.services import jobs
@@ -159,6 +160,18 @@ class _JobSlot:
                 evaluation, loss = item
                 aggregator.evaluated(evaluation, loss)
 
+    def _fail(self, exc: PermanentError) -> None:
+        """End the job FAILED with a permanent error's reason (a backend refused a write for
+        good, an object the fold needs is corrupt beyond retraining); settle its messages."""
+        now = self.service.svc.clock()
+        reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"[:2000]
+        log.error("job %s: %s", self.job_id, reason)
+        jobs.end_job(self.service.svc.registry, self.job_id, {
+            "status": jobs.FAILED, "phase": "failed", "error": reason, "finished_at": now,
+            "updated_at": now})
+        self.aggregator.job = self.aggregator.refresh()
+        self.aggregator.step()  # the job has ended: its messages are settled, it is wound up
+
     def _work(self) -> bool:
         """Do what is due; True when the job has ended (the slot is done)."""
         aggregator = self.aggregator
@@ -167,6 +180,9 @@ class _JobSlot:
                 if not aggregator.step():
                     break
             aggregator.flush_evaluations(self.service.svc.settings.eval_flush_seconds)
+        except PermanentError as exc:  # retrying cannot help: the job ends with the reason
+            self._fail(exc)
+            return True
         except Exception:  # noqa: BLE001 - a backend outage: messages stay, try again
             log.warning("job %s: aggregation step failed; retrying", self.job_id,
                         exc_info=True)

@@ -7,8 +7,10 @@ CANCELLED being terminal: workers acknowledge the job's tasks without training t
 version onto it (``jobs.commit_refusal``, so a fold already in flight cannot advance it), the
 export does not mark it DONE, a split in progress does not make it trainable
 (``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
-tasks. Its versions stay where they are: the head is still downloadable
-(``models_io.model_bytes`` builds the ``.keras`` from the stored weights).
+tasks. The cancel announces itself to the aggregator (a nudge on the results topic), which
+exports the head version as ``models/<job>/latest.keras`` and winds the job up
+(``services.ending``); until then ``models.model_bytes`` builds the ``.keras`` from the stored
+weights.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
             "error": sentence}
 
 
+def _tell_the_aggregator(svc: Services, job_id: str, by: str) -> None:
+    """A nudge on the results topic: the aggregator exports the cancelled job's last version
+    and winds it up (``services.ending``). Best effort: the cancel has happened either way."""
+    from bucketlearn.ports import NUDGE, ResultMessage  # noqa: PLC0415
+
+    try:
+        svc.results.publish([ResultMessage(job_id=job_id, kind=NUDGE,
+                                           reason=f"cancelled by {by}"[:500],
+                                           sent_at=svc.clock())])
+    except Exception:  # noqa: BLE001 - the model still downloads, built from its weights
+        log.warning("job %s: cancelled, but the aggregator could not be told", job_id,
+                    exc_info=True)
+
+
 def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -> CancelOutcome:
     """Cancel a job that has not ended.
 
@@ -89,6 +105,7 @@ def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -
         raise NotFoundError(f"job {job_id}: no such job")
     version = job.version
     if ended:
+        _tell_the_aggregator(svc, job_id, by)
         kept = (f"its last version, v{version}, stays downloadable: bucketlearn download "
                 f"{job_id}" if version is not None else "it had no model version yet")
         log.warning("job %s cancelled by %s (was %s, %s at v%s)", job_id, by, job.status,

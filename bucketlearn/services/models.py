@@ -50,8 +50,16 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     if found is None:
         raise NotFoundError(f"job {job_id}: version {wanted} has no document")
     runtime = JobRuntime(svc, job)
-    model = runtime.model
-    model.set_weights(runtime.weights(found.weights_path))
+    try:
+        weights = runtime.weights(found.weights_path)
+        model = runtime.model
+    except NotFoundError:
+        if not jobs.is_terminal(job):
+            raise
+        raise JobStateError(f"job {job_id} has ended and only its last version is kept: expected "
+                            f"a version with an exported model (v{head}); found v{wanted}, "
+                            "whose weights were deleted when the job ended") from None
+    model.set_weights(weights)
     sidecar = model_sidecar(dataclasses.replace(job, version=wanted), runtime.manifest,
                             found.holdout_accuracy, dict(found.figures))
     return export_keras(model, sidecar), wanted

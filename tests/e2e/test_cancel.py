@@ -94,8 +94,10 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     assert status["cancel_reason"] == "e2e" and "(bucketlearn cancel)" in status["cancelled_by"]
     again = cli(stack, "cancel", job_id)
     assert again.returncode == 0 and "is already CANCELLED" in again.stdout
-    # Assert: the last version downloads (nothing was exported) and plain Keras loads it
-    assert svc.store.stat(stack.settings.models_bucket, layout.model_path(job_id)) is None
+    # Assert: the aggregator, told of the cancel, exported the last version (issue #26, item 11:
+    # it downloads from the models bucket alone), and plain Keras loads it
+    assert wait_until(lambda: svc.registry.get_job(job_id).model_path is not None, 60)
+    assert svc.store.stat(stack.settings.models_bucket, layout.model_path(job_id, head))
     model_path = tmp_path / "cancelled.keras"
     download = cli(stack, "download", job_id, "-o", str(model_path))
     assert download.returncode == 0, download.stderr

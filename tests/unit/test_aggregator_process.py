@@ -337,3 +337,90 @@ def test_a_lease_taken_over_from_a_dead_aggregator_republishes_what_has_no_resul
     again = svc.queue.published[published:]
     assert not thread.is_alive()
     assert [m.task_index for m in again] == [1 - first.task_index]
+
+
+def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
+    """Issue #26, items 2 and 4: once DONE, the job's work prefix (shards, holdout, manifest)
+    and every version's weights but the head's are deleted; the exported model stays, and a
+    version whose weights are gone says which one can be downloaded."""
+    # Prepare
+    from bucketlearn import layout
+    from bucketlearn.errors import JobStateError
+    from bucketlearn.services.models import model_bytes
+
+    running = run_job(JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1))
+    svc = running.svc
+    # Execute
+    job = wait_ended(svc, running.job_id)
+    time.sleep(0.5)  # the slot winds the job up right after DONE
+    # Assert
+    weights = [i.name for i in svc.store.list(svc.settings.models_bucket,
+                                              f"weights/{job.job_id}/")]
+    assert job.status == jobs.DONE and job.version > 2
+    assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job.job_id))) == []
+    assert weights == [job.head.weights_path]
+    assert svc.store.stat(svc.settings.models_bucket, layout.model_path(job.job_id)) is not None
+    assert model_bytes(svc, job.job_id, None)[1] == job.version
+    with pytest.raises(JobStateError, match=f"v{job.version}"):
+        model_bytes(svc, job.job_id, 1)
+
+
+def test_a_cancelled_job_is_exported_by_the_aggregator(tmp_path):
+    """Issue #26, item 11: a cancel tells the aggregator (a nudge on the results topic), which
+    exports the job's last version as latest.keras, records it and winds the job up, so the
+    model downloads from the models bucket alone."""
+    # Prepare
+    from bucketlearn import layout
+    from bucketlearn.services.cancel import cancel_job
+    from bucketlearn.services.models import model_bytes
+
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1))
+    cancel_job(svc, job_id, "tester")
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run, kwargs={
+        "until": lambda: svc.registry.get_job(job_id).model_path is not None}, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    stop.set()
+    # Assert
+    job = svc.registry.get_job(job_id)
+    models = svc.settings.models_bucket
+    assert not thread.is_alive()
+    assert job.status == jobs.CANCELLED and job.model_path == layout.model_path(job_id)
+    assert svc.store.stat(models, layout.model_path(job_id, 0)) is not None
+    assert model_bytes(svc, job_id, None) == (svc.store.read_bytes(
+        models, layout.model_path(job_id, 0)), 0)
+
+
+def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
+    """A backend refusing the version's commit for good (Firestore's InvalidArgument) ends the
+    job FAILED saying why, instead of retrying every second for ever."""
+    # Prepare
+    from bucketlearn.errors import BackendRejectedError
+
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    Learner(svc, "w1").process(svc.queue.pull(0).message)
+
+    def refused(commit):
+        raise BackendRejectedError("firestore commit version: InvalidArgument: too large")
+
+    monkeypatch.setattr(svc.registry, "commit_version", refused)
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run, kwargs={
+        "until": lambda: svc.registry.get_job(job_id).is_terminal}, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    stop.set()
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert not thread.is_alive()
+    assert job.status == jobs.FAILED and "BackendRejectedError" in job.error
+    assert "too large" in job.error

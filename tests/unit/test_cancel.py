@@ -153,8 +153,9 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
 
 
 def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkeypatch):
-    """The cancel lands while the export evaluates the final model: no latest.keras is written
-    and the job is not marked DONE (before: DONE overwrote CANCELLED)."""
+    """The cancel lands while the export evaluates the final model: the job is not marked DONE
+    (before: DONE overwrote CANCELLED); it stays CANCELLED, and its head version is exported as
+    a cancelled job's is (issue #26, item 11: so that it downloads from the models bucket)."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
     real_evaluate, real_export = aggregator.evaluate_parts, aggregator.export_final
@@ -178,15 +179,15 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     models = svc.settings.models_bucket
     assert exporting, "the export never ran"
     assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
-    assert job.model_path is None
-    assert svc.store.stat(models, layout.model_path(job_id)) is None
-    assert svc.store.stat(models, layout.model_path(job_id, job.version)) is None
+    assert job.model_path == layout.model_path(job_id) and job.finished_at is not None
+    assert svc.store.stat(models, layout.model_path(job_id, job.version)) is not None
 
 
 def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path,
                                                                              monkeypatch):
     """The narrowest window: the .keras files are written, DONE is not yet. DONE is written
-    only onto a job that has not ended, so the cancel stands (the files hold its head)."""
+    only onto a job that has not ended, so the cancel stands (the files hold its head, which
+    the cancelled job's wind-up records as its model)."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
     real_write = svc.store.write_bytes
@@ -203,7 +204,7 @@ def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tm
     # Assert
     job = svc.registry.get_job(job_id)
     assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
-    assert job.model_path is None
+    assert job.model_path == layout.model_path(job_id)
     assert model_bytes(svc, job_id, None)[1] == job.version
 
 
