@@ -1,4 +1,4 @@
-"""Cloud Storage adapter (also serves gcp-storage-emulator via STORAGE_EMULATOR_HOST)."""
+"""Cloud Storage adapter (also serves the local stack's fake-gcs-server via STORAGE_EMULATOR_HOST)."""
 
 from __future__ import annotations
 
@@ -120,10 +120,11 @@ class GcsBlobStore:
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
         """A stream of the object; with ``generation``, every range read asks for it.
 
-        Cloud Storage answers 404 for a generation that was replaced or deleted; the storage
-        emulator ignores the parameter and serves the live object. So a pinned stream checks
-        the live generation when it opens and again when it reaches the end: whichever backend,
-        bytes of another generation never pass as ``generation``'s (ObjectChangedError).
+        Cloud Storage (and fake-gcs-server) answers 404 for a generation that was replaced or
+        deleted; gcp-storage-emulator ignores the parameter and serves the live object. So a
+        pinned stream checks the live generation when it opens and again when it reaches the
+        end: whichever backend, bytes of another generation never pass as ``generation``'s
+        (ObjectChangedError).
         """
         blob = self.client.bucket(bucket).blob(name, generation=generation)
         if generation is None:

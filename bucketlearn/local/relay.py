@@ -1,10 +1,13 @@
-"""Local stand-in for Eventarc's storage trigger.
+"""Local stand-in for Eventarc's storage trigger: the CloudEvent it sends, and a polling relay.
 
-Polls the watched buckets, and for every new object generation POSTs a binary-mode CloudEvent
-(``google.cloud.storage.object.v1.finalized``, StorageObjectData JSON body) to the function that
-watches that bucket. Like Eventarc with ``RETRY_POLICY_RETRY``, a non-2xx answer or a connection
-error is retried with exponential backoff (up to ``max_age`` seconds), so a function crash never
-loses an event. ``duplicate`` delivers every event twice (fault injection: at-least-once).
+``cloudevent_for`` builds the binary-mode CloudEvent (``google.cloud.storage.object.v1.finalized``,
+StorageObjectData JSON body) for one object generation, and ``post_event`` delivers it: like
+Eventarc with ``RETRY_POLICY_RETRY``, a non-2xx answer or a connection error is retried with
+exponential backoff (up to ``max_age`` seconds), so a function crash never loses an event. The
+uploads bucket's events come from Cloud Storage notifications (``bucketlearn.local.notifications``,
+as Eventarc's do in the cloud); ``StorageEventRelay`` finds events by listing the watched buckets
+instead (the deltas bucket's, until results travel over Pub/Sub). ``duplicate`` delivers every
+event twice (fault injection: at-least-once).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from urllib.parse import quote
@@ -36,9 +39,14 @@ def header_value(text: str) -> str:
                    for ch in text)
 
 
-def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
-    """Headers and JSON body of a binary-mode storage CloudEvent for one object generation."""
-    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def cloudevent_for(info: BlobInfo, resource: Mapping[str, object] | None = None,
+                   event_time: str | None = None) -> tuple[dict[str, str], dict[str, object]]:
+    """Headers and JSON body of a binary-mode storage CloudEvent for one object generation.
+
+    ``resource``: the object resource as a storage notification carries it (its fields replace
+    the ones built from ``info``); ``event_time``: the notification's (RFC 3339; default now).
+    """
+    now = event_time or datetime.now(UTC).isoformat().replace("+00:00", "Z")
     headers = {
         "ce-id": uuid.uuid4().hex,
         "ce-specversion": "1.0",
@@ -59,8 +67,33 @@ def cloudevent_for(info: BlobInfo) -> tuple[dict[str, str], dict[str, object]]:
         "metadata": info.metadata,
         "timeCreated": now,
         "updated": now,
+        **(resource or {}),
     }
     return headers, body
+
+
+def post_event(url: str, headers: Mapping[str, str], body: Mapping[str, object],
+               stop: threading.Event, max_age: float, what: str) -> int | None:
+    """POST one CloudEvent until ``url`` answers 2xx: the number of attempts it took, or None
+    when ``stop`` was set or ``max_age`` seconds went by first. ``what`` names it in the log."""
+    started = time.monotonic()
+    delay = 0.5
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            response = requests.post(url, json=body, headers=dict(headers), timeout=POST_TIMEOUT)
+            if response.status_code < 300:
+                return attempt
+            log.info("%s answered %s for %s; retrying", url, response.status_code, what)
+        except requests.RequestException as exc:
+            log.info("%s unreachable for %s (%s); retrying", url, what, exc)
+        if time.monotonic() - started > max_age:
+            log.error("giving up on %s after %d attempts", what, attempt)
+            return None
+        stop.wait(delay)
+        delay = min(delay * 2, 10.0)
+    return None
 
 
 class StorageEventRelay:
@@ -111,25 +144,9 @@ class StorageEventRelay:
 
     def _deliver(self, url: str, info: BlobInfo) -> None:
         headers, body = cloudevent_for(info)
-        started = time.monotonic()
-        delay = 0.5
-        attempt = 0
-        while not self.stop_event.is_set():
-            attempt += 1
-            try:
-                response = requests.post(url, json=body, headers=headers, timeout=POST_TIMEOUT)
-                if response.status_code < 300:
-                    self.delivered += 1
-                    if self.on_delivered:
-                        self.on_delivered(info, attempt)
-                    return
-                log.info("relay: %s answered %s for %s; retrying", url, response.status_code,
-                         info.name)
-            except requests.RequestException as exc:
-                log.info("relay: %s unreachable for %s (%s); retrying", url, info.name, exc)
-            if time.monotonic() - started > self.max_age:
-                log.error("relay: giving up on gs://%s/%s after %d attempts", info.bucket,
-                          info.name, attempt)
-                return
-            self.stop_event.wait(delay)
-            delay = min(delay * 2, 10.0)
+        attempt = post_event(url, headers, body, self.stop_event, self.max_age,
+                             f"gs://{info.bucket}/{info.name}")
+        if attempt is not None:
+            self.delivered += 1
+            if self.on_delivered:
+                self.on_delivered(info, attempt)

@@ -1,8 +1,10 @@
 """The upload service reads an upload at its event's generation, on the real storage emulator.
 
-The emulator serves the live object whatever generation a read asks for; these tests overwrite
-the upload while it is being split and check the job is REJECTED with a clear reason, never a
-crash (a KeyError for a label only the new file has) nor shards dealt from two files.
+These tests overwrite the upload while it is being split and check the job is REJECTED with a
+clear reason, never a crash (a KeyError for a label only the new file has) nor shards dealt from
+two files. fake-gcs-server, like Cloud Storage, answers 404 for a replaced generation (the
+adapter's pinned stream raises at the next range read); an emulator serving the live object
+whatever generation is asked (gcp-storage-emulator) is caught at the end of the stream.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tests.unit.helpers import csv_bytes
 pytestmark = pytest.mark.integration
 
 # Larger than the adapter's 8 MiB read chunk, so that pass 2 reads the object in several
-# ranges: after an overwrite, the emulator serves the later ones from the new file.
+# ranges: after an overwrite, the later ones find another generation.
 FIRST = csv_bytes(["x", "y", "label"], [[i, i % 7, "ab"[i % 2]] for i in range(900_000)])
 SECOND = csv_bytes(["x", "y", "label"], [[i, i % 5, "abc"[i % 3]] for i in range(900_000)])
 # Few large shards: the test is about reading, and thousands of shard parts written to the
