@@ -64,5 +64,7 @@ def process_services() -> Services:
 def memory_services(settings: Settings | None = None) -> Services:
     from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
 
-    return Services(settings=settings or Settings(), store=MemoryBlobStore(), queue=MemoryQueue(),
-                    registry=MemoryRegistry(), results=MemoryQueue())
+    settings = settings or Settings()
+    # the uploads bucket keeps noncurrent versions, as Terraform creates it
+    return Services(settings=settings, store=MemoryBlobStore((settings.uploads_bucket,)),
+                    queue=MemoryQueue(), registry=MemoryRegistry(), results=MemoryQueue())

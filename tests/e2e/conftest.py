@@ -1,4 +1,4 @@
-"""The whole local stack (functions, relay, workers) on the session's emulators."""
+"""The whole local stack (the upload function, its event forwarder, the aggregator, workers) on the session's emulators."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
     versions = assert_ledger_consistent(svc, job_id)
     log_text = (stack.home / "logs" / "upload_fn.log").read_text()
     assert "duplicate event ignored" in log_text or "being split by another" in log_text
-    record("duplicates everywhere", "relay delivers every storage event twice; every task and "
+    record("duplicates everywhere", "the storage events' forwarder delivers every event twice; every task and "
            "result message published twice", "one job per upload; each task applied once; versions "
            "dense", tasks=job.tasks_applied, versions=len(versions))
 

@@ -1,7 +1,7 @@
 """The whole flow on real emulators: upload -> split -> tasks -> workers -> deltas -> versions.
 
 These tests drive the ``bucketlearn`` CLI in a subprocess, as a user would, against a LocalStack
-whose functions, relay and workers are real processes.
+whose function, aggregator and workers are real processes.
 """
 
 from __future__ import annotations

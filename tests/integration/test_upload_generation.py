@@ -1,8 +1,11 @@
 """The upload service reads an upload at its event's generation, on the real storage emulator.
 
-The emulator serves the live object whatever generation a read asks for; these tests overwrite
-the upload while it is being split and check the job is REJECTED with a clear reason, never a
-crash (a KeyError for a label only the new file has) nor shards dealt from two files.
+These tests overwrite the upload while it is being split. In the uploads bucket, which keeps
+noncurrent versions (as Terraform creates it), the split goes on reading its own generation and
+the job trains the first file (issue #26, item 3); in a bucket that keeps none, the generation
+is gone and the job is REJECTED with a clear reason. Never a crash (a KeyError for a label only
+the new file has) nor shards dealt from two files. fake-gcs-server, like Cloud Storage, serves a
+pinned generation while it exists and answers 404 once it is gone.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from tests.unit.helpers import csv_bytes
 pytestmark = pytest.mark.integration
 
 # Larger than the adapter's 8 MiB read chunk, so that pass 2 reads the object in several
-# ranges: after an overwrite, the emulator serves the later ones from the new file.
+# ranges: after an overwrite, the later ones find another generation.
 FIRST = csv_bytes(["x", "y", "label"], [[i, i % 7, "ab"[i % 2]] for i in range(900_000)])
 SECOND = csv_bytes(["x", "y", "label"], [[i, i % 5, "abc"[i % 3]] for i in range(900_000)])
 # Few large shards: the test is about reading, and thousands of shard parts written to the
@@ -74,15 +77,42 @@ class ReuploadDuringSplit:
 
 
 @pytest.mark.parametrize("mid_stream", [False, True], ids=["before-pass-2", "during-pass-2"])
-def test_reupload_during_the_split_is_rejected_on_the_emulator(cloud: Any,
-                                                               mid_stream: bool) -> None:
-    """Overwritten before or during pass 2: REJECTED naming both generations; no shards left
-    (before: a KeyError for label 'c', or pass 2 dealing the first file's first 8 MiB and the
-    second file's rest)."""
+def test_a_reupload_during_the_split_leaves_the_first_job_its_own_file(cloud: Any,
+                                                                      mid_stream: bool) -> None:
+    """The uploads bucket keeps noncurrent versions: overwritten before or during pass 2, the
+    first upload's split reads its own generation to the end and its job trains the first file
+    (before: the live generation was compared and the first job REJECTED)."""
     # Prepare
-    assert len(FIRST) > 8 * 1024**2 and len(SECOND) > 8 * 1024**2
     svc = cloud
     bucket = svc.settings.uploads_bucket
+    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
+    svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
+    event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    now = svc.store.stat(bucket, "reupload.csv")
+    assert svc.store.opens >= 3 and now.generation != info.generation
+    assert outcome is Outcome.ACCEPTED, job.error
+    assert sorted(job.classes) == ["a", "b"]  # the first file's labels ("c" is the second's)
+    assert job.dataset["rows"] == 900_000
+
+
+@pytest.mark.parametrize("mid_stream", [False, True], ids=["before-pass-2", "during-pass-2"])
+def test_reupload_during_the_split_is_rejected_without_versions(cloud: Any,
+                                                                mid_stream: bool) -> None:
+    """In a bucket that keeps no noncurrent versions, overwritten before or during pass 2:
+    REJECTED naming both generations; no shards left (before: a KeyError for label 'c', or pass
+    2 dealing the first file's first 8 MiB and the second file's rest)."""
+    # Prepare
+    import dataclasses
+
+    assert len(FIRST) > 8 * 1024**2 and len(SECOND) > 8 * 1024**2
+    bucket = cloud.settings.uploads_bucket + "-unversioned"
+    cloud.store.ensure_bucket(bucket)
+    svc = dataclasses.replace(cloud, settings=dataclasses.replace(cloud.settings,
+                                                                  uploads_bucket=bucket))
     info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
     svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
     event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)

@@ -232,8 +232,8 @@ class ReuploadingStore(MemoryBlobStore):
     """Re-uploads ``name`` with ``new_data`` when it is opened for the ``at``-th time (the
     header is open 1, pass 1 open 2, pass 2 open 3), as a user overwriting the file would."""
 
-    def __init__(self, name, new_data, at=3):
-        super().__init__()
+    def __init__(self, name, new_data, at=3, versioned=()):
+        super().__init__(versioned)
         self.name, self.new_data, self.at, self.opens = name, new_data, at, 0
 
     def open_read(self, bucket, name, generation=None):
@@ -249,8 +249,9 @@ class ReuploadingStore(MemoryBlobStore):
     [[i, "a" if i < 25 else "b"] for i in range(30)],  # the same labels, other class counts
 ], ids=["new-label", "other-class-counts"])
 def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
-    """The object is overwritten after pass 1 (issue #14, item 6): pass 2 reads the event's
-    generation or nothing, so the job is REJECTED with a clear reason (before: generation N+1's
+    """The object is overwritten after pass 1 (issue #14, item 6) in a bucket that keeps no
+    noncurrent versions: pass 2 reads the event's generation or nothing, so the job is REJECTED
+    with a clear reason (before: generation N+1's
     rows dealt with N's class counts, or KeyError on a new label and an HTTP 500 retry loop)."""
     # Prepare
     svc = memory_services()
@@ -271,6 +272,30 @@ def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
     assert f"found: generation {current.generation}" in job.error
     assert work_objects(svc, job_id) == []
     assert svc.queue.published == []
+
+
+def test_a_reupload_of_the_same_name_leaves_the_first_split_its_own_bytes():
+    """Issue #26, item 3: the uploads bucket keeps noncurrent versions (as Terraform creates
+    it), and every pass reads the event's generation, so a re-upload of the same name during
+    the split leaves the first job training its own file (before: the live generation was
+    compared, and the first job was REJECTED); the re-upload gets a job of its own."""
+    # Prepare
+    svc = memory_services()
+    first_rows = [[i, ["a", "b"][i % 2]] for i in range(30)]
+    svc.store = ReuploadingStore("same.csv", csv_bytes(["x", "label"], [[i, "c"] for i in
+                                                                         range(30)]),
+                                 versioned=(svc.settings.uploads_bucket,))
+    event = upload(svc, "same.csv", csv_bytes(["x", "label"], first_rows))
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    current = svc.store.stat(event.bucket, event.name)
+    assert svc.store.opens >= 3 and current.generation != event.generation
+    assert outcome is Outcome.ACCEPTED and job.status == jobs.QUEUED, job.error
+    assert sorted(job.classes) == ["a", "b"]  # the first upload's labels, not the re-upload's
+    second = StorageEvent(current.bucket, current.name, current.generation, current.size)
+    assert handle_upload(svc, second)[1] != job_id
 
 
 def test_upload_deleted_during_the_split_is_rejected():

