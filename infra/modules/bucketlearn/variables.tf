@@ -295,7 +295,7 @@ variable "split_max_instances" {
 variable "build_service_account" {
   type        = string
   default     = null
-  description = "Email of an existing service account for Cloud Build (the function builds, and the image builds infra/deploy.sh submits); it needs roles/logging.logWriter, roles/artifactregistry.writer and roles/storage.objectAdmin. null: the module creates <name_prefix>-build with those roles. The project's default build account is never used: in projects created since mid-2024 it is the Compute Engine default service account, without the roles a build needs."
+  description = "Email of an existing service account for Cloud Build (the function builds, and the image builds infra/deploy.sh submits); it needs roles/logging.logWriter on the project, roles/artifactregistry.writer on the images repository (the function build pushes there too), roles/storage.objectAdmin on the gcf-v2-sources-<project number>-<region> bucket, roles/storage.objectViewer on <project>_cloudbuild and on the module's sources bucket, and no role on the pipeline's buckets. null: the module creates <name_prefix>-build with exactly those grants (the bucket ones as IAM conditions on project-level grants where the bucket is not the module's). The project's default build account is never used: in projects created since mid-2024 it is the Compute Engine default service account, without the roles a build needs."
 }
 
 variable "iam_propagation_wait" {
