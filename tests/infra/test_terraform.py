@@ -1186,6 +1186,47 @@ def test_the_build_account_has_no_role_on_the_pipelines_buckets(module: Config) 
     assert buckets == {"${google_storage_bucket.sources.name}"}
 
 
+@pytest.mark.parametrize(("mine", "theirs"), [
+    (("env-a", "env-a-db"), ("env-b", "env-b-db")),
+    (("bucketlearn", "(default)"), ("env-b", "env-b-db")),
+    (("env-b", "env-b-db"), ("bucketlearn", "(default)")),
+])
+def test_an_environment_has_no_firestore_role_on_another_environments_database(
+        module: Config, example: Config, tmp_path: Path, mine: tuple[str, str],
+        theirs: tuple[str, str]) -> None:
+    """Issue #26 item 10: two environments in one project (two name_prefixes, two databases;
+    the default prefix keeps (default)). Firestore roles exist only at project level, so each
+    of the module's accounts gets its role under a condition naming this environment's
+    database and nothing else, by default and in the example: the other environment's
+    accounts have no role on this database, and this one's none on theirs."""
+    # Prepare
+    assert module.variables["firestore_iam_condition"]["default"] is True
+    (call,) = [body for entry in example.blocks("module") for body in entry.values()]
+    assert call.get("firestore_iam_condition", True) is True, "the example turns it off"
+    grants = [(name, body) for _t, name, body in module.resources("google_project_iam_member")
+              if "roles/datastore." in module.expand([body["role"], body.get("for_each")])]
+    assert grants, "no Firestore grant"
+    database = {env: f"projects/shared-project/databases/{db}" for env, db in (mine, theirs)}
+    for name, body in grants:
+        # Execute
+        evaluated, resources = _effective_grants(
+            module, tmp_path / name, body,
+            {"project_id": "shared-project", "name_prefix": mine[0], "firestore_database": mine[1]},
+            extra=["local.firestore_database_resource"])
+        # Assert
+        assert resources == [database[mine[0]]]
+        accounts = set(module.locals["firestore_writers"]) if "for_each" in body else {""}
+        assert set(evaluated) == accounts
+        for account, grant in evaluated.items():
+            assert grant["conditions"], f"{name}[{account}]: {grant['role']} on every database"
+            for condition in grant["conditions"]:
+                assert re.findall(r'"([^"]*)"', condition) == [database[mine[0]]], condition
+                assert _cel_allows(condition, database[mine[0]]), condition
+                for resource in (database[theirs[0]],
+                                 database[theirs[0]] + "/documents/jobs/j1"):
+                    assert not _cel_allows(condition, resource), (name, account, resource)
+
+
 def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:
     # A plain `terraform apply` on a fresh project would otherwise race iam.googleapis.com.
     for _rtype, name, body in module.resources("google_service_account"):

@@ -380,8 +380,13 @@ resource "google_pubsub_subscription_iam_member" "pubsub_agent_tasks_subscriber"
 # --- Firestore ---------------------------------------------------------------------------------
 #
 # Project level: Firestore has no per-database (or per-collection) IAM resource for data access;
-# roles/datastore.* can only be granted on the project. var.firestore_iam_condition narrows the
-# grant to bucketlearn's database with an IAM condition on resource.name.
+# roles/datastore.* can only be granted on the project. An IAM condition on resource.name narrows
+# each grant to this environment's database (var.firestore_iam_condition, on by default), so two
+# environments in one project (two name_prefixes, two databases) cannot touch each other's
+# documents. Nothing the components do needs a Firestore permission outside their database: they
+# read and write documents of that one database (the dashboard's queries included), and list no
+# databases, make no index and call no admin API. The (default) database is
+# projects/<p>/databases/(default), as the condition writes it.
 
 locals {
   firestore_writers = {
@@ -411,7 +416,7 @@ resource "google_project_iam_member" "firestore_users" {
     for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []
     content {
       title       = "bucketlearn-firestore-only"
-      description = "Only the bucketlearn Firestore database"
+      description = "Only this environment's Firestore database"
       expression  = "resource.name == \"${condition.value}\""
     }
   }

@@ -221,8 +221,8 @@ variable "firestore_rules" {
 
 variable "firestore_iam_condition" {
   type        = bool
-  default     = false
-  description = "Add an IAM condition (resource.name == projects/<p>/databases/<db>) to the project-level Firestore grants so they cover only bucketlearn's database. Off by default; turn on for a shared project after checking it against your org's conditions support."
+  default     = true
+  description = "Add an IAM condition (resource.name == projects/<p>/databases/<db>) to the project-level Firestore grants (roles/datastore.user: Firestore has no per-database IAM resource), so each component's account can use this environment's database only: another environment in the project (another name_prefix, its own database) gets no Firestore role from this one, and this one none on it. On by default. Turn it off only if your organization's policy refuses conditional role bindings; the grants then cover every database in the project, so keep one environment per project."
 }
 
 # --- Cloud Functions ---------------------------------------------------------------------------
