@@ -505,7 +505,17 @@ def test_results_subscription_has_one_consumer(module: Config) -> None:
     assert publishers == {"serviceAccount:${google_service_account.worker.email}",
                           "serviceAccount:${google_service_account.autoscaler.email}",
                           # it announces a task it gave up on after refused results
-                          "serviceAccount:${google_service_account.aggregate.email}"}
+                          "serviceAccount:${google_service_account.aggregate.email}",
+                          # a nudge after "Cancel job", so the cancelled job's last version is
+                          # exported (issue #26 item 11)
+                          "serviceAccount:${google_service_account.dashboard.email}"}
+    # The dashboard publishes and nothing more on Pub/Sub, and starts after that grant.
+    assert {(rtype, role, target) for rtype, role, target in grants_to(module, "dashboard")
+            if rtype in PUBSUB_IAM} == {("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+                                         "${google_pubsub_topic.results.name}")}
+    dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
+    assert ("${google_pubsub_topic_iam_member.dashboard_results_publisher}"
+            in dashboard["depends_on"])
 
 
 def _seconds(duration: str) -> int:

@@ -15,7 +15,8 @@
 #                            (lost tasks)
 #   tasks subscription       subscriber: learners
 #   results topic            publisher: learners ("result ready"), autoscaler (nudges),
-#                            aggregator (a task it gives up on after its refused results)
+#                            aggregator (a task it gives up on after its refused results),
+#                            dashboard (a nudge after its "Cancel job")
 #   results subscription     subscriber: aggregator (acks a result once it is folded)
 #   dead-letter sink         subscriber: autoscaler (its only consumer)
 
@@ -312,6 +313,16 @@ resource "google_pubsub_topic_iam_member" "aggregator_results_publisher" {
   topic   = google_pubsub_topic.results.name
   role    = "roles/pubsub.publisher"
   member  = "serviceAccount:${google_service_account.aggregate.email}"
+}
+
+# The dashboard's "Cancel job" publishes a small nudge for the job on the results topic, so the
+# aggregator wakes and exports the cancelled job's last version (as the watchdog's nudges do).
+# Publish only: it pulls nothing. (The CLI's cancel runs with the user's own credentials.)
+resource "google_pubsub_topic_iam_member" "dashboard_results_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.results.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.dashboard.email}"
 }
 
 # The aggregator pulls result messages and acks each once it is folded; it is the results
