@@ -9,7 +9,8 @@ check what can be checked offline:
   settings the controller job alone), Pub/Sub dead-lettering and the sink's one consumer, the
   results topic that feeds the aggregator pool (never dead-lettered), the split function's
   Eventarc filter and no trigger on the deltas bucket, least-privilege IAM (the controller's,
-  the aggregator's and the learners' grant by grant), no public members;
+  the aggregator's and the learners' grant by grant; the IAM conditions of the build account's
+  and the Firestore grants, evaluated with `terraform console`), no public members;
 * the Dockerfiles (pinned base image, non-root user);
 * checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
 """
