@@ -7,7 +7,9 @@
 # environment sets deletion_protection = false, so buckets (with their objects), the Firestore
 # database, the worker pool, the services and the image repository are all deleted. Enabled
 # APIs stay enabled. Afterwards, optionally remove what Google created on the side:
-#   - function build images: gcloud artifacts repositories delete gcf-artifacts --location REGION
+#   - function build images of deployments made before the split function's build pushed to
+#     the image repository: gcloud artifacts repositories delete gcf-artifacts --location REGION
+#   - function sources:      gcloud storage rm -r gs://gcf-v2-sources-PROJECT_NUMBER-REGION/PREFIX-split
 #   - Cloud Build sources:   gcloud storage rm -r gs://PROJECT_cloudbuild/source
 # Note: a deleted Firestore (default) database can be re-created right away, but its data is gone.
 # Another environment in the same project (another --prefix): the project-level grant of

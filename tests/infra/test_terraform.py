@@ -9,7 +9,8 @@ check what can be checked offline:
   settings the controller job alone), Pub/Sub dead-lettering and the sink's one consumer, the
   results topic that feeds the aggregator pool (never dead-lettered), the split function's
   Eventarc filter and no trigger on the deltas bucket, least-privilege IAM (the controller's,
-  the aggregator's and the learners' grant by grant), no public members;
+  the aggregator's and the learners' grant by grant; the IAM conditions of the build account's
+  and the Firestore grants, evaluated with `terraform console`), no public members;
 * the Dockerfiles (pinned base image, non-root user);
 * checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
 """
@@ -505,7 +506,17 @@ def test_results_subscription_has_one_consumer(module: Config) -> None:
     assert publishers == {"serviceAccount:${google_service_account.worker.email}",
                           "serviceAccount:${google_service_account.autoscaler.email}",
                           # it announces a task it gave up on after refused results
-                          "serviceAccount:${google_service_account.aggregate.email}"}
+                          "serviceAccount:${google_service_account.aggregate.email}",
+                          # a nudge after "Cancel job", so the cancelled job's last version is
+                          # exported (issue #26 item 11)
+                          "serviceAccount:${google_service_account.dashboard.email}"}
+    # The dashboard publishes and nothing more on Pub/Sub, and starts after that grant.
+    assert {(rtype, role, target) for rtype, role, target in grants_to(module, "dashboard")
+            if rtype in PUBSUB_IAM} == {("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+                                         "${google_pubsub_topic.results.name}")}
+    dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
+    assert ("${google_pubsub_topic_iam_member.dashboard_results_publisher}"
+            in dashboard["depends_on"])
 
 
 def _seconds(duration: str) -> int:
@@ -852,10 +863,13 @@ def test_no_primitive_roles_and_no_public_members(module: Config, example: Confi
 def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> None:
     allowed = {"roles/datastore.user", "roles/datastore.viewer", "roles/eventarc.eventReceiver",
                "roles/pubsub.publisher"}
-    # The build account's roles: function builds use a bucket and a repository that Cloud
-    # Functions creates itself, so there is nothing narrower to grant them on.
-    build_roles = {"roles/logging.logWriter", "roles/artifactregistry.writer",
-                   "roles/storage.objectAdmin"}
+    # The build account's roles: logs (no narrower resource), and the storage roles on the
+    # build's own buckets, which Cloud Functions and gcloud create (so there is no bucket
+    # resource to grant on), each under an IAM condition naming them
+    # (test_the_build_account_reaches_only_the_builds_buckets). The registry writer role is on
+    # the images repository.
+    build_roles = {"roles/logging.logWriter", "roles/storage.objectAdmin",
+                   "roles/storage.objectViewer"}
     for _rtype, name, body in module.resources("google_project_iam_member"):
         if name == "build":
             assert body["member"] == "serviceAccount:${local.build_service_account}"
@@ -871,7 +885,7 @@ def test_project_level_grants_are_only_the_unavoidable_ones(module: Config) -> N
 def _target(rtype: str, body: dict[str, Any], entry: dict[str, Any]) -> str:
     if rtype == "google_project_iam_member":
         return "project"
-    for key in ("bucket", "topic", "subscription", "service_account_id", "name"):
+    for key in ("bucket", "topic", "subscription", "service_account_id", "repository", "name"):
         if key in entry:
             return entry[key]
         if key in body:
@@ -970,6 +984,258 @@ def test_the_dashboard_can_write_job_documents_to_cancel_them(module: Config) ->
 def config_text(body: dict[str, Any], module: Config) -> str:
     """A resource's member, with the locals it reads expanded."""
     return module.expand([body.get("member"), body.get("for_each")])
+
+
+# --- IAM conditions, evaluated -----------------------------------------------------------------
+#
+# What a grant's IAM condition lets through depends on values known only at plan time (the
+# project number, the region, the database). These helpers rebuild the module's locals and the
+# grant's for_each / condition blocks in a scratch directory, with the values a test picks, and
+# let `terraform console` evaluate them; _cel_allows then reads the resulting condition the way
+# IAM would for a given resource name.
+
+_RESOURCE_REF = re.compile(r"\b(?:data\.)?google_\w+\.\w+(?:\[\d+\])?\.\w+\b")
+
+
+def _hcl(value: Any) -> str:
+    """HCL source for a value python-hcl2 parsed (its strings keep their source escapes, and an
+    expression is a string holding one interpolation, which HCL evaluates to the value itself).
+    A resource attribute becomes a string naming it: no provider runs here."""
+    if isinstance(value, str):
+        return '"' + _RESOURCE_REF.sub(lambda m: '"' + m.group(0) + '"', value) + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_hcl(item) for item in value) + "]"
+    return "{" + ", ".join(f'"{key}" = {_hcl(item)}' for key, item in value.items()) + "}"
+
+
+def _evaluate_in_module(module: Config, directory: Path, expressions: list[str],
+                        variables: dict[str, Any], locals_: dict[str, Any]) -> list[Any]:
+    """Evaluate expressions written in the module's terms: every local they read (recursively)
+    is the module's own unless given in ``locals_``; every variable is ``variables[name]``, else
+    the module's default."""
+    directory.mkdir(parents=True, exist_ok=True)
+    texts, seen, pending = list(expressions), set(), list(expressions)
+    while pending:
+        for name in set(re.findall(r"\blocal\.(\w+)", pending.pop())) - seen:
+            seen.add(name)
+            if name not in locals_:
+                assert name in module.locals, f"no local {name} in the module"
+                pending.append(json.dumps(module.locals[name]))
+                texts.append(json.dumps(module.locals[name]))
+    lines = ["locals {"]
+    for name in sorted(seen):
+        value = _hcl(locals_[name]) if name in locals_ else _hcl(module.locals[name])
+        lines.append(f"  {name} = {value}")
+    lines.append("}")
+    for name in sorted({ref for text in texts for ref in re.findall(r"\bvar\.(\w+)", text)}):
+        if name in variables:
+            default = variables[name]
+        else:
+            assert "default" in module.variables[name], f"the test must give var.{name}"
+            default = module.variables[name]["default"]
+        lines.append(f'variable "{name}" {{\n  default = {_hcl(default)}\n}}')
+    (directory / "scope.tf").write_text("\n".join(lines) + "\n")
+    return _evaluate(directory, [_RESOURCE_REF.sub(lambda m: '"' + m.group(0) + '"', e)
+                                 for e in expressions])
+
+
+def _effective_grants(module: Config, directory: Path, body: dict[str, Any],
+                      variables: dict[str, Any], locals_: dict[str, Any] | None = None,
+                      extra: list[str] = ()) -> tuple[dict[str, dict[str, Any]], list[Any]]:
+    """Each instance of an IAM member resource (its for_each key, or "" without for_each) ->
+    {"role", "member", "conditions": [the expression of each condition it gets]}, evaluated;
+    and the values of the ``extra`` expressions."""
+    def each(text: Any) -> str:
+        return re.sub(r"\beach\.(value|key)\b", lambda m: "v" if m.group(1) == "value" else "k",
+                      _hcl(text))
+    static = [c["expression"] for c in body.get("condition", [])]
+    conditions = "[" + ", ".join(each(c) for c in static) + "]"
+    for block in dynamic_blocks({"dynamic": body.get("dynamic", [])}, "condition"):
+        (content,) = block["content"]
+        expression = each(content["expression"]).replace("condition.value", "c")
+        conditions = f"concat({conditions}, [for c in {each(block['for_each'])} : {expression}])"
+    grant = f'{{role = {each(body["role"])}, member = {each(body["member"])}, conditions = {conditions}}}'
+    if "for_each" in body:
+        expression = f"{{for k, v in {each(body['for_each'])} : k => {grant}}}"
+    else:
+        expression = f'{{"" = {grant}}}'
+    answers = _evaluate_in_module(module, directory, [expression, *extra], variables,
+                                  locals_ or {})
+    return answers[0], answers[1:]
+
+
+def _cel_allows(expression: str, name: str) -> bool:
+    """Whether a condition lets a request on ``name`` through. Only the forms the module writes
+    are understood (``resource.name == "..."`` and ``resource.name.startsWith("...")``, joined by
+    ``||``); anything else fails the test, to be taught here first."""
+    allowed = False
+    for clause in expression.split("||"):
+        clause = clause.strip()
+        if match := re.fullmatch(r'resource\.name\s*==\s*"([^"]*)"', clause):
+            allowed |= name == match.group(1)
+        elif match := re.fullmatch(r'resource\.name\.startsWith\("([^"]*)"\)', clause):
+            allowed |= name.startswith(match.group(1))
+        else:
+            raise AssertionError(f"condition clause not understood: {clause!r}")
+    return allowed
+
+
+BUILD_SCOPE = {"project_id": "proj-a", "region": "europe-west1", "name_prefix": "bucketlearn",
+               "build_service_account": None}
+PROJECT_NUMBER = "123456789012"
+
+
+def test_the_build_account_reaches_only_the_builds_buckets(module: Config, tmp_path: Path) -> None:
+    """Issue #26 item 9: code a build runs (a hostile package's install script in the split
+    function's build) acts as the build account. With storage.objectAdmin on the whole project
+    it could replace models/<job>/latest.keras, which users load. Every project-level storage
+    role of the build account carries a condition, and the conditions let through the build's
+    own buckets only: the function build's gcf-v2-sources-<number>-<region> and the image
+    builds' <project>_cloudbuild, not a pipeline bucket, not a bucket whose name merely begins
+    like one of them (europe-west1 / europe-west10)."""
+    # Prepare
+    buckets = {name: _hcl(body["name"]) for _t, name, body in module.resources(
+        "google_storage_bucket")}
+    own = {"gcf-v2-sources-123456789012-europe-west1", "proj-a_cloudbuild"}
+    neighbours = {"gcf-v2-sources-123456789012-europe-west10", "proj-a_cloudbuild-other",
+                  "gcf-v2-uploads-123456789012-europe-west1"}
+    # Execute
+    grants, names = _effective_grants(
+        module, tmp_path, module.resource("google_project_iam_member", "build"), BUILD_SCOPE,
+        {"project_number": PROJECT_NUMBER}, extra=list(buckets.values()))
+    pipeline = dict(zip(buckets, names, strict=True))
+    # Assert
+    roles = {grant["role"] for grant in grants.values()}
+    assert not {role for role in roles if role.startswith("roles/artifactregistry.")}, (
+        "the registry writer is granted on the images repository, not the project")
+    storage = {key: grant for key, grant in grants.items()
+               if grant["role"].startswith("roles/storage.")}
+    assert storage, "the builds read their source from Cloud Storage"
+    for key, grant in storage.items():
+        assert grant["conditions"], f"{grant['role']} on every bucket of the project ({key})"
+    for bucket, name in pipeline.items():
+        assert name not in own, bucket
+        for grant in storage.values():
+            for condition in grant["conditions"]:
+                for resource in (f"projects/_/buckets/{name}",
+                                 f"projects/_/buckets/{name}/objects/models/job/latest.keras"):
+                    assert not _cel_allows(condition, resource), (grant["role"], resource)
+    reached = set()
+    for grant in storage.values():
+        for condition in grant["conditions"]:
+            named = set(re.findall(r"projects/_/buckets/([^/\"]+)", condition))
+            assert named and named <= own, f"{grant['role']}: {condition}"
+            reached |= named
+            for bucket in neighbours:
+                assert not _cel_allows(condition, f"projects/_/buckets/{bucket}/objects/x"), (
+                    grant["role"], bucket)
+            for bucket in named:
+                assert _cel_allows(condition, f"projects/_/buckets/{bucket}")  # list
+                assert _cel_allows(condition, f"projects/_/buckets/{bucket}/objects/a/b.zip")
+    assert reached == own
+    # Only the function build's own bucket can be written; the image builds only read.
+    writers = {bucket for grant in storage.values() if grant["role"] != "roles/storage.objectViewer"
+               for condition in grant["conditions"]
+               for bucket in re.findall(r"projects/_/buckets/([^/\"]+)", condition)}
+    assert writers == {"gcf-v2-sources-123456789012-europe-west1"}
+    # No other project-level grant reaches the build account.
+    others = [name for _t, name, body in module.resources("google_project_iam_member")
+              if "build_service_account" in config_text(body, module) and name != "build"]
+    assert not others, others
+
+
+def test_the_build_account_pushes_to_the_images_repository_only(module: Config) -> None:
+    """Issue #26 item 9: artifactregistry.writer on the one repository, not the project, and
+    the split function's build pushes there (build_config.docker_repository) instead of to
+    gcf-artifacts, where the account now has no role. The image builds (deploy.sh) wait for
+    the grant: time_sleep.iam_propagation depends on it, and deploy.sh applies that first."""
+    # Prepare
+    grants = [(rtype, name, body) for rtype, name, body in iam_resources(module)
+              if "artifactregistry" in json.dumps(body.get("role"))
+              or "artifactregistry" in module.expand(body.get("for_each", ""))]
+    # Assert
+    assert [(rtype, name) for rtype, name, _b in grants] == [
+        ("google_artifact_registry_repository_iam_member", "build_writer")]
+    (_rtype, _name, writer) = grants[0]
+    assert writer["role"] == "roles/artifactregistry.writer"
+    assert writer["member"] == "serviceAccount:${local.build_service_account}"
+    assert writer["repository"] == "${google_artifact_registry_repository.images.name}"
+    assert writer["location"] == "${google_artifact_registry_repository.images.location}"
+    assert writer["count"] == "${var.build_service_account == null ? 1 : 0}"
+    (build,) = module.resource("google_cloudfunctions2_function", "split")["build_config"]
+    assert build["docker_repository"] == "${google_artifact_registry_repository.images.id}"
+    triggers = json.dumps(module.resource("time_sleep", "iam_propagation")["triggers"])
+    for grant in ("google_artifact_registry_repository_iam_member.build_writer",
+                  "google_storage_bucket_iam_member.build_sources_viewer",
+                  "google_project_iam_member.build"):
+        assert grant in triggers, f"the builds do not wait for {grant}"
+    # The split function's source archive: read only, on the module's sources bucket.
+    assert grants_to_build(module) >= {
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer",
+         "${google_storage_bucket.sources.name}")}
+
+
+def grants_to_build(module: Config) -> set[tuple[str, str, str]]:
+    """(IAM resource type, role, target) of the build account's grants other than the
+    project-level ones (test_the_build_account_reaches_only_the_builds_buckets has those)."""
+    return {(rtype, body["role"], _target(rtype, body, {}))
+            for rtype, _name, body in iam_resources(module)
+            if rtype != "google_project_iam_member"
+            and body.get("member") == "serviceAccount:${local.build_service_account}"}
+
+
+def test_the_build_account_has_no_role_on_the_pipelines_buckets(module: Config) -> None:
+    """Issue #26 item 9: bucket-level grants to the build account: the sources bucket only."""
+    buckets = {target for rtype, _role, target in grants_to_build(module)
+               if rtype == "google_storage_bucket_iam_member"}
+    assert buckets == {"${google_storage_bucket.sources.name}"}
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [
+    (("env-a", "env-a-db"), ("env-b", "env-b-db")),
+    (("bucketlearn", "(default)"), ("env-b", "env-b-db")),
+    (("env-b", "env-b-db"), ("bucketlearn", "(default)")),
+])
+def test_an_environment_has_no_firestore_role_on_another_environments_database(
+        module: Config, example: Config, tmp_path: Path, mine: tuple[str, str],
+        theirs: tuple[str, str]) -> None:
+    """Issue #26 item 10: two environments in one project (two name_prefixes, two databases;
+    the default prefix keeps (default)). Firestore roles exist only at project level, so each
+    of the module's accounts gets its role under a condition naming this environment's
+    database and nothing else, by default and in the example: the other environment's
+    accounts have no role on this database, and this one's none on theirs."""
+    # Prepare
+    assert module.variables["firestore_iam_condition"]["default"] is True
+    (call,) = [body for entry in example.blocks("module") for body in entry.values()]
+    assert call.get("firestore_iam_condition", True) is True, "the example turns it off"
+    grants = [(name, body) for _t, name, body in module.resources("google_project_iam_member")
+              if "roles/datastore." in module.expand([body["role"], body.get("for_each")])]
+    assert grants, "no Firestore grant"
+    database = {env: f"projects/shared-project/databases/{db}" for env, db in (mine, theirs)}
+    for name, body in grants:
+        # Execute
+        evaluated, resources = _effective_grants(
+            module, tmp_path / name, body,
+            {"project_id": "shared-project", "name_prefix": mine[0], "firestore_database": mine[1]},
+            extra=["local.firestore_database_resource"])
+        # Assert
+        assert resources == [database[mine[0]]]
+        accounts = set(module.locals["firestore_writers"]) if "for_each" in body else {""}
+        assert set(evaluated) == accounts
+        for account, grant in evaluated.items():
+            assert grant["conditions"], f"{name}[{account}]: {grant['role']} on every database"
+            for condition in grant["conditions"]:
+                assert re.findall(r'"([^"]*)"', condition) == [database[mine[0]]], condition
+                assert _cel_allows(condition, database[mine[0]]), condition
+                for resource in (database[theirs[0]],
+                                 database[theirs[0]] + "/documents/jobs/j1"):
+                    assert not _cel_allows(condition, resource), (name, account, resource)
 
 
 def test_service_accounts_wait_for_the_iam_api(module: Config) -> None:

@@ -99,5 +99,6 @@ resource "google_cloud_run_v2_service" "dashboard" {
     google_project_service.apis,
     google_storage_bucket_iam_member.dashboard,
     google_project_iam_member.firestore_users,
+    google_pubsub_topic_iam_member.dashboard_results_publisher,
   ]
 }

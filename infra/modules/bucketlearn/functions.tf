@@ -21,13 +21,18 @@
 resource "time_sleep" "iam_propagation" {
   create_duration = var.iam_propagation_wait
 
-  triggers = merge({
-    eventarc_agent       = google_project_service_identity.eventarc.email
-    pubsub_agent         = google_project_service_identity.pubsub.email
-    gcs_agent_publisher  = google_project_iam_member.gcs_agent_pubsub_publisher.id
-    eventarc_receiver    = google_project_iam_member.eventarc_receiver.id
-    pubsub_token_creator = google_service_account_iam_member.pubsub_agent_token_creator.id
-  }, { for role, grant in google_project_iam_member.build : "build ${role}" => grant.id })
+  triggers = merge(
+    {
+      eventarc_agent       = google_project_service_identity.eventarc.email
+      pubsub_agent         = google_project_service_identity.pubsub.email
+      gcs_agent_publisher  = google_project_iam_member.gcs_agent_pubsub_publisher.id
+      eventarc_receiver    = google_project_iam_member.eventarc_receiver.id
+      pubsub_token_creator = google_service_account_iam_member.pubsub_agent_token_creator.id
+    },
+    { for role, grant in google_project_iam_member.build : "build ${role}" => grant.id },
+    { for grant in google_artifact_registry_repository_iam_member.build_writer : "build registry writer" => grant.id },
+    { for grant in google_storage_bucket_iam_member.build_sources_viewer : "build sources viewer" => grant.id },
+  )
 }
 
 resource "google_cloudfunctions2_function" "split" {
@@ -41,6 +46,9 @@ resource "google_cloudfunctions2_function" "split" {
     runtime         = var.function_runtime
     entry_point     = "on_upload"
     service_account = "projects/${var.project_id}/serviceAccounts/${local.build_service_account}"
+    # The image goes to the module's repository, where the build account may write (iam.tf),
+    # not to gcf-artifacts, which Cloud Functions makes itself and the account has no role on.
+    docker_repository = google_artifact_registry_repository.images.id
     source {
       storage_source {
         bucket = google_storage_bucket.sources.name

@@ -15,7 +15,8 @@
 #                            (lost tasks)
 #   tasks subscription       subscriber: learners
 #   results topic            publisher: learners ("result ready"), autoscaler (nudges),
-#                            aggregator (a task it gives up on after its refused results)
+#                            aggregator (a task it gives up on after its refused results),
+#                            dashboard (a nudge after its "Cancel job")
 #   results subscription     subscriber: aggregator (acks a result once it is folded)
 #   dead-letter sink         subscriber: autoscaler (its only consumer)
 
@@ -104,24 +105,94 @@ resource "google_service_account" "build" {
 locals {
   build_service_account = var.build_service_account == null ? google_service_account.build[0].email : var.build_service_account
 
-  # Project level, the roles of the provider's own "Cloudfunctions2 Basic Builder" example: a
-  # function build reads its source from, and pushes its image to, a bucket (gcf-v2-sources-*)
-  # and a repository (gcf-artifacts) that Cloud Functions creates itself on first deploy, so
-  # there is nothing narrower to grant them on; the image builds read the source gcloud uploads
-  # to gs://<project>_cloudbuild and push to the images repository.
-  build_roles = var.build_service_account == null ? toset([
-    "roles/logging.logWriter",
-    "roles/artifactregistry.writer",
-    "roles/storage.objectAdmin",
-  ]) : toset([])
+  # The buckets a build reads or writes, none of them the pipeline's: a hostile package in a
+  # build (a dependency's setup script runs as this account) must not reach uploads, work,
+  # deltas or models (models/*/latest.keras is what users load).
+  #   gcf-v2-sources-<number>-<region>  the split function's build: Cloud Functions copies the
+  #                                     archive named in build_config.source (our sources
+  #                                     bucket) here and the build fetches it from here; the
+  #                                     bucket belongs to Cloud Functions (made on the first
+  #                                     deploy in the region), so there is no bucket resource to
+  #                                     grant on. Not gcf-v2-uploads-*: only `gcloud functions
+  #                                     deploy` from a local directory uploads there.
+  #   <project>_cloudbuild              the image builds: `gcloud builds submit` (deploy.sh)
+  #                                     uploads the source tarball here as the deploying user,
+  #                                     and the build fetches it; made by gcloud, not Terraform.
+  # The module's own sources bucket gets a bucket-level grant (below). Each condition matches
+  # the bucket or an object in it, never a bucket whose name merely starts the same
+  # (europe-west1 is a prefix of europe-west10).
+  build_function_source_bucket = "gcf-v2-sources-${local.project_number}-${var.region}"
+  build_image_source_bucket    = "${var.project_id}_cloudbuild"
+
+  # Project level, each for a reason:
+  #   logging.logWriter   a build writes its logs to Cloud Logging (cloudbuild.yaml:
+  #                       CLOUD_LOGGING_ONLY); there is no narrower resource to write logs to.
+  #   storage.objectAdmin on gcf-v2-sources-* only (IAM condition): what Cloud Functions
+  #                       documents a custom build account needs there (fetch the source, write
+  #                       what the build stores next to it).
+  #   storage.objectViewer on <project>_cloudbuild only (IAM condition): the image builds only
+  #                       fetch their source tarball.
+  # Artifact Registry is not here: the writer role is on the images repository alone, and the
+  # function build pushes there too (build_config.docker_repository), not to gcf-artifacts.
+  build_roles = var.build_service_account == null ? {
+    "roles/logging.logWriter" = {
+      role        = "roles/logging.logWriter"
+      title       = null
+      description = null
+      expression  = null
+    }
+    "roles/storage.objectAdmin" = {
+      role        = "roles/storage.objectAdmin"
+      title       = "bucketlearn-build-function-source"
+      description = "Only the Cloud Functions source bucket of this region (the split function's build)"
+      expression  = "resource.name == \"projects/_/buckets/${local.build_function_source_bucket}\" || resource.name.startsWith(\"projects/_/buckets/${local.build_function_source_bucket}/\")"
+    }
+    "roles/storage.objectViewer" = {
+      role        = "roles/storage.objectViewer"
+      title       = "bucketlearn-build-image-source"
+      description = "Only the bucket gcloud builds submit uploads the image builds' source to"
+      expression  = "resource.name == \"projects/_/buckets/${local.build_image_source_bucket}\" || resource.name.startsWith(\"projects/_/buckets/${local.build_image_source_bucket}/\")"
+    }
+  } : {}
 }
 
 resource "google_project_iam_member" "build" {
   for_each = local.build_roles
 
   project = var.project_id
-  role    = each.value
+  role    = each.value.role
   member  = "serviceAccount:${local.build_service_account}"
+
+  dynamic "condition" {
+    for_each = each.value.expression == null ? [] : [each.value]
+    content {
+      title       = condition.value.title
+      description = condition.value.description
+      expression  = condition.value.expression
+    }
+  }
+}
+
+# The function and image builds push to the images repository only (the split function's build
+# is pointed at it with build_config.docker_repository): writer on that one repository.
+resource "google_artifact_registry_repository_iam_member" "build_writer" {
+  count = var.build_service_account == null ? 1 : 0
+
+  project    = var.project_id
+  location   = google_artifact_registry_repository.images.location
+  repository = google_artifact_registry_repository.images.name
+  role       = "roles/artifactregistry.writer"
+  member     = "serviceAccount:${local.build_service_account}"
+}
+
+# The split function's source archive (build_config.source): read only. Cloud Functions copies it
+# to gcf-v2-sources-* before the build; the grant covers a build that reads it directly.
+resource "google_storage_bucket_iam_member" "build_sources_viewer" {
+  count = var.build_service_account == null ? 1 : 0
+
+  bucket = google_storage_bucket.sources.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${local.build_service_account}"
 }
 
 # --- Cloud Storage -----------------------------------------------------------------------------
@@ -244,6 +315,16 @@ resource "google_pubsub_topic_iam_member" "aggregator_results_publisher" {
   member  = "serviceAccount:${google_service_account.aggregate.email}"
 }
 
+# The dashboard's "Cancel job" publishes a small nudge for the job on the results topic, so the
+# aggregator wakes and exports the cancelled job's last version (as the watchdog's nudges do).
+# Publish only: it pulls nothing. (The CLI's cancel runs with the user's own credentials.)
+resource "google_pubsub_topic_iam_member" "dashboard_results_publisher" {
+  project = var.project_id
+  topic   = google_pubsub_topic.results.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${google_service_account.dashboard.email}"
+}
+
 # The aggregator pulls result messages and acks each once it is folded; it is the results
 # subscription's only consumer.
 resource "google_pubsub_subscription_iam_member" "aggregator_results_subscriber" {
@@ -310,8 +391,13 @@ resource "google_pubsub_subscription_iam_member" "pubsub_agent_tasks_subscriber"
 # --- Firestore ---------------------------------------------------------------------------------
 #
 # Project level: Firestore has no per-database (or per-collection) IAM resource for data access;
-# roles/datastore.* can only be granted on the project. var.firestore_iam_condition narrows the
-# grant to bucketlearn's database with an IAM condition on resource.name.
+# roles/datastore.* can only be granted on the project. An IAM condition on resource.name narrows
+# each grant to this environment's database (var.firestore_iam_condition, on by default), so two
+# environments in one project (two name_prefixes, two databases) cannot touch each other's
+# documents. Nothing the components do needs a Firestore permission outside their database: they
+# read and write documents of that one database (the dashboard's queries included), and list no
+# databases, make no index and call no admin API. The (default) database is
+# projects/<p>/databases/(default), as the condition writes it.
 
 locals {
   firestore_writers = {
@@ -341,7 +427,7 @@ resource "google_project_iam_member" "firestore_users" {
     for_each = var.firestore_iam_condition ? [local.firestore_database_resource] : []
     content {
       title       = "bucketlearn-firestore-only"
-      description = "Only the bucketlearn Firestore database"
+      description = "Only this environment's Firestore database"
       expression  = "resource.name == \"${condition.value}\""
     }
   }

@@ -221,8 +221,8 @@ variable "firestore_rules" {
 
 variable "firestore_iam_condition" {
   type        = bool
-  default     = false
-  description = "Add an IAM condition (resource.name == projects/<p>/databases/<db>) to the project-level Firestore grants so they cover only bucketlearn's database. Off by default; turn on for a shared project after checking it against your org's conditions support."
+  default     = true
+  description = "Add an IAM condition (resource.name == projects/<p>/databases/<db>) to the project-level Firestore grants (roles/datastore.user: Firestore has no per-database IAM resource), so each component's account can use this environment's database only: another environment in the project (another name_prefix, its own database) gets no Firestore role from this one, and this one none on it. On by default. Turn it off only if your organization's policy refuses conditional role bindings; the grants then cover every database in the project, so keep one environment per project."
 }
 
 # --- Cloud Functions ---------------------------------------------------------------------------
@@ -295,7 +295,7 @@ variable "split_max_instances" {
 variable "build_service_account" {
   type        = string
   default     = null
-  description = "Email of an existing service account for Cloud Build (the function builds, and the image builds infra/deploy.sh submits); it needs roles/logging.logWriter, roles/artifactregistry.writer and roles/storage.objectAdmin. null: the module creates <name_prefix>-build with those roles. The project's default build account is never used: in projects created since mid-2024 it is the Compute Engine default service account, without the roles a build needs."
+  description = "Email of an existing service account for Cloud Build (the function builds, and the image builds infra/deploy.sh submits); it needs roles/logging.logWriter on the project, roles/artifactregistry.writer on the images repository (the function build pushes there too), roles/storage.objectAdmin on the gcf-v2-sources-<project number>-<region> bucket, roles/storage.objectViewer on <project>_cloudbuild and on the module's sources bucket, and no role on the pipeline's buckets. null: the module creates <name_prefix>-build with exactly those grants (the bucket ones as IAM conditions on project-level grants where the bucket is not the module's). The project's default build account is never used: in projects created since mid-2024 it is the Compute Engine default service account, without the roles a build needs."
 }
 
 variable "iam_propagation_wait" {
