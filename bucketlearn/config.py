@@ -323,8 +323,8 @@ class Settings:
     aggregator_lease_seconds: float = 15.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
-    # An aggregation pass of ``bucketlearn aggregate`` (the backstop run by hand or a test)
-    # starts no fold or export after this many seconds.
+    # The synchronous aggregation pass (``services.aggregate.aggregate_job``: the tests and the
+    # in-process simulation) starts no fold or export after this many seconds.
     aggregate_budget_seconds: float = 420.0
     # R = 1: how long the aggregator waits for a chained round's result beyond what the chain's
     # last task took, before it publishes the round for any learner (the chain's learner died)

@@ -665,7 +665,7 @@ def _add_local_commands(sub: Any) -> None:
     """``local up|down|env|status`` and ``demo``."""
     local = sub.add_parser("local", help="the local stack on emulators")
     local_sub = local.add_subparsers(dest="local_command", required=True)
-    up = local_sub.add_parser("up", help="start emulators, functions, relay, workers, dashboard")
+    up = local_sub.add_parser("up", help="start emulators, the upload function, the aggregator, workers, dashboard")
     up.add_argument("--workers", type=int, default=2, help="learner processes (default 2)")
     up.add_argument("--min-workers", type=int, default=None,
                     help="autoscale on backlog: fewest workers (0 scales to zero when idle)")

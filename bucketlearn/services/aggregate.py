@@ -22,7 +22,7 @@ round's messages are acknowledged.
 
 Evaluation is off the critical path: the long-running aggregator (``services.aggregator``)
 evaluates in a thread of its own and hands the figures to the next commit; ``aggregate_job``, the
-synchronous pass used by ``bucketlearn aggregate``, the tests and the simulation, evaluates each
+synchronous pass used by the tests and the in-process simulation, evaluates each
 version as it commits it and writes the figures at once.
 """
 
@@ -625,8 +625,8 @@ def evaluate_version(svc: Services, job: Job, weights: list[Any], version: int
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
-    """One synchronous aggregation pass over a job (``bucketlearn aggregate``, the tests, the
-    in-process simulation): take its lease, hear what the deltas bucket holds, fold every
+    """One synchronous aggregation pass over a job (the tests, the in-process simulation): take
+    its lease, hear what the deltas bucket holds, fold every
     complete round (evaluating each version as it is committed) and export a finished job.
 
     Returns:
@@ -695,6 +695,7 @@ def _float(value: Any) -> float | None:
 def export_final(svc: Services, job: Job) -> None:
     """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
     a degenerate final model ends the job FAILED instead (``domain.health``)."""
+    started = time.perf_counter()
     runtime = job_runtime(svc, job)
     assert job.head is not None
     weights = runtime.state(job.head.weights_path, job.head.digest)[0]
@@ -726,10 +727,12 @@ def export_final(svc: Services, job: Job) -> None:
     svc.store.write_bytes(bucket, layout.model_path(job.job_id), model_data,
                           "application/octet-stream")
     head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
+    used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
+                                                                 6)}
     ended, current = jobs.end_job(svc.registry, job.job_id, {
         "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job.job_id),
         "head": head.to_doc(), "finished_at": now, "updated_at": now,
-        "final_holdout_rows": found.rows,
+        "final_holdout_rows": found.rows, "usage": _added(job.usage, used),  # the export's too
     })
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
         log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,

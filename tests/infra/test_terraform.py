@@ -67,7 +67,7 @@ OPTIONAL_ENV = {"BUCKETLEARN_LEASE_SECONDS", "BUCKETLEARN_MAX_EVENT_AGE_SECONDS"
                 "BUCKETLEARN_EVAL_MAX_ROWS", "BUCKETLEARN_WORKER_MAX_MODELS",
                 "BUCKETLEARN_AGGREGATOR_LEASE_SECONDS", "BUCKETLEARN_CHAIN_GRACE_SECONDS",
                 "BUCKETLEARN_EVAL_FLUSH_SECONDS", "BUCKETLEARN_WORKER_CACHE_BYTES",
-                "BUCKETLEARN_CALL_LOG"}
+                "BUCKETLEARN_CALL_LOG", "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS"}
 # The settings a deployed component cannot do without: where the data and the queue are.
 CLOUD_ENV = ({key for key, (field, _kind) in SETTINGS_ENV.items()
               if field.endswith(("_bucket", "_topic", "_subscription", "_database"))}

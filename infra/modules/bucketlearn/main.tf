@@ -50,7 +50,6 @@ locals {
     # function_timeout_seconds). It was a margin under the aggregate function's timeout; the
     # aggregator pool has no timeout, and it stays derived as before while bucketlearn.config
     # reads it.
-    BUCKETLEARN_AGGREGATE_BUDGET_SECONDS = tostring(var.function_timeout_seconds - min(120, floor(var.function_timeout_seconds / 4)))
   }
 
   runtime_env = merge(var.extra_env, local.app_env)

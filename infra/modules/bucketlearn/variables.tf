@@ -273,7 +273,7 @@ variable "function_cpu" {
 variable "function_timeout_seconds" {
   type        = number
   default     = 540
-  description = "Timeout of each split function invocation; Eventarc-triggered functions allow at most 540 s. BUCKETLEARN_AGGREGATE_BUDGET_SECONDS is still derived from it (main.tf)."
+  description = "Timeout of each split function invocation; Eventarc-triggered functions allow at most 540 s."
 
   validation {
     condition     = var.function_timeout_seconds >= 60 && var.function_timeout_seconds <= 540
@@ -537,7 +537,7 @@ variable "dashboard_max_instances" {
 variable "extra_env" {
   type        = map(string)
   default     = {}
-  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_MODELS (models, one per job, a learner process builds before a fresh process replaces it; 0: never), BUCKETLEARN_AGGREGATOR_LEASE_SECONDS (a job's aggregation lease, renewed every third of it; default 15), BUCKETLEARN_CHAIN_GRACE_SECONDS (R = 1: how long the aggregator waits for a chained round beyond its last task's time before publishing it for every learner; default 10), BUCKETLEARN_EVAL_FLUSH_SECONDS (an evaluation no commit carried is written on its own after this; default 2), BUCKETLEARN_WORKER_CACHE_BYTES (shard parts a learner keeps in memory; default 512 MiB), BUCKETLEARN_CALL_LOG (a directory where each process logs its remote calls, for benchmarks). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, max_aggregators, ...)."
+  description = "More BUCKETLEARN_* settings for every component: limits (BUCKETLEARN_MAX_FILE_BYTES, ...), job defaults (BUCKETLEARN_DEFAULT_EPOCHS, ...), BUCKETLEARN_LEASE_SECONDS, BUCKETLEARN_EVAL_MAX_ROWS, BUCKETLEARN_MAX_EVENT_AGE_SECONDS, BUCKETLEARN_SCALE_DOWN_COOLDOWN_SECONDS, BUCKETLEARN_WORKER_MAX_MODELS (models, one per job, a learner process builds before a fresh process replaces it; 0: never), BUCKETLEARN_AGGREGATOR_LEASE_SECONDS (a job's aggregation lease, renewed every third of it; default 15), BUCKETLEARN_CHAIN_GRACE_SECONDS (R = 1: how long the aggregator waits for a chained round beyond its last task's time before publishing it for every learner; default 10), BUCKETLEARN_EVAL_FLUSH_SECONDS (an evaluation no commit carried is written on its own after this; default 2), BUCKETLEARN_WORKER_CACHE_BYTES (shard parts a learner keeps in memory; default 512 MiB), BUCKETLEARN_CALL_LOG (a directory where each process logs its remote calls, for benchmarks), BUCKETLEARN_AGGREGATE_BUDGET_SECONDS (bounds the synchronous aggregation pass of tests and the simulation; no deployed component reads it). Names the module sets itself (for every component or for the autoscaler job) cannot be given here; use their variables (stall_seconds, min_workers, max_aggregators, ...)."
 
   validation {
     condition = alltrue([
@@ -550,9 +550,8 @@ variable "extra_env" {
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS",
         "BUCKETLEARN_AGGREGATOR_POOL", "BUCKETLEARN_MIN_AGGREGATORS", "BUCKETLEARN_MAX_AGGREGATORS",
         "BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION",
-        "BUCKETLEARN_AGGREGATE_BUDGET_SECONDS",
       ], k)
     ])
-    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topics, subscriptions, database, project, ack deadline, max task attempts, log format, the aggregator's time budget (from function_timeout_seconds); the autoscaler job's worker and aggregator pools, their min/max counts, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers, min_aggregators, max_aggregators instead)."
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topics, subscriptions, database, project, ack deadline, max task attempts, log format, the autoscaler job's worker and aggregator pools, their min/max counts, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers, min_aggregators, max_aggregators instead)."
   }
 }
