@@ -295,6 +295,8 @@ class Limits:
     max_classes: int = 1_000
     max_line_bytes: int = 16 * 1024**2
     max_tasks_per_epoch: int = 10_000
+    # a job's tasks over all its epochs (tasks per epoch x epochs), checked when it is planned
+    max_total_tasks: int = 200_000
 
 
 @dataclass(frozen=True)
@@ -417,6 +419,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_CLASSES": "max_classes",
     "BUCKETLEARN_MAX_LINE_BYTES": "max_line_bytes",
     "BUCKETLEARN_MAX_TASKS_PER_EPOCH": "max_tasks_per_epoch",
+    "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
 }
 
 
