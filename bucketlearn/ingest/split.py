@@ -58,6 +58,7 @@ from bucketlearn.domain.columns import (
     is_matrix,
     matrix_width,
 )
+from bucketlearn.domain.plan import check_shard_bytes
 from bucketlearn.domain.target import (
     CLASSIFICATION,
     FLOAT32_MAX,
@@ -1159,6 +1160,21 @@ def plan_split(classes: list[str], class_counts: list[int], label_kind: str, fil
                      train_per_class, DealPlan.make(train_per_class, shards, options.seed))
 
 
+def _shards_that_fit(plan: SplitPlan, schema: list[Column], file: str, options: JobOptions,
+                     limits: Limits) -> SplitPlan:
+    """``plan`` when its largest shard's arrays fit ``limits.max_shard_bytes`` (checked before
+    any shard is written).
+
+    Raises:
+        InvalidInputError: they would not; the problem names the numbers and what to change.
+    """
+    over = check_shard_bytes(int(plan.deal.sizes().max()), matrix_width(schema),
+                             limits.max_shard_bytes, options.rows_per_shard)
+    if over is not None:
+        raise _problem(file, over.message, expected=over.expected, found=over.found)
+    return plan
+
+
 class _Dealer:
     """Pass 2's bookkeeping: which rows of a batch are held out and which shard the others go to.
 
@@ -1426,8 +1442,8 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     scan = _count_pass(source, columns, label, features, limits, options, read_block_bytes,
                        progress)
     schema, dropped = _decide_schema(scan, options, file)
-    plan = plan_split(scan.classes, scan.class_counts, scan.label_kind, file, label, options,
-                      limits)
+    plan = _shards_that_fit(plan_split(scan.classes, scan.class_counts, scan.label_kind, file,
+                                       label, options, limits), schema, file, options, limits)
     encoder = Encoder(schema, options.missing_markers)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))

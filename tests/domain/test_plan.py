@@ -11,12 +11,14 @@ from bucketlearn.domain.plan import (
     SERIAL_TASK_SHARDS,
     TrainingPlan,
     auto_parallel_tasks,
+    check_shard_bytes,
     check_total_tasks,
     class_weights,
     epoch_tasks,
     learning_rate,
     plan_training,
     serial_steps,
+    shard_bytes,
     step_rates,
 )
 
@@ -204,3 +206,21 @@ def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():
     # a limit below one epoch's tasks: only larger shards help
     assert "epochs of" not in check_total_tasks(plan, 100, rows_per_shard=8).expected
 
+
+def test_a_shard_over_the_memory_budget_says_its_bytes_and_what_fits():
+    """Issue #26: rows_per_shard=1,000,000 on a 300-column table is a 1.2 GB shard; the limit
+    holds up to its last byte, and the reason names rows × (cells + label) × 4 bytes."""
+    # Prepare
+    budget = 256 * 1024**2
+    # Execute
+    over = check_shard_bytes(1_000_000, 300, budget, rows_per_shard=1_000_000)
+    # Assert
+    assert over is not None
+    assert over.found == ("rows_per_shard=1,000,000 gives shards of up to 1,000,000 rows × "
+                          "(300 matrix cells + 1 label) × 4 bytes = 1,204,000,000 bytes")
+    assert over.expected == ("shards of at most 268,435,456 bytes (the deployment's "
+                             "max_shard_bytes): a smaller rows_per_shard (shards of at most "
+                             "222,953 rows fit) or fewer columns (drop_columns)")
+    assert shard_bytes(222_953, 300) <= budget < shard_bytes(222_954, 300)
+    assert check_shard_bytes(222_953, 300, budget, rows_per_shard=1_000_000) is None
+    assert check_shard_bytes(222_954, 300, budget, rows_per_shard=1_000_000) is not None

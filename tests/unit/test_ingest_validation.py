@@ -10,7 +10,7 @@ import pytest
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
-from bucketlearn.ingest.split import load_parts, split_upload
+from bucketlearn.ingest.split import SourceFile, load_parts, split_upload
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 
@@ -318,3 +318,58 @@ def test_an_empty_feature_cell_is_missing_not_a_rejection():
     parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
     x, _ = load_parts(store, "work", parts)
     assert np.isnan(x).sum() == 1 and np.isnan(x[:, 0]).sum() == 1
+
+
+# --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
+
+def _counting_source(data, name):
+    """A source from memory that counts how often it is opened (once per pass, and the header)."""
+    opened = []
+
+    def opener():
+        opened.append(1)
+        return io.BytesIO(data)
+
+    return SourceFile(display_name=name, size=len(data), opener=opener), opened
+
+
+def _wide_table(rows=600, columns=64):
+    header = [f"f{j}" for j in range(columns)] + ["label"]
+    return csv_bytes(header, [[(i * (j + 3)) % 101 for j in range(columns)] + [i % 3]
+                              for i in range(rows)])
+
+
+def test_a_shard_over_the_memory_budget_is_refused_before_any_shard_is_written():
+    """Item 5: rows_per_shard=1,000,000 on a 64-column table puts all its training rows in one
+    shard. With max_shard_bytes one byte under that shard's arrays the split stops before pass
+    2 (one read fewer, nothing written), naming rows × (cells + label) × 4 bytes, the limit and
+    what fits; exactly at the limit it splits as with the default limits."""
+    # Prepare
+    data = _wide_table()
+    options = JobOptions(rows_per_shard=1_000_000)
+    full, full_opens = _counting_source(data, "wide.csv")
+    manifest = split_upload(full, MemoryBlobStore(), "work", "job-000000000000", options,
+                            Limits())
+    rows = max(s.rows for s in manifest.shards)
+    size = rows * (64 + 1) * 4
+    source, opens = _counting_source(data, "wide.csv")
+    store = MemoryBlobStore()
+    # Execute
+    with pytest.raises(InvalidInputError) as excinfo:
+        split_upload(source, store, "work", "job-000000000000", options,
+                     Limits(max_shard_bytes=size - 1))
+    at_limit = split_upload(source_from_bytes(data, "wide.csv"), MemoryBlobStore(), "work",
+                            "job-000000000000", options, Limits(max_shard_bytes=size))
+    # Assert
+    problem = excinfo.value.problem
+    assert len(manifest.shards) == 1 and rows == manifest.train_rows
+    assert problem.message == "a shard would not fit in a learner's memory"
+    assert problem.found == (f"rows_per_shard=1,000,000 gives shards of up to {rows} rows × "
+                             f"(64 matrix cells + 1 label) × 4 bytes = {size:,} bytes")
+    assert problem.expected.startswith(f"shards of at most {size - 1:,} bytes (the "
+                                       "deployment's max_shard_bytes): a smaller rows_per_shard "
+                                       f"(shards of at most {rows - 1} rows fit)")
+    assert len(opens) == len(full_opens) - 1  # pass 2 never read the file
+    assert list(store.list("work")) == []
+    assert at_limit.to_json() == manifest.to_json()
+
