@@ -299,6 +299,9 @@ class Limits:
     max_total_tasks: int = 200_000
     # one shard's arrays (rows x (matrix cells + the label) x 4 bytes), what a learner holds
     max_shard_bytes: int = 256 * 1024**2
+    # distinct values pass 1 holds while it counts text columns, all columns together (each
+    # column alone keeps at most ingest.columns.COUNT_BOUND)
+    max_counted_values: int = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -423,6 +426,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_TASKS_PER_EPOCH": "max_tasks_per_epoch",
     "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
     "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
+    "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
 }
 
 

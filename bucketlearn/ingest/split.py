@@ -73,6 +73,7 @@ from bucketlearn.domain.target import (
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ingest import readahead
 from bucketlearn.ingest.columns import (
+    COUNT_BOUND,
     Encoder,
     finish_profile,
     profile_batch,
@@ -712,12 +713,53 @@ class _KindChanged(Exception):
 _ARROW_COLUMN = re.compile(r"In CSV column #(\d+)")
 
 
+class _CountedValues:
+    """The distinct values pass 1 holds while it counts the text columns, all of them together:
+    checked after each column's count, so what is held stays within ``limit`` plus one column's
+    count (a column alone holds at most ``COUNT_BOUND``)."""
+
+    def __init__(self, file: str, limit: int, columns: int) -> None:
+        self.file, self.limit, self.columns = file, limit, columns
+        self.total = 0
+        self.held: dict[str, int] = {}
+
+    def update(self, profile: ColumnProfile, rows: int) -> None:
+        """Take in a column's count after a batch (``rows``: the rows read so far).
+
+        Raises:
+            InvalidInputError: the columns together hold more than ``limit`` values.
+        """
+        held = profile.tally.num_rows if profile.tally is not None else 0
+        self.total += held - self.held.get(profile.name, 0)
+        self.held[profile.name] = held
+        if self.total > self.limit:
+            raise self.problem(rows)
+
+    def problem(self, rows: int) -> InvalidInputError:
+        counted = sorted(self.held.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{_short(name, 40)!r} ({n:,})" for name, n in counted[:5])
+        more = f" and {len(counted) - 5:,} more" if len(counted) > 5 else ""
+        return _problem(
+            self.file, "the text columns have too many distinct values to count: the bound on "
+                       "all text columns together was reached (not the one per column)",
+            expected=f"at most {self.limit:,} distinct values counted across all text columns "
+                     f"at once (the deployment's max_counted_values; each column alone keeps "
+                     f"its {COUNT_BOUND:,} most frequent): leave columns out with drop_columns, "
+                     "or give columns of numbers or dates their kind with column_kinds "
+                     "(e.g. zip=numeric)",
+            found=f"{self.total:,} distinct values by row {rows:,}, held for {len(counted):,} "
+                  f"of the file's {self.columns:,} text columns: {shown}{more}")
+
+
 def _profile_features(source: SourceFile, batch: pa.RecordBatch,
-                      profiles: dict[str, ColumnProfile], rows: int, reading: _Reading) -> None:
+                      profiles: dict[str, ColumnProfile], rows: int, reading: _Reading,
+                      counted: _CountedValues) -> None:
     for profile in profile_complete_numbers(list(profiles.values()), batch):
         name = profile.name
         values = batch.column(name)
         bad = profile_batch(profile, values, reading.markers)
+        if profile.kind == CATEGORY:
+            counted.update(profile, rows + batch.num_rows)
         if bad is not None:
             raise _problem(source.display_name, "a value of a date column is not an ISO date",
                            row=rows + bad + 1, column=name,
@@ -744,6 +786,8 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
     features = features or []
     profiles = {name: ColumnProfile(name, reading.kinds.get(name, NUMERIC)) for name in features}
     counts: dict[str, int] = {}
+    counted = _CountedValues(source.display_name, limits.max_counted_values,
+                             sum(p.kind == CATEGORY for p in profiles.values()))
     rows = 0
     try:
         for batch in _batches(source, columns, label, [label, *features], block, reading):
@@ -754,7 +798,7 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
                 targets.count(labels, rows)
             else:
                 _count_classes(source, columns, label, limits, labels, rows, reading, counts)
-            _profile_features(source, batch, profiles, rows, reading)
+            _profile_features(source, batch, profiles, rows, reading, counted)
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
