@@ -295,6 +295,13 @@ class Limits:
     max_classes: int = 1_000
     max_line_bytes: int = 16 * 1024**2
     max_tasks_per_epoch: int = 10_000
+    # a job's tasks over all its epochs (tasks per epoch x epochs), checked when it is planned
+    max_total_tasks: int = 200_000
+    # one shard's arrays (rows x (matrix cells + the label) x 4 bytes), what a learner holds
+    max_shard_bytes: int = 256 * 1024**2
+    # distinct values pass 1 holds while it counts text columns, all columns together (each
+    # column alone keeps at most ingest.columns.COUNT_BOUND)
+    max_counted_values: int = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -416,6 +423,9 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_CLASSES": "max_classes",
     "BUCKETLEARN_MAX_LINE_BYTES": "max_line_bytes",
     "BUCKETLEARN_MAX_TASKS_PER_EPOCH": "max_tasks_per_epoch",
+    "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
+    "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
+    "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
 }
 
 

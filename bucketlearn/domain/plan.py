@@ -154,6 +154,64 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
                         epochs=epochs, serial_steps=steps, decided=decided)
 
 
+@dataclass(frozen=True)
+class OverLimit:
+    """A job over one of the deployment's limits: the texts of its REJECTED reason (what the
+    limit allows and what to change, what the job would need)."""
+
+    message: str
+    expected: str
+    found: str
+
+
+def check_total_tasks(plan: TrainingPlan, max_total_tasks: int,
+                      rows_per_shard: int) -> OverLimit | None:
+    """Whether a plan's tasks over all its epochs stay within ``max_total_tasks`` (None) or
+    not: then what to change, fewer epochs or larger shards (fewer tasks per epoch)."""
+    total = plan.total_tasks
+    if total <= max_total_tasks:
+        return None
+    fixes = []
+    most_epochs = max_total_tasks // plan.tasks_per_epoch
+    if most_epochs >= 1:
+        fixes.append(f"epochs of at most {most_epochs:,}")
+    larger = math.ceil(rows_per_shard * total / max_total_tasks)
+    fixes.append(f"a rows_per_shard of about {larger:,} or more (now {rows_per_shard:,}; "
+                 "fewer shards, so fewer tasks per epoch)")
+    return OverLimit(
+        message="the job would train too many tasks",
+        expected=f"at most {max_total_tasks:,} tasks in all (the deployment's "
+                 f"max_total_tasks): {' or '.join(fixes)}",
+        found=f"{plan.tasks_per_epoch:,} tasks per epoch × {plan.epochs:,} epochs = "
+              f"{total:,} tasks")
+
+
+CELL_BYTES = 4  # a shard holds float32 cells and one 4-byte label (class id or target) per row
+
+
+def shard_bytes(rows: int, cells: int) -> int:
+    """Bytes of a shard's arrays: ``rows`` rows of ``cells`` matrix cells and a label."""
+    return rows * (cells + 1) * CELL_BYTES
+
+
+def check_shard_bytes(rows: int, cells: int, max_shard_bytes: int,
+                      rows_per_shard: int) -> OverLimit | None:
+    """Whether the largest shard's arrays (``rows`` rows of ``cells`` cells) stay within
+    ``max_shard_bytes``, what a learner holds of one shard (None), or what to change."""
+    size = shard_bytes(rows, cells)
+    if size <= max_shard_bytes:
+        return None
+    fitting = max_shard_bytes // shard_bytes(1, cells)
+    fix = (f"a smaller rows_per_shard (shards of at most {fitting:,} rows fit) or fewer "
+           "columns (drop_columns)" if fitting >= 1 else "fewer columns (drop_columns)")
+    return OverLimit(
+        message="a shard would not fit in a learner's memory",
+        expected=f"shards of at most {max_shard_bytes:,} bytes (the deployment's "
+                 f"max_shard_bytes): {fix}",
+        found=f"rows_per_shard={rows_per_shard:,} gives shards of up to {rows:,} rows × "
+              f"({cells:,} matrix cells + 1 label) × {CELL_BYTES} bytes = {size:,} bytes")
+
+
 def epoch_tasks(plan: TrainingPlan, shard_count: int, seed: int, epoch: int) -> list[list[int]]:
     """Each task's shard indices for one epoch: shards in a seeded order, dealt into tasks of
     ``shards_per_task`` consecutive shards (the same seed and epoch give the same tasks)."""

@@ -58,6 +58,7 @@ from bucketlearn.domain.columns import (
     is_matrix,
     matrix_width,
 )
+from bucketlearn.domain.plan import check_shard_bytes
 from bucketlearn.domain.target import (
     CLASSIFICATION,
     FLOAT32_MAX,
@@ -72,6 +73,7 @@ from bucketlearn.domain.target import (
 from bucketlearn.errors import InputProblem, InvalidInputError
 from bucketlearn.ingest import readahead
 from bucketlearn.ingest.columns import (
+    COUNT_BOUND,
     Encoder,
     finish_profile,
     profile_batch,
@@ -711,12 +713,53 @@ class _KindChanged(Exception):
 _ARROW_COLUMN = re.compile(r"In CSV column #(\d+)")
 
 
+class _CountedValues:
+    """The distinct values pass 1 holds while it counts the text columns, all of them together:
+    checked after each column's count, so what is held stays within ``limit`` plus one column's
+    count (a column alone holds at most ``COUNT_BOUND``)."""
+
+    def __init__(self, file: str, limit: int, columns: int) -> None:
+        self.file, self.limit, self.columns = file, limit, columns
+        self.total = 0
+        self.held: dict[str, int] = {}
+
+    def update(self, profile: ColumnProfile, rows: int) -> None:
+        """Take in a column's count after a batch (``rows``: the rows read so far).
+
+        Raises:
+            InvalidInputError: the columns together hold more than ``limit`` values.
+        """
+        held = profile.tally.num_rows if profile.tally is not None else 0
+        self.total += held - self.held.get(profile.name, 0)
+        self.held[profile.name] = held
+        if self.total > self.limit:
+            raise self.problem(rows)
+
+    def problem(self, rows: int) -> InvalidInputError:
+        counted = sorted(self.held.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{_short(name, 40)!r} ({n:,})" for name, n in counted[:5])
+        more = f" and {len(counted) - 5:,} more" if len(counted) > 5 else ""
+        return _problem(
+            self.file, "the text columns have too many distinct values to count: the bound on "
+                       "all text columns together was reached (not the one per column)",
+            expected=f"at most {self.limit:,} distinct values counted across all text columns "
+                     f"at once (the deployment's max_counted_values; each column alone keeps "
+                     f"its {COUNT_BOUND:,} most frequent): leave columns out with drop_columns, "
+                     "or give columns of numbers or dates their kind with column_kinds "
+                     "(e.g. zip=numeric)",
+            found=f"{self.total:,} distinct values by row {rows:,}, held for {len(counted):,} "
+                  f"of the file's {self.columns:,} text columns: {shown}{more}")
+
+
 def _profile_features(source: SourceFile, batch: pa.RecordBatch,
-                      profiles: dict[str, ColumnProfile], rows: int, reading: _Reading) -> None:
+                      profiles: dict[str, ColumnProfile], rows: int, reading: _Reading,
+                      counted: _CountedValues) -> None:
     for profile in profile_complete_numbers(list(profiles.values()), batch):
         name = profile.name
         values = batch.column(name)
         bad = profile_batch(profile, values, reading.markers)
+        if profile.kind == CATEGORY:
+            counted.update(profile, rows + batch.num_rows)
         if bad is not None:
             raise _problem(source.display_name, "a value of a date column is not an ISO date",
                            row=rows + bad + 1, column=name,
@@ -743,6 +786,8 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
     features = features or []
     profiles = {name: ColumnProfile(name, reading.kinds.get(name, NUMERIC)) for name in features}
     counts: dict[str, int] = {}
+    counted = _CountedValues(source.display_name, limits.max_counted_values,
+                             sum(p.kind == CATEGORY for p in profiles.values()))
     rows = 0
     try:
         for batch in _batches(source, columns, label, [label, *features], block, reading):
@@ -753,7 +798,7 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
                 targets.count(labels, rows)
             else:
                 _count_classes(source, columns, label, limits, labels, rows, reading, counts)
-            _profile_features(source, batch, profiles, rows, reading)
+            _profile_features(source, batch, profiles, rows, reading, counted)
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
@@ -1159,6 +1204,21 @@ def plan_split(classes: list[str], class_counts: list[int], label_kind: str, fil
                      train_per_class, DealPlan.make(train_per_class, shards, options.seed))
 
 
+def _shards_that_fit(plan: SplitPlan, schema: list[Column], file: str, options: JobOptions,
+                     limits: Limits) -> SplitPlan:
+    """``plan`` when its largest shard's arrays fit ``limits.max_shard_bytes`` (checked before
+    any shard is written).
+
+    Raises:
+        InvalidInputError: they would not; the problem names the numbers and what to change.
+    """
+    over = check_shard_bytes(int(plan.deal.sizes().max()), matrix_width(schema),
+                             limits.max_shard_bytes, options.rows_per_shard)
+    if over is not None:
+        raise _problem(file, over.message, expected=over.expected, found=over.found)
+    return plan
+
+
 class _Dealer:
     """Pass 2's bookkeeping: which rows of a batch are held out and which shard the others go to.
 
@@ -1426,8 +1486,8 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     scan = _count_pass(source, columns, label, features, limits, options, read_block_bytes,
                        progress)
     schema, dropped = _decide_schema(scan, options, file)
-    plan = plan_split(scan.classes, scan.class_counts, scan.label_kind, file, label, options,
-                      limits)
+    plan = _shards_that_fit(plan_split(scan.classes, scan.class_counts, scan.label_kind, file,
+                                       label, options, limits), schema, file, options, limits)
     encoder = Encoder(schema, options.missing_markers)
     holdout = _HoldoutWriter(store, work_bucket, job_id,
                              max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))

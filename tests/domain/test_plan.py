@@ -11,11 +11,14 @@ from bucketlearn.domain.plan import (
     SERIAL_TASK_SHARDS,
     TrainingPlan,
     auto_parallel_tasks,
+    check_shard_bytes,
+    check_total_tasks,
     class_weights,
     epoch_tasks,
     learning_rate,
     plan_training,
     serial_steps,
+    shard_bytes,
     step_rates,
 )
 
@@ -180,3 +183,44 @@ def test_the_option_table_and_the_plan_know_the_same_class_weights():
     from bucketlearn.domain import plan
 
     assert CLASS_WEIGHTS == plan.CLASS_WEIGHTS
+
+
+def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():
+    """Issue #26: 10,000 tasks per epoch × 1,000 epochs is 10 million tasks from a 1 MB file.
+    A plan is within the limit up to it exactly; past it, the reason names tasks per epoch ×
+    epochs, the limit, and epochs or a rows_per_shard that would fit."""
+    # Prepare
+    huge = plan_training([8] * 10_000, epochs=1000, batch_size=32, requested=8)
+    plan = plan_training([8] * 200, epochs=1000, batch_size=32, requested=8)
+    # Execute
+    over = check_total_tasks(huge, 200_000, rows_per_shard=8)
+    # Assert
+    assert huge.total_tasks == 10_000_000
+    assert over is not None
+    assert over.found == "10,000 tasks per epoch × 1,000 epochs = 10,000,000 tasks"
+    assert over.expected == ("at most 200,000 tasks in all (the deployment's max_total_tasks): "
+                             "epochs of at most 20 or a rows_per_shard of about 400 or more "
+                             "(now 8; fewer shards, so fewer tasks per epoch)")
+    assert check_total_tasks(plan, 200_000, rows_per_shard=8) is None  # exactly at the limit
+    assert check_total_tasks(plan, 199_999, rows_per_shard=8) is not None
+    # a limit below one epoch's tasks: only larger shards help
+    assert "epochs of" not in check_total_tasks(plan, 100, rows_per_shard=8).expected
+
+
+def test_a_shard_over_the_memory_budget_says_its_bytes_and_what_fits():
+    """Issue #26: rows_per_shard=1,000,000 on a 300-column table is a 1.2 GB shard; the limit
+    holds up to its last byte, and the reason names rows × (cells + label) × 4 bytes."""
+    # Prepare
+    budget = 256 * 1024**2
+    # Execute
+    over = check_shard_bytes(1_000_000, 300, budget, rows_per_shard=1_000_000)
+    # Assert
+    assert over is not None
+    assert over.found == ("rows_per_shard=1,000,000 gives shards of up to 1,000,000 rows × "
+                          "(300 matrix cells + 1 label) × 4 bytes = 1,204,000,000 bytes")
+    assert over.expected == ("shards of at most 268,435,456 bytes (the deployment's "
+                             "max_shard_bytes): a smaller rows_per_shard (shards of at most "
+                             "222,953 rows fit) or fewer columns (drop_columns)")
+    assert shard_bytes(222_953, 300) <= budget < shard_bytes(222_954, 300)
+    assert check_shard_bytes(222_953, 300, budget, rows_per_shard=1_000_000) is None
+    assert check_shard_bytes(222_954, 300, budget, rows_per_shard=1_000_000) is not None

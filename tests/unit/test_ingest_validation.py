@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
-from bucketlearn.ingest.split import load_parts, split_upload
+from bucketlearn.ingest.split import SourceFile, load_parts, split_upload
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 
@@ -318,3 +319,110 @@ def test_an_empty_feature_cell_is_missing_not_a_rejection():
     parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
     x, _ = load_parts(store, "work", parts)
     assert np.isnan(x).sum() == 1 and np.isnan(x[:, 0]).sum() == 1
+
+
+# --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
+
+def _counting_source(data, name):
+    """A source from memory that counts how often it is opened (once per pass, and the header)."""
+    opened = []
+
+    def opener():
+        opened.append(1)
+        return io.BytesIO(data)
+
+    return SourceFile(display_name=name, size=len(data), opener=opener), opened
+
+
+def _wide_table(rows=600, columns=64):
+    header = [f"f{j}" for j in range(columns)] + ["label"]
+    return csv_bytes(header, [[(i * (j + 3)) % 101 for j in range(columns)] + [i % 3]
+                              for i in range(rows)])
+
+
+def test_a_shard_over_the_memory_budget_is_refused_before_any_shard_is_written():
+    """Item 5: rows_per_shard=1,000,000 on a 64-column table puts all its training rows in one
+    shard. With max_shard_bytes one byte under that shard's arrays the split stops before pass
+    2 (one read fewer, nothing written), naming rows × (cells + label) × 4 bytes, the limit and
+    what fits; exactly at the limit it splits as with the default limits."""
+    # Prepare
+    data = _wide_table()
+    options = JobOptions(rows_per_shard=1_000_000)
+    full, full_opens = _counting_source(data, "wide.csv")
+    manifest = split_upload(full, MemoryBlobStore(), "work", "job-000000000000", options,
+                            Limits())
+    rows = max(s.rows for s in manifest.shards)
+    size = rows * (64 + 1) * 4
+    source, opens = _counting_source(data, "wide.csv")
+    store = MemoryBlobStore()
+    # Execute
+    with pytest.raises(InvalidInputError) as excinfo:
+        split_upload(source, store, "work", "job-000000000000", options,
+                     Limits(max_shard_bytes=size - 1))
+    at_limit = split_upload(source_from_bytes(data, "wide.csv"), MemoryBlobStore(), "work",
+                            "job-000000000000", options, Limits(max_shard_bytes=size))
+    # Assert
+    problem = excinfo.value.problem
+    assert len(manifest.shards) == 1 and rows == manifest.train_rows
+    assert problem.message == "a shard would not fit in a learner's memory"
+    assert problem.found == (f"rows_per_shard=1,000,000 gives shards of up to {rows} rows × "
+                             f"(64 matrix cells + 1 label) × 4 bytes = {size:,} bytes")
+    assert problem.expected.startswith(f"shards of at most {size - 1:,} bytes (the "
+                                       "deployment's max_shard_bytes): a smaller rows_per_shard "
+                                       f"(shards of at most {rows - 1} rows fit)")
+    assert len(opens) == len(full_opens) - 1  # pass 2 never read the file
+    assert list(store.list("work")) == []
+    assert at_limit.to_json() == manifest.to_json()
+
+
+def _text_table(rows=20_000, columns=8):
+    """A numeric feature and ``columns`` text columns with a new value in every row."""
+    header = ["x"] + [f"t{j}" for j in range(columns)] + ["label"]
+    return csv_bytes(header, [[i % 13] + [f"t{j}-{i}" for j in range(columns)] + [i % 2]
+                              for i in range(rows)])
+
+
+def test_text_values_counted_across_columns_are_bounded_during_the_first_pass():
+    """Item 6: 8 text columns with a new value in every row hold 160,000 values by the end of
+    20,000 rows, each column under its own bound of 20,000 (no rejection without the overall
+    one: they are left out as identifier-like). With max_counted_values=20,000 pass 1 stops at
+    the batch that passes the bound, long before the end of the file, holding at most one
+    batch more than the bound, and says which bound, which columns and what to do."""
+    # Prepare
+    data = _text_table()
+    batches = []
+    # Execute
+    with pytest.raises(InvalidInputError) as excinfo:
+        split_upload(source_from_bytes(data, "texts.csv"), MemoryBlobStore(), "work",
+                     "job-000000000000", JobOptions(rows_per_shard=256),
+                     Limits(max_line_bytes=1024, max_counted_values=20_000),
+                     read_block_bytes=64 * 1024, progress=lambda: batches.append(1))
+    # Assert
+    problem = excinfo.value.problem
+    assert "the bound on all text columns together was reached" in problem.message
+    assert "(not the one per column)" in problem.message
+    assert problem.expected.startswith("at most 20,000 distinct values counted across all text "
+                                       "columns at once (the deployment's max_counted_values")
+    assert "drop_columns" in problem.expected and "column_kinds" in problem.expected
+    found = re.fullmatch(r"([\d,]+) distinct values by row ([\d,]+), held for (\d) of the "
+                         r"file's 8 text columns: 't0' \([\d,]+\), .* and \d more",
+                         problem.found)
+    assert found, problem.found
+    held, row = int(found[1].replace(",", "")), int(found[2].replace(",", ""))
+    assert 20_000 < held <= 20_000 + row // len(batches)  # the bound and one batch's values
+    assert row < 5_000 and len(batches) <= 6  # of 20,000 rows in about 30 batches
+
+
+def test_leaving_text_columns_out_brings_the_count_within_the_bound():
+    """Item 6's advice works: the same file with 7 of its text columns in drop_columns splits
+    under max_counted_values=20,000 (the one left is identifier-like and left out)."""
+    # Prepare
+    options = JobOptions(rows_per_shard=256, drop_columns="t1,t2,t3,t4,t5,t6,t7")
+    # Execute
+    manifest = split_upload(source_from_bytes(_text_table(), "texts.csv"), MemoryBlobStore(),
+                            "work", "job-000000000000", options,
+                            Limits(max_line_bytes=1024, max_counted_values=20_000),
+                            read_block_bytes=64 * 1024)
+    # Assert
+    assert manifest.feature_names == ["x"]
+    assert [d["name"] for d in manifest.dropped][-1] == "t0"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES
 from bucketlearn.domain.fold import TaskResult, fold_round
 from bucketlearn.domain.rounds import DeltaRef, plan_round
 from bucketlearn.errors import InvalidInputError
@@ -158,10 +159,12 @@ def _parses_as_number(token: str) -> bool:
     return True
 
 
+# (a default missing marker such as 'None' or '?' is a missing cell, not a corruption)
 NON_NUMERIC = st.text(
     alphabet=st.characters(whitelist_categories=("L", "N", "P", "S"),
                            blacklist_characters=',"\r\n'),
-    min_size=1, max_size=8).filter(lambda t: t.strip() != "" and not _parses_as_number(t))
+    min_size=1, max_size=8).filter(lambda t: t.strip() != "" and not _parses_as_number(t)
+                                   and t not in DEFAULT_MISSING_VALUES)
 
 
 @SETTINGS

@@ -603,3 +603,58 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
     assert [i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")] == other[1]
     assert layout.manifest_path(job_id) in work_objects(svc, job_id)
     assert len(svc.queue.published) == len(jobs.current_round_tasks(job))
+
+
+# --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
+
+# 200 rows of 2 classes, shards of 8 rows, one shard per task: 20 tasks per epoch, 60 in all
+BUSY_OPTIONS = {"epochs": "3", "rows_per_shard": "8", "parallel_tasks": "2"}
+
+
+def busy_table():
+    return csv_bytes(["x", "y", "label"], [[i % 17, (i * 5) % 11, i % 2] for i in range(200)])
+
+
+def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
+    """60 tasks in all against max_total_tasks=59: REJECTED naming tasks per epoch × epochs, the
+    limit and what to change; the shards the split wrote are removed, no version 0 is written,
+    nothing is published."""
+    # Prepare
+    settings = Settings(limits=Limits(max_total_tasks=59))
+    svc = memory_services(settings)
+    svc.store = RecordingStore()
+    event = upload(svc, "busy.csv", busy_table(), metadata=BUSY_OPTIONS)
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    shard_writes = [n for b, n in svc.store.written
+                    if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
+    assert shard_writes, "precondition: the split wrote shards before the plan was made"
+    assert outcome is Outcome.REJECTED
+    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.error_detail["message"] == "the job would train too many tasks"
+    assert job.error_detail["found"] == "20 tasks per epoch × 3 epochs = 60 tasks"
+    assert job.error_detail["expected"] == (
+        "at most 59 tasks in all (the deployment's max_total_tasks): epochs of at most 2 or a "
+        "rows_per_shard of about 9 or more (now 8; fewer shards, so fewer tasks per epoch)")
+    assert job.error.startswith(f"gs://{event.bucket}/busy.csv: the job would train too many")
+    assert work_objects(svc, job_id) == []
+    assert list(svc.store.list(settings.models_bucket)) == []  # no version 0 weights
+    assert svc.registry.list_versions(job_id) == []
+    assert svc.queue.published == []
+    assert handle_upload(svc, event) == (Outcome.DUPLICATE, job_id)
+
+
+def test_a_job_at_the_total_task_limit_trains():
+    """The same upload with max_total_tasks=60 is planned as before and starts training."""
+    # Prepare
+    svc = memory_services(Settings(limits=Limits(max_total_tasks=60)))
+    event = upload(svc, "busy.csv", busy_table(), metadata=BUSY_OPTIONS)
+    # Execute
+    outcome, job_id = handle_upload(svc, event)
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert outcome is Outcome.ACCEPTED
+    assert (job.tasks_per_epoch, job.tasks_planned) == (20, 60)
+    assert job.version == 0 and svc.queue.published
