@@ -23,7 +23,6 @@ from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.models import model_bytes
 
 JOB_LIMIT = 100
-REFRESH_SECONDS = 3
 UNREADABLE = object()  # a query failed (already reported)
 
 st.set_page_config(page_title="bucketlearn", page_icon="🪣", layout="wide")
@@ -34,17 +33,17 @@ def services() -> dd.Services:
     return dd.get_services()
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def overview_data(limit: int) -> dict:
     return dd.overview_bundle(services().registry, limit)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def job_data(job_id: str) -> dict | None:
     return dd.job_bundle(services().registry, job_id)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def model_files(job_id: str) -> list[dd.ModelFile]:
     svc = services()
     return dd.model_files(svc.store, svc.settings.models_bucket, job_id)
@@ -93,7 +92,7 @@ def read(load, *args):
         return UNREADABLE
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
+@st.fragment(run_every=dd.REFRESH_SECONDS)
 def jobs_overview() -> None:
     bundle = read(overview_data, JOB_LIMIT)
     if bundle is UNREADABLE:
@@ -187,7 +186,7 @@ def metric_row(items: list[tuple[str, str]]) -> None:
         column.metric(label, value)
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
+@st.fragment(run_every=dd.REFRESH_SECONDS)
 def job_page() -> None:
     overview = read(overview_data, JOB_LIMIT)
     job_id = None if overview is UNREADABLE else pick_job(overview["jobs"])
@@ -217,6 +216,8 @@ def job_page() -> None:
         st.warning(f"Head version v{s['version']}: {s['warning']}")
     if s["progress"] is not None:
         st.progress(s["progress"], text=dd.progress_text(s))
+    if note := dd.versions_note(job, versions):
+        st.caption(note)
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
     with tabs[0]:
         training_tab(versions, dd.is_regression(s))
@@ -296,7 +297,7 @@ def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
     counts = dd.task_state_counts(job, tasks)
     metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
                + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
-    current = dd.epoch_progress(job, versions)
+    current = dd.epoch_progress(job, versions, tasks)
     if current:
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
@@ -307,7 +308,7 @@ def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
     if not summary.empty:
         st.markdown("**Task timings (trained tasks, seconds)**")
         st.dataframe(summary, hide_index=True)
-    st.markdown("**Tasks**")
+    st.markdown(f"**Tasks** of epoch {job.epoch} (earlier epochs' documents are not read)")
     st.dataframe(dd.task_frame(job, tasks, versions, now), hide_index=True, width="stretch", column_config={
         "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
 
