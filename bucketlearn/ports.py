@@ -32,6 +32,13 @@ class BlobStore(Protocol):
     def write_file(self, bucket: str, name: str, path: str, content_type: str,
                    metadata: Mapping[str, str] | None = None) -> BlobInfo: ...
 
+    def write_stream(self, bucket: str, name: str, stream: IO[bytes], content_type: str,
+                     metadata: Mapping[str, str] | None = None,
+                     size: int | None = None) -> BlobInfo:
+        """Write an object from a readable stream, read from where it stands to its end (or
+        ``size`` bytes), in chunks: no second copy of the whole object in memory."""
+        ...
+
     def read_bytes(self, bucket: str, name: str) -> bytes: ...
 
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:

@@ -50,6 +50,17 @@ class MemoryBlobStore:
         with open(path, "rb") as handle:
             return self.write_bytes(bucket, name, handle.read(), content_type, metadata)
 
+    def write_stream(self, bucket: str, name: str, stream: IO[bytes], content_type: str,
+                     metadata: Mapping[str, str] | None = None,
+                     size: int | None = None) -> BlobInfo:
+        data = bytearray()
+        while size is None or len(data) < size:
+            chunk = stream.read(1 << 20 if size is None else min(1 << 20, size - len(data)))
+            if not chunk:
+                break
+            data += chunk
+        return self.write_bytes(bucket, name, bytes(data), content_type, metadata)
+
     def read_bytes(self, bucket: str, name: str) -> bytes:
         with self._lock:
             if (bucket, name) not in self._objects:

@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,12 @@ ETA_WINDOW_SECONDS = 120.0    # the ETA extrapolates the throughput of the last 
 TASK_STATES = ("queued", "running", "retrying", "done", "failed")
 _BIN_CHOICES = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
+# The upload form (issue #26, item 8): a file of at most UPLOAD_MAX_BYTES (and the deployment's
+# max_file_bytes), written under UPLOAD_PREFIX/<random>/ with its base name cut to
+# UPLOAD_NAME_CHARS characters.
+UPLOAD_MAX_BYTES = 100 * 2**20
+UPLOAD_PREFIX = "dashboard/"
+UPLOAD_NAME_CHARS = 200
 
 VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy",
                    "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks",
@@ -763,19 +769,82 @@ def option_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
 
 
 def upload_object_name(file_name: str) -> str:
-    """The uploads-bucket object name for an uploaded file: its base name, ending in .csv."""
+    """A sanitized base name for an uploaded file: no folders, printable, at most
+    ``UPLOAD_NAME_CHARS`` characters, ending in .csv."""
     base = re.split(r"[\\/]", file_name.strip())[-1].strip()
     base = "".join(ch for ch in base if ch.isprintable()) or "upload.csv"
-    return base if base.lower().endswith(".csv") else base + ".csv"
+    suffix = base[-4:] if base.lower().endswith(".csv") else ".csv"
+    stem = base[:-4] if base.lower().endswith(".csv") else base
+    return (stem or "upload")[:UPLOAD_NAME_CHARS - 4] + suffix
 
 
-def upload_csv(svc: Services, file_name: str, data: bytes, metadata: Mapping[str, str]
-               ) -> tuple[str, str]:
-    """Write an uploaded CSV to the uploads bucket with its options; return (job id, gs:// uri).
+def upload_object_path(file_name: str) -> str:
+    """Where the upload form writes a file: ``dashboard/<16 random hex>/<sanitized name>``, so
+    two people uploading the same name never overwrite each other (issue #26, item 3)."""
+    return f"{UPLOAD_PREFIX}{layout.new_nonce()}/{upload_object_name(file_name)}"
 
-    The upload function picks the object up from there, exactly as for ``bucketlearn upload``.
+
+def upload_limit_bytes(settings: Any) -> int:
+    """The largest file the upload form takes: the deployment's ``max_file_bytes``, and at most
+    ``UPLOAD_MAX_BYTES`` (Streamlit holds an upload in the dashboard's memory until it is
+    written; larger files go through ``bucketlearn submit`` or straight to the bucket)."""
+    return min(int(settings.limits.max_file_bytes), UPLOAD_MAX_BYTES)
+
+
+def upload_limit_mb(settings: Any) -> int:
+    """``upload_limit_bytes`` in Streamlit's unit (``max_upload_size``: whole MB of 2**20 bytes,
+    rounded down, at least 1)."""
+    return max(1, upload_limit_bytes(settings) // 2**20)
+
+
+def upload_size_problem(settings: Any, size: int) -> str | None:
+    """Why the form refuses a file of ``size`` bytes (None: it takes it)."""
+    limit = upload_limit_bytes(settings)
+    if size <= limit:
+        return None
+    return (f"expected a file of at most {limit:,} bytes here; found {size:,} bytes. Upload "
+            "larger files with `bucketlearn submit` or straight to the uploads bucket.")
+
+
+def upload_csv(svc: Services, file_name: str, stream: IO[bytes], size: int,
+               metadata: Mapping[str, str]) -> tuple[str, str]:
+    """Write an uploaded CSV to the uploads bucket with its options, streamed from ``stream``
+    (no second copy in memory) under a name of its own (``upload_object_path``); return
+    (job id, gs:// uri). The upload function picks the object up from there, exactly as for
+    ``bucketlearn submit``.
+
+    Raises:
+        ValueError: the file is larger than the form takes (``upload_size_problem``).
     """
+    problem = upload_size_problem(svc.settings, size)
+    if problem is not None:
+        raise ValueError(problem)
     bucket = svc.settings.uploads_bucket
-    name = upload_object_name(file_name)
-    info = svc.store.write_bytes(bucket, name, data, "text/csv", dict(metadata))
+    name = upload_object_path(file_name)
+    info = svc.store.write_stream(bucket, name, stream, "text/csv", dict(metadata), size=size)
     return layout.job_id_for(bucket, name, info.generation), f"gs://{bucket}/{name}"
+
+
+# --- user strings on the page ----------------------------------------------------------------
+
+_MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+
+
+def plain(value: Any) -> str:
+    """A string from users (object, column and class names, reasons, a URL parameter, an
+    error's text) made safe to put into Markdown (``st.error``, ``st.caption``, ...): every
+    ASCII punctuation character backslash-escaped (CommonMark allows it for each), so the
+    string shows as the text it is, never as a link, an image, emphasis or a directive, and
+    line breaks as spaces, so it opens no block."""
+    text = re.sub(r"\s*[\r\n]+\s*", " ", str(value))
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def wanted_job(param: str | None) -> tuple[str | None, str | None]:
+    """The ``?job=`` parameter: (the job id, None) when it is one, (None, what to say) when it
+    is not (it is shown as text, never looked up)."""
+    if not param:
+        return None, None
+    if layout.is_job_id(param):
+        return param, None
+    return None, f"The link names no job: {plain(param[:200])} is not a job id."

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
+import io
 import math
+import re
 from collections import Counter
+from html import unescape
 
 import numpy as np
 import pandas as pd
@@ -13,7 +17,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import OPTION_NAMES, resolve_options
+from bucketlearn.config import OPTION_NAMES, Limits, Settings, resolve_options
 from bucketlearn.domain.job import Evaluation, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
@@ -598,16 +602,87 @@ def test_upload_object_name(given, name):
     assert dd.upload_object_name(given) == name
 
 
-def test_upload_csv_writes_the_upload_with_its_options_and_returns_the_job_id():
+class OneCopy(io.BytesIO):
+    """An uploaded file as Streamlit hands it over, whose whole-file copy is refused: the
+    upload must be read as a stream."""
+
+    def getvalue(self) -> bytes:
+        raise AssertionError("the upload was copied whole (getvalue)")
+
+
+UPLOADED = re.compile(r"^dashboard/[0-9a-f]{16}/digits\.csv$")
+
+
+def test_upload_csv_streams_the_file_under_a_name_of_its_own():
+    """Issue #26, items 8 and 3: the file is written from its stream, with its options, under
+    ``dashboard/<16 hex>/<name>``, so two uploads of one name are two objects, two jobs."""
+    # Prepare
     svc = memory_services()
-    job_id, uri = dd.upload_csv(svc, "digits.csv", b"a,label\n1,0\n", {"epochs": "3"})
     bucket = svc.settings.uploads_bucket
-    info = svc.store.stat(bucket, "digits.csv")
-    assert info is not None and info.metadata == {"epochs": "3"}
-    assert info.content_type == "text/csv"
-    assert svc.store.read_bytes(bucket, "digits.csv") == b"a,label\n1,0\n"
-    assert job_id == layout.job_id_for(bucket, "digits.csv", info.generation)
-    assert layout.is_job_id(job_id) and uri == f"gs://{bucket}/digits.csv"
+    first, second = b"a,label\n1,0\n", b"a,label\n2,1\n3,0\n"
+    # Execute
+    job_1, uri_1 = dd.upload_csv(svc, "digits.csv", OneCopy(first), len(first), {"epochs": "3"})
+    job_2, uri_2 = dd.upload_csv(svc, "digits.csv", OneCopy(second), len(second), {})
+    # Assert
+    names = [info.name for info in svc.store.list(bucket)]
+    assert len(names) == 2 and all(UPLOADED.match(n) for n in names), names
+    assert {uri_1, uri_2} == {f"gs://{bucket}/{n}" for n in names} and job_1 != job_2
+    name_1 = uri_1.removeprefix(f"gs://{bucket}/")
+    info = svc.store.stat(bucket, name_1)
+    assert info.metadata == {"epochs": "3"} and info.content_type == "text/csv"
+    assert svc.store.read_bytes(bucket, name_1) == first
+    assert svc.store.read_bytes(bucket, uri_2.removeprefix(f"gs://{bucket}/")) == second
+    assert job_1 == layout.job_id_for(bucket, name_1, info.generation)
+    assert layout.is_job_id(job_1) and job_1.startswith("digits-")
+
+
+def test_upload_csv_refuses_a_file_over_the_forms_limit():
+    """The form takes at most the deployment's max_file_bytes, and never more than
+    UPLOAD_MAX_BYTES (Streamlit holds the file in memory); a larger file is refused before
+    anything is read or written, naming the limit and the size."""
+    # Prepare
+    small = dataclasses.replace(Settings(), limits=Limits(max_file_bytes=10))
+    svc = memory_services(small)
+    # Execute
+    with pytest.raises(ValueError, match=r"at most 10 bytes here; found 11 bytes") as refused:
+        dd.upload_csv(svc, "digits.csv", OneCopy(b"x" * 11), 11, {})
+    # Assert
+    assert "bucketlearn submit" in str(refused.value)
+    assert list(svc.store.list(svc.settings.uploads_bucket)) == []
+    assert dd.upload_limit_bytes(Settings()) == dd.UPLOAD_MAX_BYTES == 100 * 2**20
+    assert dd.upload_limit_mb(Settings()) == 100 and dd.upload_limit_mb(small) == 1
+    assert dd.upload_size_problem(Settings(), dd.UPLOAD_MAX_BYTES) is None
+
+
+def rendered(markdown: str) -> str:
+    """What CommonMark (with GFM tables and strikethrough) makes of ``markdown``, as HTML."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(markdown)
+
+
+@pytest.mark.parametrize("text", [
+    "[Session expired – sign in](https://evil.example/login).csv",
+    "![x](https://evil.example/p.png) <https://evil.example> <b>bold</b> *em* _em_ `code`",
+    "a\n# heading\n- item\n> quote\n| a | b |\n|---|---|\n~~x~~ :red[x] $x$ &amp; \\[x](y)",
+    "www.evil.example https://evil.example ana@example.com",
+])
+def test_a_user_string_renders_as_the_text_it_is(text):
+    """Issue #26, item 14: ``plain`` escapes what Markdown would act on, so a user's string
+    renders as its own text (line breaks as spaces), with no link, image, tag or block."""
+    html = rendered(dd.plain(text))
+    assert "<a " not in html and "<img" not in html and "<b>" not in html
+    assert html.count("<p>") == 1 and "<h1>" not in html and "<li>" not in html
+    assert "https://" not in dd.plain(text) and "www." not in dd.plain(text)
+    shown = unescape(re.sub(r"<[^>]+>", "", html)).strip()
+    assert shown == re.sub(r"\s*\n\s*", " ", text)
+
+
+def test_a_job_parameter_that_is_no_job_id_is_said_as_text():
+    assert dd.wanted_job(None) == (None, None)
+    assert dd.wanted_job("digits-0123456789ab") == ("digits-0123456789ab", None)
+    job_id, said = dd.wanted_job("[sign in](https://evil.example)")
+    assert job_id is None and "<a " not in rendered(said) and "is not a job id" in said
 
 
 # --- figures beyond accuracy ---------------------------------------------------------------------
