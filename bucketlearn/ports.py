@@ -32,6 +32,13 @@ class BlobStore(Protocol):
     def write_file(self, bucket: str, name: str, path: str, content_type: str,
                    metadata: Mapping[str, str] | None = None) -> BlobInfo: ...
 
+    def write_stream(self, bucket: str, name: str, stream: IO[bytes], content_type: str,
+                     metadata: Mapping[str, str] | None = None,
+                     size: int | None = None) -> BlobInfo:
+        """Write an object from a readable stream, read from where it stands to its end (or
+        ``size`` bytes), in chunks: no second copy of the whole object in memory."""
+        ...
+
     def read_bytes(self, bucket: str, name: str) -> bytes: ...
 
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
@@ -251,9 +258,10 @@ class VersionLedger(Protocol):
 
     def get_version(self, job_id: str, version: int) -> Version | None: ...
 
-    def list_versions(self, job_id: str) -> list[Version]:
-        """Every version, in order, with the figures later commits carried for them
-        (``domain.job.attach_evaluations``)."""
+    def list_versions(self, job_id: str, last: int | None = None) -> list[Version]:
+        """Every version (or only the newest ``last``), in order, with the figures later
+        commits carried for them (``domain.job.attach_evaluations``, over the versions read:
+        with ``last``, the oldest of them may lack figures that an older version carried)."""
         ...
 
 
@@ -276,7 +284,9 @@ class TaskLedger(Protocol):
 
     def get_task(self, job_id: str, task_id: str) -> TaskRecord | None: ...
 
-    def list_tasks(self, job_id: str) -> list[TaskRecord]: ...
+    def list_tasks(self, job_id: str, epoch: int | None = None) -> list[TaskRecord]:
+        """The job's task documents (with ``epoch``, only those of that epoch)."""
+        ...
 
 
 @dataclass(frozen=True)

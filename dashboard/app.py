@@ -23,7 +23,6 @@ from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.models import model_bytes
 
 JOB_LIMIT = 100
-REFRESH_SECONDS = 3
 UNREADABLE = object()  # a query failed (already reported)
 
 st.set_page_config(page_title="bucketlearn", page_icon="🪣", layout="wide")
@@ -34,26 +33,31 @@ def services() -> dd.Services:
     return dd.get_services()
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def overview_data(limit: int) -> dict:
     return dd.overview_bundle(services().registry, limit)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def job_data(job_id: str) -> dict | None:
     return dd.job_bundle(services().registry, job_id)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
+@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
 def model_files(job_id: str) -> list[dd.ModelFile]:
     svc = services()
     return dd.model_files(svc.store, svc.settings.models_bucket, job_id)
 
 
 def upload_form() -> None:
-    with st.sidebar.form("upload", clear_on_submit=False):
+    """The upload form: a file of at most ``upload_limit_bytes``, written from Streamlit's copy
+    as a stream, the form cleared on submit (Streamlit lets go of the file)."""
+    settings = services().settings
+    with st.sidebar.form("upload", clear_on_submit=True):
         st.subheader("Train on a CSV")
-        file = st.file_uploader("CSV file", type=["csv"])
+        file = st.file_uploader("CSV file", type=["csv"], key="upload_file",
+                                max_upload_size=dd.upload_limit_mb(settings),
+                                help=f"At most {dd.upload_limit_bytes(settings):,} bytes here.")
         st.caption("Options: leave blank for the default.")
         raw = {}
         for spec in OPTION_SPECS:
@@ -71,17 +75,21 @@ def upload_form() -> None:
     if file is None:
         st.sidebar.error("Choose a CSV file first.")
         return
+    if problem := dd.upload_size_problem(settings, file.size):
+        st.sidebar.error(f"{dd.plain(file.name)}: {problem}")
+        return
     try:
         metadata = dd.option_metadata(raw)
     except ConfigError as exc:
-        st.sidebar.error(str(exc))
+        st.sidebar.error(dd.plain(exc))
         return
     try:
-        job_id, uri = dd.upload_csv(services(), file.name, file.getvalue(), metadata)
+        job_id, uri = dd.upload_csv(services(), file.name, file, file.size, metadata)
     except Exception as exc:  # noqa: BLE001 - shown to the user, who can simply retry
-        st.sidebar.error(f"Upload failed: {exc}")
+        st.sidebar.error(f"Upload failed: {dd.plain(exc)}")
         return
-    st.sidebar.success(f"Uploaded to `{uri}`.\n\nJob id: `{job_id}` — [open it](?job={job_id})")
+    st.sidebar.success(f"Uploaded to {dd.plain(uri)}.\n\nJob id: `{job_id}` — "
+                       f"[open it](?job={job_id})")
 
 
 def read(load, *args):
@@ -89,11 +97,11 @@ def read(load, *args):
     try:
         return load(*args)
     except Exception as exc:  # noqa: BLE001 - shown to the user; the fragment retries
-        st.warning(f"Could not read bucketlearn's state: {exc}")
+        st.warning(f"Could not read bucketlearn's state: {dd.plain(exc)}")
         return UNREADABLE
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
+@st.fragment(run_every=dd.REFRESH_SECONDS)
 def jobs_overview() -> None:
     bundle = read(overview_data, JOB_LIMIT)
     if bundle is UNREADABLE:
@@ -120,13 +128,15 @@ def jobs_overview() -> None:
             "reason": st.column_config.TextColumn("reason", width="large"),
         })
     for row in [r for r in rows if r["status"] == jobs.REJECTED][:5]:
-        st.error(f"**{row['job_id']}** was rejected: {row['reason']}")
+        st.error(f"**{dd.plain(row['job_id'])}** was rejected: {dd.plain(row['reason'])}")
 
 
 def pick_job(job_docs: list[Job]) -> str | None:
     ids = [j.job_id for j in job_docs]
     status = {j.job_id: j.status for j in job_docs}
-    wanted = st.query_params.get("job")
+    wanted, problem = dd.wanted_job(st.query_params.get("job"))
+    if problem:
+        st.warning(problem)
     if wanted and wanted not in ids:
         ids.insert(0, wanted)
     if not ids:
@@ -168,7 +178,7 @@ def cancel_controls(job: Job) -> None:
     job_id = job.job_id
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
-        (st.success if said[1] == "success" else st.error)(said[2])
+        (st.success if said[1] == "success" else st.error)(dd.plain(said[2]))
     if jobs.is_terminal(job):
         return
     if st.session_state.get("cancel_asked") != job_id:
@@ -187,13 +197,13 @@ def metric_row(items: list[tuple[str, str]]) -> None:
         column.metric(label, value)
 
 
-@st.fragment(run_every=REFRESH_SECONDS)
+@st.fragment(run_every=dd.REFRESH_SECONDS)
 def job_page() -> None:
     overview = read(overview_data, JOB_LIMIT)
     job_id = None if overview is UNREADABLE else pick_job(overview["jobs"])
     bundle = UNREADABLE if job_id is None else read(job_data, job_id)
     if bundle is None:
-        st.warning(f"No job `{job_id}`.")
+        st.warning(f"No job {dd.plain(job_id)}.")
     if bundle is None or bundle is UNREADABLE:
         return
     now = time.time()
@@ -201,22 +211,24 @@ def job_page() -> None:
     s = dd.job_summary(job, versions, now)
     created = dd.timestamp(s["created_at"])
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
-    st.caption(f"`{s['source']}`{when}")
+    st.caption(f"{dd.plain(s['source'])}{when}")
     cancel_controls(job)
     if s["status"] == jobs.REJECTED:
-        st.error(f"Rejected: {s['reason']}")
-        st.table(pd.DataFrame(dd.rejection_details(job)))
+        st.error(f"Rejected: {dd.plain(s['reason'])}")
+        st.table(pd.DataFrame(dd.rejection_details(job)).map(dd.plain))  # cells are Markdown
         options_tab(job)
         return
     if s["status"] == jobs.FAILED:
-        st.error(f"Failed: {s['reason']}")
+        st.error(f"Failed: {dd.plain(s['reason'])}")
     if s["status"] == jobs.CANCELLED:
-        st.warning(f"Cancelled: {s['reason']}")
+        st.warning(f"Cancelled: {dd.plain(s['reason'])}")
     metric_row(dd.headline_metrics(s))
     if s.get("warning"):
-        st.warning(f"Head version v{s['version']}: {s['warning']}")
+        st.warning(f"Head version v{s['version']}: {dd.plain(s['warning'])}")
     if s["progress"] is not None:
-        st.progress(s["progress"], text=dd.progress_text(s))
+        st.progress(s["progress"], text=dd.plain(dd.progress_text(s)))
+    if note := dd.versions_note(job, versions):
+        st.caption(note)
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
     with tabs[0]:
         training_tab(versions, dd.is_regression(s))
@@ -262,9 +274,9 @@ def report_section(job: Job, versions: list[Version]) -> None:
     report = dd.version_report(version, job.classes)
     metric_row(report["metrics"])
     if report["warning"] and picked != job.version:  # the head's is shown at the top
-        st.warning(f"v{picked}: {report['warning']}")
+        st.warning(f"v{picked}: {dd.plain(report['warning'])}")
     if report["note"]:
-        st.caption(report["note"])
+        st.caption(dd.plain(report["note"]))
     if report["per_class"].empty:
         return
     left, right = st.columns(2)
@@ -296,7 +308,7 @@ def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
     counts = dd.task_state_counts(job, tasks)
     metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
                + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
-    current = dd.epoch_progress(job, versions)
+    current = dd.epoch_progress(job, versions, tasks)
     if current:
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
@@ -307,7 +319,7 @@ def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
     if not summary.empty:
         st.markdown("**Task timings (trained tasks, seconds)**")
         st.dataframe(summary, hide_index=True)
-    st.markdown("**Tasks**")
+    st.markdown(f"**Tasks** of epoch {job.epoch} (earlier epochs' documents are not read)")
     st.dataframe(dd.task_frame(job, tasks, versions, now), hide_index=True, width="stretch", column_config={
         "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
 
@@ -350,7 +362,7 @@ def model_tab(job: Job, versions: list[Version]) -> None:
                            file_name=f"{job.job_id}-v{version}.keras",
                            mime="application/octet-stream", on_click="ignore", type="primary")
     if note:
-        st.info(note)
+        st.info(dd.plain(note))
 
 
 def main() -> None:
@@ -358,7 +370,7 @@ def main() -> None:
     try:
         services()
     except Exception as exc:  # noqa: BLE001 - show a misconfiguration instead of a traceback
-        st.error(f"Cannot reach bucketlearn's services: {exc}")
+        st.error(f"Cannot reach bucketlearn's services: {dd.plain(exc)}")
         st.stop()
     upload_form()
     st.header("Jobs")

@@ -265,10 +265,15 @@ class FirestoreRegistry:
         doc = _read(self._version(job_id, version))
         return Version.from_doc(doc) if doc is not None else None
 
-    def list_versions(self, job_id: str) -> list[Version]:
-        query = self._job(job_id).collection("versions").order_by("version")
-        return attach_evaluations([Version.from_doc(snap.to_dict())
-                                   for snap in query.stream(timeout=TIMEOUT)])
+    def list_versions(self, job_id: str, last: int | None = None) -> list[Version]:
+        versions = self._job(job_id).collection("versions")
+        if last is None:
+            docs = [snap.to_dict() for snap in
+                    versions.order_by("version").stream(timeout=TIMEOUT)]
+        else:  # the newest ``last``: one read per version returned
+            query = versions.order_by("version", direction=firestore.Query.DESCENDING)
+            docs = [snap.to_dict() for snap in query.limit(last).stream(timeout=TIMEOUT)][::-1]
+        return attach_evaluations([Version.from_doc(doc) for doc in docs])
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:
@@ -307,9 +312,11 @@ class FirestoreRegistry:
         doc = _read(self._task(job_id, task_id))
         return TaskRecord.from_doc(doc) if doc is not None else None
 
-    def list_tasks(self, job_id: str) -> list[TaskRecord]:
-        return [TaskRecord.from_doc(snap.to_dict()) for snap in
-                self._job(job_id).collection("tasks").stream(timeout=TIMEOUT)]
+    def list_tasks(self, job_id: str, epoch: int | None = None) -> list[TaskRecord]:
+        query = self._job(job_id).collection("tasks")
+        if epoch is not None:
+            query = query.where(filter=firestore.FieldFilter("epoch", "==", epoch))
+        return [TaskRecord.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
 
     # -- leases and heartbeats --------------------------------------------------------------------
     def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:

@@ -59,6 +59,17 @@ class MemoryBlobStore:
         with open(path, "rb") as handle:
             return self.write_bytes(bucket, name, handle.read(), content_type, metadata)
 
+    def write_stream(self, bucket: str, name: str, stream: IO[bytes], content_type: str,
+                     metadata: Mapping[str, str] | None = None,
+                     size: int | None = None) -> BlobInfo:
+        data = bytearray()
+        while size is None or len(data) < size:
+            chunk = stream.read(1 << 20 if size is None else min(1 << 20, size - len(data)))
+            if not chunk:
+                break
+            data += chunk
+        return self.write_bytes(bucket, name, bytes(data), content_type, metadata)
+
     def read_bytes(self, bucket: str, name: str) -> bytes:
         with self._lock:
             if (bucket, name) not in self._objects:
@@ -324,11 +335,12 @@ class MemoryRegistry:
             stored = self.versions.get((job_id, version))
             return Version.from_doc(copy.deepcopy(stored)) if stored is not None else None
 
-    def list_versions(self, job_id: str) -> list[Version]:
+    def list_versions(self, job_id: str, last: int | None = None) -> list[Version]:
         with self._lock:
-            return attach_evaluations([Version.from_doc(copy.deepcopy(v))
-                                       for (j, _), v in sorted(self.versions.items())
-                                       if j == job_id])
+            docs = [v for (j, _), v in sorted(self.versions.items()) if j == job_id]
+            if last is not None:  # as Firestore's query: the newest ``last``, figures carried
+                docs = docs[max(0, len(docs) - last):]  # by versions not read are not attached
+            return attach_evaluations([Version.from_doc(copy.deepcopy(v)) for v in docs])
 
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
                        attempt_key: str) -> int:
@@ -362,10 +374,10 @@ class MemoryRegistry:
             stored = self.tasks.get((job_id, task_id))
             return TaskRecord.from_doc(stored) if stored is not None else None
 
-    def list_tasks(self, job_id: str) -> list[TaskRecord]:
-        with self._lock:
+    def list_tasks(self, job_id: str, epoch: int | None = None) -> list[TaskRecord]:
+        with self._lock:  # a document without an epoch matches no epoch, as in Firestore
             return [TaskRecord.from_doc(t) for (j, _), t in sorted(self.tasks.items())
-                    if j == job_id]
+                    if j == job_id and (epoch is None or t.get("epoch") == epoch)]
 
     def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:
         with self._lock:

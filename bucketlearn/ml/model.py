@@ -27,6 +27,11 @@ from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
 from bucketlearn.ml.tabular import build_core, input_names, output_head, raw_row_model
 
 SIDECAR_NAME = "bucketlearn.json"
+# What a .keras archive may unpack to before ``predict`` reads it (a zip bomb is refused from
+# the sizes its members declare): the sidecar, all members together, and how many there are.
+MAX_SIDECAR_BYTES = 1024**2
+MAX_ARCHIVE_BYTES = 2 * 1024**3
+MAX_ARCHIVE_MEMBERS = 1000
 
 
 @dataclass(frozen=True)
@@ -212,12 +217,48 @@ def export_keras(model: Any, sidecar: dict[str, Any]) -> bytes:
             return handle.read()
 
 
+def check_archive_sizes(path: str, archive: zipfile.ZipFile) -> None:
+    """Refuse a ``.keras`` archive that would unpack to more than it may (a zip bomb), from
+    the sizes its members declare, before anything is decompressed: the sidecar at most
+    ``MAX_SIDECAR_BYTES``, all members together at most ``MAX_ARCHIVE_BYTES``, at most
+    ``MAX_ARCHIVE_MEMBERS`` of them."""
+    members = archive.infolist()
+    if len(members) > MAX_ARCHIVE_MEMBERS:
+        raise PermanentError(f"{path}: refused the model archive: expected at most "
+                             f"{MAX_ARCHIVE_MEMBERS} members; found {len(members)}")
+    for member in members:
+        if member.filename == SIDECAR_NAME and member.file_size > MAX_SIDECAR_BYTES:
+            raise PermanentError(
+                f"{path}: refused the model archive: expected its member {SIDECAR_NAME!r} to "
+                f"unpack to at most {MAX_SIDECAR_BYTES} bytes; found {member.file_size} bytes")
+    total = sum(member.file_size for member in members)
+    if total > MAX_ARCHIVE_BYTES:
+        largest = max(members, key=lambda m: m.file_size)
+        raise PermanentError(
+            f"{path}: refused the model archive: expected its members to unpack to at most "
+            f"{MAX_ARCHIVE_BYTES} bytes in all; found {total} bytes (the largest, member "
+            f"{largest.filename!r}, {largest.file_size} bytes)")
+
+
 def read_sidecar(path: str) -> dict[str, Any]:
-    """The metadata bucketlearn stored inside a ``.keras`` archive."""
+    """The metadata bucketlearn stored inside a ``.keras`` archive, read only after the
+    archive's declared sizes are checked (``check_archive_sizes``), and read bounded."""
     try:
         with zipfile.ZipFile(path) as archive:
-            return json.loads(archive.read(SIDECAR_NAME))
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
+            check_archive_sizes(path, archive)
+            with archive.open(SIDECAR_NAME) as handle:
+                data = handle.read(MAX_SIDECAR_BYTES + 1)
+    except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError) as exc:
+        raise PermanentError(
+            f"{path}: expected a .keras model exported by bucketlearn (with {SIDECAR_NAME}); "
+            f"found: {exc}") from None
+    if len(data) > MAX_SIDECAR_BYTES:  # a member that unpacks to more than it declares
+        raise PermanentError(
+            f"{path}: refused the model archive: expected its member {SIDECAR_NAME!r} to unpack "
+            f"to at most {MAX_SIDECAR_BYTES} bytes; found more")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PermanentError(
             f"{path}: expected a .keras model exported by bucketlearn (with {SIDECAR_NAME}); "
             f"found: {exc}") from None

@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -41,11 +41,27 @@ from bucketlearn.ports import BlobStore, Registry
 from bucketlearn.services import jobs
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
+# What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
+# the job shown (enough for its charts and report) and ETA_VERSIONS of each training job in the
+# overview (its rate and ETA), the tasks of the current epoch only; the counts come from the job
+# document. A query's result is cached for CACHE_SECONDS, longer than the page's refresh, and
+# the cache is shared by every session of the process: a tab left open costs a bounded read
+# every CACHE_SECONDS, not every version and task of the job every few seconds.
+VERSIONS_SHOWN = 200
+ETA_VERSIONS = 50
+REFRESH_SECONDS = 5.0
+CACHE_SECONDS = 10.0
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
 ETA_WINDOW_SECONDS = 120.0    # the ETA extrapolates the throughput of the last two minutes
 TASK_STATES = ("queued", "running", "retrying", "done", "failed")
 _BIN_CHOICES = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 86400)
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
+# The upload form (issue #26, item 8): a file of at most UPLOAD_MAX_BYTES (and the deployment's
+# max_file_bytes), written under UPLOAD_PREFIX/<random>/ with its base name cut to
+# UPLOAD_NAME_CHARS characters.
+UPLOAD_MAX_BYTES = 100 * 2**20
+UPLOAD_PREFIX = "dashboard/"
+UPLOAD_NAME_CHARS = 200
 
 VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy",
                    "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks",
@@ -225,26 +241,44 @@ def overview_rows(job_docs: Iterable[Job],
 
 
 def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
-    """The documents the overview needs: the jobs, and the versions of the jobs still training."""
+    """The documents the overview needs: the jobs, and the newest ``ETA_VERSIONS`` versions of
+    each job still training (its recent rate, hence its ETA)."""
     job_docs = registry.list_jobs(limit)
-    versions = {job.job_id: registry.list_versions(job.job_id) for job in job_docs
-                if not jobs.is_terminal(job) and job.phase == jobs.TRAINING}
+    versions = {job.job_id: registry.list_versions(job.job_id, last=ETA_VERSIONS)
+                for job in job_docs if not jobs.is_terminal(job) and job.phase == jobs.TRAINING}
     return {"jobs": job_docs, "versions": versions}
 
 
 # --- one job -----------------------------------------------------------------------------------
 
 def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
-    """Every document the job page shows, read in one go (None if there is no such job)."""
+    """The documents the job page shows, read in one go (None if there is no such job): the
+    job, its newest ``VERSIONS_SHOWN`` versions, the task documents of its current epoch and
+    the workers. Counts over the whole job come from the job's counters, not from documents.
+
+    Figures a version's evaluation is carried by a later version's commit: the newest versions
+    read have theirs (the commits carrying them are newer still, or read), while the oldest
+    read may lack figures carried by a version not read; its charts start a little later.
+    """
     job = registry.get_job(job_id)
     if job is None:
         return None
     return {
         "job": job,
-        "versions": registry.list_versions(job_id),
-        "tasks": registry.list_tasks(job_id),
+        "versions": registry.list_versions(job_id, last=VERSIONS_SHOWN),
+        "tasks": registry.list_tasks(job_id, epoch=job.epoch) if job.epoch >= 1 else [],
         "workers": registry.list_workers(),
     }
+
+
+def versions_note(job: Job, versions: list[Version]) -> str:
+    """What the charts leave out when only the newest versions were read; '' otherwise."""
+    if not versions or min(v.version for v in versions) <= 0:
+        return ""
+    first, newest = min(v.version for v in versions), max(v.version for v in versions)
+    total = max(newest, job.version or 0) + 1
+    return (f"Charts, throughput and timings show the newest {len(versions)} of the job's "
+            f"{total} versions (v{first}–v{newest}); older versions are not shown.")
 
 
 def job_summary(job: Job, versions: list[Version], now: float
@@ -300,16 +334,20 @@ def progress_text(summary: Mapping[str, Any]) -> str:
     return f"{summary['tasks_applied'] or 0} of {summary['tasks_planned']} tasks applied · {eta}"
 
 
-def epoch_progress(job: Job, versions: Iterable[Version]) -> dict[str, int] | None:
+def epoch_progress(job: Job, versions: Iterable[Version],
+                   tasks: Iterable[TaskRecord] = ()) -> dict[str, int] | None:
     """Tasks planned/applied/failed in the current epoch: the rounds before the job's current
-    one are done (``domain.job.done_tasks``); the versions that folded them say which failed."""
+    one are done (``domain.job.done_tasks``); the versions that folded them say which failed,
+    and so do the epoch's task documents (the versions read may not reach back to its start)."""
     if job.epoch < 1 or job.tasks_per_epoch is None:
         return None
     done = (job.tasks_per_epoch if job.status == jobs.DONE
             else len(jobs.done_tasks(job)))
-    failed = sum(len(v.tasks_failed) for v in versions if v.epoch == job.epoch)
-    return {"epoch": job.epoch, "planned": job.tasks_per_epoch, "applied": done - failed,
-            "failed": failed}
+    failed = {t for v in versions if v.epoch == job.epoch for t in v.tasks_failed}
+    failed |= {t.task_id for t in tasks if t.epoch == job.epoch and t.state == attempt.FAILED
+               and folded(job, t)}
+    return {"epoch": job.epoch, "planned": job.tasks_per_epoch,
+            "applied": max(0, done - len(failed)), "failed": len(failed)}
 
 
 def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
@@ -483,27 +521,34 @@ _STATE_NAMES = {attempt.RUNNING: "running", attempt.RETRYING: "retrying",
                 attempt.TRAINED: "done", "APPLIED": "done", attempt.FAILED: "failed"}
 
 
+def folded(job: Job, task: TaskRecord) -> bool:
+    """Whether the job has folded the task's round (applied the task, or given up on it)."""
+    return (job.status == jobs.DONE or task.epoch < job.epoch
+            or (task.epoch == job.epoch and task.task_index in jobs.done_tasks(job)))
+
+
 def shown_state(job: Job, task: TaskRecord) -> str:
     """A task's state as the page shows it: a learner writes its task's document once, when it
     starts an attempt, so a task of a round the job has folded shows as APPLIED (TRAINED on
     older documents), whatever its document last said."""
     if task.state in (attempt.FAILED,):
         return task.state
-    folded = (job.status == jobs.DONE or task.epoch < job.epoch
-              or (task.epoch == job.epoch and task.task_index in jobs.done_tasks(job)))
-    return "APPLIED" if folded else task.state
+    return "APPLIED" if folded(job, task) else task.state
 
 
 def task_state_counts(job: Job, tasks: Iterable[TaskRecord]) -> dict[str, int]:
-    """queued (planned but never started), running, retrying, done (folded), failed."""
+    """queued (planned but never started), running, retrying, done, failed, over the whole job.
+
+    The folded tasks are counted by the job's counters (``tasks_applied``, ``tasks_failed``);
+    ``tasks`` (the current epoch's documents) add what its rounds not folded yet are doing
+    (running, retrying, trained and waiting for the fold: done, given up on: failed)."""
     counts = dict.fromkeys(TASK_STATES, 0)
-    known = 0
+    counts["done"], counts["failed"] = job.tasks_applied, job.tasks_failed
     for task in tasks:
-        known += 1
-        key = _STATE_NAMES.get(shown_state(job, task))
-        if key:
+        key = _STATE_NAMES.get(task.state)
+        if key and task.epoch == job.epoch and not folded(job, task):
             counts[key] += 1
-    counts["queued"] = max(0, (job.tasks_planned or 0) - known)
+    counts["queued"] = max(0, (job.tasks_planned or 0) - sum(counts.values()))
     return counts
 
 
@@ -664,7 +709,8 @@ def download_note(job: Job, versions: Iterable[Version],
                   files: list[ModelFile]) -> str:
     """Which versions can be downloaded, and why the others cannot."""
     exported = {f.version for f in files if f.version is not None}
-    numbers = sorted(v.version for v in versions)
+    numbers = (list(range(job.version + 1)) if job.version is not None  # versions are dense
+               else sorted(v.version for v in versions))
     missing = [n for n in numbers if n not in exported]
     if job.status == jobs.CANCELLED and not files:
         if job.version is None:
@@ -723,19 +769,82 @@ def option_metadata(raw: Mapping[str, Any]) -> dict[str, str]:
 
 
 def upload_object_name(file_name: str) -> str:
-    """The uploads-bucket object name for an uploaded file: its base name, ending in .csv."""
+    """A sanitized base name for an uploaded file: no folders, printable, at most
+    ``UPLOAD_NAME_CHARS`` characters, ending in .csv."""
     base = re.split(r"[\\/]", file_name.strip())[-1].strip()
     base = "".join(ch for ch in base if ch.isprintable()) or "upload.csv"
-    return base if base.lower().endswith(".csv") else base + ".csv"
+    suffix = base[-4:] if base.lower().endswith(".csv") else ".csv"
+    stem = base[:-4] if base.lower().endswith(".csv") else base
+    return (stem or "upload")[:UPLOAD_NAME_CHARS - 4] + suffix
 
 
-def upload_csv(svc: Services, file_name: str, data: bytes, metadata: Mapping[str, str]
-               ) -> tuple[str, str]:
-    """Write an uploaded CSV to the uploads bucket with its options; return (job id, gs:// uri).
+def upload_object_path(file_name: str) -> str:
+    """Where the upload form writes a file: ``dashboard/<16 random hex>/<sanitized name>``, so
+    two people uploading the same name never overwrite each other (issue #26, item 3)."""
+    return f"{UPLOAD_PREFIX}{layout.new_nonce()}/{upload_object_name(file_name)}"
 
-    The upload function picks the object up from there, exactly as for ``bucketlearn upload``.
+
+def upload_limit_bytes(settings: Any) -> int:
+    """The largest file the upload form takes: the deployment's ``max_file_bytes``, and at most
+    ``UPLOAD_MAX_BYTES`` (Streamlit holds an upload in the dashboard's memory until it is
+    written; larger files go through ``bucketlearn submit`` or straight to the bucket)."""
+    return min(int(settings.limits.max_file_bytes), UPLOAD_MAX_BYTES)
+
+
+def upload_limit_mb(settings: Any) -> int:
+    """``upload_limit_bytes`` in Streamlit's unit (``max_upload_size``: whole MB of 2**20 bytes,
+    rounded down, at least 1)."""
+    return max(1, upload_limit_bytes(settings) // 2**20)
+
+
+def upload_size_problem(settings: Any, size: int) -> str | None:
+    """Why the form refuses a file of ``size`` bytes (None: it takes it)."""
+    limit = upload_limit_bytes(settings)
+    if size <= limit:
+        return None
+    return (f"expected a file of at most {limit:,} bytes here; found {size:,} bytes. Upload "
+            "larger files with `bucketlearn submit` or straight to the uploads bucket.")
+
+
+def upload_csv(svc: Services, file_name: str, stream: IO[bytes], size: int,
+               metadata: Mapping[str, str]) -> tuple[str, str]:
+    """Write an uploaded CSV to the uploads bucket with its options, streamed from ``stream``
+    (no second copy in memory) under a name of its own (``upload_object_path``); return
+    (job id, gs:// uri). The upload function picks the object up from there, exactly as for
+    ``bucketlearn submit``.
+
+    Raises:
+        ValueError: the file is larger than the form takes (``upload_size_problem``).
     """
+    problem = upload_size_problem(svc.settings, size)
+    if problem is not None:
+        raise ValueError(problem)
     bucket = svc.settings.uploads_bucket
-    name = upload_object_name(file_name)
-    info = svc.store.write_bytes(bucket, name, data, "text/csv", dict(metadata))
+    name = upload_object_path(file_name)
+    info = svc.store.write_stream(bucket, name, stream, "text/csv", dict(metadata), size=size)
     return layout.job_id_for(bucket, name, info.generation), f"gs://{bucket}/{name}"
+
+
+# --- user strings on the page ----------------------------------------------------------------
+
+_MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+
+
+def plain(value: Any) -> str:
+    """A string from users (object, column and class names, reasons, a URL parameter, an
+    error's text) made safe to put into Markdown (``st.error``, ``st.caption``, ...): every
+    ASCII punctuation character backslash-escaped (CommonMark allows it for each), so the
+    string shows as the text it is, never as a link, an image, emphasis or a directive, and
+    line breaks as spaces, so it opens no block."""
+    text = re.sub(r"\s*[\r\n]+\s*", " ", str(value))
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def wanted_job(param: str | None) -> tuple[str | None, str | None]:
+    """The ``?job=`` parameter: (the job id, None) when it is one, (None, what to say) when it
+    is not (it is shown as text, never looked up)."""
+    if not param:
+        return None, None
+    if layout.is_job_id(param):
+        return param, None
+    return None, f"The link names no job: {plain(param[:200])} is not a job id."

@@ -310,6 +310,44 @@ def test_record_attempt_counts_each_key_once_and_refunds(backend: Any) -> None:
     assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "c") == 2
 
 
+def test_the_newest_versions_and_one_epochs_tasks_are_read_alone(backend: Any) -> None:
+    """What the dashboard reads (issue #26, item 7): ``list_versions(last=n)`` returns the newest
+    n versions in order, with the figures carried by the versions read put back (and only
+    those); ``list_tasks(epoch=e)`` returns that epoch's task documents."""
+    # Prepare
+    from dataclasses import replace
+
+    from bucketlearn.domain.job import Evaluation
+
+    registry = backend.registry
+    job_id = new_job(registry)
+    start(registry, job_id)
+    rounds = [(0, 0, [0, 1], 1), (1, 1, [2], 1), (2, 0, [0, 1], 2), (3, 1, [2], 2)]
+    for base, round_index, applied, epoch in rounds:  # v(n+1) carries v(n)'s figures
+        step = commit(job_id, base, round_index, applied, epoch=epoch)
+        carried = Evaluation(base, {"holdout_accuracy": base / 10}, evaluated_at=1.0)
+        assert registry.commit_version(replace(step, version=replace(
+            step.version, evaluation=carried if base >= 1 else None)))
+    for epoch in (1, 2):
+        for index in range(3):
+            registry.update_task(job_id, f"e{epoch:04d}-t{index:05d}", {
+                "task_id": f"{job_id}:e{epoch:04d}:t{index:05d}", "epoch": epoch,
+                "task_index": index, "state": "TRAINED"})
+    # Execute
+    every = registry.list_versions(job_id)
+    newest = registry.list_versions(job_id, last=2)
+    beyond = registry.list_versions(job_id, last=50)
+    tasks = registry.list_tasks(job_id, epoch=2)
+    # Assert
+    assert [v.version for v in every] == [0, 1, 2, 3, 4]
+    assert [v.version for v in newest] == [3, 4]
+    assert [v.figure("holdout_accuracy") for v in newest] == [0.3, None]
+    assert [v.figure("holdout_accuracy") for v in every] == [None, 0.1, 0.2, 0.3, None]
+    assert beyond == every
+    assert sorted((t.epoch, t.task_index) for t in tasks) == [(2, 0), (2, 1), (2, 2)]
+    assert len(registry.list_tasks(job_id)) == 6 and registry.list_tasks(job_id, epoch=3) == []
+
+
 def test_blob_store_round_trip_stream_list_delete(backend: Any) -> None:
     store = backend.store
     bucket = backend.settings.work_bucket

@@ -8,7 +8,10 @@ test), seeded through the port methods (create_job, start_training, commit_versi
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
+from html import unescape
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.config import Limits
 from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.ports import VersionCommit
@@ -157,6 +161,15 @@ def seeded(services, registry, store):
     return now
 
 
+def text_of(markdown: str) -> str:
+    """The text a Markdown element shows (CommonMark rendered, tags dropped): what a user
+    reads, whatever was escaped to keep it text."""
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(markdown)
+    return unescape(re.sub(r"<[^>]+>", "", html)).strip()
+
+
 def _metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
@@ -186,11 +199,12 @@ def test_overview_lists_every_job(app, seeded):
 def test_rejected_job_shows_its_reason(app, seeded):
     at = _run(app)
     assert at.dataframe[0].value.set_index("job_id").loc[REJECTED_ID, "reason"] == REASON
-    assert any(REASON in e.value and REJECTED_ID in e.value for e in at.error)
+    assert any(REASON in text_of(e.value) and REJECTED_ID in text_of(e.value) for e in at.error)
     at = _run(app, REJECTED_ID)
-    assert any(e.value == f"Rejected: {REASON}" for e in at.error)
+    assert any(text_of(e.value) == f"Rejected: {REASON}" for e in at.error)
     assert "Version" not in _metrics(at)  # no training numbers for a job that never trained
-    details = dict(zip(at.table[0].value["field"], at.table[0].value["value"], strict=True))
+    details = {text_of(field): text_of(value) for field, value
+               in zip(at.table[0].value["field"], at.table[0].value["value"], strict=True)}
     assert details["row"] == "17" and details["column"] == "petal_width"
 
 
@@ -247,8 +261,8 @@ def test_job_page_shows_figures_beyond_accuracy_and_warns_below_the_majority(app
     assert metrics["Holdout macro-F1"] == f"{figures['holdout_macro_f1']:.4f}"
     assert metrics["Holdout ROC AUC"] == metrics["ROC AUC"] == "0.5000"
     assert metrics["Majority baseline"] == "90.0%"
-    assert any("accuracy 90.00% is not above the 90.00% of always answering 'no'" in w.value
-               for w in at.warning)
+    assert any("accuracy 90.00% is not above the 90.00% of always answering 'no'"
+               in text_of(w.value) for w in at.warning)
     tables = [d.value for d in at.dataframe]
     per_class = next(t for t in tables if "recall" in t.columns)
     assert list(per_class["class"]) == ["no", "yes"] and list(per_class["recall"]) == [1.0, 0.0]
@@ -270,7 +284,7 @@ def test_done_job_offers_its_exported_models(app, seeded):
 
 def test_unknown_job_in_the_url_is_reported(app, seeded):
     at = _run(app, "nope-000000000000")
-    assert any("nope-000000000000" in w.value for w in at.warning)
+    assert any("nope-000000000000" in text_of(w.value) for w in at.warning)
 
 
 def test_upload_form_without_a_file_says_so(app):
@@ -316,10 +330,10 @@ def test_cancel_button_asks_first_then_cancels_the_job(app, seeded, registry):
     job = registry.get_job(RUNNING_ID)
     assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", 3)
     assert (job.cancelled_by, job.cancel_reason) == ("the dashboard", "wrong upload")
-    assert any(f"job {RUNNING_ID} cancelled" in s.value for s in at.success)
+    assert any(f"job {RUNNING_ID} cancelled" in text_of(s.value) for s in at.success)
     assert _metrics(at)["Status"] == "CANCELLED"
-    assert any(w.value.startswith("Cancelled: cancelled by the dashboard at ")
-               and w.value.endswith(": wrong upload") for w in at.warning)
+    assert any(text_of(w.value).startswith("Cancelled: cancelled by the dashboard at ")
+               and text_of(w.value).endswith(": wrong upload") for w in at.warning)
     assert not [b for b in at.button if b.key in ("cancel_job", "cancel_confirm")]
     assert [b.label for b in at.get("download_button")] == ["Download v3.keras"]
     assert any("cancelled at v3" in i.value for i in at.info)
@@ -341,3 +355,118 @@ def test_a_job_that_has_ended_has_no_cancel_button(app, seeded):
     for job_id in (DONE_ID, REJECTED_ID):
         at = _run(app, job_id)
         assert not [b for b in at.button if b.key == "cancel_job"], job_id
+
+
+# --- what users wrote, shown as text (issue #26, item 14) -----------------------------------------
+
+LURE = "[Session expired – sign in](https://evil.example/login)"
+LURED_ID = "lure-0000000000a1"
+LURED_CANCEL_ID = "lure-0000000000a2"
+
+
+def _markdown_values(at: AppTest) -> list[str]:
+    """The body of every element Streamlit renders as Markdown, main area and sidebar, and the
+    cells of its static tables (``st.table`` renders them as Markdown too)."""
+    kinds = ("error", "warning", "info", "success", "caption", "markdown")
+    cells = [str(cell) for table in at.table for cell in table.value.to_numpy().ravel()]
+    return [element.value for kind in kinds for element in at.get(kind)] + cells
+
+
+def test_a_users_strings_render_as_text_not_as_links(app, registry):
+    """A rejected upload named like a sign-in link, a cancel reason with a link and a ``?job=``
+    parameter holding one: every element shows them as the text they are (the link's
+    brackets and URL are escaped), and no element renders a link."""
+    # Prepare
+    now = time.time()
+    registry.create_job(Job.from_doc(_job(LURED_ID, f"{LURE}.csv", now - 20)))
+    registry.update_job(LURED_ID, {
+        "status": "REJECTED", "phase": "rejected", "finished_at": now - 19,
+        "error": f"gs://bucketlearn-uploads/{LURE}.csv, row 2, column '{LURE}': "
+                 f"expected a number; found: '{LURE}'",
+        "error_detail": {"file": f"gs://bucketlearn-uploads/{LURE}.csv", "row": 2,
+                         "column": LURE, "expected": "a number", "found": f"'{LURE}'"}})
+    registry.create_job(Job.from_doc(_job(LURED_CANCEL_ID, "fine.csv", now - 10)))
+    registry.update_job(LURED_CANCEL_ID, {
+        "status": "CANCELLED", "phase": "cancelled", "finished_at": now - 9,
+        "error": f"cancelled by the dashboard at 2026-11-03 14:05:09 UTC: {LURE}",
+        "cancel_reason": LURE})
+    # Execute
+    shown = [_markdown_values(_run(AppTest.from_file(str(APP), default_timeout=60), job))
+             for job in (LURED_ID, LURED_CANCEL_ID, LURE)]  # a new session for each
+    # Assert
+    for values in shown:
+        for value in values:
+            assert "<a " not in markdown_html(value), value
+            assert "https://" not in value, value
+    rejected, cancelled, parameter = ([text_of(v) for v in values] for values in shown)
+    assert any(f"{LURE}.csv" in t and t.startswith("Rejected: ") for t in rejected), rejected
+    assert any(t.startswith(f"gs://bucketlearn-uploads/{LURE}.csv · created ")
+               for t in rejected), rejected
+    assert any(t.startswith("Cancelled: ") and t.endswith(LURE) for t in cancelled), cancelled
+    assert any(f"{LURE} is not a job id" in t for t in parameter), parameter
+    assert LURE in rejected and f"'{LURE}'" in rejected  # the details table's cells
+
+
+def markdown_html(markdown: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(markdown)
+
+
+# --- the upload form (issue #26, items 8 and 3) ---------------------------------------------------
+
+UPLOADED_NAME = re.compile(r"^dashboard/[0-9a-f]{16}/digits\.csv$")
+
+
+def _upload(at: AppTest, name: str, content: bytes) -> AppTest:
+    at.get("file_uploader")[0].set_value((name, content, "text/csv"))
+    at.sidebar.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_upload_form_streams_each_file_under_a_name_of_its_own(app, services, monkeypatch):
+    """Two users uploading digits.csv: two objects under ``dashboard/<16 hex>/``, neither
+    overwritten, each written from Streamlit's file as a stream (a whole copy with
+    ``getvalue`` fails here), and the form cleared once it is submitted."""
+    # Prepare
+    from streamlit.runtime.uploaded_file_manager import UploadedFile
+
+    def no_copy(self):
+        raise AssertionError("the upload was copied whole (getvalue)")
+
+    monkeypatch.setattr(UploadedFile, "getvalue", no_copy)
+    bucket = services.settings.uploads_bucket
+    before = {i.name for i in services.store.list(bucket)}
+    first, second = b"a,label\n1,0\n2,1\n", b"a,label\n3,0\n4,1\n5,0\n"
+    # Execute
+    at = _upload(_run(app), "digits.csv", first)
+    said = [text_of(s.value) for s in at.sidebar.success]
+    at = _upload(at, "digits.csv", second)
+    # Assert
+    names = sorted({i.name for i in services.store.list(bucket)} - before)
+    assert len(names) == 2 and all(UPLOADED_NAME.match(n) for n in names), names
+    assert sorted(services.store.read_bytes(bucket, n) for n in names) == sorted([first, second])
+    assert any("Uploaded to gs://" in s and "/digits.csv" in s for s in said), said
+    assert at.get("file_uploader")[0].proto.max_upload_size_mb == 100
+    assert [form.proto.form.clear_on_submit for form in at.get("form")] == [True]
+    at.sidebar.button[0].click().run()  # submitted again: the form no longer holds a file
+    assert any("Choose a CSV file" in e.value for e in at.sidebar.error)
+
+
+def test_the_upload_form_refuses_a_file_over_its_limit(app, services, monkeypatch):
+    """A file over the form's limit (here the deployment's max_file_bytes, 10) is refused,
+    naming the limit and the size; nothing is written."""
+    # Prepare
+    small = dataclasses.replace(services.settings, limits=Limits(max_file_bytes=10))
+    monkeypatch.setattr(dashboard_data, "get_services",
+                        lambda: dataclasses.replace(services, settings=small))
+    bucket = services.settings.uploads_bucket
+    before = {i.name for i in services.store.list(bucket)}
+    # Execute
+    at = _upload(_run(app), "digits.csv", b"a,label\n1,0\n")
+    # Assert
+    errors = [text_of(e.value) for e in at.sidebar.error]
+    assert any("at most 10 bytes here; found 12 bytes" in e for e in errors), errors
+    assert {i.name for i in services.store.list(bucket)} == before
+    assert at.get("file_uploader")[0].proto.max_upload_size_mb == 1

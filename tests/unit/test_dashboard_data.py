@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import io
 import math
+import re
+from collections import Counter
+from html import unescape
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import OPTION_NAMES, resolve_options
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.config import OPTION_NAMES, Limits, Settings, resolve_options
+from bucketlearn.domain.job import Evaluation, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
+from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data as dd
+from tests.unit.helpers import REPO_DIR
 
 T0 = 1_700_000_000.0
 
@@ -212,6 +221,115 @@ PLAN = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 4, "epochs
         "serial_steps": 100, "decided": "test"}
 
 
+class CountingRegistry(MemoryRegistry):
+    """The in-memory registry, counting the version and task documents its queries return
+    (what Firestore bills: one read per document)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: Counter[str] = Counter()
+
+    def list_versions(self, job_id: str, last: int | None = None) -> list[Version]:
+        found = super().list_versions(job_id, last=last)
+        self.reads["versions"] += len(found)
+        return found
+
+    def list_tasks(self, job_id: str, epoch: int | None = None) -> list[TaskRecord]:
+        found = super().list_tasks(job_id, epoch=epoch)
+        self.reads["tasks"] += len(found)
+        return found
+
+
+def a_long_job(registry: MemoryRegistry, job_id: str, versions: int,
+               tasks_per_epoch: int = 100) -> None:
+    """A RUNNING job that has committed ``versions`` versions after version 0, one task a round
+    (``tasks_per_epoch`` rounds an epoch), each task's document written as its learner does;
+    version n carries version n - 1's figures."""
+    plan = {"parallel_tasks": 1, "shards_per_task": 1, "tasks_per_epoch": tasks_per_epoch,
+            "epochs": 10, "serial_steps": 100, "decided": "test"}
+    registry.create_job(a_job(job_id, version=0, epoch=1, round=0, plan=plan, tasks_applied=0,
+                              tasks_per_epoch=tasks_per_epoch,
+                              tasks_planned=10 * tasks_per_epoch))
+    registry.versions[(job_id, 0)] = Version(0, "w0", created_at=T0).to_doc()
+    for n in range(1, versions + 1):
+        epoch, index = 1 + (n - 1) // tasks_per_epoch, (n - 1) % tasks_per_epoch
+        task_id = layout.task_id_for(job_id, epoch, index)
+        last = index == tasks_per_epoch - 1
+        carried = Evaluation(n - 1, {"holdout_accuracy": 0.5}, T0 + n) if n > 1 else None
+        assert registry.commit_version(VersionCommit(
+            job_id, n - 1, Version(n, f"w{n}", parent=n - 1, epoch=epoch, round=index,
+                                   tasks_applied=(task_id,), samples=10, created_at=T0 + n,
+                                   evaluation=carried),
+            epoch, index, {"version": n, "tasks_applied": n,
+                           **({"epoch": epoch + 1, "round": 0} if last else {"round": index + 1})}))
+        registry.record_attempt(job_id, task_id.split(":", 1)[1], {
+            "task_id": task_id, "epoch": epoch, "task_index": index, "state": "RUNNING",
+            "started_at": T0 + n - 1}, attempt_key=f"k{n}")
+
+
+def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_only():
+    """Issue #26, item 7: a job of 250 versions over 3 epochs (100 tasks each) reads its newest
+    VERSIONS_SHOWN versions and its 50 task documents of epoch 3, not 251 versions and 250
+    tasks, and its counts still cover the whole job; the overview reads ETA_VERSIONS."""
+    # Prepare
+    registry = CountingRegistry()
+    a_long_job(registry, "long-000000000001", versions=250)
+    registry.reads.clear()
+    # Execute
+    bundle = dd.job_bundle(registry, "long-000000000001")
+    page_reads = dict(registry.reads)
+    registry.reads.clear()
+    overview = dd.overview_bundle(registry)
+    # Assert
+    job, versions, tasks = bundle["job"], bundle["versions"], bundle["tasks"]
+    assert page_reads == {"versions": dd.VERSIONS_SHOWN, "tasks": 50}
+    assert [v.version for v in versions] == list(range(251 - dd.VERSIONS_SHOWN, 251))
+    assert {t.epoch for t in tasks} == {3}
+    assert versions[-2].figure("holdout_accuracy") == 0.5  # carried by the newest, read
+    counts = dd.task_state_counts(job, tasks)
+    assert counts["done"] == 250 and counts["queued"] == 750 and counts["running"] == 0
+    assert dd.epoch_progress(job, versions, tasks) == {"epoch": 3, "planned": 100,
+                                                       "applied": 50, "failed": 0}
+    note = dd.versions_note(job, versions)
+    assert f"newest {dd.VERSIONS_SHOWN} of the job's 251 versions (v51–v250)" in note
+    assert registry.reads == {"versions": dd.ETA_VERSIONS}
+    assert len(overview["versions"]["long-000000000001"]) == dd.ETA_VERSIONS
+
+
+def _constant(node: ast.expr, names: dict[str, ast.expr]) -> float:
+    """The number an expression of dashboard/app.py stands for: a literal, a module-level
+    name of the app, or an attribute of ``dd`` (the core's constants)."""
+    if isinstance(node, ast.Constant):
+        return float(node.value)
+    if isinstance(node, ast.Name):
+        return _constant(names[node.id], names)
+    assert isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name), ast.dump(node)
+    assert node.value.id == "dd", ast.dump(node)
+    return float(getattr(dd, node.attr))
+
+
+def test_the_dashboards_cache_outlives_its_refresh():
+    """Every cached query of dashboard/app.py lives longer than the fragments' refresh, so a
+    refresh reads the cache (shared by every session), not Firestore."""
+    # Prepare
+    tree = ast.parse((REPO_DIR / "dashboard" / "app.py").read_text(encoding="utf-8"))
+    names = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)}
+    # Execute
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr in ("cache_data",
+                                                                             "fragment")]
+    found = {(call.func.attr, kw.arg): _constant(kw.value, names) for call in calls
+             for kw in call.keywords if kw.arg in ("ttl", "run_every")}
+    ttls = [_constant(kw.value, names) for call in calls if call.func.attr == "cache_data"
+            for kw in call.keywords if kw.arg == "ttl"]
+    refreshes = [_constant(kw.value, names) for call in calls if call.func.attr == "fragment"
+                 for kw in call.keywords if kw.arg == "run_every"]
+    # Assert
+    assert len(ttls) == 3 and len(refreshes) == 2, found
+    assert min(ttls) > max(refreshes), found
+
+
 def test_epoch_progress_comes_from_the_jobs_position_and_its_versions():
     """The rounds before the current one are done; the versions say which tasks failed."""
     job = a_job(epoch=2, round=1, plan=PLAN)
@@ -311,9 +429,15 @@ TASKS = [TaskRecord.from_doc(doc) for doc in [
 AT_ROUND_1 = {"epoch": 1, "round": 1, "plan": PLAN}  # epoch 1's tasks 0 and 1 are folded
 
 
-def test_task_state_counts_queued_is_planned_minus_known():
+def test_task_state_counts_come_from_the_jobs_counters_and_its_epochs_open_rounds():
+    """Folded tasks are the job's counters (6 applied); the current epoch's documents of rounds
+    not folded yet add one running and one retrying; an earlier epoch's document (the FAILED
+    one of epoch 2 does not count at epoch 1) adds nothing; queued is what is left."""
     counts = dd.task_state_counts(a_job(tasks_planned=20, **AT_ROUND_1), TASKS)
-    assert counts == {"queued": 15, "running": 1, "retrying": 1, "done": 2, "failed": 1}
+    assert counts == {"queued": 12, "running": 1, "retrying": 1, "done": 6, "failed": 0}
+    failed = dd.task_state_counts(a_job(tasks_planned=20, tasks_applied=4, tasks_failed=1,
+                                        epoch=2, round=0, plan=PLAN), TASKS)
+    assert failed == {"queued": 14, "running": 0, "retrying": 0, "done": 4, "failed": 2}
     assert dd.task_state_counts(a_job(tasks_planned=None), [])["queued"] == 0
 
 
@@ -406,7 +530,9 @@ def test_download_note_says_which_versions_cannot_be_downloaded():
     v3 = dd.ModelFile("models/a-000000000001/v000003.keras", 3, 1)
     note = dd.download_note(job, VERSIONS, [latest, v3])
     assert "v0–v2" in note and "latest" in note
-    assert dd.download_note(job, VERSIONS[3:], [latest, v3]) == ""
+    assert "v0–v2" in dd.download_note(job, VERSIONS[3:], [latest, v3])  # versions are dense
+    every = [dd.ModelFile(f"models/a-000000000001/v{n:06d}.keras", n, 1) for n in range(4)]
+    assert dd.download_note(job, VERSIONS[3:], [latest, *every]) == ""
     assert "No model exported yet" in dd.download_note(a_job(), VERSIONS, [])
     assert "without a model" in dd.download_note(a_job(status="REJECTED"), [], [])
 
@@ -476,16 +602,87 @@ def test_upload_object_name(given, name):
     assert dd.upload_object_name(given) == name
 
 
-def test_upload_csv_writes_the_upload_with_its_options_and_returns_the_job_id():
+class OneCopy(io.BytesIO):
+    """An uploaded file as Streamlit hands it over, whose whole-file copy is refused: the
+    upload must be read as a stream."""
+
+    def getvalue(self) -> bytes:
+        raise AssertionError("the upload was copied whole (getvalue)")
+
+
+UPLOADED = re.compile(r"^dashboard/[0-9a-f]{16}/digits\.csv$")
+
+
+def test_upload_csv_streams_the_file_under_a_name_of_its_own():
+    """Issue #26, items 8 and 3: the file is written from its stream, with its options, under
+    ``dashboard/<16 hex>/<name>``, so two uploads of one name are two objects, two jobs."""
+    # Prepare
     svc = memory_services()
-    job_id, uri = dd.upload_csv(svc, "digits.csv", b"a,label\n1,0\n", {"epochs": "3"})
     bucket = svc.settings.uploads_bucket
-    info = svc.store.stat(bucket, "digits.csv")
-    assert info is not None and info.metadata == {"epochs": "3"}
-    assert info.content_type == "text/csv"
-    assert svc.store.read_bytes(bucket, "digits.csv") == b"a,label\n1,0\n"
-    assert job_id == layout.job_id_for(bucket, "digits.csv", info.generation)
-    assert layout.is_job_id(job_id) and uri == f"gs://{bucket}/digits.csv"
+    first, second = b"a,label\n1,0\n", b"a,label\n2,1\n3,0\n"
+    # Execute
+    job_1, uri_1 = dd.upload_csv(svc, "digits.csv", OneCopy(first), len(first), {"epochs": "3"})
+    job_2, uri_2 = dd.upload_csv(svc, "digits.csv", OneCopy(second), len(second), {})
+    # Assert
+    names = [info.name for info in svc.store.list(bucket)]
+    assert len(names) == 2 and all(UPLOADED.match(n) for n in names), names
+    assert {uri_1, uri_2} == {f"gs://{bucket}/{n}" for n in names} and job_1 != job_2
+    name_1 = uri_1.removeprefix(f"gs://{bucket}/")
+    info = svc.store.stat(bucket, name_1)
+    assert info.metadata == {"epochs": "3"} and info.content_type == "text/csv"
+    assert svc.store.read_bytes(bucket, name_1) == first
+    assert svc.store.read_bytes(bucket, uri_2.removeprefix(f"gs://{bucket}/")) == second
+    assert job_1 == layout.job_id_for(bucket, name_1, info.generation)
+    assert layout.is_job_id(job_1) and job_1.startswith("digits-")
+
+
+def test_upload_csv_refuses_a_file_over_the_forms_limit():
+    """The form takes at most the deployment's max_file_bytes, and never more than
+    UPLOAD_MAX_BYTES (Streamlit holds the file in memory); a larger file is refused before
+    anything is read or written, naming the limit and the size."""
+    # Prepare
+    small = dataclasses.replace(Settings(), limits=Limits(max_file_bytes=10))
+    svc = memory_services(small)
+    # Execute
+    with pytest.raises(ValueError, match=r"at most 10 bytes here; found 11 bytes") as refused:
+        dd.upload_csv(svc, "digits.csv", OneCopy(b"x" * 11), 11, {})
+    # Assert
+    assert "bucketlearn submit" in str(refused.value)
+    assert list(svc.store.list(svc.settings.uploads_bucket)) == []
+    assert dd.upload_limit_bytes(Settings()) == dd.UPLOAD_MAX_BYTES == 100 * 2**20
+    assert dd.upload_limit_mb(Settings()) == 100 and dd.upload_limit_mb(small) == 1
+    assert dd.upload_size_problem(Settings(), dd.UPLOAD_MAX_BYTES) is None
+
+
+def rendered(markdown: str) -> str:
+    """What CommonMark (with GFM tables and strikethrough) makes of ``markdown``, as HTML."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(markdown)
+
+
+@pytest.mark.parametrize("text", [
+    "[Session expired – sign in](https://evil.example/login).csv",
+    "![x](https://evil.example/p.png) <https://evil.example> <b>bold</b> *em* _em_ `code`",
+    "a\n# heading\n- item\n> quote\n| a | b |\n|---|---|\n~~x~~ :red[x] $x$ &amp; \\[x](y)",
+    "www.evil.example https://evil.example ana@example.com",
+])
+def test_a_user_string_renders_as_the_text_it_is(text):
+    """Issue #26, item 14: ``plain`` escapes what Markdown would act on, so a user's string
+    renders as its own text (line breaks as spaces), with no link, image, tag or block."""
+    html = rendered(dd.plain(text))
+    assert "<a " not in html and "<img" not in html and "<b>" not in html
+    assert html.count("<p>") == 1 and "<h1>" not in html and "<li>" not in html
+    assert "https://" not in dd.plain(text) and "www." not in dd.plain(text)
+    shown = unescape(re.sub(r"<[^>]+>", "", html)).strip()
+    assert shown == re.sub(r"\s*\n\s*", " ", text)
+
+
+def test_a_job_parameter_that_is_no_job_id_is_said_as_text():
+    assert dd.wanted_job(None) == (None, None)
+    assert dd.wanted_job("digits-0123456789ab") == ("digits-0123456789ab", None)
+    job_id, said = dd.wanted_job("[sign in](https://evil.example)")
+    assert job_id is None and "<a " not in rendered(said) and "is not a job id" in said
 
 
 # --- figures beyond accuracy ---------------------------------------------------------------------

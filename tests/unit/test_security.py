@@ -10,8 +10,9 @@ access to Firestore.
 * Object names with '../', absolute paths, backslashes, unicode or newlines never become a local
   path or a write outside ``jobs/<job>/`` (work) and ``weights/<job>/`` (models).
 * infra/firestore.rules denies every client read and write.
-* The installed Keras is one whose safe mode holds (3.9 or later: CVE-2025-1550), and
-  pyproject.toml requires it.
+* The installed Keras is one whose safe mode holds (3.14.0 or later: CVE-2025-1550 and the
+  bypasses fixed since), pyproject.toml and the functions' requirements require it, and a
+  ``.keras`` whose members declare more than they may unpack to is refused before it is read.
 """
 
 from __future__ import annotations
@@ -244,28 +245,113 @@ def test_the_lambda_marker_would_fire_outside_safe_mode(tmp_path: Path, marker: 
     assert marker.exists()
 
 
-KERAS_SAFE_MODE_FIXED = (3, 9)  # CVE-2025-1550: safe_mode bypass via a crafted config.json
+# Keras 3.14.0 closes every safe-mode bypass known when this floor was set: CVE-2025-1550 (3.9),
+# CVE-2025-8747 and CVE-2025-9906 (3.11.0), CVE-2025-12058 (3.12.0), CVE-2026-1462 (the
+# TFSMLayer bypass) and GHSA-hqp4-2352-xf5r (path traversal on archive extraction, 3.14.0).
+KERAS_SAFE_MODE_FIXED = (3, 14, 0)
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """(major, minor, ...) of a version string such as '3.15.1' or '3.9.0rc1'."""
-    return tuple(int(re.match(r"\d+", part).group()) for part in version.split(".")[:3]
-                 if re.match(r"\d+", part))
+    """(major, minor, patch) of a version string such as '3.15.1', '3.9' or '3.9.0rc1'."""
+    parts = tuple(int(re.match(r"\d+", part).group()) for part in version.split(".")[:3]
+                  if re.match(r"\d+", part))
+    return parts + (0,) * (3 - len(parts))
+
+
+def _keras_floors(requirements: list[str]) -> list[tuple[int, ...]]:
+    found = [re.fullmatch(r"keras\s*>=\s*([\d.]+)", req.split(";")[0].split("#")[0].strip())
+             for req in requirements]
+    return [_release(m.group(1)) for m in found if m]
 
 
 def test_installed_keras_has_the_safe_mode_fix() -> None:
-    """Keras >= 3.9 is installed (3.5-3.8 run code from a crafted .keras even in safe mode,
-    CVE-2025-1550), and pyproject.toml requires it rather than relying on tensorflow's range."""
+    """Keras >= 3.14.0 is installed (earlier releases let a crafted .keras run code or write
+    outside its folder even in safe mode), and both pyproject.toml and the functions'
+    requirements.txt require it rather than relying on tensorflow's range."""
     # Prepare
     pyproject = tomllib.loads((REPO_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    functions = (REPO_DIR / "functions" / "requirements.txt").read_text(encoding="utf-8")
     # Execute
     installed = importlib.metadata.version("keras")
-    floors = [re.fullmatch(r"keras\s*>=\s*([\d.]+)", req.split(";")[0].strip())
-              for req in pyproject["project"]["dependencies"]]
+    declared = _keras_floors(pyproject["project"]["dependencies"])
+    deployed = _keras_floors(functions.splitlines())
     # Assert
     assert _release(installed) >= KERAS_SAFE_MODE_FIXED, installed
-    declared = [_release(m.group(1)) for m in floors if m]
     assert declared and declared[0] >= KERAS_SAFE_MODE_FIXED, pyproject["project"]["dependencies"]
+    assert deployed and deployed[0] >= KERAS_SAFE_MODE_FIXED, functions
+
+
+# --- a .keras that unpacks to more than it may (a zip bomb) ---------------------------------------
+
+def _declare_size(archive_bytes: bytes, member: str, size: int) -> bytes:
+    """The archive with ``member``'s declared uncompressed size set to ``size`` in its central
+    directory entry (what ``zipfile`` reads), its bytes unchanged."""
+    data = bytearray(archive_bytes)
+    name = member.encode()
+    at = data.index(b"PK\x01\x02")
+    while True:
+        name_length = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + name_length] == name:
+            data[at + 24:at + 28] = size.to_bytes(4, "little")
+            return bytes(data)
+        at = data.index(b"PK\x01\x02", at + 46)
+
+
+def _keras_like(path: Path, sidecar: bytes, members: dict[str, bytes] | None = None) -> Path:
+    """A zip laid out as a .keras with bucketlearn's sidecar (deflated)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("config.json", b"{}")
+        for name, data in (members or {"model.weights.h5": b"\0" * 1024}).items():
+            archive.writestr(name, data)
+        archive.writestr("bucketlearn.json", sidecar)
+    return path
+
+
+def test_a_sidecar_that_unpacks_past_its_bound_is_refused_before_it_is_read(tmp_path: Path
+                                                                            ) -> None:
+    """A 64 MiB sidecar that deflates to ~64 KiB: refused from its declared size, naming the
+    member, the bound and what it declares."""
+    from bucketlearn.errors import PermanentError
+    from bucketlearn.ml.model import MAX_SIDECAR_BYTES, load_model
+
+    # Prepare
+    big = b'{"pad": "' + b" " * (64 * 1024**2) + b'"}'
+    bomb = _keras_like(tmp_path / "bomb.keras", big)
+    assert bomb.stat().st_size < 1024**2
+    # Execute
+    with pytest.raises(PermanentError) as refused:
+        load_model(str(bomb))
+    # Assert
+    message = str(refused.value)
+    assert str(bomb) in message and "'bucketlearn.json'" in message
+    assert f"at most {MAX_SIDECAR_BYTES} bytes" in message and f"found {len(big)} bytes" in message
+
+
+def test_an_archive_whose_members_declare_too_much_is_refused_before_predict_reads_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A .keras whose weights member declares 4 GiB - 1 uncompressed: `bucketlearn predict`
+    exits non-zero naming the file, the member, the bound and the total found, before the
+    sidecar or the model is read."""
+    from bucketlearn.entrypoints import cli
+    from bucketlearn.ml.model import MAX_ARCHIVE_BYTES
+
+    # Prepare
+    sidecar = json.dumps({"feature_names": ["a", "b"], "label_column": "label",
+                          "class_names": ["0", "1"], "label_kind": "int"}).encode()
+    plain = _keras_like(tmp_path / "plain.keras", sidecar)
+    model = tmp_path / "bomb.keras"
+    model.write_bytes(_declare_size(plain.read_bytes(), "model.weights.h5", 2**32 - 1))
+    data = tmp_path / "rows.csv"
+    data.write_bytes(csv_bytes(["a", "b", "label"], [[1, 2, 0]]))
+    # Execute
+    code = cli.main(["predict", str(model), str(data), "--json"])
+    # Assert
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert str(model) in err and "'model.weights.h5'" in err
+    assert f"at most {MAX_ARCHIVE_BYTES} bytes in all" in err
+    total = 2**32 - 1 + len(b"{}") + len(sidecar)
+    assert f"found {total} bytes" in err
 
 
 # --- object names --------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +201,64 @@ def test_wait_gives_up_when_the_registry_stays_unreachable() -> None:
     with pytest.raises(UnreachableError, match="has not answered for"):
         jobs.wait_terminal(FlakyRegistry(10**9), "j1", timeout=30, poll=0.01,
                            unreachable_after=0.2)
+
+
+class StuckRegistry:
+    """get_job answers its first read, then blocks as a Google client does while it retries a
+    read against a backend that is gone (Firestore's: up to 300 s), here for ``hold`` seconds,
+    and then fails; ``release`` ends a blocked read at once."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold, self.reads = hold, 0
+        self.release = threading.Event()
+
+    def get_job(self, job_id: str) -> Job:
+        self.reads += 1
+        if self.reads == 1:
+            return a_job(jobs.RUNNING)
+        self.release.wait(self.hold)
+        raise TransientError("firestore get job: RetryError: Timeout of 300.0s exceeded")
+
+
+@pytest.mark.timeout(60)
+def test_a_read_that_retries_longer_than_the_watch_allows_ends_the_wait_in_time() -> None:
+    """Issue #26, item 13: after `local down`, `submit --wait` waited 4.5-6 minutes, as one
+    registry read retried past the 60 s the watch allows. Each read is bounded by what is left
+    of that budget: UnreachableError once it is spent, not when the client gives up."""
+    # Prepare
+    registry = StuckRegistry(hold=20.0)
+    started = time.monotonic()
+    # Execute
+    try:
+        with pytest.raises(UnreachableError, match="still unanswered after") as ended:
+            jobs.wait_terminal(registry, "j1", timeout=30, poll=0.05, unreachable_after=1.0)
+    finally:
+        registry.release.set()
+    # Assert
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0 + 0.05 + 1.0, elapsed  # the budget, one poll, and a margin
+    assert "expected an answer within 1 s" in str(ended.value)
+    assert registry.reads == 2
+
+
+@pytest.mark.timeout(60)
+def test_the_stack_watch_runs_while_a_read_is_stuck() -> None:
+    """A stack that is gone ends the wait within a poll or two, even while a read is out."""
+    # Prepare
+    registry = StuckRegistry(hold=20.0)
+    probes = Probes(ALIVE, ALIVE, DEAD)
+    watch = StackWatch(STATE, grace=15.0, probe=probes)
+    started = time.monotonic()
+    # Execute
+    try:
+        with pytest.raises(StackGoneError, match="no longer running"):
+            jobs.wait_terminal(registry, "j1", timeout=30, poll=0.05, check=watch.check,
+                               unreachable_after=10.0)
+    finally:
+        registry.release.set()
+    # Assert
+    assert time.monotonic() - started < 1.0
+    assert registry.reads == 2
 
 
 # --- the CLI boundary --------------------------------------------------------------------------
