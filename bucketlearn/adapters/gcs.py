@@ -102,8 +102,7 @@ class GcsBlobStore:
                                       retry=_RETRY)
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: upload failed: {exc}") from exc
-        blob.reload(timeout=TIMEOUT)
-        return _info(blob)
+        return _info(blob)  # the upload's answer describes the object: no read (create-only)
 
     def write_stream(self, bucket: str, name: str, stream: IO[bytes], content_type: str,
                      metadata: Mapping[str, str] | None = None,
@@ -118,8 +117,7 @@ class GcsBlobStore:
                                   timeout=TIMEOUT * 10, retry=_RETRY)
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: upload failed: {exc}") from exc
-        blob.reload(timeout=TIMEOUT)
-        return _info(blob)
+        return _info(blob)  # the upload's answer describes the object: no read (create-only)
 
     def read_bytes(self, bucket: str, name: str) -> bytes:
         try:

@@ -1261,6 +1261,16 @@ def test_one_service_account_per_component(module: Config) -> None:
         "service_account"]
 
 
+def test_the_dashboard_can_only_create_uploads(module: Config) -> None:
+    """Issue #26, item 3: the dashboard writes each upload under a name of its own, so its role
+    on the uploads bucket is create-only: it can neither replace nor delete an upload."""
+    roles = module.locals["dashboard_bucket_roles"]
+    assert roles["uploads"]["role"] == "roles/storage.objectCreator"
+    assert roles["uploads"]["bucket"] == "${google_storage_bucket.uploads.name}"
+    assert all(r["role"] in ("roles/storage.objectCreator", "roles/storage.objectViewer")
+               for r in roles.values())
+
+
 def test_dashboard_is_not_public(module: Config) -> None:
     dashboard = module.resource("google_cloud_run_v2_service", "dashboard")
     assert "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER" in dashboard["ingress"]

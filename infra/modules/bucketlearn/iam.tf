@@ -216,10 +216,11 @@ locals {
     deltas = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectCreator" }
   }
 
-  # The upload form writes <name>.csv to the uploads bucket; uploading a name again overwrites
-  # it (a new generation, a new job), which needs storage.objects.delete, hence objectUser.
+  # The upload form writes each file under a name of its own (dashboard/<16 random hex>/<name>),
+  # never over another object: create-only (objectCreator), no read, no delete, so the dashboard
+  # can neither replace nor remove what anyone uploaded (issue #26, item 3).
   dashboard_bucket_roles = {
-    uploads = { bucket = google_storage_bucket.uploads.name, role = "roles/storage.objectUser" }
+    uploads = { bucket = google_storage_bucket.uploads.name, role = "roles/storage.objectCreator" }
     models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectViewer" }
   }
 
