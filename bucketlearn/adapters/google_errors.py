@@ -8,14 +8,20 @@ hands to the services as ``Services.transient``.
 
 from __future__ import annotations
 
+import requests
 from google.api_core import exceptions as gexc
 
 from bucketlearn import errors
 
 # Unavailable, overloaded, timed out, contended or cut off: the same request may succeed later.
+# The Cloud Storage client talks HTTP through requests, whose connection errors are not the
+# built-in ConnectionError: a connection reset by the server mid-download (seen with
+# fake-gcs-server under 55 concurrent uploads) must be retried like any other.
 TRANSIENT: tuple[type[BaseException], ...] = (
     gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
-    gexc.TooManyRequests, gexc.GatewayTimeout, gexc.Aborted, gexc.RetryError, ConnectionError)
+    gexc.TooManyRequests, gexc.GatewayTimeout, gexc.Aborted, gexc.RetryError, ConnectionError,
+    requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+    requests.exceptions.Timeout)
 # Answers that sending the same request again cannot change (a document over 1 MiB is
 # InvalidArgument). An adapter method's own handling comes first (e.g. FailedPrecondition on a
 # conditional update means "someone else wrote first").

@@ -75,7 +75,8 @@ class LearnerTuning:
     heartbeat_write_wait_seconds: float = 60.0
     # Chaining (R = 1): a chained task's result is announced once the aggregator has committed
     # the version ``chain_depth - 1`` before its base; the learner waits up to
-    # ``chain_confirm_seconds`` for that, reading the job every ``chain_poll_seconds``.
+    # ``chain_confirm_seconds`` (at most the deployment's ``chain_grace_seconds``) for that,
+    # reading the job every ``chain_poll_seconds``.
     chain_depth: int = 2
     chain_confirm_seconds: float = 30.0
     chain_poll_seconds: float = 0.01
@@ -521,7 +522,10 @@ class Learner:
         ``chain_depth - 1`` before the task's base (reading the job again until it has, for up
         to ``chain_confirm_seconds``)."""
         needed = task.base_version - (self.tuning.chain_depth - 1)
-        deadline = time.monotonic() + self.tuning.chain_confirm_seconds
+        # no longer than the aggregator waits for a chained round (``chain_grace_seconds``):
+        # past that, the round is published for everyone anyway
+        wait = min(self.tuning.chain_confirm_seconds, self.svc.settings.chain_grace_seconds)
+        deadline = time.monotonic() + wait
         while True:
             if job is None or jobs.is_terminal(job) or job.head is None:
                 return False

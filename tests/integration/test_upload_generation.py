@@ -76,23 +76,27 @@ class ReuploadDuringSplit:
         return OverwriteAfterFirstRead()
 
 
+def split_with_reupload(svc: Any, mid_stream: bool) -> tuple[Any, Any, str, Any, Any]:
+    """Upload FIRST, then split it while SECOND is uploaded under the same name (before or
+    during pass 2): (services, outcome, job id, the first upload, the object now)."""
+    bucket = svc.settings.uploads_bucket
+    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
+    svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
+    outcome, job_id = handle_upload(svc, StorageEvent(bucket, "reupload.csv", info.generation,
+                                                      info.size))
+    return svc, outcome, job_id, info, svc.store.stat(bucket, "reupload.csv")
+
+
 @pytest.mark.parametrize("mid_stream", [False, True], ids=["before-pass-2", "during-pass-2"])
 def test_a_reupload_during_the_split_leaves_the_first_job_its_own_file(cloud: Any,
                                                                       mid_stream: bool) -> None:
     """The uploads bucket keeps noncurrent versions: overwritten before or during pass 2, the
     first upload's split reads its own generation to the end and its job trains the first file
     (before: the live generation was compared and the first job REJECTED)."""
-    # Prepare
-    svc = cloud
-    bucket = svc.settings.uploads_bucket
-    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
-    svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
-    event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)
     # Execute
-    outcome, job_id = handle_upload(svc, event)
+    svc, outcome, job_id, info, now = split_with_reupload(cloud, mid_stream)
     # Assert
     job = svc.registry.get_job(job_id)
-    now = svc.store.stat(bucket, "reupload.csv")
     assert svc.store.opens >= 3 and now.generation != info.generation
     assert outcome is Outcome.ACCEPTED, job.error
     assert sorted(job.classes) == ["a", "b"]  # the first file's labels ("c" is the second's)
@@ -111,16 +115,12 @@ def test_reupload_during_the_split_is_rejected_without_versions(cloud: Any,
     assert len(FIRST) > 8 * 1024**2 and len(SECOND) > 8 * 1024**2
     bucket = cloud.settings.uploads_bucket + "-unversioned"
     cloud.store.ensure_bucket(bucket)
-    svc = dataclasses.replace(cloud, settings=dataclasses.replace(cloud.settings,
-                                                                  uploads_bucket=bucket))
-    info = svc.store.write_bytes(bucket, "reupload.csv", FIRST, "text/csv", OPTIONS)
-    svc.store = ReuploadDuringSplit(svc.store, "reupload.csv", SECOND, at=3, mid_stream=mid_stream)
-    event = StorageEvent(bucket, "reupload.csv", info.generation, info.size)
+    unversioned = dataclasses.replace(cloud, settings=dataclasses.replace(
+        cloud.settings, uploads_bucket=bucket))
     # Execute
-    outcome, job_id = handle_upload(svc, event)
+    svc, outcome, job_id, info, now = split_with_reupload(unversioned, mid_stream)
     # Assert
     job = svc.registry.get_job(job_id)
-    now = svc.store.stat(bucket, "reupload.csv")
     assert svc.store.opens >= 3
     assert outcome is Outcome.REJECTED, job
     assert job.status == jobs.REJECTED

@@ -424,3 +424,36 @@ def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
     assert not thread.is_alive()
     assert job.status == jobs.FAILED and "BackendRejectedError" in job.error
     assert "too large" in job.error
+
+
+def test_a_message_that_is_not_a_result_is_acknowledged_and_dropped():
+    """The results topic's entry point at its edge: bytes that are no ResultMessage (another
+    producer's, a truncated one) are logged and acknowledged, never retried nor served."""
+    # Prepare
+    from bucketlearn.adapters.pubsub import _decoder
+
+    class Delivered:
+        def __init__(self, raw: bytes) -> None:
+            self.raw, self.delivery_attempt = raw, 1
+            self.message = _decoder(ResultMessage)(raw)
+            self.settled: list[str] = []
+
+        def ack(self) -> None:
+            self.settled.append("ack")
+
+        def nack(self) -> None:
+            self.settled.append("nack")
+
+        def extend(self, seconds: int) -> None:
+            self.settled.append(f"extend {seconds}")
+
+    service = AggregatorService(memory_services(), threading.Event(), TUNING)
+    deliveries = [Delivered(b"not json"), Delivered(b'{"kind": "result"}'),
+                  Delivered(b'{"job_id": "j-000000000000", "kind": "bogus"}')]
+    # Execute
+    for delivered in deliveries:
+        service.dispatch(delivered)
+    # Assert
+    assert [d.message for d in deliveries] == [None, None, None]
+    assert [d.settled for d in deliveries] == [["ack"], ["ack"], ["ack"]]
+    assert service.slots == {}
