@@ -9,7 +9,9 @@ it; a message for a job whose lease another aggregator holds goes back to Pub/Su
 seconds. A process that takes over a lease from a holder that died (the lease ran out) hears
 the deltas bucket's listing (results whose messages that holder took with it) and publishes the
 current round's tasks that have no result yet (the holder may have died between a commit and
-its publish).
+its publish). The messages a dead holder took with it come back only once their deadline runs
+out, so the process does not wait for them: every third of the lease it looks at the active
+jobs (one query) and serves any published job whose lease is free or has run out.
 
 Committed versions are evaluated by one thread of the process (``_Evaluator``: the newest
 version of each job, older ones skipped when rounds are faster than evaluations); the figures
@@ -56,6 +58,8 @@ class AggregatorTuning:
     idle_seconds: float = 300.0  # a job with no message for this long is let go (lease released)
     busy_retry_seconds: int = 5  # a message for a job another aggregator holds comes back after
     error_pause_seconds: float = 1.0  # after a step failed (a backend outage), before the next
+    adopt_seconds: float | None = None  # between looks for unserved jobs (None: a third of the
+    # lease, so a job whose holder died is served again within about 1.3 leases)
 
 
 class _Evaluator:
@@ -218,8 +222,13 @@ class AggregatorService:
         """Pull and serve results until ``stop`` is set (or ``until()`` says so)."""
         self.evaluator.thread.start()
         self._renewer.start()
+        adopt_every = self.tuning.adopt_seconds or self.svc.settings.aggregator_lease_seconds / 3
+        adopted_at = float("-inf")
         try:
             while not self.stop.is_set() and not (until is not None and until()):
+                if time.monotonic() - adopted_at >= adopt_every:
+                    adopted_at = time.monotonic()
+                    self.adopt()
                 try:
                     received = self.svc.results.pull(timeout=self.tuning.pull_seconds)
                 except Exception:  # noqa: BLE001 - Pub/Sub briefly unreachable
@@ -247,6 +256,28 @@ class AggregatorService:
             received.extend(self.tuning.busy_retry_seconds)
             return
         slot.inbox.put(("message", (message, received)))
+
+    def adopt(self) -> list[str]:
+        """Serve the published, active jobs no aggregator holds (a holder that died took their
+        result messages with it; Pub/Sub returns them only after their deadline). Taking a free
+        lease early costs nothing: the job's results come here anyway. Returns the jobs taken."""
+        try:
+            active = self.svc.registry.list_active_jobs()
+        except Exception:  # noqa: BLE001 - the registry may be briefly unreachable
+            log.warning("looking for unserved jobs failed", exc_info=True)
+            return []
+        taken = []
+        for job in active:
+            slot = self.slots.get(job.job_id)
+            if (slot is not None and not slot.ended.is_set()) or job.is_terminal \
+                    or job.phase != jobs.TRAINING or not job.is_published:
+                continue
+            try:
+                if self._take_on(job.job_id) is not None:
+                    taken.append(job.job_id)
+            except Exception:  # noqa: BLE001 - the next look tries again
+                log.warning("job %s: could not take it on", job.job_id, exc_info=True)
+        return taken
 
     def _take_on(self, job_id: str) -> _JobSlot | None:
         """Take a job's lease and start serving it; None when another aggregator holds it."""

@@ -339,6 +339,41 @@ def test_a_lease_taken_over_from_a_dead_aggregator_republishes_what_has_no_resul
     assert [m.task_index for m in again] == [1 - first.task_index]
 
 
+def test_a_job_whose_holder_died_with_its_results_is_served_without_a_message(tmp_path):
+    """The holder died holding the job's lease and the round's result messages (Pub/Sub gives
+    them back only after their deadline): a live aggregator's look at the active jobs takes the
+    job on once the lease has run out, hears the results from the listing and folds the round;
+    a job whose lease is alive is left to its holder."""
+    # Prepare
+    svc = memory_services()
+    dead = upload(svc, write_blobs_csv(tmp_path / "a.csv", n_rows=200, seed=1),
+                  JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
+    alive = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200, seed=2),
+                   JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
+    svc.registry.leases[f"aggregate-{dead}"] = ("dead", time.time() - 1)
+    assert svc.registry.acquire_lease(f"aggregate-{alive}", "elsewhere", 60)
+    learner = Learner(svc, "w1")
+    while len(svc.queue):
+        message = svc.queue.pull(0).message
+        if message.job_id == dead:
+            learner.process(message)
+    svc.results.published.clear()
+    svc.results._items.clear()  # the dead holder took the result messages with it
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    # Execute
+    thread = threading.Thread(target=service.run, kwargs={
+        "until": lambda: svc.registry.get_job(dead).version >= 1}, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    assert not thread.is_alive()
+    assert svc.registry.get_job(dead).version == 1
+    assert svc.registry.get_job(alive).version == 0
+    assert svc.registry.leases[f"aggregate-{alive}"][0] == "elsewhere"
+
+
 def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
     """Issue #26, items 2 and 4: once DONE, the job's work prefix (shards, holdout, manifest)
     and every version's weights but the head's are deleted; the exported model stays, and a
