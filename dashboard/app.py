@@ -229,7 +229,8 @@ def job_page() -> None:
         st.progress(s["progress"], text=dd.plain(dd.progress_text(s)))
     if note := dd.versions_note(job, versions):
         st.caption(note)
-    tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Options & data", "Model"])
+    tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Usage & cost",
+                    "Options & data", "Model"])
     with tabs[0]:
         training_tab(versions, dd.is_regression(s))
         report_section(job, versions)
@@ -238,8 +239,10 @@ def job_page() -> None:
     with tabs[2]:
         workers_tab(job, tasks, bundle["workers"], bundle["versions"], now)
     with tabs[3]:
-        options_tab(job)
+        usage_tab(s)
     with tabs[4]:
+        options_tab(job)
+    with tabs[5]:
         model_tab(job, versions)
 
 
@@ -301,6 +304,19 @@ def throughput_tab(versions: list[Version], now: float) -> None:
     left.line_chart(frame, x="time", y="samples_per_s")
     right.markdown("**Tasks/min**")
     right.line_chart(frame, x="time", y="tasks_per_min")
+
+
+def usage_tab(summary: dict) -> None:
+    used, cost = dd.usage_rows(summary), dd.cost_rows(summary)
+    if not used:
+        st.info("Nothing counted yet: each commit records what the job used so far.")
+        return
+    left, right = st.columns(2)
+    left.markdown("**What the job used**")
+    left.table(pd.DataFrame(used).map(dd.plain))
+    right.markdown("**Estimated cost (USD)**")
+    right.table(pd.DataFrame(cost).map(dd.plain))
+    st.caption(dd.plain(dd.cost_note(summary)))
 
 
 def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],

@@ -226,6 +226,20 @@ def test_job_page_shows_the_head_version_and_accuracy(app, seeded):
     assert "6 of 12 tasks applied" in at.get("progress")[0].proto.text
 
 
+def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
+    """Issue #24: the estimated cost beside the accuracy, and the usage behind it by item."""
+    registry.update_job(RUNNING_ID, {"usage": {"firestore_writes": 250, "worker_seconds": 7.5,
+                                               "storage_class_a": 30}})
+    at = _run(app, RUNNING_ID)
+    cost = dashboard_data.job_summary(registry.get_job(RUNNING_ID), [], time.time())["cost_usd"]
+    assert cost["total"] > 0
+    assert _metrics(at)["Est. cost"] == dashboard_data.format_cost(cost["total"])
+    cells = {text_of(str(c)) for t in at.table for c in t.value.to_numpy().ravel()}
+    assert {"Firestore writes", "250", "Learner seconds (on its tasks)", "7.5", "Total",
+            dashboard_data.format_cost(cost["total"])} <= cells
+    assert any("list prices as of" in text_of(c.value) for c in at.caption)
+
+
 def test_job_page_defaults_to_the_newest_job_and_follows_the_picker(app, seeded):
     at = _run(app)
     assert at.selectbox(key="job_picker").value == REJECTED_ID

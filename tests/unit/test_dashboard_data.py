@@ -193,12 +193,39 @@ def test_job_summary_has_the_headline_numbers():
     assert summary["remaining"] == 14 and summary["eta_seconds"] == pytest.approx(70.0)
 
 
+def test_what_a_job_used_and_cost_is_shown_beside_its_accuracy():
+    """Issue #24: the job's counted usage, its estimated cost by item and in total, and the
+    date of the prices, from the same status object ``status --json`` prints."""
+    usage = {"firestore_writes": 300, "firestore_reads": 1200, "worker_seconds": 12.25,
+             "storage_class_a": 40, "pubsub_messages": 200, "something_new": 3}
+    summary = dd.job_summary(a_job(usage=usage), VERSIONS, T0 + 30)
+    metrics = dict(dd.headline_metrics(summary))
+    total = summary["cost_usd"]["total"]
+    assert total > 0 and metrics["Est. cost"] == dd.format_cost(total)
+    rows = dd.usage_rows(summary)
+    assert rows[0] == {"used": "Learner seconds (on its tasks)", "amount": "12.2"}
+    assert {"used": "Firestore writes", "amount": "300"} in rows
+    assert rows[-1] == {"used": "something_new", "amount": "3"}  # unknown keys still shown
+    costs = {r["item"]: r["usd"] for r in dd.cost_rows(summary)}
+    assert costs["Total"] == dd.format_cost(total)
+    assert costs["Firestore"] == dd.format_cost(summary["cost_usd"]["firestore"])
+    assert summary["prices_as_of"] in dd.cost_note(summary)
+    assert dd.usage_rows(dd.job_summary(a_job(), VERSIONS, T0)) == []
+
+
+@pytest.mark.parametrize(("usd", "shown"), [
+    (None, "—"), (0, "$0"), (0.0000004, "< $0.000001"), (0.00123, "$0.00123"),
+    (0.5, "$0.5"), (12.345, "$12.35")])
+def test_format_cost(usd, shown):
+    assert dd.format_cost(usd) == shown
+
+
 def test_headline_metrics_and_progress_text():
     summary = dd.job_summary(a_job(), VERSIONS, T0 + 30)
     assert dict(dd.headline_metrics(summary)) == {
         "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
         "Holdout accuracy": "87.5%", "Holdout macro-F1": "—", "Holdout loss": "0.4100",
-        "Train loss": "0.5200"}
+        "Train loss": "0.5200", "Est. cost": "$0"}
     assert dd.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
     queued = dd.job_summary(a_job(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
