@@ -302,6 +302,12 @@ class Limits:
     # distinct values pass 1 holds while it counts text columns, all columns together (each
     # column alone keeps at most ingest.columns.COUNT_BOUND)
     max_counted_values: int = 2_000_000
+    # the work bucket's lifecycle rule deletes shards this many days old (infra's
+    # work_retention_days): a job predicted to train longer than half of it is refused
+    work_retention_days: int = 7
+    # the floating-point operations per second one learner is assumed to train at, for that
+    # prediction (domain.plan.predict_seconds); low on purpose
+    worker_flops: int = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -426,6 +432,8 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
     "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
     "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
+    "BUCKETLEARN_WORK_RETENTION_DAYS": "work_retention_days",
+    "BUCKETLEARN_WORKER_FLOPS": "worker_flops",
 }
 
 

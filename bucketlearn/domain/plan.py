@@ -186,6 +186,58 @@ def check_total_tasks(plan: TrainingPlan, max_total_tasks: int,
               f"{total:,} tasks")
 
 
+# Predicting how long a job trains, to refuse one the work bucket's lifecycle rule would
+# outlast (issue #26, item 2): training a model of N parameters on one row costs about 6N
+# floating-point operations, forward and backward (Kaplan et al. 2020, "Scaling Laws for Neural
+# Language Models", C = 6ND); a round adds its critical path, priced at 1 s (the round-trip
+# benchmark's cloud projection is about 0.01 s; docs/BENCHMARKS.md), and a learner trains at
+# ``Limits.worker_flops`` (1 GFLOP/s by default, a quarter of what one TensorFlow thread reached
+# on this project's 2-core machine: digits' MLP, 6 x 17,226 parameters x 1,437 rows x 20 epochs
+# in 0.8 s is 3.7 GFLOP/s). Every factor errs long, and a job must fit in half the retention:
+# it may wait for workers, retry and be paused by an outage and still end before its shards go.
+FLOPS_PER_PARAMETER_ROW = 6
+PREDICTED_ROUND_SECONDS = 1.0
+RETENTION_SHARE = 0.5
+
+
+def predict_seconds(plan: TrainingPlan, parameters: int, train_rows: int,
+                    worker_flops: float) -> float:
+    """Seconds the job is predicted to train at most (see ``FLOPS_PER_PARAMETER_ROW``): its
+    compute spread over ``plan.parallel_tasks`` learners, plus every round's critical path."""
+    compute = FLOPS_PER_PARAMETER_ROW * parameters * train_rows * plan.epochs / max(
+        1.0, worker_flops) / max(1, plan.parallel_tasks)
+    return compute + plan.rounds_per_epoch * plan.epochs * PREDICTED_ROUND_SECONDS
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 360 else f"{seconds:,.0f} s"
+
+
+def check_duration(plan: TrainingPlan, parameters: int, train_rows: int, worker_flops: float,
+                   retention_days: int) -> OverLimit | None:
+    """Whether the job's predicted training time (``predict_seconds``) fits in
+    ``RETENTION_SHARE`` of the work bucket's retention (None), or what to change."""
+    predicted = predict_seconds(plan, parameters, train_rows, worker_flops)
+    budget = RETENTION_SHARE * retention_days * 86_400
+    if predicted <= budget:
+        return None
+    per_epoch = predicted / plan.epochs
+    most_epochs = int(budget // per_epoch)
+    fixes = ([f"epochs of at most {most_epochs:,}"] if most_epochs >= 1 else []) + [
+        f"a deployment whose work_retention_days is at least "
+        f"{math.ceil(predicted / RETENTION_SHARE / 86_400):,}"]
+    return OverLimit(
+        message="the job is predicted to train longer than the work bucket keeps its shards",
+        expected=f"at most {_hours(budget)} of training (half the deployment's "
+                 f"work_retention_days of {retention_days:,}; its lifecycle rule deletes older "
+                 f"shards): {' or '.join(fixes)}",
+        found=f"about {_hours(predicted)}: {FLOPS_PER_PARAMETER_ROW} x {parameters:,} "
+              f"parameters x {train_rows:,} training rows x {plan.epochs:,} epochs at "
+              f"{worker_flops / 1e9:g} GFLOP/s per learner, {plan.parallel_tasks} at once, "
+              f"plus {plan.rounds_per_epoch * plan.epochs:,} rounds at "
+              f"{PREDICTED_ROUND_SECONDS:g} s")
+
+
 CELL_BYTES = 4  # a shard holds float32 cells and one 4-byte label (class id or target) per row
 
 

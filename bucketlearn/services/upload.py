@@ -9,7 +9,12 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
-from bucketlearn.domain.plan import TrainingPlan, check_total_tasks, plan_training
+from bucketlearn.domain.plan import (
+    TrainingPlan,
+    check_duration,
+    check_total_tasks,
+    plan_training,
+)
 from bucketlearn.errors import (
     BackendRejectedError,
     ConfigError,
@@ -237,7 +242,9 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits, progress=held.renew)
         spec = spec_for(manifest, options, file)
-        plan = plan_within_limits(manifest, options, settings.limits, file)
+        model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
+        plan = plan_within_limits(manifest, options, settings.limits, file,
+                                  parameters=int(model.count_params()))
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
@@ -251,7 +258,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         else:
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
-    job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan)
+    job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model)
     if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
@@ -270,17 +277,21 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
 
 
 def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
-                       file: str) -> TrainingPlan:
-    """The job's training plan (``plan_training``), within the deployment's total-task limit.
+                       file: str, parameters: int = 0) -> TrainingPlan:
+    """The job's training plan (``plan_training``), within the deployment's total-task limit
+    and, for a model of ``parameters`` parameters, the work bucket's retention.
 
     Raises:
         InvalidInputError: the plan has more tasks over all its epochs than
-            ``limits.max_total_tasks``; the problem names the numbers and what to change.
+            ``limits.max_total_tasks``, or is predicted to train longer than half of
+            ``limits.work_retention_days``; the problem names the numbers and what to change.
     """
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks,
                          regression=manifest.target is not None)
-    over = check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard)
+    over = check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard) or (
+        check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
+                       limits.work_retention_days))
     if over is not None:
         raise InvalidInputError(InputProblem(file=file, message=over.message,
                                              expected=over.expected, found=over.found))
@@ -288,16 +299,18 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], plan: TrainingPlan) -> Job | None:
+                   spec: dict[str, Any], plan: TrainingPlan, model: Any = None) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
-    the job ended (was cancelled) during the split.
+    the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built
+    (built here when not given).
 
     Raises:
         TransientError: another invocation took the split over.
     """
-    model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
-                        manifest.schema)
+    if model is None:
+        model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
+                            manifest.schema)
     weights, optimizer = model.get_weights(), optimizer_state(model)
     data = codec.encode_state(weights, optimizer, {"job_id": job_id, "version": 0})
     weights_path = layout.weights_path(job_id, 0, layout.new_nonce())

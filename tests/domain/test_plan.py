@@ -11,12 +11,14 @@ from bucketlearn.domain.plan import (
     SERIAL_TASK_SHARDS,
     TrainingPlan,
     auto_parallel_tasks,
+    check_duration,
     check_shard_bytes,
     check_total_tasks,
     class_weights,
     epoch_tasks,
     learning_rate,
     plan_training,
+    predict_seconds,
     serial_steps,
     shard_bytes,
     step_rates,
@@ -205,6 +207,31 @@ def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():
     assert check_total_tasks(plan, 199_999, rows_per_shard=8) is not None
     # a limit below one epoch's tasks: only larger shards help
     assert "epochs of" not in check_total_tasks(plan, 100, rows_per_shard=8).expected
+
+
+def test_a_plan_predicted_to_outlast_the_work_retention_says_by_how_much():
+    """Issue #26, item 2: 6 FLOPs per parameter and row spread over the round's learners, plus
+    1 s per round, must fit in half the work bucket's retention; past it the reason names the
+    prediction's factors, the budget, and the epochs or the retention that would fit."""
+    # Prepare
+    plan = plan_training([100] * 40, epochs=10, batch_size=32, requested=4)
+    # Execute
+    seconds = predict_seconds(plan, parameters=1_000_000, train_rows=4_000, worker_flops=1e6)
+    over = check_duration(plan, 1_000_000, 4_000, 1e6, retention_days=1)
+    # Assert
+    assert plan.rounds_per_epoch == 10
+    assert seconds == pytest.approx(6 * 1e6 * 4_000 * 10 / 1e6 / 4 + 10 * 10 * 1.0)
+    assert seconds == pytest.approx(60_100.0)  # about 16.7 h, over the 12 h budget of 1 day
+    assert over is not None
+    assert over.found == ("about 16.7 h: 6 x 1,000,000 parameters x 4,000 training rows x 10 "
+                          "epochs at 0.001 GFLOP/s per learner, 4 at once, plus 100 rounds at 1 s")
+    assert over.expected == ("at most 12.0 h of training (half the deployment's "
+                             "work_retention_days of 1; its lifecycle rule deletes older "
+                             "shards): epochs of at most 7 or a deployment whose "
+                             "work_retention_days is at least 2")
+    assert check_duration(plan, 1_000_000, 4_000, 1e6, retention_days=2) is None
+    # the defaults (1 GFLOP/s, 7 days) leave every job this project measures far inside
+    assert check_duration(plan, 1_000_000, 4_000, 1e9, retention_days=7) is None
 
 
 def test_a_shard_over_the_memory_budget_says_its_bytes_and_what_fits():

@@ -646,6 +646,31 @@ def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
     assert handle_upload(svc, event) == (Outcome.DUPLICATE, job_id)
 
 
+def test_a_job_predicted_to_outlast_the_work_retention_is_rejected_before_version_0():
+    """Issue #26, item 2: on a deployment whose learners are assumed to train at 1 FLOP/s, the
+    busy table's job would outlast half of a 1-day retention: REJECTED naming the prediction,
+    nothing left in the work bucket, no version 0; at 1 GFLOP/s the same upload trains."""
+    # Prepare
+    slow = memory_services(Settings(limits=Limits(worker_flops=1, work_retention_days=1)))
+    fast = memory_services(Settings(limits=Limits(work_retention_days=1)))
+    # Execute
+    outcome, job_id = handle_upload(slow, upload(slow, "busy.csv", busy_table(),
+                                                 metadata=BUSY_OPTIONS))
+    accepted, _ = handle_upload(fast, upload(fast, "busy.csv", busy_table(),
+                                             metadata=BUSY_OPTIONS))
+    # Assert
+    job = slow.registry.get_job(job_id)
+    assert outcome is Outcome.REJECTED and accepted is Outcome.ACCEPTED
+    assert job.error_detail["message"] == ("the job is predicted to train longer than the "
+                                           "work bucket keeps its shards")
+    assert job.error_detail["expected"].startswith("at most 12.0 h of training (half the "
+                                                   "deployment's work_retention_days of 1")
+    assert " training rows x 3 epochs at 1e-09 GFLOP/s per learner" in job.error_detail["found"]
+    assert work_objects(slow, job_id) == []
+    assert list(slow.store.list(slow.settings.models_bucket)) == []
+    assert slow.queue.published == []
+
+
 def test_a_job_at_the_total_task_limit_trains():
     """The same upload with max_total_tasks=60 is planned as before and starts training."""
     # Prepare

@@ -46,6 +46,8 @@ locals {
     BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
     BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
     BUCKETLEARN_LOG_FORMAT           = "json"
+    # the split refuses a job predicted to train longer than half of it (issue #26, item 2)
+    BUCKETLEARN_WORK_RETENTION_DAYS = tostring(var.work_retention_days)
     # How long one aggregation pass may go on starting folds (420 s with the default 540 s
     # function_timeout_seconds). It was a margin under the aggregate function's timeout; the
     # aggregator pool has no timeout, and it stays derived as before while bucketlearn.config

@@ -55,7 +55,7 @@ variable "deletion_protection" {
 variable "work_retention_days" {
   type        = number
   default     = 7
-  description = "Days after which objects in the work bucket (shards, holdout, manifests) are deleted by a lifecycle rule. Must exceed the longest training job."
+  description = "Days after which objects in the work bucket (shards, holdout, manifests) are deleted by a lifecycle rule. The split refuses a job predicted to train longer than half of it (6 FLOPs per parameter and training row at BUCKETLEARN_WORKER_FLOPS, default 1e9 per learner, plus 1 s per round), with a REJECTED reason naming the prediction; a job that ends deletes its own work objects at once."
 
   validation {
     condition     = var.work_retention_days >= 1 && var.work_retention_days <= 365 && floor(var.work_retention_days) == var.work_retention_days
@@ -546,12 +546,13 @@ variable "extra_env" {
         "BUCKETLEARN_DELTAS_BUCKET", "BUCKETLEARN_MODELS_BUCKET", "BUCKETLEARN_TASKS_TOPIC",
         "BUCKETLEARN_TASKS_SUBSCRIPTION", "BUCKETLEARN_FIRESTORE_DATABASE",
         "BUCKETLEARN_ACK_DEADLINE_SECONDS", "BUCKETLEARN_MAX_TASK_ATTEMPTS", "BUCKETLEARN_LOG_FORMAT",
+        "BUCKETLEARN_WORK_RETENTION_DAYS",
         "BUCKETLEARN_RESULTS_TOPIC", "BUCKETLEARN_RESULTS_SUBSCRIPTION",
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS",
         "BUCKETLEARN_AGGREGATOR_POOL", "BUCKETLEARN_MIN_AGGREGATORS", "BUCKETLEARN_MAX_AGGREGATORS",
         "BUCKETLEARN_STALL_SECONDS", "BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION",
       ], k)
     ])
-    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topics, subscriptions, database, project, ack deadline, max task attempts, log format, the autoscaler job's worker and aggregator pools, their min/max counts, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers, min_aggregators, max_aggregators instead)."
+    error_message = "extra_env keys must be BUCKETLEARN_* names other than the ones the module sets (buckets, topics, subscriptions, database, project, ack deadline, max task attempts, log format, work retention days (set work_retention_days), the autoscaler job's worker and aggregator pools, their min/max counts, stall seconds and dead-letter subscription: set stall_seconds, min_workers, max_workers, min_aggregators, max_aggregators instead)."
   }
 }
