@@ -37,8 +37,12 @@ browser:
 	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver shellcheck; } || \
 	  echo "could not install chromium, chromium-driver, shellcheck (needs apt and root); their tests will skip"
 
+# Two pytest workers (pytest-xdist), a test file each at a time: the end-to-end files spend most
+# of their time waiting on the stack (leases, deadlines, polls), and a file keeps its
+# module-scoped stack and artifacts on one worker. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install checkov browser
-	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-infra: install checkov
 	$(PY) -m pytest -q tests/infra $(PYTEST_ARGS)
