@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -269,6 +270,15 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool =
     raise StackError(f"{url} did not answer within {timeout:.0f}s{tail}")
 
 
+def firestore_database_id(prefix: str) -> str:
+    """A Firestore database id for a resource prefix: lowercase letters, digits and hyphens,
+    starting with a letter, 4 to 63 characters."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = "db-" + cleaned
+    return cleaned[:63].rstrip("-").ljust(4, "0")
+
+
 @dataclass
 class Emulators:
     """The Pub/Sub, Firestore and Cloud Storage emulators, on free ports. The storage emulator
@@ -321,9 +331,13 @@ class Emulators:
         return self
 
     def settings(self, prefix: str = "bucketlearn") -> Settings:
-        """Settings pointing at these emulators, with resource names under ``prefix``."""
+        """Settings pointing at these emulators, with resource names under ``prefix``; a prefix
+        other than the stack's own also gets a Firestore database of its own (the emulator
+        keeps one per name), so stacks sharing the emulators never see each other's jobs, as
+        two deployments never do (each has its database)."""
+        database = "(default)" if prefix == "bucketlearn" else firestore_database_id(prefix)
         return Settings(
-            project=PROJECT,
+            project=PROJECT, firestore_database=database,
             uploads_bucket=f"{prefix}-uploads", work_bucket=f"{prefix}-work",
             deltas_bucket=f"{prefix}-deltas", models_bucket=f"{prefix}-models",
             tasks_topic=f"{prefix}-tasks", tasks_subscription=f"{prefix}-tasks-workers",

@@ -242,9 +242,10 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
                                 settings.limits, progress=held.renew)
         spec = spec_for(manifest, options, file)
+        plan = plan_within_limits(manifest, options, settings.limits, file)
+        # the model is built once the cheap checks passed (a rejected upload builds none)
         model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-        plan = plan_within_limits(manifest, options, settings.limits, file,
-                                  parameters=int(model.count_params()))
+        check_plan_duration(plan, manifest, settings.limits, file, int(model.count_params()))
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
@@ -277,25 +278,36 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
 
 
 def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
-                       file: str, parameters: int = 0) -> TrainingPlan:
-    """The job's training plan (``plan_training``), within the deployment's total-task limit
-    and, for a model of ``parameters`` parameters, the work bucket's retention.
+                       file: str) -> TrainingPlan:
+    """The job's training plan (``plan_training``), within the deployment's total-task limit.
 
     Raises:
         InvalidInputError: the plan has more tasks over all its epochs than
-            ``limits.max_total_tasks``, or is predicted to train longer than half of
-            ``limits.work_retention_days``; the problem names the numbers and what to change.
+            ``limits.max_total_tasks``; the problem names the numbers and what to change.
     """
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks,
                          regression=manifest.target is not None)
-    over = check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard) or (
-        check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
-                       limits.work_retention_days))
+    over = check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard)
     if over is not None:
         raise InvalidInputError(InputProblem(file=file, message=over.message,
                                              expected=over.expected, found=over.found))
     return plan
+
+
+def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, file: str,
+                        parameters: int) -> None:
+    """Refuse a plan for a model of ``parameters`` parameters predicted to train longer than
+    half of the work bucket's retention (``domain.plan.check_duration``).
+
+    Raises:
+        InvalidInputError: naming the prediction, the budget and what to change.
+    """
+    over = check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
+                          limits.work_retention_days)
+    if over is not None:
+        raise InvalidInputError(InputProblem(file=file, message=over.message,
+                                             expected=over.expected, found=over.found))
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,

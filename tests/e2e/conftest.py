@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import unique_prefix
+from tests.e2e.helpers import DIGITS
 
 
 @contextlib.contextmanager
@@ -50,3 +51,24 @@ def make_module_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
     """Stacks shared by a module's tests, stopped when the module ends."""
     with stack_factory(emulators, tmp_path_factory) as start:
         yield start
+
+
+@pytest.fixture(scope="module")
+def proxied(emulators: Any) -> Iterator[Any]:
+    """The session's emulators behind TCP proxies that can drop and refuse connections."""
+    from tests.e2e.proxy import ProxiedEmulators
+
+    proxies = ProxiedEmulators(emulators)
+    try:
+        yield proxies
+    finally:
+        proxies.stop()
+
+
+@pytest.fixture(scope="module")
+def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 900 rows of digits (3 shards): enough tasks to inject faults into, quickly."""
+    path = tmp_path_factory.mktemp("data") / "digits900.csv"
+    lines = DIGITS.read_text().splitlines()
+    path.write_text("\n".join(lines[:901]) + "\n")
+    return path

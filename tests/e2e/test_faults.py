@@ -1,15 +1,11 @@
-"""Fault injection on the real emulators: each scenario asserts nothing lost, nothing applied twice.
-
-Every test records (scenario, what was injected, what was checked, result figures) in
-``tests/artifacts/reliability.json``; docs/RELIABILITY.md's table reproduces it.
+"""Fault injection on the real emulators: workers killed or replaced, duplicated messages,
+poison tasks, many jobs at once. Each scenario asserts nothing lost, nothing applied twice, and
+records what was injected and checked in ``tests/artifacts/reliability-faults.json``
+(``tests/e2e/test_crashes.py`` has the crash points and the backend outages).
 """
 
 from __future__ import annotations
 
-import json
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,75 +13,17 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
+from tests.e2e import faults
+from tests.e2e.faults import submit, wait_for
 from tests.e2e.helpers import DIGITS, assert_ledger_consistent, wait_terminal
-from tests.e2e.proxy import ProxiedEmulators
 
 pytestmark = pytest.mark.e2e
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 RESULTS: list[dict[str, Any]] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def reliability_summary() -> Iterator[None]:
-    yield
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "reliability.json").write_text(json.dumps(RESULTS, indent=2))
+reliability_summary = faults.reliability_summary("faults", RESULTS)
 
 
 def record(scenario: str, injected: str, checked: str, **figures: Any) -> None:
-    RESULTS.append({"scenario": scenario, "injected": injected, "checked": checked,
-                    "result": "pass", **figures})
-
-
-@pytest.fixture(scope="module")
-def proxied(emulators: Any) -> Iterator[ProxiedEmulators]:
-    proxies = ProxiedEmulators(emulators)
-    try:
-        yield proxies
-    finally:
-        proxies.stop()
-
-
-class Supervisor:
-    """Runs the stack's supervise loop (restarts crashed functions and workers) in a thread."""
-
-    def __init__(self, stack: Any) -> None:
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=stack.supervise,
-                                       kwargs={"stop": self.stop, "interval": 0.5}, daemon=True)
-
-    def __enter__(self) -> Supervisor:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def small_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first 900 rows of digits (3 shards): enough tasks to inject faults into, quickly."""
-    path = tmp_path_factory.mktemp("data") / "digits900.csv"
-    lines = DIGITS.read_text().splitlines()
-    path.write_text("\n".join(lines[:901]) + "\n")
-    return path
-
-
-def submit(svc: Any, name: str, metadata: dict[str, str], path: Path = DIGITS) -> str:
-    info = svc.store.write_file(svc.settings.uploads_bucket, name, str(path), "text/csv",
-                                metadata)
-    return layout.job_id_for(info.bucket, info.name, info.generation)
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    faults.record(RESULTS, scenario, injected, checked, **figures)
 
 
 def test_worker_sigkill_mid_training(make_stack: Any, small_digits: Path) -> None:
@@ -159,101 +97,6 @@ def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
     record("duplicates everywhere", "the storage events' forwarder delivers every event twice; every task and "
            "result message published twice", "one job per upload; each task applied once; versions "
            "dense", tasks=job.tasks_applied, versions=len(versions))
-
-
-CRASHES = {
-    "aggregator.before_commit": ("aggregator", "the aggregator dies between writing a version's "
-                                 "weights and its commit"),
-    "aggregator.after_commit": ("aggregator", "the aggregator dies after a commit, before "
-                                "publishing the next round and acking the round's results"),
-    "aggregator.holding_lease": ("aggregator", "the aggregator dies right after taking the "
-                                 "job's lease, holding it and the results it pulled"),
-    "learner.before_publish": ("worker", "a learner dies after writing its result, before "
-                               "announcing it"),
-    "learner.before_ack": ("worker", "a learner dies after announcing its result, before "
-                           "acking its task"),
-}
-
-
-@pytest.mark.parametrize("who", ["aggregator", "learner"])
-def test_a_process_killed_at_each_step_loses_nothing(make_stack: Any, tmp_path: Path,
-                                                     who: str, small_digits: Path) -> None:
-    """The aggregator (or a learner) dies (``os._exit``) at each of its steps of a round, one
-    after another in one job (each point fires once): the supervisor restarts it; the job ends
-    DONE, nothing applied twice, versions dense, the head never on an uncommitted object."""
-    # Prepare
-    points = sorted(p for p in CRASHES if p.startswith(who))
-    process = "aggregator" if who == "aggregator" else "worker"
-    stack = make_stack("crash", workers=2, extra_env={
-        "BUCKETLEARN_FAULTS": ",".join(points), "BUCKETLEARN_FAULT_DIR": str(tmp_path / "faults"),
-        "BUCKETLEARN_AGGREGATOR_LEASE_SECONDS": "5", "BUCKETLEARN_ACK_DEADLINE_SECONDS": "10",
-        "BUCKETLEARN_CHAIN_GRACE_SECONDS": "3"})
-    svc = google_services(stack.settings)
-    with Supervisor(stack):
-        # Execute
-        job_id = submit(svc, "digits.csv", {"epochs": "5"}, small_digits)
-        job = wait_terminal(svc, job_id, 400)
-    # Assert
-    restarted = [p for name, p in stack.procs.items() if name.startswith(process)]
-    logs = "".join((stack.home / "logs" / f"{p.name}.log").read_text() for p in restarted)
-    for point in points:
-        assert (tmp_path / "faults" / f"{point}.fired").exists(), f"{point} never fired"
-        assert f"fault injection: crashing at {point}" in logs
-    assert sum(p.restarts for p in restarted) >= len(points)
-    assert job.status == "DONE", job.error
-    versions = assert_ledger_consistent(svc, job_id)
-    referenced = {v.weights_path for v in versions}
-    # The head points at a committed version's weights (an attempt that died before its commit
-    # left an unreferenced object, never pointed at); once the job ended, only the head's
-    # weights are kept, and no result is left in the deltas bucket.
-    assert job.head.weights_path in referenced
-    deadline = time.monotonic() + 30  # the aggregator winds the job up right after DONE
-    while time.monotonic() < deadline and (
-            list(svc.store.list(stack.settings.deltas_bucket, f"{job_id}/"))
-            or len(list(svc.store.list(stack.settings.models_bucket, f"weights/{job_id}/"))) > 1):
-        time.sleep(0.5)
-    stored = {i.name for i in svc.store.list(stack.settings.models_bucket, f"weights/{job_id}/")}
-    assert stored == {job.head.weights_path}
-    assert list(svc.store.list(stack.settings.deltas_bucket, f"{job_id}/")) == []
-    for point in points:
-        record(f"{process} killed at {point.split('.')[1].replace('_', ' ')}",
-               f"os._exit at {point}: {CRASHES[point][1]}; the stack's supervisor restarts it "
-               f"(the {process}'s other crash points fire in the same job; aggregator lease 5 s, "
-               "ack deadline 10 s, chain grace 3 s)", "job DONE; versions dense; each task "
-               "applied once; head never points at an uncommitted object; no result left in "
-               "the deltas bucket", versions=len(versions))
-
-
-def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
-    """Firestore, then Pub/Sub, then Storage unreachable for 6 s each, mid-job: the job finishes."""
-    # Prepare
-    stack = make_stack("outage", workers=2, emulators=proxied,
-                       extra_env={"BUCKETLEARN_AGGREGATOR_LEASE_SECONDS": "10",
-                                  "BUCKETLEARN_ACK_DEADLINE_SECONDS": "15"})
-    svc = google_services(stack.settings)
-    refused = {}
-    with Supervisor(stack):
-        job_id = submit(svc, "digits.csv", {"epochs": "4"})
-        for backend in ("firestore", "pubsub", "storage"):
-            # Execute: wait for the job to make progress, then cut that backend off
-            def version() -> int:
-                return int(getattr(svc.registry.get_job(job_id), "version", None) or 0)
-
-            start = version()
-            wait_for(lambda start=start: version() > start, 300,
-                     f"a new version before the {backend} outage")
-            proxied.proxies[backend].outage(6.0)
-            time.sleep(6.0)
-            refused[backend] = proxied.proxies[backend].refused
-        job = wait_terminal(svc, job_id, 600)
-    # Assert
-    assert job.status == "DONE", job.error
-    versions = assert_ledger_consistent(svc, job_id)
-    for backend in ("firestore", "pubsub", "storage"):
-        record(f"{backend} outage", f"every connection to the {backend} emulator dropped and "
-               "refused for 6 s, mid-job (one job, three outages in turn)", "job DONE; each "
-               "task applied once; versions dense", versions=len(versions),
-               refused_connections=refused[backend])
 
 
 @pytest.mark.parametrize("allowed, expected", [(0, "FAILED"), (2, "DONE")])
