@@ -163,13 +163,14 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
         if args.no_fit:
             params["fit_reference"] = False
             reduced.append("no fit reference")
+    added = False  # a baseline run beside the full one adds to it: not a reduction
     if name == "roundtrip" and args.baseline:
         params["baseline"] = str(args.baseline)
-        reduced.append(f"baseline={args.baseline}")
+        added = True
     if name == "scale" and args.workers:
         params["workers"] = [int(x) for x in args.workers.split(",")]
         reduced.append(f"workers={params['workers']}")
-    return (params if reduced else None), reduced
+    return (params if reduced or added else None), reduced
 
 
 def _child_argv(argv: list[str], name: str) -> list[str]:
