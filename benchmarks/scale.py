@@ -307,26 +307,31 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
         after = _counts(counts_dir)
         wall = float(job.finished_at) - t0
         versions = svc.registry.list_versions(job_id)
-        tasks = [t for t in svc.registry.list_tasks(job_id) if t.finished_at]
-        first = min(t.started_at for t in tasks)
+        # what each folded task's learner measured travels with its result into the version
+        # that folded it (the task document is written once, when the attempt starts)
+        tasks = [stats for v in versions for stats in (v.task_stats or {}).values()]
+        phases = {phase: [float(t.get(f"{phase}_seconds") or 0.0) for t in tasks]
+                  for phase in ("train", "fetch", "write")}
+        durations = [sum(phases[p][i] for p in phases) for i in range(len(tasks))]
+        first = min(float(t["train_started_at"]) - float(t.get("fetch_seconds") or 0.0)
+                    for t in tasks)
         last_version = versions[-1].created_at
         span = last_version - first
         applied = job.tasks_applied
-        busy = sum(t.finished_at - t.started_at for t in tasks)
+        busy = sum(durations)
         writes = counts_diff(before, after)
         cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
         deltas_per_version = [len(v.tasks_applied) for v in versions[1:]]
         return {
             "workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
             "status": job.status, "accuracy": job.head.holdout_accuracy,
-            "tasks_applied": applied, "task_attempts": len(tasks),
+            "tasks_applied": applied, "tasks_folded": len(tasks),
             "versions": len(versions) - 1, "training_span_seconds": span, "wall_seconds": wall,
             "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,
             "deltas_per_version": stats([float(n) for n in deltas_per_version]),
             "worker_utilization": busy / (workers * span),
-            "task_seconds": stats([t.finished_at - t.started_at for t in tasks]),
-            **{f"{phase}_seconds": stats([t.phase_seconds(phase) or 0.0 for t in tasks])
-               for phase in ("train", "fetch", "write")},
+            "task_seconds": stats(durations),
+            **{f"{phase}_seconds": stats(values) for phase, values in phases.items()},
             "cpu_seconds": cpu, "cpu_capacity_seconds": (os.cpu_count() or 1) * wall,
             "firestore": writes,
             "writes_per_applied_task": writes["writes"] / max(applied, 1),
@@ -338,19 +343,18 @@ def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
                             tasks_total: int) -> dict[str, Any]:
     """Firestore writes per applied task as the code paths say (no contention, no retries).
 
-    worker, per task: record_attempt (set + increment), update_task = 2; heartbeats are written
-    by a thread within a second of a change of state, not per task, so they are counted in the
-    measured figures only. aggregator, per version: the commit transaction (version create,
-    epoch update, job update) = 3, the lease refresh before it = 1, and the evaluation recorded
-    after it (version update, job head update) = 2; per aggregator run that wins the lease: lease
-    create + release = 2 (once per version at worst, once per many versions at best).
-    per epoch: next epoch doc (in the commit) = 1; per round: publish_round's job update = 1.
-    per job: create, options update, start_training (version 0, epoch 1, job) = 3, publish
-    update, export update = 7.
+    learner, per task: the attempt record (the task's one document write) = 1; heartbeats are
+    written by a thread within a second of a change of state, not per task, so they are counted
+    in the measured figures only. aggregator, per version: one commit writing the version
+    document and the job document (the publish record, health and any evaluation folded in) = 2;
+    an evaluation no later commit carries is written on its own (version and job head) = +2, at
+    most once per version. Leases: a create per job and a renewal every third of the lease,
+    per aggregator, not per version. per job: creation, options, start of training (version 0
+    and the job), the export = about 5.
     """
-    worker = 2
-    low_version, high_version = 6, 8
-    per_epoch, per_job = 2, 7
+    worker = 1
+    low_version, high_version = 2, 4
+    per_epoch, per_job = 0, 5
     fixed = per_epoch / tasks_per_epoch + per_job / max(tasks_total, 1)
     return {"worker_per_task": worker, "aggregator_per_version": [low_version, high_version],
             "per_epoch": per_epoch, "per_job": per_job, "deltas_per_version": deltas_per_version,
