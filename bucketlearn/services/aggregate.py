@@ -174,8 +174,14 @@ class JobAggregator:
             return True
         plan = self._plan(job)
         self._drop(plan.garbage, delete=True)
+        if not plan.complete and self._chain_overdue(job):
+            # the chain's result may be written with its message late or lost (a Pub/Sub
+            # stream that broke): the listing, before the round goes to every learner
+            self.listen_to_bucket()
+            plan = self._plan(job)
+            if not plan.complete:
+                self._publish_chained_round(job)
         if not plan.complete:
-            self._publish_if_chain_broke(job)
             return False
         return self._fold(job, plan)
 
@@ -186,15 +192,18 @@ class JobAggregator:
         plan.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
         return plan
 
-    def _publish_if_chain_broke(self, job: Job) -> None:
+    def _chain_overdue(self, job: Job) -> bool:
         chain = self.chain
-        if chain is None or chain.key != job.round_key:
-            return
-        if self.svc.clock() >= chain.deadline:
-            log.warning("job %s: round %s: no result from %s's chain by its deadline; "
-                        "published for every learner", self.job_id, chain.key, chain.worker_id)
-            publish_round(self.svc, job, record=False)
-            self.chain = None
+        return (chain is not None and chain.key == job.round_key
+                and self.svc.clock() >= chain.deadline)
+
+    def _publish_chained_round(self, job: Job) -> None:
+        chain = self.chain
+        assert chain is not None
+        log.warning("job %s: round %s: no result from %s's chain by its deadline; "
+                    "published for every learner", self.job_id, chain.key, chain.worker_id)
+        publish_round(self.svc, job, record=False)
+        self.chain = None
 
     def next_deadline(self) -> float | None:
         """When ``step`` has something to do without a new message (a chain's deadline)."""

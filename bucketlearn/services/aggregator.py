@@ -114,12 +114,14 @@ class _JobSlot:
         self.lost = threading.Event()  # its lease went to another aggregator
         self.ended = threading.Event()
         self.last_message_at = time.monotonic()
+        self.listened_at = time.monotonic()
         self.thread = threading.Thread(target=self._run, name=f"job-{job_id}", daemon=True)
 
     def _run(self) -> None:
         try:
             while not (self.service.stop.is_set() or self.lost.is_set()):
                 self._take(self._wait())
+                self._listen_if_quiet()
                 if self._work():
                     break
                 if time.monotonic() - self.last_message_at > self.service.tuning.idle_seconds:
@@ -146,6 +148,19 @@ class _JobSlot:
         except queue.Empty:
             pass
         return items
+
+    def _listen_if_quiet(self) -> None:
+        """No message for a lease period: hear the deltas bucket's listing (at most once per
+        period), the backstop for results whose messages are late or lost (a broken stream)."""
+        every = self.service.svc.settings.aggregator_lease_seconds
+        now = time.monotonic()
+        if now - self.last_message_at < every or now - self.listened_at < every:
+            return
+        self.listened_at = now
+        try:
+            self.aggregator.listen_to_bucket()
+        except Exception:  # noqa: BLE001 - storage briefly unreachable: the next period retries
+            log.warning("job %s: listing its results failed", self.job_id, exc_info=True)
 
     def _take(self, items: list[tuple[str, Any]]) -> None:
         aggregator = self.aggregator

@@ -263,6 +263,72 @@ def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
     assert time.monotonic() - started >= 0.2
 
 
+def test_a_chained_result_whose_message_is_late_is_folded_from_the_listing(tmp_path):
+    """The chaining learner wrote its next result but its message is late (a broken stream
+    holds it): at the chain's deadline the aggregator hears the listing and folds that result
+    instead of publishing the round for every learner."""
+    # Prepare
+    settings = dataclasses.replace(Settings(), chain_grace_seconds=0.2)
+    svc = memory_services(settings)
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    learner = Learner(svc, "w-late", tuning=LEARNING, chain=True)
+    received = svc.queue.pull(0)
+    job = svc.registry.get_job(job_id)
+    first = learner.train(received.message, job)
+    learner.announce(first, chained=True)
+    received.ack()
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    thread = threading.Thread(target=service.run, kwargs={
+        "until": lambda: svc.registry.get_job(job_id).version >= 2}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while svc.registry.get_job(job_id).version < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    published = len(svc.queue.published)
+    # Execute: the next result is written once the job is served; its message never arrives
+    following = learner._next_task(job, first)
+    second = learner.train(following, job, (first.result.weights, first.result.optimizer))
+    learner.announce(second, chained=True)
+    svc.results._items.pop()
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert not thread.is_alive()
+    assert job.version == 2 and job.head.digest == second.end_digest
+    assert svc.queue.published[published:] == []  # the round was never published for everyone
+
+
+def test_a_quiet_job_is_folded_from_the_listing_when_its_messages_are_lost(tmp_path):
+    """A parallel round's results are written but their messages never arrive: after a lease
+    period without a message the aggregator hears the deltas bucket's listing and folds."""
+    # Prepare
+    settings = dataclasses.replace(Settings(), aggregator_lease_seconds=1.0)
+    svc = memory_services(settings)
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
+    stop = threading.Event()
+    service = AggregatorService(svc, stop, TUNING)
+    thread = threading.Thread(target=service.run, kwargs={
+        "until": lambda: svc.registry.get_job(job_id).version >= 1}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while job_id not in service.slots and time.monotonic() < deadline:
+        time.sleep(0.01)  # served (adopted) before any result exists
+    # Execute
+    learner = Learner(svc, "w1", tuning=LEARNING)
+    for _ in range(2):
+        learner.process(svc.queue.pull(0).message)
+    svc.results._items.clear()  # both messages lost
+    thread.join(timeout=30)
+    stop.set()
+    # Assert
+    assert not thread.is_alive()
+    assert svc.registry.get_job(job_id).version == 1
+
+
 def test_a_nudge_makes_the_aggregator_publish_a_round_it_never_published(tmp_path):
     """The round after a commit was never published (the aggregator died in between): a nudge
     on the results topic makes the service read the job and publish it."""
