@@ -145,8 +145,6 @@ class PubSubQueue:
             settings.project, subscription or settings.tasks_subscription)
         self.decode = _decoder(kind)
         self.streaming = streaming
-        # Pub/Sub takes extensions of 10 to 600 s; a streamed message's lease is its holder's
-        self.lease_extension_seconds = int(min(600, max(10, settings.aggregator_lease_seconds)))
         self._stream: Any = None
         self._stream_lock = threading.Lock()
         self._inbox: queue.Queue[StreamedMessage] = queue.Queue()
@@ -190,9 +188,11 @@ class PubSubQueue:
                     lambda message: self._inbox.put(StreamedMessage(message, self.decode)),
                     flow_control=pubsub_v1.types.FlowControl(
                         max_messages=STREAM_MAX_MESSAGES,
-                        # each lease extension asks for at most this long, so what a process
-                        # that dies was holding comes back within it (not the library's 600 s)
-                        max_duration_per_lease_extension=self.lease_extension_seconds))
+                        # each lease extension asks for at most the aggregator lease (Pub/Sub
+                        # takes 10 to 600 s), so what a process that dies was holding comes back
+                        # within it, not after the library's 600 s
+                        max_duration_per_lease_extension=int(min(600, max(
+                            10, self.settings.aggregator_lease_seconds)))))
         try:
             return self._inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:

@@ -284,8 +284,8 @@ class AggregatorService:
         taken = []
         for job in active:
             slot = self.slots.get(job.job_id)
-            if (slot is not None and not slot.ended.is_set()) or job.is_terminal \
-                    or job.phase != jobs.TRAINING or not job.is_published:
+            if (slot is not None and not slot.ended.is_set()) or job.phase != jobs.TRAINING \
+                    or not job.is_published:
                 continue
             try:
                 if self._take_on(job.job_id) is not None:

@@ -58,7 +58,7 @@ from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
 from bucketlearn.services.runtime import job_runtime, models_built, part_cache
 
 log = logging.getLogger(__name__)
-SLOW_ANNOUNCE_SECONDS = 2.0  # an announcement slower than this is logged with its parts
+SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
 
 
 @dataclass(frozen=True)
@@ -463,7 +463,7 @@ class Learner:
         written = time.perf_counter()
         svc.results.publish([message])
         published = time.perf_counter()
-        if published - started > SLOW_ANNOUNCE_SECONDS:  # an operator's clue to a slow backend
+        if published - started > SLOW_SECONDS:  # an operator's clue to a slow backend
             log.warning("task %s: announcing its result took %.1f s (result write %.1f s, "
                         "publish %.1f s)", task.task_id, published - started, written - started,
                         published - written)
@@ -505,10 +505,10 @@ class Learner:
                 log.warning("chained task %s failed; the chain stops", task.task_id,
                             exc_info=True)
                 return
-            waited = time.perf_counter()
+            trained_at = time.perf_counter()
             admitted = admission.result()
-            waited = time.perf_counter() - waited
-            if waited > SLOW_ANNOUNCE_SECONDS:
+            waited = time.perf_counter() - trained_at
+            if waited > SLOW_SECONDS:
                 log.warning("chained task %s: its admission (job read, attempt record) kept "
                             "the chain waiting %.1f s after training", task.task_id, waited)
             if admitted.skip is not None or admitted.attempts > self.svc.settings.max_task_attempts:

@@ -10,6 +10,7 @@ from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
+    OverLimit,
     TrainingPlan,
     check_duration,
     check_total_tasks,
@@ -34,7 +35,7 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest.split import Manifest, SourceFile, split_upload
-from bucketlearn.ml.model import ModelSpec, build_model, spec_for
+from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import jobs
@@ -288,10 +289,8 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks,
                          regression=manifest.target is not None)
-    over = check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard)
-    if over is not None:
-        raise InvalidInputError(InputProblem(file=file, message=over.message,
-                                             expected=over.expected, found=over.found))
+    _refuse_if_over(check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard),
+                    file)
     return plan
 
 
@@ -303,26 +302,26 @@ def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, 
     Raises:
         InvalidInputError: naming the prediction, the budget and what to change.
     """
-    over = check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
-                          limits.work_retention_days)
+    _refuse_if_over(check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
+                                   limits.work_retention_days), file)
+
+
+def _refuse_if_over(over: OverLimit | None, file: str) -> None:
+    """Raise the REJECTED reason of a job over one of the deployment's limits."""
     if over is not None:
         raise InvalidInputError(InputProblem(file=file, message=over.message,
                                              expected=over.expected, found=over.found))
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], plan: TrainingPlan, model: Any = None) -> Job | None:
+                   spec: dict[str, Any], plan: TrainingPlan, model: Any) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
-    the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built
-    (built here when not given).
+    the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built.
 
     Raises:
         TransientError: another invocation took the split over.
     """
-    if model is None:
-        model = build_model(ModelSpec.from_dict(spec), manifest.mean, manifest.variance,
-                            manifest.schema)
     weights, optimizer = model.get_weights(), optimizer_state(model)
     data = codec.encode_state(weights, optimizer, {"job_id": job_id, "version": 0})
     weights_path = layout.weights_path(job_id, 0, layout.new_nonce())

@@ -263,6 +263,19 @@ def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
     assert time.monotonic() - started >= 0.2
 
 
+def serve(service: AggregatorService, until: Any) -> threading.Thread:
+    """``service`` running in a thread of its own until ``until()`` holds."""
+    thread = threading.Thread(target=service.run, kwargs={"until": until}, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_chained_result_whose_message_is_late_is_folded_from_the_listing(tmp_path):
     """The chaining learner wrote its next result but its message is late (a broken stream
     holds it): at the chain's deadline the aggregator hears the listing and folds that result
@@ -280,12 +293,8 @@ def test_a_chained_result_whose_message_is_late_is_folded_from_the_listing(tmp_p
     received.ack()
     stop = threading.Event()
     service = AggregatorService(svc, stop, TUNING)
-    thread = threading.Thread(target=service.run, kwargs={
-        "until": lambda: svc.registry.get_job(job_id).version >= 2}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while svc.registry.get_job(job_id).version < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    thread = serve(service, lambda: svc.registry.get_job(job_id).version >= 2)
+    wait_until(lambda: svc.registry.get_job(job_id).version >= 1)
     published = len(svc.queue.published)
     # Execute: the next result is written once the job is served; its message never arrives
     following = learner._next_task(job, first)
@@ -311,12 +320,8 @@ def test_a_quiet_job_is_folded_from_the_listing_when_its_messages_are_lost(tmp_p
                     JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=2))
     stop = threading.Event()
     service = AggregatorService(svc, stop, TUNING)
-    thread = threading.Thread(target=service.run, kwargs={
-        "until": lambda: svc.registry.get_job(job_id).version >= 1}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while job_id not in service.slots and time.monotonic() < deadline:
-        time.sleep(0.01)  # served (adopted) before any result exists
+    thread = serve(service, lambda: svc.registry.get_job(job_id).version >= 1)
+    wait_until(lambda: job_id in service.slots)  # served (adopted) before any result exists
     # Execute
     learner = Learner(svc, "w1", tuning=LEARNING)
     for _ in range(2):
