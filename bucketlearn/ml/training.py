@@ -61,15 +61,79 @@ def set_optimizer_state(model: Any, state: Sequence[np.ndarray]) -> None:
         variable.assign(np.asarray(value, dtype=variable.dtype))
 
 
+STEPS_ATTRIBUTE = "_bucketlearn_steps"  # a model's compiled task loops, by signature
+
+
+def _compiled_task(model: Any, x: np.ndarray, y: np.ndarray, weighted: bool) -> Any:
+    """The model's training loop over one task's batches, compiled once per model.
+
+    Each step is Keras's own ``train_step`` (the forward pass, loss, gradients and optimizer
+    update ``fit`` takes), at the step's learning rate, over the task's rows in order, in
+    batches of ``batch_size`` (the last may be shorter). The whole task is one call into the
+    graph: a call costs 0.5-0.7 ms of Python here, more than a small model's step, and
+    ``train_on_batch`` also traced a new graph for each batch shape it met (three traces of
+    0.35-0.4 s per model, more than the whole training of a small job). This loop is traced
+    once, with the row count left open.
+    """
+    import tensorflow as tf  # noqa: PLC0415 - deliberately lazy, as keras_module
+
+    loops = model.__dict__.setdefault(STEPS_ATTRIBUTE, {})
+    key = (weighted, x.dtype.str, x.shape[1:], y.dtype.str, y.shape[1:])
+    if key not in loops:
+        # build the compiled loss and metrics first (as train_on_batch does): a variable
+        # created inside the first trace would make tf.function trace it a second time
+        model._symbolic_build(data_batch=(x[:1], y[:1], None))  # noqa: SLF001
+        specs = [tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)),
+                 tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y.dtype)),
+                 tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.int32),
+                 tf.TensorSpec((None,), tf.float32)]
+
+        def loop(xs: Any, ys: Any, rates: Any, batch: Any, ws: Any) -> Any:
+            def body(i: Any, _: Any) -> Any:
+                rows = slice(i * batch, (i + 1) * batch)
+                model.optimizer.learning_rate.assign(rates[i])
+                data = (xs[rows], ys[rows], ws[rows] if weighted else None)
+                return i + 1, model.train_step(data)["loss"]
+
+            return tf.while_loop(lambda i, _: i < tf.shape(rates)[0], body,
+                                 (tf.constant(0), tf.constant(0.0)))[1]
+
+        loops[key] = tf.function(loop, input_signature=specs)
+    return loops[key]
+
+
+HOLDS_ATTRIBUTE = "_bucketlearn_holds"  # the (weights, optimizer) lists a task left in it
+
+
+def _load(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]) -> None:
+    """Set the model's weights and optimizer state, unless it holds them already: when they
+    are the very lists the model's last task returned (serial training and a chain go on from
+    the last task's end state), loading them again (about 5 ms of Python per task on a small
+    model, a quarter of its training) would change nothing. Whatever sets the model's weights
+    otherwise forgets that mark (``forget_state``)."""
+    held = model.__dict__.get(HOLDS_ATTRIBUTE)
+    if held is not None and held[0] is weights and held[1] is optimizer:
+        return
+    forget_state(model)
+    model.set_weights(list(weights))
+    set_optimizer_state(model, optimizer)
+
+
+def forget_state(model: Any) -> None:
+    """Mark the model as holding no task's end state (its weights are about to change)."""
+    model.__dict__.pop(HOLDS_ATTRIBUTE, None)
+
+
 def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
                x: np.ndarray, y: np.ndarray, batch_size: int,
                learning_rates: float | Sequence[float], seed: int, epoch: int,
                task_index: int, class_weights: Sequence[float] | None = None) -> LocalResult:
     """Train one pass over a task's rows from a version's weights and optimizer state.
 
-    The same steps as ``fit(epochs=1, shuffle=False)`` over the reshuffled rows, taken with
-    ``train_on_batch``: a task is only a few batches, and ``fit()``'s per-call set-up (data
-    adapter, callbacks, progress state) cost about three times the steps themselves.
+    The same steps as ``fit(epochs=1, shuffle=False)`` over the reshuffled rows, taken in one
+    call of the model's compiled task loop (``_compiled_task``): a task is only a few batches,
+    and ``fit()``'s per-call set-up (data adapter, callbacks, progress state) cost about three
+    times the steps themselves.
     ``learning_rates`` is one rate for every step, or one per step (the last repeats).
     ``class_weights`` (one per class; ``domain.plan.class_weights``) weight each row's loss by
     its class; None trains unweighted, exactly as before the option existed.
@@ -78,24 +142,22 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
         The weights and optimizer state after the task, its mean training loss and row count.
     """
     started = time.perf_counter()
-    model.set_weights(list(weights))
-    set_optimizer_state(model, optimizer)
-    rates = ([float(learning_rates)] if isinstance(learning_rates, (int, float))
+    _load(model, weights, optimizer)
+    steps = max(1, -(-len(y) // batch_size))
+    given = ([float(learning_rates)] if isinstance(learning_rates, (int, float))
              else [float(r) for r in learning_rates])
+    rates = np.asarray([given[min(i, len(given) - 1)] for i in range(steps)], np.float32)
     xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
-    row_weights = (None if class_weights is None else
+    row_weights = (np.zeros(0, np.float32) if class_weights is None else
                    np.asarray(class_weights, dtype=np.float32)[np.asarray(ys, dtype=np.int64)])
-    loss_sum, seen = 0.0, 0
-    for step, start in enumerate(range(0, len(ys), batch_size)):
-        model.optimizer.learning_rate.assign(rates[min(step, len(rates) - 1)])
-        xb, yb = xs[start:start + batch_size], ys[start:start + batch_size]
-        weights_b = None if row_weights is None else row_weights[start:start + batch_size]
-        logs = model.train_on_batch(xb, yb, sample_weight=weights_b, return_dict=True)
-        loss_sum += float(logs["loss"]) * len(yb)
-        seen += len(yb)
-    return LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
-                       optimizer=optimizer_state(model), train_loss=loss_sum / max(1, seen),
-                       examples=len(ys), seconds=time.perf_counter() - started)
+    model.reset_metrics()  # the loss tracker then averages this task's batches, row-weighted
+    loss = _compiled_task(model, xs, ys, class_weights is not None)(
+        xs, ys, rates, np.int32(batch_size), row_weights) if len(ys) else 0.0
+    result = LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
+                         optimizer=optimizer_state(model), train_loss=float(loss),
+                         examples=len(ys), seconds=time.perf_counter() - started)
+    model.__dict__[HOLDS_ATTRIBUTE] = (result.weights, result.optimizer)
+    return result
 
 
 @dataclass(frozen=True)
@@ -137,6 +199,7 @@ def evaluate_parts(model: Any, weights: Sequence[np.ndarray] | None,
         ValueError: the parts hold no row.
     """
     if weights is not None:
+        forget_state(model)
         model.set_weights(list(weights))
     if task == REGRESSION:
         return evaluate_targets(model, parts)

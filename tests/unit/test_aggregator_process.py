@@ -175,7 +175,7 @@ def test_evaluations_travel_with_later_commits(run_job):
     """The figures of versions evaluated off the critical path reach their versions (carried by
     a later commit) and the head says which version its figures are of."""
     # Prepare
-    running = run_job(JobOptions(epochs=3, rows_per_shard=32, parallel_tasks=1))
+    running = run_job(JobOptions(epochs=8, rows_per_shard=32, parallel_tasks=1))
     # Execute
     job = wait_ended(running.svc, running.job_id)
     # Assert

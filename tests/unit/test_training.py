@@ -11,6 +11,7 @@ import pytest
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ml.training import (
     EVAL_BATCH,
+    STEPS_ATTRIBUTE,
     evaluate,
     evaluate_detail,
     optimizer_state,
@@ -112,6 +113,64 @@ def test_two_tasks_from_a_version_state_continue_serial_training():
     assert int(two.optimizer[0]) == 4  # four steps in all
     assert any(not np.allclose(a, b, rtol=1e-4, atol=1e-6)
                for a, b in zip(fresh.weights, fit_model.get_weights(), strict=True))
+
+
+def test_a_task_with_class_weights_takes_fits_weighted_steps():
+    """Balanced class weights: the task's steps are fit()'s with each row weighted by its
+    class (the compiled loop's weighted signature)."""
+    # Prepare
+    x, y = _shard(70)
+    task_model, fit_model = _model(), _model()
+    base = [w.copy() for w in task_model.get_weights()]
+    weights = [0.5, 2.0, 1.0]
+    xs, ys = shuffle_rows(x, y, seed=0, epoch=1, task_index=0)
+    # Execute
+    result = train_task(task_model, base, optimizer_state(task_model), x, y, 32, 1e-2, 0, 1, 0,
+                        class_weights=weights)
+    plain = train_task(_model(), base, optimizer_state(task_model), x, y, 32, 1e-2, 0, 1, 0)
+    fit_model.fit(xs, ys, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                  sample_weight=np.asarray(weights, np.float32)[ys])
+    # Assert
+    for mine, theirs in zip(result.weights, fit_model.get_weights(), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(result.weights, plain.weights,
+                                                      strict=True))
+
+
+def test_tasks_of_any_row_count_share_one_traced_loop():
+    """Tasks of 70, 40 and 33 rows (last batches of 6, 8 and 1 rows) run one compiled loop,
+    traced once: train_on_batch traced a graph per batch shape, 0.35 s each."""
+    # Prepare
+    x, y = _shard(70)
+    model = _model()
+    state = (model.get_weights(), optimizer_state(model))
+    # Execute
+    for rows in (70, 40, 33):
+        result = train_task(model, *state, x[:rows], y[:rows], 32, 1e-2, 0, 1, rows)
+        state = (result.weights, result.optimizer)
+    # Assert
+    loops = model.__dict__[STEPS_ATTRIBUTE]
+    assert len(loops) == 1
+    assert next(iter(loops.values())).experimental_get_tracing_count() == 1
+    assert int(state[1][0]) == 3 + 2 + 2  # every batch stepped
+
+
+def test_a_model_whose_weights_were_set_elsewhere_loads_the_task_state_again():
+    """A task going on from the model's last end state skips loading it; once an evaluation
+    has set other weights in the model, the next task loads its state again and trains as it
+    would on a fresh model."""
+    # Prepare
+    x, y = _shard(70)
+    model = _model()
+    first = train_task(model, model.get_weights(), optimizer_state(model), x, y, 32, 1e-2,
+                       0, 1, 0)
+    evaluate(model, [w + 0.5 for w in first.weights], x, y)
+    # Execute
+    again = train_task(model, first.weights, first.optimizer, x, y, 32, 1e-2, 0, 2, 0)
+    fresh = train_task(_model(), first.weights, first.optimizer, x, y, 32, 1e-2, 0, 2, 0)
+    # Assert
+    for mine, theirs in zip(again.weights, fresh.weights, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 def test_task_starts_from_the_base_weights_and_learning_rate():
