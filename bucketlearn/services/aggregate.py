@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 MAX_REFUSALS = 3  # a task whose result is refused this many times fails for good
 READERS = 8  # result objects of a round read at once
+PREFETCH_LIMIT = 64  # result objects read ahead of their round's fold, at most
 
 
 def lease_name(job_id: str) -> str:
@@ -118,6 +119,8 @@ class JobAggregator:
         self.last_commit_seconds: float | None = None
         self._fold_started = time.perf_counter()
         self._readers: ThreadPoolExecutor | None = None
+        # result objects read (and decoded) as their messages come, before the round is complete
+        self._prefetched: dict[str, Future[_Loaded]] = {}
 
     # -- what the aggregator knows ----------------------------------------------------------------
     def refresh(self) -> Job | None:
@@ -143,6 +146,29 @@ class JobAggregator:
         self.heard[message.path] = Heard(DeltaRef(message.path, parsed.task_index,
                                                   message.kind == FAILED), parsed.epoch,
                                          message, received, time.time())
+        if message.kind != FAILED:
+            self._prefetch(message.path)
+
+    def _prefetch(self, name: str) -> None:
+        """Read and decode a result object now, while the rest of its round trains: the fold
+        of a complete round then waits only for its last result's read (a round of R tasks
+        read its R objects after the last one came)."""
+        if name in self._prefetched or len(self._prefetched) >= PREFETCH_LIMIT:
+            return
+        self._prefetched[name] = self._pool().submit(self._load, name)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="read-results")
+        return self._readers
+
+    def _load(self, name: str) -> _Loaded:
+        raw = self._read_object(name)
+        return _Loaded(raw, None if raw is None else _decode_result(raw, name))
+
+    def _loaded(self, name: str) -> Future[_Loaded]:
+        """A result object's read: the one under way since its message came, or a new one."""
+        return self._prefetched.pop(name, None) or self._pool().submit(self._load, name)
 
     def listen_to_bucket(self) -> None:
         """The backstop: every result object and failure marker of the job's current epoch in the
@@ -364,16 +390,15 @@ class JobAggregator:
         head = job.head
         assert head is not None
         items = sorted(plan.results.items())
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="read-results")
-        raws = list(self._readers.map(self._read_object, [ref.name for _, ref in items]))
-        for (task_index, ref), raw in zip(items, raws, strict=True):
+        reads = [self._loaded(ref.name) for _, ref in items]
+        for (task_index, ref), reading in zip(items, reads, strict=True):
+            loaded = reading.result()
             heard = self.heard.get(ref.name)
             message = heard.message if heard is not None else None
             if message is not None:
                 read.messages[task_index] = message
-            problem, result, meta = _check_result(raw, ref.name, base, shapes, optimizer_shapes,
-                                                  recent)
+            problem, result, meta = _check_result(loaded, ref.name, base, shapes,
+                                                  optimizer_shapes, recent)
             based_on = (message.base_digest if message is not None else "") or str(
                 meta.get("base_digest") or "")
             if result is not None and based_on and head.digest and based_on != head.digest:
@@ -448,6 +473,9 @@ class JobAggregator:
     def _drop(self, refs: list[DeltaRef], delete: bool) -> None:
         """Forget these objects: acknowledge their messages, delete them from the bucket."""
         for ref in refs:
+            reading = self._prefetched.pop(ref.name, None)
+            if reading is not None:
+                reading.cancel()
             heard = self.heard.pop(ref.name, None)
             if heard is not None and heard.received is not None:
                 _settle(heard.received.ack)
@@ -512,20 +540,40 @@ class _Read:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _check_result(raw: bytes | None, name: str, base: list[Any], shapes: list[Any],
-                  optimizer_shapes: list[Any], recent: float | None
-                  ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
-    """Decode one result object and say why it must not be folded (None: fold it)."""
-    if raw is None:
-        return f"unreadable: gs://…/{name} is gone", None, {}
+@dataclass(frozen=True)
+class _Loaded:
+    """A result object as read: its bytes (None: gone) and what they decode to (the arrays,
+    optimizer state and metadata, or the reason they could not be decoded)."""
+
+    raw: bytes | None
+    decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
+
+
+def _decode_result(raw: bytes, name: str) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
     try:
         arrays, optimizer, meta = codec.decode_state(raw, name)
+    except CorruptObjectError as exc:
+        return f"unreadable: {exc}"
+    except ValueError as exc:
+        return str(exc)
+    return list(arrays), list(optimizer), dict(meta)
+
+
+def _check_result(loaded: _Loaded, name: str, base: list[Any], shapes: list[Any],
+                  optimizer_shapes: list[Any], recent: float | None
+                  ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
+    """Check one decoded result object and say why it must not be folded (None: fold it)."""
+    decoded = loaded.decoded
+    if loaded.raw is None or decoded is None:
+        return f"unreadable: gs://…/{name} is gone", None, {}
+    if isinstance(decoded, str):
+        return decoded, None, {}
+    arrays, optimizer, meta = decoded
+    try:
         delta = fold.task_delta(arrays, base, meta.get("content"))
         task_index = int(meta.get("task_index", -1))
         result = fold.TaskResult(task_index, delta, optimizer, _int(meta.get("examples"), 0),
                                  _float(meta.get("train_loss")))
-    except CorruptObjectError as exc:
-        return f"unreadable: {exc}", None, {}
     except ValueError as exc:  # end weights of the wrong shapes (task_delta)
         return str(exc), None, {}
     parsed = layout.parse_delta_path(name)

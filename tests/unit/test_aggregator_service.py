@@ -299,6 +299,50 @@ def test_a_result_trained_from_another_state_is_never_folded(tmp_path):
     assert aggregator.step() is False  # and now waits
 
 
+class _CountingStore:
+    """A store that counts the reads of each object (everything else passes through)."""
+
+    def __init__(self, store):
+        self.store, self.reads = store, {}
+
+    def read_bytes(self, bucket, name, *args, **kwargs):
+        self.reads[name] = self.reads.get(name, 0) + 1
+        return self.store.read_bytes(bucket, name, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_rounds_results_are_read_as_they_come_not_after_its_last(tmp_path):
+    """R = 2: the first result's object is read and decoded when its message is heard, while
+    the round's other task trains; the fold of the complete round reads only the last one."""
+    # Prepare
+    from tests.unit.steps import start_job
+
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    counting = _CountingStore(svc.store)
+    svc = dataclasses.replace(svc, store=counting)
+    first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
+    learner = Learner(svc, "w1")
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator())
+    aggregator.refresh()
+    one = learner.announce(learner.train(first, svc.registry.get_job(job_id)))
+    # Execute
+    aggregator.hear(one, svc.results.pull(0))
+    read_ahead = aggregator._prefetched[one.path].result(timeout=30)  # noqa: SLF001
+    idle = aggregator.step()
+    two = learner.announce(learner.train(second, svc.registry.get_job(job_id)))
+    aggregator.hear(two, svc.results.pull(0))
+    folded = aggregator.step()
+    # Assert
+    assert read_ahead.raw is not None and counting.reads[one.path] == 1
+    assert idle is False and folded is True
+    assert counting.reads[one.path] == 1 and counting.reads[two.path] == 1
+    job = svc.registry.get_job(job_id)
+    assert job.version == 1 and job.tasks_applied == 2
+    assert aggregator._prefetched == {}  # noqa: SLF001 - nothing kept after the fold
+
+
 @pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])
 def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     """A delta whose bytes fail inside zlib or declare a 4 TiB array (issue #14, item 4): the
