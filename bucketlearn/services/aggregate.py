@@ -104,8 +104,13 @@ class JobAggregator:
         evaluator: where committed versions are evaluated.
     """
 
-    def __init__(self, svc: Services, job_id: str, evaluator: Evaluator) -> None:
+    def __init__(self, svc: Services, job_id: str, evaluator: Evaluator,
+                 collect_in_background: bool = False) -> None:
         self.svc = svc
+        # delete folded and garbage result objects on the reader threads, after the fold has
+        # published what comes next, not on the job's thread (the long-running aggregator):
+        # R deletes in sequence sat between a parallel round's publish and the next results
+        self.collect_in_background = collect_in_background
         self.job_id = job_id
         self.evaluator = evaluator
         self.job: Job | None = None
@@ -471,7 +476,9 @@ class JobAggregator:
         self.job = job.updated(fields)
 
     def _drop(self, refs: list[DeltaRef], delete: bool) -> None:
-        """Forget these objects: acknowledge their messages, delete them from the bucket."""
+        """Forget these objects: acknowledge their messages, delete them from the bucket (on the
+        reader threads with ``collect_in_background``)."""
+        names = []
         for ref in refs:
             reading = self._prefetched.pop(ref.name, None)
             if reading is not None:
@@ -480,7 +487,11 @@ class JobAggregator:
             if heard is not None and heard.received is not None:
                 _settle(heard.received.ack)
             if delete:
-                _delete(self.svc, ref.name)
+                names.append(ref.name)
+        if names and self.collect_in_background:
+            self._pool().submit(_delete_all, self.svc, names)
+        else:
+            _delete_all(self.svc, names)
 
     def _settle_ended(self, job: Job | None) -> None:
         """The job has ended: settle every message heard, then wind it up (a cancelled job's
@@ -635,6 +646,11 @@ def _settle(action: Callable[[], None]) -> None:
         action()
     except Exception:  # noqa: BLE001 - an unsettled message comes back; it is then garbage
         log.debug("could not settle a result message", exc_info=True)
+
+
+def _delete_all(svc: Services, names: list[str]) -> None:
+    for name in names:
+        _delete(svc, name)
 
 
 def _delete(svc: Services, name: str) -> None:

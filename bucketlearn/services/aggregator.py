@@ -109,7 +109,8 @@ class _JobSlot:
     def __init__(self, service: AggregatorService, job_id: str) -> None:
         self.service = service
         self.job_id = job_id
-        self.aggregator = JobAggregator(service.svc, job_id, service.evaluator.bind(self))
+        self.aggregator = JobAggregator(service.svc, job_id, service.evaluator.bind(self),
+                                        collect_in_background=True)
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.lost = threading.Event()  # its lease went to another aggregator
         self.ended = threading.Event()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -341,6 +343,59 @@ def test_a_rounds_results_are_read_as_they_come_not_after_its_last(tmp_path):
     job = svc.registry.get_job(job_id)
     assert job.version == 1 and job.tasks_applied == 2
     assert aggregator._prefetched == {}  # noqa: SLF001 - nothing kept after the fold
+
+
+class _SlowDeletes:
+    """A store whose deletes wait until ``go`` is set (everything else passes through)."""
+
+    def __init__(self, store):
+        self.store, self.go = store, threading.Event()
+
+    def delete(self, bucket, name, *args, **kwargs):
+        assert self.go.wait(30)
+        return self.store.delete(bucket, name, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_the_long_running_aggregator_publishes_the_next_round_before_it_collects(tmp_path):
+    """R = 2, collecting in the background (the long-running aggregator): the fold commits and
+    publishes the next round while the folded results' deletes still wait; they are deleted
+    after."""
+    # Prepare
+    from tests.unit.steps import start_job
+
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    slow = _SlowDeletes(svc.store)
+    svc = dataclasses.replace(svc, store=slow)
+    learner = Learner(svc, "w1")
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator(), collect_in_background=True)
+    aggregator.refresh()
+    tasks = [svc.queue.pull(0).message for _ in range(2)]
+    messages = [learner.announce(learner.train(t, svc.registry.get_job(job_id))) for t in tasks]
+    for message in messages:
+        aggregator.hear(message, svc.results.pull(0))
+    published = len(svc.queue.published)
+    # Execute
+    folded = aggregator.step()
+    waiting = [svc.store.stat(svc.settings.deltas_bucket, m.path) for m in messages]
+    slow.go.set()
+    # Assert
+    assert folded is True and svc.registry.get_job(job_id).version == 1
+    assert len(svc.queue.published) > published  # the next round went out first
+    assert all(info is not None for info in waiting)
+    assert wait_for(lambda: all(svc.store.stat(svc.settings.deltas_bucket, m.path) is None
+                                for m in messages), 30)
+
+
+def wait_for(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 @pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])
