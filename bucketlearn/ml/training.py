@@ -81,8 +81,11 @@ def _compiled_task(model: Any, x: np.ndarray, y: np.ndarray, weighted: bool) -> 
     key = (weighted, x.dtype.str, x.shape[1:], y.dtype.str, y.shape[1:])
     if key not in loops:
         # build the compiled loss and metrics first (as train_on_batch does): a variable
-        # created inside the first trace would make tf.function trace it a second time
-        model._symbolic_build(data_batch=(x[:1], y[:1], None))  # noqa: SLF001
+        # created inside the first trace would make tf.function trace it a second time.
+        # Keras's own (private) builder; without it the loop still works, traced twice.
+        build = getattr(model, "_symbolic_build", None)
+        if build is not None:
+            build(data_batch=(x[:1], y[:1], None))
         specs = [tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)),
                  tf.TensorSpec((None, *y.shape[1:]), tf.as_dtype(y.dtype)),
                  tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.int32),
