@@ -114,10 +114,10 @@ def _load(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np.ndar
     the last task's end state), loading them again (about 5 ms of Python per task on a small
     model, a quarter of its training) would change nothing. Whatever sets the model's weights
     otherwise forgets that mark (``forget_state``)."""
-    held = model.__dict__.get(HOLDS_ATTRIBUTE)
+    held = model.__dict__.pop(HOLDS_ATTRIBUTE, None)  # until this task ends well: a task
+    # that fails half-way leaves the model holding neither its start nor its end state
     if held is not None and held[0] is weights and held[1] is optimizer:
         return
-    forget_state(model)
     model.set_weights(list(weights))
     set_optimizer_state(model, optimizer)
 

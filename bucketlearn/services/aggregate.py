@@ -107,7 +107,7 @@ class JobAggregator:
     def __init__(self, svc: Services, job_id: str, evaluator: Evaluator,
                  collect_in_background: bool = False) -> None:
         self.svc = svc
-        # delete folded and garbage result objects on the reader threads, after the fold has
+        # delete a committed round's results on the reader threads, after the fold has
         # published what comes next, not on the job's thread (the long-running aggregator):
         # R deletes in sequence sat between a parallel round's publish and the next results
         self.collect_in_background = collect_in_background
@@ -169,11 +169,15 @@ class JobAggregator:
 
     def _load(self, name: str) -> _Loaded:
         raw = self._read_object(name)
-        return _Loaded(raw, None if raw is None else _decode_result(raw, name))
+        return _Loaded(raw is None, None if raw is None else _decode_result(raw, name))
 
     def _loaded(self, name: str) -> Future[_Loaded]:
-        """A result object's read: the one under way since its message came, or a new one."""
-        return self._prefetched.pop(name, None) or self._pool().submit(self._load, name)
+        """A result object's read: the one under way since its message came, or a new one
+        (also when that one failed: storage may be back)."""
+        reading = self._prefetched.pop(name, None)
+        if reading is not None and not (reading.done() and reading.exception() is not None):
+            return reading
+        return self._pool().submit(self._load, name)
 
     def listen_to_bucket(self) -> None:
         """The backstop: every result object and failure marker of the job's current epoch in the
@@ -317,7 +321,7 @@ class JobAggregator:
                 self.chain = None
                 publish_round(self.svc, job, record=False)
         self.last_commit_seconds = commit_seconds
-        self._drop(read.folded, delete=True)
+        self._drop(read.folded, delete=True, background=self.collect_in_background)
 
     def _chained(self, read: _Read, digest: str) -> ResultMessage | None:
         """The message of a one-task round's result whose learner chains into the next round,
@@ -475,9 +479,11 @@ class JobAggregator:
         self.svc.registry.update_job(job_id, fields)
         self.job = job.updated(fields)
 
-    def _drop(self, refs: list[DeltaRef], delete: bool) -> None:
+    def _drop(self, refs: list[DeltaRef], delete: bool, background: bool = False) -> None:
         """Forget these objects: acknowledge their messages, delete them from the bucket (on the
-        reader threads with ``collect_in_background``)."""
+        reader threads when ``background``: only a committed round's results, which no listing
+        can bring back into a round; a refused or stale result is deleted before the job's
+        thread goes on, or a listing could hear it again and refuse it twice)."""
         names = []
         for ref in refs:
             reading = self._prefetched.pop(ref.name, None)
@@ -488,7 +494,7 @@ class JobAggregator:
                 _settle(heard.received.ack)
             if delete:
                 names.append(ref.name)
-        if names and self.collect_in_background:
+        if names and background:
             self._pool().submit(_delete_all, self.svc, names)
         else:
             _delete_all(self.svc, names)
@@ -553,10 +559,10 @@ class _Read:
 
 @dataclass(frozen=True)
 class _Loaded:
-    """A result object as read: its bytes (None: gone) and what they decode to (the arrays,
+    """A result object as read: whether it was gone, and what its bytes decode to (the arrays,
     optimizer state and metadata, or the reason they could not be decoded)."""
 
-    raw: bytes | None
+    gone: bool
     decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
 
 
@@ -575,7 +581,7 @@ def _check_result(loaded: _Loaded, name: str, base: list[Any], shapes: list[Any]
                   ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
     """Check one decoded result object and say why it must not be folded (None: fold it)."""
     decoded = loaded.decoded
-    if loaded.raw is None or decoded is None:
+    if loaded.gone or decoded is None:
         return f"unreadable: gs://…/{name} is gone", None, {}
     if isinstance(decoded, str):
         return decoded, None, {}

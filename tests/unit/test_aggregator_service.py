@@ -337,7 +337,7 @@ def test_a_rounds_results_are_read_as_they_come_not_after_its_last(tmp_path):
     aggregator.hear(two, svc.results.pull(0))
     folded = aggregator.step()
     # Assert
-    assert read_ahead.raw is not None and counting.reads[one.path] == 1
+    assert read_ahead.gone is False and counting.reads[one.path] == 1
     assert idle is False and folded is True
     assert counting.reads[one.path] == 1 and counting.reads[two.path] == 1
     job = svc.registry.get_job(job_id)
@@ -387,6 +387,70 @@ def test_the_long_running_aggregator_publishes_the_next_round_before_it_collects
     assert all(info is not None for info in waiting)
     assert wait_for(lambda: all(svc.store.stat(svc.settings.deltas_bucket, m.path) is None
                                 for m in messages), 30)
+
+
+def test_a_refused_result_is_deleted_before_the_aggregator_goes_on(tmp_path):
+    """Collecting in the background applies to committed rounds only: a refused result (a NaN)
+    is deleted before ``step`` returns, so no listing of the bucket can hear it again and
+    refuse it a second time."""
+    # Prepare
+    from tests.unit.steps import start_job, write_bad_result
+
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    bad = write_bad_result(svc, job_id, "nan")
+    slow = _SlowDeletes(svc.store)
+    svc = dataclasses.replace(svc, store=slow)
+    learner = Learner(svc, "w1")
+    other = svc.queue.pull(0).message
+    good = learner.announce(learner.train(other, svc.registry.get_job(job_id)))
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator(), collect_in_background=True)
+    aggregator.refresh()
+    aggregator.listen_to_bucket()
+    threading.Timer(0.5, slow.go.set).start()
+    # Execute
+    did = aggregator.step()
+    # Assert
+    assert did is True and slow.go.is_set()  # the step waited for the delete
+    assert svc.store.stat(svc.settings.deltas_bucket, bad) is None
+    assert svc.store.stat(svc.settings.deltas_bucket, good.path) is not None
+    assert svc.registry.get_job(job_id).deltas_refused == 1
+
+
+class _FirstReadFails(_CountingStore):
+    """A store whose first read of each result object fails, as in a brief storage outage."""
+
+    def read_bytes(self, bucket, name, *args, **kwargs):
+        self.reads[name] = self.reads.get(name, 0) + 1
+        if self.reads[name] == 1 and name.endswith(".npz") and "/e0" in name:
+            raise ConnectionError("storage briefly unreachable")
+        return self.store.read_bytes(bucket, name, *args, **kwargs)
+
+
+def test_a_read_ahead_that_failed_is_read_again_at_the_fold(tmp_path):
+    """A result read ahead during a storage outage is read again when its round is folded
+    (storage is back), not failed again from the first read."""
+    # Prepare
+    from tests.unit.steps import start_job
+
+    plain, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    flaky = _FirstReadFails(plain.store)
+    svc = dataclasses.replace(plain, store=flaky)
+    learner = Learner(plain, "w1")
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator())
+    aggregator.refresh()
+    first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
+    one = learner.announce(learner.train(first, svc.registry.get_job(job_id)))
+    aggregator.hear(one, svc.results.pull(0))
+    failed = aggregator._prefetched[one.path].exception(timeout=30)  # noqa: SLF001
+    two = learner.announce(learner.train(second, svc.registry.get_job(job_id)))
+    flaky.reads[two.path] = 1  # its first read works
+    aggregator.hear(two, svc.results.pull(0))
+    # Execute
+    folded = aggregator.step()
+    # Assert
+    assert isinstance(failed, ConnectionError)
+    assert folded is True and flaky.reads[one.path] == 2
+    assert svc.registry.get_job(job_id).tasks_applied == 2
 
 
 def wait_for(condition, timeout):

@@ -173,6 +173,32 @@ def test_a_model_whose_weights_were_set_elsewhere_loads_the_task_state_again():
         np.testing.assert_array_equal(mine, theirs)
 
 
+def test_a_task_that_failed_half_way_leaves_no_state_to_skip_loading(monkeypatch):
+    """A task that trained and then failed (here: reading its end weights) leaves the model
+    half-trained: the next task from the previous end state loads it again and trains as a
+    fresh model would, not from what the failed task left."""
+    # Prepare
+    x, y = _shard(70)
+    model = _model()
+    first = train_task(model, model.get_weights(), optimizer_state(model), x, y, 32, 1e-2,
+                       0, 1, 0)
+    working = model.get_weights
+
+    def broken():
+        raise RuntimeError("simulated failure after the task's steps")
+
+    monkeypatch.setattr(model, "get_weights", broken)
+    with pytest.raises(RuntimeError):
+        train_task(model, first.weights, first.optimizer, x, y, 32, 1e-2, 0, 2, 0)
+    monkeypatch.setattr(model, "get_weights", working)
+    # Execute
+    again = train_task(model, first.weights, first.optimizer, x, y, 32, 1e-2, 0, 2, 0)
+    fresh = train_task(_model(), first.weights, first.optimizer, x, y, 32, 1e-2, 0, 2, 0)
+    # Assert
+    for mine, theirs in zip(again.weights, fresh.weights, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
 def test_task_starts_from_the_base_weights_and_learning_rate():
     """Whatever the model held before, a task starts from the base and state it is given, at
     the learning rate it is given: two tasks from one base on the same rows give the same

@@ -10,37 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketlearn import codec, layout
+from bucketlearn import layout
 from bucketlearn.config import JobOptions
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline
 from tests.unit.helpers import csv_bytes
-from tests.unit.steps import run_rounds, start_job
-
-
-def write_bad_result(svc: Any, job_id: str, poison: str) -> str:
-    """Train the round's first task for real, then write its result with ``poison`` in it:
-    a NaN in the weights, or a delta 1,000 times its own size."""
-    received = svc.queue.pull(0)
-    task = received.message
-    received.ack()
-    job = svc.registry.get_job(job_id)
-    learner = Learner(svc, "w-bad")
-    written = learner.announce(learner.train(task, job)).path
-    bucket = svc.settings.deltas_bucket
-    delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, written))
-    svc.store.delete(bucket, written)
-    if poison == "nan":
-        delta[0] = delta[0].copy()
-        delta[0].flat[0] = np.nan
-    else:
-        delta = [d * 1000.0 for d in delta]
-    path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
-    svc.store.write_bytes(bucket, path, codec.encode_state(delta, optimizer, meta),
-                          "application/octet-stream")
-    return path
+from tests.unit.steps import run_rounds, start_job, write_bad_result
 
 
 def train_round(svc: Any) -> None:
