@@ -39,6 +39,11 @@ def start_marked(stack_id: str, name: str, popens: list[subprocess.Popen[bytes]]
     popen = subprocess.Popen(["sleep", "300"], start_new_session=True,
                              env={**os.environ, STACK_ID_ENV: stack_id, STACK_PROC_ENV: name})
     popens.append(popen)
+    # an orphan has been running a while: wait until /proc shows it with its mark (once, in a
+    # CI run on two busy workers, the scan right after the start did not find it)
+    deadline = time.monotonic() + 10
+    while popen.pid not in processes.marked(stack_id, name) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return popen
 
 
