@@ -61,24 +61,24 @@ SMOKE = {"datasets": ["digits"], "methods": ["mean", "sum", "family", "fedbuff"]
 class Experiment:
     """One dataset, order, seed: its split, tasks, model, and the candidates' training loops."""
 
-    def __init__(self, name: str, path: Path, seed: int, epochs: int) -> None:
+    def __init__(self, name: str, path: Path, seed: int, epochs: int, **options: Any) -> None:
+        """``options``: other job options (``JobOptions`` fields), e.g. a label column."""
         from bucketlearn.bootstrap import memory_services
         from bucketlearn.config import JobOptions, Limits
         from bucketlearn.ingest.split import load_parts, split_upload
-        from bucketlearn.ml.model import build_model, choose_spec
+        from bucketlearn.ml.model import build_model, spec_for
         from bucketlearn.ml.training import optimizer_state
         from bucketlearn.services.serial import local_source
 
-        self.options = JobOptions(seed=seed, epochs=epochs)
+        self.options = JobOptions(seed=seed, epochs=epochs, **options)
         svc = memory_services()
         manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket,
                                 "bench", self.options, Limits())
-        self.spec = choose_spec("auto", len(manifest.feature_names), len(manifest.classes),
-                                seed, self.options.learning_rate, path.name)
+        self.spec = spec_for(manifest, self.options, path.name)
         self.shards = [load_parts(svc.store, svc.settings.work_bucket, list(s.parts))
                        for s in manifest.shards]
         self.holdout = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-        self.model = build_model(self.spec, manifest.mean, manifest.variance)
+        self.model = build_model(self.spec, manifest.mean, manifest.variance, manifest.schema)
         self.initial = ([np.asarray(w) for w in self.model.get_weights()],
                         optimizer_state(self.model))
         self.name, self.seed, self.epochs = name, seed, epochs

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.common import log
+from benchmarks.methods import Experiment
 
 WHEEL = "plotnine==0.15.9"
 MEMBER = "plotnine/data/diamonds.csv"
@@ -61,59 +61,6 @@ def diamonds(cache: Path) -> Path:
     return target
 
 
-class Table:
-    """One split of the table (the pipeline's shards and holdout) and its model."""
-
-    def __init__(self, path: Path, rows_per_shard: int, epochs: int) -> None:
-        from bucketlearn.bootstrap import memory_services
-        from bucketlearn.config import JobOptions, Limits
-        from bucketlearn.ingest.split import load_parts, split_upload
-        from bucketlearn.ml.model import build_model, spec_for
-        from bucketlearn.ml.training import optimizer_state
-        from bucketlearn.services.serial import local_source
-
-        self.options = JobOptions(label_column="cut", epochs=epochs,
-                                  rows_per_shard=rows_per_shard)
-        svc = memory_services()
-        manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket,
-                                "cause", self.options, Limits())
-        spec = spec_for(manifest, self.options, path.name)
-        self.model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-        bucket = svc.settings.work_bucket
-        self.shards = [load_parts(svc.store, bucket, list(s.parts)) for s in manifest.shards]
-        self.holdout = load_parts(svc.store, bucket, manifest.holdout_parts)
-        self.start = ([np.asarray(w) for w in self.model.get_weights()],
-                      optimizer_state(self.model))
-        paths = [w.path for w in self.model.weights]
-        self.trainable = [paths.index(v.path) for v in self.model.trainable_variables]
-
-    def rounds(self, parallel: int, batch: int) -> Iterator[tuple[int, list[Any], Any]]:
-        """(epoch, [(task index, shard indices)], span) of every round, in order."""
-        from bucketlearn.domain.plan import epoch_tasks, plan_training
-
-        plan = plan_training([len(y) for _, y in self.shards], self.options.epochs, batch,
-                             requested=parallel)
-        for epoch in range(1, self.options.epochs + 1):
-            tasks = epoch_tasks(plan, len(self.shards), self.options.seed, epoch)
-            for index in range(plan.rounds_per_epoch):
-                members = [(t, tasks[t]) for t in plan.round_range(index)]
-                yield epoch, members, plan.span(epoch, index)
-
-
-def train(table: Table, state: tuple[list[Any], list[Any]], members: list[int], epoch: int,
-          task_index: int, span: Any, batch: int) -> Any:
-    """One task from ``state`` over its shards' rows, as a learner trains it."""
-    from bucketlearn.domain.plan import step_rates
-    from bucketlearn.ml.training import train_task
-
-    x = np.concatenate([table.shards[i][0] for i in members])
-    y = np.concatenate([table.shards[i][1] for i in members])
-    rates = step_rates(table.options.learning_rate, table.options.lr_schedule, span,
-                       math.ceil(len(y) / batch))
-    return train_task(table.model, state[0], state[1], x, y, batch, rates,
-                      table.options.seed, epoch, task_index)
-
-
 def mean_fold(base: tuple[list[Any], list[Any]], results: list[Any]
               ) -> tuple[list[Any], list[Any]]:
     """Today's fold with η = 1 (``domain.fold.fold_round``): mean weights and mean state."""
@@ -127,16 +74,19 @@ def mean_fold(base: tuple[list[Any], list[Any]], results: list[Any]
     return folded
 
 
-def gradient_fold(table: Table, base: tuple[list[Any], list[Any]], results: list[Any],
+def gradient_fold(model: Any, base: tuple[list[Any], list[Any]], results: list[Any],
                   rate: float) -> tuple[list[Any], list[Any]]:
     """One Adam step (Keras's update) on the mean of one-step tasks' gradients, each recovered
-    from its momentum; the state is that step's (mean momentum, velocity of the mean)."""
+    from its momentum; the state is that step's (mean momentum, velocity of the mean). The
+    optimizer's moments come in pairs, one per trainable variable, in that order."""
+    paths = [w.path for w in model.weights]
+    trainable = [paths.index(v.path) for v in model.trainable_variables]
     weights = [np.asarray(w, np.float64).copy() for w in base[0]]
     iteration = np.asarray(base[1][0])
     step = float(iteration) + 1
     alpha = rate * math.sqrt(1 - BETA_2 ** step) / (1 - BETA_1 ** step)
     state: list[Any] = [iteration + 1]
-    for j, index in enumerate(table.trainable):
+    for j, index in enumerate(trainable):
         m0, v0 = (np.asarray(base[1][1 + 2 * j + k], np.float64) for k in (0, 1))
         momentum = np.mean([np.asarray(r.optimizer[1 + 2 * j], np.float64) for r in results],
                            axis=0)
@@ -150,21 +100,20 @@ def gradient_fold(table: Table, base: tuple[list[Any], list[Any]], results: list
 def run_case(path: Path, case: dict[str, Any], epochs: int) -> dict[str, Any]:
     """Train one case to the end; its holdout accuracy and seconds."""
     from bucketlearn.domain.plan import learning_rate
-    from bucketlearn.ml.training import evaluate
 
-    table = Table(path, case["rows_per_shard"], epochs)
-    state = table.start
+    exp = Experiment("diamonds", path, 0, epochs, label_column="cut",
+                     rows_per_shard=case["rows_per_shard"], batch_size=case["batch"])
+    state = exp.initial
     started = time.perf_counter()
-    for epoch, members, span in table.rounds(case["parallel"], case["batch"]):
-        results = [train(table, state, shards, epoch, t, span, case["batch"])
-                   for t, shards in members]
+    for epoch, _round, members, span in exp.rounds(case["parallel"]):
+        results = [exp.task(*state, shards, epoch, t, span) for t, shards in members]
         if case["fold"] == "gradients":
-            rate = learning_rate(table.options.learning_rate, table.options.lr_schedule, span[0])
-            state = gradient_fold(table, state, results, rate)
+            rate = learning_rate(exp.options.learning_rate, exp.options.lr_schedule, span[0])
+            state = gradient_fold(exp.model, state, results, rate)
         else:
             state = mean_fold(state, results)
-    accuracy, _ = evaluate(table.model, state[0], *table.holdout)
-    return {**case, "accuracy": accuracy, "seconds": time.perf_counter() - started}
+    return {**case, "accuracy": exp.accuracy(state[0]),
+            "seconds": time.perf_counter() - started}
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ class JobAggregator:
 
     def _load(self, name: str) -> _Loaded:
         raw = self._read_object(name)
-        return _Loaded(raw is None, None if raw is None else _decode_result(raw, name))
+        return _Loaded(None if raw is None else _decode_result(raw, name))
 
     def _loaded(self, name: str) -> Future[_Loaded]:
         """A result object's read: the one under way since its message came, or a new one
@@ -559,11 +559,14 @@ class _Read:
 
 @dataclass(frozen=True)
 class _Loaded:
-    """A result object as read: whether it was gone, and what its bytes decode to (the arrays,
-    optimizer state and metadata, or the reason they could not be decoded)."""
+    """A result object as read: what its bytes decode to (the arrays, optimizer state and
+    metadata, or the reason they could not be decoded); None when it was gone."""
 
-    gone: bool
     decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
+
+    @property
+    def gone(self) -> bool:
+        return self.decoded is None
 
 
 def _decode_result(raw: bytes, name: str) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
@@ -581,7 +584,7 @@ def _check_result(loaded: _Loaded, name: str, base: list[Any], shapes: list[Any]
                   ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
     """Check one decoded result object and say why it must not be folded (None: fold it)."""
     decoded = loaded.decoded
-    if loaded.gone or decoded is None:
+    if decoded is None:
         return f"unreadable: gs://…/{name} is gone", None, {}
     if isinstance(decoded, str):
         return decoded, None, {}

@@ -265,3 +265,13 @@ def outputs_without_bucketlearn(model_path: Path, rows: dict[str, list[list[obje
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def wait_until(predicate: Any, timeout: float = 30.0, poll: float = 0.01) -> bool:
+    """Whether ``predicate()`` held within ``timeout`` seconds (asked every ``poll``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return bool(predicate())

@@ -29,7 +29,7 @@ from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.learn import Learner, LearnerTuning
 from bucketlearn.services.serial import train_local
 from bucketlearn.services.upload import StorageEvent, handle_upload
-from tests.unit.helpers import write_blobs_csv
+from tests.unit.helpers import wait_until, write_blobs_csv
 
 TUNING = AggregatorTuning(pull_seconds=0.05, idle_seconds=30.0, error_pause_seconds=0.05)
 LEARNING = LearnerTuning(transient_backoff_seconds=0.01, heartbeat_seconds=0.5,
@@ -230,27 +230,39 @@ def test_a_job_records_what_it_used_and_what_that_costs(run_job):
     assert cost["learners"] > 0
 
 
-def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
-    """The learner that chains into the next round dies after announcing its result: once the
-    chain's deadline passes, the aggregator publishes that round for every learner."""
-    # Prepare
+def chained_first_round(tmp_path: Any, worker_id: str) -> tuple[Any, str, Learner, Any, Any]:
+    """A one-task-at-a-time job (chain grace 0.2 s) whose first round ``worker_id`` trained
+    and announced as chained: (services, job id, learner, job as read, its trained task)."""
     settings = dataclasses.replace(Settings(), chain_grace_seconds=0.2)
     svc = memory_services(settings)
     job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
                     JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
-    learner = Learner(svc, "w-dies", tuning=LEARNING, chain=True)
+    learner = Learner(svc, worker_id, tuning=LEARNING, chain=True)
     received = svc.queue.pull(0)
     job = svc.registry.get_job(job_id)
     trained = learner.train(received.message, job)
-    learner.announce(trained, chained=True)  # ...and then the learner is gone
+    learner.announce(trained, chained=True)
     received.ack()
+    return svc, job_id, learner, job, trained
+
+
+def serve(service: AggregatorService, until: Any) -> threading.Thread:
+    """``service`` running in a thread of its own until ``until()`` holds."""
+    thread = threading.Thread(target=service.run, kwargs={"until": until}, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
+    """The learner that chains into the next round dies after announcing its result: once the
+    chain's deadline passes, the aggregator publishes that round for every learner."""
+    # Prepare
+    svc, job_id, _, _, trained = chained_first_round(tmp_path, "w-dies")  # ...then it is gone
     stop = threading.Event()
     service = AggregatorService(svc, stop, TUNING)
     # Execute
-    thread = threading.Thread(target=service.run,
-                              kwargs={"until": lambda: len(svc.queue) > 0}, daemon=True)
     started = time.monotonic()
-    thread.start()
+    thread = serve(service, lambda: len(svc.queue) > 0)
     thread.join(timeout=30)
     stop.set()
     # Assert
@@ -263,34 +275,12 @@ def test_a_chain_whose_learner_dies_is_published_for_everyone(tmp_path):
     assert time.monotonic() - started >= 0.2
 
 
-def serve(service: AggregatorService, until: Any) -> threading.Thread:
-    """``service`` running in a thread of its own until ``until()`` holds."""
-    thread = threading.Thread(target=service.run, kwargs={"until": until}, daemon=True)
-    thread.start()
-    return thread
-
-
-def wait_until(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def test_a_chained_result_whose_message_is_late_is_folded_from_the_listing(tmp_path):
     """The chaining learner wrote its next result but its message is late (a broken stream
     holds it): at the chain's deadline the aggregator hears the listing and folds that result
     instead of publishing the round for every learner."""
     # Prepare
-    settings = dataclasses.replace(Settings(), chain_grace_seconds=0.2)
-    svc = memory_services(settings)
-    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
-                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
-    learner = Learner(svc, "w-late", tuning=LEARNING, chain=True)
-    received = svc.queue.pull(0)
-    job = svc.registry.get_job(job_id)
-    first = learner.train(received.message, job)
-    learner.announce(first, chained=True)
-    received.ack()
+    svc, job_id, learner, job, first = chained_first_round(tmp_path, "w-late")
     stop = threading.Event()
     service = AggregatorService(svc, stop, TUNING)
     thread = serve(service, lambda: svc.registry.get_job(job_id).version >= 2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     deflated_with_bad_stream,
     npy_member,
+    wait_until,
     write_blobs_csv,
     zip_archive,
 )
@@ -385,7 +385,7 @@ def test_the_long_running_aggregator_publishes_the_next_round_before_it_collects
     assert folded is True and svc.registry.get_job(job_id).version == 1
     assert len(svc.queue.published) > published  # the next round went out first
     assert all(info is not None for info in waiting)
-    assert wait_for(lambda: all(svc.store.stat(svc.settings.deltas_bucket, m.path) is None
+    assert wait_until(lambda: all(svc.store.stat(svc.settings.deltas_bucket, m.path) is None
                                 for m in messages), 30)
 
 
@@ -451,15 +451,6 @@ def test_a_read_ahead_that_failed_is_read_again_at_the_fold(tmp_path):
     assert isinstance(failed, ConnectionError)
     assert folded is True and flaky.reads[one.path] == 2
     assert svc.registry.get_job(job_id).tasks_applied == 2
-
-
-def wait_for(condition, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])

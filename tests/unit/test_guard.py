@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.unit.helpers import wait_until
 
 GUARD = [sys.executable, "-m", "bucketlearn.local.guard"]
 # Like gcloud: unless it leads its session, it moves into a process group of its own, then starts
@@ -35,15 +36,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def read_pid(path: Path, timeout: float = 20) -> int:

@@ -20,6 +20,7 @@ from bucketlearn.entrypoints import cli
 from bucketlearn.local import processes
 from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV
 from bucketlearn.local.stack import Proc, stop_from_state
+from tests.unit.helpers import wait_until
 
 GONE_PID = 2**22 + 4321  # above the default pid_max: never a live process
 
@@ -41,9 +42,7 @@ def start_marked(stack_id: str, name: str, popens: list[subprocess.Popen[bytes]]
     popens.append(popen)
     # an orphan has been running a while: wait until /proc shows it with its mark (once, in a
     # CI run on two busy workers, the scan right after the start did not find it)
-    deadline = time.monotonic() + 10
-    while popen.pid not in processes.marked(stack_id, name) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: popen.pid in processes.marked(stack_id, name), 10, poll=0.02)
     return popen
 
 
