@@ -13,7 +13,10 @@ This is the measurement the fold in ``bucketlearn.domain.fold`` and the bound in
     moves R times a mean delta);
   * ``fedexp`` — FedExP's extrapolation (Jhunjhunwala et al., ICLR 2023): η = max(1,
     Σ|Δ_i|² / (2R |mean Δ|²));
-  * ``family`` — the rule bucketlearn uses: ``sum`` for an MLP, ``mean`` for a CNN.
+  * ``family`` — the rule bucketlearn used until issue #25: ``sum`` for an MLP, ``mean`` for a
+    CNN;
+  * ``scaled`` — the rule it uses (``TrainingPlan.task_rate_scale``): every task of a round of
+    k at k times the job's learning rate, folded by ``mean``.
   Each with the version's optimizer state (averaged over the round), except ``mean-fresh`` and
   ``sum-fresh``: every task starts a fresh Adam (FedAvg's usual client).
 *Asynchronous* (what bucketlearn did before), W = R workers each training from the head it
@@ -46,14 +49,15 @@ EPOCHS = {"digits28": 5, "hmnist4": 5, "hmnist4-12k": 5, "hmnist4-48k": 5, "shap
           "gratings": 5}  # image sets: 5 epochs; tables: the default 10
 FULL = {
     "datasets": list(datasets.TUNING),
-    "methods": ["mean", "sum", "sqrt", "fedavgm", "fedexp", "family", "mean-fresh",
+    "methods": ["mean", "sum", "sqrt", "fedavgm", "fedexp", "family", "scaled", "mean-fresh",
                 "sum-fresh", "fedbuff", "fedbuff-adam"],
     "rounds": [2, 4],
     "seeds": [0, 1, 2],
     "bound": {"datasets": ["hmnist4", "hmnist4-12k", "blobs12k", "hmnist4-48k"],
               "rounds": [1, 2, 4, 8], "seeds": [0]},
 }
-SMOKE = {"datasets": ["digits"], "methods": ["mean", "sum", "family", "fedbuff"], "rounds": [2],
+SMOKE = {"datasets": ["digits"], "methods": ["mean", "sum", "family", "scaled", "fedbuff"],
+         "rounds": [2],
          "seeds": [0], "bound": {"datasets": ["digits"], "rounds": [1, 2], "seeds": [0]},
          "epochs": 1}
 
@@ -90,13 +94,14 @@ class Experiment:
                              self.options.batch_size, requested=parallel)
 
     def task(self, weights: list[np.ndarray], optimizer: list[np.ndarray], shards: list[int],
-             epoch: int, index: int, span: tuple[float, float]) -> Any:
+             epoch: int, index: int, span: tuple[float, float], rate_scale: float = 1.0) -> Any:
+        """One task's result; ``rate_scale``: the factor on the job's learning rate."""
         from bucketlearn.domain.plan import step_rates
         from bucketlearn.ml.training import train_task
 
         x = np.concatenate([self.shards[i][0] for i in shards])
         y = np.concatenate([self.shards[i][1] for i in shards])
-        rates = step_rates(self.options.learning_rate, self.options.lr_schedule, span,
+        rates = step_rates(self.options.learning_rate * rate_scale, self.options.lr_schedule, span,
                            math.ceil(len(y) / self.options.batch_size))
         return train_task(self.model, weights, optimizer, x, y, self.options.batch_size, rates,
                           self.seed, epoch, index)
@@ -125,10 +130,14 @@ def run_sync(exp: Experiment, method: str, parallel: int) -> float:
     rule = method.removesuffix("-fresh")
     if rule == "family":
         rule = "sum" if exp.spec.kind == "mlp" else "mean"
+    scaled = rule == "scaled"
+    if scaled:
+        rule = "mean"
     momentum = [np.zeros_like(w) for w in weights]
     for epoch, _r, tasks, rate in exp.rounds(parallel):
         base = [w.astype(np.float32) for w in weights]
-        results = [exp.task(base, exp.initial[1] if fresh else state, shards, epoch, t, rate)
+        results = [exp.task(base, exp.initial[1] if fresh else state, shards, epoch, t, rate,
+                            float(len(tasks)) if scaled else 1.0)
                    for t, shards in tasks]
         deltas = [[np.asarray(n, np.float64) - b for n, b in zip(r.weights, base, strict=True)]
                   for r in results]
@@ -242,7 +251,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                                                      / exp.options.batch_size))
                 baseline = run_sync(exp, "mean", 1)
                 for parallel in spec["rounds"]:
-                    accuracy = run_sync(exp, "family", parallel)
+                    accuracy = run_sync(exp, "scaled", parallel)
                     row = bound.setdefault(name, {"model": exp.spec.kind, "auto_R": auto,
                                                   "serial_steps": plan.serial_steps,
                                                   "rows": sum(len(y) for _, y in exp.shards),
@@ -254,10 +263,10 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         cell["mean_gap_pp"] = common.mean(gaps)
         cell["worst_gap_pp"] = min(gaps)
     result["figures"] = {"cells": cells, "bound": bound}
-    chosen = [c for c in cells.values() if c["method"] == "family"]
+    chosen = [c for c in cells.values() if c["method"] == "scaled"]
     worst_mean = min((c["mean_gap_pp"] for c in chosen), default=0.0)
-    result["ratios"] = {"family_worst_mean_gap_pp": worst_mean,
-                        "family_worst_run_gap_pp": min((c["worst_gap_pp"] for c in chosen),
+    result["ratios"] = {"chosen_worst_mean_gap_pp": worst_mean,
+                        "chosen_worst_run_gap_pp": min((c["worst_gap_pp"] for c in chosen),
                                                        default=0.0)}
     goal(result, "the chosen fold's worst mean gap to serial over the tuning cells (points)",
          worst_mean, ">= -1", worst_mean >= -1.0)

@@ -11,7 +11,9 @@ tasks and learning-rate schedule, with the round's fold done here so that it can
 * ``round-5-h1``: rounds of 5 one-step tasks (32-row shards: H = 1), the same mean fold;
 * ``round-5-h1-gradients``: the same rounds, folded as one Adam step on the mean of the tasks'
   *gradients* (recovered from each task's momentum: ``m_i = β1·m + (1-β1)·g_i``), which is what
-  one process taking the round's 160 rows as one batch does.
+  one process taking the round's 160 rows as one batch does;
+* ``round-5-scaled``: rounds of 5 one-shard tasks, each at 5 times the job's learning rate, the
+  mean fold: the rule the pipeline uses since (``TrainingPlan.task_rate_scale``).
 
 With H = 1 a task takes no step from its own result, so nothing drifts: what differs between
 ``round-5-h1`` and ``round-5-h1-gradients`` is only how the tasks' Adam updates are combined.
@@ -43,6 +45,8 @@ CASES: dict[str, dict[str, Any]] = {
     "round-5-h1": {"parallel": 5, "rows_per_shard": 32, "batch": 32, "fold": "mean"},
     "round-5-h1-gradients": {"parallel": 5, "rows_per_shard": 32, "batch": 32,
                              "fold": "gradients"},
+    "round-5-scaled": {"parallel": 5, "rows_per_shard": 256, "batch": 32, "fold": "mean",
+                       "rate_scale": 5.0},
 }
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7  # Keras's Adam defaults, which the model compiles
 
@@ -106,7 +110,8 @@ def run_case(path: Path, case: dict[str, Any], epochs: int) -> dict[str, Any]:
     state = exp.initial
     started = time.perf_counter()
     for epoch, _round, members, span in exp.rounds(case["parallel"]):
-        results = [exp.task(*state, shards, epoch, t, span) for t, shards in members]
+        results = [exp.task(*state, shards, epoch, t, span, case.get("rate_scale", 1.0))
+                   for t, shards in members]
         if case["fold"] == "gradients":
             rate = learning_rate(exp.options.learning_rate, exp.options.lr_schedule, span[0])
             state = gradient_fold(exp.model, state, results, rate)

@@ -10,16 +10,20 @@ and the optimizer state that goes with ``x'`` is the element-wise mean of the ta
 is an estimate of the same moving averages, one per shard). With R = 1 both reduce to the one
 task's result: serial training, whatever η.
 
-η is the one place where the model family matters, and it is there because the measurements
-say so (docs/TRAINING.md, ``benchmarks/methods.py``, 5 tuning datasets x 3 seeds):
+η is 1, the round's mean, and each task of a round of k trains at k times the job's learning
+rate (``domain.plan.TrainingPlan.task_rate_scale``; issue #25, docs/TRAINING.md). The cause it
+answers was measured (``benchmarks/round_cause.py``): a round of k tasks from one version is k·b
+rows per step, but the mean of k Adam updates, each scaled by its own small-batch second
+moment, moves about 1/√k of one Adam step on those rows where batch noise dominates; one Adam
+step on the tasks' mean gradient matched serial training with a k-times batch. Adam's
+square-root rule for a k-times batch (Malladi et al., NeurIPS 2022) adds √k: k in all. On the
+tuning sets and a public 53,940-row table (seed 0, R = 2 and 4; docs/TRAINING.md) it was within
+a point of serial training where the rule below lost up to 5 points, and it held on the
+held-out sets.
 
-* **MLP: η = R, the round's sum.** To first order the sum is what serial training would do with
-  the same R tasks one after another (Goyal et al.'s linear scaling rule for the round's R·b
-  rows). Averaging instead gives a round the progress of one task: MLP jobs ended 2-7 points
-  below serial with the mean, and within a point with the sum.
-* **CNN: η = 1, the round's mean** (FedAvg as published). Deltas from one version of a CNN point
-  much the same way, and their sum overshot: 2 points below serial on 12,000 and 48,000-row
-  image sets where the mean was within a point, and tens of points on 3,000 rows.
+Jobs planned before it (``rates = "family"``) keep their rule: the job's rate, and η by model
+family, **MLP: η = R, the round's sum** (Goyal et al.'s linear scaling rule for R·b rows),
+**CNN: η = 1, the round's mean** (the sum overshot on image sets).
 
 How many tasks a round may have (``domain.plan``) bounds how far either fold is from serial.
 
@@ -42,6 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from bucketlearn.domain.plan import RATES_SCALED
 
 OUTLIER_FACTOR = 20.0  # a delta this many times larger than the job's recent deltas is refused
 NORM_MEMORY = 0.8  # weight of the past in the running delta norm
@@ -127,8 +133,13 @@ def running_norm(previous: float | None, results: Sequence[TaskResult]) -> float
     return NORM_MEMORY * previous + (1.0 - NORM_MEMORY) * current
 
 
-def server_learning_rate(model_kind: str, parallel_tasks: int) -> float:
-    """η for a model family (see the module docstring): R for an MLP, 1 for a CNN."""
+def server_learning_rate(model_kind: str, parallel_tasks: int, rates: str = RATES_SCALED
+                         ) -> float:
+    """η for a plan's ``rates`` (``domain.plan.TrainingPlan.rates``): 1 (the mean) when every
+    task of the round trained at k times the job's rate; for jobs planned before that, by model
+    family (see the module docstring): R for an MLP, 1 for a CNN."""
+    if rates == RATES_SCALED:
+        return 1.0
     return float(parallel_tasks) if model_kind == "mlp" else 1.0
 
 

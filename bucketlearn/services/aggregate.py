@@ -265,7 +265,8 @@ class JobAggregator:
             return True
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
-        server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results))
+        server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results),
+                                              jobs.job_plan(job).rates)
         folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
         if folded is not None:
             weights, optimizer = folded
@@ -356,7 +357,7 @@ class JobAggregator:
                                for f in failures),
             samples=samples, train_loss=train_loss, created_at=now,
             delta_norms=tuple(round(fold.delta_norm(r.delta), 6) for r in results),
-            server_lr=fold.server_learning_rate(str(job.model["kind"]), len(results)),
+            server_lr=fold.server_learning_rate(str(job.model["kind"]), len(results), plan.rates),
             aggregator={"planning_started_at": planning_started, **timings},
             digest=digest, evaluation=evaluation, task_stats=read.stats)
         tasks_failed = job.tasks_failed + len(failures)

@@ -419,7 +419,9 @@ class Learner:
         t1 = time.perf_counter()
         options = job.options
         batch_size = int(options["batch_size"])
-        rates = step_rates(float(options["learning_rate"]),
+        plan = job.training_plan
+        scale = plan.task_rate_scale(task.round) if plan is not None else 1.0
+        rates = step_rates(float(options["learning_rate"]) * scale,
                            str(options.get("lr_schedule", "constant")), task.span,
                            math.ceil(len(y) / batch_size))
         weights = class_weights(str(options.get("class_weight", "none")),

@@ -57,10 +57,15 @@ def test_fold_rejects_a_result_of_another_model():
         fold_round(BASE, OPT, [bad])
 
 
-def test_server_learning_rate_by_model_family():
-    assert server_learning_rate("mlp", 3) == 3.0
-    assert server_learning_rate("cnn", 3) == 1.0
-    assert server_learning_rate("cnn", 1) == server_learning_rate("mlp", 1) == 1.0
+def test_server_learning_rate_is_the_mean_for_scaled_rates_and_by_family_before():
+    """Rounds whose tasks trained at k times the job's rate fold by their mean whatever the
+    model; a job planned before that (rates "family") keeps the sum for an MLP."""
+    assert server_learning_rate("mlp", 3) == server_learning_rate("cnn", 3) == 1.0
+    assert server_learning_rate("mlp", 3, "scaled") == 1.0
+    assert server_learning_rate("mlp", 3, "family") == 3.0
+    assert server_learning_rate("cnn", 3, "family") == 1.0
+    assert server_learning_rate("cnn", 1, "family") == server_learning_rate("mlp", 1,
+                                                                           "family") == 1.0
 
 
 def test_check_delta_accepts_a_sound_result():

@@ -63,6 +63,24 @@ def test_plan_with_parallel_rounds_makes_one_task_per_shard():
     assert plan.decided.startswith("auto")
 
 
+def test_a_rounds_tasks_step_at_as_many_times_the_rate_as_the_round_has_tasks():
+    """R = 3 over 38 tasks: rounds of 3 scale the rate by 3, the epoch's last round of 2 by 2;
+    a serial plan, and a plan stored before the rule (no "rates"), by 1."""
+    # Prepare
+    plan = plan_training([256] * 37 + [192], epochs=10, batch_size=32)
+    serial = plan_training([256] * 37 + [192], epochs=10, batch_size=32, requested=1)
+    stored = plan.to_dict()
+    legacy = {k: v for k, v in stored.items() if k != "rates"}
+    # Execute
+    scales = [plan.task_rate_scale(r) for r in range(plan.rounds_per_epoch)]
+    # Assert
+    assert plan.rates == "scaled" and TrainingPlan.from_dict(stored) == plan
+    assert scales == [3.0] * 12 + [2.0]
+    assert {serial.task_rate_scale(r) for r in range(serial.rounds_per_epoch)} == {1.0}
+    old = TrainingPlan.from_dict(legacy)
+    assert old.rates == "family" and old.task_rate_scale(0) == 1.0
+
+
 def test_a_serial_plan_groups_shards_into_fewer_tasks():
     """When one task trains at a time, a task takes up to SERIAL_TASK_SHARDS shards: the same
     steps one after another, fewer versions to pay for."""

@@ -58,8 +58,9 @@ def test_digits_trains_to_a_downloadable_model(stack: Any, tmp_path: Path) -> No
 
 def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_path: Path
                                                                 ) -> None:
-    """A label-sorted CSV trained by 2 workers in rounds of 3 tasks (the MLP's sum fold) lands
-    within 1 point of train-local, and every version folds exactly one whole round."""
+    """A label-sorted CSV trained by 2 workers in rounds of 3 tasks (each at 3 times the job's
+    learning rate, folded by their mean) lands within 1 point of train-local, and every version
+    folds exactly one whole round."""
     # Prepare
     lines = DIGITS.read_text().splitlines()
     rows = sorted(lines[1:], key=lambda line: int(line.rsplit(",", 1)[1]))
@@ -79,7 +80,7 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     versions = svc.registry.list_versions(status["job_id"])[1:]
     assert job.plan["parallel_tasks"] == 3 and job.plan["tasks_per_epoch"] == 6
     assert [len(v.tasks_applied) for v in versions] == [3, 3] * 10
-    assert all(v.server_lr == 3.0 for v in versions)
+    assert all(v.server_lr == 1.0 for v in versions) and job.plan["rates"] == "scaled"
 
 
 def test_small_image_set_matches_serial_training_step_for_step(stack: Any,

@@ -581,3 +581,49 @@ def test_commit_version_refuses_folding_a_round_twice(registry):
     assert again is False and fresh is True
     job = registry.get_job(JOB)
     assert (job.version, job.epoch, job.round) == (2, 2, 0)
+
+
+def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_path):
+    """Rounds of 2 tasks (issue #25): each task steps at twice the job's learning rate, from
+    version 0, and version 1 is the mean of the two tasks' weights (η = 1), not their sum."""
+    # Prepare
+    from bucketlearn.domain.plan import step_rates
+    from bucketlearn.ingest.split import load_parts
+    from bucketlearn.ml.training import train_task
+    from bucketlearn.services.runtime import job_runtime
+    from tests.unit.steps import start_job, train_pending
+
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    job = svc.registry.get_job(job_id)
+    assert job.training_plan.rates == "scaled" and job.training_plan.parallel_tasks == 2
+    runtime = job_runtime(svc, job)
+    base = runtime.state(job.head.weights_path)
+    messages = [svc.queue.pull(0) for _ in range(2)]
+    tasks = sorted((m.message for m in messages), key=lambda t: t.task_index)
+    for m in messages:
+        m.nack()
+
+    def trained(task, scale):
+        x, y = load_parts(svc.store, svc.settings.work_bucket, list(task.parts))
+        rates = step_rates(job.options["learning_rate"] * scale, job.options["lr_schedule"],
+                           task.span, -(-len(y) // job.options["batch_size"]))
+        return train_task(runtime.model, [w.copy() for w in base[0]],
+                          [o.copy() for o in base[1]], x, y, job.options["batch_size"], rates,
+                          job.options["seed"], task.epoch, task.task_index).weights
+
+    expected = [np.mean([np.asarray(a, np.float64) for a in layer], axis=0)
+                for layer in zip(*(trained(t, 2.0) for t in tasks), strict=True)]
+    at_the_jobs_rate = [np.mean([np.asarray(a, np.float64) for a in layer], axis=0)
+                        for layer in zip(*(trained(t, 1.0) for t in tasks), strict=True)]
+    # Execute
+    train_pending(svc, 2)
+    aggregate_job(svc, job_id)
+    # Assert
+    version = svc.registry.list_versions(job_id)[1]
+    assert version.server_lr == 1.0 and len(version.tasks_applied) == 2
+    folded, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                           version.weights_path))
+    for got, want in zip(folded, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert max(float(np.max(np.abs(g - s))) for g, s in zip(folded, at_the_jobs_rate,
+                                                             strict=True)) > 1e-4
