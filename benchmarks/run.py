@@ -25,12 +25,13 @@ from benchmarks import common
 from benchmarks.common import log
 from bucketlearn.config import SINGLE_THREADED_TF
 
-NAMES = ("ingest", "parity", "roundtrip", "scale", "methods", "schedules")
+NAMES = ("ingest", "parity", "roundtrip", "scale", "methods", "schedules", "speedup")
 TITLES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
           "roundtrip": "3. The round trip and the pipeline's overhead",
           "scale": "4. Control-plane scale",
           "methods": "5. Choosing the aggregation (tuning datasets only)",
-          "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)"}
+          "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)",
+          "speedup": "7. Time to an accurate model with more workers"}
 # Parity compares serial training with the pipeline's learners, which on the local stack run
 # TensorFlow on one thread (``config.SINGLE_THREADED_TF``). Another thread count sums in another
 # order, and CNN training can turn that rounding into points of accuracy; so parity runs serial

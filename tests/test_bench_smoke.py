@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-NAMES = ("ingest", "parity", "roundtrip", "scale", "methods", "schedules")
+NAMES = ("ingest", "parity", "roundtrip", "scale", "methods", "schedules", "speedup")
 KEYS = {"benchmark", "date", "smoke", "machine", "params", "figures", "ratios", "goals", "notes",
         "seconds"}
 

@@ -1,0 +1,45 @@
+"""The speed-up benchmark's arithmetic: time to accuracy, the projection to more learners and the
+round trip it reads off a run (issue #25). Hand-worked figures, no training."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import speedup
+
+
+def _timeline(rounds: list[list[float]], split: float = 2.0, training: float = 10.0) -> dict:
+    return {"split_seconds": split, "training_seconds": training, "round_compute": rounds}
+
+
+def test_time_to_accuracy_is_the_first_evaluated_version_within_a_point():
+    evaluated = [(3.0, 0.70), (5.0, 0.905), (7.0, 0.91), (9.0, 0.93)]
+    assert speedup.time_to(evaluated, target=0.92) == 7.0  # 0.91 is within a point of 0.92
+    assert speedup.time_to(evaluated, target=0.915) == 5.0
+    assert speedup.time_to(evaluated, target=0.95) is None
+    assert speedup.time_to([], target=0.5) is None
+
+
+def test_a_projection_runs_a_rounds_tasks_in_waves_of_the_learners():
+    """Two rounds of 4 tasks: with 4 learners each round costs its slowest task; with 2 the
+    slowest two of each wave, sorted longest first; plus a round trip each and the split."""
+    timeline = _timeline([[1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    assert speedup.project(timeline, 4, 0.5) == pytest.approx(2.0 + (4.0 + 0.5) + (1.0 + 0.5))
+    assert speedup.project(timeline, 2, 0.5) == pytest.approx(
+        2.0 + (4.0 + 2.0 + 0.5) + (1.0 + 1.0 + 0.5))
+    assert speedup.project(timeline, 1, 0.0) == pytest.approx(2.0 + 10.0 + 4.0)
+
+
+def test_the_local_round_trip_is_the_training_span_less_each_rounds_compute():
+    """With 2 learners a round's two tasks overlap (its slowest counts); with 1 they follow
+    each other (both count)."""
+    timeline = _timeline([[1.0, 2.0], [0.5, 1.5]], training=5.5)
+    assert speedup.local_round_seconds(timeline, 2) == pytest.approx((5.5 - 3.5) / 2)
+    assert speedup.local_round_seconds(timeline, 1) == pytest.approx((5.5 - 5.0) / 2)
+    assert speedup.local_round_seconds(_timeline([[4.0]], training=3.0), 1) == 0.0
+
+
+def test_the_wide_projection_runs_every_task_in_rounds_as_wide_as_the_learners():
+    """Nine tasks of 1 s (the 90th percentile) on 4 learners: 3 rounds of 1 s + 0.5 s."""
+    timeline = _timeline([[1.0] * 3] * 3, split=2.0)
+    assert speedup.project_wide(timeline, 4, 0.5) == pytest.approx(2.0 + 3 * 1.5)
