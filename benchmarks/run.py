@@ -138,7 +138,7 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name == "ingest" and args.sizes:
         params["sizes_mb"] = [int(x) for x in args.sizes.split(",")]
         reduced.append(f"sizes_mb={params['sizes_mb']}")
-    if name in ("parity", "roundtrip", "methods", "schedules") and args.datasets:
+    if name in ("parity", "roundtrip", "methods", "schedules", "speedup") and args.datasets:
         keep = args.datasets.split(",")
         if isinstance(params["datasets"], dict):
             params["datasets"] = {k: v for k, v in params["datasets"].items() if k in keep}
@@ -168,7 +168,7 @@ def reduced_params(name: str, module: Any, args: argparse.Namespace
     if name == "roundtrip" and args.baseline:
         params["baseline"] = str(args.baseline)
         added = True
-    if name == "scale" and args.workers:
+    if name in ("scale", "speedup") and args.workers:
         params["workers"] = [int(x) for x in args.workers.split(",")]
         reduced.append(f"workers={params['workers']}")
     return (params if reduced or added else None), reduced
@@ -210,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=common.RESULTS)
     parser.add_argument("--no-doc", action="store_true", help="do not refresh docs/BENCHMARKS.md")
     parser.add_argument("--sizes", help="ingest: file sizes in MB, e.g. 50 (reduced run)")
-    parser.add_argument("--datasets", help="parity/roundtrip: datasets, e.g. digits (reduced run)")
+    parser.add_argument("--datasets", help="parity/roundtrip/methods/schedules/speedup: datasets, "
+                        "e.g. digits (reduced run)")
     parser.add_argument("--seeds", help="parity: seeds, e.g. 0 (reduced run)")
-    parser.add_argument("--workers", help="scale: worker counts, e.g. 1,2,4 (reduced run)")
+    parser.add_argument("--workers", help="scale, speedup: worker counts, e.g. 1,2,4 (reduced run)")
     parser.add_argument("--orders", help="parity: row orders, e.g. sorted (reduced run)")
     parser.add_argument("--sim-workers", help="parity: simulated worker counts, e.g. 8")
     parser.add_argument("--stack-workers", help="parity: local-stack worker counts, e.g. 4")

