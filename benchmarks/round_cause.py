@@ -23,8 +23,6 @@ The dataset is fetched once from the plotnine wheel on PyPI (``pip download``; n
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -54,14 +52,9 @@ BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7  # Keras's Adam defaults, which the m
 def diamonds(cache: Path) -> Path:
     """plotnine's diamonds.csv, read out of its wheel (downloaded once into ``cache``)."""
     target = cache / "diamonds.csv"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "-d",
-                    str(cache)], check=True, capture_output=True, timeout=600)
-    wheel = next(cache.glob("plotnine-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
-        target.write_bytes(archive.read(MEMBER))
+    if not target.exists():
+        with zipfile.ZipFile(common.pip_download(WHEEL, cache)) as archive:
+            target.write_bytes(archive.read(MEMBER))
     return target
 
 

@@ -93,15 +93,18 @@ def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
     return path
 
 
-def serial_seconds(path: Path, options: dict[str, Any], repeats: int) -> dict[str, Any]:
-    """train-local in a child process on one TensorFlow thread: best wall of ``repeats``."""
+def serial_seconds(path: Path, options: dict[str, Any], repeats: int,
+                   one_thread: bool = True) -> dict[str, Any]:
+    """train-local in a child process on one TensorFlow thread (or at TensorFlow's default
+    thread count): best wall of ``repeats``."""
     from bucketlearn.config import SINGLE_THREADED_TF
 
+    env = common.bench_env(**(SINGLE_THREADED_TF if one_thread else {}))
     runs = []
     for _ in range(repeats):
         done = subprocess.run([sys.executable, "-m", "benchmarks.roundtrip", "--serial", str(path),
-                               json.dumps(options)], capture_output=True, text=True, timeout=3600,
-                              env=common.bench_env(**SINGLE_THREADED_TF), cwd=common.REPO)
+                               json.dumps(options)], capture_output=True, text=True, timeout=7200,
+                              env=env, cwd=common.REPO)
         if done.returncode != 0:
             raise RuntimeError(f"train-local failed: {done.stderr[-2000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -317,19 +320,12 @@ def job_figures(svc: Any, job_id: str, t0: float, calls: list[dict[str, Any]]
 
 def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> dict[str, Any]:
     """Each dataset on the real local stack with one learner, every process logging its calls."""
-    from bucketlearn.config import JobOptions
-
     out = {}
     calls_dir = tmp / "calls"
     with (common.emulators(tmp) as emus,
           common.local_stack(tmp / "stack", workers, emus, "roundtrip",
                              extra_env={"BUCKETLEARN_CALL_LOG": str(calls_dir)}) as (_, svc)):
-        warm = tmp / "warmup.csv"
-        lines = common.DIGITS.read_text().splitlines()
-        warm.write_text("\n".join(lines[:201]) + "\n")
-        log("roundtrip: warm-up job (imports TensorFlow in the learner and the aggregator)")
-        job_id, _ = common.submit(svc, warm, JobOptions(epochs=1))
-        common.wait_terminal(svc, job_id, timeout=600)
+        common.warm_up(svc, tmp, "roundtrip")
         for name, (path, options) in cells.items():
             log(f"roundtrip: stack W={workers} {name}")
             job_id, t0 = common.submit(svc, path, options)

