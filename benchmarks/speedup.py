@@ -106,7 +106,8 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     first = min((v.created_at for v in versions[1:]), default=t0)
     return {"status": job.status, "wall_seconds": float(job.finished_at or time.time()) - t0,
             "accuracy": job.head.holdout_accuracy if job.head else None,
-            "plan": dict(job.plan or {}), "versions": len(versions),
+            "plan": dict(job.plan or {}), "forecast": dict(job.forecast or {}),
+            "versions": len(versions),
             "split_seconds": versions[0].created_at - t0 if versions else None,
             "training_seconds": (versions[-1].created_at - first) if len(versions) > 1 else 0.0,
             "evaluated": evaluated, "round_compute": rounds}
@@ -302,13 +303,14 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     for name, cell in result["figures"].items():
         serial = cell["train_local"]
         wall = f"{serial['seconds']:.1f}"
-        rows.append([name, "train-local", "–", wall, wall, f"{serial['accuracy']:.4f}"])
+        rows.append([name, "train-local", "–", wall, wall, f"{serial['accuracy']:.4f}", "–"])
         for key, found in cell.items():
             if key.startswith("pipeline-"):
                 tta = found.get("time_to_accuracy")
                 rows.append([name, key, str(found["plan"].get("parallel_tasks")),
                              "never" if tta is None else f"{tta:.1f}",
-                             f"{found['wall_seconds']:.1f}", f"{found['accuracy'] or 0:.4f}"])
+                             f"{found['wall_seconds']:.1f}", f"{found['accuracy'] or 0:.4f}",
+                             forecast_text(found, int(key.split("-")[1]))])
         p = cell.get("projection")
         if p:
             projected.append([name, str(p["R"]), f"{p['compute']['median']:.3f}",
@@ -318,11 +320,23 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     widths = sorted({k for c in result["figures"].values() for k in (c.get("projection") or {})
                      if k.startswith("W=")}, key=lambda k: int(k[2:]))
     return [("Time to train-local's accuracy (within 1 point), seconds from the upload",
-             ["dataset", "run", "R", "time to accuracy", "wall to DONE", "final accuracy"], rows),
+             ["dataset", "run", "R", "time to accuracy", "wall to DONE", "final accuracy",
+              "training s (the plan's forecast)"], rows),
             ("Projected wall, s, at the plan's R: cloud round trip (local round trip); and at "
              "R = W, cloud",
              ["dataset", "R", "task compute, median s", "round trip local s", "cloud s"]
              + widths, projected)]
+
+
+def forecast_text(found: dict[str, Any], workers: int) -> str:
+    """The training span measured, and the job's own forecast at ``workers`` learners
+    (``domain.forecast``; runs before it was recorded show the span alone)."""
+    from bucketlearn.domain.forecast import Forecast
+
+    measured = f"{found.get('training_seconds') or 0:.0f}"
+    if not found.get("forecast"):
+        return measured
+    return f"{measured} ({Forecast.from_dict(found['forecast']).at(workers):.0f})"
 
 
 if __name__ == "__main__":

@@ -236,6 +236,7 @@ def job_page() -> None:
         report_section(job, versions)
     with tabs[1]:
         throughput_tab(versions, now)
+        plan_section(s)
     with tabs[2]:
         workers_tab(job, tasks, bundle["workers"], bundle["versions"], now)
     with tabs[3]:
@@ -304,6 +305,20 @@ def throughput_tab(versions: list[Version], now: float) -> None:
     left.line_chart(frame, x="time", y="samples_per_s")
     right.markdown("**Tasks/min**")
     right.line_chart(frame, x="time", y="tasks_per_min")
+
+
+def plan_section(summary: dict) -> None:
+    """How training was laid out, how long it should take on how many learners, and what the
+    job measured (issue #25)."""
+    lines = dd.plan_text(summary)
+    if not lines:
+        return
+    st.markdown("**Plan and forecast**")
+    for label, text in lines:
+        st.caption(f"{label.capitalize()}: {dd.plain(text)}")
+    rows = dd.forecast_rows(summary)
+    if rows:
+        st.table(pd.DataFrame(rows).map(dd.plain))
 
 
 def usage_tab(summary: dict) -> None:

@@ -357,6 +357,9 @@ class Job:
     # decided at the split
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     plan: Mapping[str, Any] | None = None
+    # how long the plan should train, and on how many learners (``domain.forecast``), and
+    # when training started
+    forecast: Mapping[str, Any] | None = None
     dataset: Mapping[str, Any] | None = None
     model: Mapping[str, Any] | None = None
     head: Head | None = None
@@ -445,7 +448,8 @@ class Job:
             tasks_planned=_optional(get("tasks_planned"), int),
             tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
-            plan=get("plan"), dataset=get("dataset"), model=get("model"),
+            plan=get("plan"), forecast=get("forecast"), dataset=get("dataset"),
+            model=get("model"),
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),

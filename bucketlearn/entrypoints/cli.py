@@ -34,6 +34,7 @@ from bucketlearn.config import (
     resolve_options,
 )
 from bucketlearn.domain.columns import kinds_text
+from bucketlearn.domain.forecast import plan_lines
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.target import REGRESSION
@@ -386,6 +387,9 @@ def print_status(status: dict[str, Any]) -> None:
         print(f"warning:   {status['warning']}")
     print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
           f"{status.get('tasks_failed') or 0} failed")
+    for label, text in plan_lines(status.get("plan"), status.get("forecast"),
+                                  status.get("actual")):
+        print(f"{label + ':':11s}{text}")
     if status.get("model_uri"):
         print(f"model:     {status['model_uri']}")
     elif status["status"] == jobs.CANCELLED and status.get("version") is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn.domain.columns import Column, is_matrix
+from bucketlearn.domain.forecast import ModelCost
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
 from bucketlearn.ml.tabular import build_core, input_names, output_head, raw_row_model
@@ -197,6 +198,35 @@ def compile_model(model: Any, learning_rate: float, task: str = CLASSIFICATION) 
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate), loss=loss,
                   metrics=metrics)
     model.optimizer.build(model.trainable_variables)
+
+
+TRAINING_PASSES = 3  # a training step costs about three forward passes (forward, two backward)
+
+
+def training_flops_per_row(model: Any) -> int:
+    """Floating-point operations one training row costs the model, about: a multiply and an
+    add per weight a row meets in each Dense and Conv2D layer (a convolution's kernel once per
+    output position), times ``TRAINING_PASSES`` (the backward pass computes gradients for the
+    inputs and for the weights, each as costly as the forward pass; Kaplan et al. 2020's
+    C = 6ND for dense layers). Other layers (normalization, pooling, embeddings) cost far
+    less and are left out."""
+    flops = 0
+    for layer in model.layers:
+        kind = type(layer).__name__
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None or kind not in ("Dense", "Conv2D"):
+            continue
+        weights = math.prod(int(d) for d in kernel.shape)
+        positions = (math.prod(int(d) for d in layer.output.shape[1:-1])
+                     if kind == "Conv2D" else 1)
+        flops += 2 * weights * positions
+    return TRAINING_PASSES * flops
+
+
+def model_cost(model: Any) -> ModelCost:
+    """What the job's forecast needs of ``model`` (``domain.forecast``)."""
+    return ModelCost(flops_per_row=training_flops_per_row(model),
+                     parameters=int(model.count_params()), layers=len(model.layers))
 
 
 def export_keras(model: Any, sidecar: dict[str, Any]) -> bytes:

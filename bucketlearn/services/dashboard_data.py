@@ -33,6 +33,7 @@ from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
+from bucketlearn.domain.forecast import plan_lines
 from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
@@ -385,6 +386,27 @@ def cost_note(summary: Mapping[str, Any]) -> str:
     return (f"An estimate at list prices as of {summary.get('prices_as_of') or 'an unknown date'}"
             " of what this job added: idle instances, storage kept over time, network egress "
             "and free tiers are not in it. The counts come from the job's own processes.")
+
+
+def forecast_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The plan's forecast by number of learners (``status --json``'s ``forecast``), one row
+    each, the suggested one marked; then one process. Empty for a job planned before
+    forecasts."""
+    found = summary.get("forecast") or {}
+    suggested = found.get("suggested_workers")
+    rows = [{"learners": str(r["workers"]),
+             "forecast": format_duration(_float(r["seconds"])),
+             "": "suggested" if r["workers"] == suggested else ""}
+            for r in found.get("by_workers") or []]
+    if rows and found.get("one_process_seconds") is not None:
+        rows.append({"learners": "one process (train-local)",
+                     "forecast": format_duration(_float(found["one_process_seconds"])), "": ""})
+    return rows
+
+
+def plan_text(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The plan, the forecast and what the job measured, as the CLI's ``status`` says them."""
+    return plan_lines(summary.get("plan"), summary.get("forecast"), summary.get("actual"))
 
 
 def progress_text(summary: Mapping[str, Any]) -> str:

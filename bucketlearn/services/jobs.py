@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bucketlearn import layout
+from bucketlearn.domain.forecast import actual
 
 # The vocabulary and the rules live in the domain; re-exported here for the services.
 from bucketlearn.domain.job import (  # noqa: F401
@@ -206,6 +207,11 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         # how training was laid out, and what the job used and cost (issue #24)
         "plan": dict(job.plan) if job.plan else None,
         **usage_summary(job.usage or {}),
+        # how long the plan should train, on how many learners, and what it measured (#25)
+        "forecast": dict(job.forecast) if job.forecast else None,
+        "actual": (actual(job.forecast, job.finished_at if job.is_terminal else job.updated_at,
+                          job.version or 0, float((job.usage or {}).get("worker_seconds") or 0),
+                          job.tasks_applied, job.is_terminal) if job.forecast else None),
     }
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"

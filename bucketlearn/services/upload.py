@@ -8,6 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
+from bucketlearn.domain.forecast import forecast
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
     OverLimit,
@@ -35,7 +36,7 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest.split import Manifest, SourceFile, split_upload
-from bucketlearn.ml.model import build_model, spec_for
+from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import jobs
@@ -260,7 +261,8 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         else:
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
-    job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model)
+    job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model,
+                         options.batch_size)
     if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
@@ -314,10 +316,12 @@ def _refuse_if_over(over: OverLimit | None, file: str) -> None:
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], plan: TrainingPlan, model: Any) -> Job | None:
+                   spec: dict[str, Any], plan: TrainingPlan, model: Any,
+                   batch_size: int) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
-    the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built.
+    the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built; the
+    job records the plan's forecast (``domain.forecast``) with it.
 
     Raises:
         TransientError: another invocation took the split over.
@@ -331,9 +335,12 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     checksum = codec.checksum(data)
     digest = codec.state_digest(weights, optimizer)
     first = Version(0, weights_path, checksum, created_at=now, digest=digest)
+    cost = model_cost(model)
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
+        "forecast": {**forecast(plan, manifest.train_rows, batch_size, cost).to_dict(),
+                     "model": cost.to_dict(), "made_at": now},
         "tasks_planned": plan.total_tasks,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,
         "head": Head(0, weights_path, checksum, digest=digest).to_doc(),

@@ -33,6 +33,10 @@ def test_digits_trains_to_a_downloadable_model(stack: Any, tmp_path: Path) -> No
     # Assert
     assert status["status"] == "DONE", status
     assert status["accuracy"] >= 0.95
+    # the plan's forecast, and what the job measured beside it (issue #25)
+    assert status["forecast"]["rounds"] == status["version"] == status["actual"]["versions"]
+    assert status["forecast"]["suggested_workers"] == 1  # R = 1: one learner chains
+    assert status["actual"]["training_seconds"] > 0 and status["actual"]["task_seconds"] > 0
     svc = google_services(stack.settings)
     assert_ledger_consistent(svc, status["job_id"])
     model_path = tmp_path / "digits.keras"

@@ -627,3 +627,33 @@ def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_pat
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert max(float(np.max(np.abs(g - s))) for g, s in zip(folded, at_the_jobs_rate,
                                                              strict=True)) > 1e-4
+
+
+def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, capsys):
+    """Issue #25: the upload forecasts the job (its rounds are the versions it then commits;
+    1 to R = 3 learners; the suggestion among them) and the status shows what it measured
+    beside it, as ``status --json``, the CLI and the dashboard say it."""
+    # Prepare
+    from bucketlearn.entrypoints import cli
+    from bucketlearn.services import dashboard_data as dd
+
+    job = pipeline["job"]
+    # Execute
+    status = jobs.status_object(job)
+    # Assert
+    found, measured = status["forecast"], status["actual"]
+    assert status["plan"]["parallel_tasks"] == 3
+    assert found["rounds"] == job.version == measured["versions"]
+    assert [r["workers"] for r in found["by_workers"]] == [1, 2, 3]
+    assert found["suggested_workers"] in (1, 2, 3)
+    assert found["model"]["parameters"] > 0 and found["steps_per_task"] == 2
+    assert measured["training_seconds"] == pytest.approx(job.finished_at - found["made_at"],
+                                                    abs=1e-3)
+    assert measured["training_seconds"] > 0 and measured["seconds_left"] is None
+    cli.print_status(status)
+    out = capsys.readouterr().out
+    assert "plan:      3 task(s) a round of about 2 steps" in out
+    assert f"forecast:  {found['summary']}" in out and "actual:    " in out
+    rows = dd.forecast_rows(dd.job_summary(job, [], job.finished_at))
+    assert [r["learners"] for r in rows] == ["1", "2", "3", "one process (train-local)"]
+    assert [r[""] for r in rows].count("suggested") == 1

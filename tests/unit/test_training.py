@@ -263,3 +263,23 @@ def test_evaluate_detail_counts_the_predicted_classes():
     predicted = np.argmax(model.predict_on_batch(x), axis=1)
     assert sum(found.predicted_counts) == 90 and len(found.predicted_counts) == 3
     assert found.predicted_counts == np.bincount(predicted, minlength=3).tolist()
+
+
+def test_a_training_row_costs_three_passes_of_a_multiply_add_per_weight_it_meets():
+    """A 5x5x1 image through a 3x3 convolution of 2 filters ('same': 25 positions, 18 kernel
+    weights) and a Dense layer from 50 to 3: 2 x (18 x 25 + 150) = 1,200 FLOPs forward, 3,600
+    to train; the builder's MLP on 6 features (6-128-64-3): 3 x 2 x 9,152 = 54,912."""
+    # Prepare
+    import keras
+
+    from bucketlearn.ml.model import model_cost, training_flops_per_row
+
+    inputs = keras.Input((5, 5, 1))
+    x = keras.layers.Conv2D(2, 3, padding="same")(inputs)
+    x = keras.layers.Flatten()(keras.layers.ReLU()(x))
+    small = keras.Model(inputs, keras.layers.Dense(3)(x))
+    # Execute / Assert
+    assert training_flops_per_row(small) == 3600
+    cost = model_cost(_model())
+    assert cost.flops_per_row == 54_912
+    assert cost.parameters == _model().count_params() and cost.layers == len(_model().layers)

@@ -1,0 +1,105 @@
+"""domain.forecast: how long a plan should train on how many learners, and what it measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketlearn.domain.forecast import (
+    CHAINED_VERSION_SECONDS,
+    Forecast,
+    ModelCost,
+    actual,
+    forecast,
+    plan_lines,
+    task_seconds,
+)
+from bucketlearn.domain.plan import plan_training
+
+MODEL = ModelCost(flops_per_row=1e6, parameters=1000, layers=5)
+
+
+def test_a_task_costs_its_fixed_part_its_steps_its_rows_and_the_version_it_reads():
+    """64 rows in batches of 32 of a 1 MFLOP-a-row, 1,000-parameter, 5-layer model: 15 ms
+    fixed + 2 steps x (0.1 + 5 x 0.03) ms + 64 MFLOP at 20 GFLOP/s + 12 kB read and written at
+    100 MB/s = 18.94 ms; a chain's task holds the version (12 kB written only)."""
+    assert task_seconds(64, 32, MODEL) == pytest.approx(0.01894)
+    assert task_seconds(64, 32, MODEL, reads_version=False) == pytest.approx(0.01882)
+
+
+def test_a_parallel_plan_is_forecast_by_rounds_and_waves_and_suggests_the_fewest_learners():
+    """Ten 64-row shards, 2 epochs, R = 4: rounds of 4, 4 and 2 tasks of 18.94 ms, each round
+    0.37 s of critical path. 1 learner: 2 x (3 x 0.37 + 10 tasks) = 2.5988 s; 2: 5 waves an
+    epoch, 2.4094 s; 4: 3 waves, 2.33364 s. 2 learners are within 10 % of 4: suggested. One
+    process: 2 x (640 MFLOP at 20 GFLOP/s + 20 steps of 0.25 ms) = 0.074 s, sooner."""
+    # Prepare
+    plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
+    # Execute
+    found = forecast(plan, train_rows=640, batch_size=32, model=MODEL)
+    # Assert
+    assert found.workers == (1, 2, 4)
+    assert found.seconds == pytest.approx((2.5988, 2.4094, 2.33364))
+    assert found.rounds == 6 and found.steps_per_task == 2
+    assert found.suggested_workers == 2
+    assert found.one_process_seconds == pytest.approx(0.074)
+    assert not found.pays
+    assert "train-local would end sooner" in found.summary()
+    assert found.at(3) == found.at(2) and found.at(64) == found.at(4)
+
+
+def test_one_task_at_a_time_gains_nothing_from_more_learners():
+    """R = 1: one learner chains the versions; each costs a task (no version read) and the
+    rest of its path."""
+    # Prepare
+    plan = plan_training([64] * 8, epochs=3, batch_size=32)
+    assert plan.parallel_tasks == 1
+    # Execute
+    found = forecast(plan, train_rows=512, batch_size=32, model=MODEL)
+    # Assert
+    per_version = CHAINED_VERSION_SECONDS + task_seconds(256, 32, MODEL, reads_version=False)
+    assert found.workers == (1,) and found.suggested_workers == 1
+    assert found.seconds[0] == pytest.approx(plan.tasks_per_epoch * 3 * per_version, rel=1e-4)
+
+
+def test_a_job_whose_tasks_dwarf_its_round_trip_pays_to_distribute():
+    """A CNN-sized model (1 GFLOP a row, 256-row tasks, R = 8): 12.8 s tasks beside a 0.37 s
+    round trip; 8 learners are about 8 times one, and sooner than one process."""
+    # Prepare
+    plan = plan_training([256] * 64, epochs=1, batch_size=32, requested=8)
+    heavy = ModelCost(flops_per_row=1e9, parameters=100_000, layers=10)
+    # Execute
+    found = forecast(plan, train_rows=256 * 64, batch_size=32, model=heavy)
+    # Assert
+    assert found.suggested_workers == 8
+    assert found.at(1) / found.at(8) > 7
+    assert found.pays and "sooner" not in found.summary()
+
+
+def test_a_forecast_survives_its_document():
+    plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
+    found = forecast(plan, 640, 32, MODEL)
+    assert Forecast.from_dict(found.to_dict()) == found
+
+
+def test_actual_says_the_training_time_the_time_left_at_this_pace_and_a_tasks_seconds():
+    """60 s for 3 of 12 versions: 180 s left; 1.5 learner-seconds over 6 tasks: 0.25 s each.
+    An ended job has nothing left; nothing counted yet is unknown, not zero."""
+    doc = {"made_at": 100.0, "rounds": 12}
+    assert actual(doc, 160.0, 3, 1.5, 6, ended=False) == {
+        "training_seconds": 60.0, "seconds_left": 180.0, "versions": 3, "task_seconds": 0.25}
+    assert actual(doc, 160.0, 12, 1.5, 6, ended=True)["seconds_left"] is None
+    assert actual(doc, 160.0, 0, 0.0, 0, ended=False)["seconds_left"] is None
+    assert actual(doc, 160.0, 3, 0.0, 6, ended=False)["task_seconds"] is None
+
+
+def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
+    # Prepare
+    plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
+    found = {**forecast(plan, 640, 32, MODEL).to_dict(), "made_at": 0.0}
+    # Execute
+    lines = dict(plan_lines(plan.to_dict(), found, actual(found, 30.0, 2, 0.5, 10, False)))
+    # Assert
+    assert lines["plan"].startswith("4 task(s) a round of about 2 steps, 10 tasks an epoch")
+    assert "on 2 learners" in lines["forecast"]
+    assert lines["actual"] == ("30 s of training, about 60 s left at this pace; a task took "
+                               "0.05 s of learner time (forecast 0.0189 s)")
+    assert plan_lines(None, None, None) == []
