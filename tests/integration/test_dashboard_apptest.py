@@ -23,8 +23,10 @@ from streamlit.testing.v1 import AppTest
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
+from bucketlearn.domain.forecast import ModelCost, forecast
 from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
+from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services import dashboard_data
 
@@ -238,6 +240,31 @@ def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
     assert {"Firestore writes", "250", "Learner seconds (on its tasks)", "7.5", "Total",
             dashboard_data.format_cost(cost["total"])} <= cells
     assert any("list prices as of" in text_of(c.value) for c in at.caption)
+
+
+def test_job_page_shows_the_plan_its_forecast_and_what_the_job_measured(app, seeded,
+                                                                          registry):
+    """Issue #25: the plan (R, steps, how it was decided), the forecast by number of learners
+    with the suggestion and one process, and the job's measured time beside it."""
+    # Prepare
+    job = registry.get_job(RUNNING_ID)
+    plan = TrainingPlan.from_dict(dict(job.plan))
+    found = forecast(plan, 800, 32, ModelCost(flops_per_row=5e5, parameters=2000, layers=5))
+    registry.update_job(RUNNING_ID, {
+        "forecast": {**found.to_dict(), "made_at": job.updated_at - 30},
+        "usage": {"worker_seconds": 1.2}})
+    # Execute
+    at = _run(app, RUNNING_ID)
+    # Assert
+    captions = [text_of(c.value) for c in at.caption]
+    assert any(c.startswith("Plan: 2 task(s) a round of about 7 steps, 4 tasks an epoch, 3 "
+                            "epochs (test)") for c in captions)
+    assert f"Forecast: {found.summary()}" in captions
+    assert any(c.startswith("Actual: 30 s of training") and "a task took 0.2 s" in c
+               for c in captions)
+    table = next(t.value for t in at.table if "learners" in t.value.columns)
+    assert [text_of(c) for c in table["learners"]] == ["1", "2", "one process (train-local)"]
+    assert list(table[""]).count("suggested") == 1
 
 
 def test_job_page_defaults_to_the_newest_job_and_follows_the_picker(app, seeded):
