@@ -3,8 +3,9 @@
 Statuses say how a job stands for its user; phases refine what the pipeline is doing. A version
 commit is allowed or refused by ``commit_refusal`` (asked by the in-memory registry under its
 lock and by Firestore's inside its transaction); a round is trainable once it is published
-(``Job.is_published``). Pure: typed records in, answers out; each record's document is built
-and read by its own ``to_doc``/``from_doc``.
+(``Job.is_published``); a job ends with the field update of ``ending_fields``, whoever ends it.
+Pure: typed records in, answers out; each record's document is built and read by its own
+``to_doc``/``from_doc``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED, CANCELLED)
 
 # Phases refine the status: what the pipeline is doing right now.
 SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
+# and, once it has ended, the phase each ending writes (``ending_fields``)
+DONE_PHASE, REJECTED_PHASE, FAILED_PHASE = "done", "rejected", "failed"
 CANCELLED_PHASE = "cancelled"
+ENDING_PHASES = {DONE: DONE_PHASE, REJECTED: REJECTED_PHASE, FAILED: FAILED_PHASE,
+                 CANCELLED: CANCELLED_PHASE}
 
 
 class Commit(Protocol):
@@ -475,6 +480,45 @@ def unknown_fields(fields: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in fields if k not in JOB_FIELDS)
 
 
+def ending_fields(status: str, now: float, error: str | None = None,
+                  error_detail: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The field update that ends a job: the one place an ending is spelled, so every ending
+    (the export's DONE, a split's REJECTED, each FAILED, a cancel) records the same fields.
+
+    Whoever writes it decides only whether the job may still be ended (``jobs.end_job``, the
+    split's claim, the watchdog's conditional update); what an ended job's document says is
+    decided here.
+
+    Args:
+        status: the ending, one of ``TERMINAL``; its phase is ``ENDING_PHASES[status]``.
+        now: when it ended: both ``finished_at`` and ``updated_at``.
+        error: why (the sentence the CLI and the dashboard show); left out when None.
+        error_detail: the problem as data (a rejection's file, row and column); left out when
+            None.
+        **extra: the other fields this ending records, written as given (``model_path`` and
+            ``head`` of a DONE, ``health`` of a diverging job, who cancelled and why).
+
+    Returns:
+        The field update (document keys, each a ``Job`` attribute).
+
+    Raises:
+        ValueError: ``status`` is not an ending, or ``extra`` names a field the ending sets
+            itself or no ``Job`` attribute.
+    """
+    if status not in ENDING_PHASES:
+        raise ValueError(f"{status!r} is not how a job ends (one of {', '.join(TERMINAL)})")
+    fields: dict[str, Any] = {"status": status, "phase": ENDING_PHASES[status],
+                              "finished_at": now, "updated_at": now}
+    clashing = sorted(set(extra) & set(fields)) + unknown_fields(extra)
+    if clashing:
+        raise ValueError(f"an ending's extra fields may not be {clashing}")
+    if error is not None:
+        fields["error"] = error
+    if error_detail is not None:
+        fields["error_detail"] = error_detail
+    return {**fields, **extra}
+
+
 @dataclass(frozen=True)
 class AfterFold:
     """Where a job goes once a round is folded: the job fields that say so."""
@@ -495,9 +539,9 @@ def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epoch
     epoch; any other round moves to the next round."""
     if tasks_failed > allowed_failures:
         reason = first_failure or "tasks failed"
-        return AfterFold({"status": FAILED, "phase": "failed", "finished_at": now,
-                          "error": f"{tasks_failed} task(s) failed for good (the job allows "
-                                   f"{allowed_failures}): {reason}"[:2000]})
+        return AfterFold(ending_fields(
+            FAILED, now, error=f"{tasks_failed} task(s) failed for good (the job allows "
+                               f"{allowed_failures}): {reason}"[:2000]))
     following = next_round(epoch, round_index, rounds_per_epoch, epochs)
     if following is None:
         return AfterFold({"phase": EXPORTING})

@@ -527,9 +527,8 @@ class JobAggregator:
         self.evaluations.append(evaluation)
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id, {
-                    "status": jobs.FAILED, "phase": "failed", "error": reason,
-                    "finished_at": now, "updated_at": now, "health": self.health})[0]:
+            if jobs.end_job(self.svc.registry, job.job_id, jobs.ending_fields(
+                    jobs.FAILED, now, error=reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason
@@ -795,9 +794,8 @@ def export_final(svc: Services, job: Job) -> None:
                health.degenerate_model(found.predicted_counts, found.true_counts,
                                        manifest.classes, found.loss, rate))
     if problem is not None:
-        if jobs.end_job(svc.registry, job.job_id, {
-                "status": jobs.FAILED, "phase": "failed", "error": problem, "finished_at": now,
-                "updated_at": now})[0]:
+        if jobs.end_job(svc.registry, job.job_id,
+                        jobs.ending_fields(jobs.FAILED, now, error=problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
         return
     if jobs.is_terminal(svc.registry.get_job(job.job_id)):
@@ -813,11 +811,10 @@ def export_final(svc: Services, job: Job) -> None:
     head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
-    ended, current = jobs.end_job(svc.registry, job.job_id, {
-        "status": jobs.DONE, "phase": "done", "model_path": layout.model_path(job.job_id),
-        "head": head.to_doc(), "finished_at": now, "updated_at": now,
-        "final_holdout_rows": found.rows, "usage": _added(job.usage, used),  # the export's too
-    })
+    ended, current = jobs.end_job(svc.registry, job.job_id, jobs.ending_fields(
+        jobs.DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
+        final_holdout_rows=found.rows, usage=_added(job.usage, used),  # the export's too
+    ))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
         log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
                  current.status if current is not None else None)

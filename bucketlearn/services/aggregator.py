@@ -186,9 +186,8 @@ class _JobSlot:
         now = self.service.svc.clock()
         reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"[:2000]
         log.error("job %s: %s", self.job_id, reason)
-        jobs.end_job(self.service.svc.registry, self.job_id, {
-            "status": jobs.FAILED, "phase": "failed", "error": reason, "finished_at": now,
-            "updated_at": now})
+        jobs.end_job(self.service.svc.registry, self.job_id,
+                     jobs.ending_fields(jobs.FAILED, now, error=reason))
         self.aggregator.job = self.aggregator.refresh()
         self.aggregator.step()  # the job has ended: its messages are settled, it is wound up
 

@@ -64,9 +64,8 @@ def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
     by = bounded(by.strip() or "someone", MAX_REASON_CHARS)
     reason = bounded(reason.strip(), MAX_REASON_CHARS) if reason and reason.strip() else None
     sentence = f"cancelled by {by} at {utc_text(now)}" + (f": {reason}" if reason else "")
-    return {"status": jobs.CANCELLED, "phase": jobs.CANCELLED_PHASE, "finished_at": now,
-            "updated_at": now, "cancelled_at": now, "cancelled_by": by, "cancel_reason": reason,
-            "error": sentence}
+    return jobs.ending_fields(jobs.CANCELLED, now, error=sentence, cancelled_at=now,
+                              cancelled_by=by, cancel_reason=reason)
 
 
 def _tell_the_aggregator(svc: Services, job_id: str, by: str) -> None:

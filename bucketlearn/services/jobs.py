@@ -15,10 +15,13 @@ from bucketlearn.domain.job import (  # noqa: F401
     CANCELLED,
     CANCELLED_PHASE,
     DONE,
+    DONE_PHASE,
     EXPORTING,
     FAILED,
+    FAILED_PHASE,
     QUEUED,
     REJECTED,
+    REJECTED_PHASE,
     RUNNING,
     SPLITTING,
     STATUSES,
@@ -27,6 +30,7 @@ from bucketlearn.domain.job import (  # noqa: F401
     Job,
     commit_refusal,
     done_tasks,
+    ending_fields,
     is_terminal,
     round_key,
 )
@@ -42,7 +46,7 @@ END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job k
 
 def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
             attempts: int = END_ATTEMPTS) -> tuple[bool, Job | None]:
-    """Write ``fields`` (an ending: status, phase, finished_at, reason) unless the job has ended
+    """Write ``fields`` (an ending, built by ``ending_fields``) unless the job has ended
     already, so no ending ever overwrites another (a cancel, a rejection, DONE).
 
     A conditional update on the status and phase just read; when something else wrote the job

@@ -87,9 +87,7 @@ def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
         svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
     elif tending.action == FAIL:
         svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
-                                   {"status": jobs.FAILED, "phase": "failed",
-                                    "error": tending.reason, "finished_at": now,
-                                    "updated_at": now})
+                                   jobs.ending_fields(jobs.FAILED, now, error=tending.reason))
         return
     svc.registry.update_job(job_id, {"tended_at": now,
                                      "tendings": job.tendings + 1,

@@ -370,10 +370,8 @@ def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
             moved on); nothing was written or removed.
     """
     now = svc.clock()
-    if not held.update({
-        "status": jobs.REJECTED, "phase": "rejected", "error": problem.describe(),
-        "error_detail": problem.to_dict(), "updated_at": now, "finished_at": now,
-    }):
+    if not held.update(jobs.ending_fields(jobs.REJECTED, now, error=problem.describe(),
+                                          error_detail=problem.to_dict())):
         if _ended(svc, held.job_id, f"not rejected ({problem.describe()})"):
             return
         raise held.lost()
@@ -406,8 +404,7 @@ def fail(svc: Services, held: SplitClaim, reason: str) -> None:
     now = svc.clock()
     error = bounded(reason, 2000)
     try:
-        ended = held.update({"status": jobs.FAILED, "phase": "failed", "error": error,
-                             "updated_at": now, "finished_at": now})
+        ended = held.update(jobs.ending_fields(jobs.FAILED, now, error=error))
     except BackendRejectedError:
         log.exception("job %s: could not record its failure (%s)", held.job_id, error)
         ended = held.holds()

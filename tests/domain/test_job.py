@@ -142,7 +142,8 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     (1, 0, 0, {"round": 1}),
     (1, 2, 0, {"epoch": 2, "round": 0}),
     (3, 2, 0, {"phase": J.EXPORTING}),
-    (1, 0, 2, {"status": J.FAILED, "phase": "failed"}),
+    (1, 0, 2, {"status": J.FAILED, "phase": J.FAILED_PHASE, "finished_at": 50.0,
+               "updated_at": 50.0}),
 ], ids=["next-round", "next-epoch", "export", "too-many-failures"])
 def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
         epoch: int, round_index: int, failed: int, expected: dict[str, Any]) -> None:
@@ -220,3 +221,58 @@ def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> No
     assert folded.to_doc()["holdout_accuracy"] is None  # the document says "not yet"
     assert (first.tasks_failed, first.holdout_accuracy, first.figure("holdout_loss"),
             first.round) == ((), 0.5, 1.25, None)
+
+
+@pytest.mark.parametrize(("status", "phase"), [
+    (J.DONE, "done"), (J.FAILED, "failed"), (J.REJECTED, "rejected"),
+    (J.CANCELLED, "cancelled"),
+], ids=["done", "failed", "rejected", "cancelled"])
+def test_every_ending_records_its_status_phase_and_when(status: str, phase: str) -> None:
+    """Each ending writes the same four fields: its status, its phase, and the time it ended as
+    both ``finished_at`` and ``updated_at``; with no error given, no ``error`` key is written."""
+    # Execute
+    fields = J.ending_fields(status, 70.0)
+    # Assert
+    assert fields == {"status": status, "phase": phase, "finished_at": 70.0,
+                      "updated_at": 70.0}
+    assert J.ENDING_PHASES[status] == phase
+    ended = JOB.updated(fields)
+    assert (ended.is_terminal, ended.status, ended.phase, ended.finished_at,
+            ended.updated_at) == (True, status, phase, 70.0, 70.0)
+
+
+def test_an_ending_carries_its_error_and_the_callers_fields() -> None:
+    """The reason (``error``, ``error_detail``) and the fields only some endings write (a DONE's
+    ``model_path``, who cancelled) are in the update as given, beside the four every ending
+    writes; each key names a ``Job`` attribute, so it reads back."""
+    # Prepare
+    detail = {"file": "a.csv", "row": 7, "column": "x"}
+    # Execute
+    rejected = J.ending_fields(J.REJECTED, 80.0, error="row 7: bad cell", error_detail=detail)
+    done = J.ending_fields(J.DONE, 90.0, model_path="models/j1/latest.keras",
+                           final_holdout_rows=40)
+    cancelled = J.ending_fields(J.CANCELLED, 95.0, error="cancelled by ana", cancelled_at=95.0,
+                                cancelled_by="ana", cancel_reason=None)
+    # Assert
+    assert rejected == {"status": J.REJECTED, "phase": J.REJECTED_PHASE, "finished_at": 80.0,
+                        "updated_at": 80.0, "error": "row 7: bad cell", "error_detail": detail}
+    assert done == {"status": J.DONE, "phase": J.DONE_PHASE, "finished_at": 90.0,
+                    "updated_at": 90.0, "model_path": "models/j1/latest.keras",
+                    "final_holdout_rows": 40}
+    assert {k: cancelled[k] for k in ("error", "cancelled_by", "cancel_reason")} == {
+        "error": "cancelled by ana", "cancelled_by": "ana", "cancel_reason": None}
+    assert J.unknown_fields(rejected) == J.unknown_fields(done) == J.unknown_fields(
+        cancelled) == []
+    assert JOB.updated(rejected).error_detail == detail
+
+
+@pytest.mark.parametrize(("status", "extra"), [
+    (J.RUNNING, {}), (J.FAILED, {"finished_at": 1.0}), (J.FAILED, {"phase": "x"}),
+    (J.DONE, {"model_pth": "typo"}),
+], ids=["not-an-ending", "its-own-time", "its-own-phase", "no-such-field"])
+def test_an_ending_refuses_what_is_not_one(status: str, extra: dict[str, Any]) -> None:
+    """Only the four endings end a job, and an extra field may neither restate what the ending
+    sets itself nor name a field no ``Job`` has."""
+    # Execute / Assert
+    with pytest.raises(ValueError, match="ending|how a job ends"):
+        J.ending_fields(status, 1.0, **extra)

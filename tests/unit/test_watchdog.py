@@ -98,18 +98,24 @@ def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
 
 
 def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
-    """A job still SPLITTING longer than events are retried for ends FAILED with a reason."""
+    """A job still SPLITTING longer than events are retried for ends FAILED with a reason, and
+    its ``updated_at`` says when, as every ending's does."""
     # Prepare
     svc, _ = start_job(tmp_path)
     svc.registry.create_job(Job.from_doc({
         "job_id": "stuck-000000000001", "status": jobs.QUEUED, "phase": jobs.SPLITTING,
         "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()}))
+    created = svc.registry.get_job("stuck-000000000001").updated_at
     # Execute
     actions = tend(later(svc, svc.settings.max_event_age_seconds + 1))
     # Assert
     stuck = svc.registry.get_job("stuck-000000000001")
     assert [a["action"] for a in actions if a["job_id"] == stuck.job_id] == [FAIL]
     assert stuck.status == jobs.FAILED and "upload the file again" in stuck.error
+    # the watchdog's ending records what every ending does (``ending_fields``)
+    assert stuck.phase == jobs.FAILED_PHASE
+    assert stuck.finished_at is not None and stuck.finished_at > created
+    assert stuck.updated_at == stuck.finished_at
 
 
 def test_decide_leaves_moving_and_finished_jobs_alone() -> None:
