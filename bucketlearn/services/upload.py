@@ -8,7 +8,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
-from bucketlearn.domain.forecast import forecast
+from bucketlearn.domain.forecast import choose_layout, forecast
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
     OverLimit,
@@ -247,6 +247,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         plan = plan_within_limits(manifest, options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
         model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
+        plan = automatic_layout(plan, manifest, options, model)
         check_plan_duration(plan, manifest, settings.limits, file, int(model.count_params()))
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
@@ -306,6 +307,19 @@ def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, 
     """
     _refuse_if_over(check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
                                    limits.work_retention_days), file)
+
+
+def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,
+                     model: Any) -> TrainingPlan:
+    """An automatic plan's layout once the model is known: its parallel rounds, or one task
+    at a time where the forecast says that ends sooner (``domain.forecast.choose_layout``).
+    A ``parallel_tasks`` the user set is kept as set."""
+    if options.parallel_tasks != AUTO or plan.parallel_tasks <= 1:
+        return plan
+    chained = plan_training([s.rows for s in manifest.shards], options.epochs,
+                            options.batch_size, 1)
+    return choose_layout(plan, chained, manifest.train_rows, options.batch_size,
+                         model_cost(model))
 
 
 def _refuse_if_over(over: OverLimit | None, file: str) -> None:

@@ -9,6 +9,7 @@ from bucketlearn.domain.forecast import (
     Forecast,
     ModelCost,
     actual,
+    choose_layout,
     forecast,
     plan_lines,
     task_seconds,
@@ -103,3 +104,29 @@ def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
     assert lines["actual"] == ("30 s of training, about 60 s left at this pace; a task took "
                                "0.05 s of learner time (forecast 0.0189 s)")
     assert plan_lines(None, None, None) == []
+
+
+def test_an_automatic_plan_keeps_rounds_only_where_they_end_sooner_than_one_task_at_a_time():
+    """A table's model (1 MFLOP a row): 64 shards of 256 rows in rounds of 4 one-shard tasks
+    cost 0.37 s a round for ~40 ms of compute; one chained task of 4 shards a version ends
+    sooner, so the plan trains one task at a time and says why. A CNN-sized model (1 GFLOP a
+    row) keeps its rounds: its tasks dwarf the round trip."""
+    # Prepare
+    shards, rows = [256] * 64, 256 * 64
+    parallel = plan_training(shards, epochs=2, batch_size=32, requested=4)
+    chained = plan_training(shards, epochs=2, batch_size=32, requested=1)
+    heavy = ModelCost(flops_per_row=1e9, parameters=100_000, layers=10)
+    # Execute
+    table = choose_layout(parallel, chained, rows, 32, MODEL)
+    images = choose_layout(parallel, chained, rows, 32, heavy)
+    # Assert
+    assert (table.parallel_tasks, table.shards_per_task) == (1, 4)
+    assert table.tasks_per_epoch == 16 and table.serial_steps == parallel.serial_steps
+    one = forecast(chained, rows, 32, MODEL).best_seconds
+    rounds = forecast(parallel, rows, 32, MODEL).best_seconds
+    assert one < rounds
+    assert table.decided == (f"auto: one task at a time, forecast {one:,.1f} s; rounds of 4 "
+                             f"tasks (the most the bound allows: option parallel_tasks) were "
+                             f"forecast {rounds:,.1f} s on 4 learners")
+    assert images is parallel
+    assert choose_layout(chained, chained, rows, 32, MODEL) is chained

@@ -683,3 +683,33 @@ def test_a_job_at_the_total_task_limit_trains():
     assert outcome is Outcome.ACCEPTED
     assert (job.tasks_per_epoch, job.tasks_planned) == (20, 60)
     assert job.version == 0 and svc.queue.published
+
+
+@pytest.mark.parametrize("requested, expected", [(None, 1), ("2", 2)])
+def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_sooner(
+        requested, expected):
+    """Issue #25: 600 rows in 8-row shards and batches of 8, 2 epochs: the bound allows rounds
+    of 2 one-step tasks, but a round's critical path (0.37 s) dwarfs their compute, so the
+    automatic plan chains one task of 4 shards at a time and records why; a parallel_tasks
+    the user set is kept."""
+    # Prepare
+    from tests.unit.helpers import blobs_rows
+
+    svc = memory_services()
+    metadata = {"epochs": "2", "rows_per_shard": "8", "batch_size": "8",
+                **({"parallel_tasks": requested} if requested else {})}
+    data = csv_bytes(["f0", "f1", "f2", "f3", "label"], blobs_rows(600, 3, 4, 0))
+    # Execute
+    outcome, job_id = handle_upload(svc, upload(svc, "blobs.csv", data, metadata))
+    # Assert
+    assert outcome is Outcome.ACCEPTED
+    job = svc.registry.get_job(job_id)
+    plan = TrainingPlan.from_dict(dict(job.plan))
+    assert plan.parallel_tasks == expected
+    if requested is None:
+        assert plan.shards_per_task == 4
+        assert plan.decided.startswith("auto: one task at a time, forecast ")
+        assert "rounds of 2 tasks (the most the bound allows: R*H <= 0.25*sqrt(S)" in plan.decided
+        assert job.forecast["suggested_workers"] == 1
+    else:
+        assert plan.shards_per_task == 1 and plan.decided == "option parallel_tasks"
