@@ -43,3 +43,22 @@ def test_the_wide_projection_runs_every_task_in_rounds_as_wide_as_the_learners()
     """Nine tasks of 1 s (the 90th percentile) on 4 learners: 3 rounds of 1 s + 0.5 s."""
     timeline = _timeline([[1.0] * 3] * 3, split=2.0)
     assert speedup.project_wide(timeline, 4, 0.5) == pytest.approx(2.0 + 3 * 1.5)
+
+
+def test_a_plan_of_one_task_at_a_time_is_projected_with_a_chained_versions_round_trip():
+    """R = 1: three versions of 1 s tasks cost the chain's 0.05 s each in the cloud, not a
+    parallel round's 0.4 s; the R = W projection still prices parallel rounds."""
+    # Prepare
+    def cell(parallel: int) -> dict:
+        run = {**_timeline([[1.0]] * 3, split=2.0, training=3.3), "evaluated": [(5.0, 0.9)],
+               "plan": {"parallel_tasks": parallel}}
+        return {"train_local": {"seconds": 4.0, "accuracy": 0.9}, "pipeline-1": run}
+    chained, rounds = cell(1), cell(2)
+    # Execute
+    speedup.summarize(chained, [2], cloud=0.4, chain=0.05)
+    speedup.summarize(rounds, [2], cloud=0.4, chain=0.05)
+    # Assert
+    assert chained["projection"]["cloud_round_seconds"] == 0.05
+    assert chained["projection"]["W=2"]["cloud"] == pytest.approx(2.0 + 3 * 1.05)
+    assert chained["projection"]["W=2"]["R=W"] == pytest.approx(2.0 + 2 * 1.4)
+    assert rounds["projection"]["W=2"]["cloud"] == pytest.approx(2.0 + 3 * 1.4)

@@ -22,6 +22,10 @@ below serial training at R·H/√S = 0.48–0.50 (flights, R = 16; diamonds, R =
 
 A job that trains one task at a time (R = 1) groups up to ``SERIAL_TASK_SHARDS`` shards into a
 task: the steps are the same, one after another, and the pipeline pays for fewer versions.
+
+The bound says how many tasks a round may have and keep serial accuracy, not whether rounds end
+sooner: once the model is built, an automatic plan keeps its rounds only where the job's
+forecast says so (``domain.forecast.choose_layout``).
 """
 
 from __future__ import annotations
