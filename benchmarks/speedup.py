@@ -269,7 +269,7 @@ def summarize(cell: dict[str, Any], project_to: list[int], cloud: float,
         return
     compute, trips = runs[min(runs)], runs[max(runs)]
     local = local_round_seconds(trips, max(runs))
-    chained = int(compute["plan"].get("parallel_tasks") or 1) == 1 and chain is not None
+    chained = int(compute["plan"].get("parallel_tasks") or 0) == 1
     here = chain if chained and chain is not None else cloud
     cell["projection"] = {"compute_from": min(runs), "round_trip_from": max(runs),
                           "local_round_seconds": local, "cloud_round_seconds": here,

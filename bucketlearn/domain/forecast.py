@@ -11,8 +11,8 @@ commits behind it, so a version costs one task's compute (no read of the version
 left of its path. One process (``train-local``) pays only the steps and the rows.
 
 Every constant is a measurement, stated with where it comes from (docs/TRAINING.md, "The
-forecast"); they were set on two datasets (digits' MLP and a 3,000-row image set's CNN, one
-TensorFlow thread on the project's 2-core machine) and checked on others. The forecast is made
+forecast"); they were set on the synthetic tuning tables blobs and trips and a 3,000-row image
+set (one TensorFlow thread on the project's 2-core machine) and checked on others. The forecast is made
 once, when the job is planned; what the job then measures (``actual``) is shown beside it.
 """
 
@@ -31,6 +31,8 @@ from bucketlearn.domain.plan import TrainingPlan
 # trained at 26 GFLOP/s (``ml.model.training_flops_per_row``); a small model's step costs a
 # fixed overhead that grows with its layers (a table's text and number columns add layers):
 # 0.36 ms with 5 layers (blobs), 0.62 ms with 13 (trips), of which 0.12-0.13 ms of FLOPs.
+# 20 GFLOP/s rather than 26: a learner shares its machine (on the local stack, with the
+# emulators; in the cloud, with its I/O threads), and a forecast a little long misleads less.
 LEARNER_FLOPS = 20e9
 STEP_SECONDS = 0.0001
 LAYER_STEP_SECONDS = 0.00003
@@ -90,10 +92,10 @@ class Forecast:
     def summary(self) -> str:
         """One sentence for people: the suggestion, and whether distributing pays."""
         best = self.at(self.suggested_workers)
-        text = (f"about {_duration(best)} on {self.suggested_workers} learner"
+        text = (f"about {duration_text(best)} on {self.suggested_workers} learner"
                 f"{'' if self.suggested_workers == 1 else 's'} ({self.rounds:,} rounds of "
                 f"{self.round_seconds:g} s + tasks of {self.task_seconds:.3g} s); one process: "
-                f"about {_duration(self.one_process_seconds)}")
+                f"about {duration_text(self.one_process_seconds)}")
         if not self.pays:
             text += ("; too small to gain from distributing: train-local would end sooner")
         return text
@@ -120,7 +122,8 @@ class Forecast:
                    suggested_workers=int(data["suggested_workers"]))  # type: ignore[call-overload]
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration for people: '4.2 s', '45 s', '3.5 min', '1.6 h'."""
     if seconds >= 5400:
         return f"{seconds / 3600:,.1f} h"
     if seconds >= 120:
@@ -158,8 +161,8 @@ def task_seconds(rows: float, batch_size: int, model: ModelCost,
             + rows * model.flops_per_row / LEARNER_FLOPS + state * (2 if reads_version else 1))
 
 
-def forecast(plan: TrainingPlan, train_rows: int, batch_size: int, model: ModelCost
-             ) -> Forecast:
+def forecast_plan(plan: TrainingPlan, train_rows: int, batch_size: int, model: ModelCost
+                  ) -> Forecast:
     """The forecast of a job planned as ``plan`` (see the module's docstring).
 
     Args:
@@ -167,6 +170,10 @@ def forecast(plan: TrainingPlan, train_rows: int, batch_size: int, model: ModelC
         train_rows: the job's training rows (one epoch).
         batch_size: rows per optimizer step.
         model: what the model costs to train.
+
+    Returns:
+        The forecast with 1 to R learners (one only, at R = 1), the suggestion among them and
+        the same steps in one process.
     """
     rows_per_task = train_rows / max(1, plan.tasks_per_epoch)
     rounds = plan.rounds_per_epoch * plan.epochs
@@ -196,11 +203,22 @@ def forecast(plan: TrainingPlan, train_rows: int, batch_size: int, model: ModelC
 
 def actual(forecast_doc: Mapping[str, Any], until: float | None, versions_done: int,
            worker_seconds: float, tasks_applied: int, ended: bool) -> dict[str, Any]:
-    """What the job measured, to show beside its forecast: seconds of training since the
-    forecast was made (``made_at``) up to ``until`` (its end, or its last update), the seconds
-    left at the pace so far (its versions against the forecast's rounds; None before the first
-    version and once it ended) and a task's measured learner seconds (None until a learner's
-    seconds are counted)."""
+    """What the job measured, to show beside its forecast.
+
+    Args:
+        forecast_doc: the job's stored forecast (``made_at``: when training started; ``rounds``).
+        until: the job's end, or its last update while it runs (None: unknown).
+        versions_done: versions committed so far.
+        worker_seconds: learner seconds counted on its applied tasks (``Job.usage``).
+        tasks_applied: tasks folded into versions so far.
+        ended: the job has ended.
+
+    Returns:
+        ``training_seconds`` from ``made_at`` to ``until``; ``seconds_left`` at the pace so far
+        (its versions against the forecast's rounds; None before the first version and once
+        it ended); ``versions``; ``task_seconds``, a task's measured learner seconds (None
+        until a learner's seconds are counted).
+    """
     made = forecast_doc.get("made_at")
     rounds = int(forecast_doc.get("rounds") or 0)
     elapsed = (max(0.0, float(until) - float(made)) if until is not None and made is not None
@@ -216,8 +234,17 @@ def actual(forecast_doc: Mapping[str, Any], until: float | None, versions_done: 
 
 def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] | None,
                measured: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """(label, text) lines that say a job's plan, its forecast and what it measured, for the
-    CLI's ``status`` and the dashboard; empty before the job is planned."""
+    """What the CLI's ``status`` and the dashboard say of a job's plan, forecast and actual.
+
+    Args:
+        plan: the job's plan document (None before the split).
+        forecast_doc: its forecast (None for a job planned before forecasts).
+        measured: ``actual`` of it (None without a forecast).
+
+    Returns:
+        (label, text) lines: ``plan``, then ``forecast`` and ``actual`` where known; none
+        before the job is planned.
+    """
     if not plan:
         return []
     steps = (forecast_doc or {}).get("steps_per_task")
@@ -228,9 +255,9 @@ def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] |
     if forecast_doc:
         lines.append(("forecast", str(forecast_doc.get("summary") or "")))
     if measured and measured.get("training_seconds") is not None:
-        text = f"{_duration(float(measured['training_seconds']))} of training"
+        text = f"{duration_text(float(measured['training_seconds']))} of training"
         if measured.get("seconds_left") is not None:
-            text += f", about {_duration(float(measured['seconds_left']))} left at this pace"
+            text += f", about {duration_text(float(measured['seconds_left']))} left at this pace"
         if measured.get("task_seconds") is not None:
             text += (f"; a task took {float(measured['task_seconds']):.3g} s of learner time"
                      + (f" (forecast {float(forecast_doc['task_seconds']):.3g} s)"
@@ -251,11 +278,19 @@ def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int
     0.05 s for a task of four shards; and the bound that keeps rounds accurate
     (``plan.PARALLEL_C``) keeps R small. On the speed-up benchmark's public tables the chain
     ended sooner, at train-local's accuracy, than rounds at the bound's R on 1 or 2 learners.
+
+    Args:
+        parallel: the automatic plan (R by the bound, one shard a task).
+        chained: the same job one task at a time (``plan_training(..., requested=1)``).
+        train_rows, batch_size, model: what ``forecast_plan`` prices them with.
+
+    Returns:
+        ``parallel`` itself, or ``chained`` with both forecasts in its ``decided``.
     """
     if parallel.parallel_tasks <= 1:
         return parallel
-    rounds = forecast(parallel, train_rows, batch_size, model)
-    one = forecast(chained, train_rows, batch_size, model)
+    rounds = forecast_plan(parallel, train_rows, batch_size, model)
+    one = forecast_plan(chained, train_rows, batch_size, model)
     if rounds.best_seconds < one.best_seconds:
         return parallel
     r = parallel.parallel_tasks

@@ -33,7 +33,7 @@ from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
-from bucketlearn.domain.forecast import plan_lines
+from bucketlearn.domain.forecast import duration_text, plan_lines
 from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
@@ -395,12 +395,12 @@ def forecast_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     found = summary.get("forecast") or {}
     suggested = found.get("suggested_workers")
     rows = [{"learners": str(r["workers"]),
-             "forecast": format_duration(_float(r["seconds"])),
+             "forecast": duration_text(float(r["seconds"])),
              "": "suggested" if r["workers"] == suggested else ""}
             for r in found.get("by_workers") or []]
     if rows and found.get("one_process_seconds") is not None:
         rows.append({"learners": "one process (train-local)",
-                     "forecast": format_duration(_float(found["one_process_seconds"])), "": ""})
+                     "forecast": duration_text(float(found["one_process_seconds"])), "": ""})
     return rows
 
 

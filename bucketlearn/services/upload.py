@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
-from bucketlearn.domain.forecast import choose_layout, forecast
+from bucketlearn.domain.forecast import choose_layout, forecast_plan
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
     OverLimit,
@@ -247,7 +248,9 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         plan = plan_within_limits(manifest, options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
         model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-        plan = automatic_layout(plan, manifest, options, model)
+        plan = automatic_layout(plan, manifest, options, settings.limits, model)
+        _refuse_if_over(check_total_tasks(plan, settings.limits.max_total_tasks,
+                                          options.rows_per_shard), file)
         check_plan_duration(plan, manifest, settings.limits, file, int(model.count_params()))
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
@@ -292,7 +295,11 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks,
                          regression=manifest.target is not None)
-    _refuse_if_over(check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard),
+    # an automatic plan may still become one task at a time, which has fewer tasks: the limit
+    # is checked here on the fewer, and again on the plan the job trains (``_split_claimed``)
+    fewest = (chained_plan(manifest, options)
+              if options.parallel_tasks == AUTO and plan.parallel_tasks > 1 else plan)
+    _refuse_if_over(check_total_tasks(fewest, limits.max_total_tasks, options.rows_per_shard),
                     file)
     return plan
 
@@ -309,17 +316,37 @@ def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, 
                                    limits.work_retention_days), file)
 
 
+def chained_plan(manifest: Manifest, options: JobOptions) -> TrainingPlan:
+    """The job's plan one task at a time (what ``automatic_layout`` may choose instead)."""
+    return plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
+                         1)
+
+
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,
-                     model: Any) -> TrainingPlan:
+                     limits: Limits, model: Any) -> TrainingPlan:
     """An automatic plan's layout once the model is known: its parallel rounds, or one task
-    at a time where the forecast says that ends sooner (``domain.forecast.choose_layout``).
-    A ``parallel_tasks`` the user set is kept as set."""
+    at a time where the forecast says that ends sooner (``domain.forecast.choose_layout``);
+    the other of the two where the deployment's limits (total tasks, predicted duration) would
+    refuse the choice and not the other. A ``parallel_tasks`` the user set is kept as set."""
     if options.parallel_tasks != AUTO or plan.parallel_tasks <= 1:
         return plan
-    chained = plan_training([s.rows for s in manifest.shards], options.epochs,
-                            options.batch_size, 1)
-    return choose_layout(plan, chained, manifest.train_rows, options.batch_size,
-                         model_cost(model))
+    chained = chained_plan(manifest, options)
+    chosen = choose_layout(plan, chained, manifest.train_rows, options.batch_size,
+                           model_cost(model))
+    other = chained if chosen is plan else plan
+
+    def refused(candidate: TrainingPlan) -> bool:
+        return (check_total_tasks(candidate, limits.max_total_tasks, options.rows_per_shard)
+                or check_duration(candidate, int(model.count_params()), manifest.train_rows,
+                                  limits.worker_flops, limits.work_retention_days)) is not None
+
+    if not refused(chosen) or refused(other):
+        return chosen
+    if other is plan:
+        return plan
+    return dataclasses.replace(chained, decided=(
+        f"auto: one task at a time: rounds of {plan.parallel_tasks} tasks "
+        f"({plan.decided.removeprefix('auto: ')}) would be over the deployment's limits"))
 
 
 def _refuse_if_over(over: OverLimit | None, file: str) -> None:
@@ -353,7 +380,7 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
-        "forecast": {**forecast(plan, manifest.train_rows, batch_size, cost).to_dict(),
+        "forecast": {**forecast_plan(plan, manifest.train_rows, batch_size, cost).to_dict(),
                      "model": cost.to_dict(), "made_at": now},
         "tasks_planned": plan.total_tasks,
         "dataset": manifest.summary(), "model": spec, "updated_at": now,

@@ -10,7 +10,7 @@ from bucketlearn.domain.forecast import (
     ModelCost,
     actual,
     choose_layout,
-    forecast,
+    forecast_plan,
     plan_lines,
     task_seconds,
 )
@@ -35,7 +35,7 @@ def test_a_parallel_plan_is_forecast_by_rounds_and_waves_and_suggests_the_fewest
     # Prepare
     plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
     # Execute
-    found = forecast(plan, train_rows=640, batch_size=32, model=MODEL)
+    found = forecast_plan(plan, train_rows=640, batch_size=32, model=MODEL)
     # Assert
     assert found.workers == (1, 2, 4)
     assert found.seconds == pytest.approx((2.5988, 2.4094, 2.33364))
@@ -54,7 +54,7 @@ def test_one_task_at_a_time_gains_nothing_from_more_learners():
     plan = plan_training([64] * 8, epochs=3, batch_size=32)
     assert plan.parallel_tasks == 1
     # Execute
-    found = forecast(plan, train_rows=512, batch_size=32, model=MODEL)
+    found = forecast_plan(plan, train_rows=512, batch_size=32, model=MODEL)
     # Assert
     per_version = CHAINED_VERSION_SECONDS + task_seconds(256, 32, MODEL, reads_version=False)
     assert found.workers == (1,) and found.suggested_workers == 1
@@ -68,7 +68,7 @@ def test_a_job_whose_tasks_dwarf_its_round_trip_pays_to_distribute():
     plan = plan_training([256] * 64, epochs=1, batch_size=32, requested=8)
     heavy = ModelCost(flops_per_row=1e9, parameters=100_000, layers=10)
     # Execute
-    found = forecast(plan, train_rows=256 * 64, batch_size=32, model=heavy)
+    found = forecast_plan(plan, train_rows=256 * 64, batch_size=32, model=heavy)
     # Assert
     assert found.suggested_workers == 8
     assert found.at(1) / found.at(8) > 7
@@ -77,7 +77,7 @@ def test_a_job_whose_tasks_dwarf_its_round_trip_pays_to_distribute():
 
 def test_a_forecast_survives_its_document():
     plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
-    found = forecast(plan, 640, 32, MODEL)
+    found = forecast_plan(plan, 640, 32, MODEL)
     assert Forecast.from_dict(found.to_dict()) == found
 
 
@@ -95,7 +95,7 @@ def test_actual_says_the_training_time_the_time_left_at_this_pace_and_a_tasks_se
 def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
     # Prepare
     plan = plan_training([64] * 10, epochs=2, batch_size=32, requested=4)
-    found = {**forecast(plan, 640, 32, MODEL).to_dict(), "made_at": 0.0}
+    found = {**forecast_plan(plan, 640, 32, MODEL).to_dict(), "made_at": 0.0}
     # Execute
     lines = dict(plan_lines(plan.to_dict(), found, actual(found, 30.0, 2, 0.5, 10, False)))
     # Assert
@@ -107,26 +107,29 @@ def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
 
 
 def test_an_automatic_plan_keeps_rounds_only_where_they_end_sooner_than_one_task_at_a_time():
-    """A table's model (1 MFLOP a row): 64 shards of 256 rows in rounds of 4 one-shard tasks
-    cost 0.37 s a round for ~40 ms of compute; one chained task of 4 shards a version ends
-    sooner, so the plan trains one task at a time and says why. A CNN-sized model (1 GFLOP a
-    row) keeps its rounds: its tasks dwarf the round trip."""
+    """A table's model (1 MFLOP a row): 256 shards of 64 rows, 4 epochs (S = 2,048, H = 2:
+    the bound allows R = 5) in rounds of 5 one-shard tasks cost 0.37 s a round for ~20 ms of
+    compute; one chained task of 4 shards a version ends sooner, so the plan trains one task at
+    a time and says why. A CNN-sized model (1 GFLOP a row) keeps its rounds: its tasks dwarf
+    the round trip."""
     # Prepare
-    shards, rows = [256] * 64, 256 * 64
-    parallel = plan_training(shards, epochs=2, batch_size=32, requested=4)
-    chained = plan_training(shards, epochs=2, batch_size=32, requested=1)
+    shards, rows = [64] * 256, 64 * 256
+    parallel = plan_training(shards, epochs=4, batch_size=32)
+    chained = plan_training(shards, epochs=4, batch_size=32, requested=1)
+    assert parallel.parallel_tasks == 5
     heavy = ModelCost(flops_per_row=1e9, parameters=100_000, layers=10)
     # Execute
     table = choose_layout(parallel, chained, rows, 32, MODEL)
     images = choose_layout(parallel, chained, rows, 32, heavy)
     # Assert
     assert (table.parallel_tasks, table.shards_per_task) == (1, 4)
-    assert table.tasks_per_epoch == 16 and table.serial_steps == parallel.serial_steps
-    one = forecast(chained, rows, 32, MODEL).best_seconds
-    rounds = forecast(parallel, rows, 32, MODEL).best_seconds
+    assert table.tasks_per_epoch == 64 and table.serial_steps == parallel.serial_steps
+    one = forecast_plan(chained, rows, 32, MODEL).best_seconds
+    rounds = forecast_plan(parallel, rows, 32, MODEL).best_seconds
     assert one < rounds
-    assert table.decided == (f"auto: one task at a time, forecast {one:,.1f} s; rounds of 4 "
-                             f"tasks (the most the bound allows: option parallel_tasks) were "
-                             f"forecast {rounds:,.1f} s on 4 learners")
+    assert table.decided == (f"auto: one task at a time, forecast {one:,.1f} s; rounds of 5 "
+                             f"tasks (the most the bound allows: R*H <= 0.25*sqrt(S) with "
+                             f"S=2048 serial steps and H=2 steps per shard) were forecast "
+                             f"{rounds:,.1f} s on 5 learners")
     assert images is parallel
     assert choose_layout(chained, chained, rows, 32, MODEL) is chained

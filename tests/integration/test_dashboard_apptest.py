@@ -23,7 +23,7 @@ from streamlit.testing.v1 import AppTest
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
-from bucketlearn.domain.forecast import ModelCost, forecast
+from bucketlearn.domain.forecast import ModelCost, forecast_plan
 from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.plan import TrainingPlan
@@ -249,7 +249,7 @@ def test_job_page_shows_the_plan_its_forecast_and_what_the_job_measured(app, see
     # Prepare
     job = registry.get_job(RUNNING_ID)
     plan = TrainingPlan.from_dict(dict(job.plan))
-    found = forecast(plan, 800, 32, ModelCost(flops_per_row=5e5, parameters=2000, layers=5))
+    found = forecast_plan(plan, 800, 32, ModelCost(flops_per_row=5e5, parameters=2000, layers=5))
     registry.update_job(RUNNING_ID, {
         "forecast": {**found.to_dict(), "made_at": job.updated_at - 30},
         "usage": {"worker_seconds": 1.2}})

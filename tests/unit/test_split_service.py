@@ -713,3 +713,26 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
         assert job.forecast["suggested_workers"] == 1
     else:
         assert plan.shards_per_task == 1 and plan.decided == "option parallel_tasks"
+
+
+def test_the_task_limit_judges_the_plan_the_job_trains():
+    """600 rows in 8-row shards, 2 epochs: 120 one-shard tasks in rounds of 2, or 30 tasks of
+    4 shards one at a time, which the automatic plan trains. With a limit of 50 tasks the
+    automatic job is accepted (it trains 30); the same job with parallel_tasks=2 is refused,
+    naming its 120."""
+    # Prepare
+    from tests.unit.helpers import blobs_rows
+
+    svc = memory_services(Settings(limits=Limits(max_total_tasks=50)))
+    data = csv_bytes(["f0", "f1", "f2", "f3", "label"], blobs_rows(600, 3, 4, 0))
+    metadata = {"epochs": "2", "rows_per_shard": "8", "batch_size": "8"}
+    # Execute
+    auto = handle_upload(svc, upload(svc, "auto.csv", data, metadata))
+    forced = handle_upload(svc, upload(svc, "forced.csv", data,
+                                       {**metadata, "parallel_tasks": "2"}))
+    # Assert
+    assert auto[0] is Outcome.ACCEPTED
+    assert svc.registry.get_job(auto[1]).tasks_planned == 30
+    assert forced[0] is Outcome.REJECTED
+    refused = svc.registry.get_job(forced[1])
+    assert "60 tasks per epoch × 2 epochs = 120 tasks" in refused.error_detail["found"]
