@@ -39,6 +39,10 @@ import numpy as np
 PARALLEL_C = 0.25
 MAX_PARALLEL_TASKS = 64
 SERIAL_TASK_SHARDS = 4
+# A job with shards to spare chains larger tasks: up to this many shards, keeping at least
+# CHAIN_TASKS_PER_EPOCH tasks an epoch (progress, evaluations and retries stay fine-grained)
+CHAIN_TASK_SHARDS = 16
+CHAIN_TASKS_PER_EPOCH = 8
 SCHEDULES = ("wsd", "cosine", "constant")
 RATES_SCALED = "scaled"
 RATES_FAMILY = "family"
@@ -143,9 +147,28 @@ def auto_parallel_tasks(steps: int, shard_steps: int, cap: int = MAX_PARALLEL_TA
     return max(1, min(cap, int(budget // max(1, shard_steps))))
 
 
+def serial_task_shards(shard_count: int, shard_cells: int = 0, largest_rows: int = 0,
+                       max_task_bytes: int = 0) -> int:
+    """The shards a task takes when one task trains at a time.
+
+    At least ``SERIAL_TASK_SHARDS`` (as every such job had before), up to ``CHAIN_TASK_SHARDS``
+    where the job keeps ``CHAIN_TASKS_PER_EPOCH`` tasks an epoch, and no more than
+    ``max_task_bytes`` of arrays in one task (shards of ``largest_rows`` rows of
+    ``shard_cells`` cells; 0: no such bound). Why (issue #25, docs/TRAINING.md): a chained
+    version costs about 30 ms on the stack and 50 ms projected in the cloud beside its task's
+    compute, and a 4-shard task of a public 336,776-row table computed 92 ms; the steps are
+    serial training's whatever the grouping, and ``train-local`` groups the same way.
+    """
+    wanted = min(CHAIN_TASK_SHARDS, shard_count // CHAIN_TASKS_PER_EPOCH)
+    if max_task_bytes and largest_rows and shard_cells:
+        wanted = min(wanted, max_task_bytes // shard_bytes(largest_rows, shard_cells))
+    return max(1, min(shard_count, max(SERIAL_TASK_SHARDS, wanted)))
+
+
 def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
                   requested: int | None = None, cap: int = MAX_PARALLEL_TASKS,
-                  regression: bool = False) -> TrainingPlan:
+                  regression: bool = False, shard_cells: int = 0,
+                  max_task_bytes: int = 0) -> TrainingPlan:
     """Decide tasks, rounds and parallelism for a job.
 
     Args:
@@ -159,10 +182,12 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
             2.7 to 9.4 % above train-local's holdout RMSE on the regression tuning sets
             (``benchmarks.regression_folds``, docs/REGRESSION.md), where classification jobs
             stay within a point.
+        shard_cells, max_task_bytes: a row's matrix cells and the most bytes of arrays a
+            task may hold (``serial_task_shards``; 0: not bounded by bytes).
 
     Returns:
-        The plan. With R > 1 a task is one shard; with R = 1 a task is up to
-        ``SERIAL_TASK_SHARDS`` shards.
+        The plan. With R > 1 a task is one shard; with R = 1 a task is
+        ``serial_task_shards`` shards.
     """
     if not shard_rows:
         raise ValueError("a plan needs at least one shard")
@@ -181,7 +206,8 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
         parallel = max(1, min(cap, int(requested)))
         decided = "option parallel_tasks"
     shards = len(shard_rows)
-    per_task = 1 if parallel > 1 else min(SERIAL_TASK_SHARDS, shards)
+    per_task = 1 if parallel > 1 else serial_task_shards(shards, shard_cells, largest,
+                                                         max_task_bytes)
     tasks = math.ceil(shards / per_task)
     parallel = min(parallel, tasks)
     return TrainingPlan(parallel_tasks=parallel, shards_per_task=per_task, tasks_per_epoch=tasks,

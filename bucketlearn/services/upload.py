@@ -9,6 +9,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
+from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import choose_layout, forecast_plan
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
@@ -294,10 +295,12 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
     """
     plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
                          None if options.parallel_tasks == AUTO else options.parallel_tasks,
-                         regression=manifest.target is not None)
+                         regression=manifest.target is not None,
+                         shard_cells=matrix_width(manifest.schema),
+                         max_task_bytes=limits.max_shard_bytes)
     # an automatic plan may still become one task at a time, which has fewer tasks: the limit
     # is checked here on the fewer, and again on the plan the job trains (``_split_claimed``)
-    fewest = (chained_plan(manifest, options)
+    fewest = (chained_plan(manifest, options, limits)
               if options.parallel_tasks == AUTO and plan.parallel_tasks > 1 else plan)
     _refuse_if_over(check_total_tasks(fewest, limits.max_total_tasks, options.rows_per_shard),
                     file)
@@ -316,10 +319,11 @@ def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, 
                                    limits.work_retention_days), file)
 
 
-def chained_plan(manifest: Manifest, options: JobOptions) -> TrainingPlan:
+def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
     """The job's plan one task at a time (what ``automatic_layout`` may choose instead)."""
     return plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         1)
+                         1, shard_cells=matrix_width(manifest.schema),
+                         max_task_bytes=limits.max_shard_bytes)
 
 
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,
@@ -330,7 +334,7 @@ def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions
     refuse the choice and not the other. A ``parallel_tasks`` the user set is kept as set."""
     if options.parallel_tasks != AUTO or plan.parallel_tasks <= 1:
         return plan
-    chained = chained_plan(manifest, options)
+    chained = chained_plan(manifest, options, limits)
     chosen = choose_layout(plan, chained, manifest.train_rows, options.batch_size,
                            model_cost(model))
     other = chained if chosen is plan else plan

@@ -690,7 +690,7 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
         requested, expected):
     """Issue #25: 600 rows in 8-row shards and batches of 8, 2 epochs: the bound allows rounds
     of 2 one-step tasks, but a round's critical path (0.37 s) dwarfs their compute, so the
-    automatic plan chains one task of 4 shards at a time and records why; a parallel_tasks
+    automatic plan chains one task of 7 shards at a time and records why; a parallel_tasks
     the user set is kept."""
     # Prepare
     from tests.unit.helpers import blobs_rows
@@ -707,7 +707,7 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
     plan = TrainingPlan.from_dict(dict(job.plan))
     assert plan.parallel_tasks == expected
     if requested is None:
-        assert plan.shards_per_task == 4
+        assert plan.shards_per_task == 7  # 60 shards: 7 a task keep 8 tasks an epoch
         assert plan.decided.startswith("auto: one task at a time, forecast ")
         assert "rounds of 2 tasks (the most the bound allows: R*H <= 0.25*sqrt(S)" in plan.decided
         assert job.forecast["suggested_workers"] == 1
@@ -716,9 +716,9 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
 
 
 def test_the_task_limit_judges_the_plan_the_job_trains():
-    """600 rows in 8-row shards, 2 epochs: 120 one-shard tasks in rounds of 2, or 30 tasks of
-    4 shards one at a time, which the automatic plan trains. With a limit of 50 tasks the
-    automatic job is accepted (it trains 30); the same job with parallel_tasks=2 is refused,
+    """600 rows in 8-row shards, 2 epochs: 120 one-shard tasks in rounds of 2, or 18 tasks of
+    7 shards one at a time, which the automatic plan trains. With a limit of 50 tasks the
+    automatic job is accepted (it trains 18); the same job with parallel_tasks=2 is refused,
     naming its 120."""
     # Prepare
     from tests.unit.helpers import blobs_rows
@@ -732,7 +732,7 @@ def test_the_task_limit_judges_the_plan_the_job_trains():
                                        {**metadata, "parallel_tasks": "2"}))
     # Assert
     assert auto[0] is Outcome.ACCEPTED
-    assert svc.registry.get_job(auto[1]).tasks_planned == 30
+    assert svc.registry.get_job(auto[1]).tasks_planned == 18
     assert forced[0] is Outcome.REJECTED
     refused = svc.registry.get_job(forced[1])
     assert "60 tasks per epoch × 2 epochs = 120 tasks" in refused.error_detail["found"]
