@@ -20,8 +20,9 @@ synthetic tuning sets within a point under the fold used until issue #25; under 
 below serial training at R·H/√S = 0.48–0.50 (flights, R = 16; diamonds, R = 7) and 0.22 and
 0.57 below at 0.25–0.28 (flights, R = 8; diamonds, R = 4): 0.25.
 
-A job that trains one task at a time (R = 1) groups up to ``SERIAL_TASK_SHARDS`` shards into a
-task: the steps are the same, one after another, and the pipeline pays for fewer versions.
+A job that trains one task at a time (R = 1) groups several shards into a task
+(``serial_task_shards``: 4, up to 16 where the job keeps 8 tasks an epoch): the steps are the
+same, one after another, and the pipeline pays for fewer versions.
 
 The bound says how many tasks a round may have and keep serial accuracy, not whether rounds end
 sooner: once the model is built, an automatic plan keeps its rounds only where the job's
