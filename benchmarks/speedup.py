@@ -154,30 +154,26 @@ def local_round_seconds(timeline: dict[str, Any], workers: int) -> float:
     return max(0.0, (timeline["training_seconds"] - compute) / max(1, len(rounds)))
 
 
-def cloud_round_seconds() -> tuple[float, str]:
-    """The round-trip benchmark's cloud projection of a published (parallel) round."""
-    path = common.RESULTS / "roundtrip.json"
-    if path.exists():
-        figures = json.loads(path.read_text())["figures"]
-        for name, cell in figures.items():
-            stack = cell.get("stack-1") or {}
-            found = stack.get("projected_published") or {}
-            if int(stack.get("parallel_tasks") or 1) > 1 and found.get("median"):
-                return (float(found["median"]),
-                        f"benchmarks/results/roundtrip.json, {name}'s published rounds")
-    return 0.4, "the round-trip goal (0.4 s; no roundtrip.json)"
-
-
-def cloud_chain_seconds() -> float | None:
-    """The round-trip benchmark's cloud projection of a chained version (R = 1), the largest
-    over its one-task-at-a-time cells (None without roundtrip.json)."""
+def cloud_round_trips() -> tuple[float, float | None, str]:
+    """The round-trip benchmark's cloud projections (``results/roundtrip.json``, read once): of a
+    published (parallel) round, its first parallel cell's; of a chained version (R = 1), the
+    largest over its one-task-at-a-time cells (None without them); and where they come from."""
     path = common.RESULTS / "roundtrip.json"
     if not path.exists():
-        return None
-    found = [float((c.get("stack-1") or {}).get("projected", {}).get("median") or 0)
-             for c in json.loads(path.read_text())["figures"].values()
-             if int((c.get("stack-1") or {}).get("parallel_tasks") or 1) == 1]
-    return max(found) if any(found) else None
+        return 0.4, None, "the round-trip goal (0.4 s; no roundtrip.json)"
+    stacks = {name: cell.get("stack-1") or {}
+              for name, cell in json.loads(path.read_text())["figures"].items()}
+    parallel = [(name, float(stack["projected_published"]["median"]))
+                for name, stack in stacks.items()
+                if int(stack.get("parallel_tasks") or 1) > 1
+                and (stack.get("projected_published") or {}).get("median")]
+    chained = [float((stack.get("projected") or {}).get("median") or 0)
+               for stack in stacks.values() if int(stack.get("parallel_tasks") or 1) == 1]
+    if not parallel:
+        return 0.4, max(chained, default=0.0) or None, "the round-trip goal (0.4 s)"
+    name, value = parallel[0]
+    return (value, max(chained, default=0.0) or None,
+            f"benchmarks/results/roundtrip.json, {name}'s published rounds")
 
 
 def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> dict[str, Any]:
@@ -226,17 +222,16 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         for workers in params["workers"]:
             for name, found in run_stack(cells, workers, tmp).items():
                 figures[name][f"pipeline-{workers}"] = found
-    cloud, cloud_source = cloud_round_seconds()
     result["figures"] = figures
-    finish(result, params, cloud, cloud_source)
+    finish(result, params)
     result["seconds"] = time.monotonic() - started
     return result
 
 
-def finish(result: dict[str, Any], params: dict[str, Any], cloud: float, source: str) -> None:
+def finish(result: dict[str, Any], params: dict[str, Any]) -> None:
     """The figures derived from a run's raw ones: time to accuracy, projection, ratios, goals
     (``python -m benchmarks.speedup --summarize`` derives them again from the saved result)."""
-    chain = cloud_chain_seconds()
+    cloud, chain, source = cloud_round_trips()
     for cell in result["figures"].values():
         summarize(cell, params["project"], cloud, chain)
     result["cloud_round_seconds"] = {"value": cloud, "source": source, "chained": chain}
@@ -249,7 +244,7 @@ def main() -> None:
     if sys.argv[1:] == ["--summarize"]:
         path = common.RESULTS / "speedup.json"
         result = json.loads(path.read_text())
-        finish(result, result["params"], *cloud_round_seconds())
+        finish(result, result["params"])
         result["notes"] = [n for n in result.get("notes", []) if "derived again" not in n]
         result["notes"].append("derived figures derived again from the raw ones by "
                                "python -m benchmarks.speedup --summarize")

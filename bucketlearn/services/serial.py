@@ -25,12 +25,12 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
-from bucketlearn.domain.columns import matrix_width
-from bucketlearn.domain.plan import class_weights, epoch_tasks, plan_training, step_rates
+from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.services import jobs
+from bucketlearn.services.upload import chained_plan
 
 
 @dataclass
@@ -60,9 +60,7 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                             limits or Limits())
     spec = spec_for(manifest, options, source.display_name)
     model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-    plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         requested=1, shard_cells=matrix_width(manifest.schema),
-                         max_task_bytes=(limits or Limits()).max_shard_bytes)
+    plan = chained_plan(manifest, options, limits or Limits())
     weights, optimizer = model.get_weights(), optimizer_state(model)
     balance = class_weights(options.class_weight, manifest.train_counts)
     for epoch in range(1, options.epochs + 1):

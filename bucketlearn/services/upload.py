@@ -10,7 +10,7 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
 from bucketlearn.domain.columns import matrix_width
-from bucketlearn.domain.forecast import choose_layout, forecast_plan
+from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
 from bucketlearn.domain.job import Head, Job, Version, may_start_training
 from bucketlearn.domain.plan import (
     OverLimit,
@@ -249,10 +249,10 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         plan = plan_within_limits(manifest, options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
         model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-        plan = automatic_layout(plan, manifest, options, settings.limits, model)
-        _refuse_if_over(check_total_tasks(plan, settings.limits.max_total_tasks,
-                                          options.rows_per_shard), file)
-        check_plan_duration(plan, manifest, settings.limits, file, int(model.count_params()))
+        cost = model_cost(model)
+        plan = automatic_layout(plan, manifest, options, settings.limits, cost)
+        _refuse_if_over(over_limits(plan, manifest, options, settings.limits, cost.parameters),
+                        file)
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
@@ -267,7 +267,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
     job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model,
-                         options.batch_size)
+                         options.batch_size, cost)
     if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
@@ -293,11 +293,8 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
         InvalidInputError: the plan has more tasks over all its epochs than
             ``limits.max_total_tasks``; the problem names the numbers and what to change.
     """
-    plan = plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         None if options.parallel_tasks == AUTO else options.parallel_tasks,
-                         regression=manifest.target is not None,
-                         shard_cells=matrix_width(manifest.schema),
-                         max_task_bytes=limits.max_shard_bytes)
+    plan = plan_for(manifest, options, limits,
+                    None if options.parallel_tasks == AUTO else options.parallel_tasks)
     # an automatic plan may still become one task at a time, which has fewer tasks: the limit
     # is checked here on the fewer, and again on the plan the job trains (``_split_claimed``)
     fewest = (chained_plan(manifest, options, limits)
@@ -307,27 +304,34 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
     return plan
 
 
-def check_plan_duration(plan: TrainingPlan, manifest: Manifest, limits: Limits, file: str,
-                        parameters: int) -> None:
-    """Refuse a plan for a model of ``parameters`` parameters predicted to train longer than
-    half of the work bucket's retention (``domain.plan.check_duration``).
-
-    Raises:
-        InvalidInputError: naming the prediction, the budget and what to change.
-    """
-    _refuse_if_over(check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
-                                   limits.work_retention_days), file)
+def over_limits(plan: TrainingPlan, manifest: Manifest, options: JobOptions, limits: Limits,
+                parameters: int) -> OverLimit | None:
+    """Which of the deployment's limits ``plan`` is over, for a model of ``parameters``
+    parameters: its total tasks (``check_total_tasks``), else its predicted duration against
+    half of the work bucket's retention (``check_duration``); None when within both."""
+    return (check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard)
+            or check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
+                              limits.work_retention_days))
 
 
-def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
-    """The job's plan one task at a time (what ``automatic_layout`` may choose instead)."""
+def plan_for(manifest: Manifest, options: JobOptions, limits: Limits,
+             requested: int | None) -> TrainingPlan:
+    """``plan_training`` for a split upload: its shards, epochs and batch size, its target, and
+    the bytes a task may hold (``limits.max_shard_bytes``). ``requested``: R, or None for auto."""
     return plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         1, shard_cells=matrix_width(manifest.schema),
+                         requested, regression=manifest.target is not None,
+                         shard_cells=matrix_width(manifest.schema),
                          max_task_bytes=limits.max_shard_bytes)
 
 
+def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
+    """The job's plan one task at a time: what ``automatic_layout`` may choose instead, and
+    what ``train-local`` trains (so both group shards into tasks the same way)."""
+    return plan_for(manifest, options, limits, 1)
+
+
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,
-                     limits: Limits, model: Any) -> TrainingPlan:
+                     limits: Limits, cost: ModelCost) -> TrainingPlan:
     """An automatic plan's layout once the model is known: its parallel rounds, or one task
     at a time where the forecast says that ends sooner (``domain.forecast.choose_layout``);
     the other of the two where the deployment's limits (total tasks, predicted duration) would
@@ -335,14 +339,11 @@ def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions
     if options.parallel_tasks != AUTO or plan.parallel_tasks <= 1:
         return plan
     chained = chained_plan(manifest, options, limits)
-    chosen = choose_layout(plan, chained, manifest.train_rows, options.batch_size,
-                           model_cost(model))
+    chosen = choose_layout(plan, chained, manifest.train_rows, options.batch_size, cost)
     other = chained if chosen is plan else plan
 
     def refused(candidate: TrainingPlan) -> bool:
-        return (check_total_tasks(candidate, limits.max_total_tasks, options.rows_per_shard)
-                or check_duration(candidate, int(model.count_params()), manifest.train_rows,
-                                  limits.worker_flops, limits.work_retention_days)) is not None
+        return over_limits(candidate, manifest, options, limits, cost.parameters) is not None
 
     if not refused(chosen) or refused(other):
         return chosen
@@ -362,11 +363,11 @@ def _refuse_if_over(over: OverLimit | None, file: str) -> None:
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
                    spec: dict[str, Any], plan: TrainingPlan, model: Any,
-                   batch_size: int) -> Job | None:
+                   batch_size: int, cost: ModelCost) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
     the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built; the
-    job records the plan's forecast (``domain.forecast``) with it.
+    job records the plan's forecast (``domain.forecast``) with ``cost``, what it costs.
 
     Raises:
         TransientError: another invocation took the split over.
@@ -380,7 +381,6 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     checksum = codec.checksum(data)
     digest = codec.state_digest(weights, optimizer)
     first = Version(0, weights_path, checksum, created_at=now, digest=digest)
-    cost = model_cost(model)
     job_fields = {
         "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
