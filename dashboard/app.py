@@ -1,9 +1,10 @@
 """bucketlearn dashboard: ``streamlit run dashboard/app.py``.
 
-Layout and widgets only; what is shown is computed in ``bucketlearn.services.dashboard_data`` (unit-tested).
-Services come from ``dashboard_data.get_services()`` (settings from the environment), made once per
-process. The page never writes model state; the upload form writes a CSV to the uploads bucket,
-and a job's "Cancel job" button calls the core's ``cancel_job`` (as ``bucketlearn cancel`` does).
+Layout and widgets only; what is shown is computed in the modules of
+``bucketlearn.services.dashboard`` (unit-tested), one for each part of the page. Services come
+from ``reads.get_services()`` (settings from the environment), made once per process. The page
+never writes model state; the upload form writes a CSV to the uploads bucket, and a job's
+"Cancel job" button calls the core's ``cancel_job`` (as ``bucketlearn cancel`` does).
 """
 
 from __future__ import annotations
@@ -13,13 +14,26 @@ import time
 import pandas as pd
 import streamlit as st
 
+from bucketlearn.bootstrap import Services
 from bucketlearn.config import OPTION_SPECS
 from bucketlearn.domain.job import Job, Version
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
-from bucketlearn.services import dashboard_data as dd
 from bucketlearn.services import jobs
 from bucketlearn.services.cancel import cancel_job
+from bucketlearn.services.dashboard import (
+    actions,
+    costs,
+    downloads,
+    headline,
+    jobs_list,
+    options_data,
+    reads,
+    throughput,
+    training,
+    workers_tasks,
+)
+from bucketlearn.services.dashboard.formats import plain, timestamp
 from bucketlearn.services.models import model_bytes
 
 JOB_LIMIT = 100
@@ -29,24 +43,24 @@ st.set_page_config(page_title="bucketlearn", page_icon="🪣", layout="wide")
 
 
 @st.cache_resource(show_spinner=False)
-def services() -> dd.Services:
-    return dd.get_services()
+def services() -> Services:
+    return reads.get_services()
 
 
-@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
+@st.cache_data(ttl=reads.CACHE_SECONDS, show_spinner=False)
 def overview_data(limit: int) -> dict:
-    return dd.overview_bundle(services().registry, limit)
+    return reads.overview_bundle(services().registry, limit)
 
 
-@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
+@st.cache_data(ttl=reads.CACHE_SECONDS, show_spinner=False)
 def job_data(job_id: str) -> dict | None:
-    return dd.job_bundle(services().registry, job_id)
+    return reads.job_bundle(services().registry, job_id)
 
 
-@st.cache_data(ttl=dd.CACHE_SECONDS, show_spinner=False)
-def model_files(job_id: str) -> list[dd.ModelFile]:
+@st.cache_data(ttl=reads.CACHE_SECONDS, show_spinner=False)
+def model_files(job_id: str) -> list[downloads.ModelFile]:
     svc = services()
-    return dd.model_files(svc.store, svc.settings.models_bucket, job_id)
+    return downloads.model_files(svc.store, svc.settings.models_bucket, job_id)
 
 
 def upload_form() -> None:
@@ -56,8 +70,9 @@ def upload_form() -> None:
     with st.sidebar.form("upload", clear_on_submit=True):
         st.subheader("Train on a CSV")
         file = st.file_uploader("CSV file", type=["csv"], key="upload_file",
-                                max_upload_size=dd.upload_limit_mb(settings),
-                                help=f"At most {dd.upload_limit_bytes(settings):,} bytes here.")
+                                max_upload_size=actions.upload_limit_mb(settings),
+                                help=f"At most {actions.upload_limit_bytes(settings):,} bytes "
+                                     "here.")
         st.caption("Options: leave blank for the default.")
         raw = {}
         for spec in OPTION_SPECS:
@@ -75,20 +90,20 @@ def upload_form() -> None:
     if file is None:
         st.sidebar.error("Choose a CSV file first.")
         return
-    if problem := dd.upload_size_problem(settings, file.size):
-        st.sidebar.error(f"{dd.plain(file.name)}: {problem}")
+    if problem := actions.upload_size_problem(settings, file.size):
+        st.sidebar.error(f"{plain(file.name)}: {problem}")
         return
     try:
-        metadata = dd.option_metadata(raw)
+        metadata = actions.option_metadata(raw)
     except ConfigError as exc:
-        st.sidebar.error(dd.plain(exc))
+        st.sidebar.error(plain(exc))
         return
     try:
-        job_id, uri = dd.upload_csv(services(), file.name, file, file.size, metadata)
+        job_id, uri = actions.upload_csv(services(), file.name, file, file.size, metadata)
     except Exception as exc:  # noqa: BLE001 - shown to the user, who can simply retry
-        st.sidebar.error(f"Upload failed: {dd.plain(exc)}")
+        st.sidebar.error(f"Upload failed: {plain(exc)}")
         return
-    st.sidebar.success(f"Uploaded to {dd.plain(uri)}.\n\nJob id: `{job_id}` — "
+    st.sidebar.success(f"Uploaded to {plain(uri)}.\n\nJob id: `{job_id}` — "
                        f"[open it](?job={job_id})")
 
 
@@ -97,16 +112,16 @@ def read(load, *args):
     try:
         return load(*args)
     except Exception as exc:  # noqa: BLE001 - shown to the user; the fragment retries
-        st.warning(f"Could not read bucketlearn's state: {dd.plain(exc)}")
+        st.warning(f"Could not read bucketlearn's state: {plain(exc)}")
         return UNREADABLE
 
 
-@st.fragment(run_every=dd.REFRESH_SECONDS)
+@st.fragment(run_every=reads.REFRESH_SECONDS)
 def jobs_overview() -> None:
     bundle = read(overview_data, JOB_LIMIT)
     if bundle is UNREADABLE:
         return
-    rows = dd.overview_rows(bundle["jobs"], bundle["versions"], time.time())
+    rows = jobs_list.overview_rows(bundle["jobs"], bundle["versions"], time.time())
     if not rows:
         st.info("No jobs yet. Upload a CSV (sidebar) or drop one into the uploads bucket.")
         return
@@ -128,13 +143,13 @@ def jobs_overview() -> None:
             "reason": st.column_config.TextColumn("reason", width="large"),
         })
     for row in [r for r in rows if r["status"] == jobs.REJECTED][:5]:
-        st.error(f"**{dd.plain(row['job_id'])}** was rejected: {dd.plain(row['reason'])}")
+        st.error(f"**{plain(row['job_id'])}** was rejected: {plain(row['reason'])}")
 
 
 def pick_job(job_docs: list[Job]) -> str | None:
     ids = [j.job_id for j in job_docs]
     status = {j.job_id: j.status for j in job_docs}
-    wanted, problem = dd.wanted_job(st.query_params.get("job"))
+    wanted, problem = jobs_list.wanted_job(st.query_params.get("job"))
     if problem:
         st.warning(problem)
     if wanted and wanted not in ids:
@@ -164,7 +179,7 @@ def confirm_cancel(job_id: str) -> None:
     except Exception:  # noqa: BLE001 - no request headers (tests, some proxies): no user name
         headers = {}
     try:
-        outcome = cancel_job(services(), job_id, dd.canceller(headers),
+        outcome = cancel_job(services(), job_id, actions.canceller(headers),
                              st.session_state.get("cancel_reason") or None)
         st.session_state["cancel_outcome"] = (job_id, "success", outcome.message)
     except Exception as exc:  # noqa: BLE001 - shown to the user, who can simply retry
@@ -178,13 +193,13 @@ def cancel_controls(job: Job) -> None:
     job_id = job.job_id
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
-        (st.success if said[1] == "success" else st.error)(dd.plain(said[2]))
+        (st.success if said[1] == "success" else st.error)(plain(said[2]))
     if jobs.is_terminal(job):
         return
     if st.session_state.get("cancel_asked") != job_id:
         st.button("Cancel job", key="cancel_job", on_click=ask_to_cancel, args=(job_id,))
         return
-    st.warning(dd.cancel_prompt(job))
+    st.warning(actions.cancel_prompt(job))
     st.text_input("Reason (optional)", key="cancel_reason", max_chars=500)
     left, right = st.columns(2)
     left.button("Yes, cancel this job", key="cancel_confirm", type="primary",
@@ -197,42 +212,42 @@ def metric_row(items: list[tuple[str, str]]) -> None:
         column.metric(label, value)
 
 
-@st.fragment(run_every=dd.REFRESH_SECONDS)
+@st.fragment(run_every=reads.REFRESH_SECONDS)
 def job_page() -> None:
     overview = read(overview_data, JOB_LIMIT)
     job_id = None if overview is UNREADABLE else pick_job(overview["jobs"])
     bundle = UNREADABLE if job_id is None else read(job_data, job_id)
     if bundle is None:
-        st.warning(f"No job {dd.plain(job_id)}.")
+        st.warning(f"No job {plain(job_id)}.")
     if bundle is None or bundle is UNREADABLE:
         return
     now = time.time()
     job, versions, tasks = bundle["job"], bundle["versions"], bundle["tasks"]
-    s = dd.job_summary(job, versions, now)
-    created = dd.timestamp(s["created_at"])
+    s = headline.job_summary(job, versions, now)
+    created = timestamp(s["created_at"])
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
-    st.caption(f"{dd.plain(s['source'])}{when}")
+    st.caption(f"{plain(s['source'])}{when}")
     cancel_controls(job)
     if s["status"] == jobs.REJECTED:
-        st.error(f"Rejected: {dd.plain(s['reason'])}")
-        st.table(pd.DataFrame(dd.rejection_details(job)).map(dd.plain))  # cells are Markdown
+        st.error(f"Rejected: {plain(s['reason'])}")
+        st.table(pd.DataFrame(jobs_list.rejection_details(job)).map(plain))  # cells are Markdown
         options_tab(job)
         return
     if s["status"] == jobs.FAILED:
-        st.error(f"Failed: {dd.plain(s['reason'])}")
+        st.error(f"Failed: {plain(s['reason'])}")
     if s["status"] == jobs.CANCELLED:
-        st.warning(f"Cancelled: {dd.plain(s['reason'])}")
-    metric_row(dd.headline_metrics(s))
+        st.warning(f"Cancelled: {plain(s['reason'])}")
+    metric_row(headline.headline_metrics(s))
     if s.get("warning"):
-        st.warning(f"Head version v{s['version']}: {dd.plain(s['warning'])}")
+        st.warning(f"Head version v{s['version']}: {plain(s['warning'])}")
     if s["progress"] is not None:
-        st.progress(s["progress"], text=dd.plain(dd.progress_text(s)))
-    if note := dd.versions_note(job, versions):
+        st.progress(s["progress"], text=plain(headline.progress_text(s)))
+    if note := headline.versions_note(job, versions):
         st.caption(note)
     tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Usage & cost",
                     "Options & data", "Model"])
     with tabs[0]:
-        training_tab(versions, dd.is_regression(s))
+        training_tab(versions, headline.is_regression(s))
         report_section(job, versions)
     with tabs[1]:
         throughput_tab(versions, now)
@@ -248,7 +263,7 @@ def job_page() -> None:
 
 
 def training_tab(versions: list[Version], regression: bool = False) -> None:
-    frame = dd.version_frame(versions)
+    frame = training.version_frame(versions)
     figure = "holdout_rmse" if regression else "holdout_accuracy"
     if frame[figure].notna().sum() == 0:
         st.info("No evaluated version yet: the first one is committed after the first deltas.")
@@ -268,19 +283,19 @@ def training_tab(versions: list[Version], regression: bool = False) -> None:
 def report_section(job: Job, versions: list[Version]) -> None:
     """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
     classes), per-class precision/recall and the confusion matrix (the newest by default)."""
-    numbers = dd.evaluated_versions(versions)
+    numbers = training.evaluated_versions(versions)
     if not numbers:
         return
     st.markdown("**Holdout report**")
     picked = st.selectbox("Version", numbers, key="report_version",
                           format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
     version = next((v for v in versions if v.version == picked), None)
-    report = dd.version_report(version, job.classes)
+    report = training.version_report(version, job.classes)
     metric_row(report["metrics"])
     if report["warning"] and picked != job.version:  # the head's is shown at the top
-        st.warning(f"v{picked}: {dd.plain(report['warning'])}")
+        st.warning(f"v{picked}: {plain(report['warning'])}")
     if report["note"]:
-        st.caption(dd.plain(report["note"]))
+        st.caption(plain(report["note"]))
     if report["per_class"].empty:
         return
     left, right = st.columns(2)
@@ -293,10 +308,10 @@ def report_section(job: Job, versions: list[Version]) -> None:
 
 
 def throughput_tab(versions: list[Version], now: float) -> None:
-    rate = dd.current_rate(versions, now)
+    rate = throughput.current_rate(versions, now)
     metric_row([("Samples/s (last minute)", f"{rate['samples_per_s']:.1f}"),
                 ("Tasks/min (last minute)", f"{rate['tasks_per_min']:.1f}")])
-    frame = dd.throughput_frame(versions, now)
+    frame = throughput.throughput_frame(versions, now)
     if len(frame) < 2:
         st.caption("Throughput charts appear once training has run for a little while.")
         return
@@ -310,63 +325,65 @@ def throughput_tab(versions: list[Version], now: float) -> None:
 def plan_section(summary: dict) -> None:
     """How training was laid out, how long it should take on how many learners, and what the
     job measured (issue #25)."""
-    lines = dd.plan_text(summary)
+    lines = throughput.plan_text(summary)
     if not lines:
         return
     st.markdown("**Plan and forecast**")
     for label, text in lines:
-        st.caption(f"{label.capitalize()}: {dd.plain(text)}")
-    rows = dd.forecast_rows(summary)
+        st.caption(f"{label.capitalize()}: {plain(text)}")
+    rows = throughput.forecast_rows(summary)
     if rows:
-        st.table(pd.DataFrame(rows).map(dd.plain))
+        st.table(pd.DataFrame(rows).map(plain))
 
 
 def usage_tab(summary: dict) -> None:
-    used, cost = dd.usage_rows(summary), dd.cost_rows(summary)
+    used, cost = costs.usage_rows(summary), costs.cost_rows(summary)
     if not used:
         st.info("Nothing counted yet: each commit records what the job used so far.")
         return
     left, right = st.columns(2)
     left.markdown("**What the job used**")
-    left.table(pd.DataFrame(used).map(dd.plain))
+    left.table(pd.DataFrame(used).map(plain))
     right.markdown("**Estimated cost (USD)**")
-    right.table(pd.DataFrame(cost).map(dd.plain))
-    st.caption(dd.plain(dd.cost_note(summary)))
+    right.table(pd.DataFrame(cost).map(plain))
+    st.caption(plain(costs.cost_note(summary)))
 
 
 def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
                 versions: list[Version], now: float) -> None:
-    counts = dd.task_state_counts(job, tasks)
-    metric_row([("Workers alive", str(dd.alive_count(workers, now)))]
+    counts = workers_tasks.task_state_counts(job, tasks)
+    metric_row([("Workers alive", str(workers_tasks.alive_count(workers, now)))]
                + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
-    current = dd.epoch_progress(job, versions, tasks)
+    current = workers_tasks.epoch_progress(job, versions, tasks)
     if current:
         st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
                    f"tasks applied, {current['failed']} failed.")
-    st.markdown(f"**Workers** (alive = heartbeat within {dd.ALIVE_SECONDS:g} s)")
-    st.dataframe(pd.DataFrame(dd.worker_rows(workers, now, job.job_id)), hide_index=True,
-                 width="stretch")
-    summary = dd.timing_summary(versions)
+    st.markdown(f"**Workers** (alive = heartbeat within {workers_tasks.ALIVE_SECONDS:g} s)")
+    st.dataframe(pd.DataFrame(workers_tasks.worker_rows(workers, now, job.job_id)),
+                 hide_index=True, width="stretch")
+    summary = workers_tasks.timing_summary(versions)
     if not summary.empty:
         st.markdown("**Task timings (trained tasks, seconds)**")
         st.dataframe(summary, hide_index=True)
     st.markdown(f"**Tasks** of epoch {job.epoch} (earlier epochs' documents are not read)")
-    st.dataframe(dd.task_frame(job, tasks, versions, now), hide_index=True, width="stretch", column_config={
-        "started": st.column_config.DatetimeColumn("started (UTC)", format="HH:mm:ss")})
+    st.dataframe(workers_tasks.task_frame(job, tasks, versions, now), hide_index=True,
+                 width="stretch", column_config={
+                     "started": st.column_config.DatetimeColumn("started (UTC)",
+                                                                format="HH:mm:ss")})
 
 
 def options_tab(job: Job) -> None:
     left, right = st.columns(2)
     left.markdown("**Options**")
-    left.dataframe(pd.DataFrame(dd.option_rows(job)), hide_index=True, width="stretch")
+    left.dataframe(pd.DataFrame(options_data.option_rows(job)), hide_index=True, width="stretch")
     right.markdown("**Dataset**")
-    facts = dd.dataset_facts(job)
+    facts = options_data.dataset_facts(job)
     if facts:
         right.dataframe(pd.DataFrame(facts.items(), columns=["fact", "value"]).astype(str),
                         hide_index=True, width="stretch")
     else:
         right.caption("Not split yet (or rejected before splitting).")
-    columns = dd.column_rows(job)
+    columns = options_data.column_rows(job)
     if columns:
         st.markdown("**Columns** (text, dates, missing cells; and those left out)")
         st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
@@ -376,7 +393,7 @@ def model_tab(job: Job, versions: list[Version]) -> None:
     files = read(model_files, job.job_id)
     if files is UNREADABLE:
         return
-    note = dd.download_note(job, versions, files)
+    note = downloads.download_note(job, versions, files)
     if files:
         choice = st.selectbox("Model file", files, format_func=lambda f: f"{f.label} "
                               f"({f.size / 1e6:.2f} MB)", key="model_choice")
@@ -393,7 +410,7 @@ def model_tab(job: Job, versions: list[Version]) -> None:
                            file_name=f"{job.job_id}-v{version}.keras",
                            mime="application/octet-stream", on_click="ignore", type="primary")
     if note:
-        st.info(dd.plain(note))
+        st.info(plain(note))
 
 
 def main() -> None:
@@ -401,7 +418,7 @@ def main() -> None:
     try:
         services()
     except Exception as exc:  # noqa: BLE001 - show a misconfiguration instead of a traceback
-        st.error(f"Cannot reach bucketlearn's services: {dd.plain(exc)}")
+        st.error(f"Cannot reach bucketlearn's services: {plain(exc)}")
         st.stop()
     upload_form()
     st.header("Jobs")

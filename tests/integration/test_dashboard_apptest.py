@@ -1,7 +1,7 @@
 """The dashboard page rendered by Streamlit's AppTest on seeded registry documents.
 
 AppTest runs ``dashboard/app.py`` in this process, so replacing
-``bucketlearn.services.dashboard_data.get_services`` here is what the app sees. The services are the real
+``bucketlearn.services.dashboard.reads.get_services`` here is what the app sees. The services are the real
 Google adapters on the session's Firestore and Storage emulators (Firestore emptied before each
 test), seeded through the port methods (create_job, start_training, commit_version, ...).
 """
@@ -28,7 +28,7 @@ from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.ports import VersionCommit
-from bucketlearn.services import dashboard_data
+from bucketlearn.services.dashboard import formats, headline, reads
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 RUNNING_ID = "digits-0123456789ab"
@@ -64,7 +64,7 @@ def store(services):
 @pytest.fixture
 def app(services, monkeypatch):
     """The app, wired to the test's services (and with Streamlit's caches emptied)."""
-    monkeypatch.setattr(dashboard_data, "get_services", lambda: services)
+    monkeypatch.setattr(reads, "get_services", lambda: services)
     st.cache_resource.clear()
     st.cache_data.clear()
     yield AppTest.from_file(str(APP), default_timeout=60)
@@ -233,12 +233,12 @@ def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
     registry.update_job(RUNNING_ID, {"usage": {"firestore_writes": 250, "worker_seconds": 7.5,
                                                "storage_class_a": 30}})
     at = _run(app, RUNNING_ID)
-    cost = dashboard_data.job_summary(registry.get_job(RUNNING_ID), [], time.time())["cost_usd"]
+    cost = headline.job_summary(registry.get_job(RUNNING_ID), [], time.time())["cost_usd"]
     assert cost["total"] > 0
-    assert _metrics(at)["Est. cost"] == dashboard_data.format_cost(cost["total"])
+    assert _metrics(at)["Est. cost"] == formats.format_cost(cost["total"])
     cells = {text_of(str(c)) for t in at.table for c in t.value.to_numpy().ravel()}
     assert {"Firestore writes", "250", "Learner seconds (on its tasks)", "7.5", "Total",
-            dashboard_data.format_cost(cost["total"])} <= cells
+            formats.format_cost(cost["total"])} <= cells
     assert any("list prices as of" in text_of(c.value) for c in at.caption)
 
 
@@ -500,7 +500,7 @@ def test_the_upload_form_refuses_a_file_over_its_limit(app, services, monkeypatc
     naming the limit and the size; nothing is written."""
     # Prepare
     small = dataclasses.replace(services.settings, limits=Limits(max_file_bytes=10))
-    monkeypatch.setattr(dashboard_data, "get_services",
+    monkeypatch.setattr(reads, "get_services",
                         lambda: dataclasses.replace(services, settings=small))
     bucket = services.settings.uploads_bucket
     before = {i.name for i in services.store.list(bucket)}

@@ -635,7 +635,7 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     beside it, as ``status --json``, the CLI and the dashboard say it."""
     # Prepare
     from bucketlearn.entrypoints import cli
-    from bucketlearn.services import dashboard_data as dd
+    from bucketlearn.services.dashboard import headline, throughput
 
     job = pipeline["job"]
     # Execute
@@ -654,6 +654,6 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     out = capsys.readouterr().out
     assert "plan:      3 task(s) a round of about 2 steps" in out
     assert f"forecast:  {found['summary']}" in out and "actual:    " in out
-    rows = dd.forecast_rows(dd.job_summary(job, [], job.finished_at))
+    rows = throughput.forecast_rows(headline.job_summary(job, [], job.finished_at))
     assert [r["learners"] for r in rows] == ["1", "2", "3", "one process (train-local)"]
     assert [r[""] for r in rows].count("suggested") == 1

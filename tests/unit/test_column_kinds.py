@@ -145,7 +145,8 @@ def test_counting_a_text_column_stays_bounded():
 def test_status_and_dashboard_name_the_kinds_and_what_was_left_out():
     from bucketlearn.domain.job import Job
     from bucketlearn.entrypoints.cli import columns_lines
-    from bucketlearn.services import dashboard_data, jobs
+    from bucketlearn.services import jobs
+    from bucketlearn.services.dashboard import options_data
 
     manifest, _ = split(csv_bytes(MIXED_HEADER, mixed_rows(200)))
     job = Job("j", status="RUNNING", phase="training", dataset=manifest.summary())
@@ -154,10 +155,10 @@ def test_status_and_dashboard_name_the_kinds_and_what_was_left_out():
     lines = columns_lines(status)
     assert lines[0] == "columns:   2 category, 1 datetime, 2 numeric"
     assert any(line.startswith("left out:  trip_id: identifier-like") for line in lines)
-    rows = {r["column"]: r for r in dashboard_data.column_rows(job)}
+    rows = {r["column"]: r for r in options_data.column_rows(job)}
     assert rows["city"]["kind"] == "category" and rows["city"]["note"].startswith("5 categories")
     assert rows["flag"]["kind"] == "left out" and rows["flag"]["note"].startswith("constant")
-    assert dashboard_data.dataset_facts(job)["feature kinds"] == "2 category, 1 datetime, 2 numeric"
+    assert options_data.dataset_facts(job)["feature kinds"] == "2 category, 1 datetime, 2 numeric"
 
 
 @pytest.mark.parametrize("with_time", [False, True])

@@ -23,7 +23,19 @@ from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import VersionCommit
-from bucketlearn.services import dashboard_data as dd
+from bucketlearn.services.dashboard import (
+    actions,
+    costs,
+    downloads,
+    formats,
+    headline,
+    jobs_list,
+    options_data,
+    reads,
+    throughput,
+    training,
+    workers_tasks,
+)
 from tests.unit.helpers import REPO_DIR
 
 T0 = 1_700_000_000.0
@@ -77,20 +89,20 @@ VERSIONS = [
     (7500, "2h 05m"), (97200, "1d 3h"), (-3, "0s"),
 ])
 def test_format_duration(seconds, text):
-    assert dd.format_duration(seconds) == text
+    assert formats.format_duration(seconds) == text
 
 
 def test_format_percent_and_number():
-    assert dd.format_percent(0.875) == "87.5%"
-    assert dd.format_percent(None) == "—"
-    assert dd.format_number(0.41) == "0.4100"
-    assert dd.format_number("x") == "—"
+    assert formats.format_percent(0.875) == "87.5%"
+    assert formats.format_percent(None) == "—"
+    assert formats.format_number(0.41) == "0.4100"
+    assert formats.format_number("x") == "—"
 
 
 def test_source_file_falls_back_to_the_source_map():
-    assert dd.source_file(a_job()) == "gs://up/digits.csv"
-    assert dd.source_file(a_job(file=None)) == "gs://up/digits.csv"
-    assert dd.source_file(Job("x")) == ""
+    assert jobs_list.source_file(a_job()) == "gs://up/digits.csv"
+    assert jobs_list.source_file(a_job(file=None)) == "gs://up/digits.csv"
+    assert jobs_list.source_file(Job("x")) == ""
 
 
 # --- rates and ETA -------------------------------------------------------------------------------
@@ -98,40 +110,40 @@ def test_source_file_falls_back_to_the_source_map():
 def test_current_rate_counts_the_last_minute_only():
     versions = [version(0, T0), version(1, T0 + 10, 100, 1),
                 version(2, T0 + 100, 600, 3), version(3, T0 + 130, 600, 3)]
-    rate = dd.current_rate(versions, now=T0 + 140, window=60)
+    rate = throughput.current_rate(versions, now=T0 + 140, window=60)
     assert rate["samples_per_s"] == pytest.approx(1200 / 60)
     assert rate["tasks_per_min"] == pytest.approx(6.0)
 
 
 def test_current_rate_does_not_dilute_a_young_job_over_the_whole_window():
-    rate = dd.current_rate(VERSIONS, now=T0 + 30, window=60)
+    rate = throughput.current_rate(VERSIONS, now=T0 + 30, window=60)
     assert rate["samples_per_s"] == pytest.approx(1200 / 30)
     assert rate["tasks_per_min"] == pytest.approx(6 * 60 / 30)
 
 
 def test_current_rate_counts_failed_tasks_and_is_zero_without_versions():
-    rate = dd.current_rate([version(0, T0), version(1, T0 + 10, 0, 0, failed=2)], T0 + 20, 60)
+    rate = throughput.current_rate([version(0, T0), version(1, T0 + 10, 0, 0, failed=2)], T0 + 20, 60)
     assert rate["tasks_per_min"] == pytest.approx(2 * 60 / 20)
-    assert dd.current_rate([], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
-    assert dd.current_rate([version(0, T0)], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+    assert throughput.current_rate([], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
+    assert throughput.current_rate([version(0, T0)], T0) == {"samples_per_s": 0.0, "tasks_per_min": 0.0}
 
 
 def test_eta_extrapolates_the_recent_task_rate():
     # 6 tasks in 30 s -> 12 tasks/min; 14 remaining -> 70 s.
-    assert dd.eta_seconds(a_job(), VERSIONS, now=T0 + 30) == pytest.approx(70.0)
+    assert throughput.eta_seconds(a_job(), VERSIONS, now=T0 + 30) == pytest.approx(70.0)
 
 
 def test_eta_is_unknown_when_stalled_or_not_split_and_none_for_terminal_jobs():
-    assert dd.eta_seconds(a_job(), VERSIONS, now=T0 + 1000) is None  # nothing in 2 minutes
-    assert dd.eta_seconds(a_job(tasks_planned=None), VERSIONS, T0 + 30) is None
-    assert dd.eta_seconds(a_job(status="DONE"), VERSIONS, T0 + 30) is None
-    assert dd.eta_seconds(a_job(tasks_applied=19, tasks_failed=1), VERSIONS, T0 + 30) == 0.0
+    assert throughput.eta_seconds(a_job(), VERSIONS, now=T0 + 1000) is None  # nothing in 2 minutes
+    assert throughput.eta_seconds(a_job(tasks_planned=None), VERSIONS, T0 + 30) is None
+    assert throughput.eta_seconds(a_job(status="DONE"), VERSIONS, T0 + 30) is None
+    assert throughput.eta_seconds(a_job(tasks_applied=19, tasks_failed=1), VERSIONS, T0 + 30) == 0.0
 
 
 def test_progress():
-    assert dd.progress(a_job()) == pytest.approx(0.3)
-    assert dd.progress(a_job(tasks_planned=0)) is None
-    assert dd.progress(a_job(tasks_applied=25)) == 1.0
+    assert throughput.progress(a_job()) == pytest.approx(0.3)
+    assert throughput.progress(a_job(tasks_planned=0)) is None
+    assert throughput.progress(a_job(tasks_applied=25)) == 1.0
 
 
 # --- overview ------------------------------------------------------------------------------------
@@ -143,7 +155,7 @@ def test_overview_rows_show_every_job_newest_first():
     rejected = a_job("bad-000000000003", status="REJECTED", phase="rejected",
                        created_at=T0 + 9, version=None, head=None, tasks_planned=None,
                        dataset=None, error="gs://up/bad.csv, row 3, column 'x': not a number")
-    rows = dd.overview_rows([running, done, rejected], {"run-000000000001": VERSIONS}, T0 + 30)
+    rows = jobs_list.overview_rows([running, done, rejected], {"run-000000000001": VERSIONS}, T0 + 30)
     assert [r["job_id"] for r in rows] == ["bad-000000000003", "done-000000000002",
                                            "run-000000000001"]
     bad, fin, run = rows
@@ -160,17 +172,17 @@ def test_overview_rows_show_every_job_newest_first():
 
 
 def test_reason_is_only_shown_for_jobs_that_ended_badly():
-    assert dd.reason(a_job(error="leftover")) == ""
-    assert dd.reason(a_job(status="FAILED", error="3 task(s) failed")) == "3 task(s) failed"
+    assert jobs_list.reason(a_job(error="leftover")) == ""
+    assert jobs_list.reason(a_job(status="FAILED", error="3 task(s) failed")) == "3 task(s) failed"
 
 
 def test_rejection_details_lists_the_known_fields_in_order():
     job = a_job(status="REJECTED", error_detail={"file": "gs://up/x.csv", "row": 3,
                                                    "column": "a", "message": "bad",
                                                    "expected": "a number", "found": "'x'"})
-    assert [d["field"] for d in dd.rejection_details(job)] == [
+    assert [d["field"] for d in jobs_list.rejection_details(job)] == [
         "file", "row", "column", "message", "expected", "found"]
-    assert dd.rejection_details(a_job()) == []
+    assert jobs_list.rejection_details(a_job()) == []
 
 
 def test_overview_bundle_reads_versions_of_training_jobs_only():
@@ -178,7 +190,7 @@ def test_overview_bundle_reads_versions_of_training_jobs_only():
     reg = svc.registry
     reg.create_job(a_job("a-000000000001"))
     reg.create_job(a_job("b-000000000002", status="DONE", phase="done"))
-    bundle = dd.overview_bundle(reg)
+    bundle = reads.overview_bundle(reg)
     assert {j.job_id for j in bundle["jobs"]} == {"a-000000000001", "b-000000000002"}
     assert list(bundle["versions"]) == ["a-000000000001"]
 
@@ -186,7 +198,7 @@ def test_overview_bundle_reads_versions_of_training_jobs_only():
 # --- one job -------------------------------------------------------------------------------------
 
 def test_job_summary_has_the_headline_numbers():
-    summary = dd.job_summary(a_job(), VERSIONS, T0 + 30)
+    summary = headline.job_summary(a_job(), VERSIONS, T0 + 30)
     assert summary["version"] == 3 and summary["epoch"] == 2 and summary["epochs"] == 5
     assert summary["accuracy"] == 0.875 and summary["loss"] == 0.41
     assert summary["train_loss"] == 0.52
@@ -198,48 +210,48 @@ def test_what_a_job_used_and_cost_is_shown_beside_its_accuracy():
     date of the prices, from the same status object ``status --json`` prints."""
     usage = {"firestore_writes": 300, "firestore_reads": 1200, "worker_seconds": 12.25,
              "storage_class_a": 40, "pubsub_messages": 200, "something_new": 3}
-    summary = dd.job_summary(a_job(usage=usage), VERSIONS, T0 + 30)
-    metrics = dict(dd.headline_metrics(summary))
+    summary = headline.job_summary(a_job(usage=usage), VERSIONS, T0 + 30)
+    metrics = dict(headline.headline_metrics(summary))
     total = summary["cost_usd"]["total"]
-    assert total > 0 and metrics["Est. cost"] == dd.format_cost(total)
-    rows = dd.usage_rows(summary)
+    assert total > 0 and metrics["Est. cost"] == formats.format_cost(total)
+    rows = costs.usage_rows(summary)
     assert rows[0] == {"used": "Learner seconds (on its tasks)", "amount": "12.2"}
     assert {"used": "Firestore writes", "amount": "300"} in rows
     assert rows[-1] == {"used": "something_new", "amount": "3"}  # unknown keys still shown
-    costs = {r["item"]: r["usd"] for r in dd.cost_rows(summary)}
-    assert costs["Total"] == dd.format_cost(total)
-    assert costs["Firestore"] == dd.format_cost(summary["cost_usd"]["firestore"])
-    assert summary["prices_as_of"] in dd.cost_note(summary)
-    assert dd.usage_rows(dd.job_summary(a_job(), VERSIONS, T0)) == []
+    by_item = {r["item"]: r["usd"] for r in costs.cost_rows(summary)}
+    assert by_item["Total"] == formats.format_cost(total)
+    assert by_item["Firestore"] == formats.format_cost(summary["cost_usd"]["firestore"])
+    assert summary["prices_as_of"] in costs.cost_note(summary)
+    assert costs.usage_rows(headline.job_summary(a_job(), VERSIONS, T0)) == []
 
 
 @pytest.mark.parametrize(("usd", "shown"), [
     (None, "—"), (0, "$0"), (0.0000004, "< $0.000001"), (0.00123, "$0.00123"),
     (0.5, "$0.5"), (12.345, "$12.35")])
 def test_format_cost(usd, shown):
-    assert dd.format_cost(usd) == shown
+    assert formats.format_cost(usd) == shown
 
 
 def test_headline_metrics_and_progress_text():
-    summary = dd.job_summary(a_job(), VERSIONS, T0 + 30)
-    assert dict(dd.headline_metrics(summary)) == {
+    summary = headline.job_summary(a_job(), VERSIONS, T0 + 30)
+    assert dict(headline.headline_metrics(summary)) == {
         "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
         "Holdout accuracy": "87.5%", "Holdout macro-F1": "—", "Holdout loss": "0.4100",
         "Train loss": "0.5200", "Est. cost": "$0"}
-    assert dd.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
-    queued = dd.job_summary(a_job(status="QUEUED", phase="splitting", version=None, head=None,
+    assert headline.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
+    queued = headline.job_summary(a_job(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
-    assert dict(dd.headline_metrics(queued))["Version"] == "—"
-    assert dict(dd.headline_metrics(queued))["Holdout accuracy"] == "—"
-    done = dd.job_summary(a_job(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
-    assert dd.progress_text(done) == "20 of 20 tasks applied · finished"
+    assert dict(headline.headline_metrics(queued))["Version"] == "—"
+    assert dict(headline.headline_metrics(queued))["Holdout accuracy"] == "—"
+    done = headline.job_summary(a_job(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
+    assert headline.progress_text(done) == "20 of 20 tasks applied · finished"
 
 
 def test_job_bundle_reads_everything_or_none():
     svc = memory_services()
-    assert dd.job_bundle(svc.registry, "nope-000000000000") is None
+    assert reads.job_bundle(svc.registry, "nope-000000000000") is None
     svc.registry.create_job(a_job("a-000000000001", epoch=0))
-    bundle = dd.job_bundle(svc.registry, "a-000000000001")
+    bundle = reads.job_bundle(svc.registry, "a-000000000001")
     assert bundle["job"].job_id == "a-000000000001"
     assert bundle["versions"] == [] and bundle["tasks"] == []
 
@@ -303,36 +315,36 @@ def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_onl
     a_long_job(registry, "long-000000000001", versions=250)
     registry.reads.clear()
     # Execute
-    bundle = dd.job_bundle(registry, "long-000000000001")
+    bundle = reads.job_bundle(registry, "long-000000000001")
     page_reads = dict(registry.reads)
     registry.reads.clear()
-    overview = dd.overview_bundle(registry)
+    overview = reads.overview_bundle(registry)
     # Assert
     job, versions, tasks = bundle["job"], bundle["versions"], bundle["tasks"]
-    assert page_reads == {"versions": dd.VERSIONS_SHOWN, "tasks": 50}
-    assert [v.version for v in versions] == list(range(251 - dd.VERSIONS_SHOWN, 251))
+    assert page_reads == {"versions": reads.VERSIONS_SHOWN, "tasks": 50}
+    assert [v.version for v in versions] == list(range(251 - reads.VERSIONS_SHOWN, 251))
     assert {t.epoch for t in tasks} == {3}
     assert versions[-2].figure("holdout_accuracy") == 0.5  # carried by the newest, read
-    counts = dd.task_state_counts(job, tasks)
+    counts = workers_tasks.task_state_counts(job, tasks)
     assert counts["done"] == 250 and counts["queued"] == 750 and counts["running"] == 0
-    assert dd.epoch_progress(job, versions, tasks) == {"epoch": 3, "planned": 100,
+    assert workers_tasks.epoch_progress(job, versions, tasks) == {"epoch": 3, "planned": 100,
                                                        "applied": 50, "failed": 0}
-    note = dd.versions_note(job, versions)
-    assert f"newest {dd.VERSIONS_SHOWN} of the job's 251 versions (v51–v250)" in note
-    assert registry.reads == {"versions": dd.ETA_VERSIONS}
-    assert len(overview["versions"]["long-000000000001"]) == dd.ETA_VERSIONS
+    note = headline.versions_note(job, versions)
+    assert f"newest {reads.VERSIONS_SHOWN} of the job's 251 versions (v51–v250)" in note
+    assert registry.reads == {"versions": reads.ETA_VERSIONS}
+    assert len(overview["versions"]["long-000000000001"]) == reads.ETA_VERSIONS
 
 
 def _constant(node: ast.expr, names: dict[str, ast.expr]) -> float:
     """The number an expression of dashboard/app.py stands for: a literal, a module-level
-    name of the app, or an attribute of ``dd`` (the core's constants)."""
+    name of the app, or an attribute of ``reads`` (the core's read and refresh periods)."""
     if isinstance(node, ast.Constant):
         return float(node.value)
     if isinstance(node, ast.Name):
         return _constant(names[node.id], names)
     assert isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name), ast.dump(node)
-    assert node.value.id == "dd", ast.dump(node)
-    return float(getattr(dd, node.attr))
+    assert node.value.id == "reads", ast.dump(node)
+    return float(getattr(reads, node.attr))
 
 
 def test_the_dashboards_cache_outlives_its_refresh():
@@ -363,44 +375,44 @@ def test_epoch_progress_comes_from_the_jobs_position_and_its_versions():
     versions = [Version(5, "w5", epoch=2, round=0, tasks_applied=("a:e0002:t00000",),
                         tasks_failed=("a:e0002:t00001",)),
                 Version(4, "w4", epoch=1, tasks_failed=("a:e0001:t00003",))]
-    assert dd.epoch_progress(a_job(epoch=0), []) is None
-    assert dd.epoch_progress(job, versions) == {"epoch": 2, "planned": 4, "applied": 1,
+    assert workers_tasks.epoch_progress(a_job(epoch=0), []) is None
+    assert workers_tasks.epoch_progress(job, versions) == {"epoch": 2, "planned": 4, "applied": 1,
                                                 "failed": 1}
-    assert dd.epoch_progress(a_job(epoch=5, round=0, plan=PLAN, status="DONE"), []) == {
+    assert workers_tasks.epoch_progress(a_job(epoch=5, round=0, plan=PLAN, status="DONE"), []) == {
         "epoch": 5, "planned": 4, "applied": 4, "failed": 0}
 
 
 def test_version_frame_by_version_and_time():
-    frame = dd.version_frame(list(reversed(VERSIONS)))
+    frame = training.version_frame(list(reversed(VERSIONS)))
     assert list(frame["version"]) == [0, 1, 2, 3]
     assert math.isnan(frame["holdout_accuracy"][0])
     assert list(frame["holdout_accuracy"][1:]) == [0.5, 0.75, 0.875]
     assert list(frame["train_loss"][1:]) == [1.5, 1.0, 0.52]
     assert list(frame["tasks"]) == [0, 2, 2, 2]
     assert frame["time"][3] == pd.Timestamp(T0 + 30, unit="s", tz="UTC")
-    empty = dd.version_frame([])
-    assert empty.empty and list(empty.columns) == list(dd.VERSION_COLUMNS)
+    empty = training.version_frame([])
+    assert empty.empty and list(empty.columns) == list(training.VERSION_COLUMNS)
 
 
 def test_throughput_frame_bins_and_keeps_empty_bins():
     versions = [version(0, T0), version(1, T0 + 3, 100, 1), version(2, T0 + 8, 300, 2),
                 version(3, T0 + 27, 50, 1)]
-    frame = dd.throughput_frame(versions, now=T0 + 29, bin_seconds=10)
-    assert list(frame.columns) == list(dd.THROUGHPUT_COLUMNS)
+    frame = throughput.throughput_frame(versions, now=T0 + 29, bin_seconds=10)
+    assert list(frame.columns) == list(throughput.THROUGHPUT_COLUMNS)
     assert list(frame["samples_per_s"]) == [40.0, 0.0, 5.0]
     assert list(frame["tasks_per_min"]) == [18.0, 0.0, 6.0]
     assert frame["time"][1] == pd.Timestamp(T0 + 10, unit="s", tz="UTC")
     # up to now: a stall shows as trailing zero bins
-    assert list(dd.throughput_frame(versions, now=T0 + 45, bin_seconds=10)["samples_per_s"]) == [
+    assert list(throughput.throughput_frame(versions, now=T0 + 45, bin_seconds=10)["samples_per_s"]) == [
         40.0, 0.0, 5.0, 0.0, 0.0]
-    assert dd.throughput_frame([], now=T0).empty
+    assert throughput.throughput_frame([], now=T0).empty
 
 
 def test_choose_bin_seconds_is_round():
-    assert dd.choose_bin_seconds(0) == 5
-    assert dd.choose_bin_seconds(600) == 15
-    assert dd.choose_bin_seconds(3600) == 120
-    assert dd.choose_bin_seconds(10**9) == 86400
+    assert throughput.choose_bin_seconds(0) == 5
+    assert throughput.choose_bin_seconds(600) == 15
+    assert throughput.choose_bin_seconds(3600) == 120
+    assert throughput.choose_bin_seconds(10**9) == 86400
 
 
 # --- workers and tasks ---------------------------------------------------------------------------
@@ -417,14 +429,14 @@ WORKERS = [
 
 
 def test_workers_alive_means_a_heartbeat_within_30_seconds():
-    assert dd.alive_count(WORKERS, now=T0 + 100) == 2
-    assert dd.is_alive(WORKERS[0], now=T0 + 125)
-    assert not dd.is_alive(WORKERS[0], now=T0 + 125.5)
-    assert not dd.is_alive({"worker_id": "x"}, now=T0)
+    assert workers_tasks.alive_count(WORKERS, now=T0 + 100) == 2
+    assert workers_tasks.is_alive(WORKERS[0], now=T0 + 125)
+    assert not workers_tasks.is_alive(WORKERS[0], now=T0 + 125.5)
+    assert not workers_tasks.is_alive({"worker_id": "x"}, now=T0)
 
 
 def test_worker_rows_say_what_each_is_doing():
-    rows = dd.worker_rows(WORKERS, now=T0 + 100, job_id="a-000000000001")
+    rows = workers_tasks.worker_rows(WORKERS, now=T0 + 100, job_id="a-000000000001")
     assert [r["worker_id"] for r in rows] == ["w-busy", "w-idle", "w-gone", "w-stop"]
     by_id = {r["worker_id"]: r for r in rows}
     assert by_id["w-busy"]["doing"] == "training a-000000000001:e0001:t00002"
@@ -460,12 +472,12 @@ def test_task_state_counts_come_from_the_jobs_counters_and_its_epochs_open_round
     """Folded tasks are the job's counters (6 applied); the current epoch's documents of rounds
     not folded yet add one running and one retrying; an earlier epoch's document (the FAILED
     one of epoch 2 does not count at epoch 1) adds nothing; queued is what is left."""
-    counts = dd.task_state_counts(a_job(tasks_planned=20, **AT_ROUND_1), TASKS)
+    counts = workers_tasks.task_state_counts(a_job(tasks_planned=20, **AT_ROUND_1), TASKS)
     assert counts == {"queued": 12, "running": 1, "retrying": 1, "done": 6, "failed": 0}
-    failed = dd.task_state_counts(a_job(tasks_planned=20, tasks_applied=4, tasks_failed=1,
+    failed = workers_tasks.task_state_counts(a_job(tasks_planned=20, tasks_applied=4, tasks_failed=1,
                                         epoch=2, round=0, plan=PLAN), TASKS)
     assert failed == {"queued": 14, "running": 0, "retrying": 0, "done": 4, "failed": 2}
-    assert dd.task_state_counts(a_job(tasks_planned=None), [])["queued"] == 0
+    assert workers_tasks.task_state_counts(a_job(tasks_planned=None), [])["queued"] == 0
 
 
 def test_a_task_of_a_folded_round_shows_applied_whatever_its_document_last_said():
@@ -473,13 +485,13 @@ def test_a_task_of_a_folded_round_shows_applied_whatever_its_document_last_said(
     not the document, says the task is done."""
     running = TaskRecord.from_doc({"task_id": "a:e0001:t00000", "epoch": 1, "task_index": 0,
                                    "state": "RUNNING"})
-    assert dd.shown_state(a_job(**AT_ROUND_1), running) == "APPLIED"
-    assert dd.shown_state(a_job(epoch=1, round=0, plan=PLAN), running) == "RUNNING"
-    assert dd.shown_state(a_job(epoch=2, round=0, plan=PLAN), running) == "APPLIED"
+    assert workers_tasks.shown_state(a_job(**AT_ROUND_1), running) == "APPLIED"
+    assert workers_tasks.shown_state(a_job(epoch=1, round=0, plan=PLAN), running) == "RUNNING"
+    assert workers_tasks.shown_state(a_job(epoch=2, round=0, plan=PLAN), running) == "APPLIED"
 
 
 def test_task_frame_has_timings_newest_first():
-    frame = dd.task_frame(a_job(**AT_ROUND_1), TASKS, [], now=T0 + 10)
+    frame = workers_tasks.task_frame(a_job(**AT_ROUND_1), TASKS, [], now=T0 + 10)
     assert list(frame["task_id"]) == ["a:e0002:t00000", "a:e0001:t00002", "a:e0001:t00003",
                                       "a:e0001:t00001", "a:e0001:t00000"]
     row = frame.set_index("task_id").loc["a:e0001:t00000"]
@@ -487,7 +499,7 @@ def test_task_frame_has_timings_newest_first():
     running = frame.set_index("task_id").loc["a:e0001:t00002"]
     assert running["seconds"] == 4.0 and math.isnan(running["train_seconds"])
     assert frame.set_index("task_id").loc["a:e0002:t00000"]["error"] == "PermanentError: bad shard"
-    assert dd.task_frame(a_job(), [], [], now=T0).empty
+    assert workers_tasks.task_frame(a_job(), [], [], now=T0).empty
 
 
 STATS = {"a:e0001:t00000": {"fetch_seconds": 1.0, "train_seconds": 2.5, "write_seconds": 0.5},
@@ -499,24 +511,24 @@ def test_task_timings_come_from_the_version_that_folded_the_task():
     version records (its document has none)."""
     started = TaskRecord.from_doc({"task_id": "a:e0001:t00001", "epoch": 1, "task_index": 1,
                                    "state": "RUNNING", "started_at": T0})
-    frame = dd.task_frame(a_job(**AT_ROUND_1), [started], [Version(1, "w1", task_stats=STATS)],
+    frame = workers_tasks.task_frame(a_job(**AT_ROUND_1), [started], [Version(1, "w1", task_stats=STATS)],
                           now=T0 + 10).set_index("task_id")
     assert frame.loc["a:e0001:t00001", "fetch_seconds"] == 3.0
     assert frame.loc["a:e0001:t00001", "state"] == "APPLIED"
 
 
 def test_timing_summary_over_folded_tasks():
-    summary = dd.timing_summary([Version(1, "w1", task_stats=STATS)]).set_index("phase")
+    summary = workers_tasks.timing_summary([Version(1, "w1", task_stats=STATS)]).set_index("phase")
     assert summary.loc["fetch", "tasks"] == 2
     assert summary.loc["fetch", "median_s"] == 2.0 and summary.loc["fetch", "max_s"] == 3.0
     assert summary.loc["train", "median_s"] == 1.5
-    assert dd.timing_summary([]).empty
+    assert workers_tasks.timing_summary([]).empty
 
 
 # --- options, dataset ----------------------------------------------------------------------------
 
 def test_option_rows_cover_every_option_and_mark_changes():
-    rows = {r["option"]: r for r in dd.option_rows(a_job())}
+    rows = {r["option"]: r for r in options_data.option_rows(a_job())}
     assert tuple(rows) == OPTION_NAMES
     assert rows["epochs"]["value"] == "5" and rows["epochs"]["changed"] == "yes"
     assert rows["batch_size"]["changed"] == ""
@@ -524,12 +536,12 @@ def test_option_rows_cover_every_option_and_mark_changes():
 
 
 def test_dataset_facts():
-    facts = dd.dataset_facts(a_job())
+    facts = options_data.dataset_facts(a_job())
     assert facts["rows"] == 1000 and facts["columns"] == 65 and facts["feature columns"] == 64
     assert facts["classes"] == 3 and facts["class names"] == "0, 1, 2"
     assert facts["shards"] == 4 and facts["tasks per epoch"] == 4
-    assert dd.dataset_facts(a_job(dataset=None)) == {}
-    many = dd.dataset_facts(a_job(dataset={"classes": [str(i) for i in range(30)]}))
+    assert options_data.dataset_facts(a_job(dataset=None)) == {}
+    many = options_data.dataset_facts(a_job(dataset={"classes": [str(i) for i in range(30)]}))
     assert many["class names"].endswith("…")
 
 
@@ -544,24 +556,24 @@ def test_model_files_lists_latest_first_and_ignores_other_objects():
     store.write_bytes(bucket, layout.weights_path(job, 3, "ab"), b"w", "application/octet-stream")
     store.write_bytes(bucket, f"models/{job}/notes.txt", b"x", "text/plain")
     store.write_bytes(bucket, layout.model_path("a-000000000002"), b"o", "x")
-    files = dd.model_files(store, bucket, job)
+    files = downloads.model_files(store, bucket, job)
     assert [f.label for f in files] == ["latest", "v12", "v3"]
     assert files[0].size == 7 and files[0].path == f"models/{job}/latest.keras"
     assert files[0].file_name == f"{job}-latest.keras"
-    assert dd.model_files(store, bucket, "none-000000000000") == []
+    assert downloads.model_files(store, bucket, "none-000000000000") == []
 
 
 def test_download_note_says_which_versions_cannot_be_downloaded():
     job = a_job("a-000000000001", status="DONE", version=3)
-    latest = dd.ModelFile("models/a-000000000001/latest.keras", None, 1)
-    v3 = dd.ModelFile("models/a-000000000001/v000003.keras", 3, 1)
-    note = dd.download_note(job, VERSIONS, [latest, v3])
+    latest = downloads.ModelFile("models/a-000000000001/latest.keras", None, 1)
+    v3 = downloads.ModelFile("models/a-000000000001/v000003.keras", 3, 1)
+    note = downloads.download_note(job, VERSIONS, [latest, v3])
     assert "v0–v2" in note and "latest" in note
-    assert "v0–v2" in dd.download_note(job, VERSIONS[3:], [latest, v3])  # versions are dense
-    every = [dd.ModelFile(f"models/a-000000000001/v{n:06d}.keras", n, 1) for n in range(4)]
-    assert dd.download_note(job, VERSIONS[3:], [latest, *every]) == ""
-    assert "No model exported yet" in dd.download_note(a_job(), VERSIONS, [])
-    assert "without a model" in dd.download_note(a_job(status="REJECTED"), [], [])
+    assert "v0–v2" in downloads.download_note(job, VERSIONS[3:], [latest, v3])  # versions are dense
+    every = [downloads.ModelFile(f"models/a-000000000001/v{n:06d}.keras", n, 1) for n in range(4)]
+    assert downloads.download_note(job, VERSIONS[3:], [latest, *every]) == ""
+    assert "No model exported yet" in downloads.download_note(a_job(), VERSIONS, [])
+    assert "without a model" in downloads.download_note(a_job(status="REJECTED"), [], [])
 
 
 # --- cancel (issue #14, item 11) ------------------------------------------------------------------
@@ -572,19 +584,19 @@ CANCELLED = {"status": "CANCELLED", "phase": "cancelled",
 
 def test_a_cancelled_job_shows_who_cancelled_it_and_no_eta():
     job = a_job("c-000000000001", **CANCELLED)
-    row = dd.overview_rows([job], {}, T0 + 30)[0]
+    row = jobs_list.overview_rows([job], {}, T0 + 30)[0]
     assert row["status"] == "CANCELLED" and row["eta"] == ""
-    assert row["reason"] == CANCELLED["error"] == dd.reason(job)
-    summary = dd.job_summary(job, VERSIONS, T0 + 30)
+    assert row["reason"] == CANCELLED["error"] == jobs_list.reason(job)
+    summary = headline.job_summary(job, VERSIONS, T0 + 30)
     assert summary["eta_seconds"] is None
-    assert dd.progress_text(summary) == "6 of 20 tasks applied · cancelled"
+    assert headline.progress_text(summary) == "6 of 20 tasks applied · cancelled"
 
 
 def test_download_note_of_a_cancelled_job_offers_its_last_version():
-    note = dd.download_note(a_job("c-000000000001", **CANCELLED), VERSIONS, [])
+    note = downloads.download_note(a_job("c-000000000001", **CANCELLED), VERSIONS, [])
     assert "cancelled at v3" in note and "bucketlearn download c-000000000001" in note
     early = a_job("c-000000000001", **CANCELLED, version=None)
-    assert "cancelled before its first version" in dd.download_note(early, [], [])
+    assert "cancelled before its first version" in downloads.download_note(early, [], [])
 
 
 @pytest.mark.parametrize(("headers", "who"), [
@@ -595,19 +607,19 @@ def test_download_note_of_a_cancelled_job_offers_its_last_version():
     ({}, "the dashboard"), (None, "the dashboard"),
 ])
 def test_canceller_is_the_iap_user_when_there_is_one(headers, who):
-    assert dd.canceller(headers) == who
+    assert actions.canceller(headers) == who
 
 
 def test_cancel_prompt_says_what_stays():
-    assert "its last version, v3, stays downloadable" in dd.cancel_prompt(a_job())
-    queued = dd.cancel_prompt(a_job(status="QUEUED", phase="splitting", version=None))
+    assert "its last version, v3, stays downloadable" in actions.cancel_prompt(a_job())
+    queued = actions.cancel_prompt(a_job(status="QUEUED", phase="splitting", version=None))
     assert "no model version yet" in queued
 
 
 # --- upload ---------------------------------------------------------------------------------------
 
 def test_option_metadata_leaves_blanks_out_and_parses_the_rest():
-    metadata = dd.option_metadata({"epochs": " 3 ", "batch_size": "", "model": "MLP",
+    metadata = actions.option_metadata({"epochs": " 3 ", "batch_size": "", "model": "MLP",
                                    "label_column": None, "learning_rate": "0.01"})
     assert metadata == {"epochs": "3", "model": "mlp", "learning_rate": "0.01"}
     assert resolve_options(metadata=metadata, environ={}).epochs == 3
@@ -615,10 +627,10 @@ def test_option_metadata_leaves_blanks_out_and_parses_the_rest():
 
 def test_option_metadata_rejects_bad_values_naming_the_option():
     with pytest.raises(ConfigError) as err:
-        dd.option_metadata({"epochs": "0"})
+        actions.option_metadata({"epochs": "0"})
     assert "epochs" in str(err.value)
     with pytest.raises(ConfigError):
-        dd.option_metadata({"model": "transformer"})
+        actions.option_metadata({"model": "transformer"})
 
 
 @pytest.mark.parametrize(("given", "name"), [
@@ -626,7 +638,7 @@ def test_option_metadata_rejects_bad_values_naming_the_option():
     ("noext", "noext.csv"), ("", "upload.csv"), ("x\x00y.csv", "xy.csv"),
 ])
 def test_upload_object_name(given, name):
-    assert dd.upload_object_name(given) == name
+    assert actions.upload_object_name(given) == name
 
 
 class OneCopy(io.BytesIO):
@@ -648,8 +660,8 @@ def test_upload_csv_streams_the_file_under_a_name_of_its_own():
     bucket = svc.settings.uploads_bucket
     first, second = b"a,label\n1,0\n", b"a,label\n2,1\n3,0\n"
     # Execute
-    job_1, uri_1 = dd.upload_csv(svc, "digits.csv", OneCopy(first), len(first), {"epochs": "3"})
-    job_2, uri_2 = dd.upload_csv(svc, "digits.csv", OneCopy(second), len(second), {})
+    job_1, uri_1 = actions.upload_csv(svc, "digits.csv", OneCopy(first), len(first), {"epochs": "3"})
+    job_2, uri_2 = actions.upload_csv(svc, "digits.csv", OneCopy(second), len(second), {})
     # Assert
     names = [info.name for info in svc.store.list(bucket)]
     assert len(names) == 2 and all(UPLOADED.match(n) for n in names), names
@@ -672,13 +684,13 @@ def test_upload_csv_refuses_a_file_over_the_forms_limit():
     svc = memory_services(small)
     # Execute
     with pytest.raises(ValueError, match=r"at most 10 bytes here; found 11 bytes") as refused:
-        dd.upload_csv(svc, "digits.csv", OneCopy(b"x" * 11), 11, {})
+        actions.upload_csv(svc, "digits.csv", OneCopy(b"x" * 11), 11, {})
     # Assert
     assert "bucketlearn submit" in str(refused.value)
     assert list(svc.store.list(svc.settings.uploads_bucket)) == []
-    assert dd.upload_limit_bytes(Settings()) == dd.UPLOAD_MAX_BYTES == 100 * 2**20
-    assert dd.upload_limit_mb(Settings()) == 100 and dd.upload_limit_mb(small) == 1
-    assert dd.upload_size_problem(Settings(), dd.UPLOAD_MAX_BYTES) is None
+    assert actions.upload_limit_bytes(Settings()) == actions.UPLOAD_MAX_BYTES == 100 * 2**20
+    assert actions.upload_limit_mb(Settings()) == 100 and actions.upload_limit_mb(small) == 1
+    assert actions.upload_size_problem(Settings(), actions.UPLOAD_MAX_BYTES) is None
 
 
 def rendered(markdown: str) -> str:
@@ -697,18 +709,18 @@ def rendered(markdown: str) -> str:
 def test_a_user_string_renders_as_the_text_it_is(text):
     """Issue #26, item 14: ``plain`` escapes what Markdown would act on, so a user's string
     renders as its own text (line breaks as spaces), with no link, image, tag or block."""
-    html = rendered(dd.plain(text))
+    html = rendered(formats.plain(text))
     assert "<a " not in html and "<img" not in html and "<b>" not in html
     assert html.count("<p>") == 1 and "<h1>" not in html and "<li>" not in html
-    assert "https://" not in dd.plain(text) and "www." not in dd.plain(text)
+    assert "https://" not in formats.plain(text) and "www." not in formats.plain(text)
     shown = unescape(re.sub(r"<[^>]+>", "", html)).strip()
     assert shown == re.sub(r"\s*\n\s*", " ", text)
 
 
 def test_a_job_parameter_that_is_no_job_id_is_said_as_text():
-    assert dd.wanted_job(None) == (None, None)
-    assert dd.wanted_job("digits-0123456789ab") == ("digits-0123456789ab", None)
-    job_id, said = dd.wanted_job("[sign in](https://evil.example)")
+    assert jobs_list.wanted_job(None) == (None, None)
+    assert jobs_list.wanted_job("digits-0123456789ab") == ("digits-0123456789ab", None)
+    job_id, said = jobs_list.wanted_job("[sign in](https://evil.example)")
     assert job_id is None and "<a " not in rendered(said) and "is not a job id" in said
 
 
@@ -726,16 +738,16 @@ def test_a_version_written_before_the_report_still_renders_with_dashes():
     """An old version document (no macro-F1, no report): every new figure is a dash, the tables
     are empty with a note saying why, no warning; its macro-F1 column is NaN."""
     # Execute
-    shown = dd.version_report(VERSIONS[3], ["0", "1", "2"])
-    frame = dd.version_frame(VERSIONS)
+    shown = training.version_report(VERSIONS[3], ["0", "1", "2"])
+    frame = training.version_frame(VERSIONS)
     # Assert
     assert dict(shown["metrics"]) == {"Accuracy": "87.5%", "Macro-F1": "—",
                                       "Majority baseline": "—"}
     assert shown["per_class"].empty and shown["confusion"].empty
     assert shown["warning"] is None and "before they were recorded" in shown["note"]
     assert frame["holdout_macro_f1"].isna().all()
-    assert dd.version_report(None, [])["per_class"].empty
-    assert dd.evaluated_versions(VERSIONS) == [3, 2, 1]
+    assert training.version_report(None, [])["per_class"].empty
+    assert training.evaluated_versions(VERSIONS) == [3, 2, 1]
 
 
 def test_a_versions_report_gives_per_class_tables_and_the_majority_warning():
@@ -745,7 +757,7 @@ def test_a_versions_report_gives_per_class_tables_and_the_majority_warning():
     # Prepare
     doc = _evaluated(4, [[9, 0], [1, 0]])
     # Execute
-    shown = dd.version_report(doc, ["cat", "dog"])
+    shown = training.version_report(doc, ["cat", "dog"])
     # Assert
     metrics = dict(shown["metrics"])
     assert metrics["Accuracy"] == "90.0%" and metrics["Majority baseline"] == "90.0%"
@@ -763,7 +775,7 @@ def test_a_truncated_report_says_what_it_leaves_out():
     # Prepare
     doc = _evaluated(2, np.diag([3, 1, 2]).tolist(), max_classes=2)
     # Execute
-    shown = dd.version_report(doc, ["a", "b", "c"])
+    shown = training.version_report(doc, ["a", "b", "c"])
     # Assert
     assert list(shown["per_class"]["class"]) == ["a", "c"]
     assert list(shown["confusion"].columns) == ["a", "c"]
@@ -779,8 +791,8 @@ def test_the_job_summary_warns_and_shows_roc_auc_for_a_binary_head():
             "holdout_report": {"majority_class": 1}}
     job = a_job(head=head, dataset={"classes": ["no", "yes"]})
     # Execute
-    summary = dd.job_summary(job, VERSIONS, T0 + 30)
+    summary = headline.job_summary(job, VERSIONS, T0 + 30)
     # Assert
-    metrics = dict(dd.headline_metrics(summary))
+    metrics = dict(headline.headline_metrics(summary))
     assert metrics["Holdout macro-F1"] == "0.4700" and metrics["Holdout ROC AUC"] == "0.6100"
     assert "always answering 'yes'" in summary["warning"]

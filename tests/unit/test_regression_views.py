@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.entrypoints import cli
-from bucketlearn.services import dashboard_data as dd
 from bucketlearn.services import jobs
+from bucketlearn.services.dashboard import headline, jobs_list, options_data, training
 
 DATASET = {"rows": 342, "train_rows": 274, "holdout_rows": 68, "features": 7,
            "label_column": "body_mass_g", "classes": [], "label_kind": "float",
@@ -54,19 +54,19 @@ def test_the_cli_prints_rmse_mae_and_r2(capsys):
 
 def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     job = regression_job()
-    summary = dd.job_summary(job, [VERSION], now=20.0)
-    metrics = dict(dd.headline_metrics(summary))
+    summary = headline.job_summary(job, [VERSION], now=20.0)
+    metrics = dict(headline.headline_metrics(summary))
     assert metrics["Holdout RMSE"] == "236.8100" and metrics["Holdout R²"] == "0.9133"
     assert "Holdout accuracy" not in metrics
-    frame = dd.version_frame([VERSION])
+    frame = training.version_frame([VERSION])
     assert frame.loc[0, "holdout_rmse"] == 236.81 and frame.loc[0, "holdout_r2"] == 0.9133
-    assert dd.evaluated_versions([VERSION]) == [3]
-    report = dd.version_report(VERSION, [])
+    assert training.evaluated_versions([VERSION]) == [3]
+    report = training.version_report(VERSION, [])
     assert dict(report["metrics"])["MAE"] == "193.9300" and report["per_class"].empty
-    facts = dd.dataset_facts(job)
+    facts = options_data.dataset_facts(job)
     assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2
-    assert dd.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
-    assert dd.is_regression(summary) and not dd.is_regression({"task": "classification"})
+    assert jobs_list.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
+    assert headline.is_regression(summary) and not headline.is_regression({"task": "classification"})
 
 
 def test_predict_prints_numbers_and_the_figures_against_the_label_column(monkeypatch, capsys):

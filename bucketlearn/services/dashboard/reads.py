@@ -1,0 +1,68 @@
+"""What the dashboard reads, and how often: its ``Services``, the documents of the jobs
+overview (``overview_bundle``) and of one job's page (``job_bundle``), the read limits and the
+cache and refresh periods ``dashboard/app.py`` uses.
+
+Documents read (field names as written by split.py, aggregator.py and worker.py):
+
+* job: status, phase, file/source, created_at, version, epoch, options, dataset, head,
+  tasks_planned, tasks_applied, tasks_failed, started_at, error, error_detail;
+* version: version, epoch, created_at, samples, tasks_applied/tasks_failed (task ids),
+  holdout_accuracy, holdout_loss, train_loss, and (versions evaluated since they were recorded)
+  holdout_macro_f1, holdout_roc_auc, holdout_majority_accuracy, holdout_report;
+* task: task_id, epoch, task_index, state, attempts, worker_id, started_at, finished_at,
+  fetch_seconds, train_seconds, write_seconds, error;
+* worker heartbeat: worker_id, state, last_seen, job_id, task_id, tasks_done.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bucketlearn.bootstrap import Services, google_services
+from bucketlearn.ports import Registry
+from bucketlearn.services import jobs
+
+# What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
+# the job shown (enough for its charts and report) and ETA_VERSIONS of each training job in the
+# overview (its rate and ETA), the tasks of the current epoch only; the counts come from the job
+# document. A query's result is cached for CACHE_SECONDS, longer than the page's refresh, and
+# the cache is shared by every session of the process: a tab left open costs a bounded read
+# every CACHE_SECONDS, not every version and task of the job every few seconds.
+VERSIONS_SHOWN = 200
+ETA_VERSIONS = 50
+REFRESH_SECONDS = 5.0
+CACHE_SECONDS = 10.0
+
+
+def get_services() -> Services:
+    """The dashboard's Services (settings from the environment). Tests replace this function."""
+    return google_services()
+
+
+def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
+    """The documents the overview needs: the jobs, and the newest ``ETA_VERSIONS`` versions of
+    each job still training (its recent rate, hence its ETA)."""
+    job_docs = registry.list_jobs(limit)
+    versions = {job.job_id: registry.list_versions(job.job_id, last=ETA_VERSIONS)
+                for job in job_docs if not jobs.is_terminal(job) and job.phase == jobs.TRAINING}
+    return {"jobs": job_docs, "versions": versions}
+
+
+def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
+    """The documents the job page shows, read in one go (None if there is no such job): the
+    job, its newest ``VERSIONS_SHOWN`` versions, the task documents of its current epoch and
+    the workers. Counts over the whole job come from the job's counters, not from documents.
+
+    Figures a version's evaluation is carried by a later version's commit: the newest versions
+    read have theirs (the commits carrying them are newer still, or read), while the oldest
+    read may lack figures carried by a version not read; its charts start a little later.
+    """
+    job = registry.get_job(job_id)
+    if job is None:
+        return None
+    return {
+        "job": job,
+        "versions": registry.list_versions(job_id, last=VERSIONS_SHOWN),
+        "tasks": registry.list_tasks(job_id, epoch=job.epoch) if job.epoch >= 1 else [],
+        "workers": registry.list_workers(),
+    }
