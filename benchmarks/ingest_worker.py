@@ -75,14 +75,14 @@ class TempDirStore(DiscardStore):
 def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
     from bucketlearn.config import JobOptions, Limits
     from bucketlearn.ingest import split as ingest
-    from bucketlearn.ingest.split import SourceFile
+    from bucketlearn.ingest.stream import READ_AHEAD_BLOCKS, READ_BLOCK_BYTES, SourceFile
     from bucketlearn.services.serial import local_source
 
     options = JobOptions()
     limits = Limits()
     source = local_source(path)
-    extra: dict[str, Any] = {"block_mib": ingest.READ_BLOCK_BYTES / 2**20,
-                             "ahead_blocks": ingest.READ_AHEAD_BLOCKS}
+    extra: dict[str, Any] = {"block_mib": READ_BLOCK_BYTES / 2**20,
+                             "ahead_blocks": READ_AHEAD_BLOCKS}
     scratch = None
     if store_kind == "discard":
         store: Any = DiscardStore()
@@ -128,7 +128,7 @@ def streaming_reads(path: str, passes: int, as_text: bool) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from bucketlearn.ingest.split import READ_BLOCK_BYTES
+    from bucketlearn.ingest.stream import READ_BLOCK_BYTES
 
     read = pacsv.ReadOptions(block_size=READ_BLOCK_BYTES)
     convert = None
@@ -175,10 +175,11 @@ def probe_readahead(path: str) -> dict[str, Any]:
 
     from bucketlearn.config import Limits
     from bucketlearn.ingest import readahead
-    from bucketlearn.ingest import split as ingest
+    from bucketlearn.ingest import stream as ingest
+    from bucketlearn.ingest.sniff import read_header
     from bucketlearn.services.serial import local_source
 
-    columns = ingest.read_header(local_source(path), Limits())
+    columns = read_header(local_source(path), Limits())
     out: dict[str, Any] = {}
     probes = (("pyarrow_32mib", 32 << 20, False,
                "pyarrow.csv.open_csv alone, 32 MiB blocks (split before the bounded reader)"),
@@ -231,6 +232,8 @@ def probe_stages(path: str) -> dict[str, Any]:
 
     from bucketlearn.config import JobOptions, Limits
     from bucketlearn.ingest import split as ingest
+    from bucketlearn.ingest.parts import HoldoutWriter, ShardWriter
+    from bucketlearn.ingest.stream import READ_BLOCK_BYTES
     from bucketlearn.services.serial import local_source
 
     peaks: dict[str, float] = {}
@@ -251,8 +254,8 @@ def probe_stages(path: str) -> dict[str, Any]:
 
     wrap(ingest, "_checked_features", "features_float32_block")
     wrap(ingest._RunningStats, "add", "running_stats_float64_copies")
-    wrap(ingest._ShardWriter, "flush", "shard_part_concat_and_npz")
-    wrap(ingest._HoldoutWriter, "flush", "holdout_part_concat_and_npz")
+    wrap(ShardWriter, "flush", "shard_part_concat_and_npz")
+    wrap(HoldoutWriter, "flush", "holdout_part_concat_and_npz")
     tracemalloc.start()
     started = time.perf_counter()
     manifest = ingest.split_upload(local_source(path), DiscardStore(), "work", "bench",
@@ -260,7 +263,7 @@ def probe_stages(path: str) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     tracemalloc.stop()
     return {"rows": manifest.rows, "seconds": seconds, "base_rss_mb": None,
-            "transient_peaks_mb": peaks, "block_mib": ingest.READ_BLOCK_BYTES / 2**20}
+            "transient_peaks_mb": peaks, "block_mib": READ_BLOCK_BYTES / 2**20}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,7 +69,8 @@ class Experiment:
         """``options``: other job options (``JobOptions`` fields), e.g. a label column."""
         from bucketlearn.bootstrap import memory_services
         from bucketlearn.config import JobOptions, Limits
-        from bucketlearn.ingest.split import load_parts, split_upload
+        from bucketlearn.ingest.parts import load_parts
+        from bucketlearn.ingest.split import split_upload
         from bucketlearn.ml.model import build_model, spec_for
         from bucketlearn.ml.training import optimizer_state
         from bucketlearn.services.serial import local_source

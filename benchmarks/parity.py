@@ -86,7 +86,8 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import Limits
     from bucketlearn.domain.plan import learning_rate
-    from bucketlearn.ingest.split import load_parts, split_upload
+    from bucketlearn.ingest.parts import load_parts
+    from bucketlearn.ingest.split import split_upload
     from bucketlearn.ml.model import build_model, spec_for
     from bucketlearn.ml.training import evaluate_detail
     from bucketlearn.services.serial import local_source

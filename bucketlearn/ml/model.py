@@ -121,7 +121,7 @@ def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
 
 
 def spec_for(manifest: Any, options: Any, file: str = "") -> ModelSpec:
-    """The spec of a split's model (``ingest.split.Manifest``) with a job's options: the matrix
+    """The spec of a split's model (``ingest.manifest.Manifest``) with a job's options: the matrix
     width, the classes or the numeric target, and whether the columns are a plain matrix."""
     return choose_spec(options.model, manifest.width, len(manifest.classes), options.seed,
                        options.learning_rate, file, matrix=is_matrix(manifest.schema),

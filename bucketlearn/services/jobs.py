@@ -268,7 +268,7 @@ def round_messages(job: Job, shards: Sequence[Any],
 
     Args:
         job: the job document (its plan, options, epoch, round and head).
-        shards: the manifest's shards (``ingest.Shard``), in shard order.
+        shards: the manifest's shards (``ingest.manifest.Shard``), in shard order.
         task_indices: only these tasks of the round (a retry); all of them when None.
     """
     head = job.head

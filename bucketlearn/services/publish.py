@@ -18,7 +18,7 @@ from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.errors import TransientError
-from bucketlearn.ingest.split import Manifest
+from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import FAILED, ResultMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime

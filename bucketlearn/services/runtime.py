@@ -20,7 +20,7 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.job import Job
-from bucketlearn.ingest.split import Manifest
+from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import ModelSpec, build_model
 
 # Jobs whose runtime (model, manifest, last version) a process keeps. Workers serve jobs that

@@ -26,7 +26,10 @@ from typing import Any
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
-from bucketlearn.ingest.split import Manifest, SourceFile, load_parts, split_upload
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.services import jobs

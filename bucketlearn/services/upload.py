@@ -37,7 +37,9 @@ from bucketlearn.events import (  # noqa: F401
     display_uri,
     is_control,
 )
-from bucketlearn.ingest.split import Manifest, SourceFile, split_upload
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo

@@ -28,7 +28,7 @@ def csv_bytes(header: Sequence[str], rows: Iterable[Sequence[object]]) -> bytes:
 
 def source_from_bytes(data: bytes, name: str = "upload.csv"):
     """An ingest.SourceFile reading from memory."""
-    from bucketlearn.ingest.split import SourceFile
+    from bucketlearn.ingest.stream import SourceFile
 
     return SourceFile(display_name=name, size=len(data), opener=lambda: io.BytesIO(data))
 

@@ -588,7 +588,7 @@ def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_pat
     version 0, and version 1 is the mean of the two tasks' weights (η = 1), not their sum."""
     # Prepare
     from bucketlearn.domain.plan import step_rates
-    from bucketlearn.ingest.split import load_parts
+    from bucketlearn.ingest.parts import load_parts
     from bucketlearn.ml.training import train_task
     from bucketlearn.services.runtime import job_runtime
     from tests.unit.steps import start_job, train_pending

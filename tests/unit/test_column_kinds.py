@@ -11,7 +11,8 @@ from bucketlearn.config import JobOptions, Limits
 from bucketlearn.domain.columns import CATEGORY, DATETIME, NUMERIC, ColumnProfile
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import columns as ingest_columns
-from bucketlearn.ingest.split import load_parts, split_upload
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.split import split_upload
 from tests.unit.helpers import (
     MIXED_HEADER,
     csv_bytes,

@@ -10,17 +10,10 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
-from bucketlearn.errors import InvalidInputError
-from bucketlearn.ingest.split import (
-    DealPlan,
-    Manifest,
-    _ShardWriter,
-    holdout_count,
-    holdout_phases,
-    load_parts,
-    plan_split,
-    split_upload,
-)
+from bucketlearn.domain.deal import DealPlan, holdout_count, holdout_phases
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import ShardWriter, load_parts
+from bucketlearn.ingest.split import split_upload
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
@@ -298,7 +291,7 @@ def test_shard_writer_writes_a_shard_as_soon_as_it_is_complete():
     """A complete shard is written at once (memory stays flat), an incomplete one waits."""
     # Prepare
     store = MemoryBlobStore()
-    writer = _ShardWriter(store, BUCKET, JOB, np.array([3, 5]), buffer_bytes=1 << 30)
+    writer = ShardWriter(store, BUCKET, JOB, np.array([3, 5]), buffer_bytes=1 << 30)
     # Execute
     writer.add(1, *_rows(2))
     writer.add(0, *_rows(3, start=10))
@@ -318,7 +311,7 @@ def test_shard_writer_evicts_the_largest_buffer_over_budget():
     # Prepare
     store = MemoryBlobStore()
     row_bytes = 4 + 4  # one float32 feature + one int32 label
-    writer = _ShardWriter(store, BUCKET, JOB, np.array([100, 100]), buffer_bytes=10 * row_bytes)
+    writer = ShardWriter(store, BUCKET, JOB, np.array([100, 100]), buffer_bytes=10 * row_bytes)
     # Execute
     writer.add(0, *_rows(2))
     writer.add(1, *_rows(6))
@@ -330,27 +323,3 @@ def test_shard_writer_evicts_the_largest_buffer_over_budget():
     assert written_after == [layout.shard_part_path(JOB, 1, 0)]
     assert writer.total_bytes == 5 * row_bytes
 
-
-def test_plan_split_decides_holdout_and_shards_from_counts_alone() -> None:
-    """The plan needs no file: 3 classes of 500, 300 and 7 rows with 20 % held out and 64-row
-    shards give each class its holdout share and every shard ⌊n_c/S⌋ or ⌈n_c/S⌉ of a class."""
-    # Prepare
-    options = JobOptions(rows_per_shard=64, holdout_fraction=0.2, seed=3)
-    # Execute
-    plan = plan_split(["a", "b", "c"], [500, 300, 7], "text", "f.csv", "label", options, Limits())
-    # Assert
-    assert plan.holdout_per_class[:2] == [100, 60] and 1 <= plan.holdout_per_class[2] <= 2
-    assert plan.train_rows == sum(plan.train_per_class) == 807 - sum(plan.holdout_per_class)
-    assert plan.shards == round(plan.train_rows / 64)
-    sizes = plan.deal.sizes()
-    assert sizes.sum() == plan.train_rows and sizes.max() - sizes.min() <= 1
-
-
-def test_plan_split_refuses_a_class_of_one_row_naming_it() -> None:
-    """A class with a single row can be neither trained on nor evaluated: the problem says so."""
-    # Execute
-    with pytest.raises(InvalidInputError) as caught:
-        plan_split(["a", "lonely"], [40, 1], "text", "f.csv", "label", JobOptions(), Limits())
-    # Assert
-    problem = caught.value.problem
-    assert problem.column == "label" and "'lonely'" in problem.found

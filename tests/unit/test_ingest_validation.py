@@ -11,7 +11,9 @@ import pytest
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
-from bucketlearn.ingest.split import SourceFile, load_parts, split_upload
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 
@@ -272,7 +274,7 @@ def _changing_source(first, second, from_open=4):
     """A SourceFile whose opens from ``from_open`` on (pass 2; the header, the kinds' first
     block and pass 1 come before) read ``second``, not ``first``: what an unpinned reader of a
     re-uploaded object sees."""
-    from bucketlearn.ingest.split import SourceFile
+    from bucketlearn.ingest.stream import SourceFile
 
     opens = []
 

@@ -24,7 +24,9 @@ from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.domain.job import Head, Job
-from bucketlearn.ingest import split as ingest
+from bucketlearn.ingest.parts import ShardWriter
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
 from tests.unit.helpers import blobs_rows, csv_bytes
@@ -126,23 +128,23 @@ class DiscardingStore:
 def split_rows(n_rows: int, buffer_bytes: int) -> tuple[int, int, int]:
     data = csv_bytes([f"f{j}" for j in range(16)] + ["label"],
                      sorted(blobs_rows(n_rows, 5, 16), key=lambda r: r[-1]))
-    source = ingest.SourceFile("sorted.csv", len(data), lambda: CountingStream(data))
+    source = SourceFile("sorted.csv", len(data), lambda: CountingStream(data))
     peaks: list[int] = []
-    real = ingest._ShardWriter.close
+    real = ShardWriter.close
 
     def close(self: Any) -> Any:
         peaks.append(self.peak_bytes)
         return real(self)
 
-    ingest._ShardWriter.close = close  # type: ignore[method-assign]
+    ShardWriter.close = close  # type: ignore[method-assign]
     try:
         tracemalloc.start()
-        ingest.split_upload(source, DiscardingStore(), "work", "job", JobOptions(rows_per_shard=64),
-                            Limits(max_line_bytes=64 * 1024), buffer_bytes=buffer_bytes)
+        split_upload(source, DiscardingStore(), "work", "job", JobOptions(rows_per_shard=64),
+                     Limits(max_line_bytes=64 * 1024), buffer_bytes=buffer_bytes)
         _, traced_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-        ingest._ShardWriter.close = real  # type: ignore[method-assign]
+        ShardWriter.close = real  # type: ignore[method-assign]
     return peaks[0], traced_peak, len(data)
 
 
@@ -212,7 +214,7 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     4 well-separated classes), with a head trained on one part; its runtime's model is built and
     has predicted once, so that what is traced afterwards is the evaluation's own memory."""
     from bucketlearn import codec
-    from bucketlearn.ingest.split import Manifest
+    from bucketlearn.ingest.manifest import Manifest
     from bucketlearn.ml.model import ModelSpec, build_model
     from bucketlearn.ml.training import optimizer_state, train_task
     from bucketlearn.services import jobs
@@ -315,7 +317,7 @@ def test_holdout_sample_is_uniform_reproducible_and_reads_old_manifests() -> Non
     before they were recorded) gives the same sample, its parts counted one at a time."""
     import dataclasses
 
-    from bucketlearn.ingest.split import Manifest
+    from bucketlearn.ingest.manifest import Manifest
     from bucketlearn.services.runtime import JobRuntime, holdout_sample
 
     # Prepare

@@ -23,8 +23,10 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import readahead
-from bucketlearn.ingest import split as ingest
-from bucketlearn.ingest.split import SourceFile, load_parts, split_upload
+from bucketlearn.ingest import stream as ingest
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from tests.unit.helpers import blobs_rows, csv_bytes, eventually
 
 BLOCK = 16 * 1024
@@ -110,7 +112,7 @@ def test_read_ahead_is_bounded_while_the_consumer_holds_back():
     streams: list[CountingStream] = []
     # Execute
     bounded_ahead, batches = max_read_ahead(
-        ingest._batches(counting_source(data, streams), COLUMNS, "label", ["label"], BLOCK),
+        ingest.batches(counting_source(data, streams), COLUMNS, "label", ["label"], BLOCK),
         streams)
     # Assert
     assert batches >= 64
@@ -183,14 +185,14 @@ def test_a_failed_open_does_not_deadlock(where):
 def spied_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the block size of every streaming pass ingest starts."""
     blocks: list[int] = []
-    real = ingest._batches
+    real = ingest.batches
 
     def spy(source: SourceFile, columns: list[str], label: str, include: Any,
-            block_bytes: int, reading: Any = ingest._PLAIN) -> Any:
+            block_bytes: int, reading: Any = ingest.PLAIN) -> Any:
         blocks.append(block_bytes)
         return real(source, columns, label, include, block_bytes, reading)
 
-    monkeypatch.setattr(ingest, "_batches", spy)
+    monkeypatch.setattr(ingest, "batches", spy)
     return blocks
 
 
@@ -322,20 +324,20 @@ def test_leaving_early_releases_the_reading_thread(monkeypatch, one_io_thread):
     source = counting_source(data, [])
 
     def full_read() -> int:
-        return sum(b.num_rows for b in ingest._batches(source, COLUMNS, "label", None, BLOCK))
+        return sum(b.num_rows for b in ingest.batches(source, COLUMNS, "label", None, BLOCK))
 
     rows = run_with_timeout(full_read, 30)  # warm up pyarrow's pool
     baseline = os_threads()
 
     def close_after_first_batch() -> None:
-        batches = ingest._batches(source, COLUMNS, "label", None, BLOCK)
+        batches = ingest.batches(source, COLUMNS, "label", None, BLOCK)
         next(batches)
         assert eventually(lambda: gates[-1].waiting == 1)  # the reader is held at the gate
         batches.close()
 
     def fail_in_consumer() -> None:
         with pytest.raises(RuntimeError):
-            for _ in ingest._batches(source, COLUMNS, "label", None, BLOCK):
+            for _ in ingest.batches(source, COLUMNS, "label", None, BLOCK):
                 assert eventually(lambda: gates[-1].waiting == 1)
                 raise RuntimeError("the consumer failed")
 

@@ -13,7 +13,8 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import JobOptions, Limits
 from bucketlearn.domain.target import bin_of, fine_buckets
 from bucketlearn.errors import InvalidInputError
-from bucketlearn.ingest.split import load_parts, split_upload
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.split import split_upload
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 

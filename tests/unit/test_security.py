@@ -39,7 +39,7 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
-from bucketlearn.ingest.split import Manifest
+from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs

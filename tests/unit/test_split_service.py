@@ -16,7 +16,7 @@ from bucketlearn.errors import (
     PermanentError,
     TransientError,
 )
-from bucketlearn.ingest.split import Manifest
+from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.services import jobs
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import REPO_DIR, csv_bytes

@@ -1,0 +1,353 @@
+"""Pass 1, the scan: each feature column's kind sniffed from the file's first block, then every
+row parsed, its label checked and counted as a class (or, for a numeric target, read into fine
+buckets) and its features profiled; started again with a larger block when a row does not fit,
+or with a column read as text when one read as numeric turns out to hold text. ``count_pass``
+returns what the deal is planned from (``Scan``); nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bucketlearn.config import JobOptions, Limits
+from bucketlearn.domain.columns import CATEGORY, NUMERIC, ColumnProfile
+from bucketlearn.domain.target import (
+    CLASSIFICATION,
+    REGRESSION,
+    bin_counts,
+    bin_edges,
+    bin_names,
+    decide_task,
+    quantile_bins,
+)
+from bucketlearn.errors import InvalidInputError
+from bucketlearn.ingest import stream
+from bucketlearn.ingest.columns import (
+    COUNT_BOUND,
+    finish_profile,
+    profile_batch,
+    profile_complete_numbers,
+    sniff_kind,
+)
+from bucketlearn.ingest.problems import KIND_SAYS, abbrev, rejected
+from bucketlearn.ingest.sniff import MAX_NAME_BYTES
+from bucketlearn.ingest.stream import PLAIN, Progress, Reading, SourceFile, diagnose, diagnosed
+from bucketlearn.ingest.targets import LabelSniff, TargetReader, sniff_labels
+
+log = logging.getLogger(__name__)
+
+
+def _block_sizes(limits: Limits, block_bytes: int | None) -> tuple[int, int]:
+    """(the block to try first, the block to retry with when a row does not fit it).
+
+    The retry block holds any row within the line limit: twice the limit (1 to 64 MiB); the
+    first is ``block_bytes`` (None: the retry block) but never larger.
+    """
+    largest = max(1 << 20, min(limits.max_line_bytes * 2, 64 << 20))
+    return largest if block_bytes is None else min(block_bytes, largest), largest
+
+
+# pyarrow's messages for a row, or the header, that does not fit in one block
+_BLOCK_TOO_SMALL = ("straddling object straddles two block boundaries",
+                    "header is larger than block size")
+
+
+class _BlockTooSmall(Exception):
+    """A row (or the header) is longer than the read block; read again with a larger one."""
+
+
+def _check_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                  labels: pa.Array, rows: int, reading: Reading) -> None:
+    """A batch's labels: none empty, too long or broken over lines."""
+    empty = pc.equal(pc.utf8_trim_whitespace(labels), "")
+    if pc.any(empty).as_py():
+        row = rows + int(pc.index(empty, True).as_py()) + 1
+        # the row may be worse than an empty label (e.g. only commas): say what it is
+        raise diagnose(source, columns, label, limits, "", target_row=row,
+                       reading=reading) or rejected(
+            source.display_name, "the label is empty", row=row, column=label,
+            expected="a class label", found="an empty value")
+    too_long = pc.greater(pc.binary_length(pc.utf8_trim_whitespace(labels)), MAX_NAME_BYTES)
+    if pc.any(too_long).as_py():
+        r = int(pc.index(too_long, True).as_py())
+        value = labels[r].as_py().strip()
+        raise rejected(source.display_name, "a label is longer than the limit",
+                       row=rows + r + 1, column=label,
+                       expected=f"class labels of at most {MAX_NAME_BYTES} bytes (UTF-8)",
+                       found=f"a label of {len(value.encode())} bytes: {abbrev(value, 40)!r}")
+    broken = pc.match_substring_regex(labels, "[\r\n]")
+    if pc.any(broken).as_py():
+        r = int(pc.index(broken, True).as_py())
+        raise rejected(source.display_name, "a label contains a line break",
+                       row=rows + r + 1, column=label,
+                       expected="a label on one line (no line breaks inside quotes)",
+                       found=repr(abbrev(labels[r].as_py())))
+
+
+def _count_classes(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                   labels: pa.Array, rows: int, reading: Reading, counts: dict[str, int]
+                   ) -> None:
+    """Check a batch's labels and add them to the class counts (within ``max_classes``)."""
+    _check_labels(source, columns, label, limits, labels, rows, reading)
+    for item in pc.value_counts(labels).to_pylist():
+        value = item["values"].strip()
+        counts[value] = counts.get(value, 0) + item["counts"]
+    if len(counts) > limits.max_classes:
+        raise rejected(source.display_name, "too many distinct labels", column=label,
+                       expected=f"at most {limits.max_classes} classes",
+                       found=f"more than {limits.max_classes} (by row {rows + len(labels)})")
+
+
+class _KindChanged(Exception):
+    """A column read as numeric because its first cells were all missing holds text."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__(column)
+        self.column = column
+
+
+_ARROW_COLUMN = re.compile(r"In CSV column #(\d+)")
+
+
+class _CountedValues:
+    """The distinct values pass 1 holds while it counts the text columns, all of them together:
+    checked after each column's count, so what is held stays within ``limit`` plus one column's
+    count (a column alone holds at most ``COUNT_BOUND``)."""
+
+    def __init__(self, file: str, limit: int, columns: int) -> None:
+        self.file, self.limit, self.columns = file, limit, columns
+        self.total = 0
+        self.held: dict[str, int] = {}
+
+    def update(self, profile: ColumnProfile, rows: int) -> None:
+        """Take in a column's count after a batch (``rows``: the rows read so far).
+
+        Raises:
+            InvalidInputError: the columns together hold more than ``limit`` values.
+        """
+        held = profile.tally.num_rows if profile.tally is not None else 0
+        self.total += held - self.held.get(profile.name, 0)
+        self.held[profile.name] = held
+        if self.total > self.limit:
+            raise self.problem(rows)
+
+    def problem(self, rows: int) -> InvalidInputError:
+        counted = sorted(self.held.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{abbrev(name, 40)!r} ({n:,})" for name, n in counted[:5])
+        more = f" and {len(counted) - 5:,} more" if len(counted) > 5 else ""
+        return rejected(
+            self.file, "the text columns have too many distinct values to count: the bound on "
+                       "all text columns together was reached (not the one per column)",
+            expected=f"at most {self.limit:,} distinct values counted across all text columns "
+                     f"at once (the deployment's max_counted_values; each column alone keeps "
+                     f"its {COUNT_BOUND:,} most frequent): leave columns out with drop_columns, "
+                     "or give columns of numbers or dates their kind with column_kinds "
+                     "(e.g. zip=numeric)",
+            found=f"{self.total:,} distinct values by row {rows:,}, held for {len(counted):,} "
+                  f"of the file's {self.columns:,} text columns: {shown}{more}")
+
+
+def _profile_features(source: SourceFile, batch: pa.RecordBatch,
+                      profiles: dict[str, ColumnProfile], rows: int, reading: Reading,
+                      counted: _CountedValues) -> None:
+    for profile in profile_complete_numbers(list(profiles.values()), batch):
+        name = profile.name
+        values = batch.column(name)
+        bad = profile_batch(profile, values, reading.markers)
+        if profile.kind == CATEGORY:
+            counted.update(profile, rows + batch.num_rows)
+        if bad is not None:
+            raise rejected(source.display_name, "a value of a date column is not an ISO date",
+                           row=rows + bad + 1, column=name,
+                           expected="an ISO date (YYYY-MM-DD, optionally with a time), or a "
+                                    f"missing value, {KIND_SAYS}",
+                           found=repr(abbrev(values[bad].as_py())))
+
+
+def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
+                block_bytes: int | None = None, progress: Progress | None = None,
+                reading: Reading = PLAIN, features: list[str] | None = None,
+                targets: TargetReader | None = None
+                ) -> tuple[list[str], list[int], dict[str, ColumnProfile]]:
+    """Pass 1: parse every row, count the labels and profile the ``features`` (their kinds in
+    ``reading``); return (label values in first-seen order, their counts, the profiles).
+
+    ``block_bytes``: the read block, by default one that holds any row within the line limit.
+    With a smaller one, a row (or the header) that does not fit raises ``_BlockTooSmall``.
+    ``progress`` is called before each batch. A column of ``reading.unknown`` that turns out
+    to hold text raises ``_KindChanged``. With ``targets`` (a regression file) the labels are
+    read as numbers into it instead of being counted as classes (no class is returned).
+    """
+    block, largest = _block_sizes(limits, block_bytes)
+    features = features or []
+    profiles = {name: ColumnProfile(name, reading.kinds.get(name, NUMERIC)) for name in features}
+    counts: dict[str, int] = {}
+    counted = _CountedValues(source.display_name, limits.max_counted_values,
+                             sum(p.kind == CATEGORY for p in profiles.values()))
+    rows = 0
+    try:
+        for batch in stream.batches(source, columns, label, [label, *features], block, reading):
+            if progress is not None:
+                progress()
+            labels = batch.column(label)
+            if targets is not None:
+                targets.count(labels, rows)
+            else:
+                _count_classes(source, columns, label, limits, labels, rows, reading, counts)
+            _profile_features(source, batch, profiles, rows, reading, counted)
+            rows += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
+            raise _BlockTooSmall(str(exc)) from None
+        found = _ARROW_COLUMN.search(str(exc))
+        column = columns[int(found[1])] if found and int(found[1]) < len(columns) else None
+        if column in reading.unknown and profiles[column].present == 0:
+            raise _KindChanged(column) from None
+        raise diagnosed(source, columns, label, limits, str(exc), reading) from None
+    if rows == 0:
+        raise rejected(source.display_name, "the file has a header but no data rows",
+                       expected="at least one data row", found="0 rows")
+    for profile in profiles.values():
+        finish_profile(profile)
+    return list(counts), list(counts.values()), profiles
+
+
+def order_classes(values: list[str], counts: list[int], file: str,
+                  label: str) -> tuple[list[str], list[int], str]:
+    """Sort class names (numerically when every label is an integer); return (names, counts, kind)."""
+    if len(values) < 2:
+        raise rejected(file, "every row has the same label", column=label,
+                       expected="at least two classes", found=f"only '{abbrev(values[0])}'")
+    kind = "int"
+    try:
+        keys = [int(v) for v in values]
+    except ValueError:
+        kind = "str"
+    if kind == "int":
+        normalized = [str(k) for k in keys]
+        merged: dict[str, int] = {}
+        for name, count in zip(normalized, counts, strict=False):
+            merged[name] = merged.get(name, 0) + count
+        names = sorted(merged, key=int)
+        return names, [merged[n] for n in names], kind
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return [values[i] for i in order], [counts[i] for i in order], kind
+
+
+def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: list[str],
+                 markers: list[str], block: int) -> tuple[Reading, LabelSniff]:
+    """Each feature column's kind from the file's first block read as text (``sniff_kind``),
+    and what its labels look like (``sniff_labels``, for ``task=auto``).
+
+    A column whose cells there are all missing is read as numeric until text shows up. A
+    first block pyarrow cannot read leaves every column numeric: pass 1 names the problem.
+    """
+    as_text = Reading(dict.fromkeys(features, CATEGORY), markers)
+    batches = stream.batches(source, columns, label, [label, *features], block, as_text)
+    try:
+        first = next(batches, None)
+    except pa.ArrowInvalid:
+        first = None
+    finally:
+        batches.close()
+    reading = Reading(dict.fromkeys(features, NUMERIC), markers)
+    for name in features:
+        kind = sniff_kind(first.column(name), markers) if first is not None else None
+        if kind is None:
+            reading.unknown.add(name)
+        else:
+            reading.kinds[name] = kind
+    return reading, sniff_labels(first.column(label) if first is not None else None, markers)
+
+
+def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
+    """``column_kinds``: the user's kind replaces the detected one (a date column's cells still
+    decide date or datetime; its names were checked by ``split._features_read``)."""
+    for name, kind in forced.items():
+        reading.kinds[name] = kind
+        reading.unknown.discard(name)
+
+
+@dataclass
+class Scan:
+    """What pass 1 found: classes and counts, the columns' kinds and profiles, the read block."""
+
+    classes: list[str]
+    class_counts: list[int]
+    label_kind: str
+    block: int
+    reading: Reading
+    profiles: list[ColumnProfile]
+    task: str = CLASSIFICATION
+    task_reason: str = ""
+    # regression: the label reader (fine-bucket counts, missing targets) and each bin's first
+    # fine bucket; the "classes" above are then the bins
+    targets: TargetReader | None = None
+    bin_starts: np.ndarray | None = None
+
+
+def count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
+               limits: Limits, options: JobOptions, read_block_bytes: int,
+               progress: Progress | None) -> Scan:
+    """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
+    block that fits. Starts again (nothing is written in pass 1) with a larger block when a row
+    does not fit, or with a column read as text when one thought numeric turns out to be."""
+    block, largest = _block_sizes(limits, read_block_bytes)
+    reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
+                                    block)
+    _force_kinds(reading, options.forced_kinds)
+    task, reason = decide_task(options.task, sniffed.all_numbers, sniffed.distinct,
+                               sniffed.rows, sniffed.capped)
+    targets = None
+    while True:
+        if task == REGRESSION:  # (again on a restart: its counts start from zero)
+            targets = _target_reader(source.display_name, label, options, reason,
+                                     sniffed.center)
+        try:
+            raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
+                                                           progress, reading, features, targets)
+            break
+        except _BlockTooSmall as exc:
+            log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks",
+                     source.display_name, exc, block, largest)
+            block = largest
+        except _KindChanged as exc:
+            log.info("%s: column %r holds text after missing cells; reading it as text",
+                     source.display_name, exc.column)
+            reading.unknown.discard(exc.column)
+            reading.kinds[exc.column] = CATEGORY
+    kept = [profiles[name] for name in features]
+    if targets is not None:
+        return _target_scan(source.display_name, label, targets, block, reading, kept, reason)
+    classes, class_counts, label_kind = order_classes(raw_values, raw_counts,
+                                                      source.display_name, label)
+    return Scan(classes, class_counts, label_kind, block, reading, kept, task, reason)
+
+
+def _target_reader(file: str, label: str, options: JobOptions, reason: str,
+                   center: float) -> TargetReader:
+    """The label reader of a regression file (``class_weight`` has no classes to weigh)."""
+    if options.class_weight != "none":
+        raise rejected(file, "class_weight applies to classes, not to a numeric target",
+                       column=label, expected="class_weight=none for a numeric target, or "
+                                              "task=classification",
+                       found=f"class_weight={options.class_weight} ({reason})")
+    return TargetReader(file, label, options.missing_markers, reason, center=center)
+
+
+def _target_scan(file: str, label: str, targets: TargetReader, block: int, reading: Reading,
+                 profiles: list[ColumnProfile], reason: str) -> Scan:
+    """Pass 1's findings for a regression file: its quantile bins stand for classes."""
+    if int(targets.fine_counts.sum()) == 0:
+        raise rejected(file, "no row has a target", column=label,
+                       expected="numbers in the label column (a numeric target)",
+                       found=f"{targets.missing} rows whose label is empty or a missing value")
+    starts = quantile_bins(targets.fine_counts)
+    return Scan(bin_names(bin_edges(starts, targets.center)), bin_counts(targets.fine_counts, starts), "float",
+                block, reading, profiles, REGRESSION, reason, targets, starts)
