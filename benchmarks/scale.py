@@ -173,7 +173,7 @@ def _counts(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def _role(argv: str) -> str:
-    if "bucketlearn.services.learn" in argv:
+    if "bucketlearn.entrypoints.worker" in argv:  # the learner process (its parent makes no calls)
         return "worker"
     if "bucketlearn.entrypoints.aggregator" in argv:
         return "aggregator"

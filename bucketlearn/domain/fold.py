@@ -36,14 +36,16 @@ part ways by chance.) Results written as deltas (``content`` not ``"weights"``) 
 
 A delta is *refused* (never folded; its task is trained again) when it is not finite or when its
 norm is far outside the job's recent deltas (``check_delta``): one bad worker must not poison
-every later version.
+every later version. A task whose results are refused ``MAX_REFUSALS`` times in an epoch fails
+for good (``count_refusals``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +53,7 @@ from bucketlearn.domain.plan import RATES_SCALED
 
 OUTLIER_FACTOR = 20.0  # a delta this many times larger than the job's recent deltas is refused
 NORM_MEMORY = 0.8  # weight of the past in the running delta norm
+MAX_REFUSALS = 3  # a task whose result is refused this many times fails for good
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,34 @@ def check_delta(result: TaskResult, shapes: Sequence[tuple[int, ...]],
         return (f"its norm {norm:.4g} is {norm / recent_norm:.0f}x the job's recent deltas "
                 f"({recent_norm:.4g}); expected at most {OUTLIER_FACTOR:g}x")
     return None
+
+
+@dataclass(frozen=True)
+class Refusals:
+    """An epoch's refusal counts after a round's results were refused (``count_refusals``)."""
+
+    counts: dict[str, int]  # by "<epoch>-<task index>", this epoch's only
+    failed: frozenset[int]  # tasks refused ``MAX_REFUSALS`` times: they fail for good
+
+    def times(self, epoch: int, task_index: int) -> int:
+        return self.counts.get(f"{epoch}-{task_index}", 0)
+
+
+def count_refusals(before: Mapping[str, Any] | None, epoch: int,
+                   refused: Iterable[int]) -> Refusals:
+    """Count one more refusal for each task of ``refused`` in ``epoch`` (``before``: the job's
+    ``refusals``; other epochs' counts are dropped). A refused result is never folded: its task
+    trains again, or fails for good once its results were refused ``MAX_REFUSALS`` times in the
+    epoch."""
+    prefix = f"{epoch}-"
+    counts = {k: int(v) for k, v in (before or {}).items() if k.startswith(prefix)}
+    failed = set()
+    for task_index in sorted(refused):
+        key = f"{prefix}{task_index}"
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] >= MAX_REFUSALS:
+            failed.add(task_index)
+    return Refusals(counts, frozenset(failed))
 
 
 def running_norm(previous: float | None, results: Sequence[TaskResult]) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PRICES_AS_OF = "2026-11-25"
 PRICES_SOURCE = ("list prices in USD as published on cloud.google.com/firestore/pricing "
@@ -81,3 +82,12 @@ def summary(usage: Mapping[str, float]) -> dict[str, object]:
     """The usage and its cost, as ``status --json`` and the dashboard show them."""
     return {"usage": {k: v for k, v in sorted(usage.items())},
             "cost_usd": estimate_cost(usage), "prices_as_of": PRICES_AS_OF}
+
+
+def added(before: Any, more: Mapping[str, float]) -> dict[str, float]:
+    """A job's usage ``before`` (its stored ``usage``; what is not a number is dropped) with
+    ``more`` added to it."""
+    total = {k: float(v) for k, v in (before or {}).items() if isinstance(v, (int, float))}
+    for key, value in more.items():
+        total[key] = round(total.get(key, 0.0) + value, 6)
+    return total

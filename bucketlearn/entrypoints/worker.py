@@ -1,5 +1,6 @@
-"""The learner worker's process (the container's command, ``bucketlearn worker``, the local
-stack's workers): a small parent that keeps one learner process running.
+"""The learner worker's processes (the container's command, ``bucketlearn worker``, the local
+stack's workers): a small parent that keeps one learner process running (``run_learners``), and
+that learner process (``learner_main``: ``python -m bucketlearn.entrypoints.worker --learner``).
 
 TensorFlow keeps memory for every model a process builds and trains, and gives it back only when
 the process ends (tensorflow/tensorflow#62854; neither ``keras.backend.clear_session()`` nor
@@ -9,9 +10,10 @@ learner that has built ``worker_max_models`` models (``BUCKETLEARN_WORKER_MAX_MO
 exits with ``RECYCLE_EXIT``, and this parent starts a fresh one: the memory a worker holds is
 bounded, whatever it runs for. Nothing is lost: the learner stops only between tasks.
 
-The parent imports neither TensorFlow nor the Google clients. SIGTERM and SIGINT are passed to
-the learner, which finishes its task and exits; the parent then exits with the learner's code.
-The learner gets SIGTERM if the parent dies (Linux ``PR_SET_PDEATHSIG``).
+The parent imports neither TensorFlow nor the Google clients (the learner imports them inside
+``learner_main``). SIGTERM and SIGINT are passed to the learner, which finishes its task and
+exits; the parent then exits with the learner's code. The learner gets SIGTERM if the parent
+dies (Linux ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
 
 log = logging.getLogger("bucketlearn.worker")
 
-LEARNER = [sys.executable, "-m", "bucketlearn.services.learn"]
+LEARNER_FLAG = "--learner"  # the command line of the learner process (the parent's has none)
+LEARNER = [sys.executable, "-m", "bucketlearn.entrypoints.worker", LEARNER_FLAG]
 
 
 def _child_setup() -> None:  # runs in the child between fork and exec
@@ -70,7 +73,32 @@ def run_learners(command: Sequence[str] = LEARNER) -> int:
             signal.signal(signum, handler)
 
 
+def learner_main() -> None:
+    """The learner process (started by ``run_learners``, which replaces it when it exits with
+    ``RECYCLE_EXIT``)."""
+    from bucketlearn.bootstrap import process_services  # noqa: PLC0415
+    from bucketlearn.logs import setup_logging  # noqa: PLC0415
+    from bucketlearn.services.learn import Learner  # noqa: PLC0415
+
+    svc = process_services()
+    setup_logging(svc.settings.log_format)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # recycling needs the parent that starts a fresh process (run_learners)
+    max_models = svc.settings.worker_max_models if os.environ.get(LEARNER_CHILD_ENV) else 0
+    learner = Learner(svc, max_models=max_models, chain=True)
+    log.info("worker %s started", learner.worker_id)
+    learner.run(stop)
+    if learner.recycle and not stop.is_set():
+        sys.exit(RECYCLE_EXIT)
+
+
 def main() -> None:
+    """The parent (``run_learners``); the learner process with ``--learner``."""
+    if sys.argv[1:] == [LEARNER_FLAG]:
+        learner_main()
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sys.exit(run_learners())
 

@@ -11,77 +11,52 @@ its fold and one commit, not a re-read of everything:
 
 ``step`` does what is due: publish a round never published, fold a complete round, export a
 finished job. A round is complete when every task of it has a result or a failure marker
-(``domain.rounds.plan_round``, pure); each result is checked (``domain.fold.check_delta``: a
+(``domain.rounds.plan_round``, pure); each result is read and checked (``services.results``,
+which decides whether a result is applied or refused; ``domain.fold.check_delta``: a
 non-finite or outlying delta is refused and its task trained again; a result trained from
 another base than the head is never folded), the round folded (``domain.fold.fold_round``), the
 new state written under a write-once name and the version committed with the job's new position,
 counters, the next round's publish record, the figures of the last evaluation and the job's
 health, in one commit (``domain.job.commit_refusal`` decides inside it). Then the next round is
 published, unless the learner that trained this one-task round chains into it (R = 1), and the
-round's messages are acknowledged.
+round's messages are acknowledged. A finished job is exported (``services.export``).
 
-Evaluation is off the critical path: the long-running aggregator (``services.aggregator``)
-evaluates in a thread of its own and hands the figures to the next commit; ``aggregate_job``, the
-synchronous pass used by the tests and the in-process simulation, evaluates each
-version as it commits it and writes the figures at once.
+Evaluation is off the critical path (``services.evaluate``): the long-running aggregator
+(``services.aggregator``) evaluates in a thread of its own and hands the figures to the next
+commit; ``aggregate_job``, the synchronous pass used by the tests and the in-process
+simulation, evaluates each version as it commits it and writes the figures at once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import Evaluation, Job, Version, decide_after_fold
-from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
-from bucketlearn.domain.target import REGRESSION
-from bucketlearn.errors import NotFoundError
+from bucketlearn.domain.usage import added
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
-from bucketlearn.ml.model import export_keras, model_inputs
-from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.ending import wind_up
+from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, record_evaluation
+from bucketlearn.services.export import export_final
 from bucketlearn.services.publish import announce_failure, publish_round
-from bucketlearn.services.runtime import JobRuntime, job_runtime
+from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, list_deltas
+from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
-
-MAX_REFUSALS = 3  # a task whose result is refused this many times fails for good
-READERS = 8  # result objects of a round read at once
-PREFETCH_LIMIT = 64  # result objects read ahead of their round's fold, at most
 
 
 def lease_name(job_id: str) -> str:
     return f"aggregate-{job_id}"
-
-
-@dataclass
-class Heard:
-    """A result object or failure marker the aggregator knows of: from its message (which is
-    acknowledged once the result is folded or found to be garbage) or from a listing."""
-
-    ref: DeltaRef
-    epoch: int
-    message: ResultMessage | None = None
-    received: Received | None = None
-    heard_at: float | None = None  # wall clock, when its message was handed to this job
-
-
-class Evaluator(Protocol):
-    """Where a committed version's holdout evaluation happens."""
-
-    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None: ...
 
 
 @dataclass
@@ -123,9 +98,7 @@ class JobAggregator:
         self.wound_up = False
         self.last_commit_seconds: float | None = None
         self._fold_started = time.perf_counter()
-        self._readers: ThreadPoolExecutor | None = None
-        # result objects read (and decoded) as their messages come, before the round is complete
-        self._prefetched: dict[str, Future[_Loaded]] = {}
+        self.reader = ResultReader(svc)  # its result objects, read ahead and at the fold
 
     # -- what the aggregator knows ----------------------------------------------------------------
     def refresh(self) -> Job | None:
@@ -152,32 +125,7 @@ class JobAggregator:
                                                   message.kind == FAILED), parsed.epoch,
                                          message, received, time.time())
         if message.kind != FAILED:
-            self._prefetch(message.path)
-
-    def _prefetch(self, name: str) -> None:
-        """Read and decode a result object now, while the rest of its round trains: the fold
-        of a complete round then waits only for its last result's read (a round of R tasks
-        read its R objects after the last one came)."""
-        if name in self._prefetched or len(self._prefetched) >= PREFETCH_LIMIT:
-            return
-        self._prefetched[name] = self._pool().submit(self._load, name)
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="read-results")
-        return self._readers
-
-    def _load(self, name: str) -> _Loaded:
-        raw = self._read_object(name)
-        return _Loaded(None if raw is None else _decode_result(raw, name))
-
-    def _loaded(self, name: str) -> Future[_Loaded]:
-        """A result object's read: the one under way since its message came, or a new one
-        (also when that one failed: storage may be back)."""
-        reading = self._prefetched.pop(name, None)
-        if reading is not None and not (reading.done() and reading.exception() is not None):
-            return reading
-        return self._pool().submit(self._load, name)
+            self.reader.prefetch(message.path)
 
     def listen_to_bucket(self) -> None:
         """The backstop: every result object and failure marker of the job's current epoch in the
@@ -305,7 +253,7 @@ class JobAggregator:
                  f", chained by {chained.worker_id}" if chained else "")
         return True
 
-    def _after_commit(self, read: _Read, chained: ResultMessage | None,
+    def _after_commit(self, read: Read, chained: ResultMessage | None,
                       commit_seconds: float) -> None:
         """Publish the next round (unless a learner chains into it), settle the round's
         messages, collect its objects."""
@@ -324,7 +272,7 @@ class JobAggregator:
         self.last_commit_seconds = commit_seconds
         self._drop(read.folded, delete=True, background=self.collect_in_background)
 
-    def _chained(self, read: _Read, digest: str) -> ResultMessage | None:
+    def _chained(self, read: Read, digest: str) -> ResultMessage | None:
         """The message of a one-task round's result whose learner chains into the next round,
         when the fold is exactly that result's end state (R = 1)."""
         if len(read.results) != 1 or read.failures:
@@ -334,7 +282,7 @@ class JobAggregator:
             return None
         return message
 
-    def _commit(self, job: Job, read: _Read, new_version: int, weights_path: str,
+    def _commit(self, job: Job, read: Read, new_version: int, weights_path: str,
                 checksum: str | None, digest: str, chained: ResultMessage | None,
                 planning_started: float, timings: dict[str, float],
                 server_lr: float) -> VersionCommit:
@@ -372,7 +320,7 @@ class JobAggregator:
             "samples_seen": job.samples_seen + samples,
             "delta_norm": fold.running_norm(job.delta_norm, results),
             "head": new_head.to_doc(),
-            "usage": _added(_added(job.usage, self.usage), used),
+            "usage": added(added(job.usage, self.usage), used),
         }
         if self.health is not None and self.health != dict(job.health or {}):
             job_fields["health"] = self.health
@@ -391,54 +339,11 @@ class JobAggregator:
                              epoch=job.epoch, round=job.round, job_fields=job_fields)
 
     def _read_round(self, job: Job, plan: RoundPlan, base: list[Any],
-                    base_optimizer: list[Any]) -> _Read:
-        """Read and check every result of a complete round (``READERS`` at a time); read its
-        failure markers."""
-        read = _Read()
-        shapes = [tuple(b.shape) for b in base]
-        optimizer_shapes = [tuple(o.shape) for o in base_optimizer]
-        recent = job.delta_norm
-        head = job.head
-        assert head is not None
-        items = sorted(plan.results.items())
-        reads = [self._loaded(ref.name) for _, ref in items]
-        for (task_index, ref), reading in zip(items, reads, strict=True):
-            loaded = reading.result()
-            heard = self.heard.get(ref.name)
-            message = heard.message if heard is not None else None
-            if message is not None:
-                read.messages[task_index] = message
-            problem, result, meta = _check_result(loaded, ref.name, base, shapes,
-                                                  optimizer_shapes, recent)
-            based_on = (message.base_digest if message is not None else "") or str(
-                meta.get("base_digest") or "")
-            if result is not None and based_on and head.digest and based_on != head.digest:
-                read.stale.append(ref)  # trained from another state (a broken chain): garbage
-                continue
-            if problem is None:
-                assert result is not None
-                read.results.append(result)
-                read.stats[layout.task_id_for(job.job_id, job.epoch, task_index)] = _task_stats(
-                    message, meta, heard.heard_at if heard is not None else None)
-                self._count_usage(message)
-            else:
-                read.refused[task_index] = problem
-            read.folded.append(ref)
-        for task_index, ref in sorted(plan.failures.items()):
-            try:
-                marker = json.loads(self._read_object(ref.name) or b"{}")
-                reason = str(marker.get("error") or "task failed")
-            except Exception:  # noqa: BLE001 - the marker's existence is what counts
-                reason = "task failed"
-            read.failures.append({"task_index": task_index, "error": reason[:2000]})
-            read.folded.append(ref)
-        return read
-
-    def _read_object(self, name: str) -> bytes | None:
-        try:
-            return self.svc.store.read_bytes(self.svc.settings.deltas_bucket, name)
-        except NotFoundError:
-            return None
+                    base_optimizer: list[Any]) -> Read:
+        """Read and check every result of a complete round (``results``: applied, refused or
+        stale); count each applied result's use for the next commit."""
+        return self.reader.read_round(job, plan, base, base_optimizer, self.heard,
+                                      self._count_usage)
 
     def _count_usage(self, message: ResultMessage | None) -> None:
         """Add a folded task's learner-side use to what the next commit records."""
@@ -453,20 +358,19 @@ class JobAggregator:
 
     def _refuse(self, job: Job, plan: RoundPlan, refused: dict[int, str]) -> None:
         """Never fold a refused result: delete it and train its task again, or fail the task for
-        good once its results were refused ``MAX_REFUSALS`` times in this epoch."""
+        good once its results were refused ``MAX_REFUSALS`` times in this epoch
+        (``domain.fold.count_refusals``)."""
         job_id, epoch = job.job_id, job.epoch
-        prefix = f"{epoch}-"
-        counts = {k: int(v) for k, v in (job.refusals or {}).items() if k.startswith(prefix)}
+        tally = fold.count_refusals(job.refusals, epoch, refused)
         retrain = []
         for task_index, reason in sorted(refused.items()):
             task_id = layout.task_id_for(job_id, epoch, task_index)
-            key = f"{prefix}{task_index}"
-            counts[key] = counts.get(key, 0) + 1
             log.error("job %s: refused the result of %s (%s)", job_id, task_id, reason)
             self._drop([plan.results[task_index]], delete=True)
-            if counts[key] >= MAX_REFUSALS:
+            if task_index in tally.failed:
+                times = tally.times(epoch, task_index)
                 path = announce_failure(self.svc, job_id, epoch, task_index,
-                                        f"task {task_id}: its result was refused {counts[key]} "
+                                        f"task {task_id}: its result was refused {times} "
                                         f"times, last because {reason}", round_index=job.round)
                 self.heard.setdefault(path, Heard(DeltaRef(path, task_index, True), epoch))
             else:
@@ -476,7 +380,7 @@ class JobAggregator:
             self.svc.queue.publish(jobs.round_messages(job, shards, retrain))
         first = min(refused)
         last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
-        fields = {"refusals": counts, "deltas_refused": job.deltas_refused + len(refused),
+        fields = {"refusals": tally.counts, "deltas_refused": job.deltas_refused + len(refused),
                   "last_refusal": last[:2000], "updated_at": self.svc.clock()}
         self.svc.registry.update_job(job_id, fields)
         self.job = job.updated(fields)
@@ -488,18 +392,16 @@ class JobAggregator:
         thread goes on, or a listing could hear it again and refuse it twice)."""
         names = []
         for ref in refs:
-            reading = self._prefetched.pop(ref.name, None)
-            if reading is not None:
-                reading.cancel()
+            self.reader.forget(ref.name)
             heard = self.heard.pop(ref.name, None)
             if heard is not None and heard.received is not None:
                 _settle(heard.received.ack)
             if delete:
                 names.append(ref.name)
         if names and background:
-            self._pool().submit(_delete_all, self.svc, names)
+            self.reader.pool().submit(delete_all, self.svc, names)
         else:
-            _delete_all(self.svc, names)
+            delete_all(self.svc, names)
 
     def _settle_ended(self, job: Job | None) -> None:
         """The job has ended: settle every message heard, then wind it up (a cancelled job's
@@ -545,166 +447,11 @@ class JobAggregator:
         self.evaluations.clear()
 
 
-@dataclass
-class _Read:
-    """A complete round's objects, read and checked."""
-
-    results: list[fold.TaskResult] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    refused: dict[int, str] = field(default_factory=dict)
-    stale: list[DeltaRef] = field(default_factory=list)
-    folded: list[DeltaRef] = field(default_factory=list)
-    messages: dict[int, ResultMessage] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Loaded:
-    """A result object as read: what its bytes decode to (the arrays, optimizer state and
-    metadata, or the reason they could not be decoded); None when it was gone."""
-
-    decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
-
-    @property
-    def gone(self) -> bool:
-        return self.decoded is None
-
-
-def _decode_result(raw: bytes, name: str) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
-    try:
-        arrays, optimizer, meta = codec.decode_state(raw, name)
-    except CorruptObjectError as exc:
-        return f"unreadable: {exc}"
-    except ValueError as exc:
-        return str(exc)
-    return list(arrays), list(optimizer), dict(meta)
-
-
-def _check_result(loaded: _Loaded, name: str, base: list[Any], shapes: list[Any],
-                  optimizer_shapes: list[Any], recent: float | None
-                  ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
-    """Check one decoded result object and say why it must not be folded (None: fold it)."""
-    decoded = loaded.decoded
-    if decoded is None:
-        return f"unreadable: gs://…/{name} is gone", None, {}
-    if isinstance(decoded, str):
-        return decoded, None, {}
-    arrays, optimizer, meta = decoded
-    try:
-        delta = fold.task_delta(arrays, base, meta.get("content"))
-        task_index = int(meta.get("task_index", -1))
-        result = fold.TaskResult(task_index, delta, optimizer, _int(meta.get("examples"), 0),
-                                 _float(meta.get("train_loss")))
-    except ValueError as exc:  # end weights of the wrong shapes (task_delta)
-        return str(exc), None, {}
-    parsed = layout.parse_delta_path(name)
-    if parsed is not None:
-        result = fold.TaskResult(parsed.task_index, result.delta, result.optimizer,
-                                 result.examples, result.train_loss)
-    problem = fold.check_delta(result, shapes, optimizer_shapes, recent)
-    return problem, result, meta
-
-
-def _task_stats(message: ResultMessage | None, meta: dict[str, Any],
-                heard_at: float | None) -> dict[str, Any]:
-    """What the version records of one folded task: who trained it, how long each phase took,
-    and when its result was sent and heard (from its message; a result found by listing has only
-    its object's metadata)."""
-    stats = dict(message.stats) if message is not None else {}
-    keep = ("fetch_seconds", "train_seconds", "write_seconds", "cpu_seconds", "finished_at",
-            "train_started_at", "train_ended_at")
-    return {"worker_id": (message.worker_id if message is not None else None)
-            or meta.get("worker_id"), "chained": bool(message and message.chained),
-            "sent_at": message.sent_at if message is not None else None, "heard_at": heard_at,
-            "task_index": int(meta.get("task_index", -1)),
-            **{k: stats[k] for k in keep if k in stats}}
-
-
-def _added(before: Any, more: dict[str, float]) -> dict[str, float]:
-    total = {k: float(v) for k, v in (before or {}).items() if isinstance(v, (int, float))}
-    for key, value in more.items():
-        total[key] = round(total.get(key, 0.0) + value, 6)
-    return total
-
-
-def record_evaluation(svc: Services, job: Job, evaluation: Evaluation) -> Job:
-    """Write one version's figures on its own document, and on the job's head while the head
-    is that version; return the job as it then stands."""
-    assert job.head is not None
-    head = job.head.with_evaluation(evaluation)
-    fields = {**evaluation.figures, "evaluated_at": evaluation.evaluated_at,
-              "eval_seconds": evaluation.seconds}
-    if svc.registry.record_evaluation(job.job_id, evaluation.version, fields, head):
-        return job.updated({"head": head.to_doc()})
-    return job
-
-
-def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
-    """The result objects and failure markers of one job's epoch, as listed in the deltas
-    bucket."""
-    refs = []
-    for info in svc.store.list(svc.settings.deltas_bucket, layout.epoch_delta_prefix(job_id, epoch)):
-        parsed = layout.parse_delta_path(info.name)
-        if parsed is None or parsed.job_id != job_id:
-            continue
-        refs.append(DeltaRef(info.name, parsed.task_index, parsed.failed))
-    return refs
-
-
 def _settle(action: Callable[[], None]) -> None:
     try:
         action()
     except Exception:  # noqa: BLE001 - an unsettled message comes back; it is then garbage
         log.debug("could not settle a result message", exc_info=True)
-
-
-def _delete_all(svc: Services, names: list[str]) -> None:
-    for name in names:
-        _delete(svc, name)
-
-
-def _delete(svc: Services, name: str) -> None:
-    try:
-        svc.store.delete(svc.settings.deltas_bucket, name)
-    except Exception:  # noqa: BLE001 - leftover objects are ignored and expire by lifecycle
-        log.debug("could not delete %s", name, exc_info=True)
-
-
-class InlineEvaluator:
-    """Evaluate each committed version at once and write its figures (the synchronous pass)."""
-
-    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None:
-        job = aggregator.job
-        if job is None:
-            return
-        found = evaluate_version(aggregator.svc, job, weights, version)
-        if found is None:
-            return
-        evaluation, loss = found
-        if aggregator.evaluated(evaluation, loss) is None and aggregator.job is not None:
-            aggregator.job = record_evaluation(aggregator.svc, aggregator.job, evaluation)
-            aggregator.evaluations.clear()
-
-
-def evaluate_version(svc: Services, job: Job, weights: list[Any], version: int
-                     ) -> tuple[Evaluation, float] | None:
-    """One version's holdout figures on the job's fixed evaluation sample (None if it could not
-    be evaluated: an unevaluated version is still a good version)."""
-    started = time.perf_counter()
-    try:
-        runtime = job_runtime(svc, job)
-        x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
-        with runtime.lock:
-            found = evaluate_detail(runtime.model, weights, x_eval, y_eval, runtime.spec.task)
-    except Exception:  # noqa: BLE001 - training goes on; the export evaluates the final model
-        log.warning("job %s: could not evaluate v%d", job.job_id, version, exc_info=True)
-        return None
-    figures = {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss,
-               **_figures(found, runtime.spec.regression)}
-    evaluation = Evaluation(version, {k: v for k, v in figures.items() if v is not None},
-                            svc.clock(), round(time.perf_counter() - started, 6))
-    log.info("job %s: v%d holdout %s", job.job_id, version, _headline(found))
-    return evaluation, found.loss
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
@@ -735,19 +482,6 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
     return Outcome.ACCEPTED
 
 
-def _figures(found: Any, regression: bool) -> dict[str, Any]:
-    """A version's holdout figures as its document stores them (classes or a numeric target)."""
-    return regression_fields(found.report) if regression else holdout_fields(found.report)
-
-
-def _headline(found: Any) -> str:
-    """The holdout figures of a log line: accuracy, or a regression's RMSE, MAE and R²."""
-    if found.accuracy is not None:
-        return f"accuracy {found.accuracy:.4f}"
-    report = found.report
-    return regression_headline(report.get("rmse"), report.get("mae"), report.get("r2"))
-
-
 class _Stopwatch:
     """Seconds between successive ``lap`` calls, by name (``time.perf_counter``)."""
 
@@ -759,100 +493,3 @@ class _Stopwatch:
         now = time.perf_counter()
         self.laps[name] = round(now - self._last, 6)
         self._last = now
-
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return default if value is None else int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def export_final(svc: Services, job: Job) -> None:
-    """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
-    a degenerate final model ends the job FAILED instead (``domain.health``)."""
-    started = time.perf_counter()
-    runtime = job_runtime(svc, job)
-    assert job.head is not None
-    weights = runtime.state(job.head.weights_path, job.head.digest)[0]
-    with runtime.lock:
-        # the whole holdout, one part at a time: never all of it in memory
-        found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
-                               runtime.spec.task)
-        model_data = _export_bytes(job, runtime, found)
-    manifest = runtime.manifest
-    now = svc.clock()
-    rate = float(job.options["learning_rate"])
-    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
-               health.degenerate_model(found.predicted_counts, found.true_counts,
-                                       manifest.classes, found.loss, rate))
-    if problem is not None:
-        if jobs.end_job(svc.registry, job.job_id,
-                        jobs.ending_fields(jobs.FAILED, now, error=problem))[0]:
-            log.error("job %s: %s", job.job_id, problem)
-        return
-    if jobs.is_terminal(svc.registry.get_job(job.job_id)):
-        log.info("job %s ended during its final evaluation: not exported", job.job_id)
-        return
-    figures = _figures(found, runtime.spec.regression)
-    version = int(job.version or 0)
-    bucket = svc.settings.models_bucket
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), model_data,
-                          "application/octet-stream")
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id), model_data,
-                          "application/octet-stream")
-    head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
-    used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
-                                                                 6)}
-    ended, current = jobs.end_job(svc.registry, job.job_id, jobs.ending_fields(
-        jobs.DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
-        final_holdout_rows=found.rows, usage=_added(job.usage, used),  # the export's too
-    ))
-    if not ended:  # cancelled during the export: it stays so (the files are its head version)
-        log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
-                 current.status if current is not None else None)
-        return
-    log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, _headline(found))
-
-
-def _export_bytes(job: Job, runtime: JobRuntime, found: Any) -> bytes:
-    """The ``.keras`` archive of the model as evaluated (its weights are the head's)."""
-    figures = _figures(found, runtime.spec.regression)
-    return export_keras(runtime.model, model_sidecar(job, runtime.manifest, found.accuracy,
-                                                     figures))
-
-
-def model_sidecar(job: Job, manifest: Any, accuracy: float | None,
-                  figures: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What ``bucketlearn.json`` in the exported archive says about the model: its columns,
-    classes (or numeric target: ``task``, the target's training mean and std) and figures."""
-    return {
-        "format": 1,
-        "job_id": job.job_id,
-        "version": int(job.version or 0),
-        "feature_names": manifest.feature_names,
-        "label_column": manifest.label_column,
-        "class_names": manifest.classes,
-        "label_kind": manifest.label_kind,
-        "holdout_accuracy": accuracy,
-        "options": job.options,
-        "source": manifest.source,
-        **model_inputs(manifest.columns, manifest.missing_values),
-        **target_sidecar(manifest, figures),
-    }
-
-
-def target_sidecar(manifest: Any, figures: dict[str, Any] | None) -> dict[str, Any]:
-    """A regression model's part of the sidecar (nothing for classes, as before)."""
-    if manifest.target is None:
-        return {}
-    return {"task": REGRESSION, "target_mean": manifest.target_mean,
-            "target_std": manifest.target_std,
-            **{k: (figures or {}).get(k) for k in ("holdout_rmse", "holdout_mae", "holdout_r2")}}

@@ -39,13 +39,10 @@ from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage
 from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import (
-    JobAggregator,
-    evaluate_version,
-    lease_name,
-    list_deltas,
-)
+from bucketlearn.services.aggregate import JobAggregator, lease_name
+from bucketlearn.services.evaluate import evaluate_version
 from bucketlearn.services.publish import publish_round
+from bucketlearn.services.results import list_deltas
 
 log = logging.getLogger(__name__)
 

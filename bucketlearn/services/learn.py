@@ -24,6 +24,10 @@ What a round waits for is kept off its critical path:
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
 ``max_task_attempts`` the task is marked FAILED, a failure marker is written to the deltas
 bucket and announced, and the message is acked.
+
+A learner's pace (``LearnerTuning``), its heartbeat and the lease of the task it trains are kept
+by ``services.heartbeat``; the learner process (signals, environment, recycling) is
+``entrypoints.worker``.
 """
 
 from __future__ import annotations
@@ -31,9 +35,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import os
-import signal
-import sys
 import threading
 import time
 import traceback
@@ -53,38 +54,12 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ml.training import LocalResult, train_task
 from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, TaskMessage
 from bucketlearn.services import jobs
+from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
 from bucketlearn.services.publish import announce_failure
-from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
 from bucketlearn.services.runtime import job_runtime, models_built, part_cache
 
 log = logging.getLogger(__name__)
 SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
-
-
-@dataclass(frozen=True)
-class LearnerTuning:
-    """How a learner paces itself; injected (``Learner(tuning=...)``), tests shorten it."""
-
-    transient_backoff_seconds: float = 2.0
-    # how long a worker keeps a task through a backend outage
-    transient_retry_seconds: float = 300.0
-    heartbeat_seconds: float = 10.0  # the current state is written again this often
-    report_min_seconds: float = 1.0  # a state change is written within this
-    reporter_join_seconds: float = 5.0
-    # How long the final heartbeat ("stopped") waits for a write still in flight (each write is
-    # bounded by the registry's own timeout, 30 s for Firestore).
-    heartbeat_write_wait_seconds: float = 60.0
-    # Chaining (R = 1): a chained task's result is announced once the aggregator has committed
-    # the version ``chain_depth - 1`` before its base; the learner waits up to
-    # ``chain_confirm_seconds`` (at most the deployment's ``chain_grace_seconds``) for that,
-    # reading the job every ``chain_poll_seconds``. Depth 4 rather than 2: once a task trains
-    # in less than a version's commit path (result write, delivery, read, fold, write, commit:
-    # ~0.18 s on the local stack), the learner waited for every commit: digits on one learner
-    # took 3.0-3.9 s at depth 4 against 3.8-4.7 s at depth 2 (four jobs each on one stack;
-    # docs/BENCHMARKS.md section 3). A chain that breaks retrains at most that many tasks.
-    chain_depth: int = 4
-    chain_confirm_seconds: float = 30.0
-    chain_poll_seconds: float = 0.01
 
 
 def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
@@ -108,74 +83,6 @@ def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
 class Decision(enum.Enum):
     ACK = "ack"
     NACK = "nack"
-
-
-class _LeaseExtender:
-    """Keeps a message's ack deadline ahead of a long task."""
-
-    def __init__(self, received: ReceivedTask, deadline: int) -> None:
-        self.received, self.deadline = received, deadline
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(self.deadline / 2):
-            try:
-                self.received.extend(self.deadline)
-            except Exception:  # noqa: BLE001 - a missed extension means a redelivery, not a loss
-                log.warning("could not extend the ack deadline", exc_info=True)
-
-    def __enter__(self) -> _LeaseExtender:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-
-
-class _Reporter:
-    """Writes a worker's heartbeat off the task path, from a thread of its own.
-
-    A task lasts tenths of a second; writing "busy" and "idle" around each one put two Firestore
-    writes on every task's critical path. Here a state change is written within
-    ``report_min_seconds`` (when several happen in that time, the latest wins), and the current
-    state is written again every ``heartbeat_seconds`` so the worker shows as alive.
-    """
-
-    def __init__(self, write: Callable[[str, TaskMessage | None], None],
-                 tuning: LearnerTuning = LearnerTuning()) -> None:
-        self.write = write
-        self.tuning = tuning
-        self.state: tuple[str, TaskMessage | None] = ("idle", None)
-        self.lock = threading.Lock()
-        self.changed = threading.Event()
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-
-    def set(self, state: str, task: TaskMessage | None) -> None:
-        with self.lock:
-            self.state = (state, task)
-        self.changed.set()
-
-    def _run(self) -> None:
-        while not self.closing.is_set():
-            self.changed.wait(self.tuning.heartbeat_seconds)
-            if self.closing.wait(self.tuning.report_min_seconds):
-                return
-            self.changed.clear()
-            with self.lock:
-                state, task = self.state
-            self.write(state, task)
-
-    def __enter__(self) -> _Reporter:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.closing.set()
-        self.changed.set()  # wake the thread; it sees ``closing`` and ends without writing
-        self.thread.join(timeout=self.tuning.reporter_join_seconds)
 
 
 @dataclass
@@ -218,10 +125,8 @@ class Learner:
         self.tasks_done = 0
         self.started_at = svc.clock()
         self.stop = stop or threading.Event()
-        self._reporter: _Reporter | None = None  # while ``run`` runs; else heartbeats are written
+        self._heartbeats = Heartbeats(self._send_heartbeat, tuning)
         self._owed_refunds: list[tuple[str, str, str]] = []  # (job, task doc, attempt key)
-        self._heartbeat_lock = threading.Lock()  # one heartbeat write at a time, in order
-        self._heartbeats_closed = threading.Event()  # "stopped" is written: nothing lands after
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="learner-io")
         # results of chained tasks are written and announced from here, in order, while the
         # next task trains
@@ -229,41 +134,17 @@ class Learner:
 
     def heartbeat(self, state: str, task: TaskMessage | None = None) -> None:
         """Say what this worker is doing: through the reporter thread while ``run`` runs (the
-        dashboard sees it within a second), else written at once."""
-        if self._reporter is not None:
-            self._reporter.set(state, task)
-        else:
-            self._write_heartbeat(state, task)
+        dashboard sees it within a second), else written at once (``heartbeat.Heartbeats``)."""
+        self._heartbeats.set(state, task)
 
-    def _write_heartbeat(self, state: str, task: TaskMessage | None,
-                         final: bool = False) -> None:
-        """Write the heartbeat document. Writes go one at a time, in order; the ``final`` one
-        ("stopped") closes the series: it waits for a write in flight (the reporter's, which
-        ``run`` may have stopped waiting for) and no write can land after it."""
-        if final:
-            self._heartbeats_closed.set()  # a reporter write not yet started will not start
-        wait = self.tuning.heartbeat_write_wait_seconds
-        locked = self._heartbeat_lock.acquire(timeout=wait)
-        if not locked:
-            log.warning("a heartbeat write is still in flight after %.0f s; %s",
-                        wait,
-                        "writing 'stopped' anyway" if final else "skipping this one")
-            if not final:
-                return
-        try:
-            if self._heartbeats_closed.is_set() and not final:
-                return
-            self.svc.registry.heartbeat(self.worker_id, {
-                "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
-                "job_id": task.job_id if task else None,
-                "task_id": task.task_id if task else None,
-                "tasks_done": self.tasks_done, "started_at": self.started_at,
-            })
-        except Exception:  # noqa: BLE001 - heartbeats are advisory
-            log.warning("heartbeat failed", exc_info=True)
-        finally:
-            if locked:
-                self._heartbeat_lock.release()
+    def _send_heartbeat(self, state: str, task: TaskMessage | None) -> None:
+        """Write the heartbeat document (one at a time, in order: ``heartbeat.Heartbeats``)."""
+        self.svc.registry.heartbeat(self.worker_id, {
+            "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
+            "job_id": task.job_id if task else None,
+            "task_id": task.task_id if task else None,
+            "tasks_done": self.tasks_done, "started_at": self.started_at,
+        })
 
     def handle(self, received: ReceivedTask) -> Decision:
         """Process one delivered task; return whether to ack or nack it."""
@@ -272,7 +153,7 @@ class Learner:
             log.error("dropping a task message that is not valid JSON: %r", received.raw[:200])
             return Decision.ACK
         task = received.message
-        with _LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
+        with LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
             return self.process(task, pulled_at, received.delivery_attempt)
 
     def process(self, task: TaskMessage, pulled_at: float | None = None,
@@ -570,14 +451,8 @@ class Learner:
             pull_timeout: float = 10.0) -> int:
         """Pull and process tasks until ``stop`` is set (or ``max_tasks`` are done)."""
         self.stop = stop
-        self._heartbeats_closed.clear()
-        self._write_heartbeat("idle", None)
-        try:
-            with _Reporter(self._write_heartbeat, self.tuning) as self._reporter:
-                return self._loop(stop, max_tasks, pull_timeout)
-        finally:
-            self._reporter = None
-            self._write_heartbeat("stopped", None, final=True)
+        with self._heartbeats.reporting():
+            return self._loop(stop, max_tasks, pull_timeout)
 
     def _loop(self, stop: threading.Event, max_tasks: int | None, pull_timeout: float) -> int:
         handled = 0
@@ -606,27 +481,3 @@ class Learner:
                 self.recycle = True
                 break
         return handled
-
-
-def main() -> None:
-    """The learner process (started by ``bucketlearn.entrypoints.worker``, which replaces it
-    when it exits with ``RECYCLE_EXIT``)."""
-    from bucketlearn.bootstrap import process_services  # noqa: PLC0415
-    from bucketlearn.logs import setup_logging  # noqa: PLC0415
-
-    svc = process_services()
-    setup_logging(svc.settings.log_format)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    # recycling needs the parent that starts a fresh process (bucketlearn.entrypoints.worker)
-    max_models = svc.settings.worker_max_models if os.environ.get(LEARNER_CHILD_ENV) else 0
-    learner = Learner(svc, max_models=max_models, chain=True)
-    log.info("worker %s started", learner.worker_id)
-    learner.run(stop)
-    if learner.recycle and not stop.is_set():
-        sys.exit(RECYCLE_EXIT)
-
-
-if __name__ == "__main__":
-    main()

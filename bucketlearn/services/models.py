@@ -24,7 +24,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     job's manifest (this needs TensorFlow, as the CLI and the dashboard have).
     """
     from bucketlearn.ml.model import export_keras  # noqa: PLC0415
-    from bucketlearn.services.aggregate import model_sidecar  # noqa: PLC0415
+    from bucketlearn.services.export import model_sidecar  # noqa: PLC0415
     from bucketlearn.services.runtime import JobRuntime  # noqa: PLC0415
 
     job = svc.registry.get_job(job_id)
@@ -69,7 +69,7 @@ def serial_sidecar(manifest: Any, options: JobOptions, accuracy: float | None,
                    report: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.domain.metrics import regression_fields  # noqa: PLC0415
     from bucketlearn.ml.model import model_inputs  # noqa: PLC0415
-    from bucketlearn.services.aggregate import target_sidecar  # noqa: PLC0415
+    from bucketlearn.services.export import target_sidecar  # noqa: PLC0415
 
     figures = regression_fields(report) if report and manifest.target is not None else None
     return {"format": 1, "job_id": None, "version": None, "trained_by": "train-local",

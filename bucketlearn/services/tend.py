@@ -26,8 +26,8 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import NUDGE, ResultMessage, TaskQueue
 from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import list_deltas
 from bucketlearn.services.publish import announce_failure
+from bucketlearn.services.results import list_deltas
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)

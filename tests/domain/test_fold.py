@@ -9,10 +9,12 @@ import pytest
 
 from bucketlearn.domain import health
 from bucketlearn.domain.fold import (
+    MAX_REFUSALS,
     OUTLIER_FACTOR,
     WEIGHTS,
     TaskResult,
     check_delta,
+    count_refusals,
     delta_norm,
     fold_round,
     running_norm,
@@ -198,3 +200,17 @@ def test_a_result_written_as_a_delta_is_taken_as_it_is_and_end_weights_must_fit_
     assert [t.tolist() for t in taken] == [[0.5, 0.25], [[1.0]]]
     with pytest.raises(ValueError, match=r"expected weight arrays of shapes \[\(2,\), \(1, 1\)\]"):
         task_delta([np.zeros(3, np.float32), np.zeros((1, 1), np.float32)], BASE, WEIGHTS)
+
+
+def test_a_refused_task_trains_again_until_its_results_were_refused_max_refusals_times():
+    """Each refusal of a task's result counts, per epoch (an earlier epoch's counts are dropped);
+    the ``MAX_REFUSALS``-th one fails the task for good, the others send it to train again."""
+    # Prepare
+    before = {"2-0": MAX_REFUSALS - 1, "2-1": 0, "1-0": 5}
+    # Execute
+    tally = count_refusals(before, 2, [1, 0])
+    # Assert
+    assert tally.counts == {"2-0": MAX_REFUSALS, "2-1": 1}
+    assert tally.failed == frozenset({0})
+    assert tally.times(2, 0) == MAX_REFUSALS and tally.times(2, 3) == 0
+    assert count_refusals(None, 1, [4]).counts == {"1-4": 1}

@@ -26,7 +26,8 @@ from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.ports import NUDGE, ResultMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
-from bucketlearn.services.learn import Learner, LearnerTuning
+from bucketlearn.services.heartbeat import LearnerTuning
+from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import train_local
 from bucketlearn.services.upload import StorageEvent, handle_upload
 from tests.unit.helpers import wait_until, write_blobs_csv

@@ -16,7 +16,8 @@ from bucketlearn.config import JobOptions
 from bucketlearn.domain.job import Job, Version
 from bucketlearn.ports import ResultMessage, VersionCommit
 from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import InlineEvaluator, JobAggregator, aggregate_job
+from bucketlearn.services.aggregate import JobAggregator, aggregate_job
+from bucketlearn.services.evaluate import InlineEvaluator
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
@@ -156,20 +157,20 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     """Workers wait for the commit, not the evaluation: the version that completes epoch 1
     publishes epoch 2's first round before its holdout evaluation runs."""
     # Prepare
-    from bucketlearn.services import aggregate as aggregator
+    from bucketlearn.services import evaluate as evaluation
     from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
     planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
-    real = aggregator.evaluate_detail
+    real = evaluation.evaluate_detail
 
     def evaluate(*args, **kwargs):
         second = sum(1 for m in svc.queue.published if m.epoch == 2)
         seen.append((int(svc.registry.get_job(job_id).version), second))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(aggregator, "evaluate_detail", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate_detail", evaluate)
     train_pending(svc, planned)
     # Execute
     aggregate_job(svc, job_id)
@@ -331,7 +332,7 @@ def test_a_rounds_results_are_read_as_they_come_not_after_its_last(tmp_path):
     one = learner.announce(learner.train(first, svc.registry.get_job(job_id)))
     # Execute
     aggregator.hear(one, svc.results.pull(0))
-    read_ahead = aggregator._prefetched[one.path].result(timeout=30)  # noqa: SLF001
+    read_ahead = aggregator.reader.prefetched[one.path].result(timeout=30)
     idle = aggregator.step()
     two = learner.announce(learner.train(second, svc.registry.get_job(job_id)))
     aggregator.hear(two, svc.results.pull(0))
@@ -342,7 +343,7 @@ def test_a_rounds_results_are_read_as_they_come_not_after_its_last(tmp_path):
     assert counting.reads[one.path] == 1 and counting.reads[two.path] == 1
     job = svc.registry.get_job(job_id)
     assert job.version == 1 and job.tasks_applied == 2
-    assert aggregator._prefetched == {}  # noqa: SLF001 - nothing kept after the fold
+    assert aggregator.reader.prefetched == {}  # nothing kept after the fold
 
 
 class _SlowDeletes:
@@ -441,7 +442,7 @@ def test_a_read_ahead_that_failed_is_read_again_at_the_fold(tmp_path):
     first, second = svc.queue.pull(0).message, svc.queue.pull(0).message
     one = learner.announce(learner.train(first, svc.registry.get_job(job_id)))
     aggregator.hear(one, svc.results.pull(0))
-    failed = aggregator._prefetched[one.path].exception(timeout=30)  # noqa: SLF001
+    failed = aggregator.reader.prefetched[one.path].exception(timeout=30)
     two = learner.announce(learner.train(second, svc.registry.get_job(job_id)))
     flaky.reads[two.path] = 1  # its first read works
     aggregator.hear(two, svc.results.pull(0))

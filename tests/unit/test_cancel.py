@@ -13,6 +13,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import export as export_service
 from bucketlearn.services import jobs
 from bucketlearn.services import upload as split
 from bucketlearn.services.autoscale import outstanding_tasks
@@ -158,7 +159,7 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     a cancelled job's is (issue #26, item 11: so that it downloads from the models bucket)."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
-    real_evaluate, real_export = aggregator.evaluate_parts, aggregator.export_final
+    real_evaluate, real_export = export_service.evaluate_parts, aggregator.export_final
     exporting = []
 
     def export(*args, **kwargs):
@@ -171,7 +172,7 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
         return real_evaluate(*args, **kwargs)
 
     monkeypatch.setattr(aggregator, "export_final", export)
-    monkeypatch.setattr(aggregator, "evaluate_parts", evaluate)
+    monkeypatch.setattr(export_service, "evaluate_parts", evaluate)
     # Execute
     run_rounds(svc, job_id)
     # Assert

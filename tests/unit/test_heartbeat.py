@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.services.learn import Learner, LearnerTuning, _Reporter
+from bucketlearn.services.heartbeat import LearnerTuning, Reporter
+from bucketlearn.services.learn import Learner
 from tests.unit.helpers import eventually
 from tests.unit.steps import start_job
 
@@ -36,7 +37,7 @@ def test_a_burst_of_state_changes_is_one_write_of_the_latest(monkeypatch: pytest
     # a window far longer than the burst takes, however loaded the machine
     recorder = Recorder()
     # Execute
-    with _Reporter(recorder, LearnerTuning(report_min_seconds=2.0)) as reporter:
+    with Reporter(recorder, LearnerTuning(report_min_seconds=2.0)) as reporter:
         for state in ("busy", "idle", "waiting", "busy"):
             reporter.set(state, "task-7")
         assert eventually(lambda: recorder.states(), seconds=10)
@@ -52,8 +53,8 @@ def test_the_state_is_written_again_while_nothing_changes(monkeypatch: pytest.Mo
     # Prepare
     recorder = Recorder()
     # Execute
-    with _Reporter(recorder, LearnerTuning(report_min_seconds=0.01,
-                                           heartbeat_seconds=0.05)) as reporter:
+    with Reporter(recorder, LearnerTuning(report_min_seconds=0.01,
+                                          heartbeat_seconds=0.05)) as reporter:
         reporter.set("idle", None)
         assert eventually(lambda: len(recorder.states()) >= 3)
     # Assert

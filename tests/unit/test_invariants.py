@@ -29,6 +29,7 @@ from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import export, results
 from tests.unit.helpers import blobs_rows, csv_bytes
 from tests.unit.steps import run_rounds, start_job, train_pending
 
@@ -80,7 +81,7 @@ def test_rerun_after_commit_changes_nothing(tmp_path: Path,
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=2)
     train_pending(svc, 2)
-    monkeypatch.setattr(aggregator, "_delete", lambda svc, name: None)  # deltas stay
+    monkeypatch.setattr(results, "_delete", lambda svc, name: None)  # deltas stay
     aggregator.aggregate_job(svc, job_id)
     after_first = svc.registry.get_job(job_id)
     # Execute: the same event delivered again, the deltas still in the bucket
@@ -301,8 +302,8 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     small_svc, small_job = exporting_job(16)
     large_svc, large_job = exporting_job(64)
     # Execute
-    small = traced_peak(lambda: aggregator.export_final(small_svc, small_job))
-    large = traced_peak(lambda: aggregator.export_final(large_svc, large_job))
+    small = traced_peak(lambda: export.export_final(small_svc, small_job))
+    large = traced_peak(lambda: export.export_final(large_svc, large_job))
     # Assert
     done = large_svc.registry.get_job(large_job.job_id)
     assert done.status == jobs.DONE, done.error

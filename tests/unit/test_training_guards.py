@@ -12,6 +12,7 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.config import JobOptions
+from bucketlearn.domain import fold
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
@@ -77,7 +78,7 @@ def test_a_task_refused_three_times_fails_the_job_with_the_reason(tmp_path: Path
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
     # Execute
-    for _ in range(aggregator.MAX_REFUSALS):
+    for _ in range(fold.MAX_REFUSALS):
         write_bad_result(svc, job_id, "nan")
         train_round(svc)
         aggregator.aggregate_job(svc, job_id)

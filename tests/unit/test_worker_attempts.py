@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from bucketlearn.errors import TransientError
-from bucketlearn.services.learn import Decision, Learner, LearnerTuning
+from bucketlearn.services.heartbeat import LearnerTuning
+from bucketlearn.services.learn import Decision, Learner
 from tests.unit.steps import start_job
 
 

@@ -146,3 +146,19 @@ def test_the_worker_command_runs_the_learner_under_the_parent() -> None:
                           capture_output=True, text=True, timeout=60)
     # Assert
     assert done.returncode == 5, done.stderr
+
+
+def test_the_learner_command_runs_the_learner_process_not_another_parent(monkeypatch) -> None:
+    """The command the parent starts (``LEARNER``: this module with ``--learner``) runs
+    ``learner_main``, the learner process."""
+    # Prepare
+    from bucketlearn.entrypoints import worker
+
+    started: list[bool] = []
+    monkeypatch.setattr(worker, "learner_main", lambda: started.append(True))
+    monkeypatch.setattr(sys, "argv", ["worker.py", *worker.LEARNER[3:]])
+    # Execute
+    worker.main()
+    # Assert
+    assert started == [True]
+    assert worker.LEARNER[1:3] == ["-m", "bucketlearn.entrypoints.worker"]

@@ -1,0 +1,95 @@
+"""Evaluating a job's committed versions on its holdout, off the fold's critical path.
+
+``evaluate_version`` measures one version on the job's fixed evaluation sample;
+``record_evaluation`` writes the figures on the version's document (and on the job's head while
+the head is that version). Where the evaluation happens is an ``Evaluator``: ``InlineEvaluator``
+evaluates each version as it is committed (``aggregate.aggregate_job``, the synchronous pass);
+the long-running aggregator evaluates in a thread of its own (``services.aggregator``). Either
+hands the figures to the job's ``JobAggregator.evaluated`` (the job's health watched, the
+figures carried by its next commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bucketlearn.bootstrap import Services
+from bucketlearn.domain.job import Evaluation, Job
+from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
+from bucketlearn.ml.training import evaluate_detail
+from bucketlearn.services.runtime import job_runtime
+
+if TYPE_CHECKING:
+    from bucketlearn.services.aggregate import JobAggregator
+
+log = logging.getLogger(__name__)
+
+
+class Evaluator(Protocol):
+    """Where a committed version's holdout evaluation happens."""
+
+    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None: ...
+
+
+class InlineEvaluator:
+    """Evaluate each committed version at once and write its figures (the synchronous pass)."""
+
+    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None:
+        job = aggregator.job
+        if job is None:
+            return
+        found = evaluate_version(aggregator.svc, job, weights, version)
+        if found is None:
+            return
+        evaluation, loss = found
+        if aggregator.evaluated(evaluation, loss) is None and aggregator.job is not None:
+            aggregator.job = record_evaluation(aggregator.svc, aggregator.job, evaluation)
+            aggregator.evaluations.clear()
+
+
+def evaluate_version(svc: Services, job: Job, weights: list[Any], version: int
+                     ) -> tuple[Evaluation, float] | None:
+    """One version's holdout figures on the job's fixed evaluation sample (None if it could not
+    be evaluated: an unevaluated version is still a good version)."""
+    started = time.perf_counter()
+    try:
+        runtime = job_runtime(svc, job)
+        x_eval, y_eval = runtime.holdout(svc.settings.eval_max_rows)
+        with runtime.lock:
+            found = evaluate_detail(runtime.model, weights, x_eval, y_eval, runtime.spec.task)
+    except Exception:  # noqa: BLE001 - training goes on; the export evaluates the final model
+        log.warning("job %s: could not evaluate v%d", job.job_id, version, exc_info=True)
+        return None
+    figures = {"holdout_accuracy": found.accuracy, "holdout_loss": found.loss,
+               **holdout_figures(found, runtime.spec.regression)}
+    evaluation = Evaluation(version, {k: v for k, v in figures.items() if v is not None},
+                            svc.clock(), round(time.perf_counter() - started, 6))
+    log.info("job %s: v%d holdout %s", job.job_id, version, headline(found))
+    return evaluation, found.loss
+
+
+def record_evaluation(svc: Services, job: Job, evaluation: Evaluation) -> Job:
+    """Write one version's figures on its own document, and on the job's head while the head
+    is that version; return the job as it then stands."""
+    assert job.head is not None
+    head = job.head.with_evaluation(evaluation)
+    fields = {**evaluation.figures, "evaluated_at": evaluation.evaluated_at,
+              "eval_seconds": evaluation.seconds}
+    if svc.registry.record_evaluation(job.job_id, evaluation.version, fields, head):
+        return job.updated({"head": head.to_doc()})
+    return job
+
+
+def holdout_figures(found: Any, regression: bool) -> dict[str, Any]:
+    """A version's holdout figures as its document stores them (classes or a numeric target)."""
+    return regression_fields(found.report) if regression else holdout_fields(found.report)
+
+
+def headline(found: Any) -> str:
+    """The holdout figures of a log line: accuracy, or a regression's RMSE, MAE and R²."""
+    if found.accuracy is not None:
+        return f"accuracy {found.accuracy:.4f}"
+    report = found.report
+    return regression_headline(report.get("rmse"), report.get("mae"), report.get("r2"))

@@ -1,0 +1,108 @@
+"""A finished job's export: its head evaluated on the whole holdout and written as
+``models/<job>/latest.keras`` (and ``v<N>.keras``) with the ``bucketlearn.json`` sidecar
+(``model_sidecar``), then the job marked DONE; a degenerate final model ends the job FAILED
+instead (``domain.health``). Run by the job's ``JobAggregator`` once the job's last round is
+folded (its phase is then ``exporting``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from bucketlearn import layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.domain import health
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.target import REGRESSION
+from bucketlearn.domain.usage import added
+from bucketlearn.ml.model import export_keras, model_inputs
+from bucketlearn.ml.training import evaluate_parts
+from bucketlearn.services import jobs
+from bucketlearn.services.evaluate import headline, holdout_figures
+from bucketlearn.services.runtime import JobRuntime, job_runtime
+
+log = logging.getLogger(__name__)
+
+
+def export_final(svc: Services, job: Job) -> None:
+    """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
+    a degenerate final model ends the job FAILED instead (``domain.health``)."""
+    started = time.perf_counter()
+    runtime = job_runtime(svc, job)
+    assert job.head is not None
+    weights = runtime.state(job.head.weights_path, job.head.digest)[0]
+    with runtime.lock:
+        # the whole holdout, one part at a time: never all of it in memory
+        found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
+                               runtime.spec.task)
+        model_data = _export_bytes(job, runtime, found)
+    manifest = runtime.manifest
+    now = svc.clock()
+    rate = float(job.options["learning_rate"])
+    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
+               health.degenerate_model(found.predicted_counts, found.true_counts,
+                                       manifest.classes, found.loss, rate))
+    if problem is not None:
+        if jobs.end_job(svc.registry, job.job_id,
+                        jobs.ending_fields(jobs.FAILED, now, error=problem))[0]:
+            log.error("job %s: %s", job.job_id, problem)
+        return
+    if jobs.is_terminal(svc.registry.get_job(job.job_id)):
+        log.info("job %s ended during its final evaluation: not exported", job.job_id)
+        return
+    figures = holdout_figures(found, runtime.spec.regression)
+    version = int(job.version or 0)
+    bucket = svc.settings.models_bucket
+    svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), model_data,
+                          "application/octet-stream")
+    svc.store.write_bytes(bucket, layout.model_path(job.job_id), model_data,
+                          "application/octet-stream")
+    head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
+    used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
+                                                                 6)}
+    ended, current = jobs.end_job(svc.registry, job.job_id, jobs.ending_fields(
+        jobs.DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
+        final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
+    ))
+    if not ended:  # cancelled during the export: it stays so (the files are its head version)
+        log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
+                 current.status if current is not None else None)
+        return
+    log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
+
+
+def _export_bytes(job: Job, runtime: JobRuntime, found: Any) -> bytes:
+    """The ``.keras`` archive of the model as evaluated (its weights are the head's)."""
+    figures = holdout_figures(found, runtime.spec.regression)
+    return export_keras(runtime.model, model_sidecar(job, runtime.manifest, found.accuracy,
+                                                     figures))
+
+
+def model_sidecar(job: Job, manifest: Any, accuracy: float | None,
+                  figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``bucketlearn.json`` in the exported archive says about the model: its columns,
+    classes (or numeric target: ``task``, the target's training mean and std) and figures."""
+    return {
+        "format": 1,
+        "job_id": job.job_id,
+        "version": int(job.version or 0),
+        "feature_names": manifest.feature_names,
+        "label_column": manifest.label_column,
+        "class_names": manifest.classes,
+        "label_kind": manifest.label_kind,
+        "holdout_accuracy": accuracy,
+        "options": job.options,
+        "source": manifest.source,
+        **model_inputs(manifest.columns, manifest.missing_values),
+        **target_sidecar(manifest, figures),
+    }
+
+
+def target_sidecar(manifest: Any, figures: dict[str, Any] | None) -> dict[str, Any]:
+    """A regression model's part of the sidecar (nothing for classes, as before)."""
+    if manifest.target is None:
+        return {}
+    return {"task": REGRESSION, "target_mean": manifest.target_mean,
+            "target_std": manifest.target_std,
+            **{k: (figures or {}).get(k) for k in ("holdout_rmse", "holdout_mae", "holdout_r2")}}

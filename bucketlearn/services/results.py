@@ -1,0 +1,260 @@
+"""A job's results, read and checked: this is where a result is applied or refused.
+
+A learner's result object (the state its task ended with: ``learn``) is read and decoded on
+reader threads (``ResultReader``), ahead of its round's fold as its message comes, or at the
+fold. When the round is complete (``domain.rounds.plan_round``), ``ResultReader.read_round``
+decides, for each of its results, one of:
+
+* **stale** (garbage: deleted, no refusal counted): it was trained from another state than
+  the job's head (a chain that broke); it is never folded;
+* **refused** (``Read.refused``, with the reason ``check_result`` gives): its object is gone or
+  unreadable, its arrays are not the model's shapes, or ``domain.fold.check_delta`` finds it not
+  finite or an outlier; it is never folded, its task trains again or fails for good
+  (``domain.fold.count_refusals``: refused ``MAX_REFUSALS`` times in an epoch);
+* **applied** (``Read.results``): every other result; the round folds them into its version.
+
+A failure marker (a task given up on) is read for its reason. The deltas bucket's listing
+(``list_deltas``) is the aggregator's backstop for results whose messages were lost; results of
+a folded round, refused and stale ones are deleted (``delete_all``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketlearn import codec, layout
+from bucketlearn.bootstrap import Services
+from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain import fold
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.rounds import DeltaRef, RoundPlan
+from bucketlearn.errors import NotFoundError
+from bucketlearn.ports import Received, ResultMessage
+
+log = logging.getLogger(__name__)
+
+READERS = 8  # result objects of a round read at once
+PREFETCH_LIMIT = 64  # result objects read ahead of their round's fold, at most
+
+
+@dataclass
+class Heard:
+    """A result object or failure marker the aggregator knows of: from its message (which is
+    acknowledged once the result is folded or found to be garbage) or from a listing."""
+
+    ref: DeltaRef
+    epoch: int
+    message: ResultMessage | None = None
+    received: Received | None = None
+    heard_at: float | None = None  # wall clock, when its message was handed to this job
+
+
+@dataclass
+class Read:
+    """A complete round's objects, read and checked."""
+
+    results: list[fold.TaskResult] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    stale: list[DeltaRef] = field(default_factory=list)
+    folded: list[DeltaRef] = field(default_factory=list)
+    messages: dict[int, ResultMessage] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A result object as read: what its bytes decode to (the arrays, optimizer state and
+    metadata, or the reason they could not be decoded); None when it was gone."""
+
+    decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
+
+    @property
+    def gone(self) -> bool:
+        return self.decoded is None
+
+
+class ResultReader:
+    """One job's result objects, read on reader threads (``READERS`` at a time): ahead of their
+    round's fold as their messages come (``prefetch``), and at the fold (``read_round``)."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+        self._readers: ThreadPoolExecutor | None = None
+        # result objects read (and decoded) as their messages come, before the round is complete
+        self.prefetched: dict[str, Future[Loaded]] = {}
+
+    def prefetch(self, name: str) -> None:
+        """Read and decode a result object now, while the rest of its round trains: the fold
+        of a complete round then waits only for its last result's read (a round of R tasks
+        read its R objects after the last one came)."""
+        if name in self.prefetched or len(self.prefetched) >= PREFETCH_LIMIT:
+            return
+        self.prefetched[name] = self.pool().submit(self._load, name)
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="read-results")
+        return self._readers
+
+    def _load(self, name: str) -> Loaded:
+        raw = self.read_object(name)
+        return Loaded(None if raw is None else decode_result(raw, name))
+
+    def loaded(self, name: str) -> Future[Loaded]:
+        """A result object's read: the one under way since its message came, or a new one
+        (also when that one failed: storage may be back)."""
+        reading = self.prefetched.pop(name, None)
+        if reading is not None and not (reading.done() and reading.exception() is not None):
+            return reading
+        return self.pool().submit(self._load, name)
+
+    def forget(self, name: str) -> None:
+        """Drop an object's read ahead (its result is folded or garbage)."""
+        reading = self.prefetched.pop(name, None)
+        if reading is not None:
+            reading.cancel()
+
+    def read_object(self, name: str) -> bytes | None:
+        try:
+            return self.svc.store.read_bytes(self.svc.settings.deltas_bucket, name)
+        except NotFoundError:
+            return None
+
+    def read_round(self, job: Job, plan: RoundPlan, base: list[Any], base_optimizer: list[Any],
+                   heard: dict[str, Heard],
+                   applied: Callable[[ResultMessage | None], None]) -> Read:
+        """Read and check every result of a complete round (``READERS`` at a time); read its
+        failure markers. ``applied`` is told of each result's message as it is applied."""
+        read = Read()
+        shapes = [tuple(b.shape) for b in base]
+        optimizer_shapes = [tuple(o.shape) for o in base_optimizer]
+        recent = job.delta_norm
+        head = job.head
+        assert head is not None
+        items = sorted(plan.results.items())
+        reads = [self.loaded(ref.name) for _, ref in items]
+        for (task_index, ref), reading in zip(items, reads, strict=True):
+            loaded = reading.result()
+            known = heard.get(ref.name)
+            message = known.message if known is not None else None
+            if message is not None:
+                read.messages[task_index] = message
+            problem, result, meta = check_result(loaded, ref.name, base, shapes,
+                                                 optimizer_shapes, recent)
+            based_on = (message.base_digest if message is not None else "") or str(
+                meta.get("base_digest") or "")
+            if result is not None and based_on and head.digest and based_on != head.digest:
+                read.stale.append(ref)  # trained from another state (a broken chain): garbage
+                continue
+            if problem is None:
+                assert result is not None
+                read.results.append(result)
+                read.stats[layout.task_id_for(job.job_id, job.epoch, task_index)] = task_stats(
+                    message, meta, known.heard_at if known is not None else None)
+                applied(message)
+            else:
+                read.refused[task_index] = problem
+            read.folded.append(ref)
+        for task_index, ref in sorted(plan.failures.items()):
+            try:
+                marker = json.loads(self.read_object(ref.name) or b"{}")
+                reason = str(marker.get("error") or "task failed")
+            except Exception:  # noqa: BLE001 - the marker's existence is what counts
+                reason = "task failed"
+            read.failures.append({"task_index": task_index, "error": reason[:2000]})
+            read.folded.append(ref)
+        return read
+
+
+def decode_result(raw: bytes, name: str) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
+    try:
+        arrays, optimizer, meta = codec.decode_state(raw, name)
+    except CorruptObjectError as exc:
+        return f"unreadable: {exc}"
+    except ValueError as exc:
+        return str(exc)
+    return list(arrays), list(optimizer), dict(meta)
+
+
+def check_result(loaded: Loaded, name: str, base: list[Any], shapes: list[Any],
+                 optimizer_shapes: list[Any], recent: float | None
+                 ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
+    """Check one decoded result object and say why it must not be folded (None: fold it)."""
+    decoded = loaded.decoded
+    if decoded is None:
+        return f"unreadable: gs://…/{name} is gone", None, {}
+    if isinstance(decoded, str):
+        return decoded, None, {}
+    arrays, optimizer, meta = decoded
+    try:
+        delta = fold.task_delta(arrays, base, meta.get("content"))
+        task_index = int(meta.get("task_index", -1))
+        result = fold.TaskResult(task_index, delta, optimizer, _int(meta.get("examples"), 0),
+                                 _float(meta.get("train_loss")))
+    except ValueError as exc:  # end weights of the wrong shapes (task_delta)
+        return str(exc), None, {}
+    parsed = layout.parse_delta_path(name)
+    if parsed is not None:
+        result = fold.TaskResult(parsed.task_index, result.delta, result.optimizer,
+                                 result.examples, result.train_loss)
+    problem = fold.check_delta(result, shapes, optimizer_shapes, recent)
+    return problem, result, meta
+
+
+def task_stats(message: ResultMessage | None, meta: dict[str, Any],
+               heard_at: float | None) -> dict[str, Any]:
+    """What the version records of one folded task: who trained it, how long each phase took,
+    and when its result was sent and heard (from its message; a result found by listing has only
+    its object's metadata)."""
+    stats = dict(message.stats) if message is not None else {}
+    keep = ("fetch_seconds", "train_seconds", "write_seconds", "cpu_seconds", "finished_at",
+            "train_started_at", "train_ended_at")
+    return {"worker_id": (message.worker_id if message is not None else None)
+            or meta.get("worker_id"), "chained": bool(message and message.chained),
+            "sent_at": message.sent_at if message is not None else None, "heard_at": heard_at,
+            "task_index": int(meta.get("task_index", -1)),
+            **{k: stats[k] for k in keep if k in stats}}
+
+
+def list_deltas(svc: Services, job_id: str, epoch: int) -> list[DeltaRef]:
+    """The result objects and failure markers of one job's epoch, as listed in the deltas
+    bucket."""
+    refs = []
+    for info in svc.store.list(svc.settings.deltas_bucket, layout.epoch_delta_prefix(job_id, epoch)):
+        parsed = layout.parse_delta_path(info.name)
+        if parsed is None or parsed.job_id != job_id:
+            continue
+        refs.append(DeltaRef(info.name, parsed.task_index, parsed.failed))
+    return refs
+
+
+def delete_all(svc: Services, names: list[str]) -> None:
+    for name in names:
+        _delete(svc, name)
+
+
+def _delete(svc: Services, name: str) -> None:
+    try:
+        svc.store.delete(svc.settings.deltas_bucket, name)
+    except Exception:  # noqa: BLE001 - leftover objects are ignored and expire by lifecycle
+        log.debug("could not delete %s", name, exc_info=True)
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return default if value is None else int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
