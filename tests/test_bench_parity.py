@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import merge_parity, parity
+from benchmarks.suites import parity
+from benchmarks.tools import merge_parity
 
 
 def _seed_figures(serial: float, pipeline: float) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import speedup
+from benchmarks.suites import speedup
 
 
 def _timeline(rounds: list[list[float]], split: float = 2.0, training: float = 10.0) -> dict:

@@ -100,7 +100,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     rate or the row order, a delta rounded to float32, or initial weights drawn from shared
     random state would each break it."""
     # Prepare
-    from benchmarks.datasets import hmnist4
+    from benchmarks.harness.datasets import hmnist4
     from bucketlearn import codec
     from bucketlearn.services.serial import simulate_pipeline, train_local
 

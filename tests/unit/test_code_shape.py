@@ -1,4 +1,5 @@
-"""The shape the code is kept in (issue #16): short functions in the core package."""
+"""The shape the code is kept in (issue #16): short functions in the core package; and in the
+benchmarks (issue #27), short functions and files, and suites that import no other suite."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "bucketlearn"
+BENCHMARKS = ROOT / "benchmarks"
 MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 500
 
 
 def function_lengths(root: Path) -> list[tuple[int, str]]:
@@ -31,6 +34,48 @@ def test_no_function_in_the_core_is_longer_than_60_lines() -> None:
     assert len(lengths) > 100  # the walk found the package's functions
     too_long = sorted(((n, name) for n, name in lengths if n > MAX_FUNCTION_LINES), reverse=True)
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
+
+
+def test_no_function_in_the_benchmarks_is_longer_than_60_lines() -> None:
+    """Every function in ``benchmarks/`` fits on a screen too (docstring included)."""
+    # Execute
+    lengths = function_lengths(BENCHMARKS)
+    # Assert
+    assert len(lengths) > 100  # the walk found the benchmarks' functions
+    too_long = sorted(((n, name) for n, name in lengths if n > MAX_FUNCTION_LINES), reverse=True)
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines: {too_long}"
+
+
+def test_no_benchmarks_file_is_longer_than_500_lines() -> None:
+    # Execute
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+               for path in sorted(BENCHMARKS.rglob("*.py"))}
+    # Assert
+    assert len(lengths) > 20
+    too_long = {name: n for name, n in lengths.items() if n > MAX_FILE_LINES}
+    assert not too_long, f"files over {MAX_FILE_LINES} lines: {too_long}"
+
+
+def test_no_benchmark_suite_imports_another_suite_or_the_runner() -> None:
+    """What two suites share lives in ``benchmarks.harness`` or ``benchmarks.report``
+    (benchmarks/README.md); the report finds the suites through their registry."""
+    # Prepare
+    suites = BENCHMARKS / "suites"
+    # Execute
+    offenders = []
+    for path in sorted(suites.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                names = [f"benchmarks.{alias.name}" for alias in node.names]
+            if isinstance(node, ast.ImportFrom) and node.level:  # relative: a sibling suite
+                names = [f"benchmarks.suites.{'.' * node.level}{node.module or ''}"]
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                          if name.startswith(("benchmarks.suites", "benchmarks.run"))]
+    # Assert
+    assert len(list(suites.glob("*.py"))) > 10
+    assert not offenders, offenders
 
 
 def test_the_layering_contracts_hold() -> None:

@@ -1,8 +1,9 @@
 """Why a parallel round loses to serial training (issue #25): the same table, trained five ways.
 
-``python -m benchmarks.round_cause`` trains the diamonds table (53,940 rows as plotnine ships it,
-label ``cut``, 5 classes, 10 epochs, the defaults otherwise) in process, on the pipeline's split,
-tasks and learning-rate schedule, with the round's fold done here so that it can be varied:
+``python -m benchmarks.suites.round_cause`` trains the diamonds table (53,940 rows as plotnine
+ships it, label ``cut``, 5 classes, 10 epochs, the defaults otherwise) in process, on the
+pipeline's split, tasks and learning-rate schedule, with the round's fold done here so that it
+can be varied:
 
 * ``serial``: one task at a time, batch 32 (what ``train-local`` does);
 * ``round-5``: rounds of 5 one-shard tasks (256 rows, H = 8 Adam steps each) from the same
@@ -22,20 +23,18 @@ The dataset is fetched once from the plotnine wheel on PyPI (``pip download``; n
 
 from __future__ import annotations
 
-import math
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks import common
-from benchmarks.common import log
-from benchmarks.methods import Experiment
+from benchmarks.harness.experiment import Experiment, gradient_fold
+from benchmarks.harness.paths import CACHE, RESULTS
+from benchmarks.harness.procs import log
+from benchmarks.harness.public import DIAMONDS_MEMBER, DIAMONDS_WHEEL, diamonds
+from benchmarks.report.results import new_result, write_result
 
-WHEEL = "plotnine==0.15.9"
-MEMBER = "plotnine/data/diamonds.csv"
 CASES: dict[str, dict[str, Any]] = {
     "serial": {"parallel": 1, "rows_per_shard": 256, "batch": 32, "fold": "mean"},
     "round-5": {"parallel": 5, "rows_per_shard": 256, "batch": 32, "fold": "mean"},
@@ -46,16 +45,6 @@ CASES: dict[str, dict[str, Any]] = {
     "round-5-scaled": {"parallel": 5, "rows_per_shard": 256, "batch": 32, "fold": "mean",
                        "rate_scale": 5.0},
 }
-BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7  # Keras's Adam defaults, which the model compiles
-
-
-def diamonds(cache: Path) -> Path:
-    """plotnine's diamonds.csv, read out of its wheel (downloaded once into ``cache``)."""
-    target = cache / "diamonds.csv"
-    if not target.exists():
-        with zipfile.ZipFile(common.pip_download(WHEEL, cache)) as archive:
-            target.write_bytes(archive.read(MEMBER))
-    return target
 
 
 def mean_fold(base: tuple[list[Any], list[Any]], results: list[Any]
@@ -69,29 +58,6 @@ def mean_fold(base: tuple[list[Any], list[Any]], results: list[Any]
     folded = fold_round(base[0], base[1], tasks, 1.0)
     assert folded is not None
     return folded
-
-
-def gradient_fold(model: Any, base: tuple[list[Any], list[Any]], results: list[Any],
-                  rate: float) -> tuple[list[Any], list[Any]]:
-    """One Adam step (Keras's update) on the mean of one-step tasks' gradients, each recovered
-    from its momentum; the state is that step's (mean momentum, velocity of the mean). The
-    optimizer's moments come in pairs, one per trainable variable, in that order."""
-    paths = [w.path for w in model.weights]
-    trainable = [paths.index(v.path) for v in model.trainable_variables]
-    weights = [np.asarray(w, np.float64).copy() for w in base[0]]
-    iteration = np.asarray(base[1][0])
-    step = float(iteration) + 1
-    alpha = rate * math.sqrt(1 - BETA_2 ** step) / (1 - BETA_1 ** step)
-    state: list[Any] = [iteration + 1]
-    for j, index in enumerate(trainable):
-        m0, v0 = (np.asarray(base[1][1 + 2 * j + k], np.float64) for k in (0, 1))
-        momentum = np.mean([np.asarray(r.optimizer[1 + 2 * j], np.float64) for r in results],
-                           axis=0)
-        gradient = (momentum - BETA_1 * m0) / (1 - BETA_1)
-        velocity = v0 + (gradient * gradient - v0) * (1 - BETA_2)
-        weights[index] -= alpha * momentum / (np.sqrt(velocity) + EPSILON)
-        state += [momentum.astype(np.float32), velocity.astype(np.float32)]
-    return [w.astype(np.float32) for w in weights], state
 
 
 def run_case(path: Path, case: dict[str, Any], epochs: int) -> dict[str, Any]:
@@ -116,14 +82,14 @@ def run_case(path: Path, case: dict[str, Any], epochs: int) -> dict[str, Any]:
 
 def main() -> None:
     epochs = 10
-    result = common.new_result("round_cause", False, {"cases": CASES, "epochs": epochs,
-                                                      "dataset": f"{WHEEL}: {MEMBER}"})
-    path = diamonds(common.REPO / ".cache" / "plotnine")
+    result = new_result("round_cause", False, {"cases": CASES, "epochs": epochs,
+                                               "dataset": f"{DIAMONDS_WHEEL}: {DIAMONDS_MEMBER}"})
+    path = diamonds(CACHE / "plotnine")
     for name, case in CASES.items():
         log(f"round_cause: {name}")
         result.setdefault("figures", {})[name] = run_case(path, case, epochs)
         log(f"round_cause: {name}: {result['figures'][name]['accuracy']:.4f}")
-    common.write_result(common.RESULTS, "round_cause", result)
+    write_result(RESULTS, "round_cause", result)
 
 
 if __name__ == "__main__":

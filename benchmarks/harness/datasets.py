@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-DIGITS = REPO / "data" / "digits.csv"
+from benchmarks.harness.paths import DIGITS, REPO
+
 SIDE = 28
 
 IMAGE = ("digits28", "hmnist4", "shapes", "gratings")

