@@ -49,7 +49,13 @@ FULL = {
                                 "options": {"epochs": 3, "rows_per_shard": 1024}},
                  "trips-120k": {"source": "benchmarks.harness.datasets.trips count=120000 (a "
                                           "table with text and date columns, empty cells)",
-                                "rows": 120_000, "options": {"epochs": 2}}},
+                                "rows": 120_000, "options": {"epochs": 2}},
+                 # the same table in parallel rounds of 4, forced (its automatic plan trains one
+                 # task at a time since issue #25): what a parallel round costs; the one-worker
+                 # wall of a layout the plan turned down is not a goal
+                 "trips-120k-r4": {"source": "the same rows as trips-120k, parallel_tasks=4",
+                                   "rows": 120_000, "forced": True,
+                                   "options": {"epochs": 2, "parallel_tasks": 4}}},
     "stack": True,
     "workers": 1,
     "serial_repeats": 2,
@@ -392,10 +398,12 @@ def evaluate_goals(result: dict[str, Any], figures: dict[str, Any]) -> None:
         result["notes"].append("smoke: the local stack is not started; only the in-process "
                                "simulation is measured, and no goal is evaluated")
         return
+    specs = result["params"]["datasets"]
     for name, s in stacked.items():
         wall = s["wall_seconds"] / figures[name]["serial"]["seconds"]
-        goal(result, f"pipeline (1 worker) / train-local, one TF thread, {name}", wall,
-             f"<= {GOALS['wall_ratio']}", wall <= GOALS["wall_ratio"])
+        if not specs.get(name, {}).get("forced"):
+            goal(result, f"pipeline (1 worker) / train-local, one TF thread, {name}", wall,
+                 f"<= {GOALS['wall_ratio']}", wall <= GOALS["wall_ratio"])
         median = s["critical_path"]["median"]
         if median is not None:
             goal(result, f"critical path per round, median (s), {name}", median,
