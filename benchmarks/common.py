@@ -221,10 +221,11 @@ def local_stack(home: Path, workers: int, emus: Any, label: str, timeout: float 
 
 
 def wait_terminal(svc: Any, job_id: str, timeout: float, poll: float = 0.25) -> Any:
-    from bucketlearn.services import jobs
+    from bucketlearn.domain.job import is_terminal
+    from bucketlearn.services import waiting
 
-    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll)
-    if job is None or not jobs.is_terminal(job):
+    job = waiting.wait_terminal(svc.registry, job_id, timeout, poll)
+    if job is None or not is_terminal(job):
         raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
                            f"{ {k: getattr(job, k, None) for k in ('status', 'phase', 'epoch', 'version')} }")
     return job

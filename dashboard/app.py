@@ -14,11 +14,10 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, Version, is_terminal
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
 from bucketlearn.services import dashboard_data as dd
-from bucketlearn.services import jobs
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.models import model_bytes
 
@@ -127,7 +126,7 @@ def jobs_overview() -> None:
             "eta": "ETA",
             "reason": st.column_config.TextColumn("reason", width="large"),
         })
-    for row in [r for r in rows if r["status"] == jobs.REJECTED][:5]:
+    for row in [r for r in rows if r["status"] == REJECTED][:5]:
         st.error(f"**{dd.plain(row['job_id'])}** was rejected: {dd.plain(row['reason'])}")
 
 
@@ -179,7 +178,7 @@ def cancel_controls(job: Job) -> None:
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
         (st.success if said[1] == "success" else st.error)(dd.plain(said[2]))
-    if jobs.is_terminal(job):
+    if is_terminal(job):
         return
     if st.session_state.get("cancel_asked") != job_id:
         st.button("Cancel job", key="cancel_job", on_click=ask_to_cancel, args=(job_id,))
@@ -213,14 +212,14 @@ def job_page() -> None:
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
     st.caption(f"{dd.plain(s['source'])}{when}")
     cancel_controls(job)
-    if s["status"] == jobs.REJECTED:
+    if s["status"] == REJECTED:
         st.error(f"Rejected: {dd.plain(s['reason'])}")
         st.table(pd.DataFrame(dd.rejection_details(job)).map(dd.plain))  # cells are Markdown
         options_tab(job)
         return
-    if s["status"] == jobs.FAILED:
+    if s["status"] == FAILED:
         st.error(f"Failed: {dd.plain(s['reason'])}")
-    if s["status"] == jobs.CANCELLED:
+    if s["status"] == CANCELLED:
         st.warning(f"Cancelled: {dd.plain(s['reason'])}")
     metric_row(dd.headline_metrics(s))
     if s.get("warning"):
@@ -386,7 +385,7 @@ def model_tab(job: Job, versions: list[Version]) -> None:
                                                              choice.path),
                            file_name=choice.file_name, mime="application/octet-stream",
                            on_click="ignore", type="primary")
-    elif job.status == jobs.CANCELLED and job.version is not None:
+    elif job.status == CANCELLED and job.version is not None:
         svc, version = services(), job.version
         st.download_button(f"Download v{version}.keras", key="model_build",
                            data=lambda: model_bytes(svc, job.job_id, version)[0],

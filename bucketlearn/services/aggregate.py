@@ -40,7 +40,20 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import Evaluation, Job, Version, decide_after_fold
+from bucketlearn.domain.job import (
+    DONE,
+    EXPORTING,
+    RUNNING,
+    TRAINING,
+    Evaluation,
+    Job,
+    Version,
+    decide_after_fold,
+    ending_fields,
+    is_terminal,
+    round_key,
+)
+from bucketlearn.domain.job import FAILED as JOB_FAILED
 from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.domain.target import REGRESSION
@@ -195,13 +208,13 @@ class JobAggregator:
         if job is None or job.is_terminal:
             self._settle_ended(job)
             return False
-        if job.phase == jobs.EXPORTING:
+        if job.phase == EXPORTING:
             export_final(self.svc, job)
             job = self.refresh()
             if job is None or job.is_terminal:
                 self._settle_ended(job)
             return False
-        if job.phase != jobs.TRAINING:
+        if job.phase != TRAINING:
             return False
         if not job.is_published:
             publish_round(self.svc, job)
@@ -313,7 +326,7 @@ class JobAggregator:
         assert job is not None
         self.evaluations.clear()
         self.usage.clear()
-        if job.phase == jobs.TRAINING and job.status == jobs.RUNNING:
+        if job.phase == TRAINING and job.status == RUNNING:
             if chained is not None:
                 seconds = float(chained.stats.get("train_seconds") or 0.0)
                 self.chain = Chain(job.round_key, chained.worker_id, self.svc.clock()
@@ -367,7 +380,7 @@ class JobAggregator:
         if evaluation is not None:
             new_head = new_head.with_evaluation(evaluation)
         job_fields: dict[str, Any] = {
-            "version": new_version, "status": jobs.RUNNING, "updated_at": now,
+            "version": new_version, "status": RUNNING, "updated_at": now,
             "tasks_applied": job.tasks_applied + len(results), "tasks_failed": tasks_failed,
             "samples_seen": job.samples_seen + samples,
             "delta_norm": fold.running_norm(job.delta_norm, results),
@@ -383,8 +396,8 @@ class JobAggregator:
                                   failures[0]["error"] if failures else None, now)
         job_fields.update(after.job_fields)
         if after.training_continues:  # the next round's publish record, in this commit
-            following = jobs.round_key(after.job_fields.get("epoch", job.epoch),
-                                       after.job_fields["round"])
+            following = round_key(after.job_fields.get("epoch", job.epoch),
+                                  after.job_fields["round"])
             job_fields.update(published=following, published_at=now,
                               chained_by=chained.worker_id if chained else None)
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
@@ -527,8 +540,8 @@ class JobAggregator:
         self.evaluations.append(evaluation)
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id, jobs.ending_fields(
-                    jobs.FAILED, now, error=reason, health=self.health))[0]:
+            if jobs.end_job(self.svc.registry, job.job_id, ending_fields(
+                    JOB_FAILED, now, error=reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason
@@ -795,10 +808,10 @@ def export_final(svc: Services, job: Job) -> None:
                                        manifest.classes, found.loss, rate))
     if problem is not None:
         if jobs.end_job(svc.registry, job.job_id,
-                        jobs.ending_fields(jobs.FAILED, now, error=problem))[0]:
+                        ending_fields(JOB_FAILED, now, error=problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
         return
-    if jobs.is_terminal(svc.registry.get_job(job.job_id)):
+    if is_terminal(svc.registry.get_job(job.job_id)):
         log.info("job %s ended during its final evaluation: not exported", job.job_id)
         return
     figures = _figures(found, runtime.spec.regression)
@@ -811,8 +824,8 @@ def export_final(svc: Services, job: Job) -> None:
     head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
-    ended, current = jobs.end_job(svc.registry, job.job_id, jobs.ending_fields(
-        jobs.DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
+    ended, current = jobs.end_job(svc.registry, job.job_id, ending_fields(
+        DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=_added(job.usage, used),  # the export's too
     ))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)

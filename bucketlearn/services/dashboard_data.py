@@ -31,6 +31,7 @@ import pandas as pd
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services, google_services
 from bucketlearn.config import OPTION_SPECS, parse_option
+from bucketlearn.domain import job as jobs
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.forecast import duration_text, plan_lines
@@ -39,7 +40,7 @@ from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.ports import BlobStore, Registry
-from bucketlearn.services import jobs
+from bucketlearn.services.status import status_object
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
 # What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
@@ -285,7 +286,7 @@ def versions_note(job: Job, versions: list[Version]) -> str:
 def job_summary(job: Job, versions: list[Version], now: float
                 ) -> dict[str, Any]:
     """The headline numbers of the job page."""
-    status = jobs.status_object(job)
+    status = status_object(job)
     options = job.options
     return {
         **status,
