@@ -16,10 +16,9 @@ import streamlit as st
 
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, Version, is_terminal
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.errors import ConfigError
-from bucketlearn.services import jobs
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.dashboard import (
     actions,
@@ -142,7 +141,7 @@ def jobs_overview() -> None:
             "eta": "ETA",
             "reason": st.column_config.TextColumn("reason", width="large"),
         })
-    for row in [r for r in rows if r["status"] == jobs.REJECTED][:5]:
+    for row in [r for r in rows if r["status"] == REJECTED][:5]:
         st.error(f"**{plain(row['job_id'])}** was rejected: {plain(row['reason'])}")
 
 
@@ -194,7 +193,7 @@ def cancel_controls(job: Job) -> None:
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
         (st.success if said[1] == "success" else st.error)(plain(said[2]))
-    if jobs.is_terminal(job):
+    if is_terminal(job):
         return
     if st.session_state.get("cancel_asked") != job_id:
         st.button("Cancel job", key="cancel_job", on_click=ask_to_cancel, args=(job_id,))
@@ -228,14 +227,14 @@ def job_page() -> None:
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
     st.caption(f"{plain(s['source'])}{when}")
     cancel_controls(job)
-    if s["status"] == jobs.REJECTED:
+    if s["status"] == REJECTED:
         st.error(f"Rejected: {plain(s['reason'])}")
         st.table(pd.DataFrame(jobs_list.rejection_details(job)).map(plain))  # cells are Markdown
         options_tab(job)
         return
-    if s["status"] == jobs.FAILED:
+    if s["status"] == FAILED:
         st.error(f"Failed: {plain(s['reason'])}")
-    if s["status"] == jobs.CANCELLED:
+    if s["status"] == CANCELLED:
         st.warning(f"Cancelled: {plain(s['reason'])}")
     metric_row(headline.headline_metrics(s))
     if s.get("warning"):
@@ -403,7 +402,7 @@ def model_tab(job: Job, versions: list[Version]) -> None:
                                                              choice.path),
                            file_name=choice.file_name, mime="application/octet-stream",
                            on_click="ignore", type="primary")
-    elif job.status == jobs.CANCELLED and job.version is not None:
+    elif job.status == CANCELLED and job.version is not None:
         svc, version = services(), job.version
         st.download_button(f"Download v{version}.keras", key="model_build",
                            data=lambda: model_bytes(svc, job.job_id, version)[0],

@@ -13,7 +13,8 @@ from typing import Any
 
 from benchmarks.harness.paths import DIGITS
 from benchmarks.harness.procs import log
-from bucketlearn.services.jobs import is_terminal, wait_terminal
+from bucketlearn.domain.job import is_terminal
+from bucketlearn.services.waiting import wait_terminal
 
 
 def unique_prefix(label: str) -> str:

@@ -119,6 +119,7 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     from bucketlearn import codec, layout
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.config import JobOptions
+    from bucketlearn.domain.job import is_terminal
     from bucketlearn.services import jobs
     from bucketlearn.services.aggregate import aggregate_job
     from bucketlearn.services.upload import StorageEvent, handle_upload
@@ -148,7 +149,7 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
 
     aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
     elapsed = 0.0
-    while (job := svc.registry.get_job(job_id)).epoch == 1 and not jobs.is_terminal(job):
+    while (job := svc.registry.get_job(job_id)).epoch == 1 and not is_terminal(job):
         for index in jobs.current_round_tasks(job):
             write_result(index, int(job.version))
         t = time.perf_counter()

@@ -107,10 +107,10 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
     compute (``train_seconds``) for the projection."""
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    regression = any(v.holdout_rmse is not None for v in versions)
-    evaluated = [(v.created_at - t0, float(v.holdout_rmse if regression else v.holdout_accuracy))
-                 for v in versions
-                 if (v.holdout_rmse if regression else v.holdout_accuracy) is not None]
+    regression = any(v.figure("holdout_rmse") is not None for v in versions)
+    metric = "holdout_rmse" if regression else "holdout_accuracy"
+    evaluated = [(v.created_at - t0, float(v.figure(metric)))
+                 for v in versions if v.figure(metric) is not None]
     rounds = [[float(s.get("train_seconds") or 0.0) for s in v.task_stats.values()]
               for v in versions[1:] if v.task_stats]
     first = min((v.created_at for v in versions[1:]), default=t0)

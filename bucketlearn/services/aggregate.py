@@ -38,7 +38,18 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import Evaluation, Job, Version, decide_after_fold
+from bucketlearn.domain.job import (
+    EXPORTING,
+    RUNNING,
+    TRAINING,
+    Evaluation,
+    Job,
+    Version,
+    decide_after_fold,
+    ending_fields,
+    round_key,
+)
+from bucketlearn.domain.job import FAILED as JOB_FAILED
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.domain.usage import added
 from bucketlearn.events import Outcome
@@ -143,13 +154,13 @@ class JobAggregator:
         if job is None or job.is_terminal:
             self._settle_ended(job)
             return False
-        if job.phase == jobs.EXPORTING:
+        if job.phase == EXPORTING:
             export_final(self.svc, job)
             job = self.refresh()
             if job is None or job.is_terminal:
                 self._settle_ended(job)
             return False
-        if job.phase != jobs.TRAINING:
+        if job.phase != TRAINING:
             return False
         if not job.is_published:
             publish_round(self.svc, job)
@@ -261,7 +272,7 @@ class JobAggregator:
         assert job is not None
         self.evaluations.clear()
         self.usage.clear()
-        if job.phase == jobs.TRAINING and job.status == jobs.RUNNING:
+        if job.phase == TRAINING and job.status == RUNNING:
             if chained is not None:
                 seconds = float(chained.stats.get("train_seconds") or 0.0)
                 self.chain = Chain(job.round_key, chained.worker_id, self.svc.clock()
@@ -315,7 +326,7 @@ class JobAggregator:
         if evaluation is not None:
             new_head = new_head.with_evaluation(evaluation)
         job_fields: dict[str, Any] = {
-            "version": new_version, "status": jobs.RUNNING, "updated_at": now,
+            "version": new_version, "status": RUNNING, "updated_at": now,
             "tasks_applied": job.tasks_applied + len(results), "tasks_failed": tasks_failed,
             "samples_seen": job.samples_seen + samples,
             "delta_norm": fold.running_norm(job.delta_norm, results),
@@ -331,8 +342,8 @@ class JobAggregator:
                                   failures[0]["error"] if failures else None, now)
         job_fields.update(after.job_fields)
         if after.training_continues:  # the next round's publish record, in this commit
-            following = jobs.round_key(after.job_fields.get("epoch", job.epoch),
-                                       after.job_fields["round"])
+            following = round_key(after.job_fields.get("epoch", job.epoch),
+                                  after.job_fields["round"])
             job_fields.update(published=following, published_at=now,
                               chained_by=chained.worker_id if chained else None)
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
@@ -429,8 +440,8 @@ class JobAggregator:
         self.evaluations.append(evaluation)
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id, jobs.ending_fields(
-                    jobs.FAILED, now, error=reason, health=self.health))[0]:
+            if jobs.end_job(self.svc.registry, job.job_id, ending_fields(
+                    JOB_FAILED, now, error=reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason

@@ -35,6 +35,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.job import FAILED, TRAINING, ending_fields
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage
@@ -184,7 +185,7 @@ class _JobSlot:
         reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"[:2000]
         log.error("job %s: %s", self.job_id, reason)
         jobs.end_job(self.service.svc.registry, self.job_id,
-                     jobs.ending_fields(jobs.FAILED, now, error=reason))
+                     ending_fields(FAILED, now, error=reason))
         self.aggregator.job = self.aggregator.refresh()
         self.aggregator.step()  # the job has ended: its messages are settled, it is wound up
 
@@ -281,7 +282,7 @@ class AggregatorService:
         taken = []
         for job in active:
             slot = self.slots.get(job.job_id)
-            if (slot is not None and not slot.ended.is_set()) or job.phase != jobs.TRAINING \
+            if (slot is not None and not slot.ended.is_set()) or job.phase != TRAINING \
                     or not job.is_published:
                 continue
             try:
@@ -314,7 +315,7 @@ class AggregatorService:
         """After a takeover: the current round's tasks with no result heard, published again
         (the previous holder may have died between a commit and its publish)."""
         job = slot.aggregator.job
-        if job is None or job.is_terminal or job.phase != jobs.TRAINING or not job.is_published:
+        if job is None or job.is_terminal or job.phase != TRAINING or not job.is_published:
             return
         heard = {ref.task_index for ref in list_deltas(self.svc, job.job_id, job.epoch)}
         missing = [t for t in jobs.current_round_tasks(job) if t not in heard]

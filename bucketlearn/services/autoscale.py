@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
+from bucketlearn.domain.job import TRAINING, is_terminal
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
 from bucketlearn.services import jobs
@@ -66,7 +67,7 @@ def outstanding_tasks(registry: Registry) -> int:
     that would wait). Every job that has not ended counts, however many newer ones exist."""
     total = 0
     for job in registry.list_active_jobs():
-        if jobs.is_terminal(job) or job.phase != jobs.TRAINING or not job.plan:
+        if is_terminal(job) or job.phase != TRAINING or not job.plan:
             continue
         if job.epoch < 1 or not job.is_published:
             continue

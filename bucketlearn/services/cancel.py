@@ -4,7 +4,7 @@ Cancelling is one conditional write to the job document (``jobs.end_job``): any 
 not ended becomes CANCELLED, with who cancelled it, when and why. Everything else follows from
 CANCELLED being terminal: workers acknowledge the job's tasks without training them
 (``worker.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
-version onto it (``jobs.commit_refusal``, so a fold already in flight cannot advance it), the
+version onto it (``domain.job.commit_refusal``, so a fold already in flight cannot advance it), the
 export does not mark it DONE, a split in progress does not make it trainable
 (``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
 tasks. The cancel announces itself to the aggregator (a nudge on the results topic), which
@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bucketlearn.bootstrap import Services
+from bucketlearn.domain.job import CANCELLED, ending_fields
 from bucketlearn.errors import NotFoundError, bounded
 from bucketlearn.services import jobs
 
@@ -64,8 +65,8 @@ def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
     by = bounded(by.strip() or "someone", MAX_REASON_CHARS)
     reason = bounded(reason.strip(), MAX_REASON_CHARS) if reason and reason.strip() else None
     sentence = f"cancelled by {by} at {utc_text(now)}" + (f": {reason}" if reason else "")
-    return jobs.ending_fields(jobs.CANCELLED, now, error=sentence, cancelled_at=now,
-                              cancelled_by=by, cancel_reason=reason)
+    return ending_fields(CANCELLED, now, error=sentence, cancelled_at=now,
+                         cancelled_by=by, cancel_reason=reason)
 
 
 def _tell_the_aggregator(svc: Services, job_id: str, by: str) -> None:
@@ -109,11 +110,11 @@ def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -
                 f"{job_id}" if version is not None else "it had no model version yet")
         log.warning("job %s cancelled by %s (was %s, %s at v%s)", job_id, by, job.status,
                     job.phase, version)
-        return CancelOutcome(CancelResult.CANCELLED, job_id, jobs.CANCELLED, job.status,
+        return CancelOutcome(CancelResult.CANCELLED, job_id, CANCELLED, job.status,
                              version, f"job {job_id} cancelled (it was {job.status}, "
                                       f"{job.phase}); {kept}")
     status = str(job.status)
-    if status == jobs.CANCELLED:
+    if status == CANCELLED:
         return CancelOutcome(CancelResult.ALREADY_CANCELLED, job_id, status, None, version,
                              f"job {job_id} is already CANCELLED ({job.error})")
     return CancelOutcome(CancelResult.ALREADY_ENDED, job_id, status, None, version,

@@ -21,9 +21,8 @@ import logging
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import CANCELLED, Job
 from bucketlearn.errors import NotFoundError
-from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ def wind_up(svc: Services, job: Job) -> None:
     """Export a cancelled job's head, then delete its work objects, old weights and results."""
     if not job.is_terminal:
         return
-    if job.status == jobs.CANCELLED and job.version is not None and job.model_path is None:
+    if job.status == CANCELLED and job.version is not None and job.model_path is None:
         _export_cancelled(svc, job)
     _delete(svc, svc.settings.work_bucket, layout.job_prefix(job.job_id))
     head = job.head.weights_path if job.head is not None else None
@@ -54,7 +53,7 @@ def _export_cancelled(svc: Services, job: Job) -> None:
                           "application/octet-stream")
     svc.store.write_bytes(bucket, layout.model_path(job.job_id), data,
                           "application/octet-stream")
-    svc.registry.update_job_if(job.job_id, {"status": jobs.CANCELLED},
+    svc.registry.update_job_if(job.job_id, {"status": CANCELLED},
                                {"model_path": layout.model_path(job.job_id)})
     log.info("job %s: cancelled at v%d; that version exported", job.job_id, version)
 

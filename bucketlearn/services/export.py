@@ -13,7 +13,7 @@ from typing import Any
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain import health
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import DONE, FAILED, Job, ending_fields, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added
 from bucketlearn.ml.model import export_keras, model_inputs
@@ -45,10 +45,10 @@ def export_final(svc: Services, job: Job) -> None:
                                        manifest.classes, found.loss, rate))
     if problem is not None:
         if jobs.end_job(svc.registry, job.job_id,
-                        jobs.ending_fields(jobs.FAILED, now, error=problem))[0]:
+                        ending_fields(FAILED, now, error=problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
         return
-    if jobs.is_terminal(svc.registry.get_job(job.job_id)):
+    if is_terminal(svc.registry.get_job(job.job_id)):
         log.info("job %s ended during its final evaluation: not exported", job.job_id)
         return
     figures = holdout_figures(found, runtime.spec.regression)
@@ -61,8 +61,8 @@ def export_final(svc: Services, job: Job) -> None:
     head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
-    ended, current = jobs.end_job(svc.registry, job.job_id, jobs.ending_fields(
-        jobs.DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
+    ended, current = jobs.end_job(svc.registry, job.job_id, ending_fields(
+        DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
     ))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)

@@ -47,7 +47,7 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
-from bucketlearn.domain.job import Job, next_round
+from bucketlearn.domain.job import Job, is_terminal, next_round
 from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.faults import crash_point
@@ -71,7 +71,7 @@ def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
     """
     if job is None:
         return "the job is gone"
-    if jobs.is_terminal(job):
+    if is_terminal(job):
         return f"the job is {job.status}"
     if task.base_version < 0 or not (task.weights_path or task.base_digest):
         return "the message names no version to train from"
@@ -426,7 +426,7 @@ class Learner:
         wait = min(self.tuning.chain_confirm_seconds, self.svc.settings.chain_grace_seconds)
         deadline = time.monotonic() + wait
         while True:
-            if job is None or jobs.is_terminal(job) or job.head is None:
+            if job is None or is_terminal(job) or job.head is None:
                 return False
             version = int(job.version or 0)
             if version >= needed:

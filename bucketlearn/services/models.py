@@ -11,9 +11,9 @@ import numpy as np
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import JobOptions
+from bucketlearn.domain.job import DONE, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
-from bucketlearn.services import jobs
 
 
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:
@@ -31,7 +31,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
     if job.version is None:
-        when = "it ended before its first version" if jobs.is_terminal(job) else \
+        when = "it ended before its first version" if is_terminal(job) else \
             "it has no model version yet"
         raise JobStateError(f"job {job_id} is {job.status}: {when}"
                             + (f" ({job.error})" if job.error else ""))
@@ -40,7 +40,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     if not 0 <= wanted <= head:
         raise JobStateError(f"job {job_id}: expected a version from 0 to {head}; found {wanted}")
     bucket = svc.settings.models_bucket
-    exported = layout.model_path(job_id) if (version is None and job.status == jobs.DONE) \
+    exported = layout.model_path(job_id) if (version is None and job.status == DONE) \
         else layout.model_path(job_id, wanted)
     try:
         return svc.store.read_bytes(bucket, exported), wanted
@@ -54,7 +54,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
         weights = runtime.weights(found.weights_path)
         model = runtime.model
     except NotFoundError:
-        if not jobs.is_terminal(job):
+        if not is_terminal(job):
             raise
         raise JobStateError(f"job {job_id} has ended and only its last version is kept: expected "
                             f"a version with an exported model (v{head}); found v{wanted}, "

@@ -22,6 +22,7 @@ from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import FAILED, ResultMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services.status import round_position
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def _record_published(svc: Services, job: Job, key: str) -> bool:
     """Record ``key`` as the job's last published round, only while the job is still where it
     was when the round was published (epoch, round and version), so ``published`` never goes
     back to an older round; False when the job has moved on."""
-    position = jobs.round_position(job)
+    position = round_position(job)
     for _ in range(PUBLISH_RECORD_ATTEMPTS):
         now = svc.clock()
         if svc.registry.update_job_if(job.job_id, position,
@@ -65,7 +66,7 @@ def _record_published(svc: Services, job: Job, key: str) -> bool:
             return True
         # refused: the job moved on, or (Firestore) another write landed between read and write
         current = svc.registry.get_job(job.job_id)
-        if current is None or jobs.round_position(current) != position:
+        if current is None or round_position(current) != position:
             return False
     raise TransientError(f"job {job.job_id}: could not record round {key} as published "
                          f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "

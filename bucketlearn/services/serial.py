@@ -25,6 +25,7 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
 from bucketlearn.config import JobOptions, Limits, Settings
+from bucketlearn.domain.job import is_terminal
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -32,7 +33,6 @@ from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
-from bucketlearn.services import jobs
 from bucketlearn.services.upload import chained_plan
 
 
@@ -104,7 +104,7 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
     for _ in range(1_000_000):
         job = svc.registry.get_job(job_id)
         assert job is not None
-        if jobs.is_terminal(job):
+        if is_terminal(job):
             break
         while len(in_flight) < workers:
             received = svc.queue.pull(0)

@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import FAILED, TRAINING, Job, done_tasks, ending_fields, is_terminal
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
 from bucketlearn.ports import NUDGE, ResultMessage, TaskQueue
 from bucketlearn.services import jobs
@@ -38,7 +38,7 @@ def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
     now = svc.clock() if now is None else now
     actions = []
     for job in svc.registry.list_active_jobs():
-        if jobs.is_terminal(job):
+        if is_terminal(job):
             continue
         try:
             tending = _decide(svc, job, now)
@@ -56,7 +56,7 @@ def _decide(svc: Services, job: Job, now: float) -> Tending | None:
                 job.created_at]
     round_tasks: list[int] = []
     with_result: set[int] = set()
-    if job.phase == jobs.TRAINING and job.plan:
+    if job.phase == TRAINING and job.plan:
         epoch = job.epoch
         round_tasks = list(jobs.current_round_tasks(job))
         with_result = {ref.task_index for ref in list_deltas(svc, job.job_id, epoch)}
@@ -65,7 +65,7 @@ def _decide(svc: Services, job: Job, now: float) -> Tending | None:
                                          jobs.task_doc_id(job.job_id, epoch, task_index))
             if task is not None:
                 activity += [task.started_at or 0.0, task.finished_at or 0.0]
-    return decide(job, round_tasks, jobs.done_tasks(job), with_result, max(activity), now,
+    return decide(job, round_tasks, done_tasks(job), with_result, max(activity), now,
                   svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
 
 
@@ -87,7 +87,7 @@ def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
         svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
     elif tending.action == FAIL:
         svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
-                                   jobs.ending_fields(jobs.FAILED, now, error=tending.reason))
+                                   ending_fields(FAILED, now, error=tending.reason))
         return
     svc.registry.update_job(job_id, {"tended_at": now,
                                      "tendings": job.tendings + 1,
@@ -116,6 +116,6 @@ def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000
 def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool:
     """The task's job is active and the task is neither applied nor failed in its epoch."""
     job = svc.registry.get_job(job_id)
-    if job is None or jobs.is_terminal(job) or job.epoch != epoch:
+    if job is None or is_terminal(job) or job.epoch != epoch:
         return False
-    return task_index not in jobs.done_tasks(job)
+    return task_index not in done_tasks(job)

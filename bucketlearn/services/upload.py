@@ -11,7 +11,19 @@ from bucketlearn.bootstrap import Services
 from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
 from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
-from bucketlearn.domain.job import Head, Job, Version, may_start_training
+from bucketlearn.domain.job import (
+    FAILED,
+    QUEUED,
+    REJECTED,
+    SPLITTING,
+    TRAINING,
+    Head,
+    Job,
+    Version,
+    ending_fields,
+    is_terminal,
+    may_start_training,
+)
 from bucketlearn.domain.plan import (
     OverLimit,
     TrainingPlan,
@@ -43,7 +55,6 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.ports import BlobInfo
-from bucketlearn.services import jobs
 from bucketlearn.services.publish import publish_round
 
 log = logging.getLogger(__name__)
@@ -54,7 +65,7 @@ def new_job(event: StorageEvent, job_id: str, claim: str, now: float, file: str)
     # (a longer name is rejected later; Cloud Storage allows 1024 bytes anyway)
     source = {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
               "generation": event.generation, "size": event.size}
-    return Job(job_id=job_id, status=jobs.QUEUED, phase=jobs.SPLITTING, source=source,
+    return Job(job_id=job_id, status=QUEUED, phase=SPLITTING, source=source,
                file=file, created_at=now, updated_at=now, claimed_at=now, claim=claim)
 
 
@@ -69,22 +80,22 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
     if existing is None:  # gone since the create found it: nothing to take over
         log.info("job %s: its document is gone: duplicate event ignored", job_id)
         return Outcome.DUPLICATE
-    if jobs.is_terminal(existing):  # ended (CANCELLED included): nothing to take over
+    if is_terminal(existing):  # ended (CANCELLED included): nothing to take over
         log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.status)
         return Outcome.DUPLICATE
-    if existing.phase == jobs.SPLITTING:
+    if existing.phase == SPLITTING:
         if now - (existing.claimed_at or 0.0) < svc.settings.lease_seconds:
             raise TransientError(f"job {job_id} is being split by another invocation")
         # the claim as read, renewal included: a splitter that renewed it since is alive
         if not svc.registry.update_job_if(
-                job_id, {"claim": existing.claim, "phase": jobs.SPLITTING,
+                job_id, {"claim": existing.claim, "phase": SPLITTING,
                          "claimed_at": existing.claimed_at},
                 {"claim": claim, "claimed_at": now}):
             raise TransientError(f"job {job_id}: lost the race to take over a stale split")
         log.warning("job %s: taking over a split abandoned since %s", job_id,
                     existing.claimed_at)
         return None
-    if existing.phase == jobs.TRAINING and existing.published is None:
+    if existing.phase == TRAINING and existing.published is None:
         publish_round(svc, existing)  # the invocation that split it died before publishing
         return Outcome.ACCEPTED
     log.info("job %s exists (%s): duplicate event ignored", job_id, existing.status)
@@ -164,7 +175,7 @@ class SplitClaim:
         """
         for _ in range(CLAIM_WRITE_ATTEMPTS):
             if self.svc.registry.update_job_if(
-                    self.job_id, {"claim": self.claim, "phase": jobs.SPLITTING}, fields):
+                    self.job_id, {"claim": self.claim, "phase": SPLITTING}, fields):
                 return True
             if not self.holds():
                 return False
@@ -198,7 +209,7 @@ class SplitClaim:
                  else "no job document")
         return TransientError(
             f"job {self.job_id}: another invocation took over the split, so this one stops; "
-            f"expected claim {self.claim!r} in phase {jobs.SPLITTING!r}; found {found}")
+            f"expected claim {self.claim!r} in phase {SPLITTING!r}; found {found}")
 
 
 def _check_upload(svc: Services, event: StorageEvent, file: str
@@ -384,7 +395,7 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     digest = codec.state_digest(weights, optimizer)
     first = Version(0, weights_path, checksum, created_at=now, digest=digest)
     job_fields = {
-        "phase": jobs.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
+        "phase": TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
         "forecast": {**forecast_plan(plan, manifest.train_rows, batch_size, cost).to_dict(),
                      "model": cost.to_dict(), "made_at": now},
@@ -395,7 +406,7 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
         "usage": {**svc.usage(job_id), "function_invocations": 1.0},
     }
     if not svc.registry.start_training(job_id, claim, job_fields, first):
-        if jobs.is_terminal(svc.registry.get_job(job_id)):
+        if is_terminal(svc.registry.get_job(job_id)):
             return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)
         raise TransientError(f"job {job_id}: another invocation took over the split")
     log.info("job %s: %d tasks per epoch, %d at once (%s)", job_id, plan.tasks_per_epoch,
@@ -417,8 +428,8 @@ def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
             moved on); nothing was written or removed.
     """
     now = svc.clock()
-    if not held.update(jobs.ending_fields(jobs.REJECTED, now, error=problem.describe(),
-                                          error_detail=problem.to_dict())):
+    if not held.update(ending_fields(REJECTED, now, error=problem.describe(),
+                                     error_detail=problem.to_dict())):
         if _ended(svc, held.job_id, f"not rejected ({problem.describe()})"):
             return
         raise held.lost()
@@ -430,7 +441,7 @@ def _ended(svc: Services, job_id: str, what: str) -> bool:
     """The job has ended meanwhile (e.g. cancelled during its split): its ending stands and its
     partial shards go; True. False when it has not (the claim was taken over)."""
     job = svc.registry.get_job(job_id)
-    if not jobs.is_terminal(job):
+    if not is_terminal(job):
         return False
     log.warning("job %s: %s: it ended first (%s)", job_id, what, job.status if job is not None else None)
     _remove_partial_shards(svc, job_id)
@@ -451,7 +462,7 @@ def fail(svc: Services, held: SplitClaim, reason: str) -> None:
     now = svc.clock()
     error = bounded(reason, 2000)
     try:
-        ended = held.update(jobs.ending_fields(jobs.FAILED, now, error=error))
+        ended = held.update(ending_fields(FAILED, now, error=error))
     except BackendRejectedError:
         log.exception("job %s: could not record its failure (%s)", held.job_id, error)
         ended = held.holds()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
-from bucketlearn.services import jobs
+from bucketlearn.domain.job import REJECTED
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes
 
@@ -123,7 +123,7 @@ def test_reupload_during_the_split_is_rejected_without_versions(cloud: Any,
     job = svc.registry.get_job(job_id)
     assert svc.store.opens >= 3
     assert outcome is Outcome.REJECTED, job
-    assert job.status == jobs.REJECTED
+    assert job.status == REJECTED
     assert "the upload was replaced or deleted while it was being read" in job.error
     assert f"expected generation {info.generation} until the split ends" in job.error
     assert f"found: generation {now.generation}" in job.error

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.services import jobs
+from bucketlearn.domain.job import REJECTED, is_terminal
 from bucketlearn.services import upload as split
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -121,7 +121,7 @@ def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: s
     """The REJECTED job's error and error_detail say what the manifest says they say."""
     error, detail = job.error, job.error_detail
     uri = expected_uri(bucket, name)
-    assert job.status == jobs.REJECTED and jobs.is_terminal(job), job
+    assert job.status == REJECTED and is_terminal(job), job
     assert error.startswith(uri), (error, uri)
     assert detail["file"] == uri
     assert (detail["row"], detail["column"]) == (case["row"], case["column"]), detail

@@ -22,14 +22,15 @@ from bucketlearn import codec
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions, Settings
+from bucketlearn.domain.job import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.ports import NUDGE, ResultMessage
-from bucketlearn.services import jobs
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import train_local
 from bucketlearn.services.upload import StorageEvent, handle_upload
+from bucketlearn.services.waiting import wait_terminal
 from tests.unit.helpers import wait_until, write_blobs_csv
 
 TUNING = AggregatorTuning(pull_seconds=0.05, idle_seconds=30.0, error_pause_seconds=0.05)
@@ -132,7 +133,7 @@ def run_job(tmp_path: Path) -> Iterator[Any]:
 
 
 def wait_ended(svc: Any, job_id: str, timeout: float = 120.0) -> Any:
-    job = jobs.wait_terminal(svc.registry, job_id, timeout, poll=0.05)
+    job = wait_terminal(svc.registry, job_id, timeout, poll=0.05)
     assert job is not None and job.is_terminal, f"job not ended after {timeout} s: {job}"
     return job
 
@@ -154,7 +155,7 @@ def test_a_chained_job_is_train_locals_model_with_one_job_write_per_version(run_
     last = versions[-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
                                                             last.weights_path))
-    assert job.status == jobs.DONE, job.error
+    assert job.status == DONE, job.error
     assert [v.version for v in versions] == list(range(len(versions)))
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
     applied = [t for v in versions for t in v.tasks_applied]
@@ -183,7 +184,7 @@ def test_evaluations_travel_with_later_commits(run_job):
     versions = running.svc.registry.list_versions(running.job_id)
     carried = [v for v in versions if v.evaluation is not None]
     evaluated = [v for v in versions if v.figure("holdout_accuracy") is not None]
-    assert job.status == jobs.DONE
+    assert job.status == DONE
     assert carried and all(v.evaluation.version < v.version for v in carried)
     assert {v.evaluation.version for v in carried} <= {v.version for v in evaluated}
     assert job.head.evaluated_version == job.version  # the export's figures are the head's
@@ -202,7 +203,7 @@ def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, 
     simulated = simulate_pipeline(str(tmp_path / "blobs.csv"), options, workers=2)
     # Assert
     versions = running.svc.registry.list_versions(running.job_id)
-    assert job.status == jobs.DONE
+    assert job.status == DONE
     assert [v.digest for v in versions] == [v.digest for v in simulated["versions"]]
     assert all(len(v.tasks_applied) == 2 for v in versions[1:] if v.round is not None
                and (v.round + 1) * 2 <= job.tasks_per_epoch)
@@ -453,7 +454,7 @@ def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
     # Assert
     weights = [i.name for i in svc.store.list(svc.settings.models_bucket,
                                               f"weights/{job.job_id}/")]
-    assert job.status == jobs.DONE and job.version > 2
+    assert job.status == DONE and job.version > 2
     assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job.job_id))) == []
     assert weights == [job.head.weights_path]
     assert svc.store.stat(svc.settings.models_bucket, layout.model_path(job.job_id)) is not None
@@ -487,7 +488,7 @@ def test_a_cancelled_job_is_exported_by_the_aggregator(tmp_path):
     job = svc.registry.get_job(job_id)
     models = svc.settings.models_bucket
     assert not thread.is_alive()
-    assert job.status == jobs.CANCELLED and job.model_path == layout.model_path(job_id)
+    assert job.status == CANCELLED and job.model_path == layout.model_path(job_id)
     assert svc.store.stat(models, layout.model_path(job_id, 0)) is not None
     assert model_bytes(svc, job_id, None) == (svc.store.read_bytes(
         models, layout.model_path(job_id, 0)), 0)
@@ -519,7 +520,7 @@ def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
     # Assert
     job = svc.registry.get_job(job_id)
     assert not thread.is_alive()
-    assert job.status == jobs.FAILED and "BackendRejectedError" in job.error
+    assert job.status == FAILED and "BackendRejectedError" in job.error
     assert "too large" in job.error
 
 

@@ -13,13 +13,14 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, Version, is_terminal, round_key
 from bucketlearn.ports import ResultMessage, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, aggregate_job
 from bucketlearn.services.evaluate import InlineEvaluator
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline, train_local
+from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     deflated_with_bad_stream,
@@ -45,9 +46,9 @@ def test_pipeline_finishes_done(pipeline):
     # Prepare
     job = pipeline["job"]
     # Execute
-    status = jobs.status_object(job)
+    status = status_object(job)
     # Assert
-    assert status["status"] == jobs.DONE
+    assert status["status"] == DONE
     assert status["phase"] == "done"
     assert status["epoch"] == 2 and status["epochs"] == 2
     assert status["tasks_failed"] == 0
@@ -176,7 +177,7 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job.epoch == 2 and job.published == jobs.round_key(2, 0)
+    assert job.epoch == 2 and job.published == round_key(2, 0)
     assert seen and seen[-1] == (job.version, planned)
     assert all(published == 0 for _, published in seen[:-1])
 
@@ -195,13 +196,13 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     train_pending(svc, len(jobs.current_round_tasks(read_at_round_0)))
     aggregate_job(svc, job_id)
     after_fold = svc.registry.get_job(job_id)
-    assert (after_fold.round, after_fold.published) == (1, jobs.round_key(1, 1))
+    assert (after_fold.round, after_fold.published) == (1, round_key(1, 1))
     messages_before = len(svc.queue.published)
     # Execute
     publish_round(svc, read_at_round_0)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job.published == jobs.round_key(1, 1)
+    assert job.published == round_key(1, 1)
     assert job.published_at == after_fold.published_at
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
     stale = svc.queue.published[messages_before:]
@@ -484,7 +485,7 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     assert result is Outcome.ACCEPTED
     assert [(m.epoch, m.task_index) for m in republished] == [(task.epoch, task.task_index)]
     assert svc.store.stat(bucket, bad_path) is None
-    assert job.version == 0 and not jobs.is_terminal(job)
+    assert job.version == 0 and not is_terminal(job)
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED  # nothing left to trip over
 
 
@@ -509,10 +510,10 @@ JOB = "j-000000000000"
 def registry():
     """A MemoryRegistry holding one job at version 0, epoch 1 round 0 (rounds of 2 tasks)."""
     reg = MemoryRegistry()
-    reg.create_job(Job.from_doc({"job_id": JOB, "phase": jobs.SPLITTING, "claim": "c", "version": None}))
+    reg.create_job(Job.from_doc({"job_id": JOB, "phase": SPLITTING, "claim": "c", "version": None}))
     plan = {"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 4, "epochs": 2,
             "serial_steps": 16, "decided": "test"}
-    started = reg.start_training(JOB, "c", {"phase": jobs.TRAINING, "version": 0, "epoch": 1,
+    started = reg.start_training(JOB, "c", {"phase": TRAINING, "version": 0, "epoch": 1,
                                             "round": 0, "plan": plan}, Version(0, "w0"))
     assert started
     return reg
@@ -635,12 +636,12 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     1 to R = 3 learners; the suggestion among them) and the status shows what it measured
     beside it, as ``status --json``, the CLI and the dashboard say it."""
     # Prepare
-    from bucketlearn.entrypoints import cli
+    from bucketlearn.entrypoints.cli import printing
     from bucketlearn.services.dashboard import headline, throughput
 
     job = pipeline["job"]
     # Execute
-    status = jobs.status_object(job)
+    status = status_object(job)
     # Assert
     found, measured = status["forecast"], status["actual"]
     assert status["plan"]["parallel_tasks"] == 3
@@ -651,7 +652,7 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     assert measured["training_seconds"] == pytest.approx(job.finished_at - found["made_at"],
                                                     abs=1e-3)
     assert measured["training_seconds"] > 0 and measured["seconds_left"] is None
-    cli.print_status(status)
+    printing.print_status(status)
     out = capsys.readouterr().out
     assert "plan:      3 task(s) a round of about 2 steps" in out
     assert f"forecast:  {found['summary']}" in out and "actual:    " in out

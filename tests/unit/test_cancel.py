@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.domain.job import CANCELLED, DONE, RUNNING, is_terminal
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import export as export_service
@@ -20,7 +21,9 @@ from bucketlearn.services.autoscale import outstanding_tasks
 from bucketlearn.services.cancel import CancelResult, cancel_job
 from bucketlearn.services.learn import Decision, Learner, skip_reason
 from bucketlearn.services.models import model_bytes, predict_file
+from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services.waiting import wait_terminal
 from tests.unit.helpers import csv_bytes, write_blobs_csv
 from tests.unit.steps import run_rounds, start_job, train_pending
 
@@ -38,7 +41,7 @@ def running(tmp_path: Path) -> tuple[Any, str]:
     train_pending(svc, round_size(svc, job_id))
     aggregator.aggregate_job(svc, job_id)
     job = svc.registry.get_job(job_id)
-    assert (job.status, job.version) == (jobs.RUNNING, 1) and len(svc.queue) == 2
+    assert (job.status, job.version) == (RUNNING, 1) and len(svc.queue) == 2
     return svc, job_id
 
 
@@ -57,12 +60,12 @@ def test_cancel_ends_a_running_job_saying_who_when_and_why(running):
     assert (outcome.previous_status, outcome.status, outcome.version) == ("RUNNING",
                                                                            "CANCELLED", 1)
     assert f"job {job_id} cancelled" in outcome.message and "v1" in outcome.message
-    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
-    assert jobs.is_terminal(job) and job.finished_at == job.cancelled_at
+    assert (job.status, job.phase) == (CANCELLED, "cancelled")
+    assert is_terminal(job) and job.finished_at == job.cancelled_at
     assert (job.cancelled_by, job.cancel_reason) == (BY, "wrong file")
     assert job.error.startswith(f"cancelled by {BY} at 20") and job.error.endswith(
         " UTC: wrong file")
-    status = jobs.status_object(job)
+    status = status_object(job)
     assert (status["status"], status["version"], status["cancelled_by"]) == ("CANCELLED", 1, BY)
 
 
@@ -121,7 +124,7 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.ACCEPTED
-    assert (job.status, job.version) == (jobs.CANCELLED, 1)
+    assert (job.status, job.version) == (CANCELLED, 1)
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert applied_indices(svc, job_id) == [0, 1]
     assert len(svc.queue.published) == published
@@ -146,7 +149,7 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
     aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job.status, job.version) == (jobs.CANCELLED, 1)
+    assert (job.status, job.version) == (CANCELLED, 1)
     assert job.head.version == 1
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0, 1]
     assert applied_indices(svc, job_id) == [0, 1]
@@ -179,7 +182,7 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     job = svc.registry.get_job(job_id)
     models = svc.settings.models_bucket
     assert exporting, "the export never ran"
-    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
+    assert (job.status, job.phase) == (CANCELLED, "cancelled")
     assert job.model_path == layout.model_path(job_id) and job.finished_at is not None
     assert svc.store.stat(models, layout.model_path(job_id, job.version)) is not None
 
@@ -204,7 +207,7 @@ def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tm
     run_rounds(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job.status, job.phase) == (jobs.CANCELLED, "cancelled")
+    assert (job.status, job.phase) == (CANCELLED, "cancelled")
     assert job.model_path == layout.model_path(job_id)
     assert model_bytes(svc, job_id, None)[1] == job.version
 
@@ -238,7 +241,7 @@ def test_cancel_of_a_job_that_has_ended_is_refused_clearly(tmp_path):
     svc, job_id = start_job(tmp_path, epochs=1)
     run_rounds(svc, job_id)
     done = svc.registry.get_job(job_id)
-    assert done.status == jobs.DONE
+    assert done.status == DONE
     # Execute
     outcome = cancel_job(svc, job_id, BY)
     # Assert
@@ -302,7 +305,7 @@ def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (outcome, again) == (Outcome.CANCELLED, Outcome.DUPLICATE)
-    assert (job.status, job.phase, job.version) == (jobs.CANCELLED, "cancelled", None)
+    assert (job.status, job.phase, job.version) == (CANCELLED, "cancelled", None)
     assert job.cancel_reason == "during the split"
     assert svc.queue.published == []
     assert svc.registry.list_versions(job_id) == []
@@ -325,7 +328,7 @@ def test_a_problem_found_after_a_cancel_does_not_overwrite_it(monkeypatch):
     _, job_id = handle_upload(svc, event)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert (job.status, job.cancel_reason) == (jobs.CANCELLED, "during the split")
+    assert (job.status, job.cancel_reason) == (CANCELLED, "during the split")
     assert job.error_detail is None
 
 
@@ -349,6 +352,6 @@ def test_wait_terminal_returns_on_cancelled(running):
     cancel_job(svc, job_id, BY)
     started = time.monotonic()
     # Execute
-    job = jobs.wait_terminal(svc.registry, job_id, timeout=5, poll=0.01)
+    job = wait_terminal(svc.registry, job_id, timeout=5, poll=0.01)
     # Assert
-    assert job.status == jobs.CANCELLED and time.monotonic() - started < 1
+    assert job.status == CANCELLED and time.monotonic() - started < 1

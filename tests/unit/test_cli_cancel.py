@@ -1,5 +1,5 @@
 """``bucketlearn cancel`` and how the other commands treat a CANCELLED job (issue #14, item 11):
-messages and exit codes, on the in-memory ports (the CLI's ``services`` replaced)."""
+messages and exit codes, on the in-memory ports (the CLI's ``common.services`` replaced)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from bucketlearn.domain.job import CANCELLED, DONE
 from bucketlearn.entrypoints import cli
-from bucketlearn.services import jobs
+from bucketlearn.entrypoints.cli import common, job_commands
 from tests.unit.steps import run_rounds, start_job, train_pending
 
 
@@ -22,8 +23,8 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
     from bucketlearn.services.aggregate import aggregate_job
 
     aggregate_job(svc, job_id)
-    monkeypatch.setattr(cli, "services", lambda settings=None: svc)
-    monkeypatch.setattr(cli, "canceller", lambda: "alice@laptop (bucketlearn cancel)")
+    monkeypatch.setattr(common, "services", lambda settings=None: svc)
+    monkeypatch.setattr(job_commands, "canceller", lambda: "alice@laptop (bucketlearn cancel)")
     return svc, job_id
 
 
@@ -34,11 +35,11 @@ def test_cancel_says_what_it_did_and_exits_0(job, capsys):
     code = cli.main(["cancel", job_id, "--reason", "wrong file"])
     # Assert
     out = capsys.readouterr().out
-    assert code == cli.EXIT_OK == 0
+    assert code == common.EXIT_OK == 0
     assert f"job {job_id} cancelled (it was RUNNING, training)" in out
     assert f"its last version, v1, stays downloadable: bucketlearn download {job_id}" in out
     stored = svc.registry.get_job(job_id)
-    assert stored.status == jobs.CANCELLED and stored.cancel_reason == "wrong file"
+    assert stored.status == CANCELLED and stored.cancel_reason == "wrong file"
     assert stored.cancelled_by == "alice@laptop (bucketlearn cancel)"
 
 
@@ -60,23 +61,23 @@ def test_cancel_of_a_finished_job_exits_6_saying_it_is_done(tmp_path, monkeypatc
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1)
     run_rounds(svc, job_id)
-    monkeypatch.setattr(cli, "services", lambda settings=None: svc)
+    monkeypatch.setattr(common, "services", lambda settings=None: svc)
     # Execute
     code = cli.main(["cancel", job_id])
     # Assert
     captured = capsys.readouterr()
-    assert code == cli.EXIT_ALREADY_ENDED == 6
+    assert code == common.EXIT_ALREADY_ENDED == 6
     assert captured.err.startswith(f"job {job_id} is already DONE; only a job that has not "
                                    "ended can be cancelled")
     assert captured.out == ""
-    assert svc.registry.get_job(job_id).status == jobs.DONE
+    assert svc.registry.get_job(job_id).status == DONE
 
 
 def test_cancel_of_an_unknown_job_exits_1(job, capsys):
     # Execute
     code = cli.main(["cancel", "nope-000000000000"])
     # Assert
-    assert code == cli.EXIT_JOB_FAILED == 1
+    assert code == common.EXIT_JOB_FAILED == 1
     assert "error: job nope-000000000000: no such job" in capsys.readouterr().err
 
 
@@ -87,10 +88,10 @@ def test_submit_wait_ends_with_exit_5_for_a_cancelled_job(job, capsys):
     cli.main(["cancel", job_id])
     capsys.readouterr()
     # Execute
-    code = cli.follow(svc, job_id, timeout=5, as_json=True)
+    code = job_commands.follow(svc, job_id, timeout=5, as_json=True)
     # Assert
     status = json.loads(capsys.readouterr().out)
-    assert code == cli.EXIT_CANCELLED == 5
+    assert code == common.EXIT_CANCELLED == 5
     assert status["status"] == "CANCELLED" and status["version"] == 1
     assert status["cancelled_by"] == "alice@laptop (bucketlearn cancel)"
 

@@ -91,6 +91,42 @@ def test_the_layering_contracts_hold() -> None:
     assert result.returncode == 0
 
 
+def test_services_jobs_re_exports_nothing() -> None:
+    """``services.jobs`` offers only what it defines (issue #27): every name taken from it,
+    ``from bucketlearn.services.jobs import x`` or ``jobs.x`` after ``from bucketlearn.services
+    import jobs``, is one of its own; a job's vocabulary comes from ``bucketlearn.domain.job``,
+    the status object from ``services.status``, ``wait_terminal`` from ``services.waiting``."""
+    # Prepare
+    module = ast.parse((CORE / "services" / "jobs.py").read_text(encoding="utf-8"))
+    own = {node.name for node in module.body
+           if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+    own |= {target.id for node in module.body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)}
+    declared = next(node.value for node in module.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "__all__" for t in node.targets))
+    # Execute
+    taken = []
+    for root in ("bucketlearn", "benchmarks", "dashboard", "functions", "workers", "tests"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            aliases = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "bucketlearn.services.jobs":
+                    taken += [(path, alias.name) for alias in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module == "bucketlearn.services":
+                    aliases |= {alias.asname or alias.name for alias in node.names
+                                if alias.name == "jobs"}
+            taken += [(path, node.attr) for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                      and node.value.id in aliases]
+    # Assert
+    assert len(taken) > 10  # the walk found the modules that use it
+    assert sorted(ast.literal_eval(declared)) == sorted(own - {"__all__"})
+    offenders = sorted(f"{path.relative_to(ROOT)}: {name}" for path, name in taken
+                       if name not in own)
+    assert not offenders, f"names taken from services.jobs that it does not define: {offenders}"
+
+
 def test_no_test_module_imports_another_test_module() -> None:
     """Shared test code lives in helper modules (``tests/unit/helpers.py``, ``steps.py``, the
     conftests), never in a ``test_*.py`` another module imports."""

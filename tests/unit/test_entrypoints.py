@@ -22,10 +22,10 @@ from bucketlearn.adapters.firestore import FirestoreRegistry
 from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
+from bucketlearn.domain.job import FAILED, is_terminal
 from bucketlearn.entrypoints import functions as entrypoints
 from bucketlearn.errors import BackendRejectedError, TransientError
 from bucketlearn.local.relay import cloudevent_for
-from bucketlearn.services import jobs
 from tests.unit.helpers import csv_bytes
 
 
@@ -59,7 +59,7 @@ def test_document_over_1_mib_fails_the_job_and_acks_the_event(caplog):
     # Assert
     job = svc.registry.get_job(job_id)
     assert answer == "failed"
-    assert job.status == jobs.FAILED and jobs.is_terminal(job)
+    assert job.status == FAILED and is_terminal(job)
     assert job.error.startswith(f"gs://{svc.settings.uploads_bucket}/many-classes.csv: a "
                                    "backend refused to store the job's state")
     assert f"expected a document of at most {FIRESTORE_MAX_DOCUMENT_BYTES} bytes" in job.error

@@ -14,10 +14,11 @@ import pytest
 from bucketlearn import codec
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import DONE, Job
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
 from bucketlearn.entrypoints import cli
+from bucketlearn.entrypoints.cli import common
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ml.training import (
     EPSILON,
@@ -27,9 +28,9 @@ from bucketlearn.ml.training import (
     shuffle_rows,
     train_task,
 )
-from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import aggregate_job
 from bucketlearn.services.serial import simulate_pipeline, train_local
+from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import StorageEvent, handle_upload
 from tests.unit.helpers import write_imbalanced_csv
 from tests.unit.steps import train_pending
@@ -159,7 +160,7 @@ def test_balanced_training_is_the_same_in_the_pipeline_and_in_train_local(imbala
                                                               parallel_tasks=1))
     # Assert
     head = run["job"].head
-    assert run["job"].status == jobs.DONE and run["job"].options["class_weight"] == "balanced"
+    assert run["job"].status == DONE and run["job"].options["class_weight"] == "balanced"
     assert _final_weights(run) == [np.asarray(w).tobytes() for w in serial.weights]
     assert _final_weights(plain) != _final_weights(run)
     assert head.holdout_accuracy == serial.accuracy
@@ -179,7 +180,7 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     job, versions = run["job"], run["versions"]
     head = job.head
     rows = confusion_rows(head.holdout_report)
-    assert job.status == jobs.DONE
+    assert job.status == DONE
     assert sum(map(sum, rows)) == job.final_holdout_rows == 80
     assert head.holdout_accuracy == (rows[0][0] + rows[1][1]) / 80
     assert head.holdout_majority_accuracy == 68 / 80
@@ -189,7 +190,7 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     for v in evaluated:
         assert v.figure("holdout_report")["classes"] == 2 and not v.figure("holdout_report")["truncated"]
         assert v.figure("holdout_macro_f1") is not None and v.figure("holdout_roc_auc") is not None
-    status = jobs.status_object(job)
+    status = status_object(job)
     assert status["beats_majority"] is True and status["warning"] is None
 
 
@@ -209,7 +210,7 @@ def hopeless_job(tmp_path, monkeypatch) -> tuple[Any, str]:
     assert job_id is not None
     train_pending(svc, 2)
     aggregate_job(svc, job_id)
-    monkeypatch.setattr(cli, "services", lambda settings=None: svc)
+    monkeypatch.setattr(common, "services", lambda settings=None: svc)
     return svc, job_id
 
 
@@ -223,7 +224,7 @@ def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job
     code = cli.main(["status", job_id, "--json"])
     # Assert
     status = json.loads(capsys.readouterr().out)
-    assert code == cli.EXIT_OK and status["version"] == 1
+    assert code == common.EXIT_OK and status["version"] == 1
     assert status["majority_accuracy"] == 36 / 40 and status["majority_class"] == "0"
     assert status["accuracy"] <= status["majority_accuracy"]
     assert status["beats_majority"] is False
@@ -247,7 +248,7 @@ def test_status_prints_a_one_line_warning(hopeless_job, capsys):
     # Assert
     out = capsys.readouterr().out
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]
-    assert code == cli.EXIT_OK
+    assert code == common.EXIT_OK
     assert len(warnings) == 1 and "always answering '0'" in warnings[0]
     assert any(line.startswith("macro-F1:") and "majority baseline 0.9000" in line
                for line in out.splitlines())
@@ -261,7 +262,7 @@ def test_status_of_a_head_evaluated_before_the_figures_existed():
                         "head": {"version": 4, "weights_path": "w", "holdout_accuracy": 0.5,
                                  "holdout_loss": 0.7}})
     # Execute
-    status = jobs.status_object(job)
+    status = status_object(job)
     # Assert
     assert status["accuracy"] == 0.5
     assert status["macro_f1"] is None and status["roc_auc"] is None

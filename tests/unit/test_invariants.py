@@ -215,10 +215,10 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     4 well-separated classes), with a head trained on one part; its runtime's model is built and
     has predicted once, so that what is traced afterwards is the evaluation's own memory."""
     from bucketlearn import codec
+    from bucketlearn.domain.job import EXPORTING, RUNNING
     from bucketlearn.ingest.manifest import Manifest
     from bucketlearn.ml.model import ModelSpec, build_model
     from bucketlearn.ml.training import optimizer_state, train_task
-    from bucketlearn.services import jobs
     from bucketlearn.services.runtime import job_runtime
 
     svc = memory_services()
@@ -252,7 +252,7 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     svc.store.write_bytes(svc.settings.models_bucket, weights_path,
                           codec.encode_state(trained.weights, trained.optimizer),
                           "application/octet-stream")
-    job = Job(job_id, status=jobs.RUNNING, phase=jobs.EXPORTING, version=1,
+    job = Job(job_id, status=RUNNING, phase=EXPORTING, version=1,
               model=spec.to_dict(), options=JobOptions(learning_rate=0.01).to_dict(),
               head=Head(1, weights_path, ""))
     assert svc.registry.create_job(job)
@@ -296,7 +296,7 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     on the whole holdout stream over its parts, one at a time, adding up accuracy, loss and
     class counts; 4x the holdout rows leave the export's peak within 1.3x (before: the whole
     holdout was loaded and concatenated, twice its size at once)."""
-    from bucketlearn.services import jobs
+    from bucketlearn.domain.job import DONE
 
     # Prepare
     small_svc, small_job = exporting_job(16)
@@ -306,7 +306,7 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     large = traced_peak(lambda: export.export_final(large_svc, large_job))
     # Assert
     done = large_svc.registry.get_job(large_job.job_id)
-    assert done.status == jobs.DONE, done.error
+    assert done.status == DONE, done.error
     assert done.final_holdout_rows == 64 * ROWS_PER_PART
     assert done.head.holdout_accuracy > 0.9
     assert large <= 1.3 * small, (small, large)

@@ -11,9 +11,9 @@ import pytest
 from bucketlearn import codec
 from bucketlearn.config import JobOptions
 from bucketlearn.ml.model import export_keras, read_sidecar
-from bucketlearn.services import jobs
 from bucketlearn.services.models import model_bytes, predict_file, serial_sidecar
 from bucketlearn.services.serial import simulate_pipeline, train_local
+from bucketlearn.services.status import status_object
 from tests.unit.helpers import REPO_DIR, csv_bytes, outputs_without_bucketlearn
 
 PENGUINS = REPO_DIR / "data" / "penguins.csv"
@@ -52,7 +52,7 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
     evaluated = [v for v in run["versions"][1:] if v.figure("holdout_rmse") is not None]
     assert len(evaluated) == len(run["versions"]) - 1  # every version has its figures
     # the status object and the head carry them (the DONE head: the whole holdout)
-    status = jobs.status_object(job)
+    status = status_object(job)
     assert status["task"] == "regression" and status["task_reason"].startswith("auto: ")
     assert status["rmse"] == serial.report["rmse"] and status["r2"] == serial.report["r2"]
     assert status["accuracy"] is None and status["warning"] is None and status["classes"] == []

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from bucketlearn.domain.job import Head, Job, Version
 from bucketlearn.entrypoints import cli
-from bucketlearn.services import jobs
+from bucketlearn.entrypoints.cli import printing
 from bucketlearn.services.dashboard import headline, jobs_list, options_data, training
+from bucketlearn.services.status import status_object
 
 DATASET = {"rows": 342, "train_rows": 274, "holdout_rows": 68, "features": 7,
            "label_column": "body_mass_g", "classes": [], "label_kind": "float",
@@ -28,7 +29,7 @@ def regression_job(**fields):
 
 
 def test_the_status_object_has_the_task_and_rmse_mae_r2():
-    status = jobs.status_object(regression_job())
+    status = status_object(regression_job())
     assert status["task"] == "regression" and status["task_reason"].startswith("auto: 94")
     assert (status["rmse"], status["mae"], status["r2"]) == (236.81, 193.93, 0.9133)
     assert status["accuracy"] is None and status["warning"] is None
@@ -38,18 +39,18 @@ def test_the_status_object_has_the_task_and_rmse_mae_r2():
 def test_a_classification_head_stores_no_regression_keys():
     doc = Head(1, "w", "c", holdout_accuracy=0.9, holdout_loss=0.3).to_doc()
     assert "holdout_rmse" not in doc and Head.from_doc(doc).holdout_rmse is None
-    status = jobs.status_object(Job.from_doc({"job_id": "j", "head": doc,
-                                              "dataset": {"classes": ["a"]}}))
+    status = status_object(Job.from_doc({"job_id": "j", "head": doc,
+                                         "dataset": {"classes": ["a"]}}))
     assert status["task"] == "classification" and status["rmse"] is None
 
 
 def test_the_cli_prints_rmse_mae_and_r2(capsys):
-    status = jobs.status_object(regression_job())
-    cli.print_status(status)
+    status = status_object(regression_job())
+    printing.print_status(status)
     out = capsys.readouterr().out
     assert "holdout:   RMSE 236.8, MAE 193.9, R² 0.913" in out
     assert "target:    numeric (auto: 94 distinct" in out and "accuracy:" not in out
-    assert cli.progress_line(regression_job()).endswith("holdout RMSE 236.8, MAE 193.9, R² 0.913")
+    assert printing.progress_line(regression_job()).endswith("holdout RMSE 236.8, MAE 193.9, R² 0.913")
 
 
 def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():

@@ -12,10 +12,9 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import Job, Version, round_key
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.errors import ConfigError
-from bucketlearn.services import jobs
 from bucketlearn.services.autoscale import (
     ScalingPolicy,
     autoscale_once,
@@ -68,7 +67,7 @@ def seed_job(registry: MemoryRegistry, job_id: str, planned: int, status: str = 
                         epochs=1, serial_steps=100, decided="test")
     registry.start_training(job_id, "c", {
         "phase": "training", "version": 0, "epoch": 1, "round": round_index,
-        "published": jobs.round_key(1, round_index) if published else None,
+        "published": round_key(1, round_index) if published else None,
         "plan": plan.to_dict(), "tasks_per_epoch": planned},
         Version(0, "w0"))
     registry.update_job(job_id, {"status": status})

@@ -39,10 +39,10 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain.job import QUEUED
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import jobs
 from bucketlearn.services import upload as split
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
@@ -149,7 +149,7 @@ def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Pa
     # Assert
     assert outcome is Outcome.ACCEPTED
     job = svc.registry.get_job(job_id)
-    assert job.version == 0 and job.status == jobs.QUEUED
+    assert job.version == 0 and job.status == QUEUED
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
     assert [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied] == []
     requeued = svc.queue.published[published_before:]

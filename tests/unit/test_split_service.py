@@ -8,7 +8,15 @@ from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import (
+    QUEUED,
+    REJECTED,
+    SPLITTING,
+    TRAINING,
+    Job,
+    is_terminal,
+    round_key,
+)
 from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -52,11 +60,11 @@ def test_upload_is_accepted_as_one_job(digits_job):
     assert outcome is Outcome.ACCEPTED
     assert job_id == layout.job_id_for(event.bucket, event.name, event.generation)
     assert [j.job_id for j in svc.registry.list_jobs()] == [job_id]
-    assert job.phase == jobs.TRAINING and not jobs.is_terminal(job)
+    assert job.phase == TRAINING and not is_terminal(job)
     assert job.options["epochs"] == 1
     assert job.dataset["rows"] == 1797 and len(job.dataset["classes"]) == 10
     assert job.version == 0 and job.epoch == 1 and job.round == 0
-    assert job.published == jobs.round_key(1, 0)
+    assert job.published == round_key(1, 0)
     assert job.tasks_planned == job.tasks_per_epoch == job.plan["tasks_per_epoch"]
 
 
@@ -151,7 +159,7 @@ def test_bad_csv_is_rejected_and_its_partial_shards_removed():
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
     assert shard_writes, "precondition: some shards were written before the bad row"
     assert outcome is Outcome.REJECTED
-    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.status == REJECTED and is_terminal(job)
     assert job.error_detail["row"] == 149_001
     assert job.error_detail["column"] == "f1"
     assert "row 149001" in job.error and "column 'f1'" in job.error
@@ -172,7 +180,7 @@ def test_small_bad_csv_is_rejected_with_row_and_column():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert job.status == jobs.REJECTED
+    assert job.status == REJECTED
     assert (job.error_detail["row"], job.error_detail["column"]) == (5, "x")
     assert job.error.startswith(f"gs://{event.bucket}/bad.csv, row 5, column 'x'")
     assert work_objects(svc, job_id) == []
@@ -191,7 +199,7 @@ def test_invalid_metadata_is_rejected_naming_the_option():
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
-    assert job.status == jobs.REJECTED
+    assert job.status == REJECTED
     assert "'epochs'" in job.error
     assert "expected a whole number from 1 to 1000" in job.error
     assert "'-1'" in job.error
@@ -265,7 +273,7 @@ def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
     current = svc.store.stat(event.bucket, event.name)
     assert svc.store.opens == 3
     assert outcome is Outcome.REJECTED
-    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.status == REJECTED and is_terminal(job)
     assert job.error.startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
                                    "deleted while it was being read")
     assert f"expected generation {event.generation} until the split ends" in job.error
@@ -292,7 +300,7 @@ def test_a_reupload_of_the_same_name_leaves_the_first_split_its_own_bytes():
     job = svc.registry.get_job(job_id)
     current = svc.store.stat(event.bucket, event.name)
     assert svc.store.opens >= 3 and current.generation != event.generation
-    assert outcome is Outcome.ACCEPTED and job.status == jobs.QUEUED, job.error
+    assert outcome is Outcome.ACCEPTED and job.status == QUEUED, job.error
     assert sorted(job.classes) == ["a", "b"]  # the first upload's labels, not the re-upload's
     second = StorageEvent(current.bucket, current.name, current.generation, current.size)
     assert handle_upload(svc, second)[1] != job_id
@@ -520,7 +528,7 @@ def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(l
     job = svc.registry.get_job(job_id)
     assert len(retried) == 1 and isinstance(retried[0], TransientError), retried
     assert "is being split by another invocation" in str(retried[0])
-    assert outcome is Outcome.ACCEPTED and job.phase == jobs.TRAINING
+    assert outcome is Outcome.ACCEPTED and job.phase == TRAINING
     assert svc.store.opens == 4  # header, the kinds' first block, pass 1, pass 2: one split
     assert svc.store.parts_written > 100
     assert job.claimed_at > started + LEASE  # renewed as the split went on
@@ -545,7 +553,7 @@ def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_c
             clock.now += 2 * LEASE  # this invocation stalls: its claim looks abandoned
             mine = svc.registry.get_job(job_id)
             assert svc.registry.update_job_if(  # what handle_upload's takeover writes
-                job_id, {"claim": mine.claim, "phase": jobs.SPLITTING},
+                job_id, {"claim": mine.claim, "phase": SPLITTING},
                 {"claim": "another-invocation", "claimed_at": clock.now})
             taken["at"] = len(svc.store.names)
 
@@ -561,8 +569,7 @@ def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_c
     assert svc.store.parts_written < 70  # of about 120: it stopped
     assert list(svc.store.list(svc.settings.models_bucket)) == []
     assert svc.queue.published == []
-    assert (job.claim, job.phase, job.status) == ("another-invocation", jobs.SPLITTING,
-                                                           jobs.QUEUED)
+    assert (job.claim, job.phase, job.status) == ("another-invocation", SPLITTING, QUEUED)
     assert "another invocation took over the split" in str(excinfo.value)
     assert "found claim 'another-invocation' in phase 'splitting'" in str(excinfo.value)
 
@@ -598,7 +605,7 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
     assert outcome is Outcome.ACCEPTED
     assert "another invocation took over the split" in str(excinfo.value)
     assert "found claim" in str(excinfo.value) and "in phase 'training'" in str(excinfo.value)
-    assert job.phase == jobs.TRAINING and job.status == jobs.QUEUED
+    assert job.phase == TRAINING and job.status == QUEUED
     assert job.error is None and job.error_detail is None
     assert [i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")] == other[1]
     assert layout.manifest_path(job_id) in work_objects(svc, job_id)
@@ -632,7 +639,7 @@ def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
     assert shard_writes, "precondition: the split wrote shards before the plan was made"
     assert outcome is Outcome.REJECTED
-    assert job.status == jobs.REJECTED and jobs.is_terminal(job)
+    assert job.status == REJECTED and is_terminal(job)
     assert job.error_detail["message"] == "the job would train too many tasks"
     assert job.error_detail["found"] == "20 tasks per epoch × 3 epochs = 60 tasks"
     assert job.error_detail["expected"] == (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bucketlearn.entrypoints import cli
+from bucketlearn.entrypoints.cli import local_commands
 from bucketlearn.local import processes
 from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV
 from bucketlearn.local.stack import Proc, stop_from_state
@@ -79,7 +79,7 @@ def test_local_up_clears_a_dead_stack_first(tmp_path: Path,
     orphan = start_marked(stack_id, "firestore", popens)
     write_dead_state(tmp_path, stack_id, {})
     # Execute
-    running = cli.clear_dead_stack(tmp_path)
+    running = local_commands.clear_dead_stack(tmp_path)
     # Assert
     assert running is None
     assert orphan.wait(timeout=10) is not None

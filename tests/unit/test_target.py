@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryRegistry
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import DONE, RUNNING, Job
 from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.target import (
     CLOUD,
@@ -26,7 +26,7 @@ from bucketlearn.entrypoints.target import (
 )
 from bucketlearn.errors import NoTargetError, TransientError, UnreachableError
 from bucketlearn.local import processes
-from bucketlearn.services import jobs
+from bucketlearn.services.waiting import wait_terminal
 
 HOME = Path("/work/project/.bucketlearn")
 STATE: dict[str, Any] = {
@@ -165,7 +165,7 @@ def a_job(status: str) -> Job:
 
 def test_wait_ends_when_the_check_says_the_stack_is_gone() -> None:
     registry = MemoryRegistry()
-    registry.create_job(a_job(jobs.RUNNING))
+    registry.create_job(a_job(RUNNING))
     calls = []
 
     def check() -> None:
@@ -174,14 +174,14 @@ def test_wait_ends_when_the_check_says_the_stack_is_gone() -> None:
             raise StackGoneError("the local stack is no longer running")
 
     with pytest.raises(StackGoneError):
-        jobs.wait_terminal(registry, "j1", timeout=30, poll=0.01, check=check)
+        wait_terminal(registry, "j1", timeout=30, poll=0.01, check=check)
     assert len(calls) == 3
 
 
 class FlakyRegistry:
     """get_job fails with a TransientError ``failures`` times, then answers."""
 
-    def __init__(self, failures: int, status: str = jobs.DONE) -> None:
+    def __init__(self, failures: int, status: str = DONE) -> None:
         self.failures, self.status = failures, status
 
     def get_job(self, job_id: str) -> Job:
@@ -192,15 +192,15 @@ class FlakyRegistry:
 
 
 def test_wait_rides_out_a_short_registry_outage() -> None:
-    job = jobs.wait_terminal(FlakyRegistry(3), "j1", timeout=30, poll=0.01,
-                             unreachable_after=10.0)
-    assert job is not None and job.status == jobs.DONE
+    job = wait_terminal(FlakyRegistry(3), "j1", timeout=30, poll=0.01,
+                        unreachable_after=10.0)
+    assert job is not None and job.status == DONE
 
 
 def test_wait_gives_up_when_the_registry_stays_unreachable() -> None:
     with pytest.raises(UnreachableError, match="has not answered for"):
-        jobs.wait_terminal(FlakyRegistry(10**9), "j1", timeout=30, poll=0.01,
-                           unreachable_after=0.2)
+        wait_terminal(FlakyRegistry(10**9), "j1", timeout=30, poll=0.01,
+                      unreachable_after=0.2)
 
 
 class StuckRegistry:
@@ -215,7 +215,7 @@ class StuckRegistry:
     def get_job(self, job_id: str) -> Job:
         self.reads += 1
         if self.reads == 1:
-            return a_job(jobs.RUNNING)
+            return a_job(RUNNING)
         self.release.wait(self.hold)
         raise TransientError("firestore get job: RetryError: Timeout of 300.0s exceeded")
 
@@ -231,7 +231,7 @@ def test_a_read_that_retries_longer_than_the_watch_allows_ends_the_wait_in_time(
     # Execute
     try:
         with pytest.raises(UnreachableError, match="still unanswered after") as ended:
-            jobs.wait_terminal(registry, "j1", timeout=30, poll=0.05, unreachable_after=1.0)
+            wait_terminal(registry, "j1", timeout=30, poll=0.05, unreachable_after=1.0)
     finally:
         registry.release.set()
     # Assert
@@ -252,8 +252,8 @@ def test_the_stack_watch_runs_while_a_read_is_stuck() -> None:
     # Execute
     try:
         with pytest.raises(StackGoneError, match="no longer running"):
-            jobs.wait_terminal(registry, "j1", timeout=30, poll=0.05, check=watch.check,
-                               unreachable_after=10.0)
+            wait_terminal(registry, "j1", timeout=30, poll=0.05, check=watch.check,
+                          unreachable_after=10.0)
     finally:
         registry.release.set()
     # Assert

@@ -13,8 +13,8 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.config import JobOptions
 from bucketlearn.domain import fold
+from bucketlearn.domain.job import DONE, FAILED
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline
 from tests.unit.helpers import csv_bytes
@@ -50,7 +50,7 @@ def test_a_nan_delta_is_refused_and_its_task_trained_again(tmp_path: Path) -> No
     # Assert
     job = svc.registry.get_job(job_id)
     versions = svc.registry.list_versions(job_id)
-    assert job.status == jobs.DONE
+    assert job.status == DONE
     assert all(np.isfinite(v.figure("holdout_loss")) for v in versions[1:])
 
 
@@ -84,7 +84,7 @@ def test_a_task_refused_three_times_fails_the_job_with_the_reason(tmp_path: Path
         aggregator.aggregate_job(svc, job_id)
     # Assert
     job = svc.registry.get_job(job_id)
-    assert job.status == jobs.FAILED
+    assert job.status == FAILED
     assert "refused 3 times" in job.error and "not finite" in job.error
     assert job.error.startswith("1 task(s) failed for good")
 
@@ -111,7 +111,7 @@ def test_a_diverging_job_ends_failed_with_advice_not_done(overlapping_csv: Path)
                             workers=2)
     # Assert
     job, svc = out["job"], out["svc"]
-    assert job.status == jobs.FAILED
+    assert job.status == FAILED
     assert "training diverged" in job.error and "learning_rate" in job.error
     assert svc.store.stat(svc.settings.models_bucket, layout.model_path(job.job_id)) is None
 
@@ -124,5 +124,5 @@ def test_the_same_data_at_a_sane_learning_rate_is_done(overlapping_csv: Path) ->
                             workers=2)
     # Assert
     job = out["job"]
-    assert job.status == jobs.DONE and job.head.holdout_accuracy > 0.6
+    assert job.status == DONE and job.head.holdout_accuracy > 0.6
     assert not job.deltas_refused

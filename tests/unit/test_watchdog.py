@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.adapters.memory import MemoryQueue
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import DONE, FAILED, FAILED_PHASE, QUEUED, SPLITTING, Job
 from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
 from bucketlearn.ports import NUDGE
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import jobs
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.tend import drain_dead_letters, tend
 from tests.unit.steps import run_rounds, start_job
@@ -50,7 +49,7 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
     assert [(a["action"], a["tasks"]) for a in actions] == [(REPUBLISH,
                                                              [lost.message.task_index])]
     job = svc.registry.get_job(job_id)
-    assert job.status == jobs.DONE and job.tendings == 1
+    assert job.status == DONE and job.tendings == 1
     applied = [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied]
     assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
 
@@ -76,7 +75,7 @@ def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) ->
     assert [(m.job_id, m.reason.startswith("round e0001r00001 was never published"))
             for m in nudges] == [(job_id, True)]
     assert outcome.value == "accepted"
-    assert svc.registry.get_job(job_id).status == jobs.DONE
+    assert svc.registry.get_job(job_id).status == DONE
 
 
 def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
@@ -94,7 +93,7 @@ def test_a_dead_lettered_task_becomes_a_failure_marker(tmp_path: Path) -> None:
     # Assert
     job = svc.registry.get_job(job_id)
     assert (written, again, len(dead)) == (1, 0, 0)
-    assert job.status == jobs.FAILED and "dead-lettered" in job.error
+    assert job.status == FAILED and "dead-lettered" in job.error
 
 
 def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
@@ -103,7 +102,7 @@ def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
     # Prepare
     svc, _ = start_job(tmp_path)
     svc.registry.create_job(Job.from_doc({
-        "job_id": "stuck-000000000001", "status": jobs.QUEUED, "phase": jobs.SPLITTING,
+        "job_id": "stuck-000000000001", "status": QUEUED, "phase": SPLITTING,
         "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()}))
     created = svc.registry.get_job("stuck-000000000001").updated_at
     # Execute
@@ -111,9 +110,9 @@ def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
     # Assert
     stuck = svc.registry.get_job("stuck-000000000001")
     assert [a["action"] for a in actions if a["job_id"] == stuck.job_id] == [FAIL]
-    assert stuck.status == jobs.FAILED and "upload the file again" in stuck.error
+    assert stuck.status == FAILED and "upload the file again" in stuck.error
     # the watchdog's ending records what every ending does (``ending_fields``)
-    assert stuck.phase == jobs.FAILED_PHASE
+    assert stuck.phase == FAILED_PHASE
     assert stuck.finished_at is not None and stuck.finished_at > created
     assert stuck.updated_at == stuck.finished_at
 

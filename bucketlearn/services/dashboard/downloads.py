@@ -8,9 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bucketlearn import layout
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, Version
 from bucketlearn.ports import BlobStore
-from bucketlearn.services import jobs
 
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")
 
@@ -54,14 +53,14 @@ def download_note(job: Job, versions: Iterable[Version],
     numbers = (list(range(job.version + 1)) if job.version is not None  # versions are dense
                else sorted(v.version for v in versions))
     missing = [n for n in numbers if n not in exported]
-    if job.status == jobs.CANCELLED and not files:
+    if job.status == CANCELLED and not files:
         if job.version is None:
             return "This job was cancelled before its first version: there is no model."
         return (f"This job was cancelled at v{job.version}. Its model is built from that "
                 "version's stored weights when you download it (or run `bucketlearn download "
                 f"{job.job_id}`).")
     if not any(f.version is None for f in files):
-        if job.status in (jobs.REJECTED, jobs.FAILED):
+        if job.status in (REJECTED, FAILED):
             return "This job ended without a model, so there is nothing to download."
         return ("No model exported yet: the final version is exported as "
                 f"{layout.model_path(job.job_id)} when training finishes.")

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import DONE, TERMINAL, Job, Version
 from bucketlearn.domain.target import REGRESSION
-from bucketlearn.services import jobs
 from bucketlearn.services.dashboard.formats import (
     format_cost,
     format_duration,
@@ -18,12 +17,13 @@ from bucketlearn.services.dashboard.formats import (
 )
 from bucketlearn.services.dashboard.jobs_list import reason, source_file
 from bucketlearn.services.dashboard.throughput import eta_seconds, progress, remaining_tasks
+from bucketlearn.services.status import status_object
 
 
 def job_summary(job: Job, versions: list[Version], now: float
                 ) -> dict[str, Any]:
     """The headline numbers of the job page."""
-    status = jobs.status_object(job)
+    status = status_object(job)
     options = job.options
     return {
         **status,
@@ -65,9 +65,9 @@ def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def progress_text(summary: Mapping[str, Any]) -> str:
     """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished')."""
-    if summary["status"] == jobs.DONE:
+    if summary["status"] == DONE:
         eta = "finished"
-    elif summary["status"] in jobs.TERMINAL:
+    elif summary["status"] in TERMINAL:
         eta = str(summary["status"]).lower()
     else:
         eta = f"{summary['phase']} · ETA {format_duration(summary['eta_seconds'])}"

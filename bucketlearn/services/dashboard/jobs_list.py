@@ -8,8 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import Job, Version
-from bucketlearn.services import jobs
+from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job, Version, is_terminal
 from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
 from bucketlearn.services.dashboard.throughput import eta_seconds, progress
 
@@ -27,7 +26,7 @@ def source_file(job: Job) -> str:
 def reason(job: Job) -> str:
     """Why a job ended without a model of its own (REJECTED/FAILED), or who cancelled it when
     (CANCELLED), in one plain sentence; '' otherwise."""
-    ended = (jobs.REJECTED, jobs.FAILED, jobs.CANCELLED)
+    ended = (REJECTED, FAILED, CANCELLED)
     return str(job.error or "") if job.status in ended else ""
 
 
@@ -49,9 +48,9 @@ def overview_rows(job_docs: Iterable[Job],
         head = job.head
         eta = eta_seconds(job, versions_by_job.get(job_id, []), now)
         status = job.status
-        if status == jobs.DONE:
+        if status == DONE:
             eta_text = "finished"
-        elif jobs.is_terminal(job):
+        elif is_terminal(job):
             eta_text = ""
         else:
             eta_text = format_duration(eta)

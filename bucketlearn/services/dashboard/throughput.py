@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
-from bucketlearn.domain.job import Job, Version
-from bucketlearn.services import jobs
+from bucketlearn.domain.job import Job, Version, is_terminal
 
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
 ETA_WINDOW_SECONDS = 120.0    # the ETA extrapolates the throughput of the last two minutes
@@ -53,7 +52,7 @@ def remaining_tasks(job: Job) -> int | None:
 def eta_seconds(job: Job, versions: Iterable[Version], now: float,
                 window: float = ETA_WINDOW_SECONDS) -> float | None:
     """Seconds until every planned task is applied, at the recent rate; None when unknown."""
-    if jobs.is_terminal(job):
+    if is_terminal(job):
         return None
     remaining = remaining_tasks(job)
     if remaining is None:

@@ -10,9 +10,8 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain import task as attempt
-from bucketlearn.domain.job import Job, Version
+from bucketlearn.domain.job import DONE, Job, Version, done_tasks
 from bucketlearn.domain.task import TaskRecord
-from bucketlearn.services import jobs
 from bucketlearn.services.dashboard.formats import as_float, as_int, format_duration, timestamp
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
@@ -64,8 +63,8 @@ _STATE_NAMES = {attempt.RUNNING: "running", attempt.RETRYING: "retrying",
 
 def folded(job: Job, task: TaskRecord) -> bool:
     """Whether the job has folded the task's round (applied the task, or given up on it)."""
-    return (job.status == jobs.DONE or task.epoch < job.epoch
-            or (task.epoch == job.epoch and task.task_index in jobs.done_tasks(job)))
+    return (job.status == DONE or task.epoch < job.epoch
+            or (task.epoch == job.epoch and task.task_index in done_tasks(job)))
 
 
 def shown_state(job: Job, task: TaskRecord) -> str:
@@ -100,8 +99,8 @@ def epoch_progress(job: Job, versions: Iterable[Version],
     and so do the epoch's task documents (the versions read may not reach back to its start)."""
     if job.epoch < 1 or job.tasks_per_epoch is None:
         return None
-    done = (job.tasks_per_epoch if job.status == jobs.DONE
-            else len(jobs.done_tasks(job)))
+    done = (job.tasks_per_epoch if job.status == DONE
+            else len(done_tasks(job)))
     failed = {t for v in versions if v.epoch == job.epoch for t in v.tasks_failed}
     failed |= {t.task_id for t in tasks if t.epoch == job.epoch and t.state == attempt.FAILED
                and folded(job, t)}

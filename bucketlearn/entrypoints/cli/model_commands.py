@@ -1,0 +1,85 @@
+"""The model commands: ``download`` (a job's model as .keras), ``train-local`` (the serial
+baseline, in one process), ``predict`` (a .keras model over a CSV's rows)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bucketlearn.config import load_settings, resolve_options
+from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.target import REGRESSION
+from bucketlearn.entrypoints.cli import common
+from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
+
+    svc = common.services()
+    data, version = model_bytes(svc, args.job, args.version)
+    out = Path(args.output or f"{args.job}.keras")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    print(f"wrote {out} (job {args.job}, version {version})")
+    return EXIT_OK
+
+
+def cmd_train_local(args: argparse.Namespace) -> int:
+    from bucketlearn.services.models import serial_sidecar  # noqa: PLC0415
+    from bucketlearn.services.serial import train_local  # noqa: PLC0415
+
+    options = resolve_options(overrides=option_overrides(args))
+    result = train_local(args.file, options, load_settings().limits)
+    if args.output:
+        from bucketlearn.ml.model import export_keras  # noqa: PLC0415
+
+        Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
+            result.manifest, options, result.accuracy, result.report)))
+    regression = result.manifest.task == REGRESSION
+    report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
+              "train_rows": result.manifest.train_rows,
+              "holdout_rows": result.manifest.holdout_rows, "options": options.to_dict(),
+              "task": result.manifest.task, "task_reason": result.manifest.task_reason,
+              **{key: result.report.get(key) for key in (
+                  ("rmse", "mae", "r2") if regression else
+                  ("macro_f1", "majority_accuracy", "roc_auc"))}}
+    if args.output:
+        report["model"] = args.output
+    if args.json:
+        emit(report)
+        return EXIT_OK
+    if regression:
+        print(f"numeric target '{result.manifest.label_column}' ({result.manifest.task_reason})")
+        print(f"holdout {regression_headline(report['rmse'], report['mae'], report['r2'])} "
+              f"(MSE {result.loss:.4g}) on {result.manifest.holdout_rows} rows; trained in "
+              f"{result.seconds:.1f}s")
+    else:
+        print(f"holdout accuracy {result.accuracy:.4f} (loss {result.loss:.4f}) on "
+              f"{result.manifest.holdout_rows} rows; trained in {result.seconds:.1f}s")
+    if args.output:
+        print(f"model: {args.output}")
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bucketlearn.services.models import predict_file  # noqa: PLC0415
+
+    result = predict_file(args.model, args.file, args.output)
+    if args.json:
+        emit(result)
+        return EXIT_OK
+    if args.output:
+        print(f"wrote {result['rows']} predictions to {args.output}")
+    else:
+        for value in result["predictions"]:  # (a numeric target's to 6 significant digits)
+            print(f"{value:.6g}" if isinstance(value, float) else value)
+    if result.get("accuracy") is not None:
+        print(f"accuracy {result['accuracy']:.4f} against column '{result['label_column']}'",
+              file=sys.stderr)
+    if result.get("rmse") is not None:
+        print(f"{regression_headline(result['rmse'], result['mae'], result['r2'])} against "
+              f"column '{result['label_column']}' ({result['scored_rows']} rows with a number "
+              "there)", file=sys.stderr)
+    return EXIT_OK

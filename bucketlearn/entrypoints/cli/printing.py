@@ -1,0 +1,77 @@
+"""How the CLI prints a job: its progress line while ``submit --wait`` follows it, its status
+(``bucketlearn status``), the holdout figure, the columns kept and left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bucketlearn.domain.columns import kinds_text
+from bucketlearn.domain.forecast import plan_lines
+from bucketlearn.domain.job import CANCELLED, Job
+from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.target import REGRESSION
+from bucketlearn.services.status import status_object
+
+
+def format_accuracy(value: Any) -> str:
+    """A holdout accuracy to four places, or "-" before the first evaluation."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+
+def figure_text(status: dict[str, Any]) -> str:
+    """The head's holdout figure for one line: accuracy, or a numeric target's RMSE/MAE/R²."""
+    if status.get("task") == REGRESSION:
+        return regression_headline(status.get("rmse"), status.get("mae"), status.get("r2"))
+    return f"accuracy {format_accuracy(status.get('accuracy'))}"
+
+
+def progress_line(job: Job) -> str:
+    status = status_object(job)
+    return (f"{status['job_id']}: {status['status']} ({status['phase']}) "
+            f"epoch {status['epoch'] or 0}/{status['epochs'] or '?'} v{status['version'] or 0} "
+            f"tasks {status['tasks_applied'] or 0}/{status['tasks_planned'] or '?'} "
+            f"holdout {figure_text(status)}")
+
+
+def columns_lines(status: dict[str, Any]) -> list[str]:
+    """The job's feature columns by kind, and those left out with their reasons."""
+    columns = status.get("columns") or {}
+    lines = []
+    if columns.get("kinds"):
+        lines.append(f"columns:   {kinds_text(columns['kinds'])}")
+    for dropped in status.get("dropped_columns") or []:
+        lines.append(f"left out:  {dropped['name']}: {dropped['reason']}")
+    return lines
+
+
+def print_status(status: dict[str, Any]) -> None:
+    print(f"job:       {status['job_id']}")
+    print(f"status:    {status['status']}")
+    if status.get("error"):
+        label = "cancelled:" if status["status"] == CANCELLED else "error:"
+        print(f"{label:11s}{status['error']}")
+    print(f"version:   {status['version']}")
+    if status.get("task") == REGRESSION:
+        print(f"target:    numeric ({status.get('task_reason') or 'task=regression'})")
+        print(f"holdout:   {figure_text(status)}")
+    else:
+        print(f"accuracy:  {format_accuracy(status.get('accuracy'))}")
+    for line in columns_lines(status):
+        print(line)
+    if status.get("macro_f1") is not None:
+        auc = status.get("roc_auc")
+        print(f"macro-F1:  {format_accuracy(status['macro_f1'])} (majority baseline "
+              f"{format_accuracy(status.get('majority_accuracy'))}"
+              + ("" if auc is None else f", ROC AUC {format_accuracy(auc)}") + ")")
+    if status.get("warning"):
+        print(f"warning:   {status['warning']}")
+    print(f"tasks:     {status.get('tasks_applied')}/{status.get('tasks_planned')} applied, "
+          f"{status.get('tasks_failed') or 0} failed")
+    for label, text in plan_lines(status.get("plan"), status.get("forecast"),
+                                  status.get("actual")):
+        print(f"{label + ':':11s}{text}")
+    if status.get("model_uri"):
+        print(f"model:     {status['model_uri']}")
+    elif status["status"] == CANCELLED and status.get("version") is not None:
+        print(f"model:     v{status['version']}, built from its weights by: bucketlearn "
+              f"download {status['job_id']}")

@@ -1,0 +1,107 @@
+"""The status object every client shows (``bucketlearn status --json``, ``submit --wait``, the
+dashboard): a job document's figures under stable keys (documented in docs/CLI.md), the head
+version's holdout report (``head_figures``), and where a job is in its training
+(``round_position``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bucketlearn.domain.forecast import actual
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_warning
+from bucketlearn.domain.target import CLASSIFICATION
+from bucketlearn.domain.usage import summary as usage_summary
+
+
+def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
+    """The status a user sees (``bucketlearn status --json``); stable keys, documented in README."""
+    dataset = job.dataset or {}
+    options = job.options
+    head = job.head.to_doc() if job.head is not None else {}
+    result: dict[str, Any] = {
+        "job_id": job.job_id,
+        "status": job.status,
+        "phase": job.phase,
+        "version": job.version,
+        "epoch": job.epoch,
+        "epochs": options.get("epochs"),
+        "accuracy": head.get("holdout_accuracy"),
+        "loss": head.get("holdout_loss"),
+        "train_loss": head.get("train_loss"),
+        "tasks_planned": job.tasks_planned,
+        "tasks_applied": job.tasks_applied,
+        "tasks_failed": job.tasks_failed,
+        "samples_seen": job.samples_seen,
+        "error": job.error,
+        "error_detail": job.error_detail,
+        "cancelled_by": job.cancelled_by,
+        "cancel_reason": job.cancel_reason,
+        "source": job.source,
+        "classes": dataset.get("classes"),
+        "rows": dataset.get("rows"),
+        "columns": dataset.get("columns"),
+        "dropped_columns": dataset.get("dropped_columns"),
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+        "model_path": job.model_path,
+        **head_figures(head, job.classes),
+        # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
+        "task": dataset.get("task") or CLASSIFICATION,
+        "task_reason": dataset.get("task_reason"),
+        "rmse": head.get("holdout_rmse"),
+        "mae": head.get("holdout_mae"),
+        "r2": head.get("holdout_r2"),
+        "missing_targets": dataset.get("missing_targets"),
+        # which version the figures above are of (the newest is evaluated off the critical
+        # path, so they may be of the one before)
+        "evaluated_version": job.head.evaluated_version if job.head is not None else None,
+        # how training was laid out, and what the job used and cost (issue #24)
+        "plan": dict(job.plan) if job.plan else None,
+        **usage_summary(job.usage or {}),
+        # how long the plan should train, on how many learners, and what it measured (#25)
+        "forecast": dict(job.forecast) if job.forecast else None,
+        "actual": (actual(job.forecast, job.finished_at if job.is_terminal else job.updated_at,
+                          job.version or 0, float((job.usage or {}).get("worker_seconds") or 0),
+                          job.tasks_applied, job.is_terminal) if job.forecast else None),
+    }
+    if models_bucket and result["model_path"]:
+        result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
+    return result
+
+
+def head_figures(head: Mapping[str, Any], class_names: Sequence[Any]) -> dict[str, Any]:
+    """The head version's figures beyond accuracy, for the status object: macro-F1, the
+    majority-class baseline (and the class), ROC AUC (two classes), per-class precision and
+    recall, the confusion matrix (rows: true class, columns: predicted, in ``report_classes``
+    order) and a ``warning`` when the accuracy is not above the majority baseline. None (or
+    empty) for a head not evaluated yet or evaluated before these figures were recorded."""
+    report = head.get("holdout_report") or {}
+    kept = [int(i) for i in report.get("class_index") or []]
+    names = [str(class_names[i]) if i < len(class_names) else str(i) for i in kept]
+    majority = report.get("majority_class")
+    majority_name = (str(class_names[int(majority)]) if majority is not None
+                     and int(majority) < len(class_names) else majority)
+    return {
+        "macro_f1": head.get("holdout_macro_f1"),
+        "majority_accuracy": head.get("holdout_majority_accuracy"),
+        "majority_class": majority_name,
+        "roc_auc": head.get("holdout_roc_auc"),
+        "beats_majority": beats_majority(head.get("holdout_accuracy"),
+                                         head.get("holdout_majority_accuracy")),
+        "warning": majority_warning(head.get("holdout_accuracy"),
+                                    head.get("holdout_majority_accuracy"), majority_name),
+        "report_classes": names,
+        "report_truncated": bool(report.get("truncated")),
+        "precision": dict(zip(names, report.get("precision") or [], strict=False)),
+        "recall": dict(zip(names, report.get("recall") or [], strict=False)),
+        "confusion": confusion_rows(report),
+    }
+
+
+def round_position(job: Job) -> dict[str, Any]:
+    """Where a job is in its training (epoch, round, version), as its document stores them:
+    what a write about its current round expects to find unchanged."""
+    return {"epoch": job.epoch, "round": job.round, "version": job.version}
