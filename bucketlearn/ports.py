@@ -10,8 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from bucketlearn.domain.job import Head, Job, Version
+from bucketlearn.domain.job import Head, Job
 from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.version import Version
 from bucketlearn.layout import task_id_for
 
 
@@ -260,7 +261,7 @@ class VersionLedger(Protocol):
 
     def list_versions(self, job_id: str, last: int | None = None) -> list[Version]:
         """Every version (or only the newest ``last``), in order, with the figures later
-        commits carried for them (``domain.job.attach_evaluations``, over the versions read:
+        commits carried for them (``domain.version.attach_evaluations``, over the versions read:
         with ``last``, the oldest of them may lack figures that an older version carried)."""
         ...
 

@@ -15,10 +15,11 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.bootstrap import Services
-from bucketlearn.config import OPTION_SPECS
-from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, Version, is_terminal
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, is_terminal
 from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
+from bucketlearn.options import OPTION_SPECS
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.dashboard import (
     actions,

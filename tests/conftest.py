@@ -35,7 +35,7 @@ def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 @pytest.fixture(scope="session")
 def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The real Pub/Sub, Firestore and Storage emulators on free ports, stopped at the end."""
-    from bucketlearn.local.stack import Emulators
+    from bucketlearn.local.emulators import Emulators
 
     logs = tmp_path_factory.mktemp("emulator-logs")
     emus = Emulators(logs).start(timeout=180)

@@ -23,11 +23,12 @@ class Experiment:
     def __init__(self, name: str, path: Path, seed: int, epochs: int, **options: Any) -> None:
         """``options``: other job options (``JobOptions`` fields), e.g. a label column."""
         from bucketlearn.bootstrap import memory_services
-        from bucketlearn.config import JobOptions, Limits
+        from bucketlearn.config import Limits
         from bucketlearn.ingest.parts import load_parts
         from bucketlearn.ingest.split import split_upload
         from bucketlearn.ml.model import build_model, spec_for
         from bucketlearn.ml.training import optimizer_state
+        from bucketlearn.options import JobOptions
         from bucketlearn.services.serial import local_source
 
         self.options = JobOptions(seed=seed, epochs=epochs, **options)

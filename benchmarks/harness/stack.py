@@ -24,7 +24,7 @@ def unique_prefix(label: str) -> str:
 @contextlib.contextmanager
 def emulators(home: Path) -> Iterator[Any]:
     """The three emulators on free ports, shared by the stacks of one benchmark."""
-    from bucketlearn.local.stack import Emulators
+    from bucketlearn.local.emulators import Emulators
 
     emus = Emulators(home / "emulator-logs").start(timeout=240)
     try:
@@ -79,7 +79,7 @@ def submit(svc: Any, path: Path, options: Any, name: str | None = None) -> tuple
 def warm_up(svc: Any, tmp: Path, label: str) -> None:
     """Train a 200-row digits job to its end: TensorFlow is imported in the learner and the
     aggregator before a measured job starts."""
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     warm = tmp / "warmup.csv"
     lines = DIGITS.read_text().splitlines()

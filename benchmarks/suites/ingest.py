@@ -96,7 +96,7 @@ def emulator_run(path: Path, tmp: Path) -> dict[str, Any]:
     """split-emulator: stream the CSV from gcp-storage-emulator, write the parts back to it."""
     from bucketlearn.adapters.gcs import GcsBlobStore
     from bucketlearn.config import Settings
-    from bucketlearn.local.stack import PROJECT, Proc, free_port, stop_all, wait_http
+    from bucketlearn.local.emulators import PROJECT, Proc, free_port, stop_all, wait_http
 
     port = free_port()
     proc = Proc("storage", gcp_storage_emulator_argv(port), tmp / "storage-emulator.log",

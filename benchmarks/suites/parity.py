@@ -343,7 +343,7 @@ def conclude(result: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
 
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
     result = new_result("parity", smoke, params)

@@ -30,9 +30,9 @@ RULES = {"sum": lambda r: float(r), "mean": lambda r: 1.0, "sqrt": lambda r: mat
 
 
 def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions
     from bucketlearn.domain import fold
     from bucketlearn.domain.plan import plan_training
+    from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import simulate_pipeline, train_local
 
     serial = train_local(str(path), JobOptions(seed=seed))

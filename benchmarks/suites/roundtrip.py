@@ -349,7 +349,7 @@ def smoke_figures(path: Path, options: Any) -> dict[str, Any]:
 
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
     result = new_result("roundtrip", smoke, params)

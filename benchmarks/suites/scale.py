@@ -118,8 +118,8 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     round's version), then folded, for the whole of epoch 1."""
     from bucketlearn import codec, layout
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.config import JobOptions
     from bucketlearn.domain.job import is_terminal
+    from bucketlearn.options import JobOptions
     from bucketlearn.services import jobs
     from bucketlearn.services.aggregate import aggregate_job
     from bucketlearn.services.upload import StorageEvent, handle_upload
@@ -252,7 +252,7 @@ def wait_workers_ready(svc: Any, stack: Any, timeout: float = 300) -> int:
 
 
 def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     counts_dir = tmp / f"fscount-{workers}"
     counts_dir.mkdir()
@@ -286,7 +286,7 @@ def stack_run(workers: int, emus: Any, tmp: Path, tiny: dict[str, Any]) -> dict[
 def warm_workers(svc: Any, tmp: Path, workers: int, tiny: dict[str, Any]) -> set[str]:
     """A small job first, so that TensorFlow is imported in the workers that get a task; the
     workers that did."""
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     warm = write_tiny_csv(tmp / f"warm-{workers}.csv", tiny["features"], tiny["classes"],
                           rows_for_tasks(max(4, 2 * workers), tiny["rows_per_shard"]), seed=1)

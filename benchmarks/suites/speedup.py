@@ -210,7 +210,7 @@ def simulated(path: Path, options: Any) -> dict[str, Any]:
 
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
 
     params = params or (SMOKE if smoke else FULL)
     result = new_result("speedup", smoke, params)

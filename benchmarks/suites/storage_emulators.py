@@ -47,7 +47,7 @@ from bucketlearn.adapters.gcs import GcsBlobStore
 from bucketlearn.adapters.metered import Meter, MeteredStore
 from bucketlearn.config import Settings
 from bucketlearn.local import processes
-from bucketlearn.local.stack import (
+from bucketlearn.local.emulators import (
     PROJECT,
     Proc,
     free_port,

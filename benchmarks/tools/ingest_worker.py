@@ -86,9 +86,10 @@ class TempDirStore(DiscardStore):
 
 
 def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    from bucketlearn.config import JobOptions, Limits
+    from bucketlearn.config import Limits
     from bucketlearn.ingest import split as ingest
     from bucketlearn.ingest.stream import READ_AHEAD_BLOCKS, READ_BLOCK_BYTES, SourceFile
+    from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import local_source
 
     options = JobOptions()
@@ -243,10 +244,11 @@ def probe_stages(path: str) -> dict[str, Any]:
     import functools
     import tracemalloc
 
-    from bucketlearn.config import JobOptions, Limits
+    from bucketlearn.config import Limits
     from bucketlearn.ingest import split as ingest
     from bucketlearn.ingest.parts import HoldoutWriter, ShardWriter
     from bucketlearn.ingest.stream import READ_BLOCK_BYTES
+    from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import local_source
 
     peaks: dict[str, float] = {}

@@ -16,7 +16,7 @@ import time
 def main(path: str, options: str) -> None:
     import keras  # noqa: F401 - imported before the clock starts, as the learners have it
 
-    from bucketlearn.config import JobOptions
+    from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import train_local
 
     started = time.perf_counter()

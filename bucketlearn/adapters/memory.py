@@ -19,13 +19,12 @@ from bucketlearn.domain.job import (
     TERMINAL,
     Head,
     Job,
-    Version,
-    attach_evaluations,
     commit_refusal,
     may_start_training,
     unknown_fields,
 )
 from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, Lease, VersionCommit
 

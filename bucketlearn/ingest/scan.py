@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import CATEGORY, NUMERIC, ColumnProfile
 from bucketlearn.domain.target import (
     CLASSIFICATION,
@@ -39,6 +39,7 @@ from bucketlearn.ingest.problems import KIND_SAYS, abbrev, rejected
 from bucketlearn.ingest.sniff import MAX_NAME_BYTES
 from bucketlearn.ingest.stream import PLAIN, Progress, Reading, SourceFile, diagnose, diagnosed
 from bucketlearn.ingest.targets import LabelSniff, TargetReader, sniff_labels
+from bucketlearn.options import JobOptions
 
 log = logging.getLogger(__name__)
 

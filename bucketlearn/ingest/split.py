@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from bucketlearn import layout
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import Column, Dropped, decide_columns, matrix_width
 from bucketlearn.domain.deal import SplitPlan, Unsplittable, holdout_mask, plan_split
 from bucketlearn.domain.plan import check_shard_bytes
@@ -64,6 +64,7 @@ from bucketlearn.ingest.stream import (
     diagnosed,
     first_non_finite,
 )
+from bucketlearn.options import JobOptions
 from bucketlearn.ports import BlobStore
 
 log = logging.getLogger(__name__)

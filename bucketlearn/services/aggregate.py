@@ -1,30 +1,23 @@
 """Folding one job's rounds into versions: the single writer of a job's head.
 
-A ``JobAggregator`` holds what one job's aggregation needs between rounds, so that a round costs
-its fold and one commit, not a re-read of everything:
+A ``JobAggregator`` keeps between rounds what one job's aggregation needs, so that a round costs
+its fold and one commit: the job as its last commit left it, the results it has heard of
+(``hear``: learners' result messages, or the deltas bucket's listing, the backstop; a chaining
+learner runs ahead), and the base state it folds into, in memory since it wrote it.
 
-* the job as its last commit left it (a refused commit reads it again);
-* the results it has heard of (``hear``: the result messages learners publish, or the deltas
-  bucket's listing, the backstop), for the current round and the ones after it (a chaining
-  learner runs ahead);
-* the base state it folds into, in memory since it wrote it.
-
-``step`` does what is due: publish a round never published, fold a complete round, export a
-finished job. A round is complete when every task of it has a result or a failure marker
-(``domain.rounds.plan_round``, pure); each result is read and checked (``services.results``,
-which decides whether a result is applied or refused; ``domain.fold.check_delta``: a
-non-finite or outlying delta is refused and its task trained again; a result trained from
-another base than the head is never folded), the round folded (``domain.fold.fold_round``), the
-new state written under a write-once name and the version committed with the job's new position,
-counters, the next round's publish record, the figures of the last evaluation and the job's
-health, in one commit (``domain.job.commit_refusal`` decides inside it). Then the next round is
-published, unless the learner that trained this one-task round chains into it (R = 1), and the
-round's messages are acknowledged. A finished job is exported (``services.export``).
+``step`` does what is due: publish a round never published, fold a complete round
+(``domain.rounds.plan_round``), export a finished job (``services.export``). Each result is read
+and checked by ``services.results``, which decides whether it is applied or refused; the round
+is folded (``domain.fold.fold_round``), the new state written under a write-once name, and the
+version committed with the job's position, counters, the next round's publish record, the last
+evaluation's figures and the job's health in one commit (``domain.job.commit_refusal`` decides
+inside it). Then the next round is published, unless this one-task round's learner chains into
+it (R = 1), and the round's messages are acknowledged.
 
 Evaluation is off the critical path (``services.evaluate``): the long-running aggregator
 (``services.aggregator``) evaluates in a thread of its own and hands the figures to the next
-commit; ``aggregate_job``, the synchronous pass used by the tests and the in-process
-simulation, evaluates each version as it commits it and writes the figures at once.
+commit; ``aggregate_job``, the synchronous pass of the tests and the in-process simulation,
+evaluates each version as it commits it.
 """
 
 from __future__ import annotations
@@ -42,9 +35,7 @@ from bucketlearn.domain.job import (
     EXPORTING,
     RUNNING,
     TRAINING,
-    Evaluation,
     Job,
-    Version,
     decide_after_fold,
     ending_fields,
     round_key,
@@ -52,6 +43,7 @@ from bucketlearn.domain.job import (
 from bucketlearn.domain.job import FAILED as JOB_FAILED
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.domain.usage import added
+from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, VersionCommit

@@ -16,8 +16,9 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bucketlearn.bootstrap import Services
-from bucketlearn.domain.job import Evaluation, Job
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
+from bucketlearn.domain.version import Evaluation
 from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.services.runtime import job_runtime
 

@@ -10,10 +10,10 @@ import numpy as np
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.config import JobOptions
 from bucketlearn.domain.job import DONE, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
+from bucketlearn.options import JobOptions
 
 
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:

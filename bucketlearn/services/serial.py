@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn.bootstrap import Services, memory_services
-from bucketlearn.config import JobOptions, Limits, Settings
+from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.job import is_terminal
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
@@ -33,6 +33,7 @@ from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
+from bucketlearn.options import JobOptions
 from bucketlearn.services.upload import chained_plan
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import Services
-from bucketlearn.config import AUTO, JobOptions, Limits, resolve_options
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
 from bucketlearn.domain.job import (
@@ -19,7 +19,6 @@ from bucketlearn.domain.job import (
     TRAINING,
     Head,
     Job,
-    Version,
     ending_fields,
     is_terminal,
     may_start_training,
@@ -31,6 +30,7 @@ from bucketlearn.domain.plan import (
     check_total_tasks,
     plan_training,
 )
+from bucketlearn.domain.version import Version
 from bucketlearn.errors import (
     BackendRejectedError,
     ConfigError,
@@ -54,6 +54,7 @@ from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
+from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services.publish import publish_round
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bucketlearn.bootstrap import google_services
-from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import Version
+from bucketlearn.domain.version import Version
+from bucketlearn.options import JobOptions
 from tests.e2e.helpers import DIGITS, REPO, assert_ledger_consistent, cli, submit_and_wait
 
 pytestmark = pytest.mark.e2e

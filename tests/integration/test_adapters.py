@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
-from bucketlearn.domain.job import Head, Job, Version
+from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.version import Version
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
@@ -317,7 +318,7 @@ def test_the_newest_versions_and_one_epochs_tasks_are_read_alone(backend: Any) -
     # Prepare
     from dataclasses import replace
 
-    from bucketlearn.domain.job import Evaluation
+    from bucketlearn.domain.version import Evaluation
 
     registry = backend.registry
     job_id = new_job(registry)

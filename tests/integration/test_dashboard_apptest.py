@@ -24,9 +24,10 @@ from bucketlearn import layout
 from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
 from bucketlearn.domain.forecast import ModelCost, forecast_plan
-from bucketlearn.domain.job import Head, Job, Version
+from bucketlearn.domain.job import Head, Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.plan import TrainingPlan
+from bucketlearn.domain.version import Version
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services.dashboard import formats, headline, reads
 

@@ -21,9 +21,10 @@ import pytest
 from bucketlearn import codec
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import JobOptions, Settings
+from bucketlearn.config import Settings
 from bucketlearn.domain.job import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
+from bucketlearn.options import JobOptions
 from bucketlearn.ports import NUDGE, ResultMessage
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning

@@ -12,8 +12,9 @@ import pytest
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import JobOptions
-from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, Version, is_terminal, round_key
+from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, is_terminal, round_key
+from bucketlearn.domain.version import Version
+from bucketlearn.options import JobOptions
 from bucketlearn.ports import ResultMessage, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, aggregate_job

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import REPO_DIR, csv_bytes, write_blobs_csv
 

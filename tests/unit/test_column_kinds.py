@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import CATEGORY, DATETIME, NUMERIC, ColumnProfile
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import columns as ingest_columns
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from tests.unit.helpers import (
     MIXED_HEADER,
     csv_bytes,

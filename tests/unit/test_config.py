@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bucketlearn.config import (
-    JobOptions,
-    Limits,
-    Settings,
-    load_settings,
-    normalize_option_key,
-    parse_option,
-    resolve_options,
-)
+from bucketlearn.config import Limits, Settings, load_settings
 from bucketlearn.errors import ConfigError, PermanentError
+from bucketlearn.options import JobOptions, normalize_option_key, parse_option, resolve_options
 
 
 def test_defaults_when_nothing_is_given():
@@ -248,7 +241,7 @@ def test_job_option_defaults_come_from_the_one_option_table() -> None:
     # Prepare
     import dataclasses
 
-    from bucketlearn.config import OPTION_SPECS, JobOptions
+    from bucketlearn.options import OPTION_SPECS, JobOptions
     # Execute
     fields = {f.name: f.default for f in dataclasses.fields(JobOptions)}
     # Assert

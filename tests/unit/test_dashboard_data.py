@@ -17,11 +17,13 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import OPTION_NAMES, Limits, Settings, resolve_options
-from bucketlearn.domain.job import Evaluation, Job, Version
+from bucketlearn.config import Limits, Settings
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.errors import ConfigError
+from bucketlearn.options import OPTION_NAMES, resolve_options
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services.dashboard import (
     actions,

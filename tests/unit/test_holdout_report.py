@@ -13,7 +13,6 @@ import pytest
 
 from bucketlearn import codec
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import JobOptions
 from bucketlearn.domain.job import DONE, Job
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
@@ -28,6 +27,7 @@ from bucketlearn.ml.training import (
     shuffle_rows,
     train_task,
 )
+from bucketlearn.options import JobOptions
 from bucketlearn.services.aggregate import aggregate_job
 from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.status import status_object

@@ -9,11 +9,12 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.deal import DealPlan, holdout_count, holdout_phases
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import ShardWriter, load_parts
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import csv_bytes, source_from_bytes
 

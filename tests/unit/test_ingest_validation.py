@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
+from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 

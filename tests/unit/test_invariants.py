@@ -22,11 +22,12 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.job import Head, Job
 from bucketlearn.ingest.parts import ShardWriter
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
+from bucketlearn.options import JobOptions
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import export, results

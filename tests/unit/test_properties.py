@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES
 from bucketlearn.domain.deal import DealPlan
 from bucketlearn.domain.fold import TaskResult, fold_round
@@ -29,6 +29,7 @@ from bucketlearn.domain.rounds import DeltaRef, plan_round
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 SETTINGS = settings(max_examples=40, deadline=None,

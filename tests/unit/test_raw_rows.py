@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import DATE_CHARS, parse_date
 from bucketlearn.ingest.columns import Encoder
 from bucketlearn.ingest.split import split_upload
@@ -21,6 +21,7 @@ from bucketlearn.ml.model import (
     model_inputs,
 )
 from bucketlearn.ml.tabular import DATE_VOCABULARY, parse_dates_in_graph
+from bucketlearn.options import JobOptions
 from bucketlearn.services.models import _read_for_prediction, predict_file
 from tests.unit.helpers import (
     MIXED_HEADER,

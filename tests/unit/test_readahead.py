@@ -20,13 +20,14 @@ import pyarrow.csv as pacsv
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import readahead
 from bucketlearn.ingest import stream as ingest
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
+from bucketlearn.options import JobOptions
 from tests.unit.helpers import blobs_rows, csv_bytes, eventually
 
 BLOCK = 16 * 1024

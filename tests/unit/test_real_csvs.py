@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.columns import CATEGORY, DATE, NUMERIC
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
 
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.config import JobOptions, Limits
+from bucketlearn.config import Limits
 from bucketlearn.domain.target import bin_of, fine_buckets
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.options import JobOptions
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 

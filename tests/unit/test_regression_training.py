@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec
-from bucketlearn.config import JobOptions
 from bucketlearn.ml.model import export_keras, read_sidecar
+from bucketlearn.options import JobOptions
 from bucketlearn.services.models import model_bytes, predict_file, serial_sidecar
 from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.status import status_object

@@ -12,8 +12,9 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Job, Version, round_key
+from bucketlearn.domain.job import Job, round_key
 from bucketlearn.domain.plan import TrainingPlan
+from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
 from bucketlearn.services.autoscale import (
     ScalingPolicy,

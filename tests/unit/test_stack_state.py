@@ -18,8 +18,9 @@ import pytest
 
 from bucketlearn.entrypoints.cli import local_commands
 from bucketlearn.local import processes
+from bucketlearn.local.emulators import Proc
 from bucketlearn.local.processes import STACK_ID_ENV, STACK_PROC_ENV
-from bucketlearn.local.stack import Proc, stop_from_state
+from bucketlearn.local.stack import stop_from_state
 from tests.unit.helpers import wait_until
 
 GONE_PID = 2**22 + 4321  # above the default pid_max: never a live process

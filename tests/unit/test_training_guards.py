@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bucketlearn import layout
-from bucketlearn.config import JobOptions
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import DONE, FAILED
+from bucketlearn.options import JobOptions
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import simulate_pipeline

@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bucketlearn.config import OPTION_SPECS, Settings, load_settings, local_state_dir, option_text
+from bucketlearn.config import Settings, load_settings, local_state_dir
 from bucketlearn.entrypoints.target import LOCAL, StackWatch, Target, resolve_target
+from bucketlearn.options import OPTION_SPECS, option_text
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
 # ``submit --wait`` / ``demo``: the job was cancelled; ``cancel``: the job had already ended

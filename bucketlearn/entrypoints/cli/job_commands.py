@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.config import resolve_options
 from bucketlearn.domain.job import CANCELLED, DONE, Job, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
@@ -28,6 +27,7 @@ from bucketlearn.entrypoints.cli.common import (
 )
 from bucketlearn.entrypoints.cli.printing import format_accuracy, print_status, progress_line
 from bucketlearn.errors import NoTargetError, UnreachableError
+from bucketlearn.options import resolve_options
 from bucketlearn.services.status import status_object
 from bucketlearn.services.waiting import wait_terminal
 

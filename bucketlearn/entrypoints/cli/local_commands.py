@@ -197,7 +197,8 @@ def cmd_local_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from bucketlearn.local.stack import read_state, repo_root  # noqa: PLC0415
+    from bucketlearn.local.emulators import repo_root  # noqa: PLC0415
+    from bucketlearn.local.stack import read_state  # noqa: PLC0415
 
     home = state_home()
     if clear_dead_stack(home) is None:

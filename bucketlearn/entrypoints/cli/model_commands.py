@@ -7,11 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from bucketlearn.config import load_settings, resolve_options
+from bucketlearn.config import load_settings
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
+from bucketlearn.options import resolve_options
 
 
 def cmd_download(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, Version
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
+from bucketlearn.domain.version import Version
 from bucketlearn.ports import BlobStore
 
 _MODEL_FILE_RE = re.compile(r"^v(?P<version>\d{6})\.keras$")

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.domain.job import DONE, TERMINAL, Job, Version
+from bucketlearn.domain.job import DONE, TERMINAL, Job
 from bucketlearn.domain.target import REGRESSION
+from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import (
     format_cost,
     format_duration,

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job, Version, is_terminal
+from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job, is_terminal
+from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
 from bucketlearn.services.dashboard.throughput import eta_seconds, progress
 

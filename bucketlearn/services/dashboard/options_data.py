@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.config import OPTION_SPECS
 from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
+from bucketlearn.options import OPTION_SPECS
 from bucketlearn.services.dashboard.formats import as_float, as_int
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
-from bucketlearn.domain.job import Job, Version, is_terminal
+from bucketlearn.domain.job import Job, is_terminal
+from bucketlearn.domain.version import Version
 
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
 ETA_WINDOW_SECONDS = 120.0    # the ETA extrapolates the throughput of the last two minutes

@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from bucketlearn.domain.job import Version
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
+from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import (
     as_float,
     as_int,

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain import task as attempt
-from bucketlearn.domain.job import DONE, Job, Version, done_tasks
+from bucketlearn.domain.job import DONE, Job, done_tasks
 from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import as_float, as_int, format_duration, timestamp
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
