@@ -96,7 +96,7 @@ class Settings:
     # which process of a deployment this is (the local stack names its processes; the call
     # log's file is named after it); not exported by ``to_env``
     process_name: str | None = None
-    # The watchdog (``bucketlearn tend``): a job with no sign of progress for this long gets its
+    # The watchdog (``bucketlearn watchdog``): a job with no sign of progress for this long gets its
     # current round's missing tasks published again, or the aggregator nudged.
     stall_seconds: float = 600.0
     # Dead-lettered task messages (Cloud Pub/Sub's dead-letter sink; empty: none) become failure

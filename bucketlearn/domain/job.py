@@ -242,9 +242,9 @@ class Job:
     refusals: Mapping[str, Any] | None = None
     deltas_refused: int = 0
     last_refusal: str | None = None
-    tendings: int = 0
-    tended_at: float | None = None
-    last_tending: str | None = None
+    watchdog_actions: int = 0
+    watchdog_at: float | None = None
+    last_watchdog_action: str | None = None
     # the current round is trained by a learner chaining from its own last result (R = 1):
     # its worker id; the aggregator publishes the round itself if the chain's result is late
     chained_by: str | None = None
@@ -326,8 +326,8 @@ class Job:
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),
-            last_refusal=get("last_refusal"), tendings=_int(get("tendings")),
-            tended_at=_optional(get("tended_at"), float), last_tending=get("last_tending"),
+            last_refusal=get("last_refusal"), watchdog_actions=_int(get("watchdog_actions")),
+            watchdog_at=_optional(get("watchdog_at"), float), last_watchdog_action=get("last_watchdog_action"),
             chained_by=get("chained_by"), usage=_dict(get("usage")),
             error=get("error"), error_detail=get("error_detail"),
             cancelled_at=_optional(get("cancelled_at"), float),

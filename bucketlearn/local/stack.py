@@ -46,7 +46,7 @@ from bucketlearn.local.emulators import (
 log = logging.getLogger(__name__)
 
 STATE_FILE = "local.json"
-TEND_EVERY_SECONDS = 10.0
+WATCHDOG_EVERY_SECONDS = 10.0
 @dataclass
 class LocalStack:
     home: Path
@@ -64,7 +64,7 @@ class LocalStack:
     _retired: set[str] = field(default_factory=set)
     _registry: Any = None
     _services: Any = None
-    _tended_at: float = 0.0
+    _watched_at: float = 0.0
     _last_scale_at: float | None = None
     _started_at: float = field(default_factory=time.time)
     _own_emulators: bool = False
@@ -219,23 +219,23 @@ class LocalStack:
                     self.rescale()
                 except Exception:  # noqa: BLE001 - the registry may be briefly unreachable
                     log.warning("autoscaling step failed", exc_info=True)
-            self._tend()
+            self._watchdog_pass()
             self.write_state()
 
-    def _tend(self) -> None:
-        """The watchdog's pass over the stack's jobs, every ``TEND_EVERY_SECONDS``: what the
-        cloud's controller job does every minute (``bucketlearn.services.tend``)."""
+    def _watchdog_pass(self) -> None:
+        """The watchdog's pass over the stack's jobs, every ``WATCHDOG_EVERY_SECONDS``: what the
+        cloud's controller job does every minute (``bucketlearn.services.watchdog``)."""
         from bucketlearn.bootstrap import google_services  # noqa: PLC0415
-        from bucketlearn.services.tend import tend  # noqa: PLC0415
+        from bucketlearn.services.watchdog import watchdog_pass  # noqa: PLC0415
 
         now = time.monotonic()
-        if now - self._tended_at < TEND_EVERY_SECONDS or self.settings is None:
+        if now - self._watched_at < WATCHDOG_EVERY_SECONDS or self.settings is None:
             return
-        self._tended_at = now
+        self._watched_at = now
         try:
             if self._services is None:
                 self._services = google_services(self.settings)
-            tend(self._services)
+            watchdog_pass(self._services)
         except Exception:  # noqa: BLE001 - the backends may be briefly unreachable
             log.warning("watchdog pass failed", exc_info=True)
 

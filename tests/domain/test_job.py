@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.domain import job as J
+from bucketlearn.domain import version as V
 
 
 @dataclass
@@ -15,7 +16,7 @@ class Commit:
     epoch: int = 1
     round: int = 1
     base_version: int = 4
-    version: J.Version = field(default_factory=lambda: J.Version(5, "w5"))
+    version: V.Version = field(default_factory=lambda: V.Version(5, "w5"))
 
 
 JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1,
@@ -59,12 +60,12 @@ def test_figures_a_later_commit_carried_go_back_on_their_version() -> None:
     the versions puts its figures back on the version they are of. A version's own figures
     (written directly) win; a version never evaluated keeps none."""
     # Prepare
-    evaluation = J.Evaluation(2, {"holdout_accuracy": 0.75, "holdout_loss": 0.5}, 10.0, 0.02)
-    docs = [J.Version(1, "w1", figures={"holdout_accuracy": 0.5}).to_doc(),
-            J.Version(2, "w2").to_doc(), J.Version(3, "w3").to_doc(),
-            J.Version(4, "w4", evaluation=evaluation).to_doc()]
+    evaluation = V.Evaluation(2, {"holdout_accuracy": 0.75, "holdout_loss": 0.5}, 10.0, 0.02)
+    docs = [V.Version(1, "w1", figures={"holdout_accuracy": 0.5}).to_doc(),
+            V.Version(2, "w2").to_doc(), V.Version(3, "w3").to_doc(),
+            V.Version(4, "w4", evaluation=evaluation).to_doc()]
     # Execute
-    versions = J.attach_evaluations([J.Version.from_doc(d) for d in docs])
+    versions = V.attach_evaluations([V.Version.from_doc(d) for d in docs])
     # Assert
     assert [v.figure("holdout_accuracy") for v in versions] == [0.5, 0.75, None, None]
     assert versions[1].evaluated_at == 10.0 and versions[1].aggregator["eval_seconds"] == 0.02
@@ -78,9 +79,9 @@ def test_a_heads_figures_say_which_version_they_are_of() -> None:
     head = J.Head(3, "w3", "c3", digest="d3").evaluated(0.8, 0.4)
     # Execute
     moved = head.advanced(4, "w4", "c4", True, 0.3, "d4")
-    newer = moved.with_evaluation(J.Evaluation(4, {"holdout_accuracy": 0.9,
+    newer = moved.with_evaluation(V.Evaluation(4, {"holdout_accuracy": 0.9,
                                                    "holdout_loss": 0.2}, 1.0))
-    stale = newer.with_evaluation(J.Evaluation(3, {"holdout_accuracy": 0.1,
+    stale = newer.with_evaluation(V.Evaluation(3, {"holdout_accuracy": 0.1,
                                                    "holdout_loss": 9.0}, 2.0))
     # Assert
     assert (moved.version, moved.digest, moved.holdout_accuracy, moved.evaluated_version) == (
@@ -206,7 +207,7 @@ def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> No
     """A fold's version reads back as written; its figures are None until evaluated. A version
     0 written before tasks_failed existed, with an evaluation merged in, reads as such."""
     # Prepare
-    folded = J.Version(3, "weights/j/v3", "sha", parent=2, epoch=1, round=4,
+    folded = V.Version(3, "weights/j/v3", "sha", parent=2, epoch=1, round=4,
                        tasks_applied=("j:e0001:t00004",), samples=250, train_loss=0.5,
                        created_at=9.0, delta_norms=(0.25,), server_lr=1.0,
                        aggregator={"fold_seconds": 0.01})
@@ -214,8 +215,8 @@ def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> No
            "tasks_applied": [], "samples": 0, "train_loss": None, "holdout_accuracy": 0.5,
            "holdout_loss": 1.25, "created_at": 1.0}
     # Execute
-    again = J.Version.from_doc(folded.to_doc())
-    first = J.Version.from_doc(old)
+    again = V.Version.from_doc(folded.to_doc())
+    first = V.Version.from_doc(old)
     # Assert
     assert again == folded and again.holdout_accuracy is None and again.tasks == 1
     assert folded.to_doc()["holdout_accuracy"] is None  # the document says "not yet"

@@ -220,11 +220,12 @@ def test_balanced_class_weights_by_hand():
 
 
 def test_the_option_table_and_the_plan_know_the_same_class_weights():
-    """config.CLASS_WEIGHTS (the option's choices) is what domain.plan understands."""
-    from bucketlearn.config import CLASS_WEIGHTS
+    """The class_weight option accepts exactly what domain.plan understands."""
     from bucketlearn.domain import plan
+    from bucketlearn.options import OPTION_SPECS
 
-    assert CLASS_WEIGHTS == plan.CLASS_WEIGHTS
+    spec = next(s for s in OPTION_SPECS if s.name == "class_weight")
+    assert spec.choices is not None and set(spec.choices) == set(plan.CLASS_WEIGHTS)
 
 
 def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():

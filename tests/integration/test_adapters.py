@@ -103,9 +103,9 @@ def test_a_document_over_1_mib_is_refused_for_good(backend: Any) -> None:
     registry = backend.registry
     job_id = new_job(registry)
     with pytest.raises(BackendRejectedError):
-        registry.update_job(job_id, {"last_tending": "x" * 1_100_000})
-    assert registry.get_job(job_id).last_tending is None
-    registry.update_job(job_id, {"last_tending": "x" * 1_000_000})  # under the limit: fine
+        registry.update_job(job_id, {"last_watchdog_action": "x" * 1_100_000})
+    assert registry.get_job(job_id).last_watchdog_action is None
+    registry.update_job(job_id, {"last_watchdog_action": "x" * 1_000_000})  # under the limit: fine
 
 
 def test_start_training_requires_the_claim(backend: Any) -> None:
@@ -148,7 +148,7 @@ def test_commits_in_a_row_after_an_outside_write_stay_correct(backend: Any) -> N
     start(registry, job_id)
     # Execute
     first = registry.commit_version(commit(job_id, 0, 0, [0, 1]))
-    registry.update_job(job_id, {"tended_at": 1.0, "status": "RUNNING"})  # someone else writes
+    registry.update_job(job_id, {"watchdog_at": 1.0, "status": "RUNNING"})  # someone else writes
     second = registry.commit_version(commit(job_id, 1, 1, [2]))
     third = registry.commit_version(commit(job_id, 2, 0, [0, 1], epoch=2))
     cancel_job(backend, job_id, "test")
@@ -156,7 +156,7 @@ def test_commits_in_a_row_after_an_outside_write_stay_correct(backend: Any) -> N
     # Assert
     job = registry.get_job(job_id)
     assert (first, second, third, fourth) == (True, True, True, False)
-    assert (job.version, job.status, job.tended_at) == (3, "CANCELLED", 1.0)
+    assert (job.version, job.status, job.watchdog_at) == (3, "CANCELLED", 1.0)
     assert [v.version for v in registry.list_versions(job_id)] == [0, 1, 2, 3]
 
 

@@ -412,13 +412,13 @@ def test_memory_registry_refuses_documents_over_1_mib_as_firestore_does():
     registry = memory_services().registry
     registry.create_job(Job.from_doc({"job_id": "j-000000000000", "status": "QUEUED"}))
     base = document_size("jobs/j-000000000000", registry.get_job("j-000000000000").to_doc())
-    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("last_tending") - 2)
+    fits = "x" * (FIRESTORE_MAX_DOCUMENT_BYTES - base - len("last_watchdog_action") - 2)
     # Execute
-    registry.update_job("j-000000000000", {"last_tending": fits})
+    registry.update_job("j-000000000000", {"last_watchdog_action": fits})
     with pytest.raises(BackendRejectedError) as excinfo:
-        registry.update_job("j-000000000000", {"last_tending": fits + "y"})
+        registry.update_job("j-000000000000", {"last_watchdog_action": fits + "y"})
     # Assert
-    assert registry.get_job("j-000000000000").last_tending == fits
+    assert registry.get_job("j-000000000000").last_watchdog_action == fits
     assert "expected a document of at most 1048576 bytes" in str(excinfo.value)
     assert "found 1048577 bytes" in str(excinfo.value)
     assert isinstance(excinfo.value, PermanentError)

@@ -10,11 +10,11 @@ from typing import Any
 
 from bucketlearn.adapters.memory import MemoryQueue
 from bucketlearn.domain.job import DONE, FAILED, FAILED_PHASE, QUEUED, SPLITTING, Job
-from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
+from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
 from bucketlearn.ports import NUDGE
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services.learn import Learner
-from bucketlearn.services.tend import drain_dead_letters, tend
+from bucketlearn.services.watchdog import drain_dead_letters, watchdog_pass
 from tests.unit.steps import run_rounds, start_job
 
 STALL = 600.0
@@ -41,15 +41,15 @@ def test_a_lost_task_is_published_again_and_the_job_ends(tmp_path: Path) -> None
     aggregator.aggregate_job(svc, job_id)
     assert svc.registry.get_job(job_id).version == 0  # the round waits for the lost task
     # Execute
-    early = tend(svc)
-    actions = tend(later(svc, STALL + 1))
+    early = watchdog_pass(svc)
+    actions = watchdog_pass(later(svc, STALL + 1))
     run_rounds(svc, job_id)
     # Assert
     assert early == []
     assert [(a["action"], a["tasks"]) for a in actions] == [(REPUBLISH,
                                                              [lost.message.task_index])]
     job = svc.registry.get_job(job_id)
-    assert job.status == DONE and job.tendings == 1
+    assert job.status == DONE and job.watchdog_actions == 1
     applied = [t for v in svc.registry.list_versions(job_id) for t in v.tasks_applied]
     assert sorted(applied) == sorted(set(applied)) and len(applied) == job.tasks_planned
 
@@ -66,7 +66,7 @@ def test_a_round_never_published_is_published_through_a_nudge(tmp_path: Path) ->
     svc.queue._items.clear()  # the next round's messages never got out
     svc.registry.update_job(job_id, {"published": None})
     # Execute
-    actions = tend(later(svc, STALL + 1))
+    actions = watchdog_pass(later(svc, STALL + 1))
     nudges = [m for m in svc.results.published if m.kind == NUDGE]
     outcome = aggregator.aggregate_job(svc, job_id)
     run_rounds(svc, job_id)
@@ -106,7 +106,7 @@ def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
         "created_at": time.time(), "claimed_at": time.time(), "updated_at": time.time()}))
     created = svc.registry.get_job("stuck-000000000001").updated_at
     # Execute
-    actions = tend(later(svc, svc.settings.max_event_age_seconds + 1))
+    actions = watchdog_pass(later(svc, svc.settings.max_event_age_seconds + 1))
     # Assert
     stuck = svc.registry.get_job("stuck-000000000001")
     assert [a["action"] for a in actions if a["job_id"] == stuck.job_id] == [FAIL]

@@ -2,7 +2,7 @@
 
 Talks to the local stack when one is running in this directory (``.bucketlearn/local.json``),
 otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET=cloud`` forces
-the cloud even when a local stack runs). ``bucketlearn.entrypoints.target`` decides; when there is nothing to
+the cloud even when a local stack runs). ``bucketlearn.entrypoints.backend`` decides; when there is nothing to
 talk to (no stack, a stack that stopped, no project, no credentials) a command says so and exits
 with code 4.
 
@@ -12,7 +12,7 @@ TensorFlow and the Google client libraries (seconds at start-up) that ``train-lo
 The package, by command group: ``local_commands`` (``local up|down|env|status``, ``demo``),
 ``job_commands`` (``submit``, ``status``, ``cancel``), ``model_commands`` (``download``,
 ``train-local``, ``predict``), ``process_commands`` (``worker``, ``aggregator``, ``autoscale``,
-``tend``); ``printing`` (a job's progress line and status), ``common`` (exit codes, the services a
+``watchdog``); ``printing`` (a job's progress line and status), ``common`` (exit codes, the services a
 command talks to, option flags). This module holds the parser and ``main`` (the ``bucketlearn``
 console script; ``python -m bucketlearn.entrypoints.cli`` runs ``__main__``).
 """
@@ -42,7 +42,7 @@ from bucketlearn.entrypoints.cli.model_commands import cmd_download, cmd_predict
 from bucketlearn.entrypoints.cli.process_commands import (
     cmd_aggregator,
     cmd_autoscale,
-    cmd_tend,
+    cmd_watchdog,
     cmd_worker,
 )
 from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
@@ -61,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("autoscale", help="one step of the cloud controller: the worker pool's "
                    "instance count from the backlog, then the watchdog's pass"
                    ).set_defaults(func=cmd_autoscale)
-    sub.add_parser("tend", help="one pass of the watchdog: republish the lost tasks of stalled "
+    sub.add_parser("watchdog", aliases=["tend"], help="one pass of the watchdog (also as `tend`): republish the lost tasks of stalled "
                    "jobs, nudge the aggregator, end splits that never finished"
-                   ).set_defaults(func=cmd_tend)
+                   ).set_defaults(func=cmd_watchdog)
     return parser
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.config import Settings, load_settings, local_state_dir
-from bucketlearn.entrypoints.target import LOCAL, StackWatch, Target, resolve_target
+from bucketlearn.entrypoints.backend import LOCAL, StackWatch, Target, resolve_target
 from bucketlearn.options import OPTION_SPECS, option_text
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
@@ -30,7 +30,7 @@ def state_home() -> Path:
 
 
 def connect() -> tuple[Any, Target]:
-    """Services for the backend this command goes to, and that target (``bucketlearn.entrypoints.target``)."""
+    """Services for the backend this command goes to, and that target (``bucketlearn.entrypoints.backend``)."""
     from bucketlearn.bootstrap import google_services  # noqa: PLC0415
 
     target = resolve_target(os.environ, state_home())

@@ -16,6 +16,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.config import load_settings
+from bucketlearn.entrypoints.backend import START_HINT, StackWatch, stack_problem, started_text
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import (
     EXIT_JOB_FAILED,
@@ -27,7 +28,6 @@ from bucketlearn.entrypoints.cli.common import (
 )
 from bucketlearn.entrypoints.cli.job_commands import follow
 from bucketlearn.entrypoints.cli.printing import figure_text
-from bucketlearn.entrypoints.target import START_HINT, StackWatch, stack_problem, started_text
 from bucketlearn.services.status import status_object
 
 
@@ -54,7 +54,7 @@ def dead_stack_report(outcome: Any) -> str:
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
-    from bucketlearn.entrypoints.target import RESTART_HINT, probe_stack  # noqa: PLC0415
+    from bucketlearn.entrypoints.backend import RESTART_HINT, probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import LocalStack  # noqa: PLC0415
 
     home = state_home()
@@ -156,7 +156,7 @@ def cmd_local_down(args: argparse.Namespace) -> int:
 
 def running_stack_state() -> dict[str, Any] | None:
     """The state of the stack running here; None, after saying why on stderr, when none is."""
-    from bucketlearn.entrypoints.target import probe_stack  # noqa: PLC0415
+    from bucketlearn.entrypoints.backend import probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import load_state  # noqa: PLC0415
 
     home = state_home()

@@ -1,6 +1,6 @@
 """The commands that run the deployment's processes: ``worker`` and ``aggregator`` (the
 containers' commands, over ``entrypoints.worker`` and ``entrypoints.aggregator``), ``autoscale``
-(one step of the cloud controller) and ``tend`` (one pass of the watchdog)."""
+(one step of the cloud controller) and ``watchdog`` (one pass of it; also ``tend``, its former name)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit
 
 
-def tend_once(svc: Any) -> dict[str, Any]:
+def watchdog_once(svc: Any) -> dict[str, Any]:
     """One watchdog pass: dead letters into failure markers, then stalled jobs moved on."""
     from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
-    from bucketlearn.services.tend import drain_dead_letters, tend  # noqa: PLC0415
+    from bucketlearn.services.watchdog import drain_dead_letters, watchdog_pass  # noqa: PLC0415
 
     markers = 0
     if svc.settings.dead_letter_subscription:
         markers = drain_dead_letters(svc, PubSubQueue(svc.settings,
                                                       svc.settings.dead_letter_subscription))
-    return {"dead_letters": markers, "tended": tend(svc)}
+    return {"dead_letters": markers, "watched": watchdog_pass(svc)}
 
 
-def cmd_tend(args: argparse.Namespace) -> int:
+def cmd_watchdog(args: argparse.Namespace) -> int:
     """One pass of the watchdog over every active job (the autoscaler runs it too)."""
-    emit(tend_once(common.services()))
+    emit(watchdog_once(common.services()))
     return EXIT_OK
 
 
@@ -62,8 +62,8 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
         "last_change_at": state.get("last_change_at"),
         "aggregators_changed_at": state.get("aggregators_changed_at"),
         "last_decision": decision})
-    tended = tend_once(svc)  # after the resize: a slow pass must not keep workers from starting
-    emit({**decision, **tended})
+    watched = watchdog_once(svc)  # after the resize: a slow pass must not keep workers from starting
+    emit({**decision, **watched})
     return EXIT_OK
 
 

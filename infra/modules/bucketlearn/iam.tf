@@ -407,7 +407,7 @@ locals {
     worker    = google_service_account.worker.email
     # `bucketlearn autoscale` reads active jobs' epochs (the backlog) and writes its own
     # control/autoscaler document (the time of its last change, for the cool-down); its
-    # watchdog reads job, epoch and task documents and updates jobs (tended_at, or FAILED for a
+    # watchdog reads job, epoch and task documents and updates jobs (watchdog_at, or FAILED for a
     # split that never finished).
     autoscaler = google_service_account.autoscaler.email
     # The dashboard reads job, version and worker documents, and its "Cancel job" button writes

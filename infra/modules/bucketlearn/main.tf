@@ -72,7 +72,7 @@ locals {
 
   # The dead-letter sink the watchdog drains (each message becomes a failure marker, then is
   # acked), only when tasks are dead-lettered at all. Never in env_vars: the controller is the
-  # sink's only consumer, and a CLI pointed at env_vars must not drain it (`bucketlearn tend`
+  # sink's only consumer, and a CLI pointed at env_vars must not drain it (`bucketlearn watchdog`
   # would).
   dead_letter_drain_env = var.dead_letter_enabled ? {
     BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION = google_pubsub_subscription.dead_letter_sink.name

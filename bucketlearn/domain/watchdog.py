@@ -25,7 +25,7 @@ PUBLISH, REPUBLISH, AGGREGATE, FAIL = "publish", "republish", "aggregate", "fail
 
 
 @dataclass(frozen=True)
-class Tending:
+class WatchdogAction:
     """One action for a stalled job: what, which tasks (for REPUBLISH) and why."""
 
     action: str
@@ -35,7 +35,7 @@ class Tending:
 
 def decide(job: Job, round_tasks: Iterable[int], done: Iterable[int],
            with_result: Iterable[int], last_activity: float, now: float, stall_seconds: float,
-           split_seconds: float) -> Tending | None:
+           split_seconds: float) -> WatchdogAction | None:
     """The action a stalled job needs, or None when it is moving (or has ended).
 
     Args:
@@ -56,25 +56,25 @@ def decide(job: Job, round_tasks: Iterable[int], done: Iterable[int],
     if phase == SPLITTING:
         started = float(job.claimed_at or job.created_at or now)
         if now - started > split_seconds:
-            return Tending(FAIL, f"the split of the upload did not finish within "
+            return WatchdogAction(FAIL, f"the split of the upload did not finish within "
                                  f"{split_seconds:.0f} s (its last attempt began "
                                  f"{now - started:.0f} s ago); upload the file again")
         return None
     if quiet <= stall_seconds:
         return None
     if phase == EXPORTING:
-        return Tending(AGGREGATE, f"the export made no progress for {quiet:.0f} s")
+        return WatchdogAction(AGGREGATE, f"the export made no progress for {quiet:.0f} s")
     if phase != TRAINING:
         return None
     key = job.round_key
     if not job.is_published:
-        return Tending(PUBLISH, f"round {key} was never published ({quiet:.0f} s quiet)")
+        return WatchdogAction(PUBLISH, f"round {key} was never published ({quiet:.0f} s quiet)")
     finished = set(done) | set(with_result)
     missing = [t for t in round_tasks if t not in finished]
     if missing:
-        return Tending(REPUBLISH, f"round {key}: {len(missing)} task(s) without a result after "
+        return WatchdogAction(REPUBLISH, f"round {key}: {len(missing)} task(s) without a result after "
                                   f"{quiet:.0f} s quiet", missing)
     if any(t not in set(done) for t in round_tasks):
-        return Tending(AGGREGATE, f"round {key} is complete but was not folded "
+        return WatchdogAction(AGGREGATE, f"round {key} is complete but was not folded "
                                   f"({quiet:.0f} s quiet)")
     return None

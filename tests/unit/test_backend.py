@@ -14,7 +14,7 @@ import pytest
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.domain.job import DONE, RUNNING, Job
 from bucketlearn.entrypoints import cli
-from bucketlearn.entrypoints.target import (
+from bucketlearn.entrypoints.backend import (
     CLOUD,
     ENVIRONMENT,
     LOCAL,

@@ -2,7 +2,7 @@
 
 Run periodically: in the cloud by ``bucketlearn autoscale`` (the Cloud Run job Cloud Scheduler
 starts every minute), locally by the stack's supervisor. What to do is decided by
-``domain.tending.decide``; this module reads what it needs and acts:
+``domain.watchdog.decide``; this module reads what it needs and acts:
 
 * a round never published, a complete round never folded, an export that stopped: publish a
   *nudge* on the results topic, which makes the aggregator read the job again and hear the
@@ -23,7 +23,7 @@ from typing import Any
 
 from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import FAILED, TRAINING, Job, done_tasks, ending_fields, is_terminal
-from bucketlearn.domain.tending import AGGREGATE, FAIL, PUBLISH, REPUBLISH, Tending, decide
+from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, TaskQueue
 from bucketlearn.services import jobs
 from bucketlearn.services.publish import announce_failure
@@ -33,7 +33,7 @@ from bucketlearn.services.runtime import job_runtime
 log = logging.getLogger(__name__)
 
 
-def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
+def watchdog_pass(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
     """Look at every active job once; act on the stalled ones. Returns what was done."""
     now = svc.clock() if now is None else now
     actions = []
@@ -41,18 +41,18 @@ def tend(svc: Services, now: float | None = None) -> list[dict[str, Any]]:
         if is_terminal(job):
             continue
         try:
-            tending = _decide(svc, job, now)
-            if tending is not None:
-                _act(svc, job, tending, now)
-                actions.append({"job_id": job.job_id, "action": tending.action,
-                                "tasks": tending.tasks, "reason": tending.reason})
-        except Exception:  # noqa: BLE001 - one job's trouble must not stop the others' tending
-            log.exception("watchdog: could not tend job %s", job.job_id)
+            decided = _decide(svc, job, now)
+            if decided is not None:
+                _act(svc, job, decided, now)
+                actions.append({"job_id": job.job_id, "action": decided.action,
+                                "tasks": decided.tasks, "reason": decided.reason})
+        except Exception:  # noqa: BLE001 - one job's trouble must not stop the others'
+            log.exception("watchdog: could not look after job %s", job.job_id)
     return actions
 
 
-def _decide(svc: Services, job: Job, now: float) -> Tending | None:
-    activity = [job.updated_at or 0.0, job.published_at or 0.0, job.tended_at or 0.0,
+def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
+    activity = [job.updated_at or 0.0, job.published_at or 0.0, job.watchdog_at or 0.0,
                 job.created_at]
     round_tasks: list[int] = []
     with_result: set[int] = set()
@@ -76,22 +76,22 @@ def nudge(svc: Services, job_id: str, reason: str) -> None:
     log.info("job %s: nudged (%s)", job_id, reason)
 
 
-def _act(svc: Services, job: Job, tending: Tending, now: float) -> None:
+def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
     job_id = job.job_id
-    log.warning("watchdog: job %s: %s -> %s %s", job_id, tending.reason, tending.action,
-                tending.tasks or "")
-    if tending.action in (PUBLISH, AGGREGATE):
-        nudge(svc, job_id, tending.reason)
-    elif tending.action == REPUBLISH:
+    log.warning("watchdog: job %s: %s -> %s %s", job_id, decided.reason, decided.action,
+                decided.tasks or "")
+    if decided.action in (PUBLISH, AGGREGATE):
+        nudge(svc, job_id, decided.reason)
+    elif decided.action == REPUBLISH:
         shards = job_runtime(svc, job).manifest.shards
-        svc.queue.publish(jobs.round_messages(job, shards, tending.tasks))
-    elif tending.action == FAIL:
+        svc.queue.publish(jobs.round_messages(job, shards, decided.tasks))
+    elif decided.action == FAIL:
         svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
-                                   ending_fields(FAILED, now, error=tending.reason))
+                                   ending_fields(FAILED, now, error=decided.reason))
         return
-    svc.registry.update_job(job_id, {"tended_at": now,
-                                     "tendings": job.tendings + 1,
-                                     "last_tending": tending.reason[:500]})
+    svc.registry.update_job(job_id, {"watchdog_at": now,
+                                     "watchdog_actions": job.watchdog_actions + 1,
+                                     "last_watchdog_action": decided.reason[:500]})
 
 
 def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000) -> int:
