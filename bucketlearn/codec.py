@@ -1,25 +1,27 @@
-"""Pickle-free encodings for arrays: ``.npz`` written by ``np.savez``, read by a strict parser.
+"""Pickle-free encodings for arrays: safetensors, written and read by the ``safetensors`` library.
 
-Weights, deltas, shards and holdout parts all use this. Metadata rides along as a UTF-8 JSON
-array named ``__meta__``; object arrays are refused on the way in and on the way out. Reading
-never unpickles and never trusts a size the bytes declare: whatever is wrong with an object
-(truncated, bad zlib data, a header declaring terabytes, a string or object dtype, a pickle),
-decoding raises ``CorruptObjectError`` and nothing else.
+Weights, task results (weights or a delta with the optimizer state), shard parts and holdout
+parts all use this (issue #27 measured it against the ``.npz`` archives used before, Arrow IPC
+and Parquet: docs/DESIGN.md, "Stored arrays"). An object is an 8-byte header length, a JSON
+header naming each array's dtype, shape and byte range, and the arrays' bytes. The library
+checks the header against the bytes before it copies anything out (a header under 100 MB, every
+range inside the object, the ranges contiguous and covering it, each exactly the size its dtype
+and shape need, no overflow), and nothing in the format is ever executed. On top of it: only
+numeric arrays (bool, int, uint, float) are written or read, metadata rides along as one UTF-8
+JSON object (the header's string ``__meta__``), a header naming an array twice is refused, and
+whatever is wrong with an object, decoding raises ``CorruptObjectError`` and nothing else.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
-import struct
-import zipfile
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from bucketlearn.errors import PermanentError
 
@@ -27,42 +29,43 @@ META_KEY = "__meta__"
 
 
 class CorruptObjectError(PermanentError):
-    """A stored object is not the pickle-free array archive bucketlearn writes."""
+    """A stored object is not the pickle-free array object bucketlearn writes."""
+
+
+# What is stored, by the format's dtype names: bool, integers and floats, nothing else (the
+# library also knows bfloat16, float8 and complex; none of them is written here, none is read).
+_DTYPES = {name: np.dtype(code) for name, code in (
+    ("BOOL", "?"), ("U8", "u1"), ("I8", "i1"), ("U16", "<u2"), ("I16", "<i2"), ("F16", "<f2"),
+    ("U32", "<u4"), ("I32", "<i4"), ("F32", "<f4"), ("U64", "<u8"), ("I64", "<i8"),
+    ("F64", "<f8"))}
+_STORABLE = {dtype.newbyteorder("=") for dtype in _DTYPES.values()}
 
 
 def encode_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any] | None = None) -> bytes:
-    """Serialize named numeric arrays (and JSON metadata) to ``.npz`` bytes."""
+    """Serialize named numeric arrays (and JSON metadata) to safetensors bytes.
+
+    Raises:
+        TypeError: an array is not bool, int, uint or float (object arrays above all).
+    """
     payload: dict[str, np.ndarray] = {}
     for key, value in arrays.items():
         array = np.asarray(value)
-        if array.dtype == object:
-            raise TypeError(f"array {key!r}: expected a numeric dtype; found: object")
-        payload[key] = array
-    if meta is not None:
-        payload[META_KEY] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
-    buffer = io.BytesIO()
-    np.savez(buffer, **payload)
-    return buffer.getvalue()
-
-
-# What a decoder meets in bytes that are not what ``encode_arrays`` wrote: the zip layer
-# (BadZipFile, struct/zlib errors, encrypted or unsupported members), the .npy header parser
-# (ValueError, SyntaxError, TypeError on odd dtype descriptions, RecursionError on nesting).
-_MALFORMED = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError,
-              TypeError, KeyError, IndexError, OverflowError, struct.error, zlib.error,
-              NotImplementedError, RuntimeError, SyntaxError)
-_NUMERIC_KINDS = "biuf"  # bool, signed and unsigned integers, floats: nothing else is stored
-_DEFLATE_MAX_RATIO = 1032  # deflate cannot expand a byte more than ~1032-fold
-_READ_CHUNK = 1 << 20
+        if array.dtype.newbyteorder("=") not in _STORABLE:
+            raise TypeError(f"array {key!r}: expected a numeric dtype; found: {array.dtype}")
+        # little-endian and C-contiguous: safetensors.numpy.save writes an array's memory as it
+        # lies, so a transposed or strided view would otherwise be stored in the wrong order
+        # (np.asarray, not np.ascontiguousarray, which turns a 0-d array into shape (1,))
+        payload[key] = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+    metadata = None if meta is None else {META_KEY: json.dumps(meta, sort_keys=True)}
+    return safetensors.numpy.save(payload, metadata)
 
 
 def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read ``.npz`` bytes without ever unpickling; return (arrays, metadata).
+    """Read safetensors bytes; return (arrays, metadata).
 
-    The archive is parsed here, not by ``np.load``: every size it declares (a zip member's, an
-    array's shape) is checked against the bytes actually present before anything is allocated,
-    and only numeric arrays (bool, int, uint, float) in uncompressed or deflated ``.npy``
-    members are accepted.
+    ``safetensors.deserialize`` checks every size and range the header declares against the
+    bytes present before it copies an array out; each array comes back writable, in its own
+    memory. Only the dtypes ``encode_arrays`` writes are accepted.
 
     Args:
         data: the object's bytes.
@@ -72,33 +75,26 @@ def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarr
         (arrays by name, the ``__meta__`` JSON object or {}).
 
     Raises:
-        CorruptObjectError: the bytes are not such an archive, whatever is wrong with them.
+        CorruptObjectError: the bytes are not such an object, whatever is wrong with them.
     """
-    try:
-        arrays = _read_npz(data, what)
-    except CorruptObjectError:
-        raise
-    except RecursionError:
-        raise CorruptObjectError(f"{what}: expected a .npz archive; found nesting too deep to "
-                                 "parse") from None
-    except _MALFORMED as exc:
-        raise CorruptObjectError(f"{what}: expected a .npz archive; found unreadable bytes "
-                                 f"({type(exc).__name__}: {_cut(str(exc))})") from exc
-    meta: dict[str, Any] = {}
-    raw_meta = arrays.pop(META_KEY, None)
-    if raw_meta is not None:
-        if raw_meta.dtype != np.uint8 or raw_meta.ndim != 1:
-            raise CorruptObjectError(f"{what}: expected metadata as a 1-D uint8 array; found "
-                                     f"{raw_meta.dtype} of shape {raw_meta.shape}")
+    try:  # SafetensorError is all that fuzzing met; the others are a backstop
+        tensors = safetensors.deserialize(bytes(data))
+    except (safetensors.SafetensorError, ValueError, OverflowError) as exc:
+        raise CorruptObjectError(f"{what}: expected a safetensors object; found unreadable bytes "
+                                 f"({_cut(str(exc))})") from None
+    header = _header(data, what)
+    arrays: dict[str, np.ndarray] = {}
+    for name, view in tensors:
+        dtype = _DTYPES.get(view["dtype"])
+        if dtype is None:
+            raise CorruptObjectError(f"{what}: expected a numeric array (bool, int, uint, float) "
+                                     f"in {_cut(name, 80)!r}; found dtype {_cut(view['dtype'], 80)}")
         try:
-            meta = json.loads(raw_meta.tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise CorruptObjectError(f"{what}: metadata is not UTF-8 JSON ({_cut(str(exc))})"
-                                     ) from None
-        if not isinstance(meta, dict):
-            raise CorruptObjectError(f"{what}: expected metadata as a JSON object; found "
-                                     f"{type(meta).__name__}")
-    return arrays, meta
+            arrays[name] = np.frombuffer(view["data"], dtype=dtype).reshape(view["shape"])
+        except (ValueError, TypeError) as exc:  # the library checked this; kept as a backstop
+            raise CorruptObjectError(f"{what}: expected the bytes of {_cut(name, 80)!r} to fit "
+                                     f"its shape; found {_cut(str(exc))}") from None
+    return arrays, _meta(header.get("__metadata__") or {}, what)
 
 
 def _cut(text: str, limit: int = 200) -> str:
@@ -107,82 +103,43 @@ def _cut(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _read_npz(data: bytes, what: str) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` archive, every declared size checked before it is used."""
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        members = archive.infolist()
-        names = [m.filename for m in members]
-        if len(set(names)) != len(names):
-            raise CorruptObjectError(f"{what}: expected a .npz archive with distinct members; "
-                                     "found a repeated name")
-        arrays: dict[str, np.ndarray] = {}
-        for member in members:
-            if not member.filename.endswith(".npy"):
-                raise CorruptObjectError(f"{what}: expected a .npz archive of .npy arrays; "
-                                         f"found a member named {_cut(member.filename, 80)!r}")
-            raw = _member_bytes(archive, member, len(data), what)
-            arrays[member.filename[: -len(".npy")]] = _parse_npy(raw, member.filename, what)
-        return arrays
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a name given twice (JSON parsers keep the last)."""
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        twice = next(name for name in members if sum(n == name for n, _ in pairs) > 1)
+        raise ValueError(f"{_cut(twice, 80)!r} twice")
+    return members
 
 
-def _member_bytes(archive: zipfile.ZipFile, member: zipfile.ZipInfo, total: int,
-                  what: str) -> bytearray:
-    """A member's bytes, after checking its declared sizes against the archive's length."""
-    if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise CorruptObjectError(f"{what}: expected stored or deflated members; found "
-                                 f"compression method {member.compress_type} in "
-                                 f"{_cut(member.filename, 80)!r}")
-    ceiling = member.compress_size * (1 if member.compress_type == zipfile.ZIP_STORED
-                                      else _DEFLATE_MAX_RATIO)
-    if member.compress_size > total or member.file_size > ceiling:
-        raise CorruptObjectError(
-            f"{what}: expected member sizes that fit the {total}-byte archive; found "
-            f"{_cut(member.filename, 80)!r} declaring {member.file_size} bytes "
-            f"({member.compress_size} compressed)")
-    buffer = bytearray(member.file_size)
-    view = memoryview(buffer)
-    filled = 0
-    with archive.open(member) as stream:
-        while filled < member.file_size:
-            chunk = stream.read(min(_READ_CHUNK, member.file_size - filled))
-            if not chunk:
-                break
-            view[filled: filled + len(chunk)] = chunk
-            filled += len(chunk)
-        extra = stream.read(1)
-    if filled != member.file_size or extra:
-        raise CorruptObjectError(f"{what}: expected {member.file_size} bytes in "
-                                 f"{_cut(member.filename, 80)!r}; found "
-                                 f"{'more' if extra else filled}")
-    return buffer
+def _header(data: bytes, what: str) -> dict[str, Any]:
+    """The header of bytes ``safetensors.deserialize`` accepted (its length and JSON checked),
+    read again for the metadata it does not return; a name given twice is refused."""
+    length = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(bytes(data[8:8 + length]), object_pairs_hook=_unique)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptObjectError(f"{what}: expected a safetensors header naming each array once; "
+                                 f"found {_cut(str(exc))}") from None
+    if not isinstance(header, dict):  # deserialize accepts only an object: a backstop
+        raise CorruptObjectError(f"{what}: expected a safetensors header; found "
+                                 f"{type(header).__name__}")
+    return header
 
 
-def _parse_npy(raw: bytearray, name: str, what: str) -> np.ndarray:
-    """One ``.npy`` member as an array over ``raw``, its shape checked against its length."""
-    stream = io.BytesIO(raw)
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
-    else:
-        raise CorruptObjectError(f"{what}: expected .npy format 1.0 or 2.0 in {name!r}; found "
-                                 f"{version}")
-    if dtype.hasobject or dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None \
-            or dtype.subdtype is not None:
-        raise CorruptObjectError(f"{what}: expected a pickle-free numeric array in {name!r}; "
-                                 f"found dtype {_cut(str(dtype), 80)}")
-    if any(d < 0 for d in shape):
-        raise CorruptObjectError(f"{what}: expected a shape of sizes >= 0 in {name!r}; found "
-                                 f"{shape}")
-    offset = stream.tell()
-    expected = math.prod(shape) * dtype.itemsize
-    if expected != len(raw) - offset:
-        raise CorruptObjectError(f"{what}: expected {expected} bytes of data for shape "
-                                 f"{_cut(str(shape), 80)} {dtype} in {name!r}; found "
-                                 f"{len(raw) - offset}")
-    flat = np.frombuffer(raw, dtype=dtype, count=math.prod(shape), offset=offset)
-    return flat.reshape(shape, order="F" if fortran_order else "C")
+def _meta(metadata: Mapping[str, str], what: str) -> dict[str, Any]:
+    """The JSON object stored under ``__meta__`` in the header's (string) metadata, or {}."""
+    raw = metadata.get(META_KEY)
+    if raw is None:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptObjectError(f"{what}: metadata is not JSON ({_cut(str(exc))})") from None
+    if not isinstance(meta, dict):
+        raise CorruptObjectError(f"{what}: expected metadata as a JSON object; found "
+                                 f"{type(meta).__name__}")
+    return meta
 
 
 def encode_weights(weights: Sequence[np.ndarray], meta: Mapping[str, Any] | None = None) -> bytes:

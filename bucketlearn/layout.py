@@ -15,7 +15,7 @@ _SLUG_RE = re.compile(r"[^a-z0-9]+")
 JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-[0-9a-f]{12}$")
 DELTA_RE = re.compile(
     r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4,})/t(?P<task>\d{5,})/(?P<nonce>[0-9a-f]{16})"
-    r"(?P<kind>\.npz|\.failed\.json)$"
+    r"(?P<kind>\.safetensors|\.failed\.json)$"
 )
 
 
@@ -49,11 +49,11 @@ def new_nonce() -> str:
 # --- work bucket -------------------------------------------------------------------------------
 
 def shard_part_path(job_id: str, task_index: int, part: int) -> str:
-    return f"jobs/{job_id}/shards/t{task_index:05d}/part-{part:04d}.npz"
+    return f"jobs/{job_id}/shards/t{task_index:05d}/part-{part:04d}.safetensors"
 
 
 def holdout_part_path(job_id: str, part: int) -> str:
-    return f"jobs/{job_id}/holdout/part-{part:04d}.npz"
+    return f"jobs/{job_id}/holdout/part-{part:04d}.safetensors"
 
 
 def manifest_path(job_id: str) -> str:
@@ -68,7 +68,7 @@ def job_prefix(job_id: str) -> str:
 
 def weights_path(job_id: str, version: int, nonce: str) -> str:
     """Write-once name of a version's weights; the nonce makes a crashed attempt's object unique."""
-    return f"weights/{job_id}/v{version:06d}-{nonce}.npz"
+    return f"weights/{job_id}/v{version:06d}-{nonce}.safetensors"
 
 
 def model_path(job_id: str, version: int | None = None) -> str:
@@ -91,7 +91,7 @@ def epoch_delta_prefix(job_id: str, epoch: int) -> str:
 
 def delta_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:
     """Write-once name of one training attempt's delta."""
-    return f"{job_id}/e{epoch:04d}/t{task_index:05d}/{nonce}.npz"
+    return f"{job_id}/e{epoch:04d}/t{task_index:05d}/{nonce}.safetensors"
 
 
 def failure_marker_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:

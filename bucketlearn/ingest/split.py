@@ -20,7 +20,7 @@ A row longer than a block makes pyarrow fail ("straddles two block boundaries");
 starts again with blocks of ``2 x max_line_bytes`` (enough for any row within the limit), and
 pass 2 uses the block size pass 1 succeeded with.
 
-Shard rows are buffered per shard and written as ``part-NNNN.npz`` objects when a shard is
+Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objects when a shard is
 complete or when the buffers reach ``buffer_bytes``; memory therefore stays flat as the file grows
 (invariant 5). A shard may end up as several parts; the manifest lists them.
 

@@ -111,7 +111,7 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
     wait_for(lambda: getattr(svc.registry.get_job(job_id), "published", None) == "e0001r00000",
              120, "round 1 of epoch 1 to be published")
     part = layout.shard_part_path(job_id, 0, 0)
-    svc.store.write_bytes(stack.settings.work_bucket, part, b"not an npz", "text/plain")
+    svc.store.write_bytes(stack.settings.work_bucket, part, b"not a safetensors object", "text/plain")
     # Execute
     for i in range(2):
         stack.start_worker(i)
@@ -123,11 +123,11 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
     assert len({t.epoch for t in failed}) == len(failed)  # one task an epoch: shard 0's
     if expected == "FAILED":
         assert "failed after 3 attempts" in job.error and ":e0001:t" in job.error
-        assert "expected a .npz archive" in job.error or "CorruptObject" in job.error
+        assert "expected a safetensors object" in job.error or "CorruptObject" in job.error
     else:
         assert job.tasks_failed == 2 and job.tasks_applied == job.tasks_planned - 2
     record(f"poison task (max_failed_tasks={allowed})", "shard 0 overwritten with bytes that "
-           "are not an .npz; BUCKETLEARN_MAX_TASK_ATTEMPTS=3", f"task FAILED after 3 attempts, "
+           "are not a safetensors object; BUCKETLEARN_MAX_TASK_ATTEMPTS=3", f"task FAILED after 3 attempts, "
            f"no endless redelivery; job {expected}" + (" with the task and the decode error in "
                                                        "its reason" if expected == "FAILED"
                                                        else " without it"),

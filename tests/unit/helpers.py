@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 import unicodedata
-import warnings
-import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,36 +147,31 @@ def eventually(condition: Any, seconds: float = 5.0) -> bool:
     return bool(condition())
 
 
-# --- malformed .npz archives (codec and aggregator tests) ---------------------------------------
+# --- malformed safetensors objects (codec and aggregator tests) ---------------------------------
 
-def npy_member(shape, descr="<f4", fortran=False, body=None, version=(1, 0)):
-    """A .npy member: a header declaring ``shape``/``descr`` and ``body`` (default: zeros)."""
-    buffer = io.BytesIO()
-    header = {"descr": descr, "fortran_order": fortran, "shape": shape}
-    if version == (1, 0):
-        np.lib.format.write_array_header_1_0(buffer, header)
-    else:
-        np.lib.format.write_array_header_2_0(buffer, header)
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "F16": 2, "BF16": 2, "I32": 4, "F32": 4,
+             "I64": 8, "F64": 8, "C64": 8}
+
+
+def tensor_entry(shape, dtype="F32", start=0, size=None):
+    """A safetensors header entry: ``dtype`` and ``shape`` over the bytes [start, start + size)
+    (default: the size they need)."""
+    if size is None:
+        size = int(np.prod(shape)) * _ITEMSIZE.get(dtype, 1)
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": [start, start + size]}
+
+
+def safetensors_bytes(header, body=None, length=None):
+    """Bytes laid out as a safetensors object: the header's length (8 bytes, little-endian;
+    ``length`` declares another), the header (a dict written as JSON, or bytes as given), then
+    ``body`` (default: zeros up to the largest offset the header declares)."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
     if body is None:
-        body = b"\0" * (int(np.prod(shape)) * np.dtype(descr).itemsize)
-    return buffer.getvalue() + body
-
-
-def zip_archive(*members, compression=zipfile.ZIP_STORED):
-    """A zip archive of (name, bytes) members."""
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), zipfile.ZipFile(buffer, "w", compression=compression) as zf:
-        warnings.simplefilter("ignore")  # "Duplicate name": wanted, for one case
-        for name, data in members:
-            zf.writestr(name, data)
-    return buffer.getvalue()
-
-
-def deflated_with_bad_stream():
-    """A deflated member whose compressed bytes are damaged (zlib.error when inflated)."""
-    good = zip_archive(("w0000.npy", npy_member((64,))), compression=zipfile.ZIP_DEFLATED)
-    start = good.index(b"w0000.npy") + len("w0000.npy") + 5
-    return good[:start] + bytes(b ^ 0x5A for b in good[start:start + 20]) + good[start + 20:]
+        ends = [entry["data_offsets"][1] for entry in header.values()
+                if isinstance(entry, dict) and "data_offsets" in entry] \
+            if isinstance(header, dict) else []
+        body = b"\0" * max(ends, default=0)
+    return (len(raw) if length is None else length).to_bytes(8, "little") + raw + body
 
 
 # --- mixed-type tables (issue #15) ---------------------------------------------------------------

@@ -24,11 +24,10 @@ from bucketlearn.services.serial import simulate_pipeline, train_local
 from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
-    deflated_with_bad_stream,
-    npy_member,
+    safetensors_bytes,
+    tensor_entry,
     wait_until,
     write_blobs_csv,
-    zip_archive,
 )
 
 
@@ -424,7 +423,7 @@ class _FirstReadFails(_CountingStore):
 
     def read_bytes(self, bucket, name, *args, **kwargs):
         self.reads[name] = self.reads.get(name, 0) + 1
-        if self.reads[name] == 1 and name.endswith(".npz") and "/e0" in name:
+        if self.reads[name] == 1 and name.endswith(".safetensors") and "/e0" in name:
             raise ConnectionError("storage briefly unreachable")
         return self.store.read_bytes(bucket, name, *args, **kwargs)
 
@@ -456,14 +455,14 @@ def test_a_read_ahead_that_failed_is_read_again_at_the_fold(tmp_path):
     assert svc.registry.get_job(job_id).tasks_applied == 2
 
 
-@pytest.mark.parametrize("case", ["bad-zlib", "terabyte-header"])
+@pytest.mark.parametrize("case", ["bad-header", "terabyte-header"])
 def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
-    """A delta whose bytes fail inside zlib or declare a 4 TiB array (issue #14, item 4): the
+    """A delta whose header is not JSON or declares a 4 TiB array (issue #14, item 4): the
     aggregator treats it as corrupt (deleted, its task published again) instead of raising on
     every run while planning the same delta."""
     # Prepare
-    payload = (deflated_with_bad_stream() if case == "bad-zlib" else
-               zip_archive(("w0000.npy", npy_member((1 << 20, 1 << 20), body=b"\0" * 64))))
+    payload = (safetensors_bytes(b"{not json", b"\0" * 64) if case == "bad-header" else
+               safetensors_bytes({"w0000": tensor_entry((1 << 20, 1 << 20), size=64)}))
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "bad-delta.csv", n_rows=120, n_classes=3, n_features=4)
     info = svc.store.write_bytes(svc.settings.uploads_bucket, "bad-delta.csv", path.read_bytes(),

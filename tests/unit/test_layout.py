@@ -110,16 +110,16 @@ def test_parse_delta_path_round_trips_failure_marker():
 @pytest.mark.parametrize("name", [
     "",
     "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.json",
-    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.npz.tmp",
-    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789ABCDEF.npz",
-    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcde.npz",
-    "digits-3f2a9c1b7e4d/e1/t00001/0123456789abcdef.npz",
-    "digits-3f2a9c1b7e4d/e0001/t1/0123456789abcdef.npz",
-    "Digits/e0001/t00001/0123456789abcdef.npz",
-    "../e0001/t00001/0123456789abcdef.npz",
-    "prefix/digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.npz",
-    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.npz/extra",
-    "weights/digits-3f2a9c1b7e4d/v000001-0123456789abcdef.npz",
+    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.safetensors.tmp",
+    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789ABCDEF.safetensors",
+    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcde.safetensors",
+    "digits-3f2a9c1b7e4d/e1/t00001/0123456789abcdef.safetensors",
+    "digits-3f2a9c1b7e4d/e0001/t1/0123456789abcdef.safetensors",
+    "Digits/e0001/t00001/0123456789abcdef.safetensors",
+    "../e0001/t00001/0123456789abcdef.safetensors",
+    "prefix/digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.safetensors",
+    "digits-3f2a9c1b7e4d/e0001/t00001/0123456789abcdef.safetensors/extra",
+    "weights/digits-3f2a9c1b7e4d/v000001-0123456789abcdef.safetensors",
 ])
 def test_parse_delta_path_rejects_foreign_names(name):
     """Objects bucketlearn did not write parse to None."""
@@ -148,10 +148,10 @@ def test_object_paths():
              layout.model_path(job_id), layout.model_path(job_id, 12), layout.job_prefix(job_id)]
     # Assert
     assert paths == [
-        "jobs/digits-3f2a9c1b7e4d/shards/t00003/part-0002.npz",
-        "jobs/digits-3f2a9c1b7e4d/holdout/part-0001.npz",
+        "jobs/digits-3f2a9c1b7e4d/shards/t00003/part-0002.safetensors",
+        "jobs/digits-3f2a9c1b7e4d/holdout/part-0001.safetensors",
         "jobs/digits-3f2a9c1b7e4d/manifest.json",
-        "weights/digits-3f2a9c1b7e4d/v000012-ab.npz",
+        "weights/digits-3f2a9c1b7e4d/v000012-ab.safetensors",
         "models/digits-3f2a9c1b7e4d/latest.keras",
         "models/digits-3f2a9c1b7e4d/v000012.keras",
         "jobs/digits-3f2a9c1b7e4d/",

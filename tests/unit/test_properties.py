@@ -301,7 +301,7 @@ def round_plans(draw: st.DrawFn):
     refs = []
     for i in range(draw(st.integers(0, 30))):
         task = draw(st.integers(-2, planned + 2))
-        refs.append(DeltaRef(name=f"job/e0001/t{max(task, 0):05d}/{i:016x}.npz",
+        refs.append(DeltaRef(name=f"job/e0001/t{max(task, 0):05d}/{i:016x}.safetensors",
                              task_index=task, failed=draw(st.booleans())))
     return round_tasks, done, refs
 
@@ -316,7 +316,7 @@ def complete_round_plans(draw: st.DrawFn):
     done = [t for t in done if t != keep]
     for task in round_tasks:
         if task not in done:
-            refs.append(DeltaRef(name=f"job/e0001/t{task:05d}/{len(refs):016x}.npz",
+            refs.append(DeltaRef(name=f"job/e0001/t{task:05d}/{len(refs):016x}.safetensors",
                                  task_index=task, failed=draw(st.booleans())))
     return round_tasks, done, draw(st.permutations(refs))
 

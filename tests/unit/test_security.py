@@ -1,9 +1,9 @@
 """Security checks: no unpickling, no code in models, object names that steer nothing, no client
 access to Firestore.
 
-* Planted pickle payloads (an .npz holding a pickled object array, and a raw pickle named .npz)
-  in the deltas, work and models buckets are refused by ``codec`` and by the aggregator and worker
-  paths, and never executed: unpickling the payload would create a marker file, which must never
+* Planted pickle payloads (an .npz holding a pickled object array, a raw pickle and a
+  safetensors header declaring an object dtype over a pickle) in the deltas, work and models
+  buckets are refused by ``codec`` and by the aggregator and worker paths, and never executed: unpickling the payload would create a marker file, which must never
   appear (a control test shows it does appear when the bytes *are* unpickled).
 * A ``.keras`` with a Lambda layer is refused by ``bucketlearn predict`` with a clear message and
   a non-zero exit, without running the lambda (it would create a marker file too).
@@ -46,7 +46,7 @@ from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import upload as split
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
-from tests.unit.helpers import REPO_DIR, csv_bytes, write_blobs_csv
+from tests.unit.helpers import REPO_DIR, csv_bytes, safetensors_bytes, write_blobs_csv
 
 # --- payloads ----------------------------------------------------------------------------------
 
@@ -74,9 +74,17 @@ def raw_pickle(marker: Path) -> bytes:
     return pickle.dumps(Payload(marker), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def object_dtype_safetensors(marker: Path) -> bytes:
+    """A safetensors object whose arrays declare a (numpy) object dtype over a pickle."""
+    body = raw_pickle(marker)
+    entry = {"dtype": "O", "shape": [len(body)], "data_offsets": [0, len(body)]}
+    return safetensors_bytes({"w0000": entry}, body)
+
+
 PAYLOADS = {
     "npz-object-array": lambda marker: pickled_npz(marker, ("w0000", "x", "y")),
     "raw-pickle": raw_pickle,
+    "safetensors-object-dtype": object_dtype_safetensors,
 }
 
 
@@ -108,9 +116,9 @@ def test_codec_refuses_planted_pickles_without_running_them(kind: str, decode: A
     data = PAYLOADS[kind](marker)
     # Execute
     with pytest.raises(CorruptObjectError) as excinfo:
-        decode(data, "planted/t00000/0000000000000000.npz")
+        decode(data, "planted/t00000/0000000000000000.safetensors")
     # Assert
-    assert str(excinfo.value).startswith("planted/t00000/0000000000000000.npz: expected")
+    assert str(excinfo.value).startswith("planted/t00000/0000000000000000.safetensors: expected")
     assert not marker.exists()
 
 
@@ -188,7 +196,7 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
                if layout.parse_delta_path(i.name) and layout.parse_delta_path(i.name).failed]
     assert len(markers) == 1
     assert not [i for i in svc.store.list(svc.settings.deltas_bucket, f"{job_id}/")
-                if i.name.endswith(".npz")], "no delta may come out of a planted input"
+                if i.name.endswith(".safetensors")], "no delta may come out of a planted input"
     assert not marker.exists()
 
 
