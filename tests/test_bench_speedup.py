@@ -71,3 +71,12 @@ def test_a_plan_of_one_task_at_a_time_is_projected_with_a_chained_versions_round
     assert chained["projection"]["W=2"]["cloud"] == pytest.approx(2.0 + 3 * 1.05)
     assert chained["projection"]["W=2"]["R=W"] == pytest.approx(2.0 + 2 * 1.4)
     assert rounds["projection"]["W=2"]["cloud"] == pytest.approx(2.0 + 3 * 1.4)
+
+
+def test_a_numeric_targets_goal_is_carried_to_the_evaluation_sample_by_the_final_model():
+    """Versions are evaluated on a sample; train-local's RMSE is on the whole holdout."""
+    found = {"evaluated": [(3.0, 5.2), (6.0, 4.80), (9.0, 4.77)], "rmse": 4.53}
+    target = speedup.sampled_target(found, 4.53, "rmse")
+    assert abs(target - 4.77) < 1e-9  # the final model is train-local's: its sample RMSE
+    assert speedup.time_to(found["evaluated"], target, "rmse") == 6.0  # 4.80 <= 4.77 * 1.01
+    assert speedup.sampled_target(found, 0.9, "accuracy") == 0.9  # accuracy: unchanged

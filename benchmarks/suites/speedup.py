@@ -135,6 +135,19 @@ def time_to(evaluated: list[tuple[float, float]], target: float, metric: str = "
     return next((t for t, accuracy in evaluated if accuracy >= target - WITHIN - 1e-9), None)
 
 
+def sampled_target(found: dict[str, Any], target: float, metric: str) -> float:
+    """The target as the versions' figures measure it. Versions are evaluated on a fixed sample
+    of the holdout (``BUCKETLEARN_EVAL_MAX_ROWS``, 5,000 rows), train-local's figure on all of
+    it. A 1-point accuracy tolerance absorbs the difference; a 1 % RMSE tolerance does not
+    (flights' delay: 4.77 on the sample, 4.53 on the holdout, for the same model). So a numeric
+    target's RMSE is carried to the sample by the run's final model: its last evaluated RMSE
+    over its RMSE on the whole holdout."""
+    evaluated, final = found.get("evaluated") or [], found.get("rmse")
+    if metric != "rmse" or not evaluated or not final:
+        return target
+    return target * float(evaluated[-1][1]) / float(final)
+
+
 def headline(found: dict[str, Any]) -> str:
     """A run's final holdout figure: its accuracy, or a numeric target's RMSE."""
     if found.get("rmse") is not None:
@@ -274,7 +287,8 @@ def summarize(cell: dict[str, Any], project_to: list[int], cloud: float,
     target = float(serial[metric])
     runs = {int(k.rsplit("-", 1)[1]): v for k, v in cell.items() if k.startswith("pipeline-")}
     for found in runs.values():
-        found["time_to_accuracy"] = time_to(found["evaluated"], target, metric)
+        found["time_to_accuracy"] = time_to(found["evaluated"], sampled_target(found, target, metric),
+                                            metric)
     if not runs:
         return
     compute, trips = runs[min(runs)], runs[max(runs)]
