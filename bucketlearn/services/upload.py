@@ -19,6 +19,7 @@ from bucketlearn.domain.job import (
     TRAINING,
     Head,
     Job,
+    claim_renewal_due,
     ending_fields,
     is_terminal,
     may_start_training,
@@ -145,12 +146,6 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
 CLAIM_WRITE_ATTEMPTS = 3
 
 
-def renewal_due(renewed_at: float, now: float, lease_seconds: float) -> bool:
-    """Whether a split's claim renewed at ``renewed_at`` is due for renewal (every lease/3 s,
-    so that two renewals can be missed before the claim counts as abandoned)."""
-    return now - renewed_at >= lease_seconds / 3
-
-
 class SplitClaim:
     """This invocation's claim on a job's split: the job document's ``claim`` and ``claimed_at``.
 
@@ -190,14 +185,14 @@ class SplitClaim:
         return may_start_training(self.svc.registry.get_job(self.job_id), self.claim)
 
     def renew(self) -> None:
-        """Renew ``claimed_at`` if it is due (``renewal_due``).
+        """Renew ``claimed_at`` if it is due (``domain.job.claim_renewal_due``).
 
         Raises:
             TransientError: another invocation has taken the split over, or the job is no
                 longer splitting (the split must stop; its event is retried and finds that).
         """
         now = self.svc.clock()
-        if not renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
+        if not claim_renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
             return
         if not self.update({"claimed_at": now}):
             raise self.lost()
