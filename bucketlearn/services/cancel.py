@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import CANCELLED, ending_fields
 from bucketlearn.errors import NotFoundError, bounded
+from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)

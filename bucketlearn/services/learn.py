@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
 from bucketlearn.domain.job import Job, is_terminal, next_round
@@ -53,7 +52,7 @@ from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ml.training import LocalResult, train_task
-from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, TaskMessage
+from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
 from bucketlearn.services.publish import announce_failure

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.job import Job
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import ModelSpec, build_model
+from bucketlearn.ports import Services
 
 # Jobs whose runtime (model, manifest, last version) a process keeps. Workers serve jobs that
 # run at the same time in turns: with fewer entries than such jobs, every task rebuilt its

@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
 from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
@@ -56,7 +55,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
-from bucketlearn.ports import BlobInfo
+from bucketlearn.ports import BlobInfo, Services
 from bucketlearn.services.publish import publish_round
 
 log = logging.getLogger(__name__)
