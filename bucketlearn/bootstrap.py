@@ -1,41 +1,14 @@
-"""Wiring in one place: which adapters serve the ports, made once per process, lazily."""
+"""Wiring in one place: which adapters serve the ports (``ports.Services``), made once per
+process, lazily. Entry points, the local stack, the tests and the benchmarks call it and hand a
+service its ``Services``; of the services only ``serial`` (``train-local`` and the simulation, on
+in-memory ports) and the dashboard's ``reads`` (the page's own) make theirs here."""
 
 from __future__ import annotations
 
 import functools
-import os
-import socket
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from bucketlearn import errors
 from bucketlearn.config import Settings, load_settings
-from bucketlearn.ports import BlobStore, Registry, ResultQueue, TaskQueue
-
-
-@dataclass
-class Services:
-    """Everything a service function needs; built by ``google_services`` or ``memory_services``."""
-
-    settings: Settings
-    store: BlobStore
-    queue: TaskQueue  # the tasks topic
-    registry: Registry
-    results: ResultQueue  # the results topic (learners and the watchdog -> the aggregator)
-    clock: Callable[[], float] = time.time
-    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    cache: dict[str, Any] = field(default_factory=dict)
-    # which exceptions are worth retrying (the adapters' backends add their own)
-    transient: Callable[[BaseException], bool] = errors.is_transient
-    # counts what this process asks of the cloud, per job (``adapters.metered``); None: nothing
-    # is counted (the in-memory services, unless a test meters them)
-    meter: Any = None
-
-    def usage(self, job_id: str) -> dict[str, float]:
-        """What this process used for a job since it was last asked (and forget it)."""
-        return self.meter.take(job_id) if self.meter is not None else {}
+from bucketlearn.ports import Services
 
 
 def google_services(settings: Settings | None = None) -> Services:

@@ -6,10 +6,15 @@ one in-memory implementation (``bucketlearn.adapters.memory``) for unit tests an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from bucketlearn import errors
+from bucketlearn.config import Settings
 from bucketlearn.domain.job import Head, Job
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
@@ -327,3 +332,26 @@ class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
     """The model registry and job ledger (Firestore in the cloud): the ports above, one per
     collection, in one backend (``adapters.firestore``, and ``adapters.memory`` for tests).
     A function that needs only one collection can take that port alone."""
+
+
+@dataclass
+class Services:
+    """Everything a service function needs; built by ``google_services`` or ``memory_services``."""
+
+    settings: Settings
+    store: BlobStore
+    queue: TaskQueue  # the tasks topic
+    registry: Registry
+    results: ResultQueue  # the results topic (learners and the watchdog -> the aggregator)
+    clock: Callable[[], float] = time.time
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    cache: dict[str, Any] = field(default_factory=dict)
+    # which exceptions are worth retrying (the adapters' backends add their own)
+    transient: Callable[[BaseException], bool] = errors.is_transient
+    # counts what this process asks of the cloud, per job (``adapters.metered``); None: nothing
+    # is counted (the in-memory services, unless a test meters them)
+    meter: Any = None
+
+    def usage(self, job_id: str) -> dict[str, float]:
+        """What this process used for a job since it was last asked (and forget it)."""
+        return self.meter.take(job_id) if self.meter is not None else {}

@@ -14,12 +14,12 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, is_terminal
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
 from bucketlearn.options import OPTION_SPECS
+from bucketlearn.ports import Services
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.dashboard import (
     actions,

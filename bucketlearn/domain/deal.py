@@ -9,6 +9,7 @@ split (``Unsplittable``). Pure: numbers in, numbers out; ingest deals the rows b
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,3 +240,26 @@ def plan_split(classes: list[str], class_counts: list[int], label_kind: str,
                             found=f"{shards} shards of {rows_per_shard} rows", of_label=False)
     return SplitPlan(classes, list(class_counts), label_kind, hold_phase, holdout_per_class,
                      train_per_class, DealPlan.make(train_per_class, shards, seed))
+
+
+def holdout_sample(part_rows: Sequence[int], max_rows: int, seed: int) -> list[np.ndarray]:
+    """Which rows of each holdout part make a fixed random sample of ``max_rows`` rows.
+
+    Uniform over the whole holdout, without replacement: how many rows each part gives is
+    drawn from the multivariate hypergeometric distribution, then which rows within the part.
+    Reproducible from ``seed``; every row when there are no more than ``max_rows``. Pure.
+
+    Args:
+        part_rows: the rows of each part, in the manifest's order.
+        max_rows: the sample's size, at most.
+        seed: the job's seed.
+
+    Returns:
+        One sorted array of row indices per part (empty for a part the sample skips).
+    """
+    if sum(part_rows) <= max_rows:
+        return [np.arange(n) for n in part_rows]
+    rng = np.random.default_rng([seed, 31])
+    taken = rng.multivariate_hypergeometric(np.asarray(part_rows, dtype=np.int64), max_rows)
+    return [np.sort(rng.choice(n, int(k), replace=False)) if k else np.arange(0)
+            for n, k in zip(part_rows, taken, strict=True)]

@@ -62,6 +62,12 @@ def may_start_training(job: Job | None, claim: str) -> bool:
             and not job.is_terminal)
 
 
+def claim_renewal_due(renewed_at: float, now: float, lease_seconds: float) -> bool:
+    """Whether a split's claim renewed at ``renewed_at`` is due for renewal (every lease/3 s,
+    so that two renewals can be missed before the claim counts as abandoned)."""
+    return now - renewed_at >= lease_seconds / 3
+
+
 def done_tasks(job: Job | None) -> frozenset[int]:
     """The task indices of the job's current epoch that are done (applied, or failed for good):
     every task of the rounds before its current one. A round is committed whole, each of its

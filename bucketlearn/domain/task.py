@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bucketlearn.domain.job import Job, is_terminal
+
 RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
 ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)
 
@@ -99,3 +101,22 @@ class TaskRecord:
         if self.state == RUNNING:
             return now - self.started_at
         return self.finished_at - self.started_at if self.finished_at is not None else None
+
+
+def skip_reason(job: Job | None, base_version: int, names_a_base: bool) -> str | None:
+    """Why a delivered task needs no training (None: train it).
+
+    The job is gone or has ended; the message predates rounds (no base version, or no weights
+    or state digest to start from: ``names_a_base`` false); or the job has moved past the
+    task's round (its version is newer than the task's base: the round was folded, so this
+    task was applied or failed for good).
+    """
+    if job is None:
+        return "the job is gone"
+    if is_terminal(job):
+        return f"the job is {job.status}"
+    if base_version < 0 or not names_a_base:
+        return "the message names no version to train from"
+    if (job.version or 0) > base_version:
+        return f"its round was folded (the job is at v{job.version})"
+    return None

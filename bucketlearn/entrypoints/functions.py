@@ -12,10 +12,11 @@ from typing import Any
 
 from werkzeug.exceptions import ServiceUnavailable
 
-from bucketlearn.bootstrap import Services, process_services
+from bucketlearn.bootstrap import process_services
 from bucketlearn.errors import PermanentError, TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.logs import setup_logging
+from bucketlearn.ports import Services
 
 log = logging.getLogger(__name__)
 _configured = False

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import (
     EXPORTING,
@@ -46,7 +45,7 @@ from bucketlearn.domain.usage import added
 from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
-from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, VersionCommit
+from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, Services, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.ending import wind_up
 from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, record_evaluation

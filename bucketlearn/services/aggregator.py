@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import FAILED, TRAINING, ending_fields
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
-from bucketlearn.ports import NUDGE, Received, ResultMessage
+from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, lease_name
 from bucketlearn.services.evaluate import evaluate_version

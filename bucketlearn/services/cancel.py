@@ -3,7 +3,7 @@
 Cancelling is one conditional write to the job document (``jobs.end_job``): any status that has
 not ended becomes CANCELLED, with who cancelled it, when and why. Everything else follows from
 CANCELLED being terminal: workers acknowledge the job's tasks without training them
-(``worker.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
+(``domain.task.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
 version onto it (``domain.job.commit_refusal``, so a fold already in flight cannot advance it), the
 export does not mark it DONE, a split in progress does not make it trainable
 (``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import CANCELLED, ending_fields
 from bucketlearn.errors import NotFoundError, bounded
+from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import CANCELLED, Job
 from bucketlearn.errors import NotFoundError
+from bucketlearn.ports import Services
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
 from bucketlearn.domain.version import Evaluation
 from bucketlearn.ml.training import evaluate_detail
+from bucketlearn.ports import Services
 from bucketlearn.services.runtime import job_runtime
 
 if TYPE_CHECKING:

@@ -11,13 +11,13 @@ import time
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain import health
 from bucketlearn.domain.job import DONE, FAILED, Job, ending_fields, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added
 from bucketlearn.ml.model import export_keras, model_inputs
 from bucketlearn.ml.training import evaluate_parts
+from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 from bucketlearn.services.evaluate import headline, holdout_figures
 from bucketlearn.services.runtime import JobRuntime, job_runtime

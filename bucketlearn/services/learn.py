@@ -44,15 +44,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
 from bucketlearn.domain.job import Job, is_terminal, next_round
 from bucketlearn.domain.plan import class_weights, step_rates
+from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ml.training import LocalResult, train_task
-from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, TaskMessage
+from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
 from bucketlearn.services.publish import announce_failure
@@ -60,24 +60,6 @@ from bucketlearn.services.runtime import job_runtime, models_built, part_cache
 
 log = logging.getLogger(__name__)
 SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
-
-
-def skip_reason(job: Job | None, task: TaskMessage) -> str | None:
-    """Why a delivered task needs no training (None: train it).
-
-    The job is gone or has ended; the message predates rounds (no base version); or the job has
-    moved past the task's round (its version is newer than the task's base: the round was folded,
-    so this task was applied or failed for good).
-    """
-    if job is None:
-        return "the job is gone"
-    if is_terminal(job):
-        return f"the job is {job.status}"
-    if task.base_version < 0 or not (task.weights_path or task.base_digest):
-        return "the message names no version to train from"
-    if (job.version or 0) > task.base_version:
-        return f"its round was folded (the job is at v{job.version})"
-    return None
 
 
 class Decision(enum.Enum):
@@ -213,7 +195,7 @@ class Learner:
         result can be announced: a task that crashes its worker still runs out of attempts)."""
         registry = self.svc.registry
         job = self._with_retries(lambda: registry.get_job(task.job_id))
-        skip = skip_reason(job, task)
+        skip = skip_reason(job, task.base_version, bool(task.weights_path or task.base_digest))
         if skip is not None:
             return _Admission(job, skip)
         doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)

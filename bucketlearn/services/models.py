@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import DONE, is_terminal
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
 from bucketlearn.options import JobOptions
+from bucketlearn.ports import Services
 
 
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:

@@ -15,11 +15,10 @@ import logging
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ports import FAILED, ResultMessage
+from bucketlearn.ports import FAILED, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime
 from bucketlearn.services.status import round_position

@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan
 from bucketlearn.errors import NotFoundError
-from bucketlearn.ports import Received, ResultMessage
+from bucketlearn.ports import Received, ResultMessage, Services
 
 log = logging.getLogger(__name__)
 

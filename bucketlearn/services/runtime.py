@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.job import Job
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import ModelSpec, build_model
+from bucketlearn.ports import Services
 
 # Jobs whose runtime (model, manifest, last version) a process keeps. Workers serve jobs that
 # run at the same time in turns: with fewer entries than such jobs, every task rebuilt its
@@ -145,29 +146,6 @@ class JobRuntime:
     def weights(self, weights_path: str) -> list[np.ndarray]:
         """A version's weights."""
         return self.state(weights_path)[0]
-
-
-def holdout_sample(part_rows: Sequence[int], max_rows: int, seed: int) -> list[np.ndarray]:
-    """Which rows of each holdout part make a fixed random sample of ``max_rows`` rows.
-
-    Uniform over the whole holdout, without replacement: how many rows each part gives is
-    drawn from the multivariate hypergeometric distribution, then which rows within the part.
-    Reproducible from ``seed``; every row when there are no more than ``max_rows``. Pure.
-
-    Args:
-        part_rows: the rows of each part, in the manifest's order.
-        max_rows: the sample's size, at most.
-        seed: the job's seed.
-
-    Returns:
-        One sorted array of row indices per part (empty for a part the sample skips).
-    """
-    if sum(part_rows) <= max_rows:
-        return [np.arange(n) for n in part_rows]
-    rng = np.random.default_rng([seed, 31])
-    taken = rng.multivariate_hypergeometric(np.asarray(part_rows, dtype=np.int64), max_rows)
-    return [np.sort(rng.choice(n, int(k), replace=False)) if k else np.arange(0)
-            for n, k in zip(part_rows, taken, strict=True)]
 
 
 class PartCache:

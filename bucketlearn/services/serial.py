@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn.bootstrap import Services, memory_services
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.job import is_terminal
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
@@ -34,6 +34,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.options import JobOptions
+from bucketlearn.ports import Services
 from bucketlearn.services.upload import chained_plan
 
 

@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from bucketlearn import codec, layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
 from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
@@ -19,6 +18,7 @@ from bucketlearn.domain.job import (
     TRAINING,
     Head,
     Job,
+    claim_renewal_due,
     ending_fields,
     is_terminal,
     may_start_training,
@@ -55,7 +55,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
-from bucketlearn.ports import BlobInfo
+from bucketlearn.ports import BlobInfo, Services
 from bucketlearn.services.publish import publish_round
 
 log = logging.getLogger(__name__)
@@ -145,12 +145,6 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
 CLAIM_WRITE_ATTEMPTS = 3
 
 
-def renewal_due(renewed_at: float, now: float, lease_seconds: float) -> bool:
-    """Whether a split's claim renewed at ``renewed_at`` is due for renewal (every lease/3 s,
-    so that two renewals can be missed before the claim counts as abandoned)."""
-    return now - renewed_at >= lease_seconds / 3
-
-
 class SplitClaim:
     """This invocation's claim on a job's split: the job document's ``claim`` and ``claimed_at``.
 
@@ -190,14 +184,14 @@ class SplitClaim:
         return may_start_training(self.svc.registry.get_job(self.job_id), self.claim)
 
     def renew(self) -> None:
-        """Renew ``claimed_at`` if it is due (``renewal_due``).
+        """Renew ``claimed_at`` if it is due (``domain.job.claim_renewal_due``).
 
         Raises:
             TransientError: another invocation has taken the split over, or the job is no
                 longer splitting (the split must stop; its event is retried and finds that).
         """
         now = self.svc.clock()
-        if not renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
+        if not claim_renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
             return
         if not self.update({"claimed_at": now}):
             raise self.lost()

@@ -21,10 +21,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import FAILED, TRAINING, Job, done_tasks, ending_fields, is_terminal
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
-from bucketlearn.ports import NUDGE, ResultMessage, TaskQueue
+from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
 from bucketlearn.services import jobs
 from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.results import list_deltas

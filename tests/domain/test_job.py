@@ -277,3 +277,8 @@ def test_an_ending_refuses_what_is_not_one(status: str, extra: dict[str, Any]) -
     # Execute / Assert
     with pytest.raises(ValueError, match="ending|how a job ends"):
         J.ending_fields(status, 1.0, **extra)
+
+
+def test_a_split_claim_is_renewed_every_third_of_its_lease() -> None:
+    assert not J.claim_renewal_due(renewed_at=100.0, now=109.9, lease_seconds=30.0)
+    assert J.claim_renewal_due(renewed_at=100.0, now=110.0, lease_seconds=30.0)

@@ -50,3 +50,18 @@ def test_a_sparse_or_odd_document_reads_without_guessing_at_call_sites() -> None
     assert (record.state, record.started_at, record.finished_at) == (T.RUNNING, 7.5, None)
     assert record.phase_seconds("fetch") is None and record.base_version is None
     assert T.TaskRecord.from_doc({"task_id": "t"}).busy_seconds(now=1.0) is None
+
+
+def test_a_delivered_task_is_skipped_only_with_a_reason_that_says_why() -> None:
+    """``skip_reason``: train a task of the current round; skip one whose job is gone or
+    ended, whose message names no base, or whose round was folded already."""
+    from bucketlearn.domain.job import Job
+
+    running = Job("j", status="RUNNING", phase="training", version=3)
+    assert T.skip_reason(running, 3, True) is None
+    assert T.skip_reason(None, 3, True) == "the job is gone"
+    assert T.skip_reason(Job("j", status="CANCELLED", version=3), 3, True) == \
+        "the job is CANCELLED"
+    assert T.skip_reason(running, -1, True) == "the message names no version to train from"
+    assert T.skip_reason(running, 3, False) == "the message names no version to train from"
+    assert T.skip_reason(running, 2, True) == "its round was folded (the job is at v3)"

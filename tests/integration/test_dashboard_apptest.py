@@ -21,14 +21,13 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.config import Limits
 from bucketlearn.domain.forecast import ModelCost, forecast_plan
 from bucketlearn.domain.job import Head, Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.domain.version import Version
-from bucketlearn.ports import VersionCommit
+from bucketlearn.ports import Services, VersionCommit
 from bucketlearn.services.dashboard import formats, headline, reads
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"

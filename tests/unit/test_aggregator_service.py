@@ -207,8 +207,9 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED
     stale = svc.queue.published[messages_before:]
     assert stale and {m.round for m in stale} == {0}  # round 1 is not published again
-    from bucketlearn.services.learn import skip_reason
-    assert all(skip_reason(job, m) == f"its round was folded (the job is at v{job.version})"
+    from bucketlearn.domain.task import skip_reason
+    folded = f"its round was folded (the job is at v{job.version})"
+    assert all(skip_reason(job, m.base_version, bool(m.weights_path or m.base_digest)) == folded
                for m in stale)  # the stale round's messages are not trained
 
 

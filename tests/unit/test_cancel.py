@@ -12,6 +12,7 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.domain.job import CANCELLED, DONE, RUNNING, is_terminal
+from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import export as export_service
@@ -19,7 +20,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services import upload as split
 from bucketlearn.services.autoscale import outstanding_tasks
 from bucketlearn.services.cancel import CancelResult, cancel_job
-from bucketlearn.services.learn import Decision, Learner, skip_reason
+from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.models import model_bytes, predict_file
 from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
@@ -99,7 +100,8 @@ def test_skip_reason_names_the_cancelled_status(running):
     task = svc.queue.pull(0).message
     cancel_job(svc, job_id, BY)
     # Execute
-    reason = skip_reason(svc.registry.get_job(job_id), task)
+    reason = skip_reason(svc.registry.get_job(job_id), task.base_version,
+                         bool(task.weights_path or task.base_digest))
     # Assert
     assert reason == "the job is CANCELLED"
 

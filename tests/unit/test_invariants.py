@@ -321,8 +321,9 @@ def test_holdout_sample_is_uniform_reproducible_and_reads_old_manifests() -> Non
     before they were recorded) gives the same sample, its parts counted one at a time."""
     import dataclasses
 
+    from bucketlearn.domain.deal import holdout_sample
     from bucketlearn.ingest.manifest import Manifest
-    from bucketlearn.services.runtime import JobRuntime, holdout_sample
+    from bucketlearn.services.runtime import JobRuntime
 
     # Prepare
     part_rows = [4096, 100, 4096, 0, 2000]

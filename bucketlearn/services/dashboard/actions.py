@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from bucketlearn import layout
-from bucketlearn.bootstrap import Services
 from bucketlearn.domain.job import Job
 from bucketlearn.options import parse_option
+from bucketlearn.ports import Services
 
 IAP_USER_HEADER = "X-Goog-Authenticated-User-Email"  # "accounts.google.com:alice@example.com"
 # The upload form (issue #26, item 8): a file of at most UPLOAD_MAX_BYTES (and the deployment's

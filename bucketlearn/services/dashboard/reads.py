@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bucketlearn.bootstrap import Services, google_services
+from bucketlearn.bootstrap import google_services
 from bucketlearn.domain.job import TRAINING, is_terminal
-from bucketlearn.ports import Registry
+from bucketlearn.ports import Registry, Services
 
 # What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
 # the job shown (enough for its charts and report) and ETA_VERSIONS of each training job in the
