@@ -102,7 +102,7 @@ _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
 class JobOptions:
     """The options one job trains with; every field is validated."""
 
-    # every default comes from OPTION_SPECS (one table; tests/unit/test_config.py checks it)
+    # every default comes from OPTION_SPECS (one table; tests/unit/core/test_config.py checks it)
     label_column: str | None = _SPEC_BY_NAME["label_column"].default
     epochs: int = _SPEC_BY_NAME["epochs"].default
     batch_size: int = _SPEC_BY_NAME["batch_size"].default

@@ -193,7 +193,7 @@ def measure(payload: Any, contenders: dict[str, Codec], repeats: int) -> dict[st
 
 def mutate(data: bytes, rng: random.Random) -> bytes:
     """1-4 mutations: a bit flip, an interesting word written over, a cut, an insertion, a
-    deleted range (the mutations of tests/unit/test_codec.py's fuzz test)."""
+    deleted range (the mutations of tests/unit/core/test_codec.py's fuzz test)."""
     out = bytearray(data)
     for _ in range(rng.randint(1, 4)):
         if not out:

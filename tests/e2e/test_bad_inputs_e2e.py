@@ -3,7 +3,7 @@ and a good upload afterwards still trains to DONE.
 
 Cases with ``limits`` in tests/data/bad/cases.json are left out here: a deployment has one set
 of limits, and e.g. a 64-byte file limit would reject every other case for its size. They are
-covered by tests/unit/test_bad_inputs.py (same ``handle_upload`` code path, in memory).
+covered by tests/unit/services/test_bad_inputs.py (same ``handle_upload`` code path, in memory).
 """
 
 from __future__ import annotations

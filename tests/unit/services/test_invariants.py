@@ -1,4 +1,5 @@
-"""ARCHITECTURE.md's invariants, each pinned by a test that fails if it breaks.
+"""The invariants of docs/DESIGN.md ("Correctness under at-least-once delivery"), each pinned
+by a test that fails if it breaks.
 
 1 one job per upload ........ test_split_service.py (duplicate event), e2e duplicate events
 2 each task applied once .... test_aggregator_service.py (duplicate delta), e2e ledgers
@@ -6,8 +7,9 @@
   before commit ............. here: crash between weights write and commit
 4 nothing lost .............. here: aggregator crash and rerun; e2e: worker SIGKILL
 5 bounded memory ............ here: shard buffers and reads bounded, same for 1x and 4x the rows
-6 no pickle ................. here: Keras safe mode; test_codec.py: pickled arrays refused
-7 clear answer on bad input . test_ingest_validation.py, test_split_service.py, e2e rejection
+6 no pickle ................. here: Keras safe mode; ../core/test_codec.py: pickled arrays refused
+7 clear answer on bad input . ../ingest/test_ingest_validation.py, test_split_service.py,
+                              e2e rejection
 """
 
 from __future__ import annotations
