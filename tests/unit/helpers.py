@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn.domain.job import REJECTED, is_terminal
-from bucketlearn.services import upload as split
+from bucketlearn.services import upload as upload_service
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -110,9 +110,9 @@ def bad_case_id(case: dict) -> str:
 
 def expected_uri(bucket: str, name: str) -> str:
     """How the file must be named in the reason (control characters escaped, long names cut)."""
-    plain = len(name) <= split.MAX_OBJECT_NAME and not any(
+    plain = len(name) <= upload_service.MAX_OBJECT_NAME and not any(
         unicodedata.category(ch) == "Cc" or ch in "\u2028\u2029" for ch in name)
-    return f"gs://{bucket}/{name}" if plain else split.display_uri(bucket, name)
+    return f"gs://{bucket}/{name}" if plain else upload_service.display_uri(bucket, name)
 
 
 def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: str,

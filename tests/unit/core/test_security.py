@@ -43,7 +43,7 @@ from bucketlearn.domain.job import QUEUED
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import upload as split
+from bucketlearn.services import upload as upload_service
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import REPO_DIR, csv_bytes, safetensors_bytes, write_blobs_csv
@@ -480,7 +480,7 @@ def test_nasty_object_names_never_reach_a_local_path_or_another_bucket(
     assert outcome is (Outcome.REJECTED if "\n" in name else Outcome.ACCEPTED)
     job = svc.registry.get_job(job_id)
     assert job.source["name"] == name  # kept as data, exactly
-    assert job.file == split.display_uri(info.bucket, name)
+    assert job.file == upload_service.display_uri(info.bucket, name)
     for bucket, written in store.written:
         assert bucket in (svc.settings.work_bucket, svc.settings.models_bucket), bucket
         prefix = f"jobs/{job_id}/" if bucket == svc.settings.work_bucket else f"weights/{job_id}/"

@@ -1,6 +1,6 @@
 """Every case in tests/data/bad/cases.json, uploaded and handled: REJECTED with a precise reason.
 
-Each case goes through ``split.handle_upload`` on the in-memory ports exactly as the upload
+Each case goes through ``upload_service.handle_upload`` on the in-memory ports exactly as the upload
 function would run it: the bytes (committed under tests/data/bad, or generated into tmp) are
 uploaded with the case's object metadata under its object name, with the case's limits as the
 deployment's limits. The job must end REJECTED, its error must name the file (gs://bucket/name)
@@ -20,7 +20,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.services import upload as split
+from bucketlearn.services import upload as upload_service
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
     BAD_DIR,
@@ -71,7 +71,7 @@ def test_bad_upload_is_rejected_with_file_row_column_expected_found(
     def no_model(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a rejected upload must not build a Keras model")
 
-    monkeypatch.setattr(split, "build_model", no_model)
+    monkeypatch.setattr(upload_service, "build_model", no_model)
     settings = dataclasses.replace(Settings(), limits=Limits(**case.get("limits", {})))
     svc = memory_services(settings)
     name = bad_case_object_name(case)

@@ -17,7 +17,7 @@ from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import export as export_service
 from bucketlearn.services import jobs
-from bucketlearn.services import upload as split
+from bucketlearn.services import upload as upload_service
 from bucketlearn.services.autoscale import outstanding_tasks
 from bucketlearn.services.cancel import CancelResult, cancel_job
 from bucketlearn.services.learn import Decision, Learner
@@ -280,7 +280,7 @@ def upload(svc: Any, name: str, data: bytes) -> StorageEvent:
 
 def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the split cancel its own job once it has read the whole upload."""
-    real = split.split_upload
+    real = upload_service.split_upload
 
     def split_then_cancel(source, store, bucket, job_id, *args, **kwargs):
         try:
@@ -288,7 +288,7 @@ def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         finally:
             cancel_job(svc, job_id, BY, "during the split")
 
-    monkeypatch.setattr(split, "split_upload", split_then_cancel)
+    monkeypatch.setattr(upload_service, "split_upload", split_then_cancel)
 
 
 def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch):

@@ -1,14 +1,14 @@
 """The invariants of docs/DESIGN.md ("Correctness under at-least-once delivery"), each pinned
 by a test that fails if it breaks.
 
-1 one job per upload ........ test_split_service.py (duplicate event), e2e duplicate events
+1 one job per upload ........ test_upload_service.py (duplicate event), e2e duplicate events
 2 each task applied once .... test_aggregator_service.py (duplicate delta), e2e ledgers
 3 dense versions, weights
   before commit ............. here: crash between weights write and commit
 4 nothing lost .............. here: aggregator crash and rerun; e2e: worker SIGKILL
 5 bounded memory ............ here: shard buffers and reads bounded, same for 1x and 4x the rows
 6 no pickle ................. here: Keras safe mode; ../core/test_codec.py: pickled arrays refused
-7 clear answer on bad input . ../ingest/test_ingest_validation.py, test_split_service.py,
+7 clear answer on bad input . ../ingest/test_ingest_validation.py, test_upload_service.py,
                               e2e rejection
 """
 
