@@ -15,7 +15,7 @@ from typing import Any
 from benchmarks.harness.paths import REPO
 from bucketlearn.config import SINGLE_THREADED_TF
 
-PACKAGES = ("tensorflow-cpu", "tensorflow", "keras", "numpy", "pyarrow", "pandas",
+PACKAGES = ("tensorflow-cpu", "tensorflow", "keras", "numpy", "pyarrow", "safetensors", "pandas",
             "google-cloud-firestore", "google-cloud-storage", "google-cloud-pubsub",
             "gcp-storage-emulator", "functions-framework")
 

@@ -29,13 +29,8 @@ exception types the rest raise.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata
-import importlib.util
 import io
-import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -52,12 +47,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from benchmarks.harness.paths import REPO
+from benchmarks.harness.data import make_hmnist_module
+from benchmarks.harness.paths import REPO, RESULTS
+from benchmarks.report.results import machine, now_iso, write_result
 from bucketlearn import codec
 
 NPZ_COMMIT = "4c86960"  # the last commit whose codec.py wrote .npz archives
 MLP = [(7800, 128), (128,), (128, 64), (64,), (64, 2), (2,)]  # 1,006,914 parameters
-PACKAGES = ("numpy", "safetensors", "pyarrow")
 Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
 
 
@@ -79,10 +75,7 @@ def payloads() -> dict[str, Any]:
             "epoch": 1, "task_index": 3, "round": 2, "base_version": 5,
             "base_digest": "sha256:" + "0" * 64, "examples": 256, "train_loss": 0.4123,
             "worker_id": "learner-1", "content": "weights"}
-    spec = importlib.util.spec_from_file_location("make_hmnist", REPO / "data" / "make_hmnist.py")
-    assert spec is not None and spec.loader is not None
-    hmnist = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hmnist)
+    hmnist = make_hmnist_module()
     rows = list(hmnist.rows(256, seed=0, sorted_by_label=False))
     image_x = np.stack([pixels for pixels, _ in rows]).astype(np.float32)
     image_y = np.array([label for _, label in rows], dtype=np.int32)
@@ -246,14 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="bucketlearn's stored-array formats, measured")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--mutations", type=int, default=2000)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "codec.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "codec.json")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {
-        "benchmark": "codec", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "load_average_at_start": list(os.getloadavg()),
-                    "packages": {p: importlib.metadata.version(p) for p in PACKAGES}},
+        "benchmark": "codec", "date": now_iso(), "machine": machine(),
         "parameters": {"repeats": args.repeats, "mutations": args.mutations,
                        "npz_commit": NPZ_COMMIT, "mlp_shapes": MLP}, "figures": {}}
     everything, data = candidates(npz_codec()), payloads()
@@ -262,8 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         result["figures"][kind] = measure(data[kind], contenders, args.repeats)
     result["robustness"] = robustness(everything["shard-hmnist"], args.mutations)
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out.parent, args.out.stem, result)
     for kind, figures in result["figures"].items():
         print(table(kind, figures) + "\n")
     print("| format (mutated shards) | outcomes |\n|---|---|")

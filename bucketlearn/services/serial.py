@@ -59,13 +59,13 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
     """Train serially on the same split and tasks the pipeline would use; evaluate on the same
     holdout."""
     started = time.perf_counter()
+    limits = limits or Limits()
     svc = memory_services()
     source = local_source(path)
-    manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options,
-                            limits or Limits())
+    manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options, limits)
     spec = spec_for(manifest, options, source.display_name)
     model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
-    plan = chained_plan(manifest, options, limits or Limits())
+    plan = chained_plan(manifest, options, limits)
     weights, optimizer = model.get_weights(), optimizer_state(model)
     balance = class_weights(options.class_weight, manifest.train_counts)
     for epoch in range(1, options.epochs + 1):
