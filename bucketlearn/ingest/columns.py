@@ -40,23 +40,35 @@ def missing_mask(values: pa.Array, markers: Sequence[str]) -> pa.Array:
     return pc.is_in(values, value_set=pa.array(["", *markers], pa.string()))
 
 
-def sniff_kind(values: pa.Array, markers: Sequence[str]) -> str | None:
-    """A column's kind from a first block of its cells as strings (None: every cell missing).
+def sniff_kinds(batch: pa.RecordBatch, names: Sequence[str], markers: Sequence[str]
+                ) -> dict[str, str | None]:
+    """Each named column's kind from a first block of its cells as strings (None: every cell
+    missing), all columns in one pass of each compute call (a wide file has thousands).
 
     Numeric when most present cells are numbers, date when most are ISO dates, else category.
     In a numeric or date column, a later value of another kind rejects the file (naming its row
     and column): it is a typo or a missing marker far more often than a category.
     """
-    present = pc.filter(values, pc.invert(missing_mask(values, markers)))
-    if len(present) == 0:
-        return None
-    half = len(present) / 2
-    numbers = pc.sum(pc.match_substring_regex(present, _NUMBER_PATTERN, ignore_case=True))
-    if (numbers.as_py() or 0) > half:
-        return NUMERIC
-    if (pc.sum(pc.match_substring_regex(present, _DATE_PATTERN)).as_py() or 0) > half:
-        return DATE
-    return CATEGORY
+    rows = batch.num_rows
+    if not names or rows == 0:
+        return dict.fromkeys(names)
+    cells = pa.concat_arrays([batch.column(name) for name in names])
+    shape = (len(names), rows)
+
+    def tally(found: pa.Array) -> np.ndarray:  # per column: cells present and matching
+        hits = pc.fill_null(found, False).to_numpy(zero_copy_only=False).reshape(shape)
+        return (hits & present).sum(axis=1)
+
+    present = pc.fill_null(pc.invert(missing_mask(cells, markers)), False).to_numpy(
+        zero_copy_only=False).reshape(shape)
+    counts = present.sum(axis=1)
+    numbers = tally(pc.match_substring_regex(cells, _NUMBER_PATTERN, ignore_case=True))
+    dates = tally(pc.match_substring_regex(cells, _DATE_PATTERN))
+    kinds: dict[str, str | None] = {}
+    for name, count, number, date in zip(names, counts, numbers, dates, strict=True):
+        kinds[name] = (None if count == 0 else NUMERIC if number > count / 2
+                       else DATE if date > count / 2 else CATEGORY)
+    return kinds
 
 
 def profile_batch(profile: ColumnProfile, values: pa.Array, markers: Sequence[str],
@@ -87,10 +99,10 @@ def profile_complete_numbers(profiles: Sequence[ColumnProfile], batch: pa.Record
     missing or NaN cell (a wide numeric file: one numpy pass instead of a compute call per
     column); returns the profiles left to ``profile_batch`` (all of them otherwise)."""
     numeric = [p for p in profiles if p.kind == NUMERIC]
-    if len(numeric) < 2 or any(batch.column(p.name).null_count for p in numeric):
+    if len(numeric) < 2 or batch.num_rows == 0:
         return list(profiles)
-    block = np.column_stack([batch.column(p.name).to_numpy() for p in numeric])
-    if np.isnan(block).any() or block.shape[0] == 0:
+    block = numeric_block(batch, [p.name for p in numeric], row_major=False)  # NaN if missing
+    if np.isnan(block).any():
         return list(profiles)
     lows, highs = block.min(axis=0).tolist(), block.max(axis=0).tolist()
     for profile, low, high in zip(numeric, lows, highs, strict=True):
@@ -98,6 +110,21 @@ def profile_complete_numbers(profiles: Sequence[ColumnProfile], batch: pa.Record
         profile.minimum = low if profile.minimum is None else min(profile.minimum, low)
         profile.maximum = high if profile.maximum is None else max(profile.maximum, high)
     return [p for p in profiles if p.kind != NUMERIC]
+
+
+def numeric_block(batch: pa.RecordBatch, names: Sequence[str], row_major: bool = True
+                  ) -> np.ndarray:
+    """The named numeric columns of a batch as one float32 matrix (C order, or Fortran order
+    with ``row_major=False``, cheaper to make and as good for per-column reductions), a missing
+    cell as NaN: one conversion in Arrow (a wide numeric file has thousands of columns, and a
+    call per column cost more than parsing them), column by column if Arrow cannot."""
+    selected = batch.select(list(names))
+    try:
+        tensor = selected.to_tensor(null_to_nan=True, row_major=row_major)
+    except (pa.ArrowException, TypeError):  # a column Arrow will not put in a tensor
+        return np.column_stack([column.fill_null(np.nan).to_numpy(zero_copy_only=False)
+                                for column in selected.columns]).astype(np.float32, copy=False)
+    return np.asarray(tensor).astype(np.float32, copy=False)
 
 
 def _profile_dates(profile: ColumnProfile, values: pa.Array, missing: pa.Array,
@@ -155,21 +182,25 @@ class Encoder:
         self.vocabularies = {c.name: pa.array(list(c.vocabulary), pa.string())
                              for c in columns if c.kind == CATEGORY}
         self.width = matrix_width(columns)
+        starts = np.cumsum([0, *(c.width for c in columns)])[:-1]
+        self.numeric = [c.name for c in columns if c.kind == NUMERIC]
+        self.numeric_at = np.array([at for c, at in zip(columns, starts, strict=True)
+                                    if c.kind == NUMERIC], dtype=np.intp)
+        self.others = [(c, int(at)) for c, at in zip(columns, starts, strict=True)
+                       if c.kind != NUMERIC]
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray:
+        if self.numeric and len(self.numeric) == self.width:  # every feature a number
+            return numeric_block(batch, self.numeric)
         out = np.empty((batch.num_rows, self.width), dtype=np.float32)
-        at = 0
-        for column in self.columns:
+        if self.numeric:
+            out[:, self.numeric_at] = numeric_block(batch, self.numeric, row_major=False)
+        for column, at in self.others:
             values = batch.column(column.name)
-            if column.kind == NUMERIC:
-                if values.null_count:
-                    values = values.fill_null(np.nan)
-                out[:, at] = values.to_numpy(zero_copy_only=False)
-            elif column.kind == CATEGORY:
+            if column.kind == CATEGORY:
                 out[:, at] = self._codes(values, column.name)
             else:
                 out[:, at:at + column.width] = encode_dates(values, column.kind != DATE)
-            at += column.width
         return out
 
     def _codes(self, values: pa.Array, name: str) -> np.ndarray:

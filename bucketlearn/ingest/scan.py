@@ -33,7 +33,7 @@ from bucketlearn.ingest.columns import (
     finish_profile,
     profile_batch,
     profile_complete_numbers,
-    sniff_kind,
+    sniff_kinds,
 )
 from bucketlearn.ingest.problems import KIND_SAYS, abbrev, rejected
 from bucketlearn.ingest.sniff import MAX_NAME_BYTES
@@ -243,7 +243,7 @@ def order_classes(values: list[str], counts: list[int], file: str,
 
 def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: list[str],
                  markers: list[str], block: int) -> tuple[Reading, LabelSniff]:
-    """Each feature column's kind from the file's first block read as text (``sniff_kind``),
+    """Each feature column's kind from the file's first block read as text (``sniff_kinds``),
     and what its labels look like (``sniff_labels``, for ``task=auto``).
 
     A column whose cells there are all missing is read as numeric until text shows up. A
@@ -258,8 +258,9 @@ def _sniff_kinds(source: SourceFile, columns: list[str], label: str, features: l
     finally:
         batches.close()
     reading = Reading(dict.fromkeys(features, NUMERIC), markers)
+    found = sniff_kinds(first, features, markers) if first is not None else {}
     for name in features:
-        kind = sniff_kind(first.column(name), markers) if first is not None else None
+        kind = found.get(name)
         if kind is None:
             reading.unknown.add(name)
         else:

@@ -246,3 +246,47 @@ def test_numeric_columns_profiled_at_once_read_as_one_by_one():
     assert handled == 2  # the NaN block and the block with a missing cell went one by one
     assert [(p.rows, p.missing, p.minimum, p.maximum) for p in fast] == \
         [(p.rows, p.missing, p.minimum, p.maximum) for p in slow]
+
+
+def test_numeric_block_is_the_columns_one_by_one_with_missing_cells_as_nan():
+    """The block of numeric columns made in one Arrow call holds what converting each column
+    gives (a missing cell NaN, an integer column as float32), in either memory order; a
+    column Arrow will not convert falls back to one by one, and fails there as before."""
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1.5, None, 3.0], pa.float32()), pa.array([4, 5, 6], pa.int64()),
+         pa.array([7.25, 8.0, None], pa.float32()), pa.array(["x", "y", "z"])],
+        names=["a", "b", "c", "text"])
+    expected = np.array([[1.5, 4, 7.25], [np.nan, 5, 8.0], [3.0, 6, np.nan]], np.float32)
+    for row_major in (True, False):
+        block = ingest_columns.numeric_block(batch, ["a", "b", "c"], row_major=row_major)
+        assert block.dtype == np.float32 and block.shape == (3, 3)
+        np.testing.assert_array_equal(block, expected)
+        assert block.flags.c_contiguous == row_major
+    np.testing.assert_array_equal(ingest_columns.numeric_block(batch, ["c", "a"]),
+                                  expected[:, [2, 0]])
+    with pytest.raises(pa.ArrowException):
+        ingest_columns.numeric_block(batch, ["a", "text"])
+
+
+def test_encoder_places_numbers_between_other_kinds_as_column_by_column():
+    """A schema mixing numbers and categories: the numbers go to their own columns of the
+    matrix (made in one call), the category codes to theirs."""
+    import pyarrow as pa
+
+    from bucketlearn.domain.columns import Column
+
+    columns = [Column("n1", NUMERIC), Column("kind", CATEGORY, vocabulary=("a", "b")),
+               Column("n2", NUMERIC)]
+    encoder = ingest_columns.Encoder(columns, [])
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1.0, None], pa.float32()), pa.array(["b", "zzz"]),
+         pa.array([2.0, 3.0], pa.float32())], names=["n1", "kind", "n2"])
+    out = encoder.encode(batch)
+    codes = encoder._codes(batch.column("kind"), "kind")
+    np.testing.assert_array_equal(out[:, 0], [1.0, np.nan])
+    np.testing.assert_array_equal(out[:, 1], codes)
+    np.testing.assert_array_equal(out[:, 2], [2.0, 3.0])
+    only_numbers = ingest_columns.Encoder([columns[0], columns[2]], [])
+    np.testing.assert_array_equal(only_numbers.encode(batch), out[:, [0, 2]])
