@@ -12,14 +12,45 @@ from bucketlearn import codec, layout
 from bucketlearn.ingest.manifest import Shard
 from bucketlearn.ports import BlobStore
 
+# Integer dtypes a part's features are stored in when every value fits exactly (pixels, counts,
+# codes: a quarter or half of float32's bytes to write, store and read); read back as float32
+_COMPACT = tuple(np.dtype(code) for code in ("u1", "i1", "u2", "i2"))
+
+
+def compact(x: np.ndarray) -> np.ndarray:
+    """``x`` in the narrowest integer dtype that holds each value exactly (every value a whole
+    number within its range), else as it is: lossless, since ``decode_part`` returns float32,
+    and float32 holds every integer of these dtypes exactly."""
+    if x.size == 0 or x.dtype.kind != "f":
+        return x
+    low, high = float(np.min(x)), float(np.max(x))  # NaN in x makes both NaN: kept as float
+    fits = [d for d in _COMPACT if np.iinfo(d).min <= low and high <= np.iinfo(d).max]
+    if not fits or not np.array_equal(x, np.trunc(x)):
+        return x
+    return x.astype(fits[0])
+
+
+def encode_part(x: np.ndarray, y: np.ndarray) -> bytes:
+    """A part object: features (``compact``) and labels."""
+    return codec.encode_arrays({"x": compact(x), "y": y})
+
+
+def decode_part(data: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """A part's (x as float32, y) from its bytes (``CorruptObjectError`` if they are not one)."""
+    arrays, _ = codec.decode_arrays(data, path)
+    if "x" not in arrays or "y" not in arrays:
+        raise codec.CorruptObjectError(
+            f"{path}: expected a part with arrays x and y; found: {sorted(arrays) or 'none'}")
+    x = arrays["x"]
+    return (x if x.dtype == np.float32 else x.astype(np.float32)), arrays["y"]
+
 
 def _write_part(store: BlobStore, bucket: str, path: str,
                 chunks: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """Write buffered (x, y) chunks as one part object; return its rows."""
     x = np.concatenate([c[0] for c in chunks])
     y = np.concatenate([c[1] for c in chunks])
-    store.write_bytes(bucket, path, codec.encode_arrays({"x": x, "y": y}),
-                      "application/octet-stream")
+    store.write_bytes(bucket, path, encode_part(x, y), "application/octet-stream")
     return len(y)
 
 
@@ -99,7 +130,7 @@ def load_parts(store: BlobStore, bucket: str, paths: list[str]) -> tuple[np.ndar
     """Read shard or holdout parts and concatenate them into (x, y)."""
     xs, ys = [], []
     for path in paths:
-        arrays, _ = codec.decode_arrays(store.read_bytes(bucket, path), path)
-        xs.append(arrays["x"])
-        ys.append(arrays["y"])
+        x, y = decode_part(store.read_bytes(bucket, path), path)
+        xs.append(x)
+        ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)

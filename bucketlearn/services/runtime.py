@@ -21,6 +21,7 @@ from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.job import Job
 from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import decode_part
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ports import Services
 
@@ -70,9 +71,7 @@ class JobRuntime:
         the size of the holdout."""
         bucket = self.svc.settings.work_bucket
         for path in self.manifest.holdout_parts:
-            arrays, _ = codec.decode_arrays(self.svc.store.read_bytes(bucket, path), path)
-            x, y = arrays.pop("x"), arrays.pop("y")
-            del arrays
+            x, y = decode_part(self.svc.store.read_bytes(bucket, path), path)
             yield x, y
             del x, y  # released before the next part is read
 
@@ -108,8 +107,7 @@ class JobRuntime:
         for path, pick in zip(self.manifest.holdout_parts, picks, strict=True):
             if len(pick) == 0:
                 continue
-            arrays, _ = codec.decode_arrays(self.svc.store.read_bytes(bucket, path), path)
-            part_x, part_y = arrays["x"], arrays["y"]
+            part_x, part_y = decode_part(self.svc.store.read_bytes(bucket, path), path)
             if len(part_y) <= int(pick[-1]) or part_x.shape[1:] != x.shape[1:]:
                 raise CorruptObjectError(
                     f"{path}: expected a holdout part of at least {int(pick[-1]) + 1} rows of "
@@ -118,7 +116,7 @@ class JobRuntime:
             x[filled:filled + len(pick)] = part_x[pick]
             y[filled:filled + len(pick)] = part_y[pick]
             filled += len(pick)
-            del arrays, part_x, part_y
+            del part_x, part_y
         self._holdout = (max_rows, x, y)
         return x, y
 
@@ -174,9 +172,7 @@ class PartCache:
                 self._parts.move_to_end(path)
                 self.hits += 1
                 return found
-        arrays, _ = codec.decode_arrays(svc.store.read_bytes(svc.settings.work_bucket, path),
-                                        path)
-        part = (arrays["x"], arrays["y"])
+        part = decode_part(svc.store.read_bytes(svc.settings.work_bucket, path), path)
         size = part[0].nbytes + part[1].nbytes
         with self._lock:
             self.misses += 1

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from bucketlearn import codec
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import Limits
+from bucketlearn.ingest.parts import decode_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
@@ -28,8 +28,10 @@ FIELDS = ("feature_names", "label_column", "classes", "label_kind", "class_count
 
 
 def _arrays(data: bytes) -> bytes:
-    """A part's arrays, in name order: each one's name, dtype, shape and bytes."""
-    arrays, _ = codec.decode_arrays(data)
+    """A part's arrays as training reads them (``decode_part``: features as float32, however
+    they are stored), in name order: each one's name, dtype, shape and bytes."""
+    x, y = decode_part(data, "part")
+    arrays = {"x": x, "y": y}
     return b"".join(f"{name}:{a.dtype.str}:{a.shape}:".encode() + a.tobytes()
                     for name, a in sorted(arrays.items()))
 
