@@ -15,7 +15,8 @@ from typing import IO, Any, Protocol
 
 from bucketlearn import errors
 from bucketlearn.config import Settings
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.layout import task_id_for

@@ -30,16 +30,7 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import (
-    EXPORTING,
-    RUNNING,
-    TRAINING,
-    Job,
-    decide_after_fold,
-    ending_fields,
-    round_key,
-)
-from bucketlearn.domain.job import FAILED as JOB_FAILED
+from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job, commit_fields, fail_fields
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
 from bucketlearn.domain.usage import added
 from bucketlearn.domain.version import Evaluation, Version
@@ -215,8 +206,9 @@ class JobAggregator:
             return True
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
+        assert job.plan is not None  # a trainable job has its plan since the split
         server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results),
-                                              jobs.job_plan(job).rates)  # recorded by _commit
+                                              job.plan.rates)  # recorded by _commit
         folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
         if folded is not None:
             weights, optimizer = folded
@@ -291,7 +283,6 @@ class JobAggregator:
         """The version document and the job's new fields, as one commit."""
         job_id, head = job.job_id, job.head
         assert head is not None
-        plan = jobs.job_plan(job)
         results, failures = read.results, read.failures
         train_loss = fold.weighted_mean_loss(results)
         samples = sum(r.examples for r in results)
@@ -304,39 +295,22 @@ class JobAggregator:
             round=job.round,
             tasks_applied=tuple(layout.task_id_for(job_id, job.epoch, r.task_index)
                                 for r in results),
-            tasks_failed=tuple(layout.task_id_for(job_id, job.epoch, int(f["task_index"]))
+            tasks_failed=tuple(layout.task_id_for(job_id, job.epoch, f.task_index)
                                for f in failures),
             samples=samples, train_loss=train_loss, created_at=now,
             delta_norms=tuple(round(fold.delta_norm(r.delta), 6) for r in results),
             server_lr=server_lr,
             aggregator={"planning_started_at": planning_started, **timings},
             digest=digest, evaluation=evaluation, task_stats=read.stats)
-        tasks_failed = job.tasks_failed + len(failures)
         new_head = head.advanced(new_version, weights_path, checksum or "", bool(results),
                                  train_loss, digest)
         if evaluation is not None:
             new_head = new_head.with_evaluation(evaluation)
-        job_fields: dict[str, Any] = {
-            "version": new_version, "status": RUNNING, "updated_at": now,
-            "tasks_applied": job.tasks_applied + len(results), "tasks_failed": tasks_failed,
-            "samples_seen": job.samples_seen + samples,
-            "delta_norm": fold.running_norm(job.delta_norm, results),
-            "head": new_head.to_doc(),
-            "usage": added(added(job.usage, self.usage), used),
-        }
-        if self.health is not None and self.health != dict(job.health or {}):
-            job_fields["health"] = self.health
-        if job.started_at is None:
-            job_fields["started_at"] = now
-        after = decide_after_fold(job.epoch, job.round, plan.rounds_per_epoch, plan.epochs,
-                                  tasks_failed, int(job.options.get("max_failed_tasks", 0)),
-                                  failures[0]["error"] if failures else None, now)
-        job_fields.update(after.job_fields)
-        if after.training_continues:  # the next round's publish record, in this commit
-            following = round_key(after.job_fields.get("epoch", job.epoch),
-                                  after.job_fields["round"])
-            job_fields.update(published=following, published_at=now,
-                              chained_by=chained.worker_id if chained else None)
+        job_fields = commit_fields(
+            job, new_head, len(results), [f.error for f in failures], samples,
+            fold.running_norm(job.delta_norm, results),
+            added(added(job.usage, self.usage), used), self.health, now,
+            chained.worker_id if chained else None)
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
                              epoch=job.epoch, round=job.round, job_fields=job_fields)
 
@@ -431,8 +405,8 @@ class JobAggregator:
         self.evaluations.append(evaluation)
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id, ending_fields(
-                    JOB_FAILED, now, error=reason, health=self.health))[0]:
+            if jobs.end_job(self.svc.registry, job.job_id,
+                            fail_fields(now, reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason

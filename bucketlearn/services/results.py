@@ -32,6 +32,7 @@ from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.rounds import DeltaRef, RoundPlan
+from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Received, ResultMessage, Services
 
@@ -58,7 +59,7 @@ class Read:
     """A complete round's objects, read and checked."""
 
     results: list[fold.TaskResult] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureMarker] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
     stale: list[DeltaRef] = field(default_factory=list)
     folded: list[DeltaRef] = field(default_factory=list)
@@ -162,11 +163,11 @@ class ResultReader:
             read.folded.append(ref)
         for task_index, ref in sorted(plan.failures.items()):
             try:
-                marker = json.loads(self.read_object(ref.name) or b"{}")
-                reason = str(marker.get("error") or "task failed")
+                marker = FailureMarker.from_doc(json.loads(self.read_object(ref.name) or b"{}"),
+                                                task_index)
             except Exception:  # noqa: BLE001 - the marker's existence is what counts
-                reason = "task failed"
-            read.failures.append({"task_index": task_index, "error": reason[:2000]})
+                marker = FailureMarker(task_index)
+            read.failures.append(marker)
             read.folded.append(ref)
         return read
 

@@ -25,7 +25,6 @@ from typing import Any
 
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import is_terminal
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -106,7 +105,7 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
     for _ in range(1_000_000):
         job = svc.registry.get_job(job_id)
         assert job is not None
-        if is_terminal(job):
+        if job.is_terminal:
             break
         while len(in_flight) < workers:
             received = svc.queue.pull(0)
