@@ -6,7 +6,7 @@ its fold and one commit: the job as its last commit left it, the results it has 
 learner runs ahead), and the base state it folds into, in memory since it wrote it.
 
 ``step`` does what is due: publish a round never published, fold a complete round
-(``domain.rounds.plan_round``), export a finished job (``services.export``). Each result is read
+(``domain.rounds.sort_round``), export a finished job (``services.export``). Each result is read
 and checked by ``services.results``, which decides whether it is applied or refused; the round
 is folded (``domain.fold.fold_round``), the new state written under a write-once name, and the
 version committed with the job's position, counters, the next round's publish record, the last
@@ -31,7 +31,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job, commit_fields, fail_fields
-from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
+from bucketlearn.domain.rounds import DeltaRef, RoundObjects, sort_round
 from bucketlearn.domain.usage import added
 from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.events import Outcome
@@ -148,25 +148,25 @@ class JobAggregator:
             publish_round(self.svc, job)
             self.refresh()
             return True
-        plan = self._plan(job)
-        self._drop(plan.garbage, delete=True)
-        if not plan.complete and self._chain_overdue(job):
+        objects = self._round_objects(job)
+        self._drop(objects.garbage, delete=True)
+        if not objects.complete and self._chain_overdue(job):
             # the chain's result may be written with its message late or lost (a Pub/Sub
             # stream that broke): the listing, before the round goes to every learner
             self.listen_to_bucket()
-            plan = self._plan(job)
-            if not plan.complete:
+            objects = self._round_objects(job)
+            if not objects.complete:
                 self._publish_chained_round(job)
-        if not plan.complete:
+        if not objects.complete:
             return False
-        return self._fold(job, plan)
+        return self._fold(job, objects)
 
-    def _plan(self, job: Job) -> RoundPlan:
+    def _round_objects(self, job: Job) -> RoundObjects:
         refs = [h.ref for h in self.heard.values() if h.epoch == job.epoch]
-        plan = plan_round(jobs.current_round_tasks(job), (), refs, job.tasks_per_epoch)
+        objects = sort_round(jobs.current_round_tasks(job), (), refs, job.tasks_per_epoch)
         # results of past epochs are garbage too (their rounds were folded)
-        plan.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
-        return plan
+        objects.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
+        return objects
 
     def _chain_overdue(self, job: Job) -> bool:
         chain = self.chain
@@ -186,7 +186,7 @@ class JobAggregator:
         return self.chain.deadline if self.chain is not None else None
 
     # -- the fold ---------------------------------------------------------------------------------
-    def _fold(self, job: Job, plan: RoundPlan) -> bool:
+    def _fold(self, job: Job, objects: RoundObjects) -> bool:
         """Fold a complete round, write and commit its version, publish the next round. True
         when it did something (a commit; a result refused or found stale); False when the
         commit was refused (the job is read again)."""
@@ -197,12 +197,12 @@ class JobAggregator:
         head = job.head
         assert head is not None  # a trainable job has its head since the split
         base, base_optimizer = runtime.state(head.weights_path, head.digest)
-        read = self._read_round(job, plan, base, base_optimizer)
+        read = self._read_round(job, objects, base, base_optimizer)
         if read.stale:
             self._drop(read.stale, delete=True)
             return True
         if read.refused:  # their tasks train again (or failed for good: the round may be complete)
-            self._refuse(job, plan, read.refused)
+            self._refuse(job, objects, read.refused)
             return True
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
@@ -314,11 +314,11 @@ class JobAggregator:
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
                              epoch=job.epoch, round=job.round, job_fields=job_fields)
 
-    def _read_round(self, job: Job, plan: RoundPlan, base: list[Any],
+    def _read_round(self, job: Job, objects: RoundObjects, base: list[Any],
                     base_optimizer: list[Any]) -> Read:
         """Read and check every result of a complete round (``results``: applied, refused or
         stale); count each applied result's use for the next commit."""
-        return self.reader.read_round(job, plan, base, base_optimizer, self.heard,
+        return self.reader.read_round(job, objects, base, base_optimizer, self.heard,
                                       self._count_usage)
 
     def _count_usage(self, message: ResultMessage | None) -> None:
@@ -332,7 +332,7 @@ class JobAggregator:
         if isinstance(cpu, (int, float)):
             self.usage["worker_cpu_seconds"] = self.usage.get("worker_cpu_seconds", 0.0) + cpu
 
-    def _refuse(self, job: Job, plan: RoundPlan, refused: dict[int, str]) -> None:
+    def _refuse(self, job: Job, objects: RoundObjects, refused: dict[int, str]) -> None:
         """Never fold a refused result: delete it and train its task again, or fail the task for
         good once its results were refused ``MAX_REFUSALS`` times in this epoch
         (``domain.fold.count_refusals``)."""
@@ -342,7 +342,7 @@ class JobAggregator:
         for task_index, reason in sorted(refused.items()):
             task_id = layout.task_id_for(job_id, epoch, task_index)
             log.error("job %s: refused the result of %s (%s)", job_id, task_id, reason)
-            self._drop([plan.results[task_index]], delete=True)
+            self._drop([objects.results[task_index]], delete=True)
             if task_index in tally.failed:
                 times = tally.times(epoch, task_index)
                 path = announce_failure(self.svc, job_id, epoch, task_index,
