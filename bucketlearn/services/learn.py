@@ -186,7 +186,7 @@ class Learner:
 
     def _known_job(self, job_id: str) -> Job | None:
         """The job as this process's runtime cache knows it (its model is built), or None."""
-        runtime = self.svc.cache.get("runtimes", {}).get(job_id)
+        runtime = self.svc.cache.runtimes.get(job_id)
         return runtime.job if runtime is not None else None
 
     def _admit(self, task: TaskMessage, pulled_at: float,

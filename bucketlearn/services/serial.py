@@ -33,7 +33,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.options import JobOptions
-from bucketlearn.ports import Services
+from bucketlearn.ports import RuntimeCache, Services
 from bucketlearn.services.upload import chained_plan
 
 
@@ -98,7 +98,8 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
     assert job_id is not None
     # one model (and optimizer) per worker, as in separate processes: each its own runtime cache
-    learners = [Learner(dataclasses.replace(svc, cache={}), f"sim-{i}") for i in range(workers)]
+    learners = [Learner(dataclasses.replace(svc, cache=RuntimeCache()), f"sim-{i}")
+                for i in range(workers)]
     in_flight: deque[tuple[Any, Learner]] = deque()
     pulled = 0
     started = time.perf_counter()
