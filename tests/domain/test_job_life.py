@@ -167,12 +167,13 @@ def test_a_cancel_says_who_when_and_why() -> None:
 def test_a_cancel_bounds_what_the_user_typed_and_names_someone() -> None:
     # Execute
     blank = J.cancel_fields("   ", None, 0.0)
-    long = J.cancel_fields("ana", "r" * 900, 0.0)
+    long = J.cancel_fields("a" * 600, "r" * 900, 0.0)
     # Assert
     assert blank["cancelled_by"] == "someone" and blank["cancel_reason"] is None
     assert blank["error"] == "cancelled by someone at 1970-01-01 00:00:00 UTC"
-    assert len(long["cancel_reason"]) == J.MAX_CANCEL_CHARS
+    assert len(long["cancel_reason"]) == len(long["cancelled_by"]) == J.MAX_CANCEL_CHARS
     assert long["cancel_reason"].endswith("…(900 characters)")
+    assert long["cancelled_by"].endswith("…(600 characters)")
 
 
 def test_what_an_ending_and_a_split_expect_to_find_unchanged() -> None:
