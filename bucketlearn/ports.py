@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from bucketlearn import errors
 from bucketlearn.config import Settings
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.layout import task_id_for
@@ -335,6 +337,26 @@ class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
 
 
 @dataclass
+class RuntimeCache:
+    """What one process keeps between its service calls (``services.runtime``): a slot for each
+    thing, each filled on first use. Not shared between processes; a simulated learner gets its
+    own (``dataclasses.replace(svc, cache=RuntimeCache())``), as a separate process would have.
+
+    Attributes:
+        runtimes: each job's ``services.runtime.JobRuntime`` (its model, manifest, holdout and
+            last state), by job id, the most recently used last (``job_runtime`` keeps at most
+            ``MAX_JOBS_CACHED``).
+        parts: the shard-part cache (``services.runtime.PartCache``), once made.
+        models_built: how many models this process has built (TensorFlow keeps some memory for
+            each until the process exits: a learner hands over to a fresh process past a number).
+    """
+
+    runtimes: OrderedDict[str, Any] = field(default_factory=OrderedDict)
+    parts: Any = None
+    models_built: int = 0
+
+
+@dataclass
 class Services:
     """Everything a service function needs; built by ``google_services`` or ``memory_services``."""
 
@@ -345,7 +367,7 @@ class Services:
     results: ResultQueue  # the results topic (learners and the watchdog -> the aggregator)
     clock: Callable[[], float] = time.time
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    cache: dict[str, Any] = field(default_factory=dict)
+    cache: RuntimeCache = field(default_factory=RuntimeCache)
     # which exceptions are worth retrying (the adapters' backends add their own)
     transient: Callable[[BaseException], bool] = errors.is_transient
     # counts what this process asks of the cloud, per job (``adapters.metered``); None: nothing

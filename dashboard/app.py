@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job, is_terminal
+from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
@@ -194,7 +194,7 @@ def cancel_controls(job: Job) -> None:
     said = st.session_state.get("cancel_outcome")
     if said and said[0] == job_id:
         (st.success if said[1] == "success" else st.error)(plain(said[2]))
-    if is_terminal(job):
+    if job.is_terminal:
         return
     if st.session_state.get("cancel_asked") != job_id:
         st.button("Cancel job", key="cancel_job", on_click=ask_to_cancel, args=(job_id,))

@@ -13,7 +13,6 @@ from typing import Any
 
 from benchmarks.harness.paths import DIGITS
 from benchmarks.harness.procs import log
-from bucketlearn.domain.job import is_terminal
 from bucketlearn.services.waiting import wait_terminal
 
 
@@ -60,7 +59,7 @@ def wait_ended(svc: Any, job_id: str, timeout: float) -> Any:
     """The job once it has ended (``wait_terminal``, read every 0.25 s); a job still running
     after ``timeout`` seconds stops the benchmark (TimeoutError), its figures would be wrong."""
     job = wait_terminal(svc.registry, job_id, timeout, 0.25)
-    if job is None or not is_terminal(job):
+    if job is None or not job.is_terminal:
         raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
                            f"{ {k: getattr(job, k, None) for k in ('status', 'phase', 'epoch', 'version')} }")
     return job

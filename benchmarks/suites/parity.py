@@ -126,7 +126,7 @@ def job_figures(job: Job, seconds: float, **extra: Any) -> dict[str, Any]:
     head = job.head
     return {"status": job.status, "accuracy": head.holdout_accuracy if head else None,
             "rmse": head.holdout_rmse if head else None,
-            "versions": int(job.version) + 1, "parallel_tasks": job.plan["parallel_tasks"],
+            "versions": int(job.version) + 1, "parallel_tasks": job.plan.parallel_tasks,
             "tasks_applied": job.tasks_applied, "seconds": seconds,
             "error": job.error, **extra}
 

@@ -274,7 +274,7 @@ def job_figures(svc: Any, job_id: str, t0: float, calls: list[dict[str, Any]]
         "wall_seconds": float(job.finished_at) - t0, "status": job.status,
         "accuracy": job.head.holdout_accuracy if job.head else None,
         "versions": len(versions), "tasks": job.tasks_applied,
-        "parallel_tasks": job.plan["parallel_tasks"] if job.plan else None,
+        "parallel_tasks": job.plan.parallel_tasks if job.plan is not None else None,
         "chained_rounds": sum(p["chained"] for p in paths),
         "critical_path": stats([p["seconds"] for p in paths]),
         "critical_path_chained": stats([p["seconds"] for p in paths if p["chained"]]),

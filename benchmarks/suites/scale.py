@@ -118,7 +118,6 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     round's version), then folded, for the whole of epoch 1."""
     from bucketlearn import codec, layout
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.domain.job import is_terminal
     from bucketlearn.options import JobOptions
     from bucketlearn.services import jobs
     from bucketlearn.services.aggregate import aggregate_job
@@ -149,7 +148,7 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
 
     aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
     elapsed = 0.0
-    while (job := svc.registry.get_job(job_id)).epoch == 1 and not is_terminal(job):
+    while (job := svc.registry.get_job(job_id)).epoch == 1 and not job.is_terminal:
         for index in jobs.current_round_tasks(job):
             write_result(index, int(job.version))
         t = time.perf_counter()

@@ -118,7 +118,7 @@ def job_timeline(svc: Any, job_id: str, t0: float) -> dict[str, Any]:
             "accuracy": job.head.holdout_accuracy if job.head else None,
             "rmse": job.head.holdout_rmse if job.head else None,
             "metric": "rmse" if regression else "accuracy",
-            "plan": dict(job.plan or {}), "forecast": dict(job.forecast or {}),
+            "plan": job.plan.to_dict() if job.plan is not None else {}, "forecast": dict(job.forecast or {}),
             "versions": len(versions),
             "split_seconds": versions[0].created_at - t0 if versions else None,
             "training_seconds": (versions[-1].created_at - first) if len(versions) > 1 else 0.0,

@@ -31,7 +31,8 @@ from google.cloud import firestore
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
-from bucketlearn.domain.job import QUEUED, RUNNING, Head, Job, commit_refusal, may_start_training
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import QUEUED, RUNNING, Job, commit_refusal, may_start_training
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded

@@ -69,7 +69,9 @@ def spread_stride(shards: int) -> int:
 
 @dataclass(frozen=True)
 class DealPlan:
-    """Which shard each training row goes to, from the class counts alone (made before pass 2).
+    """Plans the deal: which shard each training row goes to (the part of a ``SplitPlan``).
+
+    Made from the class counts alone, before pass 2.
 
     Class ``c`` has ``n_c = base[c] * shards + len(extras[c])`` training rows: every shard gets
     ``base[c]`` of them and the shards in ``extras[c]`` (sorted, distinct) one more. The extra
@@ -154,7 +156,9 @@ def holdout_phases(seed: int, classes: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """How a file's rows are split, decided from its class counts alone (before pass 2).
+    """Plans a file's split: its holdout rows, and the deal of the others (``DealPlan``).
+
+    Decided from the class counts alone, before pass 2.
 
     Attributes:
         classes: class names in class-id order.

@@ -1,25 +1,38 @@
-"""A job's vocabulary and the rules every service and both registries ask: one place each.
+"""A job's vocabulary, its life and the rules every service and both registries ask: one place
+each.
 
-Statuses say how a job stands for its user; phases refine what the pipeline is doing. A version
-commit is allowed or refused by ``commit_refusal`` (asked by the in-memory registry under its
-lock and by Firestore's inside its transaction); a round is trainable once it is published
-(``Job.is_published``); a job ends with the field update of ``ending_fields``, whoever ends it.
-Pure: typed records in, answers out; each record's document is built and read by its own
-``to_doc``/``from_doc``.
+Statuses say how a job stands for its user; phases refine what the pipeline is doing. A job
+changes by field updates the services write (the registries' ``update_job``, ``update_job_if``
+and transactions); each change of its life is spelled here, once, by the function that returns
+its fields:
+
+* ``start_fields``: training begins (the split's end, beside version 0): epoch 1, round 0;
+* ``publish_fields``: the tasks of the job's current round are published;
+* ``commit_fields``: a version is committed (a round folded): the job's counters and head, then
+  the next round (its publish record too), the export or a failure (``decide_after_fold``);
+* ``fail_fields``, ``cancel_fields`` and ``ending_fields`` (any ending: DONE, REJECTED, FAILED,
+  CANCELLED): the job ends.
+
+A version commit is allowed or refused by ``commit_refusal`` (asked by the in-memory registry
+under its lock and by Firestore's inside its transaction); training may start only under the
+split's claim (``may_start_training``); a round is trainable once it is published
+(``Job.is_published``). Pure: typed records in, answers out; each record's document is built
+and read by its own ``to_doc``/``from_doc``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
+from bucketlearn.domain.forecast import Forecast, ModelCost
+from bucketlearn.domain.head import Head
 from bucketlearn.domain.plan import TrainingPlan
-from bucketlearn.domain.version import Evaluation, Version
-
-_FIGURES = (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)  # a head's figures beside accuracy and loss
+from bucketlearn.domain.version import Version
+from bucketlearn.errors import bounded
 
 QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
 CANCELLED = "CANCELLED"
@@ -34,6 +47,9 @@ CANCELLED_PHASE = "cancelled"
 ENDING_PHASES = {DONE: DONE_PHASE, REJECTED: REJECTED_PHASE, FAILED: FAILED_PHASE,
                  CANCELLED: CANCELLED_PHASE}
 
+MAX_ERROR_CHARS = 2000  # a failure's reason, as the job document stores it
+MAX_CANCEL_CHARS = 500  # who cancelled and why: user input stored in the job document
+
 
 class Commit(Protocol):
     """What ``commit_refusal`` reads of a version commit (``ports.VersionCommit``)."""
@@ -44,14 +60,15 @@ class Commit(Protocol):
     version: Version
 
 
-def is_terminal(job: Job | None) -> bool:
-    """The job exists and has ended (DONE, REJECTED, FAILED or CANCELLED)."""
-    return job is not None and job.is_terminal
-
-
 def round_key(epoch: int, round_index: int) -> str:
     """The name of one round (``e0002r00013``), recorded once its tasks are published."""
     return f"e{epoch:04d}r{round_index:05d}"
+
+
+def splitting_under(claim: str | None) -> dict[str, Any]:
+    """What every write of a split expects to find unchanged: the job still splitting under
+    its ``claim`` (a splitter that lost its claim writes nothing more)."""
+    return {"claim": claim, "phase": SPLITTING}
 
 
 def may_start_training(job: Job | None, claim: str) -> bool:
@@ -75,8 +92,7 @@ def done_tasks(job: Job | None) -> frozenset[int]:
     epoch's ledger; which tasks a version applied or gave up on is in that version's document."""
     if job is None or job.plan is None:
         return frozenset()
-    plan = job.training_plan
-    assert plan is not None
+    plan = job.plan
     return frozenset(range(0, min(plan.tasks_per_epoch, job.round * plan.parallel_tasks)))
 
 
@@ -102,92 +118,13 @@ def commit_refusal(job: Job | None, version_exists: bool, commit: Commit) -> str
     return None
 
 
-@dataclass(frozen=True)
-class Head:
-    """The job's pointer to its newest version, and that version's figures once evaluated.
-
-    Beyond accuracy and loss, an evaluated head carries the figures of ``metrics.holdout_fields``
-    (macro-F1, the majority-class baseline, binary ROC AUC, the per-class report); a head
-    written before they existed has None there.
-    """
-
-    version: int
-    weights_path: str
-    checksum: str
-    holdout_accuracy: float | None = None
-    holdout_loss: float | None = None
-    train_loss: float | None = None
-    # the digest of the version's arrays (``codec.state_digest``): tasks name their base by it
-    digest: str = ""
-    # which version the figures are of (the head's own, or an earlier one while the newest is
-    # being evaluated off the critical path); None when there are none
-    evaluated_version: int | None = None
-    holdout_macro_f1: float | None = None
-    holdout_majority_accuracy: float | None = None
-    holdout_roc_auc: float | None = None
-    holdout_report: Mapping[str, Any] | None = None
-    # a regression's figures (``metrics.regression_fields``); a head without them (any
-    # classification head) stores none of these keys
-    holdout_rmse: float | None = None
-    holdout_mae: float | None = None
-    holdout_r2: float | None = None
-
-    def to_doc(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        if not doc["digest"]:
-            del doc["digest"]
-        if doc["evaluated_version"] is None:
-            del doc["evaluated_version"]
-        if all(doc[name] is None for name in REGRESSION_FIGURES):
-            for name in REGRESSION_FIGURES:
-                del doc[name]
-        return doc
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Head:
-        return cls(version=int(doc["version"]), weights_path=str(doc.get("weights_path") or ""),
-                   checksum=str(doc.get("checksum") or ""),
-                   holdout_accuracy=doc.get("holdout_accuracy"),
-                   holdout_loss=doc.get("holdout_loss"), train_loss=doc.get("train_loss"),
-                   digest=str(doc.get("digest") or ""),
-                   evaluated_version=_optional(doc.get("evaluated_version"), int),
-                   **{name: doc.get(name) for name in _FIGURES})
-
-    def evaluated(self, accuracy: float | None, loss: float,
-                  figures: Mapping[str, Any] | None = None, version: int | None = None) -> Head:
-        """The same head with the holdout figures of ``version`` (its own by default;
-        ``figures``: the fields of ``metrics.holdout_fields``, or of
-        ``metrics.regression_fields``)."""
-        extra = {name: (figures or {}).get(name)
-                 for name in _FIGURES}
-        return dataclasses.replace(self, holdout_accuracy=accuracy, holdout_loss=loss,
-                                   evaluated_version=self.version if version is None else version,
-                                   **extra)
-
-    def with_evaluation(self, evaluation: Evaluation) -> Head:
-        """The head with an evaluation's figures, unless it already shows a newer version's."""
-        if self.evaluated_version is not None and self.evaluated_version > evaluation.version:
-            return self
-        return self.evaluated(evaluation.figures.get("holdout_accuracy"),
-                              evaluation.figures.get("holdout_loss"), evaluation.figures,
-                              evaluation.version)
-
-    def advanced(self, version: int, weights_path: str, checksum: str, folded_results: bool,
-                 train_loss: float | None, digest: str = "") -> Head:
-        """The head after a fold into ``version``. Its figures stay those of the version they
-        were measured on (``evaluated_version``) until the new version's evaluation arrives; a
-        fold that only recorded failures has the previous version's weights, hence its figures."""
-        kept = dataclasses.replace(self, version=version, weights_path=weights_path,
-                                   checksum=checksum, digest=digest or self.digest,
-                                   train_loss=train_loss if train_loss is not None
-                                   else self.train_loss)
-        if not folded_results and self.evaluated_version == self.version:
-            return dataclasses.replace(kept, evaluated_version=version)
-        return kept
-
-
 def _optional(value: Any, kind: type) -> Any:
     return kind(value) if value is not None else None
+
+
+def _plan(value: Any) -> TrainingPlan | None:
+    """The plan as its document stores it (``TrainingPlan.to_dict``); None before the split."""
+    return TrainingPlan.from_dict(dict(value)) if value else None
 
 
 def _int(value: Any) -> int:
@@ -233,9 +170,9 @@ class Job:
     tasks_applied: int = 0
     tasks_failed: int = 0
     samples_seen: int = 0
-    # decided at the split
+    # decided at the split (the plan read once, from its document: ``TrainingPlan.to_dict``)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    plan: Mapping[str, Any] | None = None
+    plan: TrainingPlan | None = None
     # how long the plan should train, and on how many learners (``domain.forecast``), and
     # when training started
     forecast: Mapping[str, Any] | None = None
@@ -282,9 +219,16 @@ class Job:
         return self.published == self.round_key
 
     @property
-    def training_plan(self) -> TrainingPlan | None:
-        """The plan the split decided (None before it)."""
-        return TrainingPlan.from_dict(dict(self.plan)) if self.plan else None
+    def standing(self) -> dict[str, Any]:
+        """How the job stands (status and phase) as read: what a write that ends it expects to
+        find unchanged (``jobs.end_job``, the watchdog), so no ending overwrites another."""
+        return {"status": self.status, "phase": self.phase}
+
+    @property
+    def position(self) -> dict[str, Any]:
+        """Where the job is in its training (epoch, round, version) as its document stores them:
+        what a write about its current round expects to find unchanged (``publish_round``)."""
+        return {"epoch": self.epoch, "round": self.round, "version": self.version}
 
     @property
     def classes(self) -> list[Any]:
@@ -299,6 +243,7 @@ class Job:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name != "extra"}
         doc["head"] = self.head.to_doc() if self.head is not None else None
+        doc["plan"] = self.plan.to_dict() if self.plan is not None else None
         for name in ("source", "options"):
             doc[name] = dict(doc[name])
         if not doc["usage"]:
@@ -327,7 +272,7 @@ class Job:
             tasks_planned=_optional(get("tasks_planned"), int),
             tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
-            plan=get("plan"), forecast=get("forecast"), dataset=get("dataset"),
+            plan=_plan(get("plan")), forecast=get("forecast"), dataset=get("dataset"),
             model=get("model"),
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
@@ -352,6 +297,89 @@ def unknown_fields(fields: Mapping[str, Any]) -> list[str]:
     """The keys of a job field update that name no ``Job`` attribute: a typo, or a field that
     nothing would ever read back."""
     return sorted(k for k in fields if k not in JOB_FIELDS)
+
+
+# -- the changes of a job's life: each returns the field update its service writes -------------
+
+def start_fields(plan: TrainingPlan, head: Head, now: float, forecast: Forecast,
+                 cost: ModelCost, dataset: Mapping[str, Any], model: Mapping[str, Any],
+                 usage: Mapping[str, Any]) -> dict[str, Any]:
+    """Training begins: the split's last write (the registries' ``start_training``, beside
+    version 0 and only under the split's claim: ``may_start_training``). The job trains from
+    ``head`` (version 0) at round 0 of epoch 1, none published yet, and records what the split
+    decided: the ``plan``, its ``forecast`` for a model costing ``cost`` (made ``now``), the
+    ``dataset`` summary, the ``model`` spec, and what the split used (``usage``).
+
+    Raises:
+        ValueError: ``head`` is not version 0.
+    """
+    if head.version != 0:
+        raise ValueError(f"training starts from version 0, not v{head.version}")
+    return {"phase": TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
+            "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
+            "forecast": {**forecast.to_dict(), "model": cost.to_dict(), "made_at": now},
+            "tasks_planned": plan.total_tasks, "dataset": dataset, "model": model,
+            "updated_at": now, "head": head.to_doc(), "usage": usage}
+
+
+def publish_fields(job: Job, now: float) -> dict[str, Any]:
+    """The tasks of the job's current round are published (``publish_round``, written only
+    while the job is at the ``position`` it was read at): ``published`` names the round, and no
+    learner chains into it.
+
+    Raises:
+        ValueError: the job has no round to publish (not split yet: no plan or no head).
+    """
+    if job.plan is None or job.head is None:
+        raise ValueError(f"job {job.job_id} has no round to publish (not split yet)")
+    return {"published": job.round_key, "published_at": now, "updated_at": now,
+            "chained_by": None}
+
+
+def commit_fields(job: Job, head: Head, applied: int, failures: Sequence[str], samples: int,
+                  delta_norm: float | None, usage: Mapping[str, Any],
+                  health: Mapping[str, Any] | None, now: float,
+                  chained_by: str | None = None) -> dict[str, Any]:
+    """A version is committed: the fold of the job's current round (the registries'
+    ``commit_version``, beside the version's document; ``commit_refusal`` decides inside it).
+
+    The job is RUNNING at ``head`` (the new version, ``Head.advanced``), its counters advanced
+    by the round (``applied`` results, ``failures``: the reason of each task given up on, in
+    task order; ``samples`` rows), with the fold's running ``delta_norm``, its total ``usage``,
+    ``health`` when the health watch changed it, and ``started_at`` at its first commit. Then
+    where the fold takes it (``decide_after_fold``): the next round, recorded as published in
+    this same commit (``chained_by``: the learner that chains into it at R = 1), the export, or
+    FAILED once more tasks failed than the job allows.
+
+    Raises:
+        ValueError: the job has ended or has no plan, or ``head`` is not the next version.
+    """
+    plan = job.plan
+    if job.is_terminal or plan is None:
+        raise ValueError(f"job {job.job_id} has no round to commit (it is {job.status}"
+                         f"{'' if plan is not None else ', not split yet'})")
+    if head.version != (job.version or 0) + 1:
+        raise ValueError(f"job {job.job_id}: a commit onto v{job.version} makes "
+                         f"v{(job.version or 0) + 1}, not v{head.version}")
+    tasks_failed = job.tasks_failed + len(failures)
+    fields: dict[str, Any] = {
+        "version": head.version, "status": RUNNING, "updated_at": now,
+        "tasks_applied": job.tasks_applied + applied, "tasks_failed": tasks_failed,
+        "samples_seen": job.samples_seen + samples, "delta_norm": delta_norm,
+        "head": head.to_doc(), "usage": usage}
+    if health is not None and health != dict(job.health or {}):
+        fields["health"] = health
+    if job.started_at is None:
+        fields["started_at"] = now
+    after = decide_after_fold(job.epoch, job.round, plan.rounds_per_epoch, plan.epochs,
+                              tasks_failed, int(job.options.get("max_failed_tasks", 0)),
+                              failures[0] if failures else None, now)
+    fields.update(after.job_fields)
+    if after.training_continues:  # the next round's publish record, in this commit
+        following = round_key(after.job_fields.get("epoch", job.epoch),
+                              after.job_fields["round"])
+        fields.update(published=following, published_at=now, chained_by=chained_by)
+    return fields
 
 
 def ending_fields(status: str, now: float, error: str | None = None,
@@ -393,6 +421,36 @@ def ending_fields(status: str, now: float, error: str | None = None,
     return {**fields, **extra}
 
 
+def fail_fields(now: float, error: str, **extra: Any) -> dict[str, Any]:
+    """The job fails: the ending FAILED with ``error`` (its first ``MAX_ERROR_CHARS``), whoever
+    fails it (the aggregation, the export's degenerate model, the health watch with its
+    ``health`` in ``extra``, the watchdog, a split whose state a backend refused).
+
+    Raises:
+        ValueError: no reason is given, or ``extra`` is not an ending's (``ending_fields``).
+    """
+    if not error.strip():
+        raise ValueError("a job fails with a reason")
+    return ending_fields(FAILED, now, error=error[:MAX_ERROR_CHARS], **extra)
+
+
+def utc_text(seconds: float) -> str:
+    """Epoch seconds as '2026-11-03 14:05:09 UTC'."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
+    """The job is cancelled (``services.cancel``): the ending CANCELLED with when, who (``by``,
+    "someone" when blank) and why (``reason``, if given), each text at most
+    ``MAX_CANCEL_CHARS``; ``error`` says all three in one sentence, as it does for other
+    endings."""
+    by = bounded(by.strip() or "someone", MAX_CANCEL_CHARS)
+    reason = bounded(reason.strip(), MAX_CANCEL_CHARS) if reason and reason.strip() else None
+    sentence = f"cancelled by {by} at {utc_text(now)}" + (f": {reason}" if reason else "")
+    return ending_fields(CANCELLED, now, error=sentence, cancelled_at=now, cancelled_by=by,
+                         cancel_reason=reason)
+
+
 @dataclass(frozen=True)
 class AfterFold:
     """Where a job goes once a round is folded: the job fields that say so."""
@@ -413,9 +471,8 @@ def decide_after_fold(epoch: int, round_index: int, rounds_per_epoch: int, epoch
     epoch; any other round moves to the next round."""
     if tasks_failed > allowed_failures:
         reason = first_failure or "tasks failed"
-        return AfterFold(ending_fields(
-            FAILED, now, error=f"{tasks_failed} task(s) failed for good (the job allows "
-                               f"{allowed_failures}): {reason}"[:2000]))
+        return AfterFold(fail_fields(now, f"{tasks_failed} task(s) failed for good (the job "
+                                          f"allows {allowed_failures}): {reason}"))
     following = next_round(epoch, round_index, rounds_per_epoch, epochs)
     if following is None:
         return AfterFold({"phase": EXPORTING})

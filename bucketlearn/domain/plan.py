@@ -52,7 +52,10 @@ WSD_DECAY = 0.2  # "wsd": constant, then a linear decay to 0 over the last fifth
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """The layout of one job's training, decided once when its upload is split.
+    """Plans a job's training: its tasks, rounds and learning rates, decided once at the split.
+
+    Its shards are the ``SplitPlan``'s; the objects a round's tasks left are sorted by
+    ``domain.rounds.sort_round`` (``RoundObjects``).
 
     Attributes:
         parallel_tasks: tasks per round (R), trained from the same version.

@@ -1,4 +1,5 @@
-"""Which task results a round folds: a pure decision over the listed delta objects.
+"""Which task results a round folds: a pure decision over the listed delta objects
+(``sort_round``, into ``RoundObjects``).
 
 Invariant 2 (every planned task applied exactly once) rests on two facts decided here: a task
 already applied or failed is never folded again (its late or duplicate results are garbage),
@@ -21,8 +22,10 @@ class DeltaRef:
 
 
 @dataclass
-class RoundPlan:
-    """What to do with a round's objects.
+class RoundObjects:
+    """A round's listed objects, sorted: what its fold takes, what it waits for, what it drops.
+
+    The round's tasks themselves are the ``TrainingPlan``'s (``round_range``).
 
     Attributes:
         results: the result object to fold for each task that has one.
@@ -45,9 +48,10 @@ class RoundPlan:
         return not self.missing and bool(self.results or self.failures)
 
 
-def plan_round(round_tasks: Iterable[int], done: Iterable[int],
-               refs: Iterable[DeltaRef], planned: int | None = None) -> RoundPlan:
-    """Decide what the current round folds.
+def sort_round(round_tasks: Iterable[int], done: Iterable[int],
+               refs: Iterable[DeltaRef], planned: int | None = None) -> RoundObjects:
+    """Sort the listed objects of the current round: what it folds, what it waits for, what is
+    garbage.
 
     Args:
         round_tasks: the task indices of the round.
@@ -63,24 +67,24 @@ def plan_round(round_tasks: Iterable[int], done: Iterable[int],
     wanted = [t for t in round_tasks if t not in finished]
     wanted_set = set(wanted)
     by_task: dict[int, list[DeltaRef]] = {}
-    plan = RoundPlan()
+    objects = RoundObjects()
     for ref in refs:
         if ref.task_index in wanted_set:
             by_task.setdefault(ref.task_index, []).append(ref)
         elif ref.task_index in finished or ref.task_index < 0 or (
                 planned is not None and ref.task_index >= planned):
-            plan.garbage.append(ref)
+            objects.garbage.append(ref)
         else:
-            plan.ignored.append(ref)
+            objects.ignored.append(ref)
     for task in wanted:
         refs_of_task = sorted(by_task.get(task, []), key=lambda r: r.name)
         trained = [r for r in refs_of_task if not r.failed]
         if trained:
-            plan.results[task] = trained[0]
-            plan.garbage.extend(r for r in refs_of_task if r is not trained[0])
+            objects.results[task] = trained[0]
+            objects.garbage.extend(r for r in refs_of_task if r is not trained[0])
         elif refs_of_task:
-            plan.failures[task] = refs_of_task[0]
-            plan.garbage.extend(refs_of_task[1:])
+            objects.failures[task] = refs_of_task[0]
+            objects.garbage.extend(refs_of_task[1:])
         else:
-            plan.missing.append(task)
-    return plan
+            objects.missing.append(task)
+    return objects

@@ -6,7 +6,9 @@ A worker that takes a task records an attempt (``started``): the one write a tas
 gets when all goes well (what the learner measured travels with its result message into the
 version that folds it). A failed attempt is recorded ``retrying`` (the message goes back to the
 queue) or, once the attempts are spent, ``failed`` (a failure marker tells the aggregator).
-Whether a task's result is folded is not decided here but by the round (``domain.rounds``) and
+A task given up on leaves a failure marker in the deltas bucket (``FailureMarker``: written by
+``publish.announce_failure``, read by the aggregator's ``results``). Whether a task's result is
+folded is not decided here but by the round (``domain.rounds``) and
 the job's position (``domain.job.done_tasks``): a record is what workers did, not what the model
 holds. ``trained`` is what documents written before 2026-11-26 say of a finished attempt.
 """
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketlearn.domain.job import Job, is_terminal
+from bucketlearn.domain.job import MAX_ERROR_CHARS, Job
 
 RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
 ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)
@@ -113,10 +115,50 @@ def skip_reason(job: Job | None, base_version: int, names_a_base: bool) -> str |
     """
     if job is None:
         return "the job is gone"
-    if is_terminal(job):
+    if job.is_terminal:
         return f"the job is {job.status}"
     if base_version < 0 or not names_a_base:
         return "the message names no version to train from"
     if (job.version or 0) > base_version:
         return f"its round was folded (the job is at v{job.version})"
     return None
+
+
+FAILURE_REASON = "task failed"  # a marker's reason when it names none, or cannot be read
+
+
+@dataclass(frozen=True)
+class FailureMarker:
+    """A task given up on, as its failure marker (a JSON object in the deltas bucket) says: the
+    one shape it is written in (``to_doc``) and read back as (``from_doc``); the round that
+    folds it counts the task failed, ``error`` the reason.
+
+    Attributes:
+        task_index: the task, within its epoch.
+        error: why it was given up on.
+        job_id, task_id, epoch: whose task it is (written for people and tools reading the
+            bucket; the aggregator takes them from the object's name).
+        detail: what else its writer recorded (a learner's ``attempts`` and ``worker_id``).
+    """
+
+    task_index: int
+    error: str = FAILURE_REASON
+    job_id: str = ""
+    task_id: str = ""
+    epoch: int = 0
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "task_id": self.task_id, "epoch": self.epoch,
+                "task_index": self.task_index, "error": self.error, **self.detail}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any], task_index: int) -> FailureMarker:
+        """The marker of task ``task_index`` (its object's name says which task it is): its
+        reason as stored, at most ``MAX_ERROR_CHARS`` (``FAILURE_REASON`` when it names none)."""
+        known = ("job_id", "task_id", "epoch", "task_index", "error")
+        return cls(task_index=task_index,
+                   error=str(doc.get("error") or FAILURE_REASON)[:MAX_ERROR_CHARS],
+                   job_id=str(doc.get("job_id") or ""), task_id=str(doc.get("task_id") or ""),
+                   epoch=int(_number(doc.get("epoch")) or 0),
+                   detail={k: v for k, v in doc.items() if k not in known})

@@ -6,7 +6,7 @@ its fold and one commit: the job as its last commit left it, the results it has 
 learner runs ahead), and the base state it folds into, in memory since it wrote it.
 
 ``step`` does what is due: publish a round never published, fold a complete round
-(``domain.rounds.plan_round``), export a finished job (``services.export``). Each result is read
+(``domain.rounds.sort_round``), export a finished job (``services.export``). Each result is read
 and checked by ``services.results``, which decides whether it is applied or refused; the round
 is folded (``domain.fold.fold_round``), the new state written under a write-once name, and the
 version committed with the job's position, counters, the next round's publish record, the last
@@ -30,17 +30,8 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import (
-    EXPORTING,
-    RUNNING,
-    TRAINING,
-    Job,
-    decide_after_fold,
-    ending_fields,
-    round_key,
-)
-from bucketlearn.domain.job import FAILED as JOB_FAILED
-from bucketlearn.domain.rounds import DeltaRef, RoundPlan, plan_round
+from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job, commit_fields, fail_fields
+from bucketlearn.domain.rounds import DeltaRef, RoundObjects, sort_round
 from bucketlearn.domain.usage import added
 from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.events import Outcome
@@ -157,25 +148,25 @@ class JobAggregator:
             publish_round(self.svc, job)
             self.refresh()
             return True
-        plan = self._plan(job)
-        self._drop(plan.garbage, delete=True)
-        if not plan.complete and self._chain_overdue(job):
+        objects = self._round_objects(job)
+        self._drop(objects.garbage, delete=True)
+        if not objects.complete and self._chain_overdue(job):
             # the chain's result may be written with its message late or lost (a Pub/Sub
             # stream that broke): the listing, before the round goes to every learner
             self.listen_to_bucket()
-            plan = self._plan(job)
-            if not plan.complete:
+            objects = self._round_objects(job)
+            if not objects.complete:
                 self._publish_chained_round(job)
-        if not plan.complete:
+        if not objects.complete:
             return False
-        return self._fold(job, plan)
+        return self._fold(job, objects)
 
-    def _plan(self, job: Job) -> RoundPlan:
+    def _round_objects(self, job: Job) -> RoundObjects:
         refs = [h.ref for h in self.heard.values() if h.epoch == job.epoch]
-        plan = plan_round(jobs.current_round_tasks(job), (), refs, job.tasks_per_epoch)
+        objects = sort_round(jobs.current_round_tasks(job), (), refs, job.tasks_per_epoch)
         # results of past epochs are garbage too (their rounds were folded)
-        plan.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
-        return plan
+        objects.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
+        return objects
 
     def _chain_overdue(self, job: Job) -> bool:
         chain = self.chain
@@ -195,7 +186,7 @@ class JobAggregator:
         return self.chain.deadline if self.chain is not None else None
 
     # -- the fold ---------------------------------------------------------------------------------
-    def _fold(self, job: Job, plan: RoundPlan) -> bool:
+    def _fold(self, job: Job, objects: RoundObjects) -> bool:
         """Fold a complete round, write and commit its version, publish the next round. True
         when it did something (a commit; a result refused or found stale); False when the
         commit was refused (the job is read again)."""
@@ -206,17 +197,18 @@ class JobAggregator:
         head = job.head
         assert head is not None  # a trainable job has its head since the split
         base, base_optimizer = runtime.state(head.weights_path, head.digest)
-        read = self._read_round(job, plan, base, base_optimizer)
+        read = self._read_round(job, objects, base, base_optimizer)
         if read.stale:
             self._drop(read.stale, delete=True)
             return True
         if read.refused:  # their tasks train again (or failed for good: the round may be complete)
-            self._refuse(job, plan, read.refused)
+            self._refuse(job, objects, read.refused)
             return True
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
+        assert job.plan is not None  # a trainable job has its plan since the split
         server_lr = fold.server_learning_rate(str(job.model["kind"]), len(read.results),
-                                              jobs.job_plan(job).rates)  # recorded by _commit
+                                              job.plan.rates)  # recorded by _commit
         folded = fold.fold_round(base, base_optimizer, read.results, server_lr)
         if folded is not None:
             weights, optimizer = folded
@@ -291,7 +283,6 @@ class JobAggregator:
         """The version document and the job's new fields, as one commit."""
         job_id, head = job.job_id, job.head
         assert head is not None
-        plan = jobs.job_plan(job)
         results, failures = read.results, read.failures
         train_loss = fold.weighted_mean_loss(results)
         samples = sum(r.examples for r in results)
@@ -304,47 +295,30 @@ class JobAggregator:
             round=job.round,
             tasks_applied=tuple(layout.task_id_for(job_id, job.epoch, r.task_index)
                                 for r in results),
-            tasks_failed=tuple(layout.task_id_for(job_id, job.epoch, int(f["task_index"]))
+            tasks_failed=tuple(layout.task_id_for(job_id, job.epoch, f.task_index)
                                for f in failures),
             samples=samples, train_loss=train_loss, created_at=now,
             delta_norms=tuple(round(fold.delta_norm(r.delta), 6) for r in results),
             server_lr=server_lr,
             aggregator={"planning_started_at": planning_started, **timings},
             digest=digest, evaluation=evaluation, task_stats=read.stats)
-        tasks_failed = job.tasks_failed + len(failures)
         new_head = head.advanced(new_version, weights_path, checksum or "", bool(results),
                                  train_loss, digest)
         if evaluation is not None:
             new_head = new_head.with_evaluation(evaluation)
-        job_fields: dict[str, Any] = {
-            "version": new_version, "status": RUNNING, "updated_at": now,
-            "tasks_applied": job.tasks_applied + len(results), "tasks_failed": tasks_failed,
-            "samples_seen": job.samples_seen + samples,
-            "delta_norm": fold.running_norm(job.delta_norm, results),
-            "head": new_head.to_doc(),
-            "usage": added(added(job.usage, self.usage), used),
-        }
-        if self.health is not None and self.health != dict(job.health or {}):
-            job_fields["health"] = self.health
-        if job.started_at is None:
-            job_fields["started_at"] = now
-        after = decide_after_fold(job.epoch, job.round, plan.rounds_per_epoch, plan.epochs,
-                                  tasks_failed, int(job.options.get("max_failed_tasks", 0)),
-                                  failures[0]["error"] if failures else None, now)
-        job_fields.update(after.job_fields)
-        if after.training_continues:  # the next round's publish record, in this commit
-            following = round_key(after.job_fields.get("epoch", job.epoch),
-                                  after.job_fields["round"])
-            job_fields.update(published=following, published_at=now,
-                              chained_by=chained.worker_id if chained else None)
+        job_fields = commit_fields(
+            job, new_head, len(results), [f.error for f in failures], samples,
+            fold.running_norm(job.delta_norm, results),
+            added(added(job.usage, self.usage), used), self.health, now,
+            chained.worker_id if chained else None)
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
                              epoch=job.epoch, round=job.round, job_fields=job_fields)
 
-    def _read_round(self, job: Job, plan: RoundPlan, base: list[Any],
+    def _read_round(self, job: Job, objects: RoundObjects, base: list[Any],
                     base_optimizer: list[Any]) -> Read:
         """Read and check every result of a complete round (``results``: applied, refused or
         stale); count each applied result's use for the next commit."""
-        return self.reader.read_round(job, plan, base, base_optimizer, self.heard,
+        return self.reader.read_round(job, objects, base, base_optimizer, self.heard,
                                       self._count_usage)
 
     def _count_usage(self, message: ResultMessage | None) -> None:
@@ -358,7 +332,7 @@ class JobAggregator:
         if isinstance(cpu, (int, float)):
             self.usage["worker_cpu_seconds"] = self.usage.get("worker_cpu_seconds", 0.0) + cpu
 
-    def _refuse(self, job: Job, plan: RoundPlan, refused: dict[int, str]) -> None:
+    def _refuse(self, job: Job, objects: RoundObjects, refused: dict[int, str]) -> None:
         """Never fold a refused result: delete it and train its task again, or fail the task for
         good once its results were refused ``MAX_REFUSALS`` times in this epoch
         (``domain.fold.count_refusals``)."""
@@ -368,7 +342,7 @@ class JobAggregator:
         for task_index, reason in sorted(refused.items()):
             task_id = layout.task_id_for(job_id, epoch, task_index)
             log.error("job %s: refused the result of %s (%s)", job_id, task_id, reason)
-            self._drop([plan.results[task_index]], delete=True)
+            self._drop([objects.results[task_index]], delete=True)
             if task_index in tally.failed:
                 times = tally.times(epoch, task_index)
                 path = announce_failure(self.svc, job_id, epoch, task_index,
@@ -431,8 +405,8 @@ class JobAggregator:
         self.evaluations.append(evaluation)
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id, ending_fields(
-                    JOB_FAILED, now, error=reason, health=self.health))[0]:
+            if jobs.end_job(self.svc.registry, job.job_id,
+                            fail_fields(now, reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason

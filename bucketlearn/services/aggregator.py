@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import FAILED, TRAINING, ending_fields
+from bucketlearn.domain.job import TRAINING, fail_fields
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
@@ -181,10 +181,9 @@ class _JobSlot:
         """End the job FAILED with a permanent error's reason (a backend refused a write for
         good, an object the fold needs is corrupt beyond retraining); settle its messages."""
         now = self.service.svc.clock()
-        reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"[:2000]
+        reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"
         log.error("job %s: %s", self.job_id, reason)
-        jobs.end_job(self.service.svc.registry, self.job_id,
-                     ending_fields(FAILED, now, error=reason))
+        jobs.end_job(self.service.svc.registry, self.job_id, fail_fields(now, reason))
         self.aggregator.job = self.aggregator.refresh()
         self.aggregator.step()  # the job has ended: its messages are settled, it is wound up
 

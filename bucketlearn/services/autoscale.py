@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
-from bucketlearn.domain.job import TRAINING, is_terminal
+from bucketlearn.domain.job import TRAINING
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
 from bucketlearn.services import jobs
@@ -67,7 +67,7 @@ def outstanding_tasks(registry: Registry) -> int:
     that would wait). Every job that has not ended counts, however many newer ones exist."""
     total = 0
     for job in registry.list_active_jobs():
-        if is_terminal(job) or job.phase != TRAINING or not job.plan:
+        if job.is_terminal or job.phase != TRAINING or job.plan is None:
             continue
         if job.epoch < 1 or not job.is_published:
             continue

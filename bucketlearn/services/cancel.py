@@ -1,7 +1,7 @@
 """Cancelling a job: the one service the CLI (``bucketlearn cancel``) and the dashboard call.
 
 Cancelling is one conditional write to the job document (``jobs.end_job``): any status that has
-not ended becomes CANCELLED, with who cancelled it, when and why. Everything else follows from
+not ended becomes CANCELLED, with who cancelled it, when and why (``domain.job.cancel_fields``). Everything else follows from
 CANCELLED being terminal: workers acknowledge the job's tasks without training them
 (``domain.task.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
 version onto it (``domain.job.commit_refusal``, so a fold already in flight cannot advance it), the
@@ -18,18 +18,14 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from bucketlearn.domain.job import CANCELLED, ending_fields
-from bucketlearn.errors import NotFoundError, bounded
+from bucketlearn.domain.job import CANCELLED, cancel_fields
+from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 
 log = logging.getLogger(__name__)
-
-MAX_REASON_CHARS = 500  # the reason and the canceller are user input stored in the job document
-
 
 class CancelResult(enum.Enum):
     CANCELLED = "cancelled"  # this call cancelled the job
@@ -52,21 +48,6 @@ class CancelOutcome:
         return {"result": self.result.value, "job_id": self.job_id, "status": self.status,
                 "previous_status": self.previous_status, "version": self.version,
                 "message": self.message}
-
-
-def utc_text(seconds: float) -> str:
-    """Epoch seconds as '2026-11-03 14:05:09 UTC'."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
-    """The job fields a cancel writes: status, phase, when, who and why (``error`` says all
-    three in one sentence, as it does for other endings)."""
-    by = bounded(by.strip() or "someone", MAX_REASON_CHARS)
-    reason = bounded(reason.strip(), MAX_REASON_CHARS) if reason and reason.strip() else None
-    sentence = f"cancelled by {by} at {utc_text(now)}" + (f": {reason}" if reason else "")
-    return ending_fields(CANCELLED, now, error=sentence, cancelled_at=now,
-                         cancelled_by=by, cancel_reason=reason)
 
 
 def _tell_the_aggregator(svc: Services, job_id: str, by: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.domain import health
-from bucketlearn.domain.job import DONE, FAILED, Job, ending_fields, is_terminal
+from bucketlearn.domain.job import DONE, Job, ending_fields, fail_fields
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added
 from bucketlearn.ml.model import export_keras, model_inputs
@@ -44,11 +44,11 @@ def export_final(svc: Services, job: Job) -> None:
                health.degenerate_model(found.predicted_counts, found.true_counts,
                                        manifest.classes, found.loss, rate))
     if problem is not None:
-        if jobs.end_job(svc.registry, job.job_id,
-                        ending_fields(FAILED, now, error=problem))[0]:
+        if jobs.end_job(svc.registry, job.job_id, fail_fields(now, problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
         return
-    if is_terminal(svc.registry.get_job(job.job_id)):
+    current = svc.registry.get_job(job.job_id)
+    if current is not None and current.is_terminal:
         log.info("job %s ended during its final evaluation: not exported", job.job_id)
         return
     figures = holdout_figures(found, runtime.spec.regression)

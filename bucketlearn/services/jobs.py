@@ -1,9 +1,9 @@
 """Ending a job and building its task messages: ``end_job`` (an ending written unless the job
-has ended already), ``job_plan``, and the task messages of a round (``round_messages``,
+has ended already), and the task messages of a round (``round_messages``,
 ``position_messages``, ``current_round_tasks``, ``task_doc_id``).
 
-The vocabulary and the rules of a job (statuses, ``Job``, ``is_terminal``, ``ending_fields``)
-live in ``bucketlearn.domain.job``; the status object in ``services.status``; waiting for a job
+The vocabulary, the rules and the changes of a job's life (statuses, ``Job`` and its ``plan``,
+``ending_fields`` and the other transitions) live in ``bucketlearn.domain.job``; the status object in ``services.status``; waiting for a job
 to end in ``services.waiting``."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import Job, is_terminal
-from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.plan import epoch_tasks
 from bucketlearn.errors import TransientError
 from bucketlearn.ports import TaskMessage
 
 # What this module defines, and all it offers: it re-exports nothing (a job's vocabulary is
 # imported from the domain, where it lives).
-__all__ = ["END_ATTEMPTS", "current_round_tasks", "end_job", "job_plan", "position_messages",
+__all__ = ["END_ATTEMPTS", "current_round_tasks", "end_job", "position_messages",
            "round_messages", "task_doc_id"]
 
 END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job kept changing)
@@ -28,7 +28,8 @@ END_ATTEMPTS = 20  # conditional writes of an ending before giving up (the job k
 
 def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
             attempts: int = END_ATTEMPTS) -> tuple[bool, Job | None]:
-    """Write ``fields`` (an ending, built by ``ending_fields``) unless the job has ended
+    """Write ``fields`` (an ending: ``domain.job.ending_fields``, ``fail_fields`` or
+    ``cancel_fields``) unless the job has ended
     already, so no ending ever overwrites another (a cancel, a rejection, DONE).
 
     A conditional update on the status and phase just read; when something else wrote the job
@@ -43,18 +44,13 @@ def end_job(registry: Any, job_id: str, fields: Mapping[str, Any],
     """
     for attempt in range(attempts):
         job = registry.get_job(job_id)
-        if job is None or is_terminal(job):
+        if job is None or job.is_terminal:
             return False, job
-        if registry.update_job_if(job_id, {"status": job.status,
-                                           "phase": job.phase}, fields):
+        if registry.update_job_if(job_id, job.standing, fields):
             return True, job
         time.sleep(min(0.02 * (attempt + 1), 0.2))
     raise TransientError(f"job {job_id}: its document changed on each of {attempts} attempts to "
                          f"end it as {fields.get('status')}; try again")
-
-
-def job_plan(job: Job) -> TrainingPlan:
-    return TrainingPlan.from_dict(job.plan)
 
 
 def round_messages(job: Job, shards: Sequence[Any],
@@ -68,7 +64,7 @@ def round_messages(job: Job, shards: Sequence[Any],
         task_indices: only these tasks of the round (a retry); all of them when None.
     """
     head = job.head
-    if head is None or job.training_plan is None:
+    if head is None or job.plan is None:
         raise ValueError(f"job {job.job_id} has no head version to train from (not split yet)")
     return position_messages(job, shards, job.epoch, job.round, head.version, head.weights_path,
                              head.digest, task_indices)
@@ -80,8 +76,9 @@ def position_messages(job: Job, shards: Sequence[Any], epoch: int, round_index: 
     """The task messages of round ``round_index`` of ``epoch`` from the version named (the
     current round's from the head, or, for a learner chaining at R = 1, the next round's from
     the state its task ended with, which the fold makes the next version)."""
-    plan = job.training_plan
-    assert plan is not None
+    plan = job.plan
+    if plan is None:
+        raise ValueError(f"job {job.job_id} has no plan to train (not split yet)")
     tasks = epoch_tasks(plan, len(shards), int(job.options["seed"]), epoch)
     span = plan.span(epoch, round_index)
     wanted = plan.round_range(round_index) if task_indices is None else task_indices
@@ -99,7 +96,9 @@ def position_messages(job: Job, shards: Sequence[Any], epoch: int, round_index: 
 
 def current_round_tasks(job: Job) -> range:
     """The task indices (within the epoch) of the job's current round."""
-    return job_plan(job).round_range(job.round)
+    if job.plan is None:
+        raise ValueError(f"job {job.job_id} has no rounds (not split yet)")
+    return job.plan.round_range(job.round)
 
 
 def task_doc_id(job_id: str, epoch: int, task_index: int) -> str:

@@ -46,7 +46,7 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.fold import WEIGHTS
-from bucketlearn.domain.job import Job, is_terminal, next_round
+from bucketlearn.domain.job import Job, next_round
 from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import NotFoundError, PermanentError
@@ -186,7 +186,7 @@ class Learner:
 
     def _known_job(self, job_id: str) -> Job | None:
         """The job as this process's runtime cache knows it (its model is built), or None."""
-        runtime = self.svc.cache.get("runtimes", {}).get(job_id)
+        runtime = self.svc.cache.runtimes.get(job_id)
         return runtime.job if runtime is not None else None
 
     def _admit(self, task: TaskMessage, pulled_at: float,
@@ -282,7 +282,7 @@ class Learner:
         t1 = time.perf_counter()
         options = job.options
         batch_size = int(options["batch_size"])
-        plan = job.training_plan
+        plan = job.plan
         scale = plan.task_rate_scale(task.round) if plan is not None else 1.0
         rates = step_rates(float(options["learning_rate"]) * scale,
                            str(options.get("lr_schedule", "constant")), task.span,
@@ -344,7 +344,7 @@ class Learner:
         """The next round's task when this learner may chain into it: the job trains one task at
         a time, the round after this one exists (not the export) and the learner is not
         stopping; its base is the version the fold of this task will be (this state)."""
-        plan = job.training_plan
+        plan = job.plan
         task = trained.task
         if (plan is None or plan.parallel_tasks != 1 or self.stop.is_set()
                 or (self.max_models and models_built(self.svc) >= self.max_models)):
@@ -408,7 +408,7 @@ class Learner:
         wait = min(self.tuning.chain_confirm_seconds, self.svc.settings.chain_grace_seconds)
         deadline = time.monotonic() + wait
         while True:
-            if job is None or is_terminal(job) or job.head is None:
+            if job is None or job.is_terminal or job.head is None:
                 return False
             version = int(job.version or 0)
             if version >= needed:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import layout
-from bucketlearn.domain.job import DONE, is_terminal
+from bucketlearn.domain.job import DONE
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
 from bucketlearn.options import JobOptions
@@ -31,7 +31,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
     if job.version is None:
-        when = "it ended before its first version" if is_terminal(job) else \
+        when = "it ended before its first version" if job.is_terminal else \
             "it has no model version yet"
         raise JobStateError(f"job {job_id} is {job.status}: {when}"
                             + (f" ({job.error})" if job.error else ""))
@@ -54,7 +54,7 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
         weights = runtime.weights(found.weights_path)
         model = runtime.model
     except NotFoundError:
-        if not is_terminal(job):
+        if not job.is_terminal:
             raise
         raise JobStateError(f"job {job_id} has ended and only its last version is kept: expected "
                             f"a version with an exported model (v{head}); found v{wanted}, "

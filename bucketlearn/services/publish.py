@@ -15,13 +15,13 @@ import logging
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import Job, publish_fields
+from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import FAILED, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.runtime import job_runtime
-from bucketlearn.services.status import round_position
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,13 @@ def _record_published(svc: Services, job: Job, key: str) -> bool:
     """Record ``key`` as the job's last published round, only while the job is still where it
     was when the round was published (epoch, round and version), so ``published`` never goes
     back to an older round; False when the job has moved on."""
-    position = round_position(job)
+    position = job.position
     for _ in range(PUBLISH_RECORD_ATTEMPTS):
-        now = svc.clock()
-        if svc.registry.update_job_if(job.job_id, position,
-                                      {"published": key, "published_at": now, "updated_at": now,
-                                       "chained_by": None}):
+        if svc.registry.update_job_if(job.job_id, position, publish_fields(job, svc.clock())):
             return True
         # refused: the job moved on, or (Firestore) another write landed between read and write
         current = svc.registry.get_job(job.job_id)
-        if current is None or round_position(current) != position:
+        if current is None or current.position != position:
             return False
     raise TransientError(f"job {job.job_id}: could not record round {key} as published "
                          f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "
@@ -77,10 +74,10 @@ def announce_failure(svc: Services, job_id: str, epoch: int, task_index: int, re
     """Tell the aggregator a task failed for good: write its failure marker (which the
     watchdog's listing finds too), then announce it on the results topic. Returns the marker's
     name."""
-    marker = {"job_id": job_id, "task_id": layout.task_id_for(job_id, epoch, task_index),
-              "epoch": epoch, "task_index": task_index, "error": reason, **(detail or {})}
+    marker = FailureMarker(task_index, reason, job_id, layout.task_id_for(job_id, epoch, task_index),
+                           epoch, detail or {})
     path = layout.failure_marker_path(job_id, epoch, task_index, layout.new_nonce())
-    svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker).encode(),
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, json.dumps(marker.to_doc()).encode(),
                           "application/json", metadata={"failed": "true"})
     svc.results.publish([ResultMessage(job_id=job_id, kind=FAILED, epoch=epoch,
                                        task_index=task_index, round=round_index, path=path,

@@ -2,7 +2,7 @@
 
 A learner's result object (the state its task ended with: ``learn``) is read and decoded on
 reader threads (``ResultReader``), ahead of its round's fold as its message comes, or at the
-fold. When the round is complete (``domain.rounds.plan_round``), ``ResultReader.read_round``
+fold. When the round is complete (``domain.rounds.sort_round``), ``ResultReader.read_round``
 decides, for each of its results, one of:
 
 * **stale** (garbage: deleted, no refusal counted): it was trained from another state than
@@ -31,7 +31,8 @@ from bucketlearn import codec, layout
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import Job
-from bucketlearn.domain.rounds import DeltaRef, RoundPlan
+from bucketlearn.domain.rounds import DeltaRef, RoundObjects
+from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Received, ResultMessage, Services
 
@@ -58,7 +59,7 @@ class Read:
     """A complete round's objects, read and checked."""
 
     results: list[fold.TaskResult] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureMarker] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
     stale: list[DeltaRef] = field(default_factory=list)
     folded: list[DeltaRef] = field(default_factory=list)
@@ -125,7 +126,7 @@ class ResultReader:
         except NotFoundError:
             return None
 
-    def read_round(self, job: Job, plan: RoundPlan, base: list[Any], base_optimizer: list[Any],
+    def read_round(self, job: Job, objects: RoundObjects, base: list[Any], base_optimizer: list[Any],
                    heard: dict[str, Heard],
                    applied: Callable[[ResultMessage | None], None]) -> Read:
         """Read and check every result of a complete round (``READERS`` at a time); read its
@@ -136,7 +137,7 @@ class ResultReader:
         recent = job.delta_norm
         head = job.head
         assert head is not None
-        items = sorted(plan.results.items())
+        items = sorted(objects.results.items())
         reads = [self.loaded(ref.name) for _, ref in items]
         for (task_index, ref), reading in zip(items, reads, strict=True):
             loaded = reading.result()
@@ -160,13 +161,13 @@ class ResultReader:
             else:
                 read.refused[task_index] = problem
             read.folded.append(ref)
-        for task_index, ref in sorted(plan.failures.items()):
+        for task_index, ref in sorted(objects.failures.items()):
             try:
-                marker = json.loads(self.read_object(ref.name) or b"{}")
-                reason = str(marker.get("error") or "task failed")
+                marker = FailureMarker.from_doc(json.loads(self.read_object(ref.name) or b"{}"),
+                                                task_index)
             except Exception:  # noqa: BLE001 - the marker's existence is what counts
-                reason = "task failed"
-            read.failures.append({"task_index": task_index, "error": reason[:2000]})
+                marker = FailureMarker(task_index)
+            read.failures.append(marker)
             read.folded.append(ref)
         return read
 

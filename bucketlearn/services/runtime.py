@@ -30,7 +30,6 @@ from bucketlearn.ports import Services
 # job's model (a second or two of tracing each, and memory TensorFlow keeps until the process
 # exits: 5.6 GB per learner after 27 minutes of three concurrent jobs with 2 entries).
 MAX_JOBS_CACHED = 8
-MODELS_BUILT = "models_built"  # svc.cache key: how many models this process has built
 
 
 class JobRuntime:
@@ -63,7 +62,7 @@ class JobRuntime:
         if self._model is None:
             self._model = build_model(self.spec, self.manifest.mean, self.manifest.variance,
                                       self.manifest.schema)
-            self.svc.cache[MODELS_BUILT] = models_built(self.svc) + 1
+            self.svc.cache.models_built += 1
         return self._model
 
     def holdout_parts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -187,19 +186,20 @@ class PartCache:
 
 def part_cache(svc: Services) -> PartCache:
     """The process's shard-part cache (``Settings.worker_cache_bytes``)."""
-    cache = svc.cache.get("parts")
-    if cache is None:
-        cache = svc.cache["parts"] = PartCache(svc.settings.worker_cache_bytes)
-    return cache
+    cache = svc.cache
+    if cache.parts is None:
+        cache.parts = PartCache(svc.settings.worker_cache_bytes)
+    parts: PartCache = cache.parts
+    return parts
 
 
 def models_built(svc: Services) -> int:
     """Models this process has built (TensorFlow keeps some memory for each until exit)."""
-    return int(svc.cache.get(MODELS_BUILT, 0))
+    return svc.cache.models_built
 
 
 def job_runtime(svc: Services, job: Job) -> JobRuntime:
-    cache: OrderedDict[str, JobRuntime] = svc.cache.setdefault("runtimes", OrderedDict())
+    cache: OrderedDict[str, JobRuntime] = svc.cache.runtimes
     runtime = cache.get(job.job_id)
     if runtime is None:
         runtime = JobRuntime(svc, job)

@@ -25,7 +25,6 @@ from typing import Any
 
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import is_terminal
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -34,7 +33,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.options import JobOptions
-from bucketlearn.ports import Services
+from bucketlearn.ports import RuntimeCache, Services
 from bucketlearn.services.upload import chained_plan
 
 
@@ -99,14 +98,15 @@ def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
     assert job_id is not None
     # one model (and optimizer) per worker, as in separate processes: each its own runtime cache
-    learners = [Learner(dataclasses.replace(svc, cache={}), f"sim-{i}") for i in range(workers)]
+    learners = [Learner(dataclasses.replace(svc, cache=RuntimeCache()), f"sim-{i}")
+                for i in range(workers)]
     in_flight: deque[tuple[Any, Learner]] = deque()
     pulled = 0
     started = time.perf_counter()
     for _ in range(1_000_000):
         job = svc.registry.get_job(job_id)
         assert job is not None
-        if is_terminal(job):
+        if job.is_terminal:
             break
         while len(in_flight) < workers:
             received = svc.queue.pull(0)

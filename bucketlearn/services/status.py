@@ -1,7 +1,6 @@
 """The status object every client shows (``bucketlearn status --json``, ``submit --wait``, the
-dashboard): a job document's figures under stable keys (documented in docs/CLI.md), the head
-version's holdout report (``head_figures``), and where a job is in its training
-(``round_position``)."""
+dashboard): a job document's figures under stable keys (documented in docs/CLI.md), and the head
+version's holdout report (``head_figures``)."""
 
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         # path, so they may be of the one before)
         "evaluated_version": job.head.evaluated_version if job.head is not None else None,
         # how training was laid out, and what the job used and cost (issue #24)
-        "plan": dict(job.plan) if job.plan else None,
+        "plan": job.plan.to_dict() if job.plan is not None else None,
         **usage_summary(job.usage or {}),
         # how long the plan should train, on how many learners, and what it measured (#25)
         "forecast": dict(job.forecast) if job.forecast else None,
@@ -100,8 +99,3 @@ def head_figures(head: Mapping[str, Any], class_names: Sequence[Any]) -> dict[st
         "confusion": confusion_rows(report),
     }
 
-
-def round_position(job: Job) -> dict[str, Any]:
-    """Where a job is in its training (epoch, round, version), as its document stores them:
-    what a write about its current round expects to find unchanged."""
-    return {"epoch": job.epoch, "round": job.round, "version": job.version}

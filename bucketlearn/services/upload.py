@@ -10,18 +10,19 @@ from bucketlearn import codec, layout
 from bucketlearn.config import Limits
 from bucketlearn.domain.columns import matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
+from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import (
-    FAILED,
     QUEUED,
     REJECTED,
     SPLITTING,
     TRAINING,
-    Head,
     Job,
     claim_renewal_due,
     ending_fields,
-    is_terminal,
+    fail_fields,
     may_start_training,
+    splitting_under,
+    start_fields,
 )
 from bucketlearn.domain.plan import (
     OverLimit,
@@ -81,7 +82,7 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
     if existing is None:  # gone since the create found it: nothing to take over
         log.info("job %s: its document is gone: duplicate event ignored", job_id)
         return Outcome.DUPLICATE
-    if is_terminal(existing):  # ended (CANCELLED included): nothing to take over
+    if existing.is_terminal:  # ended (CANCELLED included): nothing to take over
         log.info("job %s has ended (%s): duplicate event ignored", job_id, existing.status)
         return Outcome.DUPLICATE
     if existing.phase == SPLITTING:
@@ -89,8 +90,7 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
             raise TransientError(f"job {job_id} is being split by another invocation")
         # the claim as read, renewal included: a splitter that renewed it since is alive
         if not svc.registry.update_job_if(
-                job_id, {"claim": existing.claim, "phase": SPLITTING,
-                         "claimed_at": existing.claimed_at},
+                job_id, {**splitting_under(existing.claim), "claimed_at": existing.claimed_at},
                 {"claim": claim, "claimed_at": now}):
             raise TransientError(f"job {job_id}: lost the race to take over a stale split")
         log.warning("job %s: taking over a split abandoned since %s", job_id,
@@ -169,8 +169,7 @@ class SplitClaim:
                 its write).
         """
         for _ in range(CLAIM_WRITE_ATTEMPTS):
-            if self.svc.registry.update_job_if(
-                    self.job_id, {"claim": self.claim, "phase": SPLITTING}, fields):
+            if self.svc.registry.update_job_if(self.job_id, splitting_under(self.claim), fields):
                 return True
             if not self.holds():
                 return False
@@ -389,19 +388,15 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     checksum = codec.checksum(data)
     digest = codec.state_digest(weights, optimizer)
     first = Version(0, weights_path, checksum, created_at=now, digest=digest)
-    job_fields = {
-        "phase": TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
-        "plan": plan.to_dict(), "tasks_per_epoch": plan.tasks_per_epoch,
-        "forecast": {**forecast_plan(plan, manifest.train_rows, batch_size, cost).to_dict(),
-                     "model": cost.to_dict(), "made_at": now},
-        "tasks_planned": plan.total_tasks,
-        "dataset": manifest.summary(), "model": spec, "updated_at": now,
-        "head": Head(0, weights_path, checksum, digest=digest).to_doc(),
+    job_fields = start_fields(
+        plan, Head(0, weights_path, checksum, digest=digest), now,
+        forecast_plan(plan, manifest.train_rows, batch_size, cost), cost, manifest.summary(),
+        spec,
         # what the split used: its calls, and one invocation of the upload function
-        "usage": {**svc.usage(job_id), "function_invocations": 1.0},
-    }
+        {**svc.usage(job_id), "function_invocations": 1.0})
     if not svc.registry.start_training(job_id, claim, job_fields, first):
-        if is_terminal(svc.registry.get_job(job_id)):
+        current = svc.registry.get_job(job_id)
+        if current is not None and current.is_terminal:
             return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)
         raise TransientError(f"job {job_id}: another invocation took over the split")
     log.info("job %s: %d tasks per epoch, %d at once (%s)", job_id, plan.tasks_per_epoch,
@@ -436,9 +431,9 @@ def _ended(svc: Services, job_id: str, what: str) -> bool:
     """The job has ended meanwhile (e.g. cancelled during its split): its ending stands and its
     partial shards go; True. False when it has not (the claim was taken over)."""
     job = svc.registry.get_job(job_id)
-    if not is_terminal(job):
+    if job is None or not job.is_terminal:
         return False
-    log.warning("job %s: %s: it ended first (%s)", job_id, what, job.status if job is not None else None)
+    log.warning("job %s: %s: it ended first (%s)", job_id, what, job.status)
     _remove_partial_shards(svc, job_id)
     return True
 
@@ -457,7 +452,7 @@ def fail(svc: Services, held: SplitClaim, reason: str) -> None:
     now = svc.clock()
     error = bounded(reason, 2000)
     try:
-        ended = held.update(ending_fields(FAILED, now, error=error))
+        ended = held.update(fail_fields(now, error))
     except BackendRejectedError:
         log.exception("job %s: could not record its failure (%s)", held.job_id, error)
         ended = held.holds()

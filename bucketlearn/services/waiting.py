@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bucketlearn.domain.job import Job, is_terminal
+from bucketlearn.domain.job import Job
 from bucketlearn.errors import TransientError, UnreachableError
 
 
@@ -101,7 +101,7 @@ def wait_terminal(registry: Any, job_id: str, timeout: float, poll: float = 0.5,
         failing_since = None
         if job is not None and on_update is not None:
             on_update(job)
-        if is_terminal(job):
+        if job is not None and job.is_terminal:
             break
         time.sleep(poll)
     return job

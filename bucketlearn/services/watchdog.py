@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn.domain.job import FAILED, TRAINING, Job, done_tasks, ending_fields, is_terminal
+from bucketlearn.domain.job import TRAINING, Job, done_tasks, fail_fields
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
 from bucketlearn.services import jobs
@@ -37,7 +37,7 @@ def watchdog_pass(svc: Services, now: float | None = None) -> list[dict[str, Any
     now = svc.clock() if now is None else now
     actions = []
     for job in svc.registry.list_active_jobs():
-        if is_terminal(job):
+        if job.is_terminal:
             continue
         try:
             decided = _decide(svc, job, now)
@@ -55,7 +55,7 @@ def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
                 job.created_at]
     round_tasks: list[int] = []
     with_result: set[int] = set()
-    if job.phase == TRAINING and job.plan:
+    if job.phase == TRAINING and job.plan is not None:
         epoch = job.epoch
         round_tasks = list(jobs.current_round_tasks(job))
         with_result = {ref.task_index for ref in list_deltas(svc, job.job_id, epoch)}
@@ -85,8 +85,7 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, decided.tasks))
     elif decided.action == FAIL:
-        svc.registry.update_job_if(job_id, {"status": job.status, "phase": job.phase},
-                                   ending_fields(FAILED, now, error=decided.reason))
+        svc.registry.update_job_if(job_id, job.standing, fail_fields(now, decided.reason))
         return
     svc.registry.update_job(job_id, {"watchdog_at": now,
                                      "watchdog_actions": job.watchdog_actions + 1,
@@ -115,6 +114,6 @@ def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000
 def _still_open(svc: Services, job_id: str, epoch: int, task_index: int) -> bool:
     """The task's job is active and the task is neither applied nor failed in its epoch."""
     job = svc.registry.get_job(job_id)
-    if job is None or is_terminal(job) or job.epoch != epoch:
+    if job is None or job.is_terminal or job.epoch != epoch:
         return False
     return task_index not in done_tasks(job)

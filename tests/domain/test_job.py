@@ -9,6 +9,8 @@ import pytest
 
 from bucketlearn.domain import job as J
 from bucketlearn.domain import version as V
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.plan import TrainingPlan
 
 
 @dataclass
@@ -19,9 +21,9 @@ class Commit:
     version: V.Version = field(default_factory=lambda: V.Version(5, "w5"))
 
 
-JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1,
-            plan={"parallel_tasks": 2, "shards_per_task": 1, "tasks_per_epoch": 5, "epochs": 2,
-                  "serial_steps": 40, "decided": "test"})
+PLAN = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=5, epochs=2,
+                    serial_steps=40, decided="test")
+JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1, plan=PLAN)
 
 
 @pytest.mark.parametrize(("job", "exists", "commit", "reason"), [
@@ -76,7 +78,7 @@ def test_a_heads_figures_say_which_version_they_are_of() -> None:
     """A fold keeps the head's last figures (of the version they were measured on) until the
     new version's evaluation arrives; an older evaluation never replaces a newer one."""
     # Prepare
-    head = J.Head(3, "w3", "c3", digest="d3").evaluated(0.8, 0.4)
+    head = Head(3, "w3", "c3", digest="d3").evaluated(0.8, 0.4)
     # Execute
     moved = head.advanced(4, "w4", "c4", True, 0.3, "d4")
     newer = moved.with_evaluation(V.Evaluation(4, {"holdout_accuracy": 0.9,
@@ -88,7 +90,7 @@ def test_a_heads_figures_say_which_version_they_are_of() -> None:
         4, "d4", 0.8, 3)
     assert (newer.holdout_accuracy, newer.evaluated_version) == (0.9, 4)
     assert stale == newer
-    assert J.Head.from_doc(newer.to_doc()) == newer
+    assert Head.from_doc(newer.to_doc()) == newer
 
 
 def test_a_job_document_reads_back_as_it_was_written() -> None:
@@ -96,9 +98,9 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
     an older document read as 0, a key this code does not know is kept, and a field update
     (``updated``) is what a registry would store."""
     # Prepare
-    head = J.Head(3, "w3", "c3", holdout_accuracy=0.9, holdout_loss=0.3)
+    head = Head(3, "w3", "c3", holdout_accuracy=0.9, holdout_loss=0.3)
     job = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=3, epoch=2, round=1,
-                options={"epochs": 4, "learning_rate": 0.01}, head=head,
+                options={"epochs": 4, "learning_rate": 0.01}, head=head, plan=PLAN,
                 dataset={"classes": ["a", "b"], "task": "classification"},
                 extra={"added_later": [1, 2]})
     # Execute
@@ -106,9 +108,13 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
     # Assert
     assert J.Job.from_doc(doc) == job
     assert doc["head"] == head.to_doc() and doc["added_later"] == [1, 2]
+    assert doc["plan"] == PLAN.to_dict()  # the plan is read once, and stored as it was
+    assert J.Job.from_doc(doc).plan == PLAN
     assert doc["published"] is None and "cancelled_by" not in doc  # None kept only where asked
     old = J.Job.from_doc({"job_id": "j0", "status": J.QUEUED, "phase": J.SPLITTING})
-    assert (old.tasks_applied, old.epoch, old.head, old.classes) == (0, 0, None, [])
+    assert (old.tasks_applied, old.epoch, old.head, old.classes, old.plan) == (0, 0, None, [],
+                                                                               None)
+    assert "plan" not in old.to_doc()
     moved = job.updated({"version": 4, "status": J.DONE})
     assert (moved.version, moved.is_terminal, job.version) == (4, True, 3)
     assert job.classes == ["a", "b"] and job.options["epochs"] == 4
@@ -134,9 +140,8 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     assert job.round_key == J.round_key(2, 13) == "e0002r00013"
     assert not job.is_published
     assert replace(job, published="e0002r00013").is_published
-    assert J.is_terminal(J.Job("j", status=J.DONE))
-    assert not J.is_terminal(J.Job("j", status=J.RUNNING))
-    assert not J.is_terminal(None)
+    assert J.Job("j", status=J.DONE).is_terminal
+    assert not J.Job("j", status=J.RUNNING).is_terminal
 
 
 @pytest.mark.parametrize(("epoch", "round_index", "failed", "expected"), [
@@ -167,19 +172,19 @@ def test_the_heads_figures_stay_those_of_the_version_they_were_measured_on() -> 
     version (the new one is evaluated off the critical path); a fold of failures only (the same
     weights) makes them the new version's; an evaluation fills them in for the head's own."""
     # Prepare
-    head = J.Head(3, "w/v3", "c3", 0.9, 0.3, 0.25, evaluated_version=3)
+    head = Head(3, "w/v3", "c3", 0.9, 0.3, 0.25, evaluated_version=3)
     # Execute
     folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
     failures_only = head.advanced(4, "w/v4", "c4", folded_results=False, train_loss=None)
     # Assert
-    assert folded == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.2, evaluated_version=3)
-    assert failures_only == J.Head(4, "w/v4", "c4", 0.9, 0.3, 0.25, evaluated_version=4)
+    assert folded == Head(4, "w/v4", "c4", 0.9, 0.3, 0.2, evaluated_version=3)
+    assert failures_only == Head(4, "w/v4", "c4", 0.9, 0.3, 0.25, evaluated_version=4)
     assert folded.evaluated(0.95, 0.1).to_doc() == {
         "version": 4, "weights_path": "w/v4", "checksum": "c4", "holdout_accuracy": 0.95,
         "holdout_loss": 0.1, "train_loss": 0.2, "evaluated_version": 4,
         "holdout_macro_f1": None, "holdout_majority_accuracy": None, "holdout_roc_auc": None,
         "holdout_report": None}
-    assert J.Head.from_doc(folded.to_doc()) == folded
+    assert Head.from_doc(folded.to_doc()) == folded
 
 
 def test_the_head_carries_the_figures_beyond_accuracy() -> None:
@@ -192,15 +197,15 @@ def test_the_head_carries_the_figures_beyond_accuracy() -> None:
     old_doc = {"version": 3, "weights_path": "w/v3", "checksum": "c3",
                "holdout_accuracy": 0.9, "holdout_loss": 0.3, "train_loss": 0.25}
     # Execute
-    head = J.Head.from_doc(old_doc).evaluated(0.9, 0.3, figures)
+    head = Head.from_doc(old_doc).evaluated(0.9, 0.3, figures)
     folded = head.advanced(4, "w/v4", "c4", folded_results=True, train_loss=0.2)
     # Assert
-    assert J.Head.from_doc(old_doc).holdout_report is None
-    assert J.Head.from_doc(old_doc).evaluated_version is None
+    assert Head.from_doc(old_doc).holdout_report is None
+    assert Head.from_doc(old_doc).evaluated_version is None
     assert {k: head.to_doc()[k] for k in figures} == figures
     assert {k: folded.to_doc()[k] for k in figures} == figures
     assert folded.evaluated_version == 3
-    assert J.Head.from_doc(head.to_doc()) == head
+    assert Head.from_doc(head.to_doc()) == head
 
 
 def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bucketlearn.domain import task as T
+from bucketlearn.domain.job import MAX_ERROR_CHARS
 
 
 def test_each_step_writes_its_state_and_the_record_reads_them_back() -> None:
@@ -65,3 +66,20 @@ def test_a_delivered_task_is_skipped_only_with_a_reason_that_says_why() -> None:
     assert T.skip_reason(running, -1, True) == "the message names no version to train from"
     assert T.skip_reason(running, 3, False) == "the message names no version to train from"
     assert T.skip_reason(running, 2, True) == "its round was folded (the job is at v3)"
+
+
+def test_a_failure_marker_is_written_and_read_in_one_shape() -> None:
+    """``FailureMarker``: the object a task given up on leaves, read back as written; a marker
+    naming no reason reads as "task failed", a long reason is cut to ``MAX_ERROR_CHARS``."""
+    # Prepare
+    marker = T.FailureMarker(3, "task j:e0001:t00003 failed after 3 attempts: boom", "j",
+                             "j:e0001:t00003", 1, {"attempts": 3, "worker_id": "w-1"})
+    # Execute
+    doc = marker.to_doc()
+    # Assert
+    assert doc == {"job_id": "j", "task_id": "j:e0001:t00003", "epoch": 1, "task_index": 3,
+                   "error": "task j:e0001:t00003 failed after 3 attempts: boom", "attempts": 3,
+                   "worker_id": "w-1"}
+    assert T.FailureMarker.from_doc(doc, 3) == marker
+    assert T.FailureMarker.from_doc({}, 4) == T.FailureMarker(4, T.FAILURE_REASON)
+    assert T.FailureMarker.from_doc({"error": "x" * 3000}, 4).error == "x" * MAX_ERROR_CHARS

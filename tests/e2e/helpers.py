@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import is_terminal
 from bucketlearn.services import waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +50,6 @@ def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
 def wait_terminal(svc: Any, job_id: str, timeout: float) -> dict[str, Any]:
     """The job once it has ended; AssertionError naming its state if it has not in time."""
     job = waiting.wait_terminal(svc.registry, job_id, timeout)
-    if not is_terminal(job):
+    if job is None or not job.is_terminal:
         raise AssertionError(f"job {job_id} did not finish in {timeout}s: {job}")
-    assert job is not None
     return job

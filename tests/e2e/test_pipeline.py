@@ -82,9 +82,9 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     svc = google_services(stack.settings)
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])[1:]
-    assert job.plan["parallel_tasks"] == 3 and job.plan["tasks_per_epoch"] == 6
+    assert job.plan.parallel_tasks == 3 and job.plan.tasks_per_epoch == 6
     assert [len(v.tasks_applied) for v in versions] == [3, 3] * 10
-    assert all(v.server_lr == 1.0 for v in versions) and job.plan["rates"] == "scaled"
+    assert all(v.server_lr == 1.0 for v in versions) and job.plan.rates == "scaled"
 
 
 def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
@@ -116,7 +116,7 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     svc = google_services(stack.settings)
     job = svc.registry.get_job(status["job_id"])
     versions = svc.registry.list_versions(status["job_id"])
-    assert job.model["kind"] == "cnn" and job.plan["parallel_tasks"] == 1
+    assert job.model["kind"] == "cnn" and job.plan.parallel_tasks == 1
     chained = [v for v in versions[1:] if any(t.get("chained") for t in v.task_stats.values())]
     assert len(chained) >= len(versions) // 2, "the rounds were not chained"
     assert len(versions) == len(local["versions"]) > 4

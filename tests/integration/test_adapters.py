@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import BackendRejectedError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit

@@ -23,9 +23,9 @@ from streamlit.testing.v1 import AppTest
 from bucketlearn import layout
 from bucketlearn.config import Limits
 from bucketlearn.domain.forecast import ModelCost, forecast_plan
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
-from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services, VersionCommit
 from bucketlearn.services.dashboard import formats, headline, reads
@@ -248,7 +248,7 @@ def test_job_page_shows_the_plan_its_forecast_and_what_the_job_measured(app, see
     with the suggestion and one process, and the job's measured time beside it."""
     # Prepare
     job = registry.get_job(RUNNING_ID)
-    plan = TrainingPlan.from_dict(dict(job.plan))
+    plan = job.plan
     found = forecast_plan(plan, 800, 32, ModelCost(flops_per_row=5e5, parameters=2000, layers=5))
     registry.update_job(RUNNING_ID, {
         "forecast": {**found.to_dict(), "made_at": job.updated_at - 30},

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.domain.job import REJECTED, is_terminal
+from bucketlearn.domain.job import REJECTED
 from bucketlearn.services import upload as upload_service
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -120,7 +120,7 @@ def assert_rejection_reason(job: dict[str, Any], case: dict[str, Any], bucket: s
     """The REJECTED job's error and error_detail say what the manifest says they say."""
     error, detail = job.error, job.error_detail
     uri = expected_uri(bucket, name)
-    assert job.status == REJECTED and is_terminal(job), job
+    assert job.status == REJECTED and job.is_terminal, job
     assert error.startswith(uri), (error, uri)
     assert detail["file"] == uri
     assert (detail["row"], detail["column"]) == (case["row"], case["column"]), detail

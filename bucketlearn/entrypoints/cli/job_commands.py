@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, Job, is_terminal
+from bucketlearn.domain.job import CANCELLED, DONE, Job
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import (
@@ -79,7 +79,7 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = No
         return EXIT_NO_TARGET
     if tty:
         print(file=sys.stderr)
-    if job is None or not is_terminal(job):
+    if job is None or not job.is_terminal:
         print(f"job {job_id}: still not finished after {timeout:.0f}s", file=sys.stderr)
         return EXIT_TIMEOUT
     status = status_object(job, svc.settings.models_bucket)

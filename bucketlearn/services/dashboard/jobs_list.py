@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job, is_terminal
+from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job
 from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
 from bucketlearn.services.dashboard.throughput import eta_seconds, progress
@@ -51,7 +51,7 @@ def overview_rows(job_docs: Iterable[Job],
         status = job.status
         if status == DONE:
             eta_text = "finished"
-        elif is_terminal(job):
+        elif job.is_terminal:
             eta_text = ""
         else:
             eta_text = format_duration(eta)

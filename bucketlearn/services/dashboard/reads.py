@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from bucketlearn.bootstrap import google_services
-from bucketlearn.domain.job import TRAINING, is_terminal
+from bucketlearn.domain.job import TRAINING
 from bucketlearn.ports import Registry, Services
 
 # What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
@@ -44,7 +44,7 @@ def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
     each job still training (its recent rate, hence its ETA)."""
     job_docs = registry.list_jobs(limit)
     versions = {job.job_id: registry.list_versions(job.job_id, last=ETA_VERSIONS)
-                for job in job_docs if not is_terminal(job) and job.phase == TRAINING}
+                for job in job_docs if not job.is_terminal and job.phase == TRAINING}
     return {"jobs": job_docs, "versions": versions}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
-from bucketlearn.domain.job import Job, is_terminal
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.version import Version
 
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
@@ -53,7 +53,7 @@ def remaining_tasks(job: Job) -> int | None:
 def eta_seconds(job: Job, versions: Iterable[Version], now: float,
                 window: float = ETA_WINDOW_SECONDS) -> float | None:
     """Seconds until every planned task is applied, at the recent rate; None when unknown."""
-    if is_terminal(job):
+    if job.is_terminal:
         return None
     remaining = remaining_tasks(job)
     if remaining is None:

@@ -22,7 +22,7 @@ from bucketlearn.adapters.firestore import FirestoreRegistry
 from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import FAILED, is_terminal
+from bucketlearn.domain.job import FAILED
 from bucketlearn.entrypoints import functions as entrypoints
 from bucketlearn.errors import BackendRejectedError, TransientError
 from bucketlearn.local.relay import cloudevent_for
@@ -59,7 +59,7 @@ def test_document_over_1_mib_fails_the_job_and_acks_the_event(caplog):
     # Assert
     job = svc.registry.get_job(job_id)
     assert answer == "failed"
-    assert job.status == FAILED and is_terminal(job)
+    assert job.status == FAILED and job.is_terminal
     assert job.error.startswith(f"gs://{svc.settings.uploads_bucket}/many-classes.csv: a "
                                    "backend refused to store the job's state")
     assert f"expected a document of at most {FIRESTORE_MAX_DOCUMENT_BYTES} bytes" in job.error

@@ -9,7 +9,7 @@
     raises InvalidInputError naming the corrupted data row, never another exception;
 (c) ``domain.fold.fold_round`` adds the round's deltas (so folding two rounds one after the other
     equals folding their union), averages the optimizer states and does not depend on the order
-    results arrived in; ``domain.rounds.plan_round`` never folds a task twice or a task already
+    results arrived in; ``domain.rounds.sort_round`` never folds a task twice or a task already
     done, and folds a round only once every task of it is in.
 """
 
@@ -25,7 +25,7 @@ from bucketlearn.config import Limits
 from bucketlearn.domain.columns import DEFAULT_MISSING_VALUES
 from bucketlearn.domain.deal import DealPlan
 from bucketlearn.domain.fold import TaskResult, fold_round
-from bucketlearn.domain.rounds import DeltaRef, plan_round
+from bucketlearn.domain.rounds import DeltaRef, sort_round
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
@@ -203,7 +203,7 @@ def test_one_corruption_is_reported_at_its_row(table, data, kind) -> None:
         assert problem.column == "label"
 
 
-# --- (c) fold_round and plan_round ----------------------------------------------------------------
+# --- (c) fold_round and sort_round ----------------------------------------------------------------
 
 SHAPES = st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3)
 FINITE = st.floats(-10, 10, allow_nan=False, width=32)
@@ -323,13 +323,13 @@ def complete_round_plans(draw: st.DrawFn):
 
 @FAST
 @given(args=round_plans())
-def test_plan_round_folds_each_task_at_most_once_and_never_a_done_one(args) -> None:
+def test_sort_round_folds_each_task_at_most_once_and_never_a_done_one(args) -> None:
     """results + failures: distinct tasks of the round, none already done; a round is complete
     only when every one of its tasks not yet done has a result or a failure marker."""
     # Prepare
     round_tasks, done, refs = args
     # Execute
-    plan = plan_round(round_tasks, done, refs, planned=max(round_tasks) + 1)
+    plan = sort_round(round_tasks, done, refs, planned=max(round_tasks) + 1)
     # Assert
     chosen = list(plan.results) + list(plan.failures)
     assert len(chosen) == len(set(chosen)), "a task would be folded twice"
@@ -350,14 +350,14 @@ def test_plan_round_folds_each_task_at_most_once_and_never_a_done_one(args) -> N
 
 @FAST
 @given(args=complete_round_plans())
-def test_plan_round_then_commit_never_refolds(args) -> None:
+def test_sort_round_then_commit_never_refolds(args) -> None:
     """Replaying the plan after committing it (a re-delivered event) folds nothing again."""
     # Prepare
     round_tasks, done, refs = args
-    first = plan_round(round_tasks, done, refs)
+    first = sort_round(round_tasks, done, refs)
     assert first.complete
     done_after = [*done, *first.results, *first.failures]
     # Execute: the same objects are listed again (not yet garbage-collected)
-    second = plan_round(round_tasks, done_after, refs)
+    second = sort_round(round_tasks, done_after, refs)
     # Assert
     assert not second.results and not second.failures and not second.complete

@@ -25,7 +25,7 @@ from bucketlearn.config import Settings
 from bucketlearn.domain.job import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.options import JobOptions
-from bucketlearn.ports import NUDGE, ResultMessage
+from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Learner
@@ -116,8 +116,8 @@ def run_job(tmp_path: Path) -> Iterator[Any]:
         path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=rows, n_classes=3, n_features=4)
         job_id = upload(svc, path, options)
         service = AggregatorService(svc, stop, TUNING)
-        workers = [Learner(dataclasses.replace(svc, cache={}), f"w{i}", tuning=LEARNING,
-                           chain=True) for i in range(learners)]
+        workers = [Learner(dataclasses.replace(svc, cache=RuntimeCache()), f"w{i}",
+                           tuning=LEARNING, chain=True) for i in range(learners)]
         threads.append(threading.Thread(target=service.run, daemon=True))
         threads.extend(threading.Thread(target=w.run, args=(stop,),
                                         kwargs={"pull_timeout": 0.05}, daemon=True)

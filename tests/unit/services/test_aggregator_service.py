@@ -12,7 +12,7 @@ import pytest
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, is_terminal, round_key
+from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, round_key
 from bucketlearn.domain.version import Version
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import ResultMessage, VersionCommit
@@ -93,7 +93,7 @@ def test_every_version_folds_one_whole_round(pipeline):
     # Execute
     folds = versions[1:]
     # Assert
-    assert plan["parallel_tasks"] == 3 and plan["tasks_per_epoch"] == 8
+    assert plan.parallel_tasks == 3 and plan.tasks_per_epoch == 8
     assert [len(v.tasks_applied) for v in folds] == [3, 3, 2] * 2
     for v in folds:
         indices = [int(t.rsplit(":t", 1)[1]) for t in v.tasks_applied]
@@ -486,7 +486,7 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
     assert result is Outcome.ACCEPTED
     assert [(m.epoch, m.task_index) for m in republished] == [(task.epoch, task.task_index)]
     assert svc.store.stat(bucket, bad_path) is None
-    assert job.version == 0 and not is_terminal(job)
+    assert job.version == 0 and not job.is_terminal
     assert aggregate_job(svc, job_id) is Outcome.ACCEPTED  # nothing left to trip over
 
 
@@ -598,7 +598,7 @@ def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_pat
 
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
     job = svc.registry.get_job(job_id)
-    assert job.training_plan.rates == "scaled" and job.training_plan.parallel_tasks == 2
+    assert job.plan.rates == "scaled" and job.plan.parallel_tasks == 2
     runtime = job_runtime(svc, job)
     base = runtime.state(job.head.weights_path)
     messages = [svc.queue.pull(0) for _ in range(2)]

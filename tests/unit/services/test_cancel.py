@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, RUNNING, is_terminal
+from bucketlearn.domain.job import CANCELLED, DONE, RUNNING
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator
@@ -62,7 +62,7 @@ def test_cancel_ends_a_running_job_saying_who_when_and_why(running):
                                                                            "CANCELLED", 1)
     assert f"job {job_id} cancelled" in outcome.message and "v1" in outcome.message
     assert (job.status, job.phase) == (CANCELLED, "cancelled")
-    assert is_terminal(job) and job.finished_at == job.cancelled_at
+    assert job.is_terminal and job.finished_at == job.cancelled_at
     assert (job.cancelled_by, job.cancel_reason) == (BY, "wrong file")
     assert job.error.startswith(f"cancelled by {BY} at 20") and job.error.endswith(
         " UTC: wrong file")

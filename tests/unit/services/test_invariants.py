@@ -26,7 +26,8 @@ import safetensors.numpy
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.ingest.parts import ShardWriter
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile

@@ -3,7 +3,8 @@ dashboard's figures, from documents as the aggregator writes them (no TensorFlow
 
 from __future__ import annotations
 
-from bucketlearn.domain.job import Head, Job
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import Job
 from bucketlearn.domain.version import Version
 from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.cli import printing

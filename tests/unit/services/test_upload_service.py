@@ -14,10 +14,9 @@ from bucketlearn.domain.job import (
     SPLITTING,
     TRAINING,
     Job,
-    is_terminal,
     round_key,
 )
-from bucketlearn.domain.plan import TrainingPlan, epoch_tasks
+from bucketlearn.domain.plan import epoch_tasks
 from bucketlearn.errors import (
     BackendRejectedError,
     ObjectChangedError,
@@ -60,12 +59,12 @@ def test_upload_is_accepted_as_one_job(digits_job):
     assert outcome is Outcome.ACCEPTED
     assert job_id == layout.job_id_for(event.bucket, event.name, event.generation)
     assert [j.job_id for j in svc.registry.list_jobs()] == [job_id]
-    assert job.phase == TRAINING and not is_terminal(job)
+    assert job.phase == TRAINING and not job.is_terminal
     assert job.options["epochs"] == 1
     assert job.dataset["rows"] == 1797 and len(job.dataset["classes"]) == 10
     assert job.version == 0 and job.epoch == 1 and job.round == 0
     assert job.published == round_key(1, 0)
-    assert job.tasks_planned == job.tasks_per_epoch == job.plan["tasks_per_epoch"]
+    assert job.tasks_planned == job.tasks_per_epoch == job.plan.tasks_per_epoch
 
 
 def test_the_first_round_is_published(digits_job):
@@ -77,7 +76,7 @@ def test_the_first_round_is_published(digits_job):
     job = svc.registry.get_job(job_id)
     manifest = Manifest.from_json(
         svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id)))
-    plan = TrainingPlan.from_dict(job.plan)
+    plan = job.plan
     tasks = epoch_tasks(plan, len(manifest.shards), 0, 1)
     # Execute
     messages = [m for m in svc.queue.published if m.job_id == job_id]
@@ -159,7 +158,7 @@ def test_bad_csv_is_rejected_and_its_partial_shards_removed():
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
     assert shard_writes, "precondition: some shards were written before the bad row"
     assert outcome is Outcome.REJECTED
-    assert job.status == REJECTED and is_terminal(job)
+    assert job.status == REJECTED and job.is_terminal
     assert job.error_detail["row"] == 149_001
     assert job.error_detail["column"] == "f1"
     assert "row 149001" in job.error and "column 'f1'" in job.error
@@ -273,7 +272,7 @@ def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
     current = svc.store.stat(event.bucket, event.name)
     assert svc.store.opens == 3
     assert outcome is Outcome.REJECTED
-    assert job.status == REJECTED and is_terminal(job)
+    assert job.status == REJECTED and job.is_terminal
     assert job.error.startswith(f"gs://{event.bucket}/swap.csv: the upload was replaced or "
                                    "deleted while it was being read")
     assert f"expected generation {event.generation} until the split ends" in job.error
@@ -639,7 +638,7 @@ def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
     assert shard_writes, "precondition: the split wrote shards before the plan was made"
     assert outcome is Outcome.REJECTED
-    assert job.status == REJECTED and is_terminal(job)
+    assert job.status == REJECTED and job.is_terminal
     assert job.error_detail["message"] == "the job would train too many tasks"
     assert job.error_detail["found"] == "20 tasks per epoch × 3 epochs = 60 tasks"
     assert job.error_detail["expected"] == (
@@ -711,7 +710,7 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
     # Assert
     assert outcome is Outcome.ACCEPTED
     job = svc.registry.get_job(job_id)
-    plan = TrainingPlan.from_dict(dict(job.plan))
+    plan = job.plan
     assert plan.parallel_tasks == expected
     if requested is None:
         assert plan.shards_per_task == 7  # 60 shards: 7 a task keep 8 tasks an epoch
