@@ -1,7 +1,8 @@
 """Wiring in one place: which adapters serve the ports (``ports.Services``), made once per
 process, lazily. Entry points, the local stack, the tests and the benchmarks call it and hand a
-service its ``Services``; of the services only ``serial`` (``train-local`` and the simulation, on
-in-memory ports) and the dashboard's ``reads`` (the page's own) make theirs here."""
+service its ``Services`` (``train-local`` and the simulation are handed fresh
+``memory_services()``); of the services only the dashboard's ``reads`` (the page's own) makes
+its own here."""
 
 from __future__ import annotations
 

@@ -153,11 +153,12 @@ def test_balanced_training_is_the_same_in_the_pipeline_and_in_train_local(imbala
     # Prepare
     balanced = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1,
                           class_weight="balanced")
-    serial = train_local(str(imbalanced_csv), balanced)
+    serial = train_local(str(imbalanced_csv), balanced, svc=memory_services())
     # Execute
-    run = simulate_pipeline(str(imbalanced_csv), balanced, workers=2)
+    run = simulate_pipeline(str(imbalanced_csv), balanced, workers=2, svc=memory_services())
     plain = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=2, rows_per_shard=64,
-                                                              parallel_tasks=1))
+                                                              parallel_tasks=1),
+                              svc=memory_services())
     # Assert
     head = run["job"].head
     assert run["job"].status == DONE and run["job"].options["class_weight"] == "balanced"
@@ -175,7 +176,8 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     with its accuracy."""
     # Execute
     run = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=3, rows_per_shard=64,
-                                                            parallel_tasks=2))
+                                                            parallel_tasks=2),
+                            svc=memory_services())
     # Assert
     job, versions = run["job"], run["versions"]
     head = job.head
