@@ -18,7 +18,7 @@ from bucketlearn.options import resolve_options
 def cmd_download(args: argparse.Namespace) -> int:
     from bucketlearn.services.models import model_bytes  # noqa: PLC0415
 
-    svc = common.services()
+    svc = common.services(args)
     data, version = model_bytes(svc, args.job, args.version)
     out = Path(args.output or f"{args.job}.keras")
     out.parent.mkdir(parents=True, exist_ok=True)
