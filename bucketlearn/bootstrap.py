@@ -1,7 +1,12 @@
-"""Wiring in one place: which adapters serve the ports (``ports.Services``), made once per
-process, lazily. Entry points, the local stack, the tests and the benchmarks call it and hand a
-service its ``Services``; of the services only ``serial`` (``train-local`` and the simulation, on
-in-memory ports) and the dashboard's ``reads`` (the page's own) make theirs here."""
+"""Wiring in one place: which adapters serve the ports (``ports.Services``).
+
+Only the entry points call it (the upload function, the aggregator's and the learners'
+processes: ``process_services``, made once per process, lazily; the CLI: a ``google_services``
+for its target's settings; the dashboard: ``dashboard/app.py`` hands the page
+``process_services``), and the local stack, the tests and the benchmarks. They hand a service its
+``Services``: ``train-local`` and the simulation are handed fresh ``memory_services()``. No
+service, nor ``ml`` or ``ingest``, imports this module or reaches Google otherwise than through
+the ports (pyproject.toml's import contracts, ``lint-imports``)."""
 
 from __future__ import annotations
 

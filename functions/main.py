@@ -5,16 +5,16 @@ event (accepted, duplicate, rejected, failed, ignored); an exception makes Event
 (transient trouble, or a crash mid-way). Task results do not come through a function: learners
 announce them on the results topic, which the long-running aggregator pulls
 (``bucketlearn aggregator``).
+
+The handler is built on the process's Services (``bootstrap.process_services``, the default of
+``upload_handler``: Google Cloud, or the emulators the environment names), made on the first
+event.
 """
 
 from __future__ import annotations
 
 import functions_framework
-from cloudevents.http import CloudEvent
 
 from bucketlearn.entrypoints import functions as entrypoints
 
-
-@functions_framework.cloud_event
-def on_upload(cloud_event: CloudEvent) -> None:
-    entrypoints.on_upload(cloud_event)
+on_upload = functions_framework.cloud_event(entrypoints.upload_handler())

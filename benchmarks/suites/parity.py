@@ -265,10 +265,11 @@ def in_fresh_process(function: Any, *args: Any) -> Any:
 def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
              params: dict[str, Any]) -> dict[str, Any]:
     """One seed of a cell: serial training, the fit reference and the simulations."""
+    from bucketlearn.bootstrap import memory_services
     from bucketlearn.services.serial import simulate_pipeline, train_local
 
     log(f"parity: serial {name}/{order} seed {seed}")
-    serial = train_local(str(path), options)
+    serial = train_local(str(path), options, svc=memory_services())
     task = serial.manifest.task
     one: dict[str, Any] = {"serial": serial.report["rmse"] if task == REGRESSION
                            else serial.accuracy,
@@ -281,7 +282,8 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
                            "model": serial.model.name.removeprefix("bucketlearn_")}
     for workers in params["sim_workers"]:
         log(f"parity: simulation W={workers} {name}/{order} seed {seed}")
-        figures, seconds = timed(simulate_pipeline, str(path), options, workers=workers)
+        figures, seconds = timed(simulate_pipeline, str(path), options, workers=workers,
+                                 svc=memory_services())
         one["pipeline"][f"sim-{workers}"] = [job_figures(figures["job"], seconds)]
     return one
 

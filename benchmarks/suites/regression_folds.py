@@ -30,12 +30,13 @@ RULES = {"sum": lambda r: float(r), "mean": lambda r: 1.0, "sqrt": lambda r: mat
 
 
 def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
+    from bucketlearn.bootstrap import memory_services
     from bucketlearn.domain import fold
     from bucketlearn.domain.plan import plan_training
     from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import simulate_pipeline, train_local
 
-    serial = train_local(str(path), JobOptions(seed=seed))
+    serial = train_local(str(path), JobOptions(seed=seed), svc=memory_services())
     shards = [s.rows for s in serial.manifest.shards]
     defaults = JobOptions()  # the classification plan's R for the same shards
     parallel = plan_training(shards, defaults.epochs, defaults.batch_size).parallel_tasks
@@ -45,7 +46,8 @@ def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
     try:
         for rule, rate in RULES.items():
             fold.server_learning_rate = lambda _kind, r, rate=rate: rate(r)
-            job = simulate_pipeline(str(path), options, workers=8)["job"]
+            job = simulate_pipeline(str(path), options, workers=8,
+                                    svc=memory_services())["job"]
             row[rule] = gap(row["serial_rmse"], {"rmse": job.head.holdout_rmse},
                             regression=True)
     finally:

@@ -25,6 +25,7 @@ SMOKE = {"datasets": ["digits"], "schedules": ["wsd", "constant"], "seeds": [0],
 
 
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    from bucketlearn.bootstrap import memory_services
     from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import train_local
 
@@ -41,7 +42,8 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
                 for seed in params["seeds"]:
                     log(f"schedules: {name} {schedule} seed {seed}")
                     options = JobOptions(seed=seed, epochs=epochs, lr_schedule=schedule)
-                    accuracies.append(train_local(str(path), options).accuracy)
+                    accuracies.append(train_local(str(path), options,
+                                                  svc=memory_services()).accuracy)
                 cells[f"{name}/{schedule}"] = {
                     "dataset": name, "schedule": schedule, "epochs": epochs,
                     "accuracies": accuracies, "mean": mean(accuracies),

@@ -16,11 +16,12 @@ import time
 def main(path: str, options: str) -> None:
     import keras  # noqa: F401 - imported before the clock starts, as the learners have it
 
+    from bucketlearn.bootstrap import memory_services
     from bucketlearn.options import JobOptions
     from bucketlearn.services.serial import train_local
 
     started = time.perf_counter()
-    result = train_local(path, JobOptions(**json.loads(options)))
+    result = train_local(path, JobOptions(**json.loads(options)), svc=memory_services())
     print(json.dumps({"seconds": time.perf_counter() - started, "accuracy": result.accuracy,
                       "loss": result.loss, "rmse": result.report.get("rmse")}))
 

@@ -2,11 +2,15 @@
 go to the long-running aggregator over Pub/Sub: ``bucketlearn.entrypoints.aggregator``).
 
 Kept apart from ``functions/main.py`` so the decoding is unit-testable without the framework.
+``upload_handler(services)`` builds the function's handler on a Services factory:
+``functions/main.py`` gives it ``bootstrap.process_services`` (the default), a test its own;
+``handle_upload_event(cloud_event, svc)`` is one event on given Services.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -19,16 +23,6 @@ from bucketlearn.logs import setup_logging
 from bucketlearn.ports import Services
 
 log = logging.getLogger(__name__)
-_configured = False
-
-
-def _services() -> Services:
-    global _configured
-    svc = process_services()
-    if not _configured:
-        setup_logging(svc.settings.log_format)
-        _configured = True
-    return svc
 
 
 def _event_time(cloud_event: Any) -> float | None:
@@ -45,12 +39,28 @@ class RetryLater(ServiceUnavailable):
     """Answered as HTTP 503 (no traceback): Eventarc / the local relay retry with backoff."""
 
 
-def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
+def upload_handler(services: Callable[[], Services] = process_services
+                   ) -> Callable[[Any], str]:
+    """The upload function's handler, ``on_upload(cloud_event)``, on the Services ``services()``
+    gives. They are made on the first event, not when the function's module is loaded (a
+    failure is retried with the next event), and logging is set up from their settings then."""
+    made: list[Services] = []
+
+    def on_upload(cloud_event: Any) -> str:
+        if not made:
+            made.append(services())
+            setup_logging(made[0].settings.log_format)
+        return handle_upload_event(cloud_event, made[0])
+
+    return on_upload
+
+
+def handle_upload_event(cloud_event: Any, svc: Services) -> str:
     """Storage finalize event on the uploads bucket -> split (at most one job per upload).
 
     Args:
         cloud_event: the Eventarc ``object.finalized`` CloudEvent.
-        svc: the services to use (tests); the process-wide Google ones by default.
+        svc: the Services to use.
 
     Returns:
         The outcome's name; returning (HTTP 200) acks the event, permanent failures included:
@@ -61,7 +71,6 @@ def on_upload(cloud_event: Any, svc: Services | None = None) -> str:
     """
     from bucketlearn.services.upload import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
-    svc = svc or _services()
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
     if event.bucket != svc.settings.uploads_bucket:
         log.warning("on_upload: ignoring an event for bucket %r (expected %s)", event.bucket,

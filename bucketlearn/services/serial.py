@@ -11,6 +11,10 @@ the pipeline takes exactly these steps, to the bit (the aggregator takes each de
 ``simulate_pipeline`` runs the real upload, learner and aggregator code on the in-memory ports
 with W workers whose tasks overlap in time (each trains the round's task it pulled). Training in
 synchronous rounds makes the result independent of W: it only changes how long a round takes.
+
+Both are handed their ``Services`` (``svc``) by the caller, as every service is: the CLI, the
+tests and the benchmarks pass fresh in-memory ones (``bootstrap.memory_services()``), which the
+split, the results and the versions fill.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn.bootstrap import memory_services
-from bucketlearn.config import Limits, Settings
+from bucketlearn.config import Limits
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -54,12 +57,13 @@ def local_source(path: str) -> SourceFile:
                       opener=lambda: open(path, "rb"))
 
 
-def train_local(path: str, options: JobOptions, limits: Limits | None = None) -> SerialResult:
+def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
+                svc: Services) -> SerialResult:
     """Train serially on the same split and tasks the pipeline would use; evaluate on the same
-    holdout."""
+    holdout. The split is written to ``svc``'s work bucket (in-memory services: nothing else
+    is read or written)."""
     started = time.perf_counter()
     limits = limits or Limits()
-    svc = memory_services()
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options, limits)
     spec = spec_for(manifest, options, source.display_name)
@@ -84,14 +88,15 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None) ->
                         model, list(weights), found.report)
 
 
-def simulate_pipeline(path: str, options: JobOptions, workers: int = 2,
-                      svc: Services | None = None) -> dict[str, Any]:
-    """Run upload -> learners -> aggregator in-process with ``workers`` overlapping tasks."""
+def simulate_pipeline(path: str, options: JobOptions, workers: int = 2, *,
+                      svc: Services) -> dict[str, Any]:
+    """Run upload -> learners -> aggregator in-process with ``workers`` overlapping tasks, on
+    ``svc`` (in-memory services of the run's own: the upload, the job and its versions stay
+    there and are returned as ``"svc"``)."""
     from bucketlearn.services.aggregate import aggregate_job  # noqa: PLC0415
     from bucketlearn.services.learn import Learner  # noqa: PLC0415
     from bucketlearn.services.upload import StorageEvent, handle_upload  # noqa: PLC0415
 
-    svc = svc or memory_services(Settings())
     with open(path, "rb") as handle:
         info = svc.store.write_bytes(svc.settings.uploads_bucket, os.path.basename(path),
                                      handle.read(), "text/csv", options.to_metadata())

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bucketlearn.bootstrap import google_services
+from bucketlearn.bootstrap import google_services, memory_services
 from bucketlearn.domain.version import Version
 from bucketlearn.options import JobOptions
 from tests.e2e.helpers import DIGITS, REPO, assert_ledger_consistent, cli, submit_and_wait
@@ -73,7 +73,7 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     from bucketlearn.services.serial import train_local
 
     # Execute
-    serial = train_local(str(sorted_csv), JobOptions())
+    serial = train_local(str(sorted_csv), JobOptions(), svc=memory_services())
     status = submit_and_wait(stack, sorted_csv, "--parallel-tasks", "3")
     # Assert
     assert status["status"] == "DONE", status
@@ -106,8 +106,8 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
 
     data = hmnist4(tmp_path / "hmnist4_small.csv", "sorted", count=1600)
     options = JobOptions(epochs=4, rows_per_shard=128)
-    serial = train_local(str(data), options)
-    local = simulate_pipeline(str(data), options, workers=1)
+    serial = train_local(str(data), options, svc=memory_services())
+    local = simulate_pipeline(str(data), options, workers=1, svc=memory_services())
     # Execute
     status = submit_and_wait(stack, data, "--epochs", "4", "--rows-per-shard", "128")
     # Assert
@@ -164,7 +164,8 @@ def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack:
     from bucketlearn.services.serial import train_local
 
     # Execute
-    serial = train_local(str(penguins), JobOptions(label_column="species"))
+    serial = train_local(str(penguins), JobOptions(label_column="species"),
+                         svc=memory_services())
     status = submit_and_wait(stack, penguins, "--label-column", "species")
     # Assert
     assert status["status"] == "DONE", status
@@ -197,7 +198,8 @@ def test_a_numeric_target_trains_to_train_locals_rmse_and_predicts_numbers(stack
                         "Adelie,Dream,36.0,18.0,185,female,2008\n"
                         "Chinstrap,Atlantis,NA,,200,,2010\n")
     # Execute
-    serial = train_local(str(penguins), JobOptions(label_column="body_mass_g"))
+    serial = train_local(str(penguins), JobOptions(label_column="body_mass_g"),
+                         svc=memory_services())
     status = submit_and_wait(stack, penguins, "--label-column", "body_mass_g")
     # Assert
     assert status["status"] == "DONE", status

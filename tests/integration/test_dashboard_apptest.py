@@ -1,7 +1,8 @@
 """The dashboard page rendered by Streamlit's AppTest on seeded registry documents.
 
-AppTest runs ``dashboard/app.py`` in this process, so replacing
-``bucketlearn.services.dashboard.reads.get_services`` here is what the app sees. The services are the real
+AppTest runs the page in this process as ``dashboard/app.py`` does, calling
+``bucketlearn.entrypoints.dashboard.main`` with a Services factory: where the app passes
+``bootstrap.process_services``, the test passes its own (``app_on``). The services are the real
 Google adapters on the session's Firestore and Storage emulators (Firestore emptied before each
 test), seeded through the port methods (create_job, start_training, commit_version, ...).
 """
@@ -12,7 +13,6 @@ import dataclasses
 import re
 import time
 from html import unescape
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,9 +28,8 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services, VersionCommit
-from bucketlearn.services.dashboard import formats, headline, reads
+from bucketlearn.services.dashboard import formats, headline
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 RUNNING_ID = "digits-0123456789ab"
 DONE_ID = "iris-00000000000d"
 REJECTED_ID = "broken-0000000000ee"
@@ -61,14 +60,29 @@ def store(services):
     return services.store
 
 
+def dashboard_script(services):
+    """The app's script as ``dashboard/app.py`` is, but handed the test's Services factory.
+
+    ``AppTest.from_function`` runs this function's body as the script and calls it with the
+    ``kwargs`` the AppTest was made with, on every run: the injection point is the page's own
+    parameter (``main(services)``), not a replaced module attribute. (No annotation: the body
+    runs on its own, without this module's imports.)"""
+    from bucketlearn.entrypoints.dashboard import main
+
+    main(services)
+
+
+def app_on(services: Services) -> AppTest:
+    """An AppTest of the dashboard page on ``services``."""
+    return AppTest.from_function(dashboard_script, kwargs={"services": lambda: services},
+                                 default_timeout=60)
+
+
 @pytest.fixture
-def app(services, monkeypatch):
-    """The app, wired to the test's services (and with Streamlit's caches emptied)."""
-    monkeypatch.setattr(reads, "get_services", lambda: services)
-    st.cache_resource.clear()
+def app(services):
+    """The app, handed the test's services (and with Streamlit's caches emptied)."""
     st.cache_data.clear()
-    yield AppTest.from_file(str(APP), default_timeout=60)
-    st.cache_resource.clear()
+    yield app_on(services)
     st.cache_data.clear()
 
 
@@ -413,7 +427,7 @@ def _markdown_values(at: AppTest) -> list[str]:
     return [element.value for kind in kinds for element in at.get(kind)] + cells
 
 
-def test_a_users_strings_render_as_text_not_as_links(app, registry):
+def test_a_users_strings_render_as_text_not_as_links(app, services, registry):
     """A rejected upload named like a sign-in link, a cancel reason with a link and a ``?job=``
     parameter holding one: every element shows them as the text they are (the link's
     brackets and URL are escaped), and no element renders a link."""
@@ -432,7 +446,7 @@ def test_a_users_strings_render_as_text_not_as_links(app, registry):
         "error": f"cancelled by the dashboard at 2026-11-03 14:05:09 UTC: {LURE}",
         "cancel_reason": LURE})
     # Execute
-    shown = [_markdown_values(_run(AppTest.from_file(str(APP), default_timeout=60), job))
+    shown = [_markdown_values(_run(app_on(services), job))
              for job in (LURED_ID, LURED_CANCEL_ID, LURE)]  # a new session for each
     # Assert
     for values in shown:
@@ -495,17 +509,16 @@ def test_the_upload_form_streams_each_file_under_a_name_of_its_own(app, services
     assert any("Choose a CSV file" in e.value for e in at.sidebar.error)
 
 
-def test_the_upload_form_refuses_a_file_over_its_limit(app, services, monkeypatch):
+def test_the_upload_form_refuses_a_file_over_its_limit(app, services):
     """A file over the form's limit (here the deployment's max_file_bytes, 10) is refused,
     naming the limit and the size; nothing is written."""
     # Prepare
     small = dataclasses.replace(services.settings, limits=Limits(max_file_bytes=10))
-    monkeypatch.setattr(reads, "get_services",
-                        lambda: dataclasses.replace(services, settings=small))
+    limited = app_on(dataclasses.replace(services, settings=small))
     bucket = services.settings.uploads_bucket
     before = {i.name for i in services.store.list(bucket)}
     # Execute
-    at = _upload(_run(app), "digits.csv", b"a,label\n1,0\n")
+    at = _upload(_run(limited), "digits.csv", b"a,label\n1,0\n")
     # Assert
     errors = [text_of(e.value) for e in at.sidebar.error]
     assert any("at most 10 bytes here; found 12 bytes" in e for e in errors), errors

@@ -21,3 +21,18 @@ def _no_bucketlearn_environment_in_shared_fixtures():
             if key.startswith("BUCKETLEARN_"):
                 mp.delenv(key)
         yield
+
+
+@pytest.fixture
+def run_cli(monkeypatch):
+    """``run_cli(svc, *argv)``: ``bucketlearn *argv`` with ``svc`` as the Services of every
+    command, handed to ``cli.main`` as its factory (in place of ``bootstrap.google_services``).
+    The CLI still resolves its target first: here a project the environment names."""
+    from bucketlearn.entrypoints import cli
+
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "bucketlearn-test")
+
+    def run(svc, *argv: str) -> int:
+        return cli.main(list(argv), services=lambda settings: svc)
+
+    return run

@@ -15,6 +15,10 @@ The package, by command group: ``local_commands`` (``local up|down|env|status``,
 ``watchdog``); ``printing`` (a job's progress line and status), ``common`` (exit codes, the services a
 command talks to, option flags). This module holds the parser and ``main`` (the ``bucketlearn``
 console script; ``python -m bucketlearn.entrypoints.cli`` runs ``__main__``).
+
+``main`` is handed the factory that makes a command's Services for its target's settings
+(``services``; ``bootstrap.google_services``, the real adapters, by default): the commands find
+it as ``args.services``. A test passes one returning its in-memory Services.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import argparse
 import sys
 from typing import Any
 
+from bucketlearn.bootstrap import google_services
 from bucketlearn.config import LOCAL_SCALE_DOWN_COOLDOWN_SECONDS
 from bucketlearn.entrypoints.cli.common import (
     EXIT_JOB_FAILED,
     EXIT_NO_TARGET,
     EXIT_USAGE,
+    ServicesFactory,
     add_option_flags,
 )
 from bucketlearn.entrypoints.cli.job_commands import cmd_cancel, cmd_status, cmd_submit
@@ -144,9 +150,13 @@ def _add_model_commands(sub: Any) -> None:
     predict.set_defaults(func=cmd_predict)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, services: ServicesFactory = google_services) -> int:
+    """Run one command (``argv``, default the process's arguments) and return its exit code.
+    ``services`` makes the Services for the target's settings (given to the commands as
+    ``args.services``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.services = services
     try:
         return int(args.func(args) or 0)
     except (NoTargetError, UnreachableError) as exc:

@@ -1,20 +1,28 @@
 """What every command of the CLI shares: its exit codes, the services and target a command
 talks to (``connect``, ``services``, ``stack_check``), the job option flags, JSON output.
 
-Commands call ``common.services()`` and ``common.connect()`` through this module, so a test
-that gives the CLI in-memory services replaces ``common.services`` once."""
+Which adapters serve a command is not decided here: ``cli.main`` is handed a Services factory
+(``ServicesFactory``; ``bootstrap.google_services`` by default) and puts it on the parsed
+arguments as ``args.services``; ``connect`` finds the target (the local stack or the cloud,
+``bucketlearn.entrypoints.backend``) and makes the Services for its settings with that factory.
+A test hands ``main`` a factory that returns its in-memory Services."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bucketlearn.config import Settings, load_settings, local_state_dir
 from bucketlearn.entrypoints.backend import LOCAL, StackWatch, Target, resolve_target
 from bucketlearn.options import OPTION_SPECS, option_text
+from bucketlearn.ports import Services
+
+# The Services for a target's settings (``cli.main``'s ``services``).
+ServicesFactory = Callable[[Settings], Services]
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NO_TARGET = 0, 1, 2, 3, 4
 # ``submit --wait`` / ``demo``: the job was cancelled; ``cancel``: the job had already ended
@@ -29,18 +37,16 @@ def state_home() -> Path:
     return Path(local_state_dir())
 
 
-def connect() -> tuple[Any, Target]:
-    """Services for the backend this command goes to, and that target (``bucketlearn.entrypoints.backend``)."""
-    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
-
+def connect(args: argparse.Namespace) -> tuple[Services, Target]:
+    """Services for the backend this command goes to (made by ``args.services``, the factory
+    ``cli.main`` was handed), and that target (``bucketlearn.entrypoints.backend``)."""
     target = resolve_target(os.environ, state_home())
-    return google_services(load_settings(target.environ)), target
+    return args.services(load_settings(target.environ)), target
 
 
-def services(settings: Settings | None = None) -> Any:
-    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
-
-    return google_services(settings) if settings is not None else connect()[0]
+def services(args: argparse.Namespace) -> Services:
+    """The Services for the backend this command goes to (``connect`` without the target)."""
+    return connect(args)[0]
 
 
 def stack_check(target: Target) -> Any:

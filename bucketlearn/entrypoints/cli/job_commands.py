@@ -39,7 +39,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     overrides = option_overrides(args)
     resolve_options(overrides=overrides)  # fail here, not after the upload, on a bad flag
-    svc, target = common.connect()
+    svc, target = common.connect(args)
     name = args.name or path.name
     metadata = {k: str(v) for k, v in overrides.items()}
     info = svc.store.write_file(svc.settings.uploads_bucket, name, str(path), "text/csv",
@@ -96,7 +96,7 @@ def exit_code(job: Job) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    svc = common.services()
+    svc = common.services(args)
     if args.job:
         job = svc.registry.get_job(args.job)
         if job is None:
@@ -136,7 +136,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     otherwise, 1 when there is no such job."""
     from bucketlearn.services.cancel import CancelResult, cancel_job  # noqa: PLC0415
 
-    outcome = cancel_job(common.services(), args.job, canceller(), args.reason)
+    outcome = cancel_job(common.services(args), args.job, canceller(), args.reason)
     refused = outcome.result is CancelResult.ALREADY_ENDED
     if args.json:
         emit(outcome.to_dict())

@@ -17,7 +17,6 @@ from typing import Any
 from bucketlearn import layout
 from bucketlearn.config import load_settings
 from bucketlearn.entrypoints.backend import START_HINT, StackWatch, stack_problem, started_text
-from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import (
     EXIT_JOB_FAILED,
     EXIT_NO_TARGET,
@@ -210,7 +209,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"the local stack in {home} stopped right after it started; see "
               f"{home / 'logs' / 'supervisor.log'}", file=sys.stderr)
         return EXIT_NO_TARGET
-    svc = common.services(load_settings({**os.environ, **state["env"]}))
+    svc = args.services(load_settings({**os.environ, **state["env"]}))
     data = repo_root() / "data"
     runs = [(Path(args.file), {})] if args.file else [
         (data / "digits.csv", {}),  # 8x8 images of digits: a numeric matrix

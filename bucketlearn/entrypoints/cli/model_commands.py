@@ -18,7 +18,7 @@ from bucketlearn.options import resolve_options
 def cmd_download(args: argparse.Namespace) -> int:
     from bucketlearn.services.models import model_bytes  # noqa: PLC0415
 
-    svc = common.services()
+    svc = common.services(args)
     data, version = model_bytes(svc, args.job, args.version)
     out = Path(args.output or f"{args.job}.keras")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -28,11 +28,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_train_local(args: argparse.Namespace) -> int:
+    from bucketlearn.bootstrap import memory_services  # noqa: PLC0415
     from bucketlearn.services.models import serial_sidecar  # noqa: PLC0415
     from bucketlearn.services.serial import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
-    result = train_local(args.file, options, load_settings().limits)
+    # in-memory services of its own: the split stays in this process
+    result = train_local(args.file, options, load_settings().limits, svc=memory_services())
     if args.output:
         from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 

@@ -27,7 +27,7 @@ def watchdog_once(svc: Any) -> dict[str, Any]:
 
 def cmd_watchdog(args: argparse.Namespace) -> int:
     """One pass of the watchdog over every active job (the autoscaler runs it too)."""
-    emit(watchdog_once(common.services()))
+    emit(watchdog_once(common.services(args)))
     return EXIT_OK
 
 
@@ -35,7 +35,6 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     """One step of the cloud controller (run every minute by Cloud Scheduler): the worker pool
     sized from the backlog, then the watchdog's pass."""
     from bucketlearn.adapters.cloudrun import CloudRunWorkerPool  # noqa: PLC0415
-    from bucketlearn.bootstrap import google_services  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
     from bucketlearn.services.autoscale import (  # noqa: PLC0415
@@ -47,7 +46,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     settings = load_settings()
     setup_logging(settings.log_format)
     scaler = load_autoscaler_settings()
-    svc = google_services(settings)
+    svc = args.services(settings)
     state = svc.registry.get_control("autoscaler") or {}
     cooldown = scaler.scale_down_cooldown_seconds
     aggregators = (CloudRunWorkerPool(scaler.aggregator_pool) if scaler.aggregator_pool

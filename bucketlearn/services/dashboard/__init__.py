@@ -1,12 +1,13 @@
 """The dashboard's read side: registry documents -> rows and frames the page shows.
 
 Everything here is a plain function of documents (and ``now``), so it is unit-tested without
-Streamlit or a backend. ``dashboard/app.py`` only lays the results out, importing the module of
-each part of the page; this package re-exports nothing. The dashboard never writes model state;
+Streamlit or a backend, and is handed what it reads (the page's Services come from its entry
+point, ``dashboard/app.py``). The page, ``bucketlearn.entrypoints.dashboard``, only lays the
+results out, importing the module of each part of the page; this package re-exports nothing. The dashboard never writes model state;
 it writes the upload form's CSV (``actions.upload_csv``) and cancels a job with the core's
 ``cancel.cancel_job``, exactly what the CLI does.
 
-* ``reads``: what the page reads and how often (``get_services``, ``overview_bundle``,
+* ``reads``: what the page reads and how often (``overview_bundle``,
   ``job_bundle``, the read limits, cache and refresh periods; the documents' fields);
 * ``formats``: how a value is written (numbers, percentages, durations, dollars, times) and a
   user's string made safe for Markdown (``plain``);

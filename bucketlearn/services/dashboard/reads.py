@@ -1,6 +1,7 @@
-"""What the dashboard reads, and how often: its ``Services``, the documents of the jobs
-overview (``overview_bundle``) and of one job's page (``job_bundle``), the read limits and the
-cache and refresh periods ``dashboard/app.py`` uses.
+"""What the dashboard reads, and how often: the documents of the jobs overview
+(``overview_bundle``) and of one job's page (``job_bundle``), read from the registry the page is
+handed (its entry point, ``dashboard/app.py``, picks the Services), the read limits and the
+cache and refresh periods the page (``bucketlearn.entrypoints.dashboard``) uses.
 
 Documents read (field names as written by split.py, aggregator.py and worker.py):
 
@@ -18,9 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bucketlearn.bootstrap import google_services
 from bucketlearn.domain.job import TRAINING
-from bucketlearn.ports import Registry, Services
+from bucketlearn.ports import Registry
 
 # What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
 # the job shown (enough for its charts and report) and ETA_VERSIONS of each training job in the
@@ -32,11 +32,6 @@ VERSIONS_SHOWN = 200
 ETA_VERSIONS = 50
 REFRESH_SECONDS = 5.0
 CACHE_SECONDS = 10.0
-
-
-def get_services() -> Services:
-    """The dashboard's Services (settings from the environment). Tests replace this function."""
-    return google_services()
 
 
 def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """``bucketlearn cancel`` and how the other commands treat a CANCELLED job (issue #14, item 11):
-messages and exit codes, on the in-memory ports (the CLI's ``common.services`` replaced)."""
+messages and exit codes, on the in-memory ports (handed to ``cli.main`` by ``run_cli``)."""
 
 from __future__ import annotations
 
@@ -10,29 +10,27 @@ from typing import Any
 import pytest
 
 from bucketlearn.domain.job import CANCELLED, DONE
-from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.cli import common, job_commands
 from tests.unit.steps import run_rounds, start_job, train_pending
 
 
 @pytest.fixture
 def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
-    """A RUNNING job at v1, which the CLI's commands reach."""
+    """A RUNNING job at v1 on in-memory services (the CLI's, through ``run_cli``)."""
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     train_pending(svc, 2)
     from bucketlearn.services.aggregate import aggregate_job
 
     aggregate_job(svc, job_id)
-    monkeypatch.setattr(common, "services", lambda settings=None: svc)
     monkeypatch.setattr(job_commands, "canceller", lambda: "alice@laptop (bucketlearn cancel)")
     return svc, job_id
 
 
-def test_cancel_says_what_it_did_and_exits_0(job, capsys):
+def test_cancel_says_what_it_did_and_exits_0(job, run_cli, capsys):
     # Prepare
     svc, job_id = job
     # Execute
-    code = cli.main(["cancel", job_id, "--reason", "wrong file"])
+    code = run_cli(svc, "cancel", job_id, "--reason", "wrong file")
     # Assert
     out = capsys.readouterr().out
     assert code == common.EXIT_OK == 0
@@ -43,13 +41,13 @@ def test_cancel_says_what_it_did_and_exits_0(job, capsys):
     assert stored.cancelled_by == "alice@laptop (bucketlearn cancel)"
 
 
-def test_cancel_json_and_a_second_cancel(job, capsys):
+def test_cancel_json_and_a_second_cancel(job, run_cli, capsys):
     # Prepare
-    _, job_id = job
-    assert cli.main(["cancel", job_id]) == 0
+    svc, job_id = job
+    assert run_cli(svc, "cancel", job_id) == 0
     capsys.readouterr()
     # Execute
-    code = cli.main(["cancel", job_id, "--json"])
+    code = run_cli(svc, "cancel", job_id, "--json")
     # Assert
     report = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -57,13 +55,12 @@ def test_cancel_json_and_a_second_cancel(job, capsys):
     assert report["version"] == 1
 
 
-def test_cancel_of_a_finished_job_exits_6_saying_it_is_done(tmp_path, monkeypatch, capsys):
+def test_cancel_of_a_finished_job_exits_6_saying_it_is_done(tmp_path, run_cli, capsys):
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1)
     run_rounds(svc, job_id)
-    monkeypatch.setattr(common, "services", lambda settings=None: svc)
     # Execute
-    code = cli.main(["cancel", job_id])
+    code = run_cli(svc, "cancel", job_id)
     # Assert
     captured = capsys.readouterr()
     assert code == common.EXIT_ALREADY_ENDED == 6
@@ -73,19 +70,21 @@ def test_cancel_of_a_finished_job_exits_6_saying_it_is_done(tmp_path, monkeypatc
     assert svc.registry.get_job(job_id).status == DONE
 
 
-def test_cancel_of_an_unknown_job_exits_1(job, capsys):
+def test_cancel_of_an_unknown_job_exits_1(job, run_cli, capsys):
+    # Prepare
+    svc, _ = job
     # Execute
-    code = cli.main(["cancel", "nope-000000000000"])
+    code = run_cli(svc, "cancel", "nope-000000000000")
     # Assert
     assert code == common.EXIT_JOB_FAILED == 1
     assert "error: job nope-000000000000: no such job" in capsys.readouterr().err
 
 
-def test_submit_wait_ends_with_exit_5_for_a_cancelled_job(job, capsys):
+def test_submit_wait_ends_with_exit_5_for_a_cancelled_job(job, run_cli, capsys):
     """``follow`` (``submit --wait``, ``demo``) ends on CANCELLED with its own exit code."""
     # Prepare
     svc, job_id = job
-    cli.main(["cancel", job_id])
+    run_cli(svc, "cancel", job_id)
     capsys.readouterr()
     # Execute
     code = job_commands.follow(svc, job_id, timeout=5, as_json=True)
@@ -96,13 +95,13 @@ def test_submit_wait_ends_with_exit_5_for_a_cancelled_job(job, capsys):
     assert status["cancelled_by"] == "alice@laptop (bucketlearn cancel)"
 
 
-def test_status_of_a_cancelled_job_says_who_and_how_to_get_its_model(job, capsys):
+def test_status_of_a_cancelled_job_says_who_and_how_to_get_its_model(job, run_cli, capsys):
     # Prepare
-    _, job_id = job
-    cli.main(["cancel", job_id])
+    svc, job_id = job
+    run_cli(svc, "cancel", job_id)
     capsys.readouterr()
     # Execute
-    code = cli.main(["status", job_id])
+    code = run_cli(svc, "status", job_id)
     # Assert
     out = capsys.readouterr().out
     assert code == 0
@@ -111,13 +110,13 @@ def test_status_of_a_cancelled_job_says_who_and_how_to_get_its_model(job, capsys
     assert f"model:     v1, built from its weights by: bucketlearn download {job_id}" in out
 
 
-def test_download_of_a_cancelled_job_writes_its_last_version(job, tmp_path, capsys):
+def test_download_of_a_cancelled_job_writes_its_last_version(job, run_cli, tmp_path, capsys):
     # Prepare
-    _, job_id = job
-    cli.main(["cancel", job_id])
+    svc, job_id = job
+    run_cli(svc, "cancel", job_id)
     out = tmp_path / "model.keras"
     # Execute
-    code = cli.main(["download", job_id, "-o", str(out)])
+    code = run_cli(svc, "download", job_id, "-o", str(out))
     # Assert
     assert code == 0
     assert f"wrote {out} (job {job_id}, version 1)" in capsys.readouterr().out

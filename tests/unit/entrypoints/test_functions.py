@@ -9,8 +9,10 @@ exception (HTTP 500), so Eventarc retried the event for a day.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -55,7 +57,7 @@ def test_document_over_1_mib_fails_the_job_and_acks_the_event(caplog):
                                int(event.data["generation"]))
     # Execute
     with caplog.at_level(logging.ERROR, logger="bucketlearn"):
-        answer = entrypoints.on_upload(event, svc)
+        answer = entrypoints.handle_upload_event(event, svc)
     # Assert
     job = svc.registry.get_job(job_id)
     assert answer == "failed"
@@ -80,6 +82,34 @@ class RefusingRegistry(MemoryRegistry):
         raise self.error
 
 
+class RefusingByName(MemoryRegistry):
+    """create_job refuses the job of an upload named permanent.csv for good (Firestore's
+    InvalidArgument) and that of outage.csv for now (ServiceUnavailable)."""
+
+    def create_job(self, job: Any) -> bool:
+        raise {"permanent.csv": BackendRejectedError("firestore create job: InvalidArgument"),
+               "outage.csv": TransientError("firestore create job: ServiceUnavailable"),
+               }[job.source["name"]]
+
+
+def refusing_services() -> Any:
+    """In-memory Services whose registry is a ``RefusingByName``: the factory the framework
+    test's function is built on (``FUNCTION_SOURCE``)."""
+    return dataclasses.replace(memory_services(), registry=RefusingByName())
+
+
+# A function source as functions/main.py is, built on the factory above: the framework loads a
+# source file by path, so the test hands the handler its Services in the file it loads.
+FUNCTION_SOURCE = '''
+import functions_framework
+
+from bucketlearn.entrypoints import functions as entrypoints
+from tests.unit.entrypoints.test_functions import refusing_services
+
+on_upload = functions_framework.cloud_event(entrypoints.upload_handler(refusing_services))
+'''
+
+
 def test_permanent_refusal_of_the_job_document_is_acked():
     """create_job refused for good: there is no job to end; the function logs and returns."""
     # Prepare
@@ -87,7 +117,7 @@ def test_permanent_refusal_of_the_job_document_is_acked():
     svc.registry = RefusingRegistry(BackendRejectedError("firestore create job: InvalidArgument"))
     event = built_event(svc, "a.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
     # Execute
-    answer = entrypoints.on_upload(event, svc)
+    answer = entrypoints.handle_upload_event(event, svc)
     # Assert
     assert answer == "failed"
     assert svc.registry.jobs == {}
@@ -101,35 +131,53 @@ def test_transient_backend_trouble_is_still_retried():
     event = built_event(svc, "b.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
     # Execute
     with pytest.raises(entrypoints.RetryLater) as excinfo:
-        entrypoints.on_upload(event, svc)
+        entrypoints.handle_upload_event(event, svc)
     # Assert
     assert excinfo.value.code == 503
     assert "ServiceUnavailable" in excinfo.value.description
 
 
-def test_function_answers_200_for_a_permanent_refusal_and_503_for_an_outage(monkeypatch):
-    """Through the functions framework (functions/main.py), as Eventarc sees it."""
+def test_function_answers_200_for_a_permanent_refusal_and_503_for_an_outage(tmp_path):
+    """Through the functions framework, as Eventarc sees it: the upload handler built as
+    functions/main.py builds it (``upload_handler``), handed ``refusing_services``."""
     # Prepare
     import functions_framework
 
-    from tests.unit.helpers import REPO_DIR
-
-    svc = memory_services()
-    monkeypatch.setattr(entrypoints, "_services", lambda: svc)
-    client = functions_framework.create_app(
-        target="on_upload", source=str(REPO_DIR / "functions" / "main.py"),
-        signature_type="cloudevent").test_client()
+    source = tmp_path / "upload_function.py"
+    source.write_text(FUNCTION_SOURCE, encoding="utf-8")
+    client = functions_framework.create_app(target="on_upload", source=str(source),
+                                            signature_type="cloudevent").test_client()
+    uploads = memory_services()  # the objects the events name (the same bucket as the function's)
     data = csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)])
     answers = []
-    for error in (BackendRejectedError("firestore create job: InvalidArgument"),
-                  TransientError("firestore create job: ServiceUnavailable")):
-        svc.registry = RefusingRegistry(error)
-        info = svc.store.write_bytes(svc.settings.uploads_bucket, "c.csv", data, "text/csv")
+    for name in ("permanent.csv", "outage.csv"):
+        info = uploads.store.write_bytes(uploads.settings.uploads_bucket, name, data, "text/csv")
         headers, body = cloudevent_for(info)
         # Execute
         answers.append(client.post("/", headers=headers, json=body).status_code)
     # Assert
     assert answers == [200, 503]
+
+
+def test_functions_main_is_the_upload_handler_and_makes_its_services_on_the_first_event():
+    """functions/main.py as the framework loads it: ``on_upload`` is a CloudEvent function
+    built by ``upload_handler`` on ``bootstrap.process_services``, which loading it does not
+    call (no Google client is made before an event comes)."""
+    # Prepare
+    import functions_framework
+
+    from bucketlearn.bootstrap import process_services
+    from tests.unit.helpers import REPO_DIR
+
+    made_before = process_services.cache_info()
+    # Execute
+    app = functions_framework.create_app(target="on_upload",
+                                         source=str(REPO_DIR / "functions" / "main.py"))
+    # Assert
+    served = sys.modules["main"].on_upload  # the module the framework loaded main.py as
+    assert served.__wrapped__.__qualname__ == "upload_handler.<locals>.on_upload"
+    assert "cloudevent" in app.view_functions
+    assert process_services.cache_info() == made_before
 
 
 @pytest.mark.parametrize("raised, expected", [

@@ -147,7 +147,7 @@ def test_a_chained_job_is_train_locals_model_with_one_job_write_per_version(run_
     # Prepare
     options = JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1)
     running = run_job(options)
-    serial = train_local(str(tmp_path / "blobs.csv"), options)
+    serial = train_local(str(tmp_path / "blobs.csv"), options, svc=memory_services())
     # Execute
     job = wait_ended(running.svc, running.job_id)
     # Assert
@@ -201,7 +201,8 @@ def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, 
     running = run_job(options, learners=2)
     # Execute
     job = wait_ended(running.svc, running.job_id)
-    simulated = simulate_pipeline(str(tmp_path / "blobs.csv"), options, workers=2)
+    simulated = simulate_pipeline(str(tmp_path / "blobs.csv"), options, workers=2,
+                                  svc=memory_services())
     # Assert
     versions = running.svc.registry.list_versions(running.job_id)
     assert job.status == DONE

@@ -38,7 +38,8 @@ def pipeline(tmp_path_factory):
     path = write_blobs_csv(tmp_path_factory.mktemp("sim") / "blobs.csv", n_rows=600,
                            n_classes=3, n_features=4)
     return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64,
-                                                   parallel_tasks=3), workers=2)
+                                                   parallel_tasks=3), workers=2,
+                             svc=memory_services())
 
 
 def test_pipeline_finishes_done(pipeline):
@@ -108,7 +109,8 @@ def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_pa
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400, n_classes=3, n_features=4)
     options = JobOptions(epochs=1, rows_per_shard=64, parallel_tasks=2)
     # Execute
-    runs = [simulate_pipeline(str(path), options, workers=w) for w in (1, 2, 4, 16)]
+    runs = [simulate_pipeline(str(path), options, workers=w, svc=memory_services())
+            for w in (1, 2, 4, 16)]
     # Assert
     checksums = [[v.checksum for v in run["versions"]] for run in runs]
     assert len(checksums[0]) > 2 and all(c == checksums[0] for c in checksums[1:])
@@ -121,9 +123,9 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
     # Prepare
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400, n_classes=3, n_features=4)
     options = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1)
-    serial = train_local(str(path), options)
+    serial = train_local(str(path), options, svc=memory_services())
     # Execute
-    run = simulate_pipeline(str(path), options, workers=2)
+    run = simulate_pipeline(str(path), options, workers=2, svc=memory_services())
     # Assert
     svc, last = run["svc"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,

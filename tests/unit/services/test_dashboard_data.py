@@ -338,8 +338,8 @@ def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_onl
 
 
 def _constant(node: ast.expr, names: dict[str, ast.expr]) -> float:
-    """The number an expression of dashboard/app.py stands for: a literal, a module-level
-    name of the app, or an attribute of ``reads`` (the core's read and refresh periods)."""
+    """The number an expression of the dashboard page stands for: a literal, a module-level
+    name of the page, or an attribute of ``reads`` (the core's read and refresh periods)."""
     if isinstance(node, ast.Constant):
         return float(node.value)
     if isinstance(node, ast.Name):
@@ -350,10 +350,12 @@ def _constant(node: ast.expr, names: dict[str, ast.expr]) -> float:
 
 
 def test_the_dashboards_cache_outlives_its_refresh():
-    """Every cached query of dashboard/app.py lives longer than the fragments' refresh, so a
-    refresh reads the cache (shared by every session), not Firestore."""
+    """Every cached query of the dashboard page (``bucketlearn.entrypoints.dashboard``) lives
+    longer than the fragments' refresh, so a refresh reads the cache (shared by every session),
+    not Firestore."""
     # Prepare
-    tree = ast.parse((REPO_DIR / "dashboard" / "app.py").read_text(encoding="utf-8"))
+    page = REPO_DIR / "bucketlearn" / "entrypoints" / "dashboard.py"
+    tree = ast.parse(page.read_text(encoding="utf-8"))
     names = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
              for target in node.targets if isinstance(target, ast.Name)}
     # Execute

@@ -16,7 +16,6 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain.job import DONE, Job
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
-from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ml.training import (
@@ -153,11 +152,12 @@ def test_balanced_training_is_the_same_in_the_pipeline_and_in_train_local(imbala
     # Prepare
     balanced = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1,
                           class_weight="balanced")
-    serial = train_local(str(imbalanced_csv), balanced)
+    serial = train_local(str(imbalanced_csv), balanced, svc=memory_services())
     # Execute
-    run = simulate_pipeline(str(imbalanced_csv), balanced, workers=2)
+    run = simulate_pipeline(str(imbalanced_csv), balanced, workers=2, svc=memory_services())
     plain = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=2, rows_per_shard=64,
-                                                              parallel_tasks=1))
+                                                              parallel_tasks=1),
+                              svc=memory_services())
     # Assert
     head = run["job"].head
     assert run["job"].status == DONE and run["job"].options["class_weight"] == "balanced"
@@ -175,7 +175,8 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
     with its accuracy."""
     # Execute
     run = simulate_pipeline(str(imbalanced_csv), JobOptions(epochs=3, rows_per_shard=64,
-                                                            parallel_tasks=2))
+                                                            parallel_tasks=2),
+                            svc=memory_services())
     # Assert
     job, versions = run["job"], run["versions"]
     head = job.head
@@ -195,10 +196,10 @@ def test_a_done_jobs_head_and_versions_carry_the_report(imbalanced_csv):
 
 
 @pytest.fixture
-def hopeless_job(tmp_path, monkeypatch) -> tuple[Any, str]:
+def hopeless_job(tmp_path) -> tuple[Any, str]:
     """A RUNNING job at v1 on 180 rows of class 0 and 20 of class 1 whose features are the same
-    in every row, so no model beats always answering class 0; the CLI's services are its
-    in-memory ones."""
+    in every row, so no model beats always answering class 0, on in-memory services (the
+    CLI's, through ``run_cli``)."""
     svc = memory_services()
     path = write_imbalanced_csv(tmp_path / "hopeless.csv", [180, 20], n_features=2,
                                 informative=False)
@@ -210,18 +211,18 @@ def hopeless_job(tmp_path, monkeypatch) -> tuple[Any, str]:
     assert job_id is not None
     train_pending(svc, 2)
     aggregate_job(svc, job_id)
-    monkeypatch.setattr(common, "services", lambda settings=None: svc)
     return svc, job_id
 
 
-def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job, capsys):
+def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job, run_cli,
+                                                                     capsys):
     """status --json of the head version: macro-F1, the majority baseline and class, ROC AUC
     (two classes: every row scores alike, so one half), per-class precision and recall, the
     confusion matrix and a warning, since the accuracy is not above the baseline."""
     # Prepare
     svc, job_id = hopeless_job
     # Execute
-    code = cli.main(["status", job_id, "--json"])
+    code = run_cli(svc, "status", job_id, "--json")
     # Assert
     status = json.loads(capsys.readouterr().out)
     assert code == common.EXIT_OK and status["version"] == 1
@@ -239,12 +240,12 @@ def test_status_json_shows_the_figures_and_warns_below_the_majority(hopeless_job
     assert stored["confusion"] == [{"row": row} for row in status["confusion"]]
 
 
-def test_status_prints_a_one_line_warning(hopeless_job, capsys):
+def test_status_prints_a_one_line_warning(hopeless_job, run_cli, capsys):
     """The human-readable status says macro-F1 and the baseline, and warns in one line."""
     # Prepare
-    _, job_id = hopeless_job
+    svc, job_id = hopeless_job
     # Execute
-    code = cli.main(["status", job_id])
+    code = run_cli(svc, "status", job_id)
     # Assert
     out = capsys.readouterr().out
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]

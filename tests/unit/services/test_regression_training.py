@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.ml.model import export_keras, read_sidecar
 from bucketlearn.options import JobOptions
 from bucketlearn.services.models import model_bytes, predict_file, serial_sidecar
@@ -36,9 +37,9 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
     # Prepare
     path = write_target_csv(tmp_path / "target.csv", n=300)
     options = JobOptions(epochs=2, rows_per_shard=24, parallel_tasks=1)
-    serial = train_local(str(path), options)
+    serial = train_local(str(path), options, svc=memory_services())
     # Execute
-    run = simulate_pipeline(str(path), options, workers=2)
+    run = simulate_pipeline(str(path), options, workers=2, svc=memory_services())
     # Assert
     svc, job, last = run["svc"], run["job"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
@@ -69,7 +70,8 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_ta
 def test_a_learnable_target_is_learned_and_its_model_predicts_its_units(tmp_path):
     """R² above 0.8 on the holdout of y = 30a - 20b + 10ab + 1000; predictions near 1000."""
     path = write_target_csv(tmp_path / "target.csv", n=1000, seed=1)
-    result = train_local(str(path), JobOptions(epochs=10, rows_per_shard=128))
+    result = train_local(str(path), JobOptions(epochs=10, rows_per_shard=128),
+                         svc=memory_services())
     assert result.report["r2"] > 0.8
     assert result.report["rmse"] < 0.45 * result.manifest.target_std
     model_path = tmp_path / "m.keras"
@@ -85,7 +87,7 @@ def penguins_mass(tmp_path_factory):
     """train-local on data/penguins.csv as published, predicting body_mass_g (text columns, NA
     cells, two rows without a mass), exported as the raw-row model."""
     options = JobOptions(label_column="body_mass_g", epochs=10)
-    result = train_local(str(PENGUINS), options)
+    result = train_local(str(PENGUINS), options, svc=memory_services())
     path = tmp_path_factory.mktemp("penguins") / "mass.keras"
     path.write_bytes(export_keras(result.model, serial_sidecar(result.manifest, options,
                                                                result.accuracy, result.report)))

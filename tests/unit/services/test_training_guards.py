@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import DONE, FAILED
 from bucketlearn.options import JobOptions
@@ -108,7 +109,7 @@ def test_a_diverging_job_ends_failed_with_advice_not_done(overlapping_csv: Path)
     # Execute
     out = simulate_pipeline(str(overlapping_csv),
                             JobOptions(epochs=3, learning_rate=1.0, rows_per_shard=64),
-                            workers=2)
+                            workers=2, svc=memory_services())
     # Assert
     job, svc = out["job"], out["svc"]
     assert job.status == FAILED
@@ -121,7 +122,7 @@ def test_the_same_data_at_a_sane_learning_rate_is_done(overlapping_csv: Path) ->
     well above chance."""
     # Execute
     out = simulate_pipeline(str(overlapping_csv), JobOptions(epochs=2, rows_per_shard=64),
-                            workers=2)
+                            workers=2, svc=memory_services())
     # Assert
     job = out["job"]
     assert job.status == DONE and job.head.holdout_accuracy > 0.6
