@@ -141,7 +141,8 @@ def sampled_target(found: dict[str, Any], target: float, metric: str) -> float:
     it. A 1-point accuracy tolerance absorbs the difference; a 1 % RMSE tolerance does not
     (flights' delay: 4.77 on the sample, 4.53 on the holdout, for the same model). So a numeric
     target's RMSE is carried to the sample by the run's final model: its last evaluated RMSE
-    over its RMSE on the whole holdout."""
+    over its RMSE on the whole holdout. For results saved before train-local reported its
+    figures on the sample itself (``serial.sample_figures``, used when present)."""
     evaluated, final = found.get("evaluated") or [], found.get("rmse")
     if metric != "rmse" or not evaluated or not final:
         return target
@@ -286,9 +287,10 @@ def summarize(cell: dict[str, Any], project_to: list[int], cloud: float,
     metric = "rmse" if serial.get("rmse") is not None else "accuracy"
     target = float(serial[metric])
     runs = {int(k.rsplit("-", 1)[1]): v for k, v in cell.items() if k.startswith("pipeline-")}
+    sample = (serial.get("sample") or {}).get(metric)  # train-local on the versions' sample
     for found in runs.values():
-        found["time_to_accuracy"] = time_to(found["evaluated"], sampled_target(found, target, metric),
-                                            metric)
+        goal = float(sample) if sample is not None else sampled_target(found, target, metric)
+        found["time_to_accuracy"] = time_to(found["evaluated"], goal, metric)
     if not runs:
         return
     compute, trips = runs[min(runs)], runs[max(runs)]

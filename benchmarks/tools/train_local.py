@@ -1,5 +1,5 @@
 """``train-local`` on one file in this process, timed: prints one JSON line (seconds, accuracy,
-loss). Started by ``benchmarks.harness.serial.serial_seconds`` with the thread settings to
+loss, and the same on the versions' evaluation sample). Started by ``benchmarks.harness.serial.serial_seconds`` with the thread settings to
 measure in its environment.
 
     python -m benchmarks.tools.train_local PATH OPTIONS_JSON
@@ -18,12 +18,16 @@ def main(path: str, options: str) -> None:
 
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.services.serial import sample_figures, train_local
 
+    svc = memory_services()
     started = time.perf_counter()
-    result = train_local(path, JobOptions(**json.loads(options)), svc=memory_services())
-    print(json.dumps({"seconds": time.perf_counter() - started, "accuracy": result.accuracy,
-                      "loss": result.loss, "rmse": result.report.get("rmse")}))
+    result = train_local(path, JobOptions(**json.loads(options)), svc=svc)
+    seconds = time.perf_counter() - started
+    # after the clock: the final model on the versions' evaluation sample (the stack's default)
+    sample = sample_figures(result, svc, svc.settings.eval_max_rows)
+    print(json.dumps({"seconds": seconds, "accuracy": result.accuracy, "loss": result.loss,
+                      "rmse": result.report.get("rmse"), "sample": sample}))
 
 
 if __name__ == "__main__":

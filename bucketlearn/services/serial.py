@@ -27,7 +27,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from bucketlearn.config import Limits
+from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -50,6 +53,7 @@ class SerialResult:
     weights: list[Any]
     # classification_report, or a regression's RMSE, MAE and R² (RegressionTally.report)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    spec: Any = None  # the model's ModelSpec (its task and seed)
 
 
 def local_source(path: str) -> SourceFile:
@@ -85,7 +89,24 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
     return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
-                        model, list(weights), found.report)
+                        model, list(weights), found.report, spec)
+
+
+def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:
+    """``train_local``'s final model measured on the evaluation sample a pipeline job's
+    versions are measured on (``domain.deal.holdout_sample``: the same ``max_rows``, the same
+    seed, hence the same rows), so a version's figure and ``train-local``'s compare like for
+    like: accuracy, loss, and a numeric target's RMSE (None for classes), and the rows."""
+    rows = list(result.manifest.holdout_part_rows)
+    picks = holdout_sample(rows, max_rows, result.spec.seed)
+    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket,
+                                result.manifest.holdout_parts)
+    starts = np.cumsum([0, *rows[:-1]])
+    chosen = np.concatenate([start + pick for start, pick in zip(starts, picks, strict=True)])
+    found = evaluate_detail(result.model, result.weights, x_hold[chosen], y_hold[chosen],
+                            result.spec.task)
+    return {"accuracy": found.accuracy, "loss": found.loss, "rmse": found.report.get("rmse"),
+            "rows": len(chosen)}
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2, *,

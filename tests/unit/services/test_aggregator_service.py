@@ -12,6 +12,7 @@ import pytest
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.config import Settings
 from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, round_key
 from bucketlearn.domain.version import Version
 from bucketlearn.options import JobOptions
@@ -20,7 +21,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, aggregate_job
 from bucketlearn.services.evaluate import InlineEvaluator
 from bucketlearn.services.learn import Learner
-from bucketlearn.services.serial import simulate_pipeline, train_local
+from bucketlearn.services.serial import sample_figures, simulate_pipeline, train_local
 from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import (
@@ -133,6 +134,26 @@ def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
     assert run["job"].status == "DONE" and last.version >= 4
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
     assert last.figure("holdout_accuracy") == serial.accuracy
+
+
+def test_train_local_on_the_evaluation_sample_gives_the_last_versions_figures(tmp_path):
+    """``sample_figures`` measures train-local's model on the rows a version is evaluated on (a
+    fixed sample smaller than the holdout here): with R = 1 the last version is that model, so
+    its recorded figures are train-local's on the sample, not on the whole holdout."""
+    # Prepare
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=600, n_classes=3, n_features=4)
+    options = JobOptions(epochs=1, rows_per_shard=64, parallel_tasks=1)
+    settings = Settings(eval_max_rows=37)
+    local_svc = memory_services(settings)
+    serial = train_local(str(path), options, svc=local_svc)
+    # Execute
+    sample = sample_figures(serial, local_svc, settings.eval_max_rows)
+    run = simulate_pipeline(str(path), options, workers=1, svc=memory_services(settings))
+    # Assert
+    last = run["versions"][-1]
+    assert sample["rows"] == 37 < serial.manifest.holdout_rows
+    assert last.figure("holdout_accuracy") == sample["accuracy"]
+    assert last.figure("holdout_loss") == pytest.approx(sample["loss"], rel=1e-6)
 
 
 def test_versions_record_where_the_fold_time_went(pipeline):
