@@ -30,6 +30,12 @@ from bucketlearn.ports import Services
 # job's model (a second or two of tracing each, and memory TensorFlow keeps until the process
 # exits: 5.6 GB per learner after 27 minutes of three concurrent jobs with 2 entries).
 MAX_JOBS_CACHED = 8
+# One user of TensorFlow at a time in a process, whatever the job: the aggregator evaluates in
+# a thread of its own and exports in each job's thread, and Keras builds and traces a model's
+# predict function unguarded. A CI run of five concurrent jobs hung with the evaluator's first
+# evaluation and all five exports in TensorFlow at once (2026-11-26); the same work one call
+# at a time costs nothing on 2 cores, where those calls compete for the CPU anyway.
+MODEL_LOCK = threading.RLock()
 
 
 class JobRuntime:
@@ -47,7 +53,7 @@ class JobRuntime:
         self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
         # the last state this process made or read, by its digest (``codec.state_digest``)
         self._kept: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
-        self.lock = threading.RLock()  # one user of the model at a time (training, evaluation)
+        self.lock = MODEL_LOCK  # one user of TensorFlow at a time (training, evaluation, export)
 
     @property
     def manifest(self) -> Manifest:
