@@ -55,15 +55,14 @@ def sniff_kinds(batch: pa.RecordBatch, names: Sequence[str], markers: Sequence[s
     cells = pa.concat_arrays([batch.column(name) for name in names])
     shape = (len(names), rows)
 
-    def tally(found: pa.Array) -> np.ndarray:  # per column: cells present and matching
-        hits = pc.fill_null(found, False).to_numpy(zero_copy_only=False).reshape(shape)
-        return (hits & present).sum(axis=1)
+    def cells_where(mask: pa.Array) -> np.ndarray:  # a mask over every cell, a row per column
+        return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).reshape(shape)
 
-    present = pc.fill_null(pc.invert(missing_mask(cells, markers)), False).to_numpy(
-        zero_copy_only=False).reshape(shape)
+    present = cells_where(pc.invert(missing_mask(cells, markers)))
     counts = present.sum(axis=1)
-    numbers = tally(pc.match_substring_regex(cells, _NUMBER_PATTERN, ignore_case=True))
-    dates = tally(pc.match_substring_regex(cells, _DATE_PATTERN))
+    numbers = (cells_where(pc.match_substring_regex(cells, _NUMBER_PATTERN, ignore_case=True))
+               & present).sum(axis=1)
+    dates = (cells_where(pc.match_substring_regex(cells, _DATE_PATTERN)) & present).sum(axis=1)
     kinds: dict[str, str | None] = {}
     for name, count, number, date in zip(names, counts, numbers, dates, strict=True):
         kinds[name] = (None if count == 0 else NUMERIC if number > count / 2

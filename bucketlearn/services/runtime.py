@@ -41,6 +41,8 @@ MODEL_LOCK = threading.RLock()
 class JobRuntime:
     """What a process needs to train or evaluate one job; built lazily, reused across tasks."""
 
+    lock = MODEL_LOCK  # one user of TensorFlow at a time (training, evaluation, export)
+
     def __init__(self, svc: Services, job: Job) -> None:
         self.svc = svc
         self.job_id = job.job_id
@@ -53,7 +55,6 @@ class JobRuntime:
         self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
         # the last state this process made or read, by its digest (``codec.state_digest``)
         self._kept: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
-        self.lock = MODEL_LOCK  # one user of TensorFlow at a time (training, evaluation, export)
 
     @property
     def manifest(self) -> Manifest:
@@ -91,37 +92,13 @@ class JobRuntime:
         return self._part_rows
 
     def holdout(self, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """A fixed random sample of at most ``max_rows`` holdout rows (``holdout_sample``).
-
-        Only the parts the sample draws from are read, one at a time, into arrays of the
-        sample's size: memory is about ``max_rows`` rows and one part, whatever the size of the
-        holdout. The sample is kept for the next version's evaluation.
-
-        Raises:
-            CorruptObjectError: a part has fewer rows than the manifest says.
-        """
+        """A fixed random sample of at most ``max_rows`` holdout rows (``read_holdout_sample``),
+        kept for the next version's evaluation."""
         if self._holdout is not None and self._holdout[0] == max_rows:
             return self._holdout[1], self._holdout[2]
         self._holdout = None
-        picks = holdout_sample(self.holdout_part_rows(), max_rows, self.spec.seed)
-        rows = sum(len(pick) for pick in picks)
-        x = np.empty((rows, self.spec.n_features), dtype=np.float32)
-        y = np.empty(rows, dtype=np.float32 if self.spec.regression else np.int32)
-        filled = 0
-        bucket = self.svc.settings.work_bucket
-        for path, pick in zip(self.manifest.holdout_parts, picks, strict=True):
-            if len(pick) == 0:
-                continue
-            part_x, part_y = decode_part(self.svc.store.read_bytes(bucket, path), path)
-            if len(part_y) <= int(pick[-1]) or part_x.shape[1:] != x.shape[1:]:
-                raise CorruptObjectError(
-                    f"{path}: expected a holdout part of at least {int(pick[-1]) + 1} rows of "
-                    f"{self.spec.n_features} features; found {len(part_y)} rows of shape "
-                    f"{part_x.shape[1:]}")
-            x[filled:filled + len(pick)] = part_x[pick]
-            y[filled:filled + len(pick)] = part_y[pick]
-            filled += len(pick)
-            del part_x, part_y
+        x, y = read_holdout_sample(self.svc, self.manifest, self.holdout_part_rows(), self.spec,
+                                   max_rows)
         self._holdout = (max_rows, x, y)
         return x, y
 
@@ -188,6 +165,39 @@ class PartCache:
                     _, (x, y) = self._parts.popitem(last=False)
                     self.bytes -= x.nbytes + y.nbytes
         return part
+
+
+def read_holdout_sample(svc: Services, manifest: Manifest, part_rows: list[int],
+                        spec: ModelSpec, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed random sample of at most ``max_rows`` holdout rows a job's versions are
+    evaluated on (``holdout_sample``: the same rows for the same ``part_rows`` and seed).
+
+    Only the parts the sample draws from are read, one at a time, into arrays of the sample's
+    size: memory is about ``max_rows`` rows and one part, whatever the size of the holdout.
+
+    Raises:
+        CorruptObjectError: a part has fewer rows than the manifest says.
+    """
+    picks = holdout_sample(part_rows, max_rows, spec.seed)
+    rows = sum(len(pick) for pick in picks)
+    x = np.empty((rows, spec.n_features), dtype=np.float32)
+    y = np.empty(rows, dtype=np.float32 if spec.regression else np.int32)
+    filled = 0
+    bucket = svc.settings.work_bucket
+    for path, pick in zip(manifest.holdout_parts, picks, strict=True):
+        if len(pick) == 0:
+            continue
+        part_x, part_y = decode_part(svc.store.read_bytes(bucket, path), path)
+        if len(part_y) <= int(pick[-1]) or part_x.shape[1:] != x.shape[1:]:
+            raise CorruptObjectError(
+                f"{path}: expected a holdout part of at least {int(pick[-1]) + 1} rows of "
+                f"{spec.n_features} features; found {len(part_y)} rows of shape "
+                f"{part_x.shape[1:]}")
+        x[filled:filled + len(pick)] = part_x[pick]
+        y[filled:filled + len(pick)] = part_y[pick]
+        filled += len(pick)
+        del part_x, part_y
+    return x, y
 
 
 def part_cache(svc: Services) -> PartCache:

@@ -27,10 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from bucketlearn.config import Limits
-from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
@@ -40,6 +37,7 @@ from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RuntimeCache, Services
+from bucketlearn.services.runtime import read_holdout_sample
 from bucketlearn.services.upload import chained_plan
 
 
@@ -94,19 +92,14 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
 
 def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:
     """``train_local``'s final model measured on the evaluation sample a pipeline job's
-    versions are measured on (``domain.deal.holdout_sample``: the same ``max_rows``, the same
+    versions are measured on (``runtime.read_holdout_sample``: the same ``max_rows``, the same
     seed, hence the same rows), so a version's figure and ``train-local``'s compare like for
     like: accuracy, loss, and a numeric target's RMSE (None for classes), and the rows."""
-    rows = list(result.manifest.holdout_part_rows)
-    picks = holdout_sample(rows, max_rows, result.spec.seed)
-    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket,
-                                result.manifest.holdout_parts)
-    starts = np.cumsum([0, *rows[:-1]])
-    chosen = np.concatenate([start + pick for start, pick in zip(starts, picks, strict=True)])
-    found = evaluate_detail(result.model, result.weights, x_hold[chosen], y_hold[chosen],
-                            result.spec.task)
+    x, y = read_holdout_sample(svc, result.manifest, list(result.manifest.holdout_part_rows),
+                               result.spec, max_rows)
+    found = evaluate_detail(result.model, result.weights, x, y, result.spec.task)
     return {"accuracy": found.accuracy, "loss": found.loss, "rmse": found.report.get("rmse"),
-            "rows": len(chosen)}
+            "rows": len(y)}
 
 
 def simulate_pipeline(path: str, options: JobOptions, workers: int = 2, *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +12,24 @@ from bucketlearn import codec, layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.services import aggregate
 from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.upload import StorageEvent, handle_upload
+from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import write_blobs_csv
+
+
+def upload(svc: Any, path: Path, metadata: Mapping[str, str]) -> tuple[Outcome, str | None]:
+    """Upload ``path`` to the uploads bucket under its file name with ``metadata`` (the options)
+    and hand its storage event to the upload service: (outcome, job id)."""
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
+                                 "text/csv", metadata)
+    return handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
 
 
 def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2) -> tuple[Any, str]:
     """A 400-row, 3-class upload split into 64-row shards: (services, job id), round 1 published."""
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
-    info = svc.store.write_bytes(svc.settings.uploads_bucket, "blobs.csv", path.read_bytes(),
-                                 "text/csv", {"epochs": str(epochs), "rows_per_shard": "64",
-                                              "parallel_tasks": str(parallel_tasks)})
-    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                info.size))
+    _, job_id = upload(svc, path, {"epochs": str(epochs), "rows_per_shard": "64",
+                                   "parallel_tasks": str(parallel_tasks)})
     assert job_id is not None
     return svc, job_id
 

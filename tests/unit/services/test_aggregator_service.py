@@ -23,13 +23,14 @@ from bucketlearn.services.evaluate import InlineEvaluator
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import sample_figures, simulate_pipeline, train_local
 from bucketlearn.services.status import status_object
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services.upload import Outcome
 from tests.unit.helpers import (
     safetensors_bytes,
     tensor_entry,
     wait_until,
     write_blobs_csv,
 )
+from tests.unit.steps import upload
 
 
 @pytest.fixture(scope="module")
@@ -267,11 +268,8 @@ def test_duplicate_delta_is_applied_once(tmp_path):
     # Prepare
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "dup.csv", n_rows=120, n_classes=3, n_features=4, seed=3)
-    info = svc.store.write_bytes(svc.settings.uploads_bucket, "dup.csv", path.read_bytes(),
-                                 "text/csv", JobOptions(epochs=1, rows_per_shard=32,
-                                                        parallel_tasks=1).to_metadata())
-    outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                      info.size))
+    outcome, job_id = upload(svc, path, JobOptions(epochs=1, rows_per_shard=32,
+                                                   parallel_tasks=1).to_metadata())
     assert outcome is Outcome.ACCEPTED
     task = svc.queue.pull(0).message
     learner = Learner(svc, "w1")
@@ -489,11 +487,8 @@ def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
                safetensors_bytes({"w0000": tensor_entry((1 << 20, 1 << 20), size=64)}))
     svc = memory_services()
     path = write_blobs_csv(tmp_path / "bad-delta.csv", n_rows=120, n_classes=3, n_features=4)
-    info = svc.store.write_bytes(svc.settings.uploads_bucket, "bad-delta.csv", path.read_bytes(),
-                                 "text/csv", JobOptions(epochs=1, rows_per_shard=32,
-                                                        parallel_tasks=1).to_metadata())
-    outcome, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                      info.size))
+    outcome, job_id = upload(svc, path, JobOptions(epochs=1, rows_per_shard=32,
+                                                   parallel_tasks=1).to_metadata())
     assert outcome is Outcome.ACCEPTED
     task = svc.queue.pull(0).message
     bucket = svc.settings.deltas_bucket
