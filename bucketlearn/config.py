@@ -88,6 +88,12 @@ class Settings:
     chain_grace_seconds: float = 10.0
     # an evaluation not carried by a commit within this many seconds is written on its own
     eval_flush_seconds: float = 2.0
+    # the share of one core the aggregator's evaluator may take: after an evaluation of e
+    # seconds it rests e * (1 / share - 1) before the next (1: evaluate back to back). An
+    # evaluation is off the fold's path, but on a machine it shares with learners (the local
+    # stack; an aggregator sized small) its CPU is theirs; the final model is evaluated by the
+    # export whatever this is.
+    eval_cpu_share: float = 0.25
     # shard parts a learner keeps decoded in memory (they never change once written)
     worker_cache_bytes: int = 512 * 1024**2
     # BUCKETLEARN_CALL_LOG: a directory where each process writes every remote call it made
@@ -146,6 +152,7 @@ SETTINGS_ENV: dict[str, tuple[str, type]] = {
     "BUCKETLEARN_RESULTS_SUBSCRIPTION": ("results_subscription", str),
     "BUCKETLEARN_CHAIN_GRACE_SECONDS": ("chain_grace_seconds", float),
     "BUCKETLEARN_EVAL_FLUSH_SECONDS": ("eval_flush_seconds", float),
+    "BUCKETLEARN_EVAL_CPU_SHARE": ("eval_cpu_share", float),
     "BUCKETLEARN_WORKER_CACHE_BYTES": ("worker_cache_bytes", int),
     "BUCKETLEARN_CALL_LOG": ("call_log_dir", str),
     "BUCKETLEARN_FIRESTORE_DATABASE": ("firestore_database", str),
@@ -210,6 +217,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if settings.log_format not in ("text", "json"):
         raise ConfigError("BUCKETLEARN_LOG_FORMAT", "'text' or 'json'", settings.log_format,
                           "environment")
+    if settings.eval_cpu_share > 1:
+        raise ConfigError("BUCKETLEARN_EVAL_CPU_SHARE", "a share of one core, above 0 and at "
+                          "most 1", str(settings.eval_cpu_share), "environment")
     return settings
 
 

@@ -14,8 +14,8 @@ out, so the process does not wait for them: every third of the lease it looks at
 jobs (one query) and serves any published job whose lease is free or has run out.
 
 Committed versions are evaluated by one thread of the process (``_Evaluator``: the newest
-version of each job, older ones skipped when rounds are faster than evaluations); the figures
-go back to the job's slot, which sends them with its next commit, or writes them on their own
+version of each job, older ones skipped when rounds are faster than evaluations), which takes at
+most ``eval_cpu_share`` of a core (it rests between evaluations); the figures go back to the job's slot, which sends them with its next commit, or writes them on their own
 after ``eval_flush_seconds`` without one.
 
 Results are acknowledged once folded (or found to be garbage), so a process that dies loses
@@ -61,7 +61,9 @@ class AggregatorTuning:
 
 class _Evaluator:
     """One thread evaluating the newest committed version of each job (older ones pending for
-    the same job are skipped); figures go back to the job's slot."""
+    the same job are skipped); figures go back to the job's slot. After an evaluation of e
+    seconds it rests ``rest_after(e)`` (``eval_cpu_share`` of a core at most): the versions
+    committed meanwhile are skipped but the newest."""
 
     def __init__(self, svc: Services, stop: threading.Event) -> None:
         self.svc = svc
@@ -94,9 +96,22 @@ class _Evaluator:
             job = slot.aggregator.job
             if job is None or job.is_terminal:
                 continue
+            started = time.perf_counter()
             found = evaluate_version(self.svc, job, weights, version)
             if found is not None:
                 slot.inbox.put(("evaluation", found))
+            self.stop.wait(rest_after(time.perf_counter() - started,
+                                      self.svc.settings.eval_cpu_share))
+
+
+MAX_EVAL_REST_SECONDS = 5.0  # a job's first evaluation builds its predict function: slow once
+
+
+def rest_after(seconds: float, share: float) -> float:
+    """How long an evaluator that may take ``share`` of a core rests after an evaluation of
+    ``seconds`` (its busy time over busy plus rest is ``share``), at most
+    ``MAX_EVAL_REST_SECONDS``: the dashboard's figures stay a few seconds old at worst."""
+    return min(seconds * (1.0 / share - 1.0), MAX_EVAL_REST_SECONDS)
 
 
 class _JobSlot:

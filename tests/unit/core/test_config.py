@@ -211,6 +211,8 @@ def test_bucketlearn_project_beats_google_cloud_project():
     ("BUCKETLEARN_LEASE_SECONDS", "-3", "a positive number"),
     ("BUCKETLEARN_MAX_COLUMNS", "1.5", "a whole number"),
     ("BUCKETLEARN_LOG_FORMAT", "xml", "'text' or 'json'"),
+    ("BUCKETLEARN_EVAL_CPU_SHARE", "1.5", "a share of one core, above 0 and at most 1"),
+    ("BUCKETLEARN_EVAL_CPU_SHARE", "0", "a positive number"),
 ])
 def test_load_settings_bad_value_names_the_variable(key, raw, expected):
     """A bad variable raises ConfigError naming it, the expectation and the value."""

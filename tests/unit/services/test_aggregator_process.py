@@ -191,6 +191,36 @@ def test_evaluations_travel_with_later_commits(run_job):
     assert job.head.evaluated_version == job.version  # the export's figures are the head's
 
 
+def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch):
+    """With ``eval_cpu_share`` 0.2 the background evaluator rests four times an evaluation's
+    length after each one (evaluations made slow here: 60 ms), so the versions committed
+    meanwhile go unevaluated but the newest; the figures still reach the versions."""
+    # Prepare
+    from bucketlearn.services import aggregator
+
+    real = aggregator.evaluate_version
+
+    def slow_evaluation(*args: Any) -> Any:
+        time.sleep(0.06)
+        return real(*args)
+
+    monkeypatch.setattr(aggregator, "evaluate_version", slow_evaluation)
+    settings = dataclasses.replace(Settings(), eval_cpu_share=0.2)
+    running = run_job(JobOptions(epochs=8, rows_per_shard=32, parallel_tasks=1),
+                      settings=settings, rows=1000)
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    versions = running.svc.registry.list_versions(running.job_id)
+    evaluated = [v for v in versions[:-1] if v.evaluated_at is not None]  # the last: the export
+    assert job.status == DONE
+    assert 2 <= len(evaluated) < (len(versions) - 1) / 2, (len(evaluated), len(versions))
+    for earlier, later in zip(evaluated, evaluated[1:], strict=False):
+        rest = aggregator.rest_after(earlier.aggregator["eval_seconds"], 0.2)
+        assert later.evaluated_at - earlier.evaluated_at >= 0.9 * (
+            rest + later.aggregator["eval_seconds"]), (earlier.version, later.version)
+
+
 def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, tmp_path):
     """R = 2 with two learners and the long-running aggregator: the same versions, to the
     bit, as the synchronous in-process simulation of the same upload."""
