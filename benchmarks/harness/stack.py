@@ -56,9 +56,12 @@ def gcp_storage_emulator_argv(port: int) -> list[str]:
 
 
 def wait_ended(svc: Any, job_id: str, timeout: float) -> Any:
-    """The job once it has ended (``wait_terminal``, read every 0.25 s); a job still running
-    after ``timeout`` seconds stops the benchmark (TimeoutError), its figures would be wrong."""
-    job = wait_terminal(svc.registry, job_id, timeout, 0.25)
+    """The job once it has ended (``wait_terminal``, read every second as ``bucketlearn wait``
+    reads it: the walls are taken from the job's own ``finished_at``, and a faster poll is load
+    on the Firestore emulator, which shares the cores with the job measured); a job still
+    running after ``timeout`` seconds stops the benchmark (TimeoutError), its figures would be
+    wrong."""
+    job = wait_terminal(svc.registry, job_id, timeout, 1.0)
     if job is None or not job.is_terminal:
         raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f}s: "
                            f"{ {k: getattr(job, k, None) for k in ('status', 'phase', 'epoch', 'version')} }")
