@@ -54,6 +54,16 @@ class Evaluation:
                    seconds=_optional(doc.get("eval_seconds"), float))
 
 
+MAX_EVAL_REST_SECONDS = 5.0  # a job's first evaluation builds its predict function: slow once
+
+
+def evaluation_rest(seconds: float, share: float) -> float:
+    """How long an evaluator that may take ``share`` of a core rests after an evaluation of
+    ``seconds`` (its busy time over busy plus rest is ``share``), at most
+    ``MAX_EVAL_REST_SECONDS``: the dashboard's figures stay a few seconds old at worst."""
+    return min(seconds * (1.0 / share - 1.0), MAX_EVAL_REST_SECONDS)
+
+
 @dataclass(frozen=True)
 class Version:
     """One version of a job's model as its document records it: its weights (and their

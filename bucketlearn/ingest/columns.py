@@ -59,10 +59,14 @@ def sniff_kinds(batch: pa.RecordBatch, names: Sequence[str], markers: Sequence[s
         return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).reshape(shape)
 
     present = cells_where(pc.invert(missing_mask(cells, markers)))
+
+    def matching(pattern: str, ignore_case: bool = False) -> np.ndarray:  # present, per column
+        found = pc.match_substring_regex(cells, pattern, ignore_case=ignore_case)
+        return (cells_where(found) & present).sum(axis=1)
+
     counts = present.sum(axis=1)
-    numbers = (cells_where(pc.match_substring_regex(cells, _NUMBER_PATTERN, ignore_case=True))
-               & present).sum(axis=1)
-    dates = (cells_where(pc.match_substring_regex(cells, _DATE_PATTERN)) & present).sum(axis=1)
+    numbers = matching(_NUMBER_PATTERN, ignore_case=True)
+    dates = matching(_DATE_PATTERN)
     kinds: dict[str, str | None] = {}
     for name, count, number, date in zip(names, counts, numbers, dates, strict=True):
         kinds[name] = (None if count == 0 else NUMERIC if number > count / 2

@@ -15,8 +15,9 @@ jobs (one query) and serves any published job whose lease is free or has run out
 
 Committed versions are evaluated by one thread of the process (``_Evaluator``: the newest
 version of each job, older ones skipped when rounds are faster than evaluations), which takes at
-most ``eval_cpu_share`` of a core (it rests between evaluations); the figures go back to the job's slot, which sends them with its next commit, or writes them on their own
-after ``eval_flush_seconds`` without one.
+most ``eval_cpu_share`` of a core (it rests between evaluations); the figures go back to the
+job's slot, which sends them with its next commit, or writes them on their own after
+``eval_flush_seconds`` without one.
 
 Results are acknowledged once folded (or found to be garbage), so a process that dies loses
 nothing: Pub/Sub delivers the unacknowledged ones again, and the listing finds what was never
@@ -35,6 +36,7 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.domain.job import TRAINING, fail_fields
+from bucketlearn.domain.version import evaluation_rest
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
@@ -62,7 +64,8 @@ class AggregatorTuning:
 class _Evaluator:
     """One thread evaluating the newest committed version of each job (older ones pending for
     the same job are skipped); figures go back to the job's slot. After an evaluation of e
-    seconds it rests ``rest_after(e)`` (``eval_cpu_share`` of a core at most): the versions
+    seconds it rests ``domain.version.evaluation_rest(e)`` (``eval_cpu_share`` of a core at
+    most): the versions
     committed meanwhile are skipped but the newest."""
 
     def __init__(self, svc: Services, stop: threading.Event) -> None:
@@ -100,18 +103,9 @@ class _Evaluator:
             found = evaluate_version(self.svc, job, weights, version)
             if found is not None:
                 slot.inbox.put(("evaluation", found))
-            self.stop.wait(rest_after(time.perf_counter() - started,
-                                      self.svc.settings.eval_cpu_share))
+            self.stop.wait(evaluation_rest(time.perf_counter() - started,
+                                           self.svc.settings.eval_cpu_share))
 
-
-MAX_EVAL_REST_SECONDS = 5.0  # a job's first evaluation builds its predict function: slow once
-
-
-def rest_after(seconds: float, share: float) -> float:
-    """How long an evaluator that may take ``share`` of a core rests after an evaluation of
-    ``seconds`` (its busy time over busy plus rest is ``share``), at most
-    ``MAX_EVAL_REST_SECONDS``: the dashboard's figures stay a few seconds old at worst."""
-    return min(seconds * (1.0 / share - 1.0), MAX_EVAL_REST_SECONDS)
 
 
 class _JobSlot:

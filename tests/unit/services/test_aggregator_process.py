@@ -30,8 +30,8 @@ from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import train_local
-from bucketlearn.services.upload import StorageEvent, handle_upload
 from bucketlearn.services.waiting import wait_terminal
+from tests.unit import steps
 from tests.unit.helpers import wait_until, write_blobs_csv
 
 TUNING = AggregatorTuning(pull_seconds=0.05, idle_seconds=30.0, error_pause_seconds=0.05)
@@ -95,10 +95,7 @@ class Running:
 
 
 def upload(svc: Any, path: Path, options: JobOptions) -> str:
-    info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
-                                 "text/csv", options.to_metadata())
-    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
-                                                info.size))
+    _, job_id = steps.upload(svc, path, options.to_metadata())
     assert job_id is not None
     return job_id
 
@@ -196,6 +193,7 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
     length after each one (evaluations made slow here: 60 ms), so the versions committed
     meanwhile go unevaluated but the newest; the figures still reach the versions."""
     # Prepare
+    from bucketlearn.domain.version import evaluation_rest
     from bucketlearn.services import aggregator
 
     real = aggregator.evaluate_version
@@ -206,7 +204,9 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
 
     monkeypatch.setattr(aggregator, "evaluate_version", slow_evaluation)
     settings = dataclasses.replace(Settings(), eval_cpu_share=0.2)
-    running = run_job(JobOptions(epochs=8, rows_per_shard=32, parallel_tasks=1),
+    # long enough to outlast the first evaluation's rest (that evaluation also builds the
+    # predict function: on a slow machine over a second, so a rest at its 5-s cap)
+    running = run_job(JobOptions(epochs=16, rows_per_shard=32, parallel_tasks=1),
                       settings=settings, rows=1000)
     # Execute
     job = wait_ended(running.svc, running.job_id)
@@ -216,7 +216,7 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
     assert job.status == DONE
     assert 2 <= len(evaluated) < (len(versions) - 1) / 2, (len(evaluated), len(versions))
     for earlier, later in zip(evaluated, evaluated[1:], strict=False):
-        rest = aggregator.rest_after(earlier.aggregator["eval_seconds"], 0.2)
+        rest = evaluation_rest(earlier.aggregator["eval_seconds"], 0.2)
         assert later.evaluated_at - earlier.evaluated_at >= 0.9 * (
             rest + later.aggregator["eval_seconds"]), (earlier.version, later.version)
 
