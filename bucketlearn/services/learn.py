@@ -10,8 +10,8 @@ task may be trained twice; the aggregator applies it once.
 What a round waits for is kept off its critical path:
 
 * a learner keeps what it read: shard parts (``runtime.PartCache``: written once, read every
-  epoch) and the state its last task ended with, so a task that names that state's digest reads
-  no weights;
+  epoch; a chaining learner reads its next task's parts while it trains) and the state its last
+  task ended with, so a task that names that state's digest reads no weights;
 * the job read and the attempt record (``_admit``) run beside the training, not before it; the
   result is announced only once both said yes;
 * **chaining (R = 1)**: when a job trains one task at a time, the fold of a round is its one
@@ -279,6 +279,8 @@ class Learner:
         runtime = job_runtime(svc, job)
         base, optimizer = state or runtime.state(task.weights_path, task.base_digest)
         x, y = part_cache(svc).rows(svc, list(task.parts))
+        if self.chain:
+            self._read_ahead(job, task)
         t1 = time.perf_counter()
         options = job.options
         batch_size = int(options["batch_size"])
@@ -302,6 +304,21 @@ class Learner:
             "finished_at": svc.clock(), "cpu_seconds": round(time.process_time() - cpu0, 6),
             # wall clock (comparable across processes): the round-trip benchmark's hops
             "train_started_at": train_started_at, "train_ended_at": time.time()})
+
+    def _read_ahead(self, job: Job, task: TaskMessage) -> None:
+        """Start reading the parts of the round after ``task`` when this learner will train it
+        too (the job trains one task at a time, so a chaining learner goes on with it): the
+        reads go on while this task trains, off the chain's path."""
+        plan = job.plan
+        if plan is None or plan.parallel_tasks != 1:
+            return
+        following = next_round(task.epoch, task.round, plan.rounds_per_epoch, plan.epochs)
+        if following is None:
+            return
+        shards = job_runtime(self.svc, job).manifest.shards
+        [message] = jobs.position_messages(job, shards, following[0], following[1],
+                                           task.base_version + 1, "", "")
+        part_cache(self.svc).prefetch(self.svc, list(message.parts))
 
     def announce(self, trained: _Trained, chained: bool = False) -> ResultMessage:
         """Write a trained task's result to the deltas bucket, then publish the message naming

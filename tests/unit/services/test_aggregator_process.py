@@ -29,6 +29,7 @@ from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Learner
+from bucketlearn.services.runtime import AHEAD, part_cache
 from bucketlearn.services.serial import train_local
 from bucketlearn.services.waiting import wait_terminal
 from tests.unit import steps
@@ -587,3 +588,36 @@ def test_a_message_that_is_not_a_result_is_acknowledged_and_dropped():
     assert [d.message for d in deliveries] == [None, None, None]
     assert [d.settled for d in deliveries] == [["ack"], ["ack"], ["ack"]]
     assert service.slots == {}
+
+
+
+def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path):
+    """A learner that will chain into the next round starts reading that round's shard parts
+    (on the read-ahead thread) once it has the rows of the task it trains; training that next
+    round then reads none of them again."""
+    # Prepare
+    svc = memory_services()
+    job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+    reads: list[tuple[str, str]] = []
+    read = svc.store.read_bytes
+
+    def recorded(bucket: str, name: str) -> bytes:
+        reads.append((name, threading.current_thread().name))
+        return read(bucket, name)
+
+    svc.store.read_bytes = recorded
+    learner = Learner(svc, "w-ahead", tuning=LEARNING, chain=True)
+    job = svc.registry.get_job(job_id)
+    first = learner.train(svc.queue.pull(0).message, job)
+    following = learner._next_task(job, first)
+    assert following is not None
+    # Execute
+    held = wait_until(lambda: all(p in part_cache(svc)._parts for p in following.parts), 10)
+    before = len(reads)
+    learner.train(following, job, (first.result.weights, first.result.optimizer))
+    # Assert
+    ahead = {name for name, thread in reads if thread.startswith(AHEAD)}
+    assert held and set(following.parts) <= ahead
+    assert not set(first.task.parts) & ahead
+    assert [name for name, _ in reads[before:] if name in following.parts] == []
