@@ -91,8 +91,10 @@ def test_a_process_killed_at_each_step_loses_nothing(make_stack: Any, tmp_path: 
 
 def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
     """Firestore, then Pub/Sub, then Storage unreachable for 6 s each, mid-job: the job finishes.
-    The job is long (12 epochs, 24 one-task rounds) so that it is still training when the last
-    outage begins, however fast its chains run."""
+    The job is long (24 epochs, 48 one-task rounds) so that it is still training when the last
+    outage begins, however fast its chains run: with 24 rounds, a chain that came back from the
+    Firestore outage ran its last 22 in 3 s and the job ended before this test, whose own client
+    was still reconnecting, could see a version to start the next outage from (2026-11-27)."""
     # Prepare
     stack = make_stack("outage", workers=2, emulators=proxied,
                        extra_env={"BUCKETLEARN_AGGREGATOR_LEASE_SECONDS": "10",
@@ -101,7 +103,7 @@ def test_backend_outages(make_stack: Any, proxied: ProxiedEmulators) -> None:
     svc = google_services(stack.settings)
     refused = {}
     with Supervisor(stack):
-        job_id = submit(svc, "digits.csv", {"epochs": "12"})
+        job_id = submit(svc, "digits.csv", {"epochs": "24"})
         for backend in ("firestore", "pubsub", "storage"):
             # Execute: wait for the job to make progress, then cut that backend off
             def version() -> int:
