@@ -310,8 +310,9 @@ class Learner:
         too (the job trains one task at a time, so a chaining learner goes on with it): the
         reads go on while this task trains, off the chain's path."""
         plan = job.plan
-        if plan is None or plan.parallel_tasks != 1:
-            return
+        if (plan is None or plan.parallel_tasks != 1 or self.stop.is_set()
+                or (self.max_models and models_built(self.svc) >= self.max_models)):
+            return  # no chain follows (as ``_next_task`` decides): nothing to read ahead for
         following = next_round(task.epoch, task.round, plan.rounds_per_epoch, plan.epochs)
         if following is None:
             return

@@ -142,7 +142,7 @@ class PartCache:
     trains the current one. One after another on the learner's thread, a 120,000-row table's
     first-epoch part reads took 1.9-2.4 s of its 10-second job on the local stack; in the cloud
     each is a storage round trip. A part being read is read once: ``rows`` waits for a read
-    already under way (and raises its error, if it fails).
+    already under way (and reads the part again once if that read failed).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -158,14 +158,27 @@ class PartCache:
     def rows(self, svc: Services, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The parts' rows, concatenated (x, y)."""
         wanted = [self._get(svc, path) for path in paths]
-        loaded = [part.result() if isinstance(part, Future) else part for part in wanted]
+        loaded = [self._wait(svc, path, part) for path, part in zip(paths, wanted, strict=True)]
         if len(loaded) == 1:
             return loaded[0]
         return (np.concatenate([x for x, _ in loaded]), np.concatenate([y for _, y in loaded]))
 
+    def _wait(self, svc: Services, path: str,
+              part: tuple[np.ndarray, np.ndarray] | Future[tuple[np.ndarray, np.ndarray]]
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """The part, once read; a read that failed (perhaps a read ahead, whose failure
+        nobody was waiting for) is tried once more before its error is raised."""
+        if not isinstance(part, Future):
+            return part
+        try:
+            return part.result()
+        except Exception:  # noqa: BLE001 - read again; a second failure is raised
+            again = self._get(svc, path)
+            return again.result() if isinstance(again, Future) else again
+
     def prefetch(self, svc: Services, paths: Sequence[str]) -> None:
         """Start reading the parts not held or being read, one at a time (a read ahead that
-        failed before its part was asked for is forgotten: ``rows`` reads the part again)."""
+        failed is forgotten: ``rows`` reads the part again)."""
         for path in paths:
             self._get(svc, path, ahead=True)
 
@@ -176,7 +189,7 @@ class PartCache:
             found = self._parts.get(path)
             if found is not None:
                 self._parts.move_to_end(path)
-                self.hits += 1
+                self.hits += 0 if ahead else 1
                 return found
             reading = self._reading.get(path)
             if reading is None:

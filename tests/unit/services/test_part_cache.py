@@ -77,14 +77,35 @@ def test_a_part_being_read_ahead_is_not_read_again(svc):
     assert wait_until(lambda: svc.store.reads.get(names[0]) == 1, timeout=5)
     found: list[Any] = []
     asking = threading.Thread(target=lambda: found.append(cache.rows(svc, names)))
-    # Execute
+    # Execute: the third part's read starts once ``rows`` holds the other two reads under way
     asking.start()
+    asked = wait_until(lambda: svc.store.reads.get(names[2]) == 1, timeout=5)
     svc.store.gate.set()
     asking.join(timeout=10)
     # Assert
-    assert not asking.is_alive()
+    assert asked and not asking.is_alive()
     assert found[0][1].tolist() == [0, 1, 2]
     assert svc.store.reads == {name: 1 for name in names}
+
+
+def test_a_read_that_fails_while_asked_for_is_tried_once_more(svc):
+    # Prepare
+    names = parts_in(svc, 2)
+    cache = PartCache(max_bytes=1 << 20)
+    svc.store.fail_once.add(names[0])
+    svc.store.gate.clear()
+    cache.prefetch(svc, names[:1])  # under way, and to fail, when the rows are asked for
+    found: list[Any] = []
+    asking = threading.Thread(target=lambda: found.append(cache.rows(svc, names)))
+    # Execute
+    asking.start()
+    asked = wait_until(lambda: svc.store.reads.get(names[1]) == 1, timeout=5)
+    svc.store.gate.set()
+    asking.join(timeout=10)
+    # Assert
+    assert asked and not asking.is_alive()
+    assert found[0][1].tolist() == [0, 1]
+    assert svc.store.reads == {names[0]: 2, names[1]: 1}
 
 
 def test_a_read_ahead_that_failed_is_read_again_when_asked_for(svc):
