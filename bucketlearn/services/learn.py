@@ -306,20 +306,11 @@ class Learner:
             "train_started_at": train_started_at, "train_ended_at": time.time()})
 
     def _read_ahead(self, job: Job, task: TaskMessage) -> None:
-        """Start reading the parts of the round after ``task`` when this learner will train it
-        too (the job trains one task at a time, so a chaining learner goes on with it): the
-        reads go on while this task trains, off the chain's path."""
-        plan = job.plan
-        if (plan is None or plan.parallel_tasks != 1 or self.stop.is_set()
-                or (self.max_models and models_built(self.svc) >= self.max_models)):
-            return  # no chain follows (as ``_next_task`` decides): nothing to read ahead for
-        following = next_round(task.epoch, task.round, plan.rounds_per_epoch, plan.epochs)
-        if following is None:
-            return
-        shards = job_runtime(self.svc, job).manifest.shards
-        [message] = jobs.position_messages(job, shards, following[0], following[1],
-                                           task.base_version + 1, "", "")
-        part_cache(self.svc).prefetch(self.svc, list(message.parts))
+        """Start reading the parts of the round after ``task`` when this learner will chain into
+        it: the reads go on while this task trains, off the chain's path."""
+        following = self._following(job, task, "")
+        if following is not None:
+            part_cache(self.svc).prefetch(self.svc, list(following.parts))
 
     def announce(self, trained: _Trained, chained: bool = False) -> ResultMessage:
         """Write a trained task's result to the deltas bucket, then publish the message naming
@@ -359,11 +350,15 @@ class Learner:
 
     # -- chaining (R = 1) -------------------------------------------------------------------------
     def _next_task(self, job: Job, trained: _Trained) -> TaskMessage | None:
-        """The next round's task when this learner may chain into it: the job trains one task at
-        a time, the round after this one exists (not the export) and the learner is not
-        stopping; its base is the version the fold of this task will be (this state)."""
+        """The next round's task when this learner may chain into it (``_following``), from
+        the state ``trained`` ended with: the version the fold of that task will be."""
+        return self._following(job, trained.task, trained.end_digest)
+
+    def _following(self, job: Job, task: TaskMessage, base_digest: str) -> TaskMessage | None:
+        """The task of the round after ``task``, from ``base_digest``, when this learner may
+        chain into it: the job trains one task at a time, that round exists (not the export)
+        and the learner is neither stopping nor due to be replaced."""
         plan = job.plan
-        task = trained.task
         if (plan is None or plan.parallel_tasks != 1 or self.stop.is_set()
                 or (self.max_models and models_built(self.svc) >= self.max_models)):
             return None
@@ -372,7 +367,7 @@ class Learner:
             return None
         shards = job_runtime(self.svc, job).manifest.shards
         [message] = jobs.position_messages(job, shards, following[0], following[1],
-                                           task.base_version + 1, "", trained.end_digest)
+                                           task.base_version + 1, "", base_digest)
         return message
 
     def _chain(self, job: Job, first: _Trained, task: TaskMessage) -> None:

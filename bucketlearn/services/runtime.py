@@ -152,8 +152,9 @@ class PartCache:
         self._parts: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._reading: dict[str, Future[tuple[np.ndarray, np.ndarray]]] = {}
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._ahead: ThreadPoolExecutor | None = None
+        # their threads start with the first read each is given
+        self._pool = ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="parts")
+        self._ahead = ThreadPoolExecutor(1, thread_name_prefix=AHEAD)
 
     def rows(self, svc: Services, paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The parts' rows, concatenated (x, y)."""
@@ -164,17 +165,18 @@ class PartCache:
         return (np.concatenate([x for x, _ in loaded]), np.concatenate([y for _, y in loaded]))
 
     def _wait(self, svc: Services, path: str,
-              part: tuple[np.ndarray, np.ndarray] | Future[tuple[np.ndarray, np.ndarray]]
-              ) -> tuple[np.ndarray, np.ndarray]:
+              part: tuple[np.ndarray, np.ndarray] | Future[tuple[np.ndarray, np.ndarray]],
+              retry: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The part, once read; a read that failed (perhaps a read ahead, whose failure
         nobody was waiting for) is tried once more before its error is raised."""
         if not isinstance(part, Future):
             return part
         try:
             return part.result()
-        except Exception:  # noqa: BLE001 - read again; a second failure is raised
-            again = self._get(svc, path)
-            return again.result() if isinstance(again, Future) else again
+        except Exception:
+            if not retry:
+                raise
+            return self._wait(svc, path, self._get(svc, path), retry=False)
 
     def prefetch(self, svc: Services, paths: Sequence[str]) -> None:
         """Start reading the parts not held or being read, one at a time (a read ahead that
@@ -194,34 +196,30 @@ class PartCache:
             reading = self._reading.get(path)
             if reading is None:
                 pool = self._ahead if ahead else self._pool
-                if pool is None:
-                    pool = ThreadPoolExecutor(1 if ahead else PARALLEL_READS,
-                                              thread_name_prefix=AHEAD if ahead else "parts")
-                    if ahead:
-                        self._ahead = pool
-                    else:
-                        self._pool = pool
                 reading = self._reading[path] = pool.submit(self._read, svc, path)
             return reading
 
     def _read(self, svc: Services, path: str) -> tuple[np.ndarray, np.ndarray]:
+        part = None
         try:
             part = decode_part(svc.store.read_bytes(svc.settings.work_bucket, path), path)
-        except BaseException:
-            with self._lock:
+            return part
+        finally:
+            with self._lock:  # held or being read, never neither: a part is read once
                 self._reading.pop(path, None)
-            raise
+                if part is not None:
+                    self._keep(path, part)
+
+    def _keep(self, path: str, part: tuple[np.ndarray, np.ndarray]) -> None:
+        """Count a read part and hold it, evicting the least recently used (under the lock)."""
+        self.misses += 1
         size = part[0].nbytes + part[1].nbytes
-        with self._lock:  # held or being read, never neither: a part is read once
-            self._reading.pop(path, None)
-            self.misses += 1
-            if size <= self.max_bytes and path not in self._parts:
-                self._parts[path] = part
-                self.bytes += size
-                while self.bytes > self.max_bytes:
-                    _, (x, y) = self._parts.popitem(last=False)
-                    self.bytes -= x.nbytes + y.nbytes
-        return part
+        if size <= self.max_bytes and path not in self._parts:
+            self._parts[path] = part
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (x, y) = self._parts.popitem(last=False)
+                self.bytes -= x.nbytes + y.nbytes
 
 
 def read_holdout_sample(svc: Services, manifest: Manifest, part_rows: list[int],

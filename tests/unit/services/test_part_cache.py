@@ -49,6 +49,21 @@ def parts_in(svc: Any, count: int) -> list[str]:
     return names
 
 
+def rows_once_reading(svc: Any, cache: PartCache, names: list[str], own: str
+                      ) -> tuple[bool, Any]:
+    """``cache.rows(names)`` asked for in a thread while the store holds its reads; the reads
+    let go once ``rows`` has started its own read of ``own``. Returns whether it had, and the
+    rows (the thread is joined)."""
+    found: list[Any] = []
+    asking = threading.Thread(target=lambda: found.append(cache.rows(svc, names)))
+    asking.start()
+    asked = wait_until(lambda: svc.store.reads.get(own) == 1, timeout=5)
+    svc.store.gate.set()
+    asking.join(timeout=10)
+    assert not asking.is_alive() and found, "rows did not answer"
+    return asked, found[0]
+
+
 @pytest.fixture
 def svc() -> Any:
     return dataclasses.replace(memory_services(), store=GatedStore())
@@ -75,16 +90,11 @@ def test_a_part_being_read_ahead_is_not_read_again(svc):
     svc.store.gate.clear()
     cache.prefetch(svc, names[:2])
     assert wait_until(lambda: svc.store.reads.get(names[0]) == 1, timeout=5)
-    found: list[Any] = []
-    asking = threading.Thread(target=lambda: found.append(cache.rows(svc, names)))
     # Execute: the third part's read starts once ``rows`` holds the other two reads under way
-    asking.start()
-    asked = wait_until(lambda: svc.store.reads.get(names[2]) == 1, timeout=5)
-    svc.store.gate.set()
-    asking.join(timeout=10)
+    asked, found = rows_once_reading(svc, cache, names, names[2])
     # Assert
-    assert asked and not asking.is_alive()
-    assert found[0][1].tolist() == [0, 1, 2]
+    assert asked
+    assert found[1].tolist() == [0, 1, 2]
     assert svc.store.reads == {name: 1 for name in names}
 
 
@@ -95,16 +105,11 @@ def test_a_read_that_fails_while_asked_for_is_tried_once_more(svc):
     svc.store.fail_once.add(names[0])
     svc.store.gate.clear()
     cache.prefetch(svc, names[:1])  # under way, and to fail, when the rows are asked for
-    found: list[Any] = []
-    asking = threading.Thread(target=lambda: found.append(cache.rows(svc, names)))
     # Execute
-    asking.start()
-    asked = wait_until(lambda: svc.store.reads.get(names[1]) == 1, timeout=5)
-    svc.store.gate.set()
-    asking.join(timeout=10)
+    asked, found = rows_once_reading(svc, cache, names, names[1])
     # Assert
-    assert asked and not asking.is_alive()
-    assert found[0][1].tolist() == [0, 1]
+    assert asked
+    assert found[1].tolist() == [0, 1]
     assert svc.store.reads == {names[0]: 2, names[1]: 1}
 
 
