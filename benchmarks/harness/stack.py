@@ -15,6 +15,8 @@ from benchmarks.harness.paths import DIGITS
 from benchmarks.harness.procs import log
 from bucketlearn.services.waiting import wait_terminal
 
+BENCH_UPLOADS = "bench-uploads"
+
 
 def unique_prefix(label: str) -> str:
     return f"b{uuid.uuid4().hex[:8]}-{label}"[:30]
@@ -22,10 +24,12 @@ def unique_prefix(label: str) -> str:
 
 @contextlib.contextmanager
 def emulators(home: Path) -> Iterator[Any]:
-    """The three emulators on free ports, shared by the stacks of one benchmark."""
+    """The three emulators on free ports, shared by the stacks of one benchmark, one after
+    another: their uploads bucket is ``BENCH_UPLOADS``, the only one whose objects raise
+    storage notifications, as in a deployment (``Emulators.uploads_bucket``)."""
     from bucketlearn.local.emulators import Emulators
 
-    emus = Emulators(home / "emulator-logs").start(timeout=240)
+    emus = Emulators(home / "emulator-logs", uploads_bucket=BENCH_UPLOADS).start(timeout=240)
     try:
         yield emus
     finally:

@@ -104,15 +104,18 @@ def fake_gcs_server() -> str:
 
 
 def storage_emulator_argv(port: int, events_topic: str | None = None,
-                          project: str = PROJECT) -> list[str]:
+                          project: str = PROJECT, events_bucket: str | None = None) -> list[str]:
     """fake-gcs-server on ``port``, in memory, plain HTTP; with ``events_topic``, publishing an
-    OBJECT_FINALIZE notification for every object written, in every bucket, to that topic of
-    ``project`` on the Pub/Sub emulator its ``PUBSUB_EMULATOR_HOST`` names."""
+    OBJECT_FINALIZE notification for every object written to that topic of ``project`` on the
+    Pub/Sub emulator its ``PUBSUB_EMULATOR_HOST`` names: for the objects of ``events_bucket``
+    only, as a deployment notifies for its uploads bucket only, or (None) of every bucket."""
     argv = [fake_gcs_server(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
             "-port", str(port)]
     if events_topic:
         argv += ["-event.pubsub-project-id", project, "-event.pubsub-topic", events_topic,
                  "-event.list", "finalize"]
+        if events_bucket:
+            argv += ["-event.bucket", events_bucket]
     return argv
 
 
@@ -265,14 +268,24 @@ def firestore_database_id(prefix: str) -> str:
 @dataclass
 class Emulators:
     """The Pub/Sub, Firestore and Cloud Storage emulators, on free ports. The storage emulator
-    publishes a notification for every object finalized, in any bucket, to the Pub/Sub topic
-    ``STORAGE_EVENTS_TOPIC`` (``bucketlearn.local.notifications``)."""
+    publishes a notification for every object finalized to the Pub/Sub topic
+    ``STORAGE_EVENTS_TOPIC`` (``bucketlearn.local.notifications``).
+
+    With ``uploads_bucket``, only that bucket's objects raise notifications, as in a deployment
+    (Terraform's trigger watches the uploads bucket alone), and it is the uploads bucket of
+    every stack on these emulators (``settings``). Without it, every bucket's objects do (each
+    shard part, result and model a notification the stacks' forwarders pull and drop: about
+    a third of the Pub/Sub emulator's CPU on a chained job here, measured in
+    docs/BENCHMARKS.md, section 3), so stacks sharing the emulators may run at once, each with
+    uploads of its own.
+    """
 
     logs: Path
     procs: dict[str, Proc] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     stack_id: str = field(default_factory=new_stack_id)
+    uploads_bucket: str | None = None
 
     def start(self, timeout: float = 240.0) -> Emulators:
         from bucketlearn.local.notifications import STORAGE_EVENTS_TOPIC, ensure_topic  # noqa: PLC0415
@@ -288,7 +301,8 @@ class Emulators:
                        "--quiet"],
             "firestore": ["gcloud", "emulators", "firestore", "start",
                           f"--host-port=127.0.0.1:{self.ports['firestore']}", "--quiet"],
-            "storage": storage_emulator_argv(self.ports["storage"], STORAGE_EVENTS_TOPIC),
+            "storage": storage_emulator_argv(self.ports["storage"], STORAGE_EVENTS_TOPIC,
+                                             events_bucket=self.uploads_bucket),
         }
         pubsub_host = f"127.0.0.1:{self.ports['pubsub']}"
         try:
@@ -317,11 +331,13 @@ class Emulators:
         """Settings pointing at these emulators, with resource names under ``prefix``; a prefix
         other than the stack's own also gets a Firestore database of its own (the emulator
         keeps one per name), so stacks sharing the emulators never see each other's jobs, as
-        two deployments never do (each has its database)."""
+        two deployments never do (each has its database). The uploads bucket is the emulators'
+        ``uploads_bucket`` when they have one."""
         database = "(default)" if prefix == "bucketlearn" else firestore_database_id(prefix)
         return Settings(
             project=PROJECT, firestore_database=database,
-            uploads_bucket=f"{prefix}-uploads", work_bucket=f"{prefix}-work",
+            uploads_bucket=self.uploads_bucket or f"{prefix}-uploads",
+            work_bucket=f"{prefix}-work",
             deltas_bucket=f"{prefix}-deltas", models_bucket=f"{prefix}-models",
             tasks_topic=f"{prefix}-tasks", tasks_subscription=f"{prefix}-tasks-workers",
             results_topic=f"{prefix}-results",

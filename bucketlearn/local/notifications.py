@@ -13,10 +13,11 @@ answered 2xx; a non-2xx answer or a connection error is retried with backoff
 delivers it again. ``duplicate`` POSTs every event twice (fault injection: at-least-once).
 
 Notifications of other buckets and other event types are acknowledged and dropped here: the
-emulator has one notification topic for all its buckets (fake-gcs-server 1.54 takes it on its
-command line and has no per-bucket notification API), stacks sharing the emulators each have a
-subscription on it, and the Pub/Sub emulator accepts a subscription's filter but does not apply
-it (the filter is set anyway: Pub/Sub applies it).
+emulator has one notification topic (fake-gcs-server 1.54 takes it on its command line and has
+no per-bucket notification API), stacks sharing the emulators each have a subscription on it,
+and the Pub/Sub emulator accepts a subscription's filter but does not apply it (the filter is
+set anyway: Pub/Sub applies it). A stack that starts its own emulators has them notify for its
+uploads bucket alone (``Emulators.uploads_bucket``), as its deployment does.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def ensure_topic(pubsub_host: str, project: str, topic: str,
 
 
 def subscription_for(settings: Settings) -> str:
-    """The forwarder's subscription for a stack: named after its uploads bucket."""
-    return f"{settings.uploads_bucket}-events"
+    """The forwarder's subscription for a stack: named after its work bucket (stacks on
+    emulators with an ``uploads_bucket`` share that bucket, never their work bucket)."""
+    return f"{settings.work_bucket}-upload-events"
 
 
 def object_info(resource: Mapping[str, Any], attributes: Mapping[str, str]) -> BlobInfo:

@@ -78,7 +78,9 @@ class LocalStack:
         logs = self.home / "logs"
         try:
             if self.emulators is None:
-                self.emulators = Emulators(logs, stack_id=self.stack_id)
+                # notifications for this stack's uploads bucket only, as deployed
+                self.emulators = Emulators(logs, stack_id=self.stack_id,
+                                           uploads_bucket=f"{self.name_prefix}-uploads")
                 self._own_emulators = True
                 self.emulators.start(timeout)
             self.urls.update(self.emulators.urls)

@@ -7,7 +7,9 @@ test that relies on an emulator behaving like Cloud Storage says so here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -99,3 +101,70 @@ def test_a_finalize_publishes_cloud_storages_json_api_v1_notification(cloud: Any
     assert "overwroteGeneration" not in by_generation[first.generation].attributes
     assert by_generation[second.generation].attributes["overwroteGeneration"] == str(
         first.generation)
+
+
+def test_an_emulator_for_one_uploads_bucket_notifies_for_that_bucket_alone(
+        cloud: Any, tmp_path: Any) -> None:
+    """``Emulators(uploads_bucket=...)``'s storage emulator, as a deployment's trigger: objects
+    of the uploads bucket publish a notification, the work bucket's publish none."""
+    from bucketlearn.adapters.gcs import GcsBlobStore
+    from bucketlearn.local.emulators import Proc, free_port, storage_emulator_argv, wait_http
+    from bucketlearn.local.notifications import ensure_topic
+
+    # Prepare: a storage emulator of its own on the shared Pub/Sub emulator, its own topic
+    settings = cloud.settings
+    topic = f"one-bucket-{uuid.uuid4().hex[:8]}"
+    ensure_topic(settings.pubsub_emulator_host, settings.project, topic)
+    subscriber = subscriber_client(settings.pubsub_emulator_host)
+    path = subscriber.subscription_path(settings.project, f"t-{uuid.uuid4().hex[:8]}")
+    subscriber.create_subscription(request={
+        "name": path, "topic": subscriber.topic_path(settings.project, topic)}, timeout=TIMEOUT)
+    port = free_port()
+    proc = Proc("storage", storage_emulator_argv(port, topic, settings.project,
+                                                 events_bucket=settings.uploads_bucket),
+                tmp_path / "storage.log",
+                {**os.environ, "PUBSUB_EMULATOR_HOST": settings.pubsub_emulator_host},
+                f"test-{uuid.uuid4().hex[:8]}")
+    proc.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/storage/v1/b?project={settings.project}", TIMEOUT, proc)
+        store = GcsBlobStore(dataclasses.replace(settings, storage_emulator_host=url))
+        for bucket in (settings.uploads_bucket, settings.work_bucket):
+            store.ensure_bucket(bucket)
+        # Execute: three work objects, then one upload (notifications come in order here)
+        for i in range(3):
+            store.write_bytes(settings.work_bucket, f"part-{i}", b"x", "application/octet-stream")
+        upload = store.write_bytes(settings.uploads_bucket, "one.csv", b"a,b\n", "text/csv")
+        messages = every_notification(subscriber, path, settings.uploads_bucket)
+    finally:
+        proc.stop()
+        subscriber.delete_subscription(request={"subscription": path}, timeout=TIMEOUT)
+        subscriber.close()
+    # Assert: the upload's notification, and nothing else published
+    assert [(m.attributes["bucketId"], m.attributes["objectId"],
+             int(m.attributes["objectGeneration"])) for m in messages] == [
+        (settings.uploads_bucket, "one.csv", upload.generation)]
+
+
+def every_notification(subscriber: Any, path: str, bucket: str, quiet: float = 1.0
+                       ) -> list[Any]:
+    """Every notification on ``path`` until one of ``bucket`` came and ``quiet`` seconds went by
+    with no more (all acknowledged)."""
+    found: list[Any] = []
+    deadline = time.monotonic() + TIMEOUT
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        response = subscriber.pull(request={"subscription": path, "max_messages": 100},
+                                   timeout=10)
+        found += [m.message for m in response.received_messages]
+        if response.received_messages:
+            subscriber.acknowledge(request={"subscription": path, "ack_ids": [
+                m.ack_id for m in response.received_messages]}, timeout=TIMEOUT)
+            quiet_since = None
+        elif any(m.attributes.get("bucketId") == bucket for m in found):
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= quiet:
+                break
+        time.sleep(0.1)
+    return found

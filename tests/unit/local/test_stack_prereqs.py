@@ -65,3 +65,26 @@ def test_a_missing_fake_gcs_server_names_what_to_install(monkeypatch: pytest.Mon
     # ... and one on PATH is taken
     monkeypatch.setattr(emulators.shutil, "which", lambda tool: f"/opt/bin/{tool}")
     assert emulators.fake_gcs_server() == "/opt/bin/fake-gcs-server"
+
+
+def test_emulators_for_one_uploads_bucket_give_it_to_every_stack_and_notify_for_it_alone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Stacks on emulators with an ``uploads_bucket`` share it (the one bucket the storage
+    emulator notifies for) and keep their other resources and forwarder subscriptions apart."""
+    from bucketlearn.local.notifications import subscription_for
+
+    # Prepare
+    monkeypatch.setattr(emulators, "fake_gcs_server", lambda: "fake-gcs-server")
+    shared = emulators.Emulators(tmp_path, uploads_bucket="demo-uploads",
+                                 urls={"storage": "http://127.0.0.1:1"},
+                                 ports={"pubsub": 2, "firestore": 3})
+    own = emulators.Emulators(tmp_path, urls=shared.urls, ports=shared.ports)
+    # Execute
+    a, b, c = shared.settings("a"), shared.settings("b"), own.settings("c")
+    # Assert
+    assert a.uploads_bucket == b.uploads_bucket == "demo-uploads"
+    assert (a.work_bucket, b.work_bucket, c.uploads_bucket) == ("a-work", "b-work", "c-uploads")
+    assert subscription_for(a) != subscription_for(b)
+    argv = emulators.storage_emulator_argv(1, "events", events_bucket="demo-uploads")
+    assert argv[argv.index("-event.bucket") + 1] == "demo-uploads"
+    assert "-event.bucket" not in emulators.storage_emulator_argv(1, "events")
