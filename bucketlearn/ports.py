@@ -276,11 +276,19 @@ class VersionLedger(Protocol):
 class TaskLedger(Protocol):
     """A job's task documents: attempts, states and timings."""
 
+    def read_for_attempt(self, job_id: str, task_id: str) -> tuple[Job | None, list[str]]:
+        """The job and the keys of the task's attempts so far, in one read (a learner's
+        admission of a task: whether to train it, and ``record_attempt``'s ``known_keys``)."""
+        ...
+
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
-                       attempt_key: str) -> int:
+                       attempt_key: str, known_keys: Sequence[str] | None = None) -> int:
         """Count one attempt at a task, idempotently: the same ``attempt_key`` counts once
         (a retried call after a lost answer does not spend a second attempt). Returns the
-        task's attempts so far."""
+        task's attempts so far: ``known_keys`` (read just before; None: read them here) and
+        this one. One write, no transaction: attempts at a task come one after another (a
+        message is redelivered after its attempt ended), and two deliveries at once only make
+        each count one attempt fewer; the record itself keeps every key."""
         ...
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:

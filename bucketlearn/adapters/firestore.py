@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -33,7 +33,7 @@ from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import QUEUED, RUNNING, Job, commit_refusal, may_start_training
-from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
 from bucketlearn.ports import Lease, VersionCommit
@@ -268,35 +268,31 @@ class FirestoreRegistry:
             docs = [snap.to_dict() for snap in query.limit(last).stream(timeout=TIMEOUT)][::-1]
         return attach_evaluations([Version.from_doc(doc) for doc in docs])
 
+    def read_for_attempt(self, job_id: str, task_id: str) -> tuple[Job | None, list[str]]:
+        job_ref, task_ref = self._job(job_id), self._task(job_id, task_id)
+        docs = {snap.reference.path: snap.to_dict()
+                for snap in self.client.get_all([job_ref, task_ref], timeout=TIMEOUT)
+                if snap.exists}
+        job = docs.get(job_ref.path)
+        return (Job.from_doc(job) if job is not None else None,
+                attempt_keys(docs.get(task_ref.path) or {}))
+
     def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
-                       attempt_key: str) -> int:
+                       attempt_key: str, known_keys: Sequence[str] | None = None) -> int:
         ref = self._task(job_id, task_id)
-
-        @firestore.transactional
-        def run(transaction: firestore.Transaction) -> int:
-            snap = ref.get(transaction=transaction)
-            keys = list((snap.to_dict() or {}).get("attempt_keys") or []) if snap.exists else []
-            if attempt_key not in keys:
-                keys.append(attempt_key)
-            transaction.set(ref, {**dict(fields), "attempt_keys": keys, "attempts": len(keys)},
-                            merge=True)
-            return len(keys)
-
-        return int(run(self.client.transaction(max_attempts=5)))
+        if known_keys is None:
+            known_keys = attempt_keys(_read(ref) or {})
+        # an array union: a retried write (its answer lost) adds the key once
+        ref.set({**dict(fields), "attempt_keys": firestore.ArrayUnion([attempt_key])},
+                merge=True, timeout=TIMEOUT)
+        return len({*known_keys, attempt_key})
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
-        ref = self._task(job_id, task_id)
-
-        @firestore.transactional
-        def run(transaction: firestore.Transaction) -> None:
-            snap = ref.get(transaction=transaction)
-            if not snap.exists:
-                return
-            keys = [k for k in (snap.to_dict() or {}).get("attempt_keys") or []
-                    if k != attempt_key]
-            transaction.update(ref, {"attempt_keys": keys, "attempts": len(keys)})
-
-        run(self.client.transaction(max_attempts=5))
+        try:
+            self._task(job_id, task_id).update(
+                {"attempt_keys": firestore.ArrayRemove([attempt_key])}, timeout=TIMEOUT)
+        except gexc.NotFound:
+            return  # no attempt was recorded: nothing to give back
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         self._task(job_id, task_id).set(dict(fields), merge=True, timeout=TIMEOUT)

@@ -23,7 +23,7 @@ from bucketlearn.domain.job import (
     may_start_training,
     unknown_fields,
 )
-from bucketlearn.domain.task import TaskRecord
+from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, Lease, VersionCommit
@@ -341,30 +341,32 @@ class MemoryRegistry:
                 docs = docs[max(0, len(docs) - last):]  # by versions not read are not attached
             return attach_evaluations([Version.from_doc(copy.deepcopy(v)) for v in docs])
 
-    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
-                       attempt_key: str) -> int:
+    def read_for_attempt(self, job_id: str, task_id: str) -> tuple[Job | None, list[str]]:
         with self._lock:
-            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0,
-                                                             "attempt_keys": []})
+            return self.get_job(job_id), attempt_keys(self.tasks.get((job_id, task_id)) or {})
+
+    def record_attempt(self, job_id: str, task_id: str, fields: Mapping[str, Any],
+                       attempt_key: str, known_keys: Sequence[str] | None = None) -> int:
+        with self._lock:
+            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id})
             _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
-            keys = list(task.get("attempt_keys") or [])
-            if attempt_key not in keys:
-                keys.append(attempt_key)
+            if known_keys is None:
+                known_keys = attempt_keys(task)
+            keys = attempt_keys(task)  # Firestore's array union: the key once, at the end
             task.update(copy.deepcopy(dict(fields)))
-            task.update(attempt_keys=keys, attempts=len(keys))
-            return len(keys)
+            task["attempt_keys"] = keys + ([attempt_key] if attempt_key not in keys else [])
+            return len({*known_keys, attempt_key})
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
         with self._lock:
             task = self.tasks.get((job_id, task_id))
             if task is None:
                 return
-            keys = [k for k in task.get("attempt_keys") or [] if k != attempt_key]
-            task.update(attempt_keys=keys, attempts=len(keys))
+            task["attempt_keys"] = [k for k in attempt_keys(task) if k != attempt_key]
 
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
-            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id, "attempts": 0})
+            task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id})
             _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
             task.update(copy.deepcopy(dict(fields)))
 

@@ -178,6 +178,14 @@ def _writes(n: float, reads: float = 0.0) -> Callable[..., dict[str, float]]:
     return lambda *_, **__: {"firestore_writes": n, "firestore_reads": reads}
 
 
+def _attempt_record(result: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+    """An attempt's record (``record_attempt(job, task, fields, key, known_keys=None)``): one
+    write, and a read of the task first without ``known_keys``."""
+    known = kwargs["known_keys"] if "known_keys" in kwargs else (
+        args[4] if len(args) > 4 else None)
+    return {"firestore_writes": 1, "firestore_reads": 1 if known is None else 0}
+
+
 def _reads(result: Any, *_: Any, **__: Any) -> dict[str, float]:
     """A read or a query: one read per document returned, at least one (Firestore bills a
     query that returns nothing as one read)."""
@@ -206,8 +214,9 @@ class MeteredRegistry(_Metered):
         "record_evaluation": ("firestore.commit", _first, _writes(2, 2)),
         "get_version": ("firestore.read", _first, _reads),
         "list_versions": ("firestore.query", _first, _reads),
-        "record_attempt": ("firestore.transaction", _first, _writes(1, 1)),
-        "refund_attempt": ("firestore.transaction", _first, _writes(1, 1)),
+        "read_for_attempt": ("firestore.read", _first, _writes(0, 2)),
+        "record_attempt": ("firestore.write", _first, _attempt_record),
+        "refund_attempt": ("firestore.write", _first, _writes(1)),
         "update_task": ("firestore.write", _first, _writes(1)),
         "get_task": ("firestore.read", _first, _reads),
         "list_tasks": ("firestore.query", _first, _reads),

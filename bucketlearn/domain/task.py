@@ -61,6 +61,13 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def attempt_keys(doc: Mapping[str, Any]) -> list[str]:
+    """The keys of the attempts a task document counts (an attempt is counted by its key, so a
+    retried record does not count twice; a document written before keys has its ``attempts``
+    only)."""
+    return [str(k) for k in doc.get("attempt_keys") or []]
+
+
 @dataclass(frozen=True)
 class TaskRecord:
     """A task's attempt record as the ledger holds it (the newest attempt's fields)."""
@@ -84,7 +91,8 @@ class TaskRecord:
         return cls(task_id=str(doc.get("task_id") or ""), epoch=int(doc.get("epoch") or 0),
                    task_index=int(doc.get("task_index") or 0),
                    state=str(doc.get("state") or "").upper(),
-                   attempts=int(doc.get("attempts") or 0), worker_id=doc.get("worker_id"),
+                   attempts=len(attempt_keys(doc)) if "attempt_keys" in doc
+                   else int(doc.get("attempts") or 0), worker_id=doc.get("worker_id"),
                    rows=int(doc.get("rows") or 0), started_at=_number(doc.get("started_at")),
                    finished_at=_number(doc.get("finished_at")),
                    pulled_at=_number(doc.get("pulled_at")), error=doc.get("error") or None,

@@ -194,17 +194,17 @@ class Learner:
         """Read the job and, when the task is still to train, count this attempt (before the
         result can be announced: a task that crashes its worker still runs out of attempts)."""
         registry = self.svc.registry
-        job = self._with_retries(lambda: registry.get_job(task.job_id))
+        doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
+        job, known = self._with_retries(lambda: registry.read_for_attempt(task.job_id, doc_id))
         skip = skip_reason(job, task.base_version, bool(task.weights_path or task.base_digest))
         if skip is not None:
             return _Admission(job, skip)
-        doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
         key = layout.new_nonce()
         fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round,
                                  task.rows, self.worker_id, self.svc.clock(), pulled_at,
                                  delivery_attempt)
         attempts = self._with_retries(
-            lambda: registry.record_attempt(task.job_id, doc_id, fields, key),
+            lambda: registry.record_attempt(task.job_id, doc_id, fields, key, known),
             on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
         return _Admission(job, None, attempts, key, doc_id)
 

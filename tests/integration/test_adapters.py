@@ -310,6 +310,30 @@ def test_record_attempt_counts_each_key_once_and_refunds(backend: Any) -> None:
     [task] = registry.list_tasks(job_id)
     assert task.attempts == 1 and task.state == "TRAINED"
     assert registry.record_attempt(job_id, "e0001-t00000", {"state": "RUNNING"}, "c") == 2
+    registry.refund_attempt(job_id, "e0001-t09999", "x")  # no such task: nothing to give back
+    assert registry.get_task(job_id, "e0001-t09999") is None
+
+
+def test_an_admission_reads_the_job_and_the_attempts_so_far_at_once(backend: Any) -> None:
+    """``read_for_attempt``: the job and the task's attempt keys (none before the first);
+    ``record_attempt`` with those keys counts them and its own, once however often it is
+    retried, and the record keeps every key."""
+    registry = backend.registry
+    job_id = new_job(registry)
+    # Execute / Assert: a first attempt
+    job, known = registry.read_for_attempt(job_id, "e0001-t00003")
+    assert job is not None and job.job_id == job_id and known == []
+    assert registry.record_attempt(job_id, "e0001-t00003", {"state": "RUNNING"}, "a",
+                                   known) == 1
+    # a second delivery, its record retried after a lost answer
+    _, known = registry.read_for_attempt(job_id, "e0001-t00003")
+    assert known == ["a"]
+    for _ in range(2):
+        assert registry.record_attempt(job_id, "e0001-t00003", {"state": "RUNNING"}, "b",
+                                       known) == 2
+    assert registry.read_for_attempt(job_id, "e0001-t00003")[1] == ["a", "b"]
+    assert registry.get_task(job_id, "e0001-t00003").attempts == 2
+    assert registry.read_for_attempt("no-such-job", "e0001-t00000") == (None, [])
 
 
 def test_the_newest_versions_and_one_epochs_tasks_are_read_alone(backend: Any) -> None:

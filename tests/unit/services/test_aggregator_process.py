@@ -621,3 +621,24 @@ def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path)
     assert held and set(following.parts) <= ahead
     assert not set(first.task.parts) & ahead
     assert [name for name, _ in reads[before:] if name in following.parts] == []
+
+
+def test_the_attempt_calls_are_counted_as_the_reads_and_writes_they_make():
+    """An admission is one read of two documents and one write; a record without the keys
+    read first (a positional or a keyword call) reads the task itself; a refund writes once."""
+    from bucketlearn.adapters.metered import Meter, metered
+
+    # Prepare
+    svc = memory_services()
+    meter = Meter()
+    registry = metered(svc, meter).registry
+    fields = {"state": "RUNNING"}
+    # Execute
+    _, known = registry.read_for_attempt("job-a", "e0001-t00000")
+    registry.record_attempt("job-a", "e0001-t00000", fields, "k1", known)
+    registry.record_attempt("job-a", "e0001-t00000", fields, attempt_key="k2")
+    registry.record_attempt("job-a", "e0001-t00000", fields, "k3", known_keys=["k1", "k2"])
+    registry.refund_attempt("job-a", "e0001-t00000", "k3")
+    # Assert
+    assert meter.take("job-a") == {"firestore_reads": 3, "firestore_writes": 4}
+    assert svc.registry.get_task("job-a", "e0001-t00000").attempts == 2
