@@ -20,6 +20,11 @@ from bucketlearn.errors import ConfigError
 # bit (the parity benchmark, the test process) runs with the same.
 SINGLE_THREADED_TF: Mapping[str, str] = {"TF_NUM_INTRAOP_THREADS": "1",
                                          "TF_NUM_INTEROP_THREADS": "1"}
+# BLAS on one thread in the pipeline's processes (learners, aggregator, functions; the local
+# stack sets it, and so do the worker image and the deployment's environment): OpenBLAS (numpy's)
+# starts a thread per core whose spinning after each call took about a core of the aggregator on a
+# chained job of tiny arrays. Set before numpy loads: it reads it once.
+ONE_THREAD_BLAS: Mapping[str, str] = {"OPENBLAS_NUM_THREADS": "1"}
 FAULT_POINTS = frozenset({
     "aggregator.before_commit",   # weights written, version not committed: the process dies
     "aggregator.after_commit",    # version committed, next round not published: dies

@@ -92,9 +92,11 @@ def task_delta(arrays: Sequence[np.ndarray], base: Sequence[np.ndarray], content
 
 
 def delta_norm(delta: Sequence[np.ndarray]) -> float:
-    """The Euclidean norm of a delta over all its arrays (float64)."""
-    return math.sqrt(sum(float(np.vdot(d, d)) for d in (np.asarray(a, np.float64)
-                                                        for a in delta)))
+    """The Euclidean norm of a delta over all its arrays (float64), summed by numpy, not by
+    BLAS: a BLAS call (``np.vdot``) woke OpenBLAS's threads, whose spinning after each call took
+    about a core of the aggregator's two on a chained job (docs/BENCHMARKS.md, section 3)."""
+    return math.sqrt(sum(float(np.square(d).sum()) for d in (np.asarray(a, np.float64)
+                                                             for a in delta)))
 
 
 def check_delta(result: TaskResult, shapes: Sequence[tuple[int, ...]],

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bucketlearn.config import SINGLE_THREADED_TF, Settings, load_settings
+from bucketlearn.config import ONE_THREAD_BLAS, SINGLE_THREADED_TF, Settings, load_settings
 from bucketlearn.local import processes
 from bucketlearn.local.emulators import (
     Emulators,
@@ -126,11 +126,11 @@ class LocalStack:
 
     def child_env(self, single_threaded: bool = False) -> dict[str, str]:
         """The environment of every process the stack starts: ours, the stack's settings and
-        extra variables; TensorFlow on one thread for the functions and the learners (they
-        share the machine's cores with one another)."""
+        extra variables; TensorFlow and BLAS on one thread for the functions, the aggregator and
+        the learners (they share the machine's cores with one another)."""
         assert self.settings is not None
-        env = {**os.environ, **self.extra_env, **self.settings.to_env(), "PYTHONUNBUFFERED": "1",
-               "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env = {**os.environ, **ONE_THREAD_BLAS, **self.extra_env, **self.settings.to_env(),
+               "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
         if single_threaded:
             env.update(SINGLE_THREADED_TF)
         return env

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from bucketlearn.config import LIMITS_ENV, SETTINGS_ENV, load_autoscaler_settings
+from bucketlearn.config import LIMITS_ENV, ONE_THREAD_BLAS, SETTINGS_ENV, load_autoscaler_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -352,7 +352,8 @@ def test_every_setting_the_code_reads_is_set_or_optional(module: Config) -> None
 def test_controller_env_runs_the_watchdog(module: Config) -> None:
     env = controller_env(module)
     names = set(env)
-    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | AUTOSCALER_ENV | RESULTS_ENV
+    known = (set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | AUTOSCALER_ENV | RESULTS_ENV
+             | set(ONE_THREAD_BLAS))
     assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
     needed = CLOUD_ENV | PROJECT_ENV | CONTROLLER_ENV | AGGREGATOR_POOL_ENV | {
         "BUCKETLEARN_WORKER_POOL", "BUCKETLEARN_MIN_WORKERS", "BUCKETLEARN_MAX_WORKERS"}
@@ -406,10 +407,11 @@ def test_extra_env_cannot_shadow_what_the_module_sets(module: Config) -> None:
 def test_app_env_has_exactly_known_names(module: Config) -> None:
     app_env = module.locals["app_env"]
     names = set(app_env)
-    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | RESULTS_ENV
+    known = set(SETTINGS_ENV) | set(LIMITS_ENV) | PROJECT_ENV | RESULTS_ENV | set(ONE_THREAD_BLAS)
     assert names <= known, f"env names bucketlearn.config does not read: {names - known}"
     assert CLOUD_ENV | PROJECT_ENV <= names, f"missing: {(CLOUD_ENV | PROJECT_ENV) - names}"
     assert app_env["BUCKETLEARN_LOG_FORMAT"] == "json"
+    assert {k: app_env.get(k) for k in ONE_THREAD_BLAS} == dict(ONE_THREAD_BLAS)
     assert module.env_names(module.outputs["env_vars"]["value"]) == names
 
 
@@ -1354,6 +1356,15 @@ def test_dockerfile(component: str) -> None:
             assert not re.match(r"^\.\s", rest), f"{path.name}: copies the whole context"
     (final_cmd,) = [rest for keyword, rest in instructions if keyword == "CMD"][-1:]
     assert json.loads(final_cmd) == cmd
+
+
+def test_the_worker_image_runs_blas_on_one_thread() -> None:
+    """The learners and the aggregator run on the worker image: numpy's OpenBLAS on one thread
+    there, as on the local stack (``bucketlearn.config.ONE_THREAD_BLAS``)."""
+    env = " ".join(rest for keyword, rest in dockerfile_instructions(DOCKERFILES["worker"][0])
+                   if keyword == "ENV")
+    for name, value in ONE_THREAD_BLAS.items():
+        assert re.search(rf"(^|\s){name}={value}(\s|$)", env), f"the worker image lacks {name}"
 
 
 def test_functions_requirements_match_pyproject() -> None:

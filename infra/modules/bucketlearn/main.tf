@@ -46,6 +46,9 @@ locals {
     BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
     BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
     BUCKETLEARN_LOG_FORMAT           = "json"
+    # numpy's OpenBLAS on one thread (bucketlearn.config.ONE_THREAD_BLAS): its idle threads
+    # spin after each call, about a core of the aggregator on a chained job
+    OPENBLAS_NUM_THREADS = "1"
     # the split refuses a job predicted to train longer than half of it (issue #26, item 2)
     BUCKETLEARN_WORK_RETENTION_DAYS = tostring(var.work_retention_days)
     # How long one aggregation pass may go on starting folds (420 s with the default 540 s

@@ -88,3 +88,17 @@ def test_emulators_for_one_uploads_bucket_give_it_to_every_stack_and_notify_for_
     argv = emulators.storage_emulator_argv(1, "events", events_bucket="demo-uploads")
     assert argv[argv.index("-event.bucket") + 1] == "demo-uploads"
     assert "-event.bucket" not in emulators.storage_emulator_argv(1, "events")
+
+
+def test_the_stacks_processes_run_blas_and_tensorflow_on_one_thread(tmp_path) -> None:
+    """Every process the stack starts gets BLAS on one thread (an extra variable may override
+    it); the functions, aggregator and learners TensorFlow on one thread too."""
+    from bucketlearn.config import ONE_THREAD_BLAS, SINGLE_THREADED_TF, Settings
+    from bucketlearn.local.stack import LocalStack
+
+    stack = LocalStack(home=tmp_path, dashboard=False)
+    stack.settings = Settings()
+    assert ONE_THREAD_BLAS.items() <= stack.child_env().items()
+    assert (ONE_THREAD_BLAS | SINGLE_THREADED_TF).items() <= stack.child_env(True).items()
+    stack.extra_env = {"OPENBLAS_NUM_THREADS": "2"}
+    assert stack.child_env()["OPENBLAS_NUM_THREADS"] == "2"
