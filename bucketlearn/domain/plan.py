@@ -44,7 +44,7 @@ SERIAL_TASK_SHARDS = 4
 # CHAIN_TASKS_PER_EPOCH tasks an epoch (progress, evaluations and retries stay fine-grained).
 # 64 since 2026-11-27 (16 before): a chained version cost its learner, the aggregator and the
 # emulators about 45 ms of CPU on the stack, and flights' 661 versions took its job 80 s against
-# 57 s in 165 (docs/BENCHMARKS.md, section 7)
+# 57 s in 171 (docs/BENCHMARKS.md, section 3)
 CHAIN_TASK_SHARDS = 64
 CHAIN_TASKS_PER_EPOCH = 8
 SCHEDULES = ("wsd", "cosine", "constant")
