@@ -286,9 +286,11 @@ class TaskLedger(Protocol):
         """Count one attempt at a task, idempotently: the same ``attempt_key`` counts once
         (a retried call after a lost answer does not spend a second attempt). Returns the
         task's attempts so far: ``known_keys`` (read just before; None: read them here) and
-        this one. One write, no transaction: attempts at a task come one after another (a
-        message is redelivered after its attempt ended), and two deliveries at once only make
-        each count one attempt fewer; the record itself keeps every key."""
+        this one. One write, no transaction, so the count can be off by attempts recorded or
+        given back between the read and the write (two deliveries of a task at once: an ack
+        deadline passed, a duplicate delivery, a chain's task republished after its grace; an
+        outage's refund landing meanwhile); the record itself keeps exactly its keys, and a
+        learner reads it again before it fails a task (``Learner.fail_task``)."""
         ...
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:

@@ -126,8 +126,9 @@ class LocalStack:
 
     def child_env(self, single_threaded: bool = False) -> dict[str, str]:
         """The environment of every process the stack starts: ours, the stack's settings and
-        extra variables; TensorFlow and BLAS on one thread for the functions, the aggregator and
-        the learners (they share the machine's cores with one another)."""
+        extra variables; BLAS on one thread for every process (over the shell's setting; only
+        ``extra_env`` changes it) and TensorFlow on one thread for the functions, the aggregator
+        and the learners (they share the machine's cores with one another)."""
         assert self.settings is not None
         env = {**os.environ, **ONE_THREAD_BLAS, **self.extra_env, **self.settings.to_env(),
                "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}

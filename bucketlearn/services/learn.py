@@ -172,8 +172,8 @@ class Learner:
         if admitted.skip is not None:
             log.info("task %s: %s; its result is not announced", task.task_id, admitted.skip)
             return Decision.ACK
-        if admitted.attempts > self.svc.settings.max_task_attempts:
-            self.fail_task(task, admitted.doc_id, admitted.attempts - 1)
+        if (admitted.attempts > self.svc.settings.max_task_attempts
+                and self.fail_task(task, admitted.doc_id, admitted.attempts - 1)):
             return Decision.ACK
         assert admitted.job is not None
         following = self._next_task(admitted.job, trained) if self.chain else None
@@ -240,8 +240,8 @@ class Learner:
                      admitted.skip)
             return Decision.ACK
         transient = self.svc.transient(exc)
-        if admitted.attempts > self.svc.settings.max_task_attempts and not transient:
-            self.fail_task(task, admitted.doc_id, admitted.attempts - 1)
+        if (admitted.attempts > self.svc.settings.max_task_attempts and not transient
+                and self.fail_task(task, admitted.doc_id, admitted.attempts - 1)):
             return Decision.ACK
         log.warning("task %s attempt %d failed (%s): %s", task.task_id, admitted.attempts,
                     "transient" if transient else "counted", exc,
@@ -430,17 +430,25 @@ class Learner:
                 return False
             job = self.svc.registry.get_job(task.job_id)
 
-    def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> None:
+    def fail_task(self, task: TaskMessage, doc_id: str, attempts: int) -> bool:
         """Give up on a task: mark it FAILED and tell the aggregator (a failure marker in the
-        deltas bucket, announced on the results topic)."""
+        deltas bucket, announced on the results topic). Not when the task's record, read
+        again, holds no more than the attempts allowed: the admission's count (the keys read,
+        and this one) can run ahead of the record by an attempt given back in between (an
+        outage's refund); then False, and the attempt goes on."""
         svc = self.svc
         previous = svc.registry.get_task(task.job_id, doc_id)
+        if previous is not None and previous.attempts <= svc.settings.max_task_attempts:
+            log.info("task %s: %d attempts recorded, not %d (one was given back meanwhile); "
+                     "it is not failed", task.task_id, previous.attempts, attempts + 1)
+            return False
         error = (previous.error if previous is not None else None) or "unknown error"
         reason = f"task {task.task_id} failed after {attempts} attempts: {error}"
         announce_failure(svc, task.job_id, task.epoch, task.task_index, reason,
                          {"attempts": attempts, "worker_id": self.worker_id}, task.round)
         svc.registry.update_task(task.job_id, doc_id, attempt.failed(error, svc.clock()))
         log.error("%s", reason)
+        return True
 
     def run(self, stop: threading.Event, max_tasks: int | None = None,
             pull_timeout: float = 10.0) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bucketlearn.domain import task as T
 from bucketlearn.domain.job import MAX_ERROR_CHARS
 
@@ -83,3 +85,14 @@ def test_a_failure_marker_is_written_and_read_in_one_shape() -> None:
     assert T.FailureMarker.from_doc(doc, 3) == marker
     assert T.FailureMarker.from_doc({}, 4) == T.FailureMarker(4, T.FAILURE_REASON)
     assert T.FailureMarker.from_doc({"error": "x" * 3000}, 4).error == "x" * MAX_ERROR_CHARS
+
+
+@pytest.mark.parametrize("doc, attempts", [
+    ({"attempt_keys": ["a", "b"]}, 2),
+    ({"attempts": 3, "attempt_keys": ["a"]}, 1),   # a record of the old code, then a refund
+    ({"attempts": 2, "attempt_keys": []}, 0),
+    ({"attempts": 2}, 2),                           # written before attempt keys
+    ({}, 0),
+])
+def test_a_tasks_attempts_are_its_keys_where_it_has_them(doc, attempts) -> None:
+    assert T.TaskRecord.from_doc(doc).attempts == attempts

@@ -331,6 +331,7 @@ def test_an_admission_reads_the_job_and_the_attempts_so_far_at_once(backend: Any
     for _ in range(2):
         assert registry.record_attempt(job_id, "e0001-t00003", {"state": "RUNNING"}, "b",
                                        known) == 2
+        assert registry.get_task(job_id, "e0001-t00003").attempts == 2  # the key once
     assert registry.read_for_attempt(job_id, "e0001-t00003")[1] == ["a", "b"]
     assert registry.get_task(job_id, "e0001-t00003").attempts == 2
     assert registry.read_for_attempt("no-such-job", "e0001-t00000") == (None, [])

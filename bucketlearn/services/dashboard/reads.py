@@ -10,7 +10,8 @@ Documents read (field names as written by split.py, aggregator.py and worker.py)
 * version: version, epoch, created_at, samples, tasks_applied/tasks_failed (task ids),
   holdout_accuracy, holdout_loss, train_loss, and (versions evaluated since they were recorded)
   holdout_macro_f1, holdout_roc_auc, holdout_majority_accuracy, holdout_report;
-* task: task_id, epoch, task_index, state, attempts, worker_id, started_at, finished_at,
+* task: task_id, epoch, task_index, state, attempt_keys (counted as its attempts), worker_id,
+  started_at, finished_at,
   fetch_seconds, train_seconds, write_seconds, error;
 * worker heartbeat: worker_id, state, last_seen, job_id, task_id, tasks_done.
 """

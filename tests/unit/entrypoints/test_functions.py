@@ -217,8 +217,11 @@ def test_firestore_adapter_classifies_backend_errors(raised, expected):
     lambda r: r.get_task("j", "t"), lambda r: r.list_tasks("j"),
     lambda r: r.list_workers(), lambda r: r.get_control("c"), lambda r: r.heartbeat("w", {}),
     lambda r: r.list_jobs(), lambda r: r.list_active_jobs(),
+    lambda r: r.read_for_attempt("j", "t"), lambda r: r.record_attempt("j", "t", {}, "k", []),
+    lambda r: r.refund_attempt("j", "t", "k"),
 ], ids=["get_job", "get_version", "list_versions", "get_task", "list_tasks",
-        "list_workers", "get_control", "heartbeat", "list_jobs", "list_active_jobs"])
+        "list_workers", "get_control", "heartbeat", "list_jobs", "list_active_jobs",
+        "read_for_attempt", "record_attempt", "refund_attempt"])
 def test_every_firestore_read_turns_an_outage_into_a_transient_error(call):
     """Reads included: a backend that does not answer is a TransientError (retried), whichever
     method met it, not a google.api_core exception that the caller cannot classify."""

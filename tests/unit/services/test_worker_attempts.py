@@ -142,3 +142,27 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
     [task] = svc.registry.list_tasks(job_id)
     assert owed == 1
     assert second is Decision.ACK and task.attempts == 1  # the outage's attempt was given back
+
+
+def test_a_count_ahead_of_the_record_does_not_fail_the_task(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission counts the keys it read and its own; a refund landing in between leaves
+    the record one attempt lower. The learner reads the record again before failing the task:
+    within the attempts allowed, the task trains and is announced."""
+    # Prepare: the admission's count says one attempt over the limit; the record holds one
+    svc, job_id = start_job(tmp_path)
+    real = svc.registry.record_attempt
+
+    def ahead(*args: Any, **kwargs: Any) -> int:
+        real(*args, **kwargs)
+        return svc.settings.max_task_attempts + 1
+
+    monkeypatch.setattr(svc.registry, "record_attempt", ahead)
+    received = svc.queue.pull(0)
+    # Execute
+    decision = Learner(svc, "w1").process(received.message)
+    # Assert
+    [task] = svc.registry.list_tasks(job_id)
+    assert decision is Decision.ACK
+    assert task.attempts == 1 and task.state == "RUNNING"
+    assert [m.kind for m in svc.results.published] == ["result"]
