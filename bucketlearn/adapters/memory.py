@@ -350,12 +350,12 @@ class MemoryRegistry:
         with self._lock:
             task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id})
             _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
-            if known_keys is None:
-                known_keys = attempt_keys(task)
-            keys = attempt_keys(task)  # Firestore's array union: the key once, at the end
+            keys = attempt_keys(task)
+            known = keys if known_keys is None else known_keys
             task.update(copy.deepcopy(dict(fields)))
+            # Firestore's array union: the key once, at the end
             task["attempt_keys"] = keys + ([attempt_key] if attempt_key not in keys else [])
-            return len({*known_keys, attempt_key})
+            return len({*known, attempt_key})
 
     def refund_attempt(self, job_id: str, task_id: str, attempt_key: str) -> None:
         with self._lock:

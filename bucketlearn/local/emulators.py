@@ -256,6 +256,11 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None, ok_any: bool =
     raise StackError(f"{url} did not answer within {timeout:.0f}s{tail}")
 
 
+def uploads_bucket_for(prefix: str) -> str:
+    """The uploads bucket of the resources named under ``prefix``."""
+    return f"{prefix}-uploads"
+
+
 def firestore_database_id(prefix: str) -> str:
     """A Firestore database id for a resource prefix: lowercase letters, digits and hyphens,
     starting with a letter, 4 to 63 characters."""
@@ -274,10 +279,9 @@ class Emulators:
     With ``uploads_bucket``, only that bucket's objects raise notifications, as in a deployment
     (Terraform's trigger watches the uploads bucket alone), and it is the uploads bucket of
     every stack on these emulators (``settings``). Without it, every bucket's objects do (each
-    shard part, result and model a notification the stacks' forwarders pull and drop: about
-    a third of the Pub/Sub emulator's CPU on a chained job here, measured in
-    docs/BENCHMARKS.md, section 3), so stacks sharing the emulators may run at once, each with
-    uploads of its own.
+    shard part, result and model a notification the stacks' forwarders pull and drop: most of
+    the Pub/Sub emulator's CPU on a chained job here, measured in docs/BENCHMARKS.md, section
+    3), so stacks sharing the emulators may run at once, each with uploads of its own.
     """
 
     logs: Path
@@ -336,7 +340,7 @@ class Emulators:
         database = "(default)" if prefix == "bucketlearn" else firestore_database_id(prefix)
         return Settings(
             project=PROJECT, firestore_database=database,
-            uploads_bucket=self.uploads_bucket or f"{prefix}-uploads",
+            uploads_bucket=self.uploads_bucket or uploads_bucket_for(prefix),
             work_bucket=f"{prefix}-work",
             deltas_bucket=f"{prefix}-deltas", models_bucket=f"{prefix}-models",
             tasks_topic=f"{prefix}-tasks", tasks_subscription=f"{prefix}-tasks-workers",

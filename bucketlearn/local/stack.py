@@ -40,6 +40,7 @@ from bucketlearn.local.emulators import (
     repo_root,
     stop_all,
     stop_pids,
+    uploads_bucket_for,
     wait_http,
 )
 
@@ -80,7 +81,7 @@ class LocalStack:
             if self.emulators is None:
                 # notifications for this stack's uploads bucket only, as deployed
                 self.emulators = Emulators(logs, stack_id=self.stack_id,
-                                           uploads_bucket=f"{self.name_prefix}-uploads")
+                                           uploads_bucket=uploads_bucket_for(self.name_prefix))
                 self._own_emulators = True
                 self.emulators.start(timeout)
             self.urls.update(self.emulators.urls)

@@ -191,7 +191,8 @@ class PartCache:
             found = self._parts.get(path)
             if found is not None:
                 self._parts.move_to_end(path)
-                self.hits += 0 if ahead else 1
+                if not ahead:
+                    self.hits += 1
                 return found
             reading = self._reading.get(path)
             if reading is None:
