@@ -1,10 +1,15 @@
 """The parts a split writes and training reads, each an encoded ``{"x", "y"}`` object (``codec``):
 training rows buffered per shard and written when a shard is complete or the buffers reach
 their budget (``ShardWriter``), holdout rows written in parts of a set size
-(``HoldoutWriter``), and parts read back and joined (``load_parts``).
+(``HoldoutWriter``), both through ``PartWrites`` (a few writes at once, behind the split), and
+parts read back and joined (``load_parts``).
 """
 
 from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
 
 import numpy as np
 
@@ -54,12 +59,75 @@ def _write_part(store: BlobStore, bucket: str, path: str,
     return len(y)
 
 
+# Parts a split writes at once. One at a time, a table's split waited on every write: a
+# 120,000-row table's 378 parts took 0.8-1.2 s of its 1.8-2.1 s split on the local stack, and
+# would take about 15 s in the cloud at 40 ms a write (docs/BENCHMARKS.md, section 3)
+WRITE_THREADS = 8
+
+
+class PartWrites:
+    """Part objects encoded and written on ``threads`` threads while the split reads on.
+
+    At most ``max_bytes`` of buffered rows (and ``2 * threads`` parts) wait or are being
+    written; past that, ``write`` waits for the oldest, so the split's memory stays bounded
+    (invariant 5). A failed write raises from a later ``write`` or from ``wait``; the split then
+    fails as a whole, as it did when the write was its own. ``threads=0`` writes in the
+    caller's thread. Used as a context manager: leaving it cancels writes not started and waits
+    for the rest (no thread outlives the split).
+    """
+
+    def __init__(self, store: BlobStore, bucket: str, max_bytes: int,
+                 threads: int = WRITE_THREADS) -> None:
+        self.store, self.bucket = store, bucket
+        self.max_bytes = max_bytes
+        self.threads = threads
+        self._pool = (ThreadPoolExecutor(threads, thread_name_prefix="part-write")
+                      if threads > 0 else None)
+        self._pending: deque[tuple[Future[int], int]] = deque()
+        self._bytes = 0
+
+    def write(self, path: str, chunks: list[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Write ``chunks`` as the part ``path`` (now or on a thread); return its rows."""
+        rows = sum(len(y) for _, y in chunks)
+        if self._pool is None:
+            _write_part(self.store, self.bucket, path, chunks)
+            return rows
+        size = sum(x.nbytes + y.nbytes for x, y in chunks)
+        while self._pending and (self._bytes + size > self.max_bytes
+                                 or len(self._pending) >= 2 * self.threads):
+            self._finish_oldest()
+        self._pending.append((self._pool.submit(_write_part, self.store, self.bucket, path,
+                                                chunks), size))
+        self._bytes += size
+        return rows
+
+    def wait(self) -> None:
+        """Wait for every part written so far; raise the first failure."""
+        while self._pending:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        future, size = self._pending.popleft()
+        self._bytes -= size
+        future.result()
+
+    def __enter__(self) -> PartWrites:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 class ShardWriter:
-    """Buffers rows per shard; writes a part when a shard is complete or memory is at budget."""
+    """Buffers rows per shard; writes a part when a shard is complete or memory is at budget
+    (through ``writes``: one at a time in this thread when None)."""
 
     def __init__(self, store: BlobStore, bucket: str, job_id: str, expected: np.ndarray,
-                 buffer_bytes: int) -> None:
+                 buffer_bytes: int, writes: PartWrites | None = None) -> None:
         self.store, self.bucket, self.job_id = store, bucket, job_id
+        self.writes = writes or PartWrites(store, bucket, buffer_bytes, threads=0)
         self.expected = expected
         self.received = np.zeros_like(expected)
         self.buffers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -88,7 +156,7 @@ class ShardWriter:
         self.total_bytes -= self.buffered_bytes.pop(shard)
         record = self.shards[shard]
         path = layout.shard_part_path(self.job_id, shard, len(record.parts))
-        record.rows += _write_part(self.store, self.bucket, path, chunks)
+        record.rows += self.writes.write(path, chunks)
         record.parts.append(path)
 
     def close(self) -> list[Shard]:
@@ -98,8 +166,12 @@ class ShardWriter:
 
 
 class HoldoutWriter:
-    def __init__(self, store: BlobStore, bucket: str, job_id: str, part_bytes: int) -> None:
+    """Holdout rows in parts of about ``part_bytes`` (through ``writes``, as ``ShardWriter``)."""
+
+    def __init__(self, store: BlobStore, bucket: str, job_id: str, part_bytes: int,
+                 writes: PartWrites | None = None) -> None:
         self.store, self.bucket, self.job_id = store, bucket, job_id
+        self.writes = writes or PartWrites(store, bucket, part_bytes, threads=0)
         self.part_bytes = part_bytes
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0
@@ -119,7 +191,7 @@ class HoldoutWriter:
         if not self.chunks:
             return
         path = layout.holdout_part_path(self.job_id, len(self.parts))
-        rows = _write_part(self.store, self.bucket, path, self.chunks)
+        rows = self.writes.write(path, self.chunks)
         self.rows += rows
         self.parts.append(path)
         self.part_rows.append(rows)

@@ -22,7 +22,9 @@ pass 2 uses the block size pass 1 succeeded with.
 
 Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objects when a shard is
 complete or when the buffers reach ``buffer_bytes``; memory therefore stays flat as the file grows
-(invariant 5). A shard may end up as several parts; the manifest lists them.
+(invariant 5). Parts are written a few at once behind the deal (``parts.PartWrites``, at most a
+quarter of ``buffer_bytes`` in flight), all of them before the manifest. A shard may end up as
+several parts; the manifest lists them.
 
 Any problem ends in ``InvalidInputError`` whose ``InputProblem`` names the file, the data row
 (1-based, header excluded) and the column, what was expected and what was found.
@@ -51,7 +53,7 @@ from bucketlearn.domain.target import bin_edges, bin_of
 from bucketlearn.ingest import stream
 from bucketlearn.ingest.columns import Encoder
 from bucketlearn.ingest.manifest import Manifest, Shard
-from bucketlearn.ingest.parts import HoldoutWriter, ShardWriter
+from bucketlearn.ingest.parts import HoldoutWriter, PartWrites, ShardWriter
 from bucketlearn.ingest.problems import abbrev, changed_while_read, rejected
 from bucketlearn.ingest.scan import Scan, count_pass
 from bucketlearn.ingest.sniff import choose_label_column, read_header
@@ -332,13 +334,18 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     schema, dropped = _decide_schema(scan, options, file)
     plan = _split_plan(scan, schema, file, label, options, limits)
     encoder = Encoder(schema, options.missing_markers)
-    holdout = HoldoutWriter(store, work_bucket, job_id,
-                            max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)))
     stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
-    writer = ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes)
-    shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
-                            _Dealer(plan, options.holdout_fraction, file, label), encoder,
-                            writer, holdout, stats, target_stats)
+    # parts are written a few at a time behind the deal, a quarter of the budget in flight
+    with PartWrites(store, work_bucket, buffer_bytes // 4) as writes:
+        holdout = HoldoutWriter(store, work_bucket, job_id,
+                                max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)),
+                                writes)
+        writer = ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes,
+                             writes)
+        shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
+                                _Dealer(plan, options.holdout_fraction, file, label), encoder,
+                                writer, holdout, stats, target_stats)
+        writes.wait()  # every part is written before the manifest that lists it
     manifest = Manifest(
         job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
         classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,

@@ -1,14 +1,31 @@
 """Part objects: features stored in the narrowest integer dtype that holds them exactly, read
-back as the float32 the split made (``ingest.parts``)."""
+back as the float32 the split made; written a few at once behind the split, with the bytes in
+flight bounded (``ingest.parts``)."""
 
 from __future__ import annotations
+
+import io
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from bucketlearn import codec
+from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore
-from bucketlearn.ingest.parts import ShardWriter, compact, decode_part, encode_part, load_parts
+from bucketlearn.config import Limits
+from bucketlearn.errors import TransientError
+from bucketlearn.ingest.parts import (
+    PartWrites,
+    ShardWriter,
+    compact,
+    decode_part,
+    encode_part,
+    load_parts,
+)
+from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
+from bucketlearn.options import JobOptions
 
 
 @pytest.mark.parametrize(("values", "stored"), [
@@ -61,3 +78,98 @@ def test_an_object_without_features_is_refused_by_name():
     data = codec.encode_arrays({"y": np.zeros(2, np.int32)})
     with pytest.raises(codec.CorruptObjectError, match="expected a part with arrays x and y"):
         decode_part(data, "jobs/j/shards/0.safetensors")
+
+
+class GatedStore(MemoryBlobStore):
+    """Holds every write until ``gate`` opens; counts the writes under way at once."""
+
+    def __init__(self, fail: str = "") -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+
+    def write_bytes(self, bucket, name, data, content_type, metadata=None):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            assert self.gate.wait(10), "the test never opened the gate"
+            if name == self.fail:
+                raise TransientError(f"gs://{bucket}/{name}: upload failed")
+            return super().write_bytes(bucket, name, data, content_type, metadata)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def rows(n: int, width: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(np.full((n, width), 0.5, np.float32), np.zeros(n, np.int32))]
+
+
+def test_parts_are_written_several_at_once_and_all_of_them_before_wait_returns():
+    store = GatedStore()
+    with PartWrites(store, "work", max_bytes=1 << 20, threads=4) as writes:
+        counted = [writes.write(f"p{i}", rows(8)) for i in range(4)]  # none waits: all in flight
+        deadline = time.monotonic() + 10
+        while store.running < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.most == 4  # four writes under way at once, none finished
+        store.gate.set()
+        writes.wait()
+        assert sorted(i.name for i in store.list("work")) == [f"p{i}" for i in range(4)]
+    assert counted == [8, 8, 8, 8]
+    np.testing.assert_array_equal(load_parts(store, "work", ["p2"])[0], rows(8)[0][0])
+
+
+def test_a_write_waits_for_the_oldest_once_the_bytes_in_flight_would_pass_the_bound():
+    """Invariant 5: what waits to be written is bounded, whatever the split reads."""
+    store = GatedStore()
+    part_bytes = sum(x.nbytes + y.nbytes for x, y in rows(8))
+    writes = PartWrites(store, "work", max_bytes=2 * part_bytes, threads=4)
+    with writes:
+        writes.write("p0", rows(8))
+        writes.write("p1", rows(8))
+        third = threading.Thread(target=writes.write, args=("p2", rows(8)), daemon=True)
+        third.start()
+        third.join(0.3)
+        assert third.is_alive()  # held: two parts' bytes are in flight
+        assert store.most == 2
+        store.gate.set()
+        third.join(10)
+        assert not third.is_alive()
+        writes.wait()
+    assert sorted(i.name for i in store.list("work")) == ["p0", "p1", "p2"]
+
+
+def test_a_failed_write_fails_the_split_and_no_write_outlives_it():
+    store = GatedStore(fail="p1")
+    with pytest.raises(TransientError, match="p1: upload failed"):  # noqa: PT012
+        with PartWrites(store, "work", max_bytes=1 << 20, threads=2) as writes:
+            for i in range(4):  # 2 threads, 2 waiting: none of these waits
+                writes.write(f"p{i}", rows(8))
+            store.gate.set()
+            writes.wait()
+    assert store.running == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("part-write")]
+
+
+def test_the_split_writes_every_part_before_its_manifest():
+    """The manifest lists parts that exist: ``split_upload`` waits for its writes."""
+    written: list[str] = []
+
+    class Recording(MemoryBlobStore):
+        def write_bytes(self, bucket, name, data, content_type, metadata=None):
+            time.sleep(0.002)  # parts finish after the deal has moved on
+            written.append(name)
+            return super().write_bytes(bucket, name, data, content_type, metadata)
+
+    data = ("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(3000))).encode()
+    store = Recording()
+    manifest = split_upload(SourceFile("t.csv", len(data), lambda: io.BytesIO(data)), store,
+                            "work", "job", JobOptions(rows_per_shard=64), Limits())
+    parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
+    assert len(parts) > 30
+    assert written[-1] == layout.manifest_path("job")
+    assert set(parts) <= set(written[:-1])
