@@ -34,6 +34,8 @@ class BlobInfo:
 
 
 class BlobStore(Protocol):
+    # an adapter may say how many writes at once pay off (``write_threads``; a split writes its
+    # parts on that many threads); without it, 0: one at a time in the caller's thread
     def write_bytes(self, bucket: str, name: str, data: bytes, content_type: str,
                     metadata: Mapping[str, str] | None = None) -> BlobInfo: ...
 

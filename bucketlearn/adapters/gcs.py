@@ -77,6 +77,10 @@ def _info(blob: storage.Blob) -> BlobInfo:
 
 
 class GcsBlobStore:
+    # parts a split writes at once (``ingest.parts.PartWrites``): each write waits on the
+    # network, and a table's split of 378 parts wrote them one after another
+    write_threads = 8
+
     def __init__(self, settings: Settings, client: storage.Client | None = None) -> None:
         self.client = client or make_client(settings)
 

@@ -34,6 +34,8 @@ class MemoryBlobStore:
     pinned read (``open_read(generation=)``) after it is replaced, as a Cloud Storage bucket with
     versioning does (Terraform's uploads bucket); in the others a replaced generation is gone."""
 
+    write_threads = 0  # a write takes no time: a split writes its parts in its own thread
+
     def __init__(self, versioned: tuple[str, ...] = ()) -> None:
         self._objects: dict[tuple[str, str], tuple[bytes, BlobInfo]] = {}
         self._noncurrent: dict[tuple[str, str, int], bytes] = {}

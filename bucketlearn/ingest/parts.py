@@ -59,14 +59,12 @@ def _write_part(store: BlobStore, bucket: str, path: str,
     return len(y)
 
 
-# Parts a split writes at once. One at a time, a table's split waited on every write: a
-# 120,000-row table's 378 parts took 0.8-1.2 s of its 1.8-2.1 s split on the local stack, and
-# would take about 15 s in the cloud at 40 ms a write (docs/BENCHMARKS.md, section 3)
-WRITE_THREADS = 8
-
-
 class PartWrites:
-    """Part objects encoded and written on ``threads`` threads while the split reads on.
+    """Part objects encoded and written on ``threads`` threads while the split reads on (the
+    store's ``write_threads``: Cloud Storage's adapter says 8, the in-memory store 0). One at a
+    time, a table's split waited on every write: a 120,000-row table's 378 parts took 0.8-1.2 s
+    of its 1.8-2.1 s split on the local stack, and would take about 15 s in the cloud at 40 ms
+    a write (docs/BENCHMARKS.md, section 3).
 
     At most ``max_bytes`` of buffered rows (and ``2 * threads`` parts) wait or are being
     written; past that, ``write`` waits for the oldest, so the split's memory stays bounded
@@ -76,8 +74,7 @@ class PartWrites:
     for the rest (no thread outlives the split).
     """
 
-    def __init__(self, store: BlobStore, bucket: str, max_bytes: int,
-                 threads: int = WRITE_THREADS) -> None:
+    def __init__(self, store: BlobStore, bucket: str, max_bytes: int, threads: int) -> None:
         self.store, self.bucket = store, bucket
         self.max_bytes = max_bytes
         self.threads = threads
@@ -85,6 +82,12 @@ class PartWrites:
                       if threads > 0 else None)
         self._pending: deque[tuple[Future[int], int]] = deque()
         self._bytes = 0
+
+    @classmethod
+    def for_store(cls, store: BlobStore, bucket: str, max_bytes: int) -> PartWrites:
+        """On as many threads as ``store`` says writes at once pay off (``write_threads``;
+        none said: 0)."""
+        return cls(store, bucket, max_bytes, int(getattr(store, "write_threads", 0)))
 
     def write(self, path: str, chunks: list[tuple[np.ndarray, np.ndarray]]) -> int:
         """Write ``chunks`` as the part ``path`` (now or on a thread); return its rows."""

@@ -7,9 +7,11 @@ returns what the deal is planned from (``Scan``); nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -174,7 +176,7 @@ def _profile_features(source: SourceFile, batch: pa.RecordBatch,
 def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limits,
                 block_bytes: int | None = None, progress: Progress | None = None,
                 reading: Reading = PLAIN, features: list[str] | None = None,
-                targets: TargetReader | None = None
+                targets: TargetReader | None = None, kept: ParsedBatches | None = None
                 ) -> tuple[list[str], list[int], dict[str, ColumnProfile]]:
     """Pass 1: parse every row, count the labels and profile the ``features`` (their kinds in
     ``reading``); return (label values in first-seen order, their counts, the profiles).
@@ -184,6 +186,7 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
     ``progress`` is called before each batch. A column of ``reading.unknown`` that turns out
     to hold text raises ``_KindChanged``. With ``targets`` (a regression file) the labels are
     read as numbers into it instead of being counted as classes (no class is returned).
+    ``kept`` keeps the batches read (``ParsedBatches``).
     """
     block, largest = _block_sizes(limits, block_bytes)
     features = features or []
@@ -202,6 +205,8 @@ def scan_labels(source: SourceFile, columns: list[str], label: str, limits: Limi
             else:
                 _count_classes(source, columns, label, limits, labels, rows, reading, counts)
             _profile_features(source, batch, profiles, rows, reading, counted)
+            if kept is not None:
+                kept.keep(batch)
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         if block < largest and any(m in str(exc) for m in _BLOCK_TOO_SMALL):
@@ -276,9 +281,50 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
         reading.unknown.discard(name)
 
 
+# Pass 1's parsed batches are kept for pass 2 when the upload is at most this big and they
+# stay within it: pass 2 then neither reads the upload again nor parses it. A 12,000-row image
+# CSV (90 MB; 113 MB of float32) split in 1.97 s in process, of which each pass took about half;
+# the 373 MB one (451 MB parsed) is read twice, as every upload was (docs/BENCHMARKS.md, section 3).
+# The most a split holds beyond its buffers, whatever the file: memory stays bounded (invariant 5).
+KEEP_PARSED_BYTES = 256 * 1024**2
+
+
+@dataclass
+class ParsedBatches:
+    """Pass 1's record batches, kept for pass 2 while their bytes stay within ``max_bytes``:
+    past that, none is kept (``complete`` is then False) and pass 2 reads the upload again."""
+
+    max_bytes: int
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    bytes: int = 0
+    overflowed: bool = False
+
+    def keep(self, batch: pa.RecordBatch) -> None:
+        if self.overflowed:
+            return
+        self.bytes += batch.nbytes
+        if self.bytes > self.max_bytes:
+            self.batches.clear()
+            self.overflowed = True
+            return
+        self.batches.append(batch)
+
+    @property
+    def complete(self) -> bool:
+        return not self.overflowed
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        """The batches in file order, each let go of once handed out (memory falls as pass 2
+        goes)."""
+        self.batches.reverse()
+        while self.batches:
+            yield self.batches.pop()
+
+
 @dataclass
 class Scan:
-    """What pass 1 found: classes and counts, the columns' kinds and profiles, the read block."""
+    """What pass 1 found: classes and counts, the columns' kinds and profiles, the read block,
+    and its parsed batches where they were kept for pass 2 (``parsed``; None: read again)."""
 
     classes: list[str]
     class_counts: list[int]
@@ -292,14 +338,17 @@ class Scan:
     # fine bucket; the "classes" above are then the bins
     targets: TargetReader | None = None
     bin_starts: np.ndarray | None = None
+    parsed: ParsedBatches | None = None
 
 
 def count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
                limits: Limits, options: JobOptions, read_block_bytes: int,
-               progress: Progress | None) -> Scan:
+               progress: Progress | None, keep_bytes: int = KEEP_PARSED_BYTES) -> Scan:
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
-    block that fits. Starts again (nothing is written in pass 1) with a larger block when a row
-    does not fit, or with a column read as text when one thought numeric turns out to be."""
+    block that fits, and its batches for pass 2 where the upload and they are within
+    ``keep_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass 1) with a larger
+    block when a row does not fit, or with a column read as text when one thought numeric turns
+    out to be."""
     block, largest = _block_sizes(limits, read_block_bytes)
     reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
                                     block)
@@ -311,9 +360,12 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
         if task == REGRESSION:  # (again on a restart: its counts start from zero)
             targets = _target_reader(source.display_name, label, options, reason,
                                      sniffed.center)
+        # (again on a restart: what the failed attempt kept is dropped)
+        kept = ParsedBatches(keep_bytes) if source.size <= keep_bytes else None
         try:
             raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
-                                                           progress, reading, features, targets)
+                                                           progress, reading, features, targets,
+                                                           kept)
             break
         except _BlockTooSmall as exc:
             log.info("%s: %s with %d-byte blocks; reading with %d-byte blocks",
@@ -324,12 +376,15 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
                      source.display_name, exc.column)
             reading.unknown.discard(exc.column)
             reading.kinds[exc.column] = CATEGORY
-    kept = [profiles[name] for name in features]
+    parsed = kept if kept is not None and kept.complete else None
+    profiled = [profiles[name] for name in features]
     if targets is not None:
-        return _target_scan(source.display_name, label, targets, block, reading, kept, reason)
+        return dataclasses.replace(_target_scan(source.display_name, label, targets, block,
+                                                reading, profiled, reason), parsed=parsed)
     classes, class_counts, label_kind = order_classes(raw_values, raw_counts,
                                                       source.display_name, label)
-    return Scan(classes, class_counts, label_kind, block, reading, kept, task, reason)
+    return Scan(classes, class_counts, label_kind, block, reading, profiled, task, reason,
+                parsed=parsed)
 
 
 def _target_reader(file: str, label: str, options: JobOptions, reason: str,

@@ -1,9 +1,11 @@
 """Ingestion: stream an uploaded CSV, validate it, deal its rows into stratified shards + holdout.
 
 Two streaming passes over the file, each holding a few pyarrow blocks at a time (4 MiB blocks,
-at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahead``):
+at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahead``); an upload
+of at most ``scan.KEEP_PARSED_BYTES`` whose parsed batches fit in as many is parsed once, pass 2
+taking pass 1's batches (``scan.ParsedBatches``) instead of reading it again:
 
-1. *Scan*: parse every row (structure, UTF-8), read only the label column; count rows per class.
+1. *Scan*: parse every row (structure, UTF-8); count rows per class, profile the feature columns.
 2. *Deal*: convert features to float32, check they are finite, and send each row either to the
    holdout (a systematic, per-class sample: exactly ``round(f * n_c)`` rows of every class) or to
    a training shard, following a ``DealPlan`` made from the class counts alone. With ``S`` shards
@@ -55,7 +57,7 @@ from bucketlearn.ingest.columns import Encoder
 from bucketlearn.ingest.manifest import Manifest, Shard
 from bucketlearn.ingest.parts import HoldoutWriter, PartWrites, ShardWriter
 from bucketlearn.ingest.problems import abbrev, changed_while_read, rejected
-from bucketlearn.ingest.scan import Scan, count_pass
+from bucketlearn.ingest.scan import KEEP_PARSED_BYTES, Scan, count_pass
 from bucketlearn.ingest.sniff import choose_label_column, read_header
 from bucketlearn.ingest.stream import (
     READ_BLOCK_BYTES,
@@ -277,7 +279,9 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
     include = [label, *(c.name for c in encoder.columns)]
     row_offset = 0
     try:
-        for batch in stream.batches(source, columns, label, include, scan.block, scan.reading):
+        read = (scan.parsed.drain() if scan.parsed is not None else
+                stream.batches(source, columns, label, include, scan.block, scan.reading))
+        for batch in read:
             if progress is not None:
                 progress()
             x = _checked_features(source, columns, label, limits, batch, encoder, scan.reading,
@@ -299,10 +303,19 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
     return shard_list
 
 
+def _writers(store: BlobStore, bucket: str, job_id: str, plan: SplitPlan, buffer_bytes: int,
+             writes: PartWrites) -> tuple[ShardWriter, HoldoutWriter]:
+    """The shards' and the holdout's writers, writing through ``writes`` (a few parts at once
+    behind the deal, a quarter of ``buffer_bytes`` in flight)."""
+    holdout_bytes = max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4))
+    return (ShardWriter(store, bucket, job_id, plan.deal.sizes(), buffer_bytes, writes),
+            HoldoutWriter(store, bucket, job_id, holdout_bytes, writes))
+
+
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None
-                 ) -> Manifest:
+                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None,
+                 keep_parsed_bytes: int = KEEP_PARSED_BYTES) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
     Pass 1 counts the classes and profiles the columns (kinds sniffed from the first block);
@@ -318,6 +331,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
         progress: called before each record batch of both passes; what it raises ends the split.
+        keep_parsed_bytes: pass 2 takes pass 1's batches within this many bytes (0: never).
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -330,18 +344,13 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     label = choose_label_column(columns, options.label_column, file)
     features = _features_read(columns, label, options, file)
     scan = count_pass(source, columns, label, features, limits, options, read_block_bytes,
-                      progress)
+                      progress, keep_parsed_bytes)
     schema, dropped = _decide_schema(scan, options, file)
     plan = _split_plan(scan, schema, file, label, options, limits)
     encoder = Encoder(schema, options.missing_markers)
     stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
-    # parts are written a few at a time behind the deal, a quarter of the budget in flight
-    with PartWrites(store, work_bucket, buffer_bytes // 4) as writes:
-        holdout = HoldoutWriter(store, work_bucket, job_id,
-                                max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4)),
-                                writes)
-        writer = ShardWriter(store, work_bucket, job_id, plan.deal.sizes(), buffer_bytes,
-                             writes)
+    with PartWrites.for_store(store, work_bucket, buffer_bytes // 4) as writes:
+        writer, holdout = _writers(store, work_bucket, job_id, plan, buffer_bytes, writes)
         shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
                                 _Dealer(plan, options.holdout_fraction, file, label), encoder,
                                 writer, holdout, stats, target_stats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -302,10 +303,10 @@ def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
     InvalidInputError naming row and column, never a KeyError or silently skewed shards."""
     # Prepare
     source = _changing_source(FIRST, second)
-    # Execute
+    # Execute (pass 2 reads the file again: an upload too large to keep pass 1's batches)
     with pytest.raises(InvalidInputError) as excinfo:
         split_upload(source, MemoryBlobStore(), "work", "job-000000000000",
-                     JobOptions(rows_per_shard=8), Limits())
+                     JobOptions(rows_per_shard=8), Limits(), keep_parsed_bytes=0)
     # Assert
     problem = excinfo.value.problem
     assert problem.message == "the file changed while it was being read"
@@ -353,7 +354,7 @@ def test_a_shard_over_the_memory_budget_is_refused_before_any_shard_is_written()
     options = JobOptions(rows_per_shard=1_000_000)
     full, full_opens = _counting_source(data, "wide.csv")
     manifest = split_upload(full, MemoryBlobStore(), "work", "job-000000000000", options,
-                            Limits())
+                            Limits(), keep_parsed_bytes=0)  # pass 2 reads the file again
     rows = max(s.rows for s in manifest.shards)
     size = rows * (64 + 1) * 4
     source, opens = _counting_source(data, "wide.csv")
@@ -429,3 +430,31 @@ def test_leaving_text_columns_out_brings_the_count_within_the_bound():
     # Assert
     assert manifest.feature_names == ["x"]
     assert [d["name"] for d in manifest.dropped][-1] == "t0"
+
+
+def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same():
+    """An upload within ``keep_parsed_bytes`` is read once (header, kinds, pass 1) and split
+    exactly as when pass 2 reads it again: the same manifest, the same parts' bytes. One whose
+    parsed batches overflow the bound is read again, with the same result."""
+    # Prepare
+    data = _wide_table()
+    options = JobOptions(rows_per_shard=64)
+
+    def split(keep: int) -> tuple[Any, MemoryBlobStore, int]:
+        source, opens = _counting_source(data, "wide.csv")
+        store = MemoryBlobStore()
+        manifest = split_upload(source, store, "work", "job-000000000000", options, Limits(),
+                                keep_parsed_bytes=keep)
+        return manifest, store, len(opens)
+
+    # Execute
+    again, again_store, again_opens = split(0)
+    kept, kept_store, kept_opens = split(1 << 30)
+    overflowed, _, overflowed_opens = split(len(data))  # the file fits; its float32 rows not
+    # Assert
+    assert kept_opens == again_opens - 1 == overflowed_opens - 1
+    assert kept.to_json() == again.to_json() == overflowed.to_json()
+    parts = [p for s in again.shards for p in s.parts] + again.holdout_parts
+    assert len(parts) > 5
+    assert all(kept_store.read_bytes("work", p) == again_store.read_bytes("work", p)
+               for p in parts)

@@ -160,6 +160,8 @@ def test_the_split_writes_every_part_before_its_manifest():
     written: list[str] = []
 
     class Recording(MemoryBlobStore):
+        write_threads = 4  # as a remote store's: the split writes on threads
+
         def write_bytes(self, bucket, name, data, content_type, metadata=None):
             time.sleep(0.002)  # parts finish after the deal has moved on
             written.append(name)
