@@ -63,8 +63,8 @@ class PartWrites:
     """Part objects encoded and written on ``threads`` threads while the split reads on (the
     store's ``write_threads``: Cloud Storage's adapter says 8, the in-memory store 0). One at a
     time, a table's split waited on every write: a 120,000-row table's 378 parts took 0.8-1.2 s
-    of its 1.8-2.1 s split on the local stack, and would take about 15 s in the cloud at 40 ms
-    a write (docs/BENCHMARKS.md, section 3).
+    of its 1.8-2.1 s split on the local stack, and would take 23 s in the cloud at the
+    round-trip benchmark's 60 ms a write (docs/BENCHMARKS.md, section 3).
 
     At most ``max_bytes`` of buffered rows (and ``2 * threads`` parts) wait or are being
     written; past that, ``write`` waits for the oldest, so the split's memory stays bounded
