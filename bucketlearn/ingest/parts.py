@@ -67,11 +67,14 @@ class PartWrites:
     round-trip benchmark's 60 ms a write (docs/BENCHMARKS.md, section 3).
 
     At most ``max_bytes`` of buffered rows (and ``2 * threads`` parts) wait or are being
-    written; past that, ``write`` waits for the oldest, so the split's memory stays bounded
-    (invariant 5). A failed write raises from a later ``write`` or from ``wait``; the split then
-    fails as a whole, as it did when the write was its own. ``threads=0`` writes in the
-    caller's thread. Used as a context manager: leaving it cancels writes not started and waits
-    for the rest (no thread outlives the split).
+    written, or one part when it alone is larger; past that, ``write`` waits for the oldest.
+    With each running write's copies (joined, compacted, encoded: about three of its bytes), the
+    split holds at most its shard buffers plus about four times ``max_bytes`` (invariant 5). A
+    failed write raises from a later ``write`` or from ``wait``; the split then fails as a whole,
+    as it did when the write was its own. ``threads=0`` writes in the caller's thread. Used as a
+    context manager: leaving it normally waits for every write (and raises a failure); leaving
+    it on an error cancels writes not started and waits for the rest (no thread outlives the
+    split).
     """
 
     def __init__(self, store: BlobStore, bucket: str, max_bytes: int, threads: int) -> None:
@@ -119,8 +122,12 @@ class PartWrites:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            if kind is None:
+                self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ShardWriter:

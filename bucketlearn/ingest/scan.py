@@ -287,6 +287,7 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
 # the 373 MB one (451 MB parsed) is read twice, as every upload was (docs/BENCHMARKS.md, section 3).
 # The most a split holds beyond its buffers, whatever the file: memory stays bounded (invariant 5).
 KEEP_PARSED_BYTES = 256 * 1024**2
+ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer padding
 
 
 @dataclass
@@ -302,7 +303,8 @@ class ParsedBatches:
     def keep(self, batch: pa.RecordBatch) -> None:
         if self.overflowed:
             return
-        self.bytes += batch.nbytes
+        # its buffers whole, and an allowance for each column's array object and padding
+        self.bytes += batch.get_total_buffer_size() + ARRAY_OVERHEAD_BYTES * batch.num_columns
         if self.bytes > self.max_bytes:
             self.batches.clear()
             self.overflowed = True

@@ -23,10 +23,12 @@ starts again with blocks of ``2 x max_line_bytes`` (enough for any row within th
 pass 2 uses the block size pass 1 succeeded with.
 
 Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objects when a shard is
-complete or when the buffers reach ``buffer_bytes``; memory therefore stays flat as the file grows
-(invariant 5). Parts are written a few at once behind the deal (``parts.PartWrites``, at most a
-quarter of ``buffer_bytes`` in flight), all of them before the manifest. A shard may end up as
-several parts; the manifest lists them.
+complete or when the buffers reach ``buffer_bytes``. Parts are written a few at once behind the
+deal (``parts.PartWrites``, a quarter of ``buffer_bytes`` in flight), all of them before the
+manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
+writes in flight, and pass 1's batches while they are kept (at most ``KEEP_PARSED_BYTES``, for an
+upload within that size; a larger one is read again instead). A shard may end up as several
+parts; the manifest lists them.
 
 Any problem ends in ``InvalidInputError`` whose ``InputProblem`` names the file, the data row
 (1-based, header excluded) and the column, what was expected and what was found.
@@ -281,6 +283,7 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
     try:
         read = (scan.parsed.drain() if scan.parsed is not None else
                 stream.batches(source, columns, label, include, scan.block, scan.reading))
+        scan.parsed = None  # the batches not yet dealt go with ``read``, whatever happens
         for batch in read:
             if progress is not None:
                 progress()

@@ -39,9 +39,10 @@ _NUMBER_RE = re.compile(rf"^[+-]?({UNSIGNED_DECIMAL}|nan|inf|infinity)$", re.IGN
 class SourceFile:
     """An upload to read: a name for messages, its size and a way to open it (again).
 
-    ``opener`` is called once per pass and must give the same bytes each time (the upload
-    service pins the event's generation). Should a pass meet a label or a class count the first
-    pass did not see, the split ends with "the file changed while it was being read".
+    ``opener`` is called once per pass (pass 2 does not call it when it takes pass 1's batches:
+    ``scan.ParsedBatches``) and must give the same bytes each time (the upload service pins the
+    event's generation). Should a pass meet a label or a class count the first pass did not see,
+    the split ends with "the file changed while it was being read".
     """
 
     display_name: str

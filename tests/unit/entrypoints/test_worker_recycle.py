@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.entrypoints.worker import run_learners
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
 from bucketlearn.services.runtime import models_built
@@ -117,29 +116,39 @@ sys.exit(0)
 """
 
 
+SIGNALLED_PARENT = ("import signal, sys; from bucketlearn.entrypoints.worker import run_learners; "
+                    "code = run_learners(sys.argv[1:]); "
+                    "print('restored' if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL "
+                    "else 'not restored'); sys.exit(code)")
+
+
 def test_sigterm_reaches_the_learner_and_the_parent_does_not_start_another(tmp_path: Path
                                                                            ) -> None:
-    # Prepare: a learner that, told to stop, exits as if it were due for recycling
+    # Prepare: a learner that, told to stop, exits as if it were due for recycling; the parent
+    # in a fresh interpreter (no gRPC threads beside its fork)
     ready = tmp_path / "ready"
     script = STOPPING_LEARNER.format(recycle=RECYCLE_EXIT)
-
-    def stop_when_ready() -> None:
+    started = time.monotonic()
+    parent = subprocess.Popen([sys.executable, "-c", SIGNALLED_PARENT, sys.executable, "-c",
+                               script, str(ready)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        # to the main thread, which waits on the learner: the parent's handler forwards it
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-
-    stopper = threading.Thread(target=stop_when_ready, daemon=True)
-    stopper.start()
-    # Execute
-    started = time.monotonic()
-    code = run_learners([sys.executable, "-c", script, str(ready)])
-    # Assert: the learner got the signal (it did not sleep its 60 s) and was not restarted
-    assert code == RECYCLE_EXIT
+        assert ready.exists(), "the learner never started"
+        # Execute: the parent's handler forwards it to the learner
+        parent.send_signal(signal.SIGTERM)
+        out, err = parent.communicate(timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+    # Assert: the learner got the signal (it did not sleep its 60 s), was not restarted, and
+    # the parent's previous handler is back
+    assert parent.returncode == RECYCLE_EXIT, err
     assert time.monotonic() - started < 30
-    stopper.join(timeout=5)
-    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+    assert out.split() == ["restored"]
 
 
 def test_the_worker_command_runs_the_learner_under_the_parent() -> None:

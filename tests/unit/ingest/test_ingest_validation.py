@@ -432,28 +432,66 @@ def test_leaving_text_columns_out_brings_the_count_within_the_bound():
     assert [d["name"] for d in manifest.dropped][-1] == "t0"
 
 
-def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same():
+def _mixed_table(rows: int = 2400, text_from: int = 0) -> bytes:
+    """Numbers, a text column (empty until row ``text_from``), a date, an empty cell now and
+    then, an id column, a label."""
+    cities = ["oslo", "rome", "lima", "kyiv"]
+    return csv_bytes(["n", "city", "day", "id", "label"], [
+        [(i * 7) % 31 if i % 13 else "", cities[i % 4] if i >= text_from else "",
+         f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}", f"r{i}", ["a", "b", "c"][i % 3]]
+        for i in range(rows)])
+
+
+def _long_row_table() -> bytes:
+    """A row of 40 kB deep in the file: with 16 KiB blocks pass 1 starts again, larger."""
+    rows = [[(i * 3) % 17, (i * 5) % 23, i % 2] for i in range(2000)]
+    rows[1500][0] = "0" * 40_000 + "7"
+    return csv_bytes(["a", "b", "label"], rows)
+
+
+def _target_table() -> bytes:
+    return csv_bytes(["a", "b", "y"], [[i % 17, (i * 5) % 23, round(0.5 * (i % 17) - (i % 23), 2)]
+                                      for i in range(2000)])
+
+
+WIDE = _wide_table()
+
+
+@pytest.mark.parametrize("data, options, block", [
+    (WIDE, JobOptions(rows_per_shard=64), None),
+    (_mixed_table(), JobOptions(rows_per_shard=64, drop_columns="id"), None),
+    # 'city' is empty in the first 16 KiB block: read as numbers, then again as text
+    (_mixed_table(text_from=1500), JobOptions(rows_per_shard=64), 16 * 1024),
+    (_long_row_table(), JobOptions(rows_per_shard=64), 16 * 1024),
+    (_target_table(), JobOptions(rows_per_shard=64, task="regression"), None),
+], ids=["numbers", "text-date-dropped", "restart-kind", "restart-block", "numeric-target"])
+def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, options, block):
     """An upload within ``keep_parsed_bytes`` is read once (header, kinds, pass 1) and split
-    exactly as when pass 2 reads it again: the same manifest, the same parts' bytes. One whose
-    parsed batches overflow the bound is read again, with the same result."""
+    exactly as when pass 2 reads it again: the same manifest, the same parts' bytes; also when
+    pass 1 started again (a longer row than the block, a column that turned out to be text), for
+    text, date and dropped columns and a numeric target. One whose parsed batches overflow the
+    bound is read again, with the same result (a table of short numbers)."""
     # Prepare
-    data = _wide_table()
-    options = JobOptions(rows_per_shard=64)
+    read_block = {"read_block_bytes": block} if block else {}
 
     def split(keep: int) -> tuple[Any, MemoryBlobStore, int]:
-        source, opens = _counting_source(data, "wide.csv")
+        source, opens = _counting_source(data, "table.csv")
         store = MemoryBlobStore()
-        manifest = split_upload(source, store, "work", "job-000000000000", options, Limits(),
-                                keep_parsed_bytes=keep)
+        manifest = split_upload(source, store, "work", "job-000000000000", options,
+                                Limits(max_line_bytes=64 * 1024), keep_parsed_bytes=keep,
+                                **read_block)
         return manifest, store, len(opens)
 
     # Execute
     again, again_store, again_opens = split(0)
     kept, kept_store, kept_opens = split(1 << 30)
-    overflowed, _, overflowed_opens = split(len(data))  # the file fits; its float32 rows not
+    # a bound the file is within and its parsed batches are not (its numbers are short text)
+    overflowed, _, overflowed_opens = split(len(data)) if data is WIDE else (again, None, 0)
     # Assert
-    assert kept_opens == again_opens - 1 == overflowed_opens - 1
+    assert kept_opens == again_opens - 1
     assert kept.to_json() == again.to_json() == overflowed.to_json()
+    if data is WIDE:
+        assert overflowed_opens == again_opens
     parts = [p for s in again.shards for p in s.parts] + again.holdout_parts
     assert len(parts) > 5
     assert all(kept_store.read_bytes("work", p) == again_store.read_bytes("work", p)

@@ -175,3 +175,32 @@ def test_the_split_writes_every_part_before_its_manifest():
     assert len(parts) > 30
     assert written[-1] == layout.manifest_path("job")
     assert set(parts) <= set(written[:-1])
+
+
+def test_a_split_whose_part_write_fails_fails_and_leaves_no_thread_and_no_manifest():
+    """A write failing on one of the split's threads fails the split (the function then retries
+    it): no manifest lists parts that may not exist, and no writer thread is left behind."""
+
+    class Failing(MemoryBlobStore):
+        write_threads = 4
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.parts = 0
+            self.lock = threading.Lock()
+
+        def write_bytes(self, bucket, name, data, content_type, metadata=None):
+            with self.lock:
+                self.parts += "/shards/" in name
+                failing = self.parts == 5
+            if failing:
+                raise TransientError(f"gs://{bucket}/{name}: upload failed")
+            return super().write_bytes(bucket, name, data, content_type, metadata)
+
+    data = ("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(3000))).encode()
+    store = Failing()
+    with pytest.raises(TransientError, match="upload failed"):
+        split_upload(SourceFile("t.csv", len(data), lambda: io.BytesIO(data)), store, "work",
+                     "job", JobOptions(rows_per_shard=64), Limits())
+    assert store.stat("work", layout.manifest_path("job")) is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("part-write")]
