@@ -51,6 +51,11 @@ class Limits:
     # distinct values pass 1 holds while it counts text columns, all columns together (each
     # column alone keeps at most ingest.columns.COUNT_BOUND)
     max_counted_values: int = 2_000_000
+    # an upload within this many bytes, whose parsed rows stay within as many, is parsed once:
+    # the split's pass 2 takes pass 1's batches instead of reading it again
+    # (``ingest.scan.ParsedBatches``); what a split may hold beside its buffers. Raise it with
+    # the function's memory (the 373 MB image CSV parses to about 560 MiB as counted)
+    keep_parsed_bytes: int = 256 * 1024**2
     # the work bucket's lifecycle rule deletes shards this many days old (infra's
     # work_retention_days): a job predicted to train longer than half of it is refused
     work_retention_days: int = 7
@@ -188,6 +193,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
     "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
     "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
+    "BUCKETLEARN_KEEP_PARSED_BYTES": "keep_parsed_bytes",
     "BUCKETLEARN_WORK_RETENTION_DAYS": "work_retention_days",
     "BUCKETLEARN_WORKER_FLOPS": "worker_flops",
 }

@@ -281,12 +281,10 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
         reading.unknown.discard(name)
 
 
-# Pass 1's parsed batches are kept for pass 2 when the upload is at most this big and they
-# stay within it: pass 2 then neither reads the upload again nor parses it. A 12,000-row image
-# CSV (90 MB; 113 MB of float32) split in 1.97 s in process, of which each pass took about half;
-# the 373 MB one (451 MB parsed) is read twice, as every upload was (docs/BENCHMARKS.md, section 3).
-# The most a split holds beyond its buffers, whatever the file: memory stays bounded (invariant 5).
-KEEP_PARSED_BYTES = 256 * 1024**2
+# Pass 1's parsed batches are kept for pass 2 when the upload is at most ``Limits.
+# keep_parsed_bytes`` big and they stay within it: pass 2 then neither reads the upload again nor
+# parses it. A 12,000-row image CSV (90 MB; 113 MB of float32) split in 1.82 s in process against
+# 2.06-2.45 s; a larger upload is read twice, as every upload was (docs/BENCHMARKS.md, section 3).
 ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer padding
 
 
@@ -345,7 +343,7 @@ class Scan:
 
 def count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
                limits: Limits, options: JobOptions, read_block_bytes: int,
-               progress: Progress | None, keep_bytes: int = KEEP_PARSED_BYTES) -> Scan:
+               progress: Progress | None, keep_bytes: int) -> Scan:
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
     block that fits, and its batches for pass 2 where the upload and they are within
     ``keep_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass 1) with a larger

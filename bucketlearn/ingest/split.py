@@ -2,7 +2,7 @@
 
 Two streaming passes over the file, each holding a few pyarrow blocks at a time (4 MiB blocks,
 at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahead``); an upload
-of at most ``scan.KEEP_PARSED_BYTES`` whose parsed batches fit in as many is parsed once, pass 2
+of at most ``Limits.keep_parsed_bytes`` whose parsed batches fit in as many is parsed once, pass 2
 taking pass 1's batches (``scan.ParsedBatches``) instead of reading it again:
 
 1. *Scan*: parse every row (structure, UTF-8); count rows per class, profile the feature columns.
@@ -26,7 +26,7 @@ Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objec
 complete or when the buffers reach ``buffer_bytes``. Parts are written a few at once behind the
 deal (``parts.PartWrites``, a quarter of ``buffer_bytes`` in flight), all of them before the
 manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
-writes in flight, and pass 1's batches while they are kept (at most ``KEEP_PARSED_BYTES``, for an
+writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``, for an
 upload within that size; a larger one is read again instead). A shard may end up as several
 parts; the manifest lists them.
 
@@ -59,7 +59,7 @@ from bucketlearn.ingest.columns import Encoder
 from bucketlearn.ingest.manifest import Manifest, Shard
 from bucketlearn.ingest.parts import HoldoutWriter, PartWrites, ShardWriter
 from bucketlearn.ingest.problems import abbrev, changed_while_read, rejected
-from bucketlearn.ingest.scan import KEEP_PARSED_BYTES, Scan, count_pass
+from bucketlearn.ingest.scan import Scan, count_pass
 from bucketlearn.ingest.sniff import choose_label_column, read_header
 from bucketlearn.ingest.stream import (
     READ_BLOCK_BYTES,
@@ -306,6 +306,10 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
     return shard_list
 
 
+def _or(given: int | None, default: int) -> int:
+    return default if given is None else given
+
+
 def _writers(store: BlobStore, bucket: str, job_id: str, plan: SplitPlan, buffer_bytes: int,
              writes: PartWrites) -> tuple[ShardWriter, HoldoutWriter]:
     """The shards' and the holdout's writers, writing through ``writes`` (a few parts at once
@@ -318,7 +322,7 @@ def _writers(store: BlobStore, bucket: str, job_id: str, plan: SplitPlan, buffer
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                  read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None,
-                 keep_parsed_bytes: int = KEEP_PARSED_BYTES) -> Manifest:
+                 keep_parsed_bytes: int | None = None) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
     Pass 1 counts the classes and profiles the columns (kinds sniffed from the first block);
@@ -334,7 +338,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
         progress: called before each record batch of both passes; what it raises ends the split.
-        keep_parsed_bytes: pass 2 takes pass 1's batches within this many bytes (0: never).
+        keep_parsed_bytes: pass 2 takes pass 1's batches within it (0: never; None: limits').
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -347,7 +351,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     label = choose_label_column(columns, options.label_column, file)
     features = _features_read(columns, label, options, file)
     scan = count_pass(source, columns, label, features, limits, options, read_block_bytes,
-                      progress, keep_parsed_bytes)
+                      progress, _or(keep_parsed_bytes, limits.keep_parsed_bytes))
     schema, dropped = _decide_schema(scan, options, file)
     plan = _split_plan(scan, schema, file, label, options, limits)
     encoder = Encoder(schema, options.missing_markers)

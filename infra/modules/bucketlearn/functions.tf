@@ -64,7 +64,7 @@ resource "google_cloudfunctions2_function" "split" {
     available_memory                 = var.function_memory
     available_cpu                    = var.function_cpu
     timeout_seconds                  = var.function_timeout_seconds
-    environment_variables            = local.runtime_env
+    environment_variables            = merge({ BUCKETLEARN_KEEP_PARSED_BYTES = local.keep_parsed_bytes }, local.runtime_env)
     ingress_settings                 = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision   = true
     service_account_email            = google_service_account.split.email

@@ -496,3 +496,23 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
     assert len(parts) > 5
     assert all(kept_store.read_bytes("work", p) == again_store.read_bytes("work", p)
                for p in parts)
+
+
+def test_the_deployments_bound_decides_whether_an_upload_is_parsed_once():
+    """``Limits.keep_parsed_bytes`` (``BUCKETLEARN_KEEP_PARSED_BYTES``) is the bound a split
+    keeps pass 1's batches within unless it is given one (0 reads the upload twice), read
+    from the environment."""
+    opened = []
+    for limits in (Limits(), Limits(keep_parsed_bytes=0)):
+        source, opens = _counting_source(WIDE, "wide.csv")
+        split_upload(source, MemoryBlobStore(), "work", "job-000000000000",
+                     JobOptions(rows_per_shard=64), limits)
+        opened.append(len(opens))
+    assert opened[1] == opened[0] + 1
+    assert load_limits_keep({"BUCKETLEARN_KEEP_PARSED_BYTES": "805306368"}) == 768 * 1024**2
+
+
+def load_limits_keep(environ: dict[str, str]) -> int:
+    from bucketlearn.config import load_settings
+
+    return load_settings(environ).limits.keep_parsed_bytes
