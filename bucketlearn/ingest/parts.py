@@ -131,13 +131,12 @@ class PartWrites:
 
 
 class ShardWriter:
-    """Buffers rows per shard; writes a part when a shard is complete or memory is at budget
-    (through ``writes``: one at a time in this thread when None)."""
+    """Buffers rows per shard; writes a part (through ``writes``) when a shard is complete or
+    memory is at budget."""
 
-    def __init__(self, store: BlobStore, bucket: str, job_id: str, expected: np.ndarray,
-                 buffer_bytes: int, writes: PartWrites | None = None) -> None:
-        self.store, self.bucket, self.job_id = store, bucket, job_id
-        self.writes = writes or PartWrites(store, bucket, buffer_bytes, threads=0)
+    def __init__(self, writes: PartWrites, job_id: str, expected: np.ndarray,
+                 buffer_bytes: int) -> None:
+        self.writes, self.job_id = writes, job_id
         self.expected = expected
         self.received = np.zeros_like(expected)
         self.buffers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -178,10 +177,8 @@ class ShardWriter:
 class HoldoutWriter:
     """Holdout rows in parts of about ``part_bytes`` (through ``writes``, as ``ShardWriter``)."""
 
-    def __init__(self, store: BlobStore, bucket: str, job_id: str, part_bytes: int,
-                 writes: PartWrites | None = None) -> None:
-        self.store, self.bucket, self.job_id = store, bucket, job_id
-        self.writes = writes or PartWrites(store, bucket, part_bytes, threads=0)
+    def __init__(self, writes: PartWrites, job_id: str, part_bytes: int) -> None:
+        self.writes, self.job_id = writes, job_id
         self.part_bytes = part_bytes
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0

@@ -291,7 +291,7 @@ ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer
 @dataclass
 class ParsedBatches:
     """Pass 1's record batches, kept for pass 2 while their bytes stay within ``max_bytes``:
-    past that, none is kept (``complete`` is then False) and pass 2 reads the upload again."""
+    past that, none is kept (``overflowed``) and pass 2 reads the upload again."""
 
     max_bytes: int
     batches: list[pa.RecordBatch] = field(default_factory=list)
@@ -308,10 +308,6 @@ class ParsedBatches:
             self.overflowed = True
             return
         self.batches.append(batch)
-
-    @property
-    def complete(self) -> bool:
-        return not self.overflowed
 
     def drain(self) -> Iterator[pa.RecordBatch]:
         """The batches in file order, each let go of once handed out (memory falls as pass 2
@@ -343,10 +339,10 @@ class Scan:
 
 def count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
                limits: Limits, options: JobOptions, read_block_bytes: int,
-               progress: Progress | None, keep_bytes: int) -> Scan:
+               progress: Progress | None) -> Scan:
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
     block that fits, and its batches for pass 2 where the upload and they are within
-    ``keep_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass 1) with a larger
+    ``limits.keep_parsed_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass 1) with a larger
     block when a row does not fit, or with a column read as text when one thought numeric turns
     out to be."""
     block, largest = _block_sizes(limits, read_block_bytes)
@@ -361,7 +357,8 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
             targets = _target_reader(source.display_name, label, options, reason,
                                      sniffed.center)
         # (again on a restart: what the failed attempt kept is dropped)
-        kept = ParsedBatches(keep_bytes) if source.size <= keep_bytes else None
+        keep = limits.keep_parsed_bytes
+        kept = ParsedBatches(keep) if source.size <= keep else None
         try:
             raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
                                                            progress, reading, features, targets,
@@ -376,7 +373,7 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
                      source.display_name, exc.column)
             reading.unknown.discard(exc.column)
             reading.kinds[exc.column] = CATEGORY
-    parsed = kept if kept is not None and kept.complete else None
+    parsed = kept if kept is not None and not kept.overflowed else None
     profiled = [profiles[name] for name in features]
     if targets is not None:
         return dataclasses.replace(_target_scan(source.display_name, label, targets, block,

@@ -306,23 +306,19 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
     return shard_list
 
 
-def _or(given: int | None, default: int) -> int:
-    return default if given is None else given
-
-
-def _writers(store: BlobStore, bucket: str, job_id: str, plan: SplitPlan, buffer_bytes: int,
+def _writers(job_id: str, plan: SplitPlan, buffer_bytes: int,
              writes: PartWrites) -> tuple[ShardWriter, HoldoutWriter]:
     """The shards' and the holdout's writers, writing through ``writes`` (a few parts at once
     behind the deal, a quarter of ``buffer_bytes`` in flight)."""
     holdout_bytes = max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4))
-    return (ShardWriter(store, bucket, job_id, plan.deal.sizes(), buffer_bytes, writes),
-            HoldoutWriter(store, bucket, job_id, holdout_bytes, writes))
+    return (ShardWriter(writes, job_id, plan.deal.sizes(), buffer_bytes),
+            HoldoutWriter(writes, job_id, holdout_bytes))
 
 
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None,
-                 keep_parsed_bytes: int | None = None) -> Manifest:
+                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None
+                 ) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
 
     Pass 1 counts the classes and profiles the columns (kinds sniffed from the first block);
@@ -334,11 +330,11 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         store, work_bucket: where shard and holdout parts and the manifest are written.
         job_id: the job the objects belong to (their prefix).
         options: the job's options (label column, shard size, holdout fraction, seed).
-        limits: input limits, checked before expensive work.
+        limits: input limits, checked before expensive work; ``keep_parsed_bytes``, within
+            which pass 2 takes pass 1's batches (0: never).
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
         progress: called before each record batch of both passes; what it raises ends the split.
-        keep_parsed_bytes: pass 2 takes pass 1's batches within it (0: never; None: limits').
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -351,17 +347,17 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     label = choose_label_column(columns, options.label_column, file)
     features = _features_read(columns, label, options, file)
     scan = count_pass(source, columns, label, features, limits, options, read_block_bytes,
-                      progress, _or(keep_parsed_bytes, limits.keep_parsed_bytes))
+                      progress)
     schema, dropped = _decide_schema(scan, options, file)
     plan = _split_plan(scan, schema, file, label, options, limits)
     encoder = Encoder(schema, options.missing_markers)
     stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
+    # leaving the block waits for every part: all are written before the manifest lists them
     with PartWrites.for_store(store, work_bucket, buffer_bytes // 4) as writes:
-        writer, holdout = _writers(store, work_bucket, job_id, plan, buffer_bytes, writes)
+        writer, holdout = _writers(job_id, plan, buffer_bytes, writes)
         shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
                                 _Dealer(plan, options.holdout_fraction, file, label), encoder,
                                 writer, holdout, stats, target_stats)
-        writes.wait()  # every part is written before the manifest that lists it
     manifest = Manifest(
         job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
         classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,

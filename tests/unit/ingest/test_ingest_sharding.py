@@ -12,7 +12,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import Limits
 from bucketlearn.domain.deal import DealPlan, holdout_count, holdout_phases
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.parts import ShardWriter, load_parts
+from bucketlearn.ingest.parts import PartWrites, ShardWriter, load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
@@ -292,7 +292,8 @@ def test_shard_writer_writes_a_shard_as_soon_as_it_is_complete():
     """A complete shard is written at once (memory stays flat), an incomplete one waits."""
     # Prepare
     store = MemoryBlobStore()
-    writer = ShardWriter(store, BUCKET, JOB, np.array([3, 5]), buffer_bytes=1 << 30)
+    writer = ShardWriter(PartWrites(store, BUCKET, 1 << 30, threads=0), JOB, np.array([3, 5]),
+                         buffer_bytes=1 << 30)
     # Execute
     writer.add(1, *_rows(2))
     writer.add(0, *_rows(3, start=10))
@@ -312,7 +313,8 @@ def test_shard_writer_evicts_the_largest_buffer_over_budget():
     # Prepare
     store = MemoryBlobStore()
     row_bytes = 4 + 4  # one float32 feature + one int32 label
-    writer = ShardWriter(store, BUCKET, JOB, np.array([100, 100]), buffer_bytes=10 * row_bytes)
+    writer = ShardWriter(PartWrites(store, BUCKET, 1 << 30, threads=0), JOB,
+                         np.array([100, 100]), buffer_bytes=10 * row_bytes)
     # Execute
     writer.add(0, *_rows(2))
     writer.add(1, *_rows(6))

@@ -306,7 +306,7 @@ def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
     # Execute (pass 2 reads the file again: an upload too large to keep pass 1's batches)
     with pytest.raises(InvalidInputError) as excinfo:
         split_upload(source, MemoryBlobStore(), "work", "job-000000000000",
-                     JobOptions(rows_per_shard=8), Limits(), keep_parsed_bytes=0)
+                     JobOptions(rows_per_shard=8), Limits(keep_parsed_bytes=0))
     # Assert
     problem = excinfo.value.problem
     assert problem.message == "the file changed while it was being read"
@@ -354,7 +354,7 @@ def test_a_shard_over_the_memory_budget_is_refused_before_any_shard_is_written()
     options = JobOptions(rows_per_shard=1_000_000)
     full, full_opens = _counting_source(data, "wide.csv")
     manifest = split_upload(full, MemoryBlobStore(), "work", "job-000000000000", options,
-                            Limits(), keep_parsed_bytes=0)  # pass 2 reads the file again
+                            Limits(keep_parsed_bytes=0))  # pass 2 reads the file again
     rows = max(s.rows for s in manifest.shards)
     size = rows * (64 + 1) * 4
     source, opens = _counting_source(data, "wide.csv")
@@ -478,7 +478,7 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
         source, opens = _counting_source(data, "table.csv")
         store = MemoryBlobStore()
         manifest = split_upload(source, store, "work", "job-000000000000", options,
-                                Limits(max_line_bytes=64 * 1024), keep_parsed_bytes=keep,
+                                Limits(max_line_bytes=64 * 1024, keep_parsed_bytes=keep),
                                 **read_block)
         return manifest, store, len(opens)
 

@@ -63,7 +63,8 @@ def test_pixel_parts_take_a_quarter_of_the_bytes_and_train_on_the_same_rows():
     x = rng.integers(0, 256, size=(64, 100)).astype(np.float32)
     y = rng.integers(0, 4, size=64).astype(np.int32)
     store = MemoryBlobStore()
-    writer = ShardWriter(store, "work", "job", np.array([64]), 1 << 30)
+    writer = ShardWriter(PartWrites(store, "work", 1 << 30, threads=0), "job", np.array([64]),
+                         1 << 30)
     writer.add(0, x, y)
     [shard] = writer.close()
     stored = store.read_bytes("work", shard.parts[0])

@@ -202,8 +202,9 @@ def split_bytes(data: bytes, read_block_bytes: int) -> tuple[Any, MemoryBlobStor
     source = SourceFile("upload.csv", len(data), lambda: io.BytesIO(data))
     # pass 2 reads the file again (as an upload too large to keep pass 1's batches): its blocks
     # are what these tests watch
-    manifest = split_upload(source, store, "work", "job-000000000000", OPTIONS, LIMITS,
-                            read_block_bytes=read_block_bytes, keep_parsed_bytes=0)
+    manifest = split_upload(source, store, "work", "job-000000000000", OPTIONS,
+                            dataclasses.replace(LIMITS, keep_parsed_bytes=0),
+                            read_block_bytes=read_block_bytes)
     return manifest, store
 
 
