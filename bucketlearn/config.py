@@ -51,10 +51,11 @@ class Limits:
     # distinct values pass 1 holds while it counts text columns, all columns together (each
     # column alone keeps at most ingest.columns.COUNT_BOUND)
     max_counted_values: int = 2_000_000
-    # an upload within this many bytes, whose parsed rows stay within as many, is parsed once:
-    # the split's pass 2 takes pass 1's batches instead of reading it again
-    # (``ingest.scan.ParsedBatches``); what a split may hold beside its buffers. Raise it with
-    # the function's memory (the 373 MB image CSV parses to about 560 MiB as counted)
+    # an upload whose parsed rows stay within this many bytes (held compact where they would
+    # not fit as parsed) is parsed once: the split's pass 2 takes pass 1's batches instead of
+    # reading it again (``ingest.scan.ParsedBatches``); what a split may hold beside its
+    # buffers. Raise it with the function's memory (the 373 MB image CSV holds in 113 MB
+    # compact, 452 MB as parsed)
     keep_parsed_bytes: int = 256 * 1024**2
     # the work bucket's lifecycle rule deletes shards this many days old (infra's
     # work_retention_days): a job predicted to train longer than half of it is refused

@@ -37,6 +37,7 @@ from bucketlearn.ingest.columns import (
     profile_complete_numbers,
     sniff_kinds,
 )
+from bucketlearn.ingest.compact import Compactor
 from bucketlearn.ingest.problems import KIND_SAYS, abbrev, rejected
 from bucketlearn.ingest.sniff import MAX_NAME_BYTES
 from bucketlearn.ingest.stream import PLAIN, Progress, Reading, SourceFile, diagnose, diagnosed
@@ -281,40 +282,93 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
         reading.unknown.discard(name)
 
 
-# Pass 1's parsed batches are kept for pass 2 when the upload is at most ``Limits.
-# keep_parsed_bytes`` big and they stay within it: pass 2 then neither reads the upload again nor
-# parses it. A 12,000-row image CSV (90 MB; 113 MB of float32) split in 1.82 s in process against
-# 2.06-2.45 s; a larger upload is read twice, as every upload was (docs/BENCHMARKS.md, section 3).
+# Pass 1's parsed batches are kept for pass 2 while they stay within ``Limits.keep_parsed_bytes``:
+# pass 2 then neither reads the upload again nor parses it. A 12,000-row image CSV (90 MB; 113 MB
+# of float32) split in 1.82 s in process against 2.06-2.45 s. Batches that would outgrow the bound
+# are held compact (``compact.Compactor``: whole numbers as uint8 or int16), so the 48,000-row
+# one (373 MB; 452 MB of float32) is kept in 113 MB; past the bound even so, the upload is read
+# twice, as every upload was (docs/BENCHMARKS.md, section 3).
 ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer padding
+# consecutive parsed batches compacted together (at most a quarter of the bound): a column is
+# cast once a group, and the group's copy is what compacting holds beside the bound
+COMPACT_GROUP_BYTES = 64 * 1024**2
+
+
+def _counted_bytes(batch: pa.RecordBatch) -> int:
+    """A batch's bytes as the bound counts them: its buffers whole, and an allowance for each
+    column's array object and padding."""
+    return batch.get_total_buffer_size() + ARRAY_OVERHEAD_BYTES * batch.num_columns
 
 
 @dataclass
 class ParsedBatches:
     """Pass 1's record batches, kept for pass 2 while their bytes stay within ``max_bytes``:
-    past that, none is kept (``overflowed``) and pass 2 reads the upload again."""
+    as parsed while they fit so; then held compact, in groups of consecutive batches of about
+    ``group_bytes`` (a column is cast once a group rather than once a batch: a wide
+    file has thousands of columns and small batches); past the bound even so, none is kept
+    (``overflowed``) and pass 2 reads the upload again. ``drain`` gives back the very batches
+    kept, as parsed."""
 
     max_bytes: int
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-    bytes: int = 0
+    # as parsed (rows None), or a compacted group of consecutive batches of these row counts
+    batches: list[tuple[pa.RecordBatch, list[int] | None]] = field(default_factory=list)
+    bytes: int = 0  # of ``batches`` and ``pending`` together
     overflowed: bool = False
+    compactor: Compactor | None = None  # set once the batches are held compact
+    pending: list[pa.RecordBatch] = field(default_factory=list)  # the next group, as parsed
+    pending_bytes: int = 0
+    schema: pa.Schema | None = None  # the parsed batches' (a compacted group is given back so)
+    group_bytes: int = COMPACT_GROUP_BYTES
 
     def keep(self, batch: pa.RecordBatch) -> None:
         if self.overflowed:
             return
-        # its buffers whole, and an allowance for each column's array object and padding
-        self.bytes += batch.get_total_buffer_size() + ARRAY_OVERHEAD_BYTES * batch.num_columns
+        self.schema = self.schema or batch.schema
+        if self.compactor is None and self.bytes + _counted_bytes(batch) > self.max_bytes:
+            self.compactor = Compactor()
+            parsed, self.batches, self.bytes = self.batches, [], 0
+            parsed.reverse()
+            while parsed:  # one group at a time (memory only falls)
+                self._add_pending(parsed.pop()[0])
+        if self.compactor is None:
+            self.batches.append((batch, None))
+            self.bytes += _counted_bytes(batch)
+        else:
+            self._add_pending(batch)
         if self.bytes > self.max_bytes:
             self.batches.clear()
+            self.pending.clear()
             self.overflowed = True
-            return
-        self.batches.append(batch)
+
+    def _add_pending(self, batch: pa.RecordBatch) -> None:
+        assert self.compactor is not None
+        self.pending.append(batch)
+        self.pending_bytes += _counted_bytes(batch)
+        self.bytes += _counted_bytes(batch)
+        if self.pending_bytes >= min(self.group_bytes, self.max_bytes // 4):
+            group = self.compactor.compact(pa.concat_batches(self.pending))
+            self.batches.append((group, [b.num_rows for b in self.pending]))
+            self.bytes += _counted_bytes(group) - self.pending_bytes
+            self.pending, self.pending_bytes = [], 0
 
     def drain(self) -> Iterator[pa.RecordBatch]:
-        """The batches in file order, each let go of once handed out (memory falls as pass 2
-        goes)."""
+        """The batches in file order as parsed, each let go of once handed out (memory falls
+        as pass 2 goes)."""
         self.batches.reverse()
         while self.batches:
-            yield self.batches.pop()
+            batch, rows = self.batches.pop()
+            if rows is None:
+                yield batch
+                continue
+            assert self.schema is not None
+            group, offset = Compactor.restore(batch, self.schema), 0
+            del batch
+            for count in rows:
+                yield group.slice(offset, count)
+                offset += count
+        self.pending.reverse()
+        while self.pending:
+            yield self.pending.pop()
 
 
 @dataclass
@@ -341,9 +395,9 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
                limits: Limits, options: JobOptions, read_block_bytes: int,
                progress: Progress | None) -> Scan:
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
-    block that fits, and its batches for pass 2 where the upload and they are within
-    ``limits.keep_parsed_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass 1) with a larger
-    block when a row does not fit, or with a column read as text when one thought numeric turns
+    block that fits, and its batches for pass 2 where they are within
+    ``limits.keep_parsed_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass
+    1) with a larger block when a row does not fit, or with a column read as text when one thought numeric turns
     out to be."""
     block, largest = _block_sizes(limits, read_block_bytes)
     reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
@@ -357,8 +411,7 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
             targets = _target_reader(source.display_name, label, options, reason,
                                      sniffed.center)
         # (again on a restart: what the failed attempt kept is dropped)
-        keep = limits.keep_parsed_bytes
-        kept = ParsedBatches(keep) if source.size <= keep else None
+        kept = ParsedBatches(limits.keep_parsed_bytes) if limits.keep_parsed_bytes else None
         try:
             raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
                                                            progress, reading, features, targets,

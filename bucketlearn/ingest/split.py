@@ -2,8 +2,9 @@
 
 Two streaming passes over the file, each holding a few pyarrow blocks at a time (4 MiB blocks,
 at most ``READ_AHEAD_BLOCKS`` read ahead of the batch being processed: ``readahead``); an upload
-of at most ``Limits.keep_parsed_bytes`` whose parsed batches fit in as many is parsed once, pass 2
-taking pass 1's batches (``scan.ParsedBatches``) instead of reading it again:
+whose parsed batches fit in ``Limits.keep_parsed_bytes`` (held compact once they would not fit
+as parsed) is parsed once, pass 2 taking pass 1's batches (``scan.ParsedBatches``) instead of
+reading it again:
 
 1. *Scan*: parse every row (structure, UTF-8); count rows per class, profile the feature columns.
 2. *Deal*: convert features to float32, check they are finite, and send each row either to the
@@ -26,9 +27,9 @@ Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objec
 complete or when the buffers reach ``buffer_bytes``. Parts are written a few at once behind the
 deal (``parts.PartWrites``, a quarter of ``buffer_bytes`` in flight), all of them before the
 manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
-writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``, for an
-upload within that size; a larger one is read again instead). A shard may end up as several
-parts; the manifest lists them.
+writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``; past
+that the upload is read again instead). A shard may end up as several parts; the manifest lists
+them.
 
 Any problem ends in ``InvalidInputError`` whose ``InputProblem`` names the file, the data row
 (1-based, header excluded) and the column, what was expected and what was found.

@@ -12,6 +12,7 @@ import pytest
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
+from bucketlearn.ingest import scan
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
@@ -465,37 +466,50 @@ WIDE = _wide_table()
     (_long_row_table(), JobOptions(rows_per_shard=64), 16 * 1024),
     (_target_table(), JobOptions(rows_per_shard=64, task="regression"), None),
 ], ids=["numbers", "text-date-dropped", "restart-kind", "restart-block", "numeric-target"])
-def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, options, block):
-    """An upload within ``keep_parsed_bytes`` is read once (header, kinds, pass 1) and split
-    exactly as when pass 2 reads it again: the same manifest, the same parts' bytes; also when
-    pass 1 started again (a longer row than the block, a column that turned out to be text), for
-    text, date and dropped columns and a numeric target. One whose parsed batches overflow the
-    bound is read again, with the same result (a table of short numbers)."""
+def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, options, block,
+                                                                        monkeypatch):
+    """An upload whose parsed batches fit ``keep_parsed_bytes`` is read once (header, kinds,
+    pass 1) and split exactly as when pass 2 reads it again: the same manifest, the same parts'
+    bytes; also when pass 1 started again (a longer row than the block, a column that turned
+    out to be text), for text, date and dropped columns and a numeric target, and when the
+    batches only fit held compact (a bound one byte under them as parsed: each of these
+    tables is then still read once). One whose batches overflow the bound even compact
+    is read again, with the same result."""
     # Prepare
     read_block = {"read_block_bytes": block} if block else {}
+    kept_batches: list[scan.ParsedBatches] = []
 
-    def split(keep: int) -> tuple[Any, MemoryBlobStore, int]:
+    class Spied(scan.ParsedBatches):
+        def __init__(self, max_bytes):
+            super().__init__(max_bytes)
+            kept_batches.append(self)
+
+    monkeypatch.setattr(scan, "ParsedBatches", Spied)
+
+    def split(keep: int) -> tuple[Any, MemoryBlobStore, int, Any]:
         source, opens = _counting_source(data, "table.csv")
         store = MemoryBlobStore()
         manifest = split_upload(source, store, "work", "job-000000000000", options,
                                 Limits(max_line_bytes=64 * 1024, keep_parsed_bytes=keep),
                                 **read_block)
-        return manifest, store, len(opens)
+        return manifest, store, len(opens), (kept_batches[-1] if keep else None)
 
     # Execute
-    again, again_store, again_opens = split(0)
-    kept, kept_store, kept_opens = split(1 << 30)
-    # a bound the file is within and its parsed batches are not (its numbers are short text)
-    overflowed, _, overflowed_opens = split(len(data)) if data is WIDE else (again, None, 0)
+    again, again_store, again_opens, _ = split(0)
+    kept, kept_store, kept_opens, as_parsed = split(1 << 30)
+    compact, compact_store, compact_opens, compacted = split(as_parsed.bytes - 1)
+    overflowed, _, overflowed_opens, _ = split(len(data) // 8)
     # Assert
     assert kept_opens == again_opens - 1
-    assert kept.to_json() == again.to_json() == overflowed.to_json()
-    if data is WIDE:
-        assert overflowed_opens == again_opens
+    assert kept.to_json() == again.to_json() == compact.to_json() == overflowed.to_json()
+    assert as_parsed.compactor is None and compacted.compactor is not None
+    assert overflowed_opens == again_opens
+    assert compact_opens == kept_opens and not compacted.overflowed
     parts = [p for s in again.shards for p in s.parts] + again.holdout_parts
     assert len(parts) > 5
-    assert all(kept_store.read_bytes("work", p) == again_store.read_bytes("work", p)
-               for p in parts)
+    for store in (kept_store, compact_store):
+        assert all(store.read_bytes("work", p) == again_store.read_bytes("work", p)
+                   for p in parts)
 
 
 def test_the_deployments_bound_decides_whether_an_upload_is_parsed_once():
