@@ -1,17 +1,18 @@
-"""Parsed batches held compact: a float32 column whose cells are all whole numbers in a small
-range is held as uint8 (0..255) or int16 (-32,768..32,767), and given back as float32 equal to
-the parsed column to the bit (missing cells stay missing).
+"""Parsed batches held compact: a float32 column whose present cells are all whole numbers in a
+small range is held as uint8 (0..255) or int16 (-32,768..32,767), and given back as float32
+whose present cells equal the parsed ones to the bit (missing cells stay missing; the slot
+under one, which nothing reads, is not kept).
 
 Pass 1 parses numeric features as float32 (``stream.Reading.types``), 4 bytes a cell, though
 many tables' numbers are counts, codes, years or pixel values: a 28 x 28 x 3 image CSV of 373 MB
 parses to 452 MB of float32 and holds in 113 MB as uint8. ``scan.ParsedBatches`` compacts its
 batches only once they would outgrow its bound, so an upload that fits as parsed pays nothing.
 
-A column's type only ever widens (uint8, then int16, then float32 as parsed), so each column is
-cast once a batch at most twice. A cell that is not a whole number (a fraction, NaN, an
-infinity), one out of range, or a negative zero (its sign would not come back) keeps the column
-at the next type. A column with a missing cell is compacted too: Arrow's cast keeps the validity
-bitmap, and the slot under a missing cell is never read.
+A column's type only ever widens (uint8, then int16, then float32 as parsed), so each column of
+a batch (``scan.ParsedBatches`` passes groups of consecutive batches) is cast at most twice. A
+cell that is not a whole number (a fraction, NaN, an infinity) or one out of range moves the
+column to the next type; a negative zero (its sign would not come back) keeps it as parsed. A
+column with a missing cell is compacted too: Arrow's cast keeps the validity bitmap.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _NEGATIVE_ZERO = np.uint32(0x8000_0000)  # float32 -0.0's bits
 
 class Compactor:
     """Compacts a file's batches column by column, remembering each column's narrowest type so
-    far (``narrowed``: name -> index into ``NARROW``, ``len(NARROW)`` for parsed as is)."""
+    far (``narrowed``: name -> its index in ``NARROW``, ``len(NARROW)`` for float32 as parsed)."""
 
     def __init__(self) -> None:
         self.narrowed: dict[str, int] = {}
@@ -41,16 +42,17 @@ class Compactor:
 
     def _narrow(self, name: str, column: pa.Array) -> pa.Array:
         at = self.narrowed.get(name, 0)
+        if at < len(NARROW) and _has_negative_zero(column):
+            at = len(NARROW)
+        narrow = column
         while at < len(NARROW):
             try:
                 narrow = pc.cast(column, NARROW[at], safe=True)  # raises for what does not fit
-            except pa.ArrowInvalid:
-                narrow = None
-            if narrow is not None and not _has_negative_zero(column):
                 break
-            at += 1
+            except pa.ArrowInvalid:
+                at += 1
         self.narrowed[name] = at
-        return narrow if at < len(NARROW) else column
+        return narrow
 
     @staticmethod
     def restore(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -286,12 +286,17 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
 # pass 2 then neither reads the upload again nor parses it. A 12,000-row image CSV (90 MB; 113 MB
 # of float32) split in 1.82 s in process against 2.06-2.45 s. Batches that would outgrow the bound
 # are held compact (``compact.Compactor``: whole numbers as uint8 or int16), so the 48,000-row
-# one (373 MB; 452 MB of float32) is kept in 113 MB; past the bound even so, the upload is read
-# twice, as every upload was (docs/BENCHMARKS.md, section 3).
+# one (373 MB; 452 MB of float32) is held in 113 MB (docs/BENCHMARKS.md, section 3); past the
+# bound even so, the upload is read twice, as every upload was.
 ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer padding
-# consecutive parsed batches compacted together (at most a quarter of the bound): a column is
-# cast once a group, and the group's copy is what compacting holds beside the bound
+# Consecutive parsed batches compacted together, and given back together (at most a quarter of
+# the bound): a column is cast once a group rather than once a small batch. Compacting a group,
+# or giving one back while pass 2 still deals the last one's rows, holds up to two groups beside
+# the bound.
 COMPACT_GROUP_BYTES = 64 * 1024**2
+# An upload over this many times the bound is read twice without trying to keep it: held
+# compact, a cell takes at least a byte, and a CSV cell rarely less than four ("123,")
+KEEP_FILE_RATIO = 4
 
 
 def _counted_bytes(batch: pa.RecordBatch) -> int:
@@ -304,15 +309,14 @@ def _counted_bytes(batch: pa.RecordBatch) -> int:
 class ParsedBatches:
     """Pass 1's record batches, kept for pass 2 while their bytes stay within ``max_bytes``:
     as parsed while they fit so; then held compact, in groups of consecutive batches of about
-    ``group_bytes`` (a column is cast once a group rather than once a batch: a wide
-    file has thousands of columns and small batches); past the bound even so, none is kept
-    (``overflowed``) and pass 2 reads the upload again. ``drain`` gives back the very batches
-    kept, as parsed."""
+    ``group_bytes``; past the bound even so, none is kept (``overflowed``) and pass 2 reads the
+    upload again. ``drain`` gives back the very batches kept, as parsed."""
 
     max_bytes: int
-    # as parsed (rows None), or a compacted group of consecutive batches of these row counts
-    batches: list[tuple[pa.RecordBatch, list[int] | None]] = field(default_factory=list)
-    bytes: int = 0  # of ``batches`` and ``pending`` together
+    # each a batch as parsed (rows None), or a compacted group of consecutive batches of these
+    # row counts
+    held: list[tuple[pa.RecordBatch, list[int] | None]] = field(default_factory=list)
+    bytes: int = 0  # of ``held`` and ``pending`` together
     overflowed: bool = False
     compactor: Compactor | None = None  # set once the batches are held compact
     pending: list[pa.RecordBatch] = field(default_factory=list)  # the next group, as parsed
@@ -324,39 +328,46 @@ class ParsedBatches:
         if self.overflowed:
             return
         self.schema = self.schema or batch.schema
-        if self.compactor is None and self.bytes + _counted_bytes(batch) > self.max_bytes:
-            self.compactor = Compactor()
-            parsed, self.batches, self.bytes = self.batches, [], 0
-            parsed.reverse()
-            while parsed:  # one group at a time (memory only falls)
-                self._add_pending(parsed.pop()[0])
-        if self.compactor is None:
-            self.batches.append((batch, None))
-            self.bytes += _counted_bytes(batch)
-        else:
-            self._add_pending(batch)
+        size = _counted_bytes(batch)
+        try:
+            if self.compactor is None and self.bytes + size > self.max_bytes:
+                self.compactor = Compactor()
+                parsed, self.held, self.bytes = self.held, [], 0
+                parsed.reverse()
+                while parsed:  # one group at a time (memory only falls)
+                    self._add_pending(parsed.pop()[0])
+            if self.compactor is None:
+                self.held.append((batch, None))
+                self.bytes += size
+            else:
+                self._add_pending(batch)
+        except pa.ArrowException:  # not the upload's fault: it is read again instead
+            log.warning("keeping the parsed rows for the second pass failed; reading the upload "
+                        "again", exc_info=True)
+            self.bytes = self.max_bytes + 1
         if self.bytes > self.max_bytes:
-            self.batches.clear()
+            self.held.clear()
             self.pending.clear()
             self.overflowed = True
 
     def _add_pending(self, batch: pa.RecordBatch) -> None:
         assert self.compactor is not None
+        size = _counted_bytes(batch)
         self.pending.append(batch)
-        self.pending_bytes += _counted_bytes(batch)
-        self.bytes += _counted_bytes(batch)
+        self.pending_bytes += size
+        self.bytes += size
         if self.pending_bytes >= min(self.group_bytes, self.max_bytes // 4):
             group = self.compactor.compact(pa.concat_batches(self.pending))
-            self.batches.append((group, [b.num_rows for b in self.pending]))
+            self.held.append((group, [b.num_rows for b in self.pending]))
             self.bytes += _counted_bytes(group) - self.pending_bytes
             self.pending, self.pending_bytes = [], 0
 
     def drain(self) -> Iterator[pa.RecordBatch]:
         """The batches in file order as parsed, each let go of once handed out (memory falls
         as pass 2 goes)."""
-        self.batches.reverse()
-        while self.batches:
-            batch, rows = self.batches.pop()
+        self.held.reverse()
+        while self.held:
+            batch, rows = self.held.pop()
             if rows is None:
                 yield batch
                 continue
@@ -366,6 +377,7 @@ class ParsedBatches:
             for count in rows:
                 yield group.slice(offset, count)
                 offset += count
+            del group
         self.pending.reverse()
         while self.pending:
             yield self.pending.pop()
@@ -397,8 +409,8 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
     block that fits, and its batches for pass 2 where they are within
     ``limits.keep_parsed_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass
-    1) with a larger block when a row does not fit, or with a column read as text when one thought numeric turns
-    out to be."""
+    1) with a larger block when a row does not fit, or with a column read as text when one
+    thought numeric turns out to be."""
     block, largest = _block_sizes(limits, read_block_bytes)
     reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
                                     block)
@@ -411,7 +423,8 @@ def count_pass(source: SourceFile, columns: list[str], label: str, features: lis
             targets = _target_reader(source.display_name, label, options, reason,
                                      sniffed.center)
         # (again on a restart: what the failed attempt kept is dropped)
-        kept = ParsedBatches(limits.keep_parsed_bytes) if limits.keep_parsed_bytes else None
+        keep = limits.keep_parsed_bytes
+        kept = ParsedBatches(keep) if keep and source.size <= KEEP_FILE_RATIO * keep else None
         try:
             raw_values, raw_counts, profiles = scan_labels(source, columns, label, limits, block,
                                                            progress, reading, features, targets,

@@ -512,6 +512,33 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
                    for p in parts)
 
 
+def test_an_upload_over_four_times_the_bound_is_read_twice_without_keeping_anything(
+        monkeypatch):
+    """Held compact a cell takes a byte at least, so an upload more than ``KEEP_FILE_RATIO``
+    (4) times the bound is not kept at all: pass 1 holds nothing, pass 2 reads it again; at
+    four times exactly it is tried (and overflows: 64 columns of two- and three-digit numbers
+    hold in more than a quarter of their CSV)."""
+    # Prepare
+    tried: list[int] = []
+
+    class Spied(scan.ParsedBatches):
+        def __init__(self, max_bytes):
+            super().__init__(max_bytes)
+            tried.append(max_bytes)
+
+    monkeypatch.setattr(scan, "ParsedBatches", Spied)
+    opened = []
+    # Execute
+    for keep in (len(WIDE) // 4 - 1, -(-len(WIDE) // 4)):
+        source, opens = _counting_source(WIDE, "wide.csv")
+        split_upload(source, MemoryBlobStore(), "work", "job-000000000000",
+                     JobOptions(rows_per_shard=64), Limits(keep_parsed_bytes=keep))
+        opened.append(len(opens))
+    # Assert
+    assert tried == [-(-len(WIDE) // 4)]
+    assert opened[0] == opened[1]  # read twice either way
+
+
 def test_the_deployments_bound_decides_whether_an_upload_is_parsed_once():
     """``Limits.keep_parsed_bytes`` (``BUCKETLEARN_KEEP_PARSED_BYTES``) is the bound a split
     keeps pass 1's batches within unless it is given one (0 reads the upload twice), read
