@@ -54,7 +54,8 @@ class Limits:
     # an upload whose parsed rows stay within this many bytes (held compact where they would
     # not fit as parsed) is parsed once: the split's pass 2 takes pass 1's batches instead of
     # reading it again (``ingest.scan.ParsedBatches``); what a split may hold beside its
-    # buffers. Raise it with the function's memory (the 373 MB image CSV holds in 113 MB
+    # buffers (and up to two 64 MiB groups while it compacts them). An upload over 4 times it
+    # is not tried. Raise it with the function's memory (the 373 MB image CSV holds in 113 MB
     # compact, 452 MB as parsed)
     keep_parsed_bytes: int = 256 * 1024**2
     # the work bucket's lifecycle rule deletes shards this many days old (infra's

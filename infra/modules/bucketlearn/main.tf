@@ -99,9 +99,9 @@ locals {
   worker_memory_mib     = tonumber(regex("^[0-9]+", var.worker_memory)) * (endswith(var.worker_memory, "Gi") ? 1024 : 1)
   aggregator_memory_mib = tonumber(regex("^[0-9]+", var.aggregator_memory)) * (endswith(var.aggregator_memory, "Gi") ? 1024 : 1)
   function_memory_mib   = tonumber(trimsuffix(var.function_memory, "Gi")) * 1024
-  # An upload the split parses once (bucketlearn.config.Limits.keep_parsed_bytes), by the
-  # function's memory: a 373 MB image CSV peaked at 833 MB in the function read twice and at
-  # 1,338 MB parsed once (docs/BENCHMARKS.md section 3); var.extra_env may set it instead
+  # What the split may hold to parse an upload once (bucketlearn.config.Limits.keep_parsed_bytes),
+  # by the function's memory, beside up to two 64 MiB groups while it compacts: a 373 MB image
+  # CSV is held compact in 113 MB (docs/BENCHMARKS.md section 3); var.extra_env may set it instead
   keep_parsed_bytes = tostring({ "1Gi" = 64, "2Gi" = 256, "4Gi" = 1024, "8Gi" = 2048, "16Gi" = 2048 }[var.function_memory] * 1024 * 1024)
 
   # Google-managed service agents that get grants in iam.tf.
