@@ -321,38 +321,39 @@ class ParsedBatches:
     compactor: Compactor | None = None  # set once the batches are held compact
     pending: list[pa.RecordBatch] = field(default_factory=list)  # the next group, as parsed
     pending_bytes: int = 0
-    schema: pa.Schema | None = None  # the parsed batches' (a compacted group is given back so)
     group_bytes: int = COMPACT_GROUP_BYTES
 
     def keep(self, batch: pa.RecordBatch) -> None:
         if self.overflowed:
             return
-        self.schema = self.schema or batch.schema
         size = _counted_bytes(batch)
         try:
             if self.compactor is None and self.bytes + size > self.max_bytes:
-                self.compactor = Compactor()
+                self.compactor = Compactor(batch.schema)
                 parsed, self.held, self.bytes = self.held, [], 0
                 parsed.reverse()
                 while parsed:  # one group at a time (memory only falls)
-                    self._add_pending(parsed.pop()[0])
+                    kept, _ = parsed.pop()
+                    self._add_pending(kept, _counted_bytes(kept))
             if self.compactor is None:
                 self.held.append((batch, None))
                 self.bytes += size
             else:
-                self._add_pending(batch)
+                self._add_pending(batch, size)
         except pa.ArrowException:  # not the upload's fault: it is read again instead
             log.warning("keeping the parsed rows for the second pass failed; reading the upload "
                         "again", exc_info=True)
-            self.bytes = self.max_bytes + 1
+            self._overflow()
         if self.bytes > self.max_bytes:
-            self.held.clear()
-            self.pending.clear()
-            self.overflowed = True
+            self._overflow()
 
-    def _add_pending(self, batch: pa.RecordBatch) -> None:
+    def _overflow(self) -> None:
+        self.held.clear()
+        self.pending.clear()
+        self.overflowed = True
+
+    def _add_pending(self, batch: pa.RecordBatch, size: int) -> None:
         assert self.compactor is not None
-        size = _counted_bytes(batch)
         self.pending.append(batch)
         self.pending_bytes += size
         self.bytes += size
@@ -371,8 +372,8 @@ class ParsedBatches:
             if rows is None:
                 yield batch
                 continue
-            assert self.schema is not None
-            group, offset = Compactor.restore(batch, self.schema), 0
+            assert self.compactor is not None
+            group, offset = self.compactor.restore(batch), 0
             del batch
             for count in rows:
                 yield group.slice(offset, count)

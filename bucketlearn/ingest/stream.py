@@ -50,6 +50,9 @@ class SourceFile:
     opener: Opener
 
 
+NUMBER_TYPE = pa.float32()  # how a numeric feature is parsed (the label is read as text)
+
+
 @dataclass
 class Reading:
     """How the passes read the file's columns: each feature column's kind and the markers that
@@ -61,7 +64,7 @@ class Reading:
     unknown: set[str] = field(default_factory=set)
 
     def types(self, columns: list[str], label: str) -> dict[str, pa.DataType]:
-        return {c: (pa.float32() if c != label and self.kinds.get(c, NUMERIC) == NUMERIC
+        return {c: (NUMBER_TYPE if c != label and self.kinds.get(c, NUMERIC) == NUMERIC
                     else pa.string()) for c in columns}
 
 

@@ -53,10 +53,10 @@ def test_whole_numbers_are_held_narrow_and_given_back_to_the_bit():
     column goes back to float32); a fraction, NaN or an infinity keep their column as parsed,
     and so does a negative zero, for the rest of the file. Every batch comes back as parsed, bit for bit."""
     # Prepare
-    compactor = Compactor()
+    compactor = Compactor(BATCHES[0].schema)
     # Execute
     held = [compactor.compact(batch) for batch in BATCHES]
-    given = [Compactor.restore(batch, BATCHES[0].schema) for batch in held]
+    given = [compactor.restore(batch) for batch in held]
     # Assert
     types = [{f.name: str(f.type) for f in batch.schema} for batch in held]
     assert types[0] == {"pixel": "uint8", "count": "uint8", "year": "int16", "delay": "int16",

@@ -458,6 +458,20 @@ def _target_table() -> bytes:
 WIDE = _wide_table()
 
 
+@pytest.fixture
+def kept_batches(monkeypatch) -> list[scan.ParsedBatches]:
+    """Every ``ParsedBatches`` the splits of the test make, in order."""
+    made: list[scan.ParsedBatches] = []
+
+    class Spied(scan.ParsedBatches):
+        def __init__(self, max_bytes):
+            super().__init__(max_bytes)
+            made.append(self)
+
+    monkeypatch.setattr(scan, "ParsedBatches", Spied)
+    return made
+
+
 @pytest.mark.parametrize("data, options, block", [
     (WIDE, JobOptions(rows_per_shard=64), None),
     (_mixed_table(), JobOptions(rows_per_shard=64, drop_columns="id"), None),
@@ -467,7 +481,7 @@ WIDE = _wide_table()
     (_target_table(), JobOptions(rows_per_shard=64, task="regression"), None),
 ], ids=["numbers", "text-date-dropped", "restart-kind", "restart-block", "numeric-target"])
 def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, options, block,
-                                                                        monkeypatch):
+                                                                        kept_batches):
     """An upload whose parsed batches fit ``keep_parsed_bytes`` is read once (header, kinds,
     pass 1) and split exactly as when pass 2 reads it again: the same manifest, the same parts'
     bytes; also when pass 1 started again (a longer row than the block, a column that turned
@@ -477,14 +491,6 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
     is read again, with the same result."""
     # Prepare
     read_block = {"read_block_bytes": block} if block else {}
-    kept_batches: list[scan.ParsedBatches] = []
-
-    class Spied(scan.ParsedBatches):
-        def __init__(self, max_bytes):
-            super().__init__(max_bytes)
-            kept_batches.append(self)
-
-    monkeypatch.setattr(scan, "ParsedBatches", Spied)
 
     def split(keep: int) -> tuple[Any, MemoryBlobStore, int, Any]:
         source, opens = _counting_source(data, "table.csv")
@@ -513,20 +519,12 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
 
 
 def test_an_upload_over_four_times_the_bound_is_read_twice_without_keeping_anything(
-        monkeypatch):
+        kept_batches):
     """Held compact a cell takes a byte at least, so an upload more than ``KEEP_FILE_RATIO``
     (4) times the bound is not kept at all: pass 1 holds nothing, pass 2 reads it again; at
     four times exactly it is tried (and overflows: 64 columns of two- and three-digit numbers
     hold in more than a quarter of their CSV)."""
     # Prepare
-    tried: list[int] = []
-
-    class Spied(scan.ParsedBatches):
-        def __init__(self, max_bytes):
-            super().__init__(max_bytes)
-            tried.append(max_bytes)
-
-    monkeypatch.setattr(scan, "ParsedBatches", Spied)
     opened = []
     # Execute
     for keep in (len(WIDE) // 4 - 1, -(-len(WIDE) // 4)):
@@ -535,7 +533,7 @@ def test_an_upload_over_four_times_the_bound_is_read_twice_without_keeping_anyth
                      JobOptions(rows_per_shard=64), Limits(keep_parsed_bytes=keep))
         opened.append(len(opens))
     # Assert
-    assert tried == [-(-len(WIDE) // 4)]
+    assert [kept.max_bytes for kept in kept_batches] == [-(-len(WIDE) // 4)]
     assert opened[0] == opened[1]  # read twice either way
 
 
