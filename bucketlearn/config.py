@@ -58,6 +58,10 @@ class Limits:
     # is not tried. Raise it with the function's memory (the 373 MB image CSV holds in 113 MB
     # compact, 452 MB as parsed)
     keep_parsed_bytes: int = 256 * 1024**2
+    # the split packs its parts into objects of about this many bytes of rows, each part a byte
+    # range of its pack (``ingest.parts.PartWrites``): a write per pack instead of per part
+    # (0: every part written as a pack of its own, as soon as it is complete)
+    pack_bytes: int = 4 * 1024**2
     # the work bucket's lifecycle rule deletes shards this many days old (infra's
     # work_retention_days): a job predicted to train longer than half of it is refused
     work_retention_days: int = 7
@@ -196,6 +200,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
     "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
     "BUCKETLEARN_KEEP_PARSED_BYTES": "keep_parsed_bytes",
+    "BUCKETLEARN_PACK_BYTES": "pack_bytes",
     "BUCKETLEARN_WORK_RETENTION_DAYS": "work_retention_days",
     "BUCKETLEARN_WORKER_FLOPS": "worker_flops",
 }

@@ -51,6 +51,11 @@ class BlobStore(Protocol):
 
     def read_bytes(self, bucket: str, name: str) -> bytes: ...
 
+    def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of the object from ``offset`` (fewer where the object ends
+        sooner): a packed part (``ingest.parts.read_part``)."""
+        ...
+
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
         """A stream of the object's bytes; with ``generation``, of that generation only.
 

@@ -135,6 +135,19 @@ class GcsBlobStore:
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
 
+    def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        try:
+            return self.client.bucket(bucket).blob(name).download_as_bytes(
+                start=offset, end=offset + length - 1, timeout=TIMEOUT, retry=_RETRY)
+        except gexc.NotFound:
+            raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
+        except gexc.RequestRangeNotSatisfiable:
+            return b""  # the object ends before ``offset``
+        except _TRANSIENT as exc:
+            raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
+
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
         """A stream of the object; with ``generation``, every range read asks for that
         generation (``?generation=``), which Cloud Storage and fake-gcs-server serve for as long

@@ -77,6 +77,12 @@ class MemoryBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return self._objects[(bucket, name)][0]
 
+    def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
+        with self._lock:
+            if (bucket, name) not in self._objects:
+                raise NotFoundError(f"gs://{bucket}/{name}: no such object")
+            return self._objects[(bucket, name)][0][offset:offset + length]
+
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
         """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""
         with self._lock:

@@ -23,10 +23,11 @@ A row longer than a block makes pyarrow fail ("straddles two block boundaries");
 starts again with blocks of ``2 x max_line_bytes`` (enough for any row within the limit), and
 pass 2 uses the block size pass 1 succeeded with.
 
-Shard rows are buffered per shard and written as ``part-NNNN.safetensors`` objects when a shard is
-complete or when the buffers reach ``buffer_bytes``. Parts are written a few at once behind the
-deal (``parts.PartWrites``, a quarter of ``buffer_bytes`` in flight), all of them before the
-manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
+Shard rows are buffered per shard and written as parts when a shard is complete or when the
+buffers reach ``buffer_bytes``; parts are packed, in the order written, into objects of about
+4 MiB (``parts.PACK_BYTES``), and the manifest gives each part's object and byte range. Packs
+are written a few at once behind the deal (``parts.PartWrites``, a quarter of ``buffer_bytes``
+in flight), all of them before the manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
 writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``; past
 that the upload is read again instead). A shard may end up as several parts; the manifest lists
 them.
@@ -316,6 +317,14 @@ def _writers(job_id: str, plan: SplitPlan, buffer_bytes: int,
             HoldoutWriter(writes, job_id, holdout_bytes))
 
 
+def _address_parts(writes: PartWrites, shards: list[Shard], holdout: HoldoutWriter) -> None:
+    """List each part, in the shards and the holdout, by where its pack holds it (leaving the
+    writes' block waited for every pack: all are written before the manifest lists them)."""
+    for shard in shards:
+        shard.parts = [writes.address(p) for p in shard.parts]
+    holdout.parts = [writes.address(p) for p in holdout.parts]
+
+
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                  read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None
@@ -353,12 +362,12 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     plan = _split_plan(scan, schema, file, label, options, limits)
     encoder = Encoder(schema, options.missing_markers)
     stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
-    # leaving the block waits for every part: all are written before the manifest lists them
-    with PartWrites.for_store(store, work_bucket, buffer_bytes // 4) as writes:
+    with PartWrites.for_job(store, work_bucket, job_id, buffer_bytes, limits.pack_bytes) as writes:
         writer, holdout = _writers(job_id, plan, buffer_bytes, writes)
         shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
                                 _Dealer(plan, options.holdout_fraction, file, label), encoder,
                                 writer, holdout, stats, target_stats)
+    _address_parts(writes, shard_list, holdout)
     manifest = Manifest(
         job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
         classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,

@@ -22,7 +22,7 @@ from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.job import Job
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.parts import decode_part
+from bucketlearn.ingest.parts import load_part
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ports import Services
 
@@ -81,7 +81,7 @@ class JobRuntime:
         the size of the holdout."""
         bucket = self.svc.settings.work_bucket
         for path in self.manifest.holdout_parts:
-            x, y = decode_part(self.svc.store.read_bytes(bucket, path), path)
+            x, y = load_part(self.svc.store, bucket, path)
             yield x, y
             del x, y  # released before the next part is read
 
@@ -203,7 +203,7 @@ class PartCache:
     def _read(self, svc: Services, path: str) -> tuple[np.ndarray, np.ndarray]:
         part = None
         try:
-            part = decode_part(svc.store.read_bytes(svc.settings.work_bucket, path), path)
+            part = load_part(svc.store, svc.settings.work_bucket, path)
             return part
         finally:
             with self._lock:  # held or being read, never neither: a part is read once
@@ -243,7 +243,7 @@ def read_holdout_sample(svc: Services, manifest: Manifest, part_rows: list[int],
     for path, pick in zip(manifest.holdout_parts, picks, strict=True):
         if len(pick) == 0:
             continue
-        part_x, part_y = decode_part(svc.store.read_bytes(bucket, path), path)
+        part_x, part_y = load_part(svc.store, bucket, path)
         if len(part_y) <= int(pick[-1]) or part_x.shape[1:] != x.shape[1:]:
             raise CorruptObjectError(
                 f"{path}: expected a holdout part of at least {int(pick[-1]) + 1} rows of "

@@ -19,7 +19,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegi
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.version import Version
-from bucketlearn.errors import BackendRejectedError, ObjectChangedError
+from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
 
 pytestmark = pytest.mark.integration
@@ -396,6 +396,21 @@ def test_blob_store_round_trip_stream_list_delete(backend: Any) -> None:
     store.delete(bucket, prefix + "a.bin")  # deleting twice is fine
     assert store.stat(bucket, prefix + "a.bin") is None
     assert [i.name for i in store.list(bucket, prefix)] == [prefix + "b.bin"]
+
+
+def test_a_range_of_an_object_reads_those_bytes_and_no_more(backend: Any) -> None:
+    """A packed part is a byte range of its pack (``ingest.parts.read_part``)."""
+    store = backend.store
+    bucket = backend.settings.work_bucket
+    name = f"t-{uuid.uuid4().hex[:8]}/pack.bin"
+    payload = bytes(range(256)) * 64
+    store.write_bytes(bucket, name, payload, "application/octet-stream")
+    assert store.read_range(bucket, name, 0, 10) == payload[:10]
+    assert store.read_range(bucket, name, 1000, 3000) == payload[1000:4000]
+    assert store.read_range(bucket, name, len(payload) - 5, 50) == payload[-5:]  # ends sooner
+    assert store.read_range(bucket, name, len(payload) + 10, 5) == b""
+    with pytest.raises(NotFoundError):
+        store.read_range(bucket, name + ".missing", 0, 5)
 
 
 @pytest.mark.parametrize("name", ["dir with space/ü ñ 中文.csv", "a+b=c&d?e#f;%20.csv",

@@ -176,7 +176,8 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
     svc, job_id = start_job(tmp_path)
     task = task_message(svc, job_id, 0)
     if where == "work-shard-part":
-        bucket, name = svc.settings.work_bucket, task.parts[0]
+        # the object the part is packed in (``<object>#<offset>:<length>``)
+        bucket, name = svc.settings.work_bucket, task.parts[0].partition("#")[0]
     else:
         bucket, name = svc.settings.models_bucket, svc.registry.get_job(job_id).head.weights_path
     svc.store.write_bytes(bucket, name, PAYLOADS[kind](marker), "application/octet-stream")

@@ -13,9 +13,10 @@ import json
 
 import pytest
 
+from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import Limits
-from bucketlearn.ingest.parts import decode_part
+from bucketlearn.ingest.parts import decode_part, read_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import JobOptions
 from bucketlearn.services.serial import local_source
@@ -44,12 +45,15 @@ def split_digest(path, **options) -> str:
     data = json.loads(manifest.to_json())
     digest.update(json.dumps({k: data[k] for k in FIELDS}, sort_keys=True).encode())
     for shard in manifest.shards:
-        stems = [part.rsplit(".", 1)[0] for part in shard.parts]
+        # the names the parts had as objects of their own (they are packed since): the same
+        # parts of the same shards
+        stems = [layout.shard_part_path(manifest.job_id, shard.index, n).rsplit(".", 1)[0]
+                 for n in range(len(shard.parts))]
         digest.update(f"{shard.index}:{shard.rows}:{stems}".encode())
         for part in shard.parts:
-            digest.update(_arrays(store.read_bytes("work", part)))
+            digest.update(_arrays(read_part(store, "work", part)))
     for part in manifest.holdout_parts:
-        digest.update(_arrays(store.read_bytes("work", part)))
+        digest.update(_arrays(read_part(store, "work", part)))
     return digest.hexdigest()
 
 

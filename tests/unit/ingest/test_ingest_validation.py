@@ -13,7 +13,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.config import Limits
 from bucketlearn.errors import InvalidInputError, PermanentError
 from bucketlearn.ingest import scan
-from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ingest.parts import load_parts, read_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
@@ -514,7 +514,7 @@ def test_pass_2_takes_pass_1s_batches_when_they_fit_and_splits_the_same(data, op
     parts = [p for s in again.shards for p in s.parts] + again.holdout_parts
     assert len(parts) > 5
     for store in (kept_store, compact_store):
-        assert all(store.read_bytes("work", p) == again_store.read_bytes("work", p)
+        assert all(read_part(store, "work", p) == read_part(again_store, "work", p)
                    for p in parts)
 
 

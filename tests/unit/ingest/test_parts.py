@@ -21,7 +21,10 @@ from bucketlearn.ingest.parts import (
     compact,
     decode_part,
     encode_part,
+    load_part,
     load_parts,
+    part_address,
+    read_part,
 )
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
@@ -156,6 +159,62 @@ def test_a_failed_write_fails_the_split_and_no_write_outlives_it():
     assert not [t for t in threading.enumerate() if t.name.startswith("part-write")]
 
 
+def read_part_object(address: str) -> str:
+    """The object a part's address names (its pack)."""
+    return address.partition("#")[0]
+
+
+def part_rows(index: int, rows: int = 100, width: int = 30) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A part's chunks: ``rows`` rows whose features hold the part's number and a fraction
+    (stored as float32, 12 kB a part at the defaults)."""
+    x = np.full((rows, width), index + 0.5, np.float32)
+    return [(x[: rows // 2], np.full(rows // 2, index, np.int32)),
+            (x[rows // 2:], np.full(rows - rows // 2, index, np.int32))]
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_parts_are_packed_into_few_objects_and_read_back_by_address(threads):
+    """With a pack prefix, parts go into objects of about ``pack_bytes``, in the order written;
+    each part's address reads back exactly its rows, with one ranged read."""
+    store = MemoryBlobStore()
+    names = [f"part-{i}" for i in range(40)]
+    with PartWrites(store, "work", max_bytes=1 << 20, threads=threads, pack_prefix="j/pack-",
+                    pack_bytes=100_000) as writes:
+        rows = [writes.write(name, part_rows(i)) for i, name in enumerate(names)]
+    addresses = [writes.address(name) for name in names]
+    objects = sorted(i.name for i in store.list("work"))
+    assert rows == [100] * 40
+    assert objects == [f"j/pack-{n:05d}.bin" for n in range(len(objects))]
+    assert 4 <= len(objects) <= 6  # 40 parts of 12 kB in packs of about 100 kB
+    assert sorted({read_part_object(a) for a in addresses}) == objects
+    for i, address in enumerate(addresses):
+        x, y = load_part(store, "work", address)
+        np.testing.assert_array_equal(x, np.full((100, 30), i + 0.5, np.float32))
+        np.testing.assert_array_equal(y, np.full(100, i, np.int32))
+    assert sum(i.size for i in store.list("work")) == sum(
+        len(read_part(store, "work", a)) for a in addresses)  # nothing but the parts
+
+
+def test_a_part_named_as_an_object_of_its_own_is_read_whole():
+    """A manifest from before packs (or a part written alone) names whole objects."""
+    store = MemoryBlobStore()
+    x, y = np.ones((3, 2), np.float32), np.array([0, 1, 0], np.int32)
+    store.write_bytes("work", "jobs/j/shards/t00000/part-0000.safetensors", encode_part(x, y),
+                      "application/octet-stream")
+    back_x, back_y = load_part(store, "work", "jobs/j/shards/t00000/part-0000.safetensors")
+    np.testing.assert_array_equal(back_x, x)
+    np.testing.assert_array_equal(back_y, y)
+
+
+def test_a_pack_shorter_than_its_address_says_is_a_corrupt_object():
+    store = MemoryBlobStore()
+    data = encode_part(np.ones((3, 2), np.float32), np.zeros(3, np.int32))
+    store.write_bytes("work", "j/pack-00000.bin", data, "application/octet-stream")
+    address = part_address("j/pack-00000.bin", 0, len(data) + 10)
+    with pytest.raises(codec.CorruptObjectError, match=r"expected \d+ bytes of a packed part"):
+        read_part(store, "work", address)
+
+
 def test_the_split_writes_every_part_before_its_manifest():
     """The manifest lists parts that exist: ``split_upload`` waits for its writes."""
     written: list[str] = []
@@ -175,7 +234,7 @@ def test_the_split_writes_every_part_before_its_manifest():
     parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
     assert len(parts) > 30
     assert written[-1] == layout.manifest_path("job")
-    assert set(parts) <= set(written[:-1])
+    assert {read_part_object(p) for p in parts} <= set(written[:-1])
 
 
 def test_a_split_whose_part_write_fails_fails_and_leaves_no_thread_and_no_manifest():
@@ -193,7 +252,7 @@ def test_a_split_whose_part_write_fails_fails_and_leaves_no_thread_and_no_manife
         def write_bytes(self, bucket, name, data, content_type, metadata=None):
             with self.lock:
                 self.parts += "/shards/" in name
-                failing = self.parts == 5
+                failing = self.parts == 1
             if failing:
                 raise TransientError(f"gs://{bucket}/{name}: upload failed")
             return super().write_bytes(bucket, name, data, content_type, metadata)

@@ -24,6 +24,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
 from bucketlearn.domain.job import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
+from bucketlearn.ingest.parts import part_address
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
@@ -600,13 +601,13 @@ def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path)
     job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
                     JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
     reads: list[tuple[str, str]] = []
-    read = svc.store.read_bytes
+    read = svc.store.read_range
 
-    def recorded(bucket: str, name: str) -> bytes:
-        reads.append((name, threading.current_thread().name))
-        return read(bucket, name)
+    def recorded(bucket: str, name: str, offset: int, length: int) -> bytes:
+        reads.append((part_address(name, offset, length), threading.current_thread().name))
+        return read(bucket, name, offset, length)
 
-    svc.store.read_bytes = recorded
+    svc.store.read_range = recorded  # parts are packed: each is read as a range of its pack
     learner = Learner(svc, "w-ahead", tuning=LEARNING, chain=True)
     job = svc.registry.get_job(job_id)
     first = learner.train(svc.queue.pull(0).message, job)

@@ -141,9 +141,9 @@ class RecordingStore(MemoryBlobStore):
 
 def test_bad_csv_is_rejected_and_its_partial_shards_removed():
     """A bad value late in a multi-block file: REJECTED naming row/column, no shards left."""
-    # Prepare: 1 MB read blocks; shards of the first block are complete and written before
-    # the 'inf' in the second block is seen
-    settings = Settings(limits=Limits(max_line_bytes=1024))
+    # Prepare: 1 MB read blocks; shards of the first block are complete and written (each
+    # part a pack of its own) before the 'inf' in the second block is seen
+    settings = Settings(limits=Limits(max_line_bytes=1024, pack_bytes=0))
     svc = memory_services(settings)
     svc.store = RecordingStore()
     rows = [[i, (i * 7) % 13, i % 3] for i in range(150_000)]
@@ -495,9 +495,12 @@ def long_csv():
 
 
 def claimed_services(store_factory):
-    """Services on a fake clock, lease 60 s, 1 MiB read blocks, the store made for that clock."""
+    """Services on a fake clock, lease 60 s, 1 MiB read blocks, every part written as soon as
+    it is complete (a pack of its own: the split's writes are what takes the fake time), the
+    store made for that clock."""
     clock = FakeClock()
-    svc = memory_services(Settings(lease_seconds=LEASE, limits=Limits(max_line_bytes=1024)))
+    svc = memory_services(Settings(lease_seconds=LEASE,
+                                   limits=Limits(max_line_bytes=1024, pack_bytes=0)))
     svc.clock = clock
     svc.store = store_factory(clock)
     return svc, clock

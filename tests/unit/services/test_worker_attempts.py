@@ -20,14 +20,14 @@ def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.M
     # Prepare: every shard read fails with ``error``; a transient one for longer than the worker
     # keeps a task through an outage
     svc, job_id = start_job(tmp_path)
-    real_read = svc.store.read_bytes
+    real_read = svc.store.read_range  # a part is a range of its pack
 
-    def failing_read(bucket: str, name: str) -> Any:
+    def failing_read(bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name:
             raise error
-        return real_read(bucket, name)
+        return real_read(bucket, name, offset, length)
 
-    monkeypatch.setattr(svc.store, "read_bytes", failing_read)
+    monkeypatch.setattr(svc.store, "read_range", failing_read)
     received = svc.queue.pull(0)
     # Execute
     tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
@@ -63,15 +63,15 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     item 1). One attempt is counted."""
     # Prepare
     svc, job_id = start_job(tmp_path)
-    real_read = svc.store.read_bytes
+    real_read = svc.store.read_range  # a part is a range of its pack
     failures = iter([True, True])
 
-    def flaky_read(bucket: str, name: str) -> Any:
+    def flaky_read(bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name and next(failures, False):
             raise ConnectionError("connection reset")
-        return real_read(bucket, name)
+        return real_read(bucket, name, offset, length)
 
-    monkeypatch.setattr(svc.store, "read_bytes", flaky_read)
+    monkeypatch.setattr(svc.store, "read_range", flaky_read)
     received = svc.queue.pull(0)
     # Execute
     tuning = LearnerTuning(transient_backoff_seconds=0.01)
@@ -114,20 +114,20 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
     is down): the attempt is owed, and given back with the next task (issue #14, item 3)."""
     # Prepare
     svc, job_id = start_job(tmp_path)
-    real_read, real_refund = svc.store.read_bytes, svc.registry.refund_attempt
+    real_read, real_refund = svc.store.read_range, svc.registry.refund_attempt
     down = {"storage": True, "refunds": True}
 
-    def read(bucket: str, name: str) -> Any:
+    def read(bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name and down["storage"]:
             raise ConnectionError("connection reset")
-        return real_read(bucket, name)
+        return real_read(bucket, name, offset, length)
 
     def refund(*args: Any, **kwargs: Any) -> None:
         if down["refunds"]:
             raise TransientError("firestore unavailable")
         real_refund(*args, **kwargs)
 
-    monkeypatch.setattr(svc.store, "read_bytes", read)
+    monkeypatch.setattr(svc.store, "read_range", read)
     monkeypatch.setattr(svc.registry, "refund_attempt", refund)
     tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
     learner = Learner(svc, "w1", tuning=tuning)
