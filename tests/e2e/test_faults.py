@@ -13,6 +13,7 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
+from bucketlearn.ingest.manifest import Manifest
 from tests.e2e import faults
 from tests.e2e.faults import submit, wait_for
 from tests.e2e.helpers import DIGITS, assert_ledger_consistent, wait_terminal
@@ -99,6 +100,17 @@ def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
            "dense", tasks=job.tasks_applied, versions=len(versions))
 
 
+def break_part(svc: Any, bucket: str, job_id: str, shard: int) -> None:
+    """Overwrite a shard's first part, a byte range of its pack, with bytes that are not a
+    safetensors object (the pack's other parts stay as they were)."""
+    manifest = Manifest.from_json(svc.store.read_bytes(bucket, layout.manifest_path(job_id)))
+    name, _, span = manifest.shards[shard].parts[0].partition("#")
+    offset, length = (int(v) for v in span.split(":"))
+    pack = bytearray(svc.store.read_bytes(bucket, name))
+    pack[offset:offset + length] = b"not a safetensors object".ljust(length, b"!")
+    svc.store.write_bytes(bucket, name, bytes(pack), "application/octet-stream")
+
+
 @pytest.mark.parametrize("allowed, expected", [(0, "FAILED"), (2, "DONE")])
 def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits: Path) -> None:
     """A task whose shard is unreadable fails after N attempts; the job policy decides the end."""
@@ -110,8 +122,7 @@ def test_poison_task(make_stack: Any, allowed: int, expected: str, small_digits:
                                                    "max_failed_tasks": str(allowed)}, small_digits)
     wait_for(lambda: getattr(svc.registry.get_job(job_id), "published", None) == "e0001r00000",
              120, "round 1 of epoch 1 to be published")
-    part = layout.shard_part_path(job_id, 0, 0)
-    svc.store.write_bytes(stack.settings.work_bucket, part, b"not a safetensors object", "text/plain")
+    break_part(svc, stack.settings.work_bucket, job_id, shard=0)
     # Execute
     for i in range(2):
         stack.start_worker(i)
