@@ -82,8 +82,8 @@ LATENCY = {
     "firestore.record_attempt": 0.020, "firestore.refund_attempt": 0.020,
     "firestore.update_task": 0.020,
     "firestore.record_evaluation": 0.050, "firestore.acquire_lease": 0.030,
-    "storage.write_bytes": 0.060, "storage.read_bytes": 0.040, "storage.stat": 0.025,
-    "storage.list": 0.050, "storage.delete": 0.030,
+    "storage.write_bytes": 0.060, "storage.read_bytes": 0.040, "storage.read_range": 0.040,
+    "storage.stat": 0.025, "storage.list": 0.050, "storage.delete": 0.030,
     "pubsub.publish": 0.020, "pubsub.pull": 0.050,
 }
 DEFAULT_LATENCY = 0.030

@@ -134,7 +134,8 @@ class PartWrites:
 
     At most ``max_bytes`` of buffered rows (and ``2 * threads`` objects) wait or are being
     written, or one object when it alone is larger; past that, ``write`` waits for the oldest.
-    The pack being gathered holds up to ``pack_bytes`` more (plus its last part). With each
+    The pack being gathered holds up to ``pack_bytes`` more (plus its last part), at most
+    ``max_bytes`` for a split's (``for_job``). With each
     running write's copies (joined, compacted, encoded: about three of its bytes), the split
     holds at most its shard buffers plus about four times ``max_bytes`` (invariant 5). A failed
     write raises from a later ``write`` or from ``wait``; the split then fails as a whole, as
@@ -163,10 +164,12 @@ class PartWrites:
     def for_job(cls, store: BlobStore, bucket: str, job_id: str, buffer_bytes: int,
                 pack_bytes: int = PACK_BYTES) -> PartWrites:
         """A split's writes: its parts packed under the job's prefix, a quarter of its
-        ``buffer_bytes`` in flight, on as many threads as ``store`` says writes at once pay
-        off (``write_threads``; none said: 0)."""
-        return cls(store, bucket, buffer_bytes // 4, int(getattr(store, "write_threads", 0)),
-                   layout.pack_prefix(job_id), pack_bytes)
+        ``buffer_bytes`` in flight and packs of at most as much (the split's memory stays what
+        its budget says, whatever ``pack_bytes``), on as many threads as ``store`` says writes
+        at once pay off (``write_threads``; none said: 0)."""
+        in_flight = buffer_bytes // 4
+        return cls(store, bucket, in_flight, int(getattr(store, "write_threads", 0)),
+                   layout.pack_prefix(job_id), min(pack_bytes, in_flight))
 
     def write(self, path: str, chunks: list[tuple[np.ndarray, np.ndarray]]) -> int:
         """Write ``chunks`` as the part ``path`` (now, on a thread, or with its pack); return

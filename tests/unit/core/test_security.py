@@ -172,15 +172,24 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
         kind: str, where: str, tmp_path: Path, marker: Path) -> None:
     """A pickle as a shard part (work) or as the head weights (models): each attempt is counted
     and nacked; after max_task_attempts the task is FAILED with a marker for the aggregator."""
-    # Prepare
-    svc, job_id = start_job(tmp_path)
+    # Prepare: shards of 128 rows, so that every payload fits in a part's byte range
+    svc, job_id = start_job(tmp_path, rows_per_shard="128")
     task = task_message(svc, job_id, 0)
     if where == "work-shard-part":
-        # the object the part is packed in (``<object>#<offset>:<length>``)
+        # the part is a byte range of its pack (``<object>#<offset>:<length>``): the pickle goes
+        # in that range, padded to its length (a pickle ignores what follows its STOP), the
+        # pack's other parts as they were
         bucket, name = svc.settings.work_bucket, task.parts[0].partition("#")[0]
+        offset, length = (int(v) for v in task.parts[0].partition("#")[2].split(":"))
+        pack = bytearray(svc.store.read_bytes(bucket, name))
+        payload = PAYLOADS[kind](marker)
+        assert len(payload) <= length, "precondition: the pickle fits in the part's range"
+        pack[offset:offset + length] = payload.ljust(length, b"\0")
+        data = bytes(pack)
     else:
         bucket, name = svc.settings.models_bucket, svc.registry.get_job(job_id).head.weights_path
-    svc.store.write_bytes(bucket, name, PAYLOADS[kind](marker), "application/octet-stream")
+        data = PAYLOADS[kind](marker)
+    svc.store.write_bytes(bucket, name, data, "application/octet-stream")
     learner = Learner(svc, "w-security")
     # Execute
     first = learner.process(task)

@@ -230,9 +230,10 @@ def test_the_split_writes_every_part_before_its_manifest():
     data = ("a,b,label\n" + "".join(f"{i},{i % 7},{i % 3}\n" for i in range(3000))).encode()
     store = Recording()
     manifest = split_upload(SourceFile("t.csv", len(data), lambda: io.BytesIO(data)), store,
-                            "work", "job", JobOptions(rows_per_shard=64), Limits())
+                            "work", "job", JobOptions(rows_per_shard=64), Limits(pack_bytes=4096))
     parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
     assert len(parts) > 30
+    assert len({read_part_object(p) for p in parts}) > 5  # several packs, written on threads
     assert written[-1] == layout.manifest_path("job")
     assert {read_part_object(p) for p in parts} <= set(written[:-1])
 
@@ -252,7 +253,7 @@ def test_a_split_whose_part_write_fails_fails_and_leaves_no_thread_and_no_manife
         def write_bytes(self, bucket, name, data, content_type, metadata=None):
             with self.lock:
                 self.parts += "/shards/" in name
-                failing = self.parts == 1
+                failing = self.parts == 3  # a pack while others are under way
             if failing:
                 raise TransientError(f"gs://{bucket}/{name}: upload failed")
             return super().write_bytes(bucket, name, data, content_type, metadata)
@@ -261,6 +262,6 @@ def test_a_split_whose_part_write_fails_fails_and_leaves_no_thread_and_no_manife
     store = Failing()
     with pytest.raises(TransientError, match="upload failed"):
         split_upload(SourceFile("t.csv", len(data), lambda: io.BytesIO(data)), store, "work",
-                     "job", JobOptions(rows_per_shard=64), Limits())
+                     "job", JobOptions(rows_per_shard=64), Limits(pack_bytes=4096))
     assert store.stat("work", layout.manifest_path("job")) is None
     assert not [t for t in threading.enumerate() if t.name.startswith("part-write")]

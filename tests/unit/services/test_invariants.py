@@ -28,7 +28,8 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
-from bucketlearn.ingest.parts import ShardWriter
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import ShardWriter, read_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
@@ -203,10 +204,15 @@ def test_shards_and_deltas_are_pickle_free(tmp_path: Path) -> None:
     names = [(b, i.name) for b in (svc.settings.work_bucket, svc.settings.deltas_bucket,
                                    svc.settings.models_bucket)
              for i in svc.store.list(b) if i.name.endswith(".safetensors")]
+    manifest = Manifest.from_json(svc.store.read_bytes(svc.settings.work_bucket,
+                                                       layout.manifest_path(job_id)))
+    parts = [p for shard in manifest.shards for p in shard.parts] + manifest.holdout_parts
+    stored = [svc.store.read_bytes(b, n) for b, n in names] + [  # parts: ranges of their packs
+        read_part(svc.store, svc.settings.work_bucket, p) for p in parts]
     # Assert
-    assert names
-    for bucket, name in names:  # read by the library alone, not bucketlearn's codec
-        arrays = safetensors.numpy.load(svc.store.read_bytes(bucket, name))
+    assert names and len(parts) > 2
+    for data in stored:  # read by the library alone, not bucketlearn's codec
+        arrays = safetensors.numpy.load(data)
         assert arrays and all(a.dtype.kind in "biuf" for a in arrays.values())
     assert any(layout.parse_delta_path(n) for _, n in names)
 
