@@ -72,10 +72,22 @@ def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
         except _TRANSIENT as exc:
             raise _transient(what, exc) from exc
         except _PERMANENT as exc:
+            if _lost_transaction(exc):
+                raise _transient(what, exc) from exc
             raise BackendRejectedError(f"firestore {what}: {type(exc).__name__}: "
                                        f"{bounded(str(exc), _ERROR_TEXT_CHARS)}") from exc
 
     return wrapper
+
+
+def _lost_transaction(exc: BaseException) -> bool:
+    """A transaction the backend no longer knows (it lost it with a dropped connection, or it
+    expired): InvalidArgument, yet the method run again begins a new one and may succeed. After
+    a Firestore outage mid-commit, taking it for a permanent answer ended a job's aggregation
+    "for good" and left the job without new versions (tests/e2e/test_crashes.py, 2026-11-27)."""
+    text = str(exc).lower()
+    return isinstance(exc, gexc.InvalidArgument) and "transaction" in text and (
+        "invalid or closed" in text or "expired" in text)
 
 
 def _translate_errors(cls: type) -> type:
