@@ -127,24 +127,23 @@ class GcsBlobStore:
         return _info(blob)  # the upload's answer describes the object: no read (create-only)
 
     def read_bytes(self, bucket: str, name: str) -> bytes:
-        try:
-            return self.client.bucket(bucket).blob(name).download_as_bytes(timeout=TIMEOUT,
-                                                                          retry=_RETRY)
-        except gexc.NotFound:
-            raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
-        except _TRANSIENT as exc:
-            raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
+        return self._download(bucket, name)
 
     def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         try:
-            return self.client.bucket(bucket).blob(name).download_as_bytes(
-                start=offset, end=offset + length - 1, timeout=TIMEOUT, retry=_RETRY)
-        except gexc.NotFound:
-            raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
+            return self._download(bucket, name, start=offset, end=offset + length - 1)
         except gexc.RequestRangeNotSatisfiable:
             return b""  # the object ends before ``offset``
+
+    def _download(self, bucket: str, name: str, **span: int) -> bytes:
+        """The object's bytes (``start``/``end``: that range of them, ``end`` included)."""
+        try:
+            return self.client.bucket(bucket).blob(name).download_as_bytes(
+                timeout=TIMEOUT, retry=_RETRY, **span)
+        except gexc.NotFound:
+            raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
 

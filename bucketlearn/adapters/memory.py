@@ -72,16 +72,16 @@ class MemoryBlobStore:
         return self.write_bytes(bucket, name, bytes(data), content_type, metadata)
 
     def read_bytes(self, bucket: str, name: str) -> bytes:
+        return self._data(bucket, name)
+
+    def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
+        return self._data(bucket, name)[offset:offset + length]
+
+    def _data(self, bucket: str, name: str) -> bytes:
         with self._lock:
             if (bucket, name) not in self._objects:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return self._objects[(bucket, name)][0]
-
-    def read_range(self, bucket: str, name: str, offset: int, length: int) -> bytes:
-        with self._lock:
-            if (bucket, name) not in self._objects:
-                raise NotFoundError(f"gs://{bucket}/{name}: no such object")
-            return self._objects[(bucket, name)][0][offset:offset + length]
 
     def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
         """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""

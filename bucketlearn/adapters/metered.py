@@ -231,6 +231,11 @@ class MeteredRegistry(_Metered):
     }
 
 
+def _read(result: Any, *_: Any, **__: Any) -> dict[str, float]:
+    """A read (whole or a range): one class B operation and the bytes it returned."""
+    return {"storage_class_b": 1, "storage_bytes_read": _size(result)}
+
+
 class MeteredStore(_Metered):
     """The blob store, counting Cloud Storage operations by class and the bytes moved."""
 
@@ -244,12 +249,8 @@ class MeteredStore(_Metered):
         "write_stream": ("storage.write", _name_job,
                          lambda result, *a, **k: {"storage_class_a": 1,
                                                   "storage_bytes_written": result.size}),
-        "read_bytes": ("storage.read", _name_job,
-                       lambda result, *a, **k: {"storage_class_b": 1,
-                                                "storage_bytes_read": _size(result)}),
-        "read_range": ("storage.read", _name_job,
-                       lambda result, *a, **k: {"storage_class_b": 1,
-                                                "storage_bytes_read": _size(result)}),
+        "read_bytes": ("storage.read", _name_job, _read),
+        "read_range": ("storage.read", _name_job, _read),
         "open_read": ("storage.read", _name_job, lambda *a, **k: {"storage_class_b": 1}),
         "stat": ("storage.stat", _name_job, lambda *a, **k: {"storage_class_b": 1}),
         "list": ("storage.list", lambda bucket, prefix="", *a, **k: job_of_name(prefix),

@@ -4,7 +4,7 @@ buffers reach their budget (``ShardWriter``), holdout rows written in parts of a
 (``HoldoutWriter``), both through ``PartWrites`` (a few writes at once, behind the split), and
 parts read back and joined (``load_parts``).
 
-A split packs its parts into objects of about ``PACK_BYTES`` (``PartWrites`` with a
+A split packs its parts into objects of about ``Limits.pack_bytes`` (``PartWrites`` with a
 ``pack_prefix``): a part's address in the manifest is then ``<object>#<offset>:<length>``, read
 with one ranged read (``read_part``); a plain object name (a part written on its own, or a
 manifest from before packs) is read whole. One object per part cost a 120,000-row table 378
@@ -27,9 +27,6 @@ from bucketlearn import codec, layout
 from bucketlearn.ingest.manifest import Shard
 from bucketlearn.ports import BlobStore
 
-# About how many bytes of rows (as buffered, before compaction) go into one packed object (a
-# split's is ``Limits.pack_bytes``)
-PACK_BYTES = 4 * 1024**2
 _RANGE = "#"  # a packed part's address: ``<object>#<offset>:<length>``
 
 # Integer dtypes a part's features are stored in when every value fits exactly (pixels, counts,
@@ -70,20 +67,28 @@ def part_address(name: str, offset: int, length: int) -> str:
     return f"{name}{_RANGE}{offset}:{length}"
 
 
+def split_address(address: str) -> tuple[str, int, int] | None:
+    """A packed part's (object, offset, length) (``part_address``); None for a plain name."""
+    name, packed, span = address.rpartition(_RANGE)
+    if not packed:
+        return None
+    offset, _, length = span.partition(":")
+    return name, int(offset), int(length)
+
+
 def read_part(store: BlobStore, bucket: str, address: str) -> bytes:
     """A part's bytes: a ranged read of its pack (``part_address``), or a whole object.
 
     Raises:
         CorruptObjectError: the pack holds fewer bytes than the address names.
     """
-    name, packed, span = address.rpartition(_RANGE)
-    if not packed:
+    packed = split_address(address)
+    if packed is None:
         return store.read_bytes(bucket, address)
-    offset, _, length = span.partition(":")
-    data = store.read_range(bucket, name, int(offset), int(length))
-    if len(data) != int(length):
+    data = store.read_range(bucket, *packed)
+    if len(data) != packed[2]:
         raise codec.CorruptObjectError(
-            f"gs://{bucket}/{address}: expected {int(length)} bytes of a packed part; found "
+            f"gs://{bucket}/{address}: expected {packed[2]} bytes of a packed part; found "
             f"{len(data)}")
     return data
 
@@ -146,7 +151,7 @@ class PartWrites:
     """
 
     def __init__(self, store: BlobStore, bucket: str, max_bytes: int, threads: int,
-                 pack_prefix: str | None = None, pack_bytes: int = PACK_BYTES) -> None:
+                 pack_prefix: str | None = None, pack_bytes: int = 0) -> None:
         self.store, self.bucket = store, bucket
         self.max_bytes = max_bytes
         self.threads = threads
@@ -162,7 +167,7 @@ class PartWrites:
 
     @classmethod
     def for_job(cls, store: BlobStore, bucket: str, job_id: str, buffer_bytes: int,
-                pack_bytes: int = PACK_BYTES) -> PartWrites:
+                pack_bytes: int) -> PartWrites:
         """A split's writes: its parts packed under the job's prefix, a quarter of its
         ``buffer_bytes`` in flight and packs of at most as much (the split's memory stays what
         its budget says, whatever ``pack_bytes``), on as many threads as ``store`` says writes

@@ -25,10 +25,10 @@ pass 2 uses the block size pass 1 succeeded with.
 
 Shard rows are buffered per shard and written as parts when a shard is complete or when the
 buffers reach ``buffer_bytes``; parts are packed, in the order written, into objects of about
-4 MiB (``parts.PACK_BYTES``), and the manifest gives each part's object and byte range. Packs
+``Limits.pack_bytes`` (4 MiB), and the manifest gives each part's object and byte range. Packs
 are written a few at once behind the deal (``parts.PartWrites``, a quarter of ``buffer_bytes``
-in flight), all of them before the manifest. Memory is therefore bounded whatever the file's size (invariant 5): the buffers, the
-writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``; past
+in flight), all of them before the manifest. Memory is therefore bounded whatever the file's
+size (invariant 5): the buffers, the writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``; past
 that the upload is read again instead). A shard may end up as several parts; the manifest lists
 them.
 

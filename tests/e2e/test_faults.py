@@ -14,6 +14,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import split_address
 from tests.e2e import faults
 from tests.e2e.faults import submit, wait_for
 from tests.e2e.helpers import DIGITS, assert_ledger_consistent, wait_terminal
@@ -104,8 +105,9 @@ def break_part(svc: Any, bucket: str, job_id: str, shard: int) -> None:
     """Overwrite a shard's first part, a byte range of its pack, with bytes that are not a
     safetensors object (the pack's other parts stay as they were)."""
     manifest = Manifest.from_json(svc.store.read_bytes(bucket, layout.manifest_path(job_id)))
-    name, _, span = manifest.shards[shard].parts[0].partition("#")
-    offset, length = (int(v) for v in span.split(":"))
+    packed = split_address(manifest.shards[shard].parts[0])
+    assert packed is not None
+    name, offset, length = packed
     pack = bytearray(svc.store.read_bytes(bucket, name))
     pack[offset:offset + length] = b"not a safetensors object".ljust(length, b"!")
     svc.store.write_bytes(bucket, name, bytes(pack), "application/octet-stream")

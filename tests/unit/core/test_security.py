@@ -41,6 +41,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.job import QUEUED
 from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.parts import split_address
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import upload as upload_service
@@ -179,8 +180,9 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
         # the part is a byte range of its pack (``<object>#<offset>:<length>``): the pickle goes
         # in that range, padded to its length (a pickle ignores what follows its STOP), the
         # pack's other parts as they were
-        bucket, name = svc.settings.work_bucket, task.parts[0].partition("#")[0]
-        offset, length = (int(v) for v in task.parts[0].partition("#")[2].split(":"))
+        packed = split_address(task.parts[0])
+        assert packed is not None
+        bucket, (name, offset, length) = svc.settings.work_bucket, packed
         pack = bytearray(svc.store.read_bytes(bucket, name))
         payload = PAYLOADS[kind](marker)
         assert len(payload) <= length, "precondition: the pickle fits in the part's range"
