@@ -13,7 +13,7 @@ import numpy as np
 
 # epochs a dataset trains for in these studies
 EPOCHS = {"digits28": 5, "hmnist4": 5, "hmnist4-12k": 5, "hmnist4-48k": 5, "shapes": 5,
-          "gratings": 5}  # image sets: 5 epochs; tables: the default 10
+          "gratings": 5, "shapes-48k": 5, "gratings-48k": 5}  # image sets: 5 epochs; tables: the default 10
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7  # Keras's Adam defaults, which the model compiles
 
 

@@ -82,7 +82,7 @@ GROUPS: dict[str, list[dict[str, Any]]] = {
                  for r in (2, 4, 8)]
               + [{"data": "flights", "label": "origin", "R": r, "lr": 0.001 * r}
                  for r in (2, 4)],
-    # flights at R = 8 in tasks of 32-256 steps: how few rounds keep its accuracy
+    # flights at R = 8 in tasks of 16-512 steps: how few rounds keep its accuracy
     "flights-long": [{"data": "flights", "label": "origin", "R": 1, "rps": 8192}]
                     + [{"data": "flights", "label": "origin", "R": 8, "rps": rps, **rule}
                        for rps in (512, 1024, 2048, 8192, 16384)
@@ -95,6 +95,11 @@ GROUPS: dict[str, list[dict[str, Any]]] = {
     "cnn-48k-long": [{"data": "hmnist4-48k", "R": 1, "rps": 4096},
                      {"data": "hmnist4-48k", "R": 8, "rps": 4096, "lr": 0.008},
                      {"data": "hmnist4-48k", "R": 8, "rps": 4096, "fold": "diloco"}],
+    # the same on the held-out image kinds at 48,000 rows (not used in any decision)
+    "cnn-long-held-out": [{"data": d, "R": 1, "rps": 4096} for d in ("shapes-48k", "gratings-48k")]
+                         + [{"data": d, "R": 8, "rps": 4096, **rule}
+                            for d in ("shapes-48k", "gratings-48k")
+                            for rule in ({"lr": 0.008}, {"fold": "diloco"})],
     "cnn-48k": [{"data": "hmnist4-48k", "R": 1}]
                + [{"data": "hmnist4-48k", "R": r, "lr": 0.001 * r} for r in (2, 4, 8)]
                + [{"data": "hmnist4-48k", "R": r, "lr": 0.001 * r, "rps": 1024} for r in (4, 8)],
