@@ -12,11 +12,33 @@ import pytest
 from tests.conftest import unique_prefix
 from tests.e2e.helpers import DIGITS
 
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[pytest.TestReport]:
+    """Keep each phase's report on the test (``report_call``), so a fixture's teardown can tell
+    whether the test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def print_log_tails(stacks: list[Any]) -> None:
+    """The last lines of every process log of ``stacks``, printed: pytest shows them under the
+    failed test's teardown output, where a CI log keeps them after the temp dirs are gone."""
+    for stack in stacks:
+        for name, proc in list(stack.procs.items()):
+            print(f"----- {name}: last {LOG_TAIL_LINES} lines of {proc.log_path} -----")
+            print(proc.tail(LOG_TAIL_LINES))
+
 
 @contextlib.contextmanager
-def stack_factory(emulators: Any, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[Callable[..., Any]]:
-    """Start LocalStacks sharing the emulators, each with its own names; stop them all on exit."""
+def stack_factory(emulators: Any, tmp_path_factory: pytest.TempPathFactory,
+                  failed: Callable[[], bool] = lambda: False) -> Iterator[Callable[..., Any]]:
+    """Start LocalStacks sharing the emulators, each with its own names; stop them all on exit,
+    printing their logs' tails first when ``failed()`` says the test failed."""
     from bucketlearn.local.stack import LocalStack
 
     stacks: list[Any] = []
@@ -32,16 +54,23 @@ def stack_factory(emulators: Any, tmp_path_factory: pytest.TempPathFactory
     try:
         yield start
     finally:
+        if failed():
+            print_log_tails(stacks)
         for stack in stacks:
             stack.stop()
 
 
 @pytest.fixture
-def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[Callable[..., Any]]:
+def make_stack(emulators: Any, tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     """Stacks stopped when the test ends (a stack left running would take CPU from every later
-    test)."""
-    with stack_factory(emulators, tmp_path_factory) as start:
+    test); when the test failed, their processes' logs end its report."""
+
+    def failed() -> bool:
+        report = getattr(request.node, "report_call", None)
+        return bool(report is not None and report.failed)
+
+    with stack_factory(emulators, tmp_path_factory, failed) as start:
         yield start
 
 
