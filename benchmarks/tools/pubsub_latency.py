@@ -10,7 +10,9 @@ publish call to the message in hand:
   50 ms from when it came, so the wait depends on that offset;
 * a streaming pull's callback (how the aggregator takes results).
 
-It prints the medians and 90th percentiles; the emulators are stopped at the end.
+and, for a unary pull issued a fixed 0-300 ms before the publish, the median wait at each
+offset (the cycle shows there). It prints the figures and writes them, with every sample, to
+``benchmarks/results/pubsub_latency.json``; the emulators are stopped at the end.
 """
 
 from __future__ import annotations
@@ -25,19 +27,27 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.harness.paths import RESULTS
+from benchmarks.report.results import new_result, write_result
 from bucketlearn.local.emulators import PROJECT, Emulators
 
 PAYLOAD = b"x" * 200  # about a task or result message
+OFFSETS = (0.0, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.3)  # pull issued this long before
 
 
-def _quantiles(seconds: list[float]) -> str:
+def stats(seconds: list[float]) -> dict[str, float]:
+    """Median, 90th percentile, least and most, in ms."""
     ordered = sorted(seconds)
     p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    return f"median {1000 * statistics.median(ordered):.1f} ms, p90 {1000 * p90:.1f} ms"
+    return {"median_ms": round(1000 * statistics.median(ordered), 1),
+            "p90_ms": round(1000 * p90, 1), "min_ms": round(1000 * ordered[0], 1),
+            "max_ms": round(1000 * ordered[-1], 1), "n": len(ordered)}
 
 
-def unary(pub, sub, topic: str, subscription: str, n: int) -> tuple[list[float], list[float]]:
-    """Publish-to-received with a unary pull already waiting, and the publish call itself."""
+def unary(pub, sub, topic: str, subscription: str, n: int, offset: float | None = None
+          ) -> tuple[list[float], list[float]]:
+    """Publish-to-received with a unary pull already waiting (issued ``offset`` seconds before
+    the publish; None: a random 0-100 ms), and the publish call itself."""
     received, calls = [], []
     for _ in range(n):
         box: dict[str, float] = {}
@@ -51,7 +61,7 @@ def unary(pub, sub, topic: str, subscription: str, n: int) -> tuple[list[float],
 
         puller = threading.Thread(target=pull)
         puller.start()
-        time.sleep(random.uniform(0.0, 0.1))  # the pull is waiting at the emulator
+        time.sleep(random.uniform(0.0, 0.1) if offset is None else offset)  # pull waiting
         started = time.perf_counter()
         pub.publish(topic, PAYLOAD).result(timeout=10)
         calls.append(time.perf_counter() - started)
@@ -84,6 +94,8 @@ def streaming(pub, sub, topic: str, subscription: str, n: int) -> list[float]:
 
 def main(n: int = 40) -> None:
     random.seed(0)
+    result = new_result("pubsub_latency", False, {"messages": n, "payload_bytes": len(PAYLOAD),
+                                                  "offsets_s": list(OFFSETS)})
     with tempfile.TemporaryDirectory(prefix="pubsub-latency-") as logs:
         emulators = Emulators(logs=Path(logs)).start()
         try:
@@ -102,12 +114,22 @@ def main(n: int = 40) -> None:
                                         ack_deadline_seconds=60, timeout=30)
                 paths[name] = (topic, subscription)
             received, calls = unary(pub, sub, *paths["latency-unary"], n)
-            print(f"unary pull, waiting: publish to received {_quantiles(received)}; "
-                  f"the publish call {_quantiles(calls)}")
-            print(f"streaming pull: publish to callback "
-                  f"{_quantiles(streaming(pub, sub, *paths['latency-stream'], n))}")
+            streamed = streaming(pub, sub, *paths["latency-stream"], n)
+            by_offset = {f"{1000 * o:.0f}": stats(unary(pub, sub, *paths["latency-unary"],
+                                                        max(5, n // 4), o)[0])
+                         for o in OFFSETS}
         finally:
             emulators.stop()
+    result["figures"] = {"unary_waiting": stats(received), "publish_call": stats(calls),
+                         "streaming": stats(streamed), "unary_by_offset_ms": by_offset,
+                         "samples_ms": {"unary_waiting": [round(1000 * x, 2) for x in received],
+                                        "streaming": [round(1000 * x, 2) for x in streamed]}}
+    print(f"unary pull, waiting (random 0-100 ms): {result['figures']['unary_waiting']}")
+    print(f"the publish call: {result['figures']['publish_call']}")
+    print(f"streaming pull: {result['figures']['streaming']}")
+    for offset, figure in by_offset.items():
+        print(f"unary pull issued {offset} ms before the publish: {figure}")
+    print(write_result(RESULTS, "pubsub_latency", result))
 
 
 if __name__ == "__main__":
