@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,23 @@ def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 def unique_prefix(label: str) -> str:
     return f"t{uuid.uuid4().hex[:8]}-{label}"[:30]
+
+
+def overwrite_packed_part(store: Any, bucket: str, address: str, payload: bytes,
+                          fill: bytes) -> str:
+    """Put ``payload`` (padded with ``fill`` to the part's length) in the byte range a packed
+    part's address names (``<object>#<offset>:<length>``), the pack's other parts as they were:
+    how a test breaks or poisons one part of a split. Returns the pack's name."""
+    from bucketlearn.ingest.parts import split_address
+
+    packed = split_address(address)
+    assert packed is not None, f"precondition: {address} is a packed part"
+    name, offset, length = packed
+    assert len(payload) <= length, "precondition: the payload fits in the part's range"
+    pack = bytearray(store.read_bytes(bucket, name))
+    pack[offset:offset + length] = payload.ljust(length, fill)
+    store.write_bytes(bucket, name, bytes(pack), "application/octet-stream")
+    return name
 
 
 @pytest.fixture

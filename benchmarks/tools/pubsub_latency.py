@@ -2,7 +2,7 @@
 of each Pub/Sub hop on a round's critical path on the local stack (issue #24).
 
 ``python -m benchmarks.tools.pubsub_latency [N]`` starts the emulators on free ports, publishes
-N small messages one at a time (the adapters' 1 ms batch latency) and times, for each, from the
+N small messages one at a time (with the adapters' batch settings, ``adapters.pubsub.BATCH``) and times, for each, from the
 publish call to the message in hand:
 
 * a unary pull already waiting (how a learner takes a task, ``max_messages=1``), issued a
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchmarks.harness.paths import RESULTS
 from benchmarks.report.results import new_result, write_result
+from bucketlearn.adapters.pubsub import BATCH
 from bucketlearn.local.emulators import PROJECT, Emulators
 
 PAYLOAD = b"x" * 200  # about a task or result message
@@ -102,8 +103,7 @@ def main(n: int = 40) -> None:
             os.environ["PUBSUB_EMULATOR_HOST"] = f"127.0.0.1:{emulators.ports['pubsub']}"
             from google.cloud import pubsub_v1  # noqa: PLC0415 - after the emulator's address
 
-            pub = pubsub_v1.PublisherClient(
-                batch_settings=pubsub_v1.types.BatchSettings(max_latency=0.001))
+            pub = pubsub_v1.PublisherClient(batch_settings=BATCH)  # as the adapters publish
             sub = pubsub_v1.SubscriberClient()
             paths = {}
             for name in ("latency-unary", "latency-stream"):

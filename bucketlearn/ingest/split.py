@@ -28,9 +28,9 @@ buffers reach ``buffer_bytes``; parts are packed, in the order written, into obj
 ``Limits.pack_bytes`` (4 MiB), and the manifest gives each part's object and byte range. Packs
 are written a few at once behind the deal (``parts.PartWrites``, a quarter of ``buffer_bytes``
 in flight), all of them before the manifest. Memory is therefore bounded whatever the file's
-size (invariant 5): the buffers, the writes in flight, and pass 1's batches while they are kept (at most ``keep_parsed_bytes``; past
-that the upload is read again instead). A shard may end up as several parts; the manifest lists
-them.
+size (invariant 5): the buffers, the writes in flight, and pass 1's batches while they are kept
+(at most ``keep_parsed_bytes``; past that the upload is read again instead). A shard may end up
+as several parts; the manifest lists them.
 
 Any problem ends in ``InvalidInputError`` whose ``InputProblem`` names the file, the data row
 (1-based, header excluded) and the column, what was expected and what was found.

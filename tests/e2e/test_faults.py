@@ -14,7 +14,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.parts import split_address
+from tests.conftest import overwrite_packed_part
 from tests.e2e import faults
 from tests.e2e.faults import submit, wait_for
 from tests.e2e.helpers import DIGITS, assert_ledger_consistent, wait_terminal
@@ -105,12 +105,8 @@ def break_part(svc: Any, bucket: str, job_id: str, shard: int) -> None:
     """Overwrite a shard's first part, a byte range of its pack, with bytes that are not a
     safetensors object (the pack's other parts stay as they were)."""
     manifest = Manifest.from_json(svc.store.read_bytes(bucket, layout.manifest_path(job_id)))
-    packed = split_address(manifest.shards[shard].parts[0])
-    assert packed is not None
-    name, offset, length = packed
-    pack = bytearray(svc.store.read_bytes(bucket, name))
-    pack[offset:offset + length] = b"not a safetensors object".ljust(length, b"!")
-    svc.store.write_bytes(bucket, name, bytes(pack), "application/octet-stream")
+    overwrite_packed_part(svc.store, bucket, manifest.shards[shard].parts[0],
+                          b"not a safetensors object", b"!")
 
 
 @pytest.mark.parametrize("allowed, expected", [(0, "FAILED"), (2, "DONE")])

@@ -41,12 +41,12 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.job import QUEUED
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.parts import split_address
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import upload as upload_service
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from tests.conftest import overwrite_packed_part
 from tests.unit.helpers import REPO_DIR, csv_bytes, safetensors_bytes, write_blobs_csv
 
 # --- payloads ----------------------------------------------------------------------------------
@@ -177,21 +177,14 @@ def test_worker_counts_and_nacks_a_planted_pickle_then_fails_the_task(
     svc, job_id = start_job(tmp_path, rows_per_shard="128")
     task = task_message(svc, job_id, 0)
     if where == "work-shard-part":
-        # the part is a byte range of its pack (``<object>#<offset>:<length>``): the pickle goes
-        # in that range, padded to its length (a pickle ignores what follows its STOP), the
-        # pack's other parts as they were
-        packed = split_address(task.parts[0])
-        assert packed is not None
-        bucket, (name, offset, length) = svc.settings.work_bucket, packed
-        pack = bytearray(svc.store.read_bytes(bucket, name))
-        payload = PAYLOADS[kind](marker)
-        assert len(payload) <= length, "precondition: the pickle fits in the part's range"
-        pack[offset:offset + length] = payload.ljust(length, b"\0")
-        data = bytes(pack)
+        # the part is a byte range of its pack: the pickle goes in that range, padded to its
+        # length (a pickle ignores what follows its STOP), the pack's other parts as they were
+        name = overwrite_packed_part(svc.store, svc.settings.work_bucket, task.parts[0],
+                                     PAYLOADS[kind](marker), b"\0")
     else:
-        bucket, name = svc.settings.models_bucket, svc.registry.get_job(job_id).head.weights_path
-        data = PAYLOADS[kind](marker)
-    svc.store.write_bytes(bucket, name, data, "application/octet-stream")
+        name = svc.registry.get_job(job_id).head.weights_path
+        svc.store.write_bytes(svc.settings.models_bucket, name, PAYLOADS[kind](marker),
+                              "application/octet-stream")
     learner = Learner(svc, "w-security")
     # Execute
     first = learner.process(task)
