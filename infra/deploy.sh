@@ -141,7 +141,8 @@ done
   die "--prefix must be 3-19 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen (found: $NAME_PREFIX)"
 [[ "$REGION" =~ ^[a-z]+-[a-z]+[0-9]+$ ]] || die "--region must be a region such as europe-west1 (found: $REGION)"
 
-# Same rule as local.firestore_database in infra/examples/dev/main.tf.
+# Same rule as local.firestore_database in infra/examples/dev/main.tf ("(default)" for the
+# default prefix, else the module's own default, <prefix>-db).
 if [[ "$NAME_PREFIX" == "bucketlearn" ]]; then
   FIRESTORE_DATABASE="(default)"
 else

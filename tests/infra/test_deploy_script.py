@@ -147,16 +147,22 @@ def test_a_second_prefix_gets_its_own_database_as_the_example_does(
     assert "firestore databases describe --database=dev2-db " in calls
     _result, calls = deploy({**fakes, "FAKE_LOG": str(tmp_path / "default.log")}, "--check-only")
     assert "firestore databases describe --database=(default) " in calls
-    # The example's own rule (local.firestore_database), evaluated by terraform console.
+    # The example's own rule (local.firestore_database: "(default)" for the default prefix,
+    # else null) and then the module's (local.firestore_database: the example's, else the
+    # prefix's own), evaluated by terraform console.
     terraform = shutil.which("terraform", path=os.environ["PATH"])
     if terraform is None:
         pytest.skip("terraform is not installed; the example's rule was not evaluated")
-    example = Config(ROOT / "infra" / "examples" / "dev")
-    (rule,) = [entry["firestore_database"] for _p, entry in example.top("locals")
-               if "firestore_database" in entry]
-    rule = rule[2:-1] if rule.startswith("${") else rule
+    rules = []
+    for directory in (ROOT / "infra" / "examples" / "dev",
+                      ROOT / "infra" / "modules" / "bucketlearn"):
+        (rule,) = [entry["firestore_database"] for _p, entry in Config(directory).top("locals")
+                   if "firestore_database" in entry]
+        rules.append(rule[2:-1] if rule.startswith("${") else rule)
+    example_rule, module_rule = rules
     for prefix, expected in (("bucketlearn", "(default)"), ("dev2", "dev2-db")):
-        expression = rule.replace("var.firestore_database", "null").replace(
+        given = example_rule.replace("var.firestore_database", "null")
+        expression = module_rule.replace("var.firestore_database", f"({given})").replace(
             "var.name_prefix", f'"{prefix}"')
         answer = subprocess.run([terraform, "console"], input=expression + "\n", cwd=tmp_path,
                                 capture_output=True, text=True, timeout=60,

@@ -7,10 +7,12 @@ check what can be checked offline:
 * the structure of every ``.tf`` file, parsed with python-hcl2 (skipped if not installed): the
   environment the code reads (``bucketlearn.config``) reaches every component (the watchdog's
   settings the controller job alone), Pub/Sub dead-lettering and the sink's one consumer, the
-  results topic that feeds the aggregator pool (never dead-lettered), the split function's
-  Eventarc filter and no trigger on the deltas bucket, least-privilege IAM (the controller's,
-  the aggregator's and the learners' grant by grant; the IAM conditions of the build account's
-  and the Firestore grants, evaluated with `terraform console`), no public members;
+  results topic that feeds the aggregator pool (dead-lettered to a sink of its own, which no
+  component consumes), the split function's Eventarc filter and no trigger on the deltas
+  bucket, the models bucket's lifecycle, the TTL of worker heartbeats, one Firestore database
+  per environment by default, least-privilege IAM (the controller's, the aggregator's and the
+  learners' grant by grant; the IAM conditions of the build account's and the Firestore grants,
+  evaluated with `terraform console`), no public members;
 * the Dockerfiles (pinned base image, non-root user);
 * checkov over infra/ (skipped unless checkov is installed, see tests/infra/install_checkov.sh).
 """
@@ -456,24 +458,36 @@ def test_subscription_ack_deadline_matches_the_app(module: Config) -> None:
 
 # --- Pub/Sub -----------------------------------------------------------------------------------
 
-def test_every_subscription_but_the_sink_and_the_results_dead_letters(module: Config) -> None:
+DEAD_LETTER_SINKS = {"dead_letter_sink", "results_dead_letter_sink"}
+
+
+def test_every_subscription_but_the_sinks_dead_letters(module: Config) -> None:
+    """The tasks after max_delivery_attempts (the app gives up earlier), the results after
+    Pub/Sub's maximum of 100 (a message for a job another aggregator holds is handed back and
+    redelivered, each time a delivery); the two sinks are the end of the line."""
     subscriptions = list(module.resources("google_pubsub_subscription"))
-    assert {name for _t, name, _b in subscriptions} == {"tasks", "results", "dead_letter_sink"}
+    assert {name for _t, name, _b in subscriptions} == {"tasks", "results"} | DEAD_LETTER_SINKS
+    attempts = {"tasks": "var.max_delivery_attempts",
+                "results": "local.results_max_delivery_attempts"}
     for _type, name, body in subscriptions:
-        if name in ("dead_letter_sink", "results"):
-            # The sink is the end of the line; a result must never be dropped.
-            assert "dead_letter" not in json.dumps(body).replace(
-                "google_pubsub_topic.dead_letter.", ""), f"subscription {name} dead-letters"
+        if name in DEAD_LETTER_SINKS:
+            assert not has_block(body, "dead_letter_policy"), f"sink {name} dead-letters"
+            assert "dead_letter_policy" not in json.dumps(body), name
             continue
         assert has_block(body, "dead_letter_policy"), f"subscription {name}: no dead_letter_policy"
         assert "retry_policy" in body, f"subscription {name} has no retry_policy"
         (dlq,) = dynamic_blocks(body, "dead_letter_policy")
-        assert "var.max_delivery_attempts" in dlq["for_each"] + json.dumps(dlq["content"])
+        assert attempts[name] in dlq["for_each"] + json.dumps(dlq["content"]), name
     assert module.variables["max_delivery_attempts"]["default"] == 10
+    assert module.locals["results_max_delivery_attempts"] == 100
     assert module.variables["dead_letter_enabled"]["default"] is True
 
 
-def test_results_topic_feeds_the_aggregator_and_is_never_dead_lettered(module: Config) -> None:
+def test_results_topic_feeds_the_aggregator_and_dead_letters_to_its_own_sink(
+        module: Config) -> None:
+    """The aggregator acks what it cannot take; a message that crashes it is dead-lettered after
+    100 deliveries (Pub/Sub's maximum) to a topic of its own, whose sink keeps it 7 days (acked
+    ones too) for an operator. Nothing is lost: the result is an object in the deltas bucket."""
     topic = module.resource("google_pubsub_topic", "results")
     assert topic["name"] == "${local.results_topic_name}"
     assert module.locals["results_topic_name"] == "${var.name_prefix}-results"
@@ -482,9 +496,37 @@ def test_results_topic_feeds_the_aggregator_and_is_never_dead_lettered(module: C
     assert results["name"] == "${local.results_subscription_name}"
     assert module.locals["results_subscription_name"] == "${var.name_prefix}-results-aggregator"
     assert results["topic"] == "${google_pubsub_topic.results.id}"
-    # Acked only once folded: no dead-letter policy, static or dynamic, on any switch.
-    assert not has_block(results, "dead_letter_policy")
-    assert "dead_letter" not in json.dumps(results)
+    # Dead-lettered with the tasks' switch, to the results' own topic, after 100 deliveries.
+    (policy,) = dynamic_blocks(results, "dead_letter_policy")
+    assert re.fullmatch(r"\$\{var\.dead_letter_enabled \? \[local\.results_max_delivery_attempts\]"
+                        r" : \[\]\}", policy["for_each"]), policy["for_each"]
+    (content,) = policy["content"]
+    assert content == {"dead_letter_topic": "${google_pubsub_topic.results_dead_letter.id}",
+                       "max_delivery_attempts": "${dead_letter_policy.value}"}
+    assert module.locals["results_max_delivery_attempts"] == 100
+    dead_letter = module.resource("google_pubsub_topic", "results_dead_letter")
+    assert dead_letter["name"] == "${var.name_prefix}-results-dead-letter"
+    assert dead_letter["name"] != module.resource("google_pubsub_topic", "dead_letter")["name"]
+    # Its sink keeps every dead letter for the longest Pub/Sub allows, acked or not.
+    sink = module.resource("google_pubsub_subscription", "results_dead_letter_sink")
+    assert sink["name"] == "${var.name_prefix}-results-dead-letter-sink"
+    assert sink["topic"] == "${google_pubsub_topic.results_dead_letter.id}"
+    assert _seconds(sink["message_retention_duration"]) == 7 * 24 * 3600
+    assert sink["retain_acked_messages"] is True
+    assert sink["expiration_policy"][0]["ttl"] == ""
+    for kind in ("push_config", "bigquery_config", "cloud_storage_config"):
+        assert kind not in sink, kind
+    on_topic = [name for _t, name, body in module.resources("google_pubsub_subscription")
+                if "google_pubsub_topic.results_dead_letter." in body["topic"]]
+    assert on_topic == ["results_dead_letter_sink"]
+    # No component consumes it: no grant on it, no setting names it (the watchdog drains only
+    # the tasks' sink); an operator reads it with their own access.
+    assert not [name for _t, name, body in module.resources(
+        "google_pubsub_subscription_iam_member") if "results_dead_letter" in body["subscription"]]
+    for local in ("app_env", "autoscaler_env", "dead_letter_drain_env"):
+        assert "results_dead_letter" not in module.expand(module.locals[local]), local
+    assert module.outputs["results_dead_letter_subscription"]["value"] == (
+        "${google_pubsub_subscription.results_dead_letter_sink.name}")
     # A pull subscription (the aggregator's streaming pull), never expiring, retaining and
     # leasing like the tasks one.
     for kind in ("push_config", "bigquery_config", "cloud_storage_config"):
@@ -500,9 +542,23 @@ def test_results_topic_feeds_the_aggregator_and_is_never_dead_lettered(module: C
     assert on_topic == ["results"]
 
 
+def test_results_dead_letters_raise_an_alert(module: Config) -> None:
+    alert = module.resource("google_monitoring_alert_policy", "results_dead_letters")
+    assert alert["display_name"] == "${var.name_prefix}: results dead-lettered"
+    assert alert["notification_channels"] == "${var.alert_notification_channels}"
+    filters = [c["condition_threshold"][0]["filter"] for c in alert["conditions"]]
+    assert any("subscription/dead_letter_message_count" in f
+               and "google_pubsub_subscription.results.name" in f for f in filters), filters
+    documentation = alert["documentation"][0]["content"]
+    assert "google_pubsub_subscription.results_dead_letter_sink.name" in documentation
+
+
 def test_results_subscription_has_one_consumer(module: Config) -> None:
+    # The Pub/Sub service agent's subscriber grant only lets it forward a dead letter
+    # (test_pubsub_service_agent_can_dead_letter); no other account pulls results.
     members = [body["member"] for _t, _n, body in module.resources(
-        "google_pubsub_subscription_iam_member") if "subscription.results." in body["subscription"]]
+        "google_pubsub_subscription_iam_member") if "subscription.results." in body["subscription"]
+        and "local.pubsub_service_agent" not in body["member"]]
     assert members == ["serviceAccount:${google_service_account.aggregate.email}"]
     publishers = {body["member"] for _t, _n, body in module.resources(
         "google_pubsub_topic_iam_member") if "topic.results." in body["topic"]}
@@ -564,19 +620,31 @@ def test_pubsub_service_agent_can_dead_letter(module: Config) -> None:
             "${google_pubsub_topic.dead_letter.name}") in grants
     assert ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
             "${google_pubsub_subscription.tasks.name}") in grants
+    # The same pair for the results' dead letters, and nothing else.
+    assert ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+            "${google_pubsub_topic.results_dead_letter.name}") in grants
+    assert ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
+            "${google_pubsub_subscription.results.name}") in grants
+    assert len(grants) == 4, grants
 
 
 def test_dead_letter_grants_follow_the_switch(module: Config) -> None:
     # dead_letter_enabled = false exists for organizations that forbid these grants: with it
-    # off, neither the policy nor the service agent's grants may be created.
+    # off, neither the policies nor the service agent's grants may be created.
     for rtype, name in [("google_pubsub_topic_iam_member", "pubsub_agent_dead_letter_publisher"),
                         ("google_pubsub_subscription_iam_member",
-                         "pubsub_agent_tasks_subscriber")]:
+                         "pubsub_agent_tasks_subscriber"),
+                        ("google_pubsub_topic_iam_member",
+                         "pubsub_agent_results_dead_letter_publisher"),
+                        ("google_pubsub_subscription_iam_member",
+                         "pubsub_agent_results_subscriber")]:
         grant = module.resource(rtype, name)
         assert grant.get("count") == "${var.dead_letter_enabled ? 1 : 0}", (rtype, name)
-    (policy,) = dynamic_blocks(module.resource("google_pubsub_subscription", "tasks"),
-                               "dead_letter_policy")
-    assert "var.dead_letter_enabled" in policy["for_each"]
+        assert "${google_project_service_identity.pubsub}" in grant["depends_on"], name
+    for subscription in ("tasks", "results"):
+        (policy,) = dynamic_blocks(module.resource("google_pubsub_subscription", subscription),
+                                   "dead_letter_policy")
+        assert "var.dead_letter_enabled ?" in policy["for_each"], subscription
 
 
 # --- functions ---------------------------------------------------------------------------------
@@ -829,6 +897,145 @@ def test_buckets(module: Config) -> None:
     assert "${var.deltas_retention_days}" in ages["deltas"]
     assert "${var.work_retention_days}" in ages["work"]
     assert module.variables["deltas_retention_days"]["default"] == 1
+
+
+def test_models_bucket_deletes_noncurrent_generations_by_count_and_by_age(
+        module: Config, tmp_path: Path) -> None:
+    """A noncurrent generation goes once models_noncurrent_versions newer ones exist, or after
+    models_noncurrent_retention_days whatever came after it: the weights of a finished job,
+    which the app deletes, have no newer generation, and the first rule alone kept their last
+    copy for ever."""
+    # Prepare
+    models = module.resource("google_storage_bucket", "models")
+    # Execute
+    deletes = [rule["condition"][0] for rule in models["lifecycle_rule"]
+               if rule["action"][0]["type"] == "Delete"]
+    # Assert
+    assert models["versioning"][0]["enabled"] is True
+    assert {"num_newer_versions": "${var.models_noncurrent_versions}",
+            "with_state": "ARCHIVED"} in deletes
+    assert {"days_since_noncurrent_time": "${var.models_noncurrent_retention_days}",
+            "with_state": "ARCHIVED"} in deletes
+    assert len(deletes) == 2, deletes  # nothing deletes a live model
+    variable = module.variables["models_noncurrent_retention_days"]
+    assert variable["type"] in ("${number}", "number"), variable["type"]
+    assert variable["default"] == 7
+    assert "deleted" in variable["description"]
+    (validation,) = variable["validation"]
+    allowed, refused = [1, 7, 365], [0, -1, 1.5]
+    answers = _evaluate(tmp_path, [
+        _strip(validation["condition"]).replace("var.models_noncurrent_retention_days", repr(v))
+        for v in allowed + refused])
+    assert answers == [True] * len(allowed) + [False] * len(refused), answers
+
+
+# --- Firestore ---------------------------------------------------------------------------------
+
+FIRESTORE_ADAPTER = ROOT / "bucketlearn" / "adapters" / "firestore.py"
+
+
+def test_worker_heartbeats_expire(module: Config) -> None:
+    """Heartbeat documents (collection "workers") carry expire_at, their last heartbeat + 1
+    day; a TTL policy on that field lets Firestore delete them, where they used to stay for
+    ever. No single-field index is kept on it (nothing queries it)."""
+    # Prepare
+    fields = {name: body for _t, name, body in module.resources("google_firestore_field")}
+    # Execute
+    ttl = {name: body for name, body in fields.items() if "ttl_config" in body}
+    # Assert
+    assert list(ttl) == ["workers_expire_at"], fields
+    field = ttl["workers_expire_at"]
+    assert (field["collection"], field["field"]) == ("workers", "expire_at")
+    assert field["ttl_config"] == [{}]
+    assert field["index_config"] == [{}]  # empty: no single-field index on expire_at
+    assert field["database"] == "${local.firestore_database}"
+    assert field["project"] == "${var.project_id}"
+    # Created after the database it configures, when the module creates it.
+    assert "${google_firestore_database.this}" in field["depends_on"]
+    assert "google_firestore_field" in (MODULE / "firestore.tf").read_text()
+    # The collection the heartbeats are written to.
+    assert re.search(r'collection\(\s*"workers"\s*\)', FIRESTORE_ADAPTER.read_text())
+
+
+FIRESTORE_DATABASE_USES = {
+    # what reads the database id -> the expression that must name local.firestore_database
+    "BUCKETLEARN_FIRESTORE_DATABASE": lambda m: m.locals["app_env"][
+        "BUCKETLEARN_FIRESTORE_DATABASE"],
+    "the database": lambda m: m.resource("google_firestore_database", "this")["name"],
+    "the rules release": lambda m: m.resource("google_firebaserules_release", "firestore")[
+        "name"],
+    "the IAM conditions": lambda m: m.locals["firestore_database_resource"],
+    "the output": lambda m: m.outputs["firestore_database"]["value"],
+    "the TTL field": lambda m: m.resource("google_firestore_field", "workers_expire_at")[
+        "database"],
+}
+
+
+def test_every_use_of_the_firestore_database_goes_through_the_local(module: Config) -> None:
+    for use, read in FIRESTORE_DATABASE_USES.items():
+        expression = read(module)
+        assert "local.firestore_database" in expression, f"{use}: {expression}"
+        assert "var.firestore_database" not in expression, f"{use}: {expression}"
+    grants = module.resource("google_project_iam_member", "firestore_users")
+    assert "local.firestore_database_resource" in json.dumps(grants)
+    # var.firestore_database is read by the local (and its own validation) and nowhere else.
+    readers = {path.name: sum(line.count("var.firestore_database")
+                              for line in path.read_text().splitlines()
+                              if not line.lstrip().startswith("#"))
+               for path in sorted(MODULE.glob("*.tf"))}
+    readers = {name: count for name, count in readers.items() if count}
+    assert set(readers) == {"main.tf", "variables.tf"}, readers
+    assert readers["main.tf"] == 1, readers
+
+
+def _matching(pattern: str) -> list[str]:
+    """A few strings matching a name_prefix-like pattern, ^[a-z][a-z0-9-]{m,n}[a-z0-9]$, at
+    each length it allows: the edges of every character class."""
+    match = re.fullmatch(r"\^\[a-z\]\[a-z0-9-\]\{(\d+),(\d+)\}\[a-z0-9\]\$", pattern)
+    assert match, f"name_prefix's pattern changed, teach _matching: {pattern}"
+    low, high = int(match.group(1)), int(match.group(2))
+    return [first + middle * size + last
+            for size in range(low, high + 1)
+            for first in "az" for middle in "a9-" for last in "z0"]
+
+
+def test_the_firestore_database_is_one_per_prefix_by_default(module: Config,
+                                                              tmp_path: Path) -> None:
+    """Two name_prefixes in one project used to share the "(default)" database (the module's
+    default), hence every collection. The default is now the prefix's own, a valid Firestore
+    database id for every valid name_prefix; "(default)" or any id can still be given."""
+    # Prepare
+    variable = module.variables["firestore_database"]
+    assert variable["default"] is None
+    (prefix_validation,) = module.variables["name_prefix"]["validation"]
+    (prefix_pattern,) = re.findall(r'regex\("([^"]+)"', prefix_validation["condition"])
+    (database_validation,) = variable["validation"]
+    (database_pattern,) = re.findall(r'regex\("([^"]+)"', database_validation["condition"])
+    assert database_pattern == "^[a-z][a-z0-9-]{2,61}[a-z0-9]$"  # Firestore's rule
+    prefixes = [module.variables["name_prefix"]["default"], *_matching(prefix_pattern)]
+    assert all(re.fullmatch(prefix_pattern, p) for p in prefixes)
+    explicit = ["(default)", "jobs-db"]
+    cases = [(p, None) for p in prefixes] + [("env-a", d) for d in explicit]
+    local = _strip(module.locals["firestore_database"])
+    condition = _strip(database_validation["condition"])
+    # Execute
+    answers = _evaluate_in_module(
+        module, tmp_path,
+        [local.replace("var.name_prefix", f'"{p}"').replace(
+            "var.firestore_database", "null" if d is None else f'"{d}"') for p, d in cases]
+        + [condition.replace("var.firestore_database", v)
+           for v in ("null", '"(default)"', '"env-a-db"', '"Env"', '"abc"', '"db-"')],
+        {}, {})
+    names, valid = answers[:len(cases)], answers[len(cases):]
+    # Assert
+    defaults = dict(zip(prefixes, names[:len(prefixes)], strict=True))
+    for prefix, name in defaults.items():
+        assert re.fullmatch(database_pattern, name), (prefix, name)
+        assert prefix in name, (prefix, name)
+    assert len(set(defaults.values())) == len(defaults), "two prefixes share a database"
+    assert "(default)" not in defaults.values()
+    assert names[len(prefixes):] == explicit
+    assert valid == [True, True, True, False, False, False]
 
 
 # --- IAM ---------------------------------------------------------------------------------------
@@ -1204,10 +1411,12 @@ def test_the_build_account_has_no_role_on_the_pipelines_buckets(module: Config) 
     (("env-a", "env-a-db"), ("env-b", "env-b-db")),
     (("bucketlearn", "(default)"), ("env-b", "env-b-db")),
     (("env-b", "env-b-db"), ("bucketlearn", "(default)")),
+    # the module's default database for each prefix (firestore_database not given)
+    (("env-a", None), ("env-b", None)),
 ])
 def test_an_environment_has_no_firestore_role_on_another_environments_database(
-        module: Config, example: Config, tmp_path: Path, mine: tuple[str, str],
-        theirs: tuple[str, str]) -> None:
+        module: Config, example: Config, tmp_path: Path, mine: tuple[str, str | None],
+        theirs: tuple[str, str | None]) -> None:
     """Issue #26 item 10: two environments in one project (two name_prefixes, two databases;
     the default prefix keeps (default)). Firestore roles exist only at project level, so each
     of the module's accounts gets its role under a condition naming this environment's
@@ -1220,7 +1429,8 @@ def test_an_environment_has_no_firestore_role_on_another_environments_database(
     grants = [(name, body) for _t, name, body in module.resources("google_project_iam_member")
               if "roles/datastore." in module.expand([body["role"], body.get("for_each")])]
     assert grants, "no Firestore grant"
-    database = {env: f"projects/shared-project/databases/{db}" for env, db in (mine, theirs)}
+    database = {env: f"projects/shared-project/databases/{db or env + '-db'}"
+                for env, db in (mine, theirs)}
     for name, body in grants:
         # Execute
         evaluated, resources = _effective_grants(

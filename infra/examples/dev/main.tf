@@ -3,12 +3,11 @@
 
 locals {
   # Several environments can share a project (name_prefix): each gets its own image repository
-  # and its own Firestore database, since a project has a single "(default)" database. The
-  # default prefix keeps "(default)" (the one with the free quota); infra/deploy.sh uses the
-  # same rule when it checks for an existing database.
-  firestore_database = coalesce(
-    var.firestore_database,
-    var.name_prefix == "bucketlearn" ? "(default)" : "${var.name_prefix}-db",
+  # and its own Firestore database, the module's default "<prefix>-db". The default prefix keeps
+  # "(default)" (a project has a single one, the database with the free quota), given
+  # explicitly; infra/deploy.sh uses the same rule when it checks for an existing database.
+  firestore_database = var.firestore_database != null ? var.firestore_database : (
+    var.name_prefix == "bucketlearn" ? "(default)" : null
   )
 }
 

@@ -48,6 +48,11 @@ output "dead_letter_subscription" {
   value       = module.bucketlearn.dead_letter_subscription
 }
 
+output "results_dead_letter_subscription" {
+  description = "Subscription holding dead-lettered result messages, for an operator to inspect (no component consumes it)."
+  value       = module.bucketlearn.results_dead_letter_subscription
+}
+
 output "build_service_account" {
   description = "Account Cloud Build runs as (the split function's build; infra/deploy.sh passes it to gcloud builds submit for the images)."
   value       = module.bucketlearn.build_service_account

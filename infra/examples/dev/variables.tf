@@ -18,7 +18,7 @@ variable "name_prefix" {
 variable "firestore_database" {
   type        = string
   default     = null
-  description = "Firestore database id. null: \"(default)\" with the default name_prefix, \"<name_prefix>-db\" with any other."
+  description = "Firestore database id. null: \"(default)\" with the default name_prefix, the module's own \"<name_prefix>-db\" with any other."
 }
 
 variable "dashboard_access" {

@@ -1,11 +1,13 @@
 # Firestore (native mode): jobs, versions (the head pointer), task attempts, leases, heartbeats.
 # Only server code touches it, through IAM (iam.tf); the security rules deny every client SDK.
+# The database is local.firestore_database (main.tf): var.firestore_database, else one of this
+# name_prefix's own, "<name_prefix>-db".
 
 resource "google_firestore_database" "this" {
   count = var.create_firestore_database ? 1 : 0
 
   project     = var.project_id
-  name        = var.firestore_database
+  name        = local.firestore_database
   location_id = coalesce(var.firestore_location, var.region)
   type        = "FIRESTORE_NATIVE"
 
@@ -43,10 +45,28 @@ resource "google_firebaserules_release" "firestore" {
   count = var.firestore_rules == null ? 0 : 1
 
   project      = var.project_id
-  name         = var.firestore_database == "(default)" ? "cloud.firestore" : "cloud.firestore/${var.firestore_database}"
+  name         = local.firestore_database == "(default)" ? "cloud.firestore" : "cloud.firestore/${local.firestore_database}"
   ruleset_name = "projects/${var.project_id}/rulesets/${google_firebaserules_ruleset.firestore[0].name}"
 
   lifecycle {
     replace_triggered_by = [google_firebaserules_ruleset.firestore[0]]
   }
+}
+
+# Learners' heartbeat documents (collection "workers", one per learner process) would otherwise
+# stay for ever: each carries expire_at (its last heartbeat + 1 day), and Firestore's TTL deletes a
+# document some time after that (typically within a day). The empty index_config keeps no
+# single-field index on expire_at: nothing queries it, and Firestore advises exempting a TTL
+# timestamp from indexing (an index on an ever-increasing value is a write hotspot).
+resource "google_firestore_field" "workers_expire_at" {
+  project    = var.project_id
+  database   = local.firestore_database
+  collection = "workers"
+  field      = "expire_at"
+
+  ttl_config {}
+
+  index_config {}
+
+  depends_on = [google_project_service.apis, google_firestore_database.this]
 }

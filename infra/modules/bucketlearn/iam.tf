@@ -17,8 +17,12 @@
 #   results topic            publisher: learners ("result ready"), autoscaler (nudges),
 #                            aggregator (a task it gives up on after its refused results),
 #                            dashboard (a nudge after its "Cancel job")
-#   results subscription     subscriber: aggregator (acks a result once it is folded)
+#   results subscription     subscriber: aggregator (acks a result once it is folded, or
+#                            once it finds it cannot take it)
 #   dead-letter sink         subscriber: autoscaler (its only consumer)
+#   results dead-letter sink none: kept for an operator, who reads it with their own access
+#   Pub/Sub service agent    publisher on each dead-letter topic, subscriber on the
+#                            subscription it dead-letters from (with dead_letter_enabled)
 
 # --- service accounts --------------------------------------------------------------------------
 
@@ -326,8 +330,9 @@ resource "google_pubsub_topic_iam_member" "dashboard_results_publisher" {
   member  = "serviceAccount:${google_service_account.dashboard.email}"
 }
 
-# The aggregator pulls result messages and acks each once it is folded; it is the results
-# subscription's only consumer.
+# The aggregator pulls result messages and acks each once it is folded (or once it finds it
+# cannot take it); it is the results subscription's only consumer (the Pub/Sub service agent's
+# grant below only lets it forward a dead letter).
 resource "google_pubsub_subscription_iam_member" "aggregator_results_subscriber" {
   project      = var.project_id
   subscription = google_pubsub_subscription.results.name
@@ -383,6 +388,29 @@ resource "google_pubsub_subscription_iam_member" "pubsub_agent_tasks_subscriber"
 
   project      = var.project_id
   subscription = google_pubsub_subscription.tasks.name
+  role         = "roles/pubsub.subscriber"
+  member       = "serviceAccount:${local.pubsub_service_agent}"
+
+  depends_on = [google_project_service_identity.pubsub]
+}
+
+# The same two grants for the results subscription's dead-letter policy.
+resource "google_pubsub_topic_iam_member" "pubsub_agent_results_dead_letter_publisher" {
+  count = var.dead_letter_enabled ? 1 : 0
+
+  project = var.project_id
+  topic   = google_pubsub_topic.results_dead_letter.name
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${local.pubsub_service_agent}"
+
+  depends_on = [google_project_service_identity.pubsub]
+}
+
+resource "google_pubsub_subscription_iam_member" "pubsub_agent_results_subscriber" {
+  count = var.dead_letter_enabled ? 1 : 0
+
+  project      = var.project_id
+  subscription = google_pubsub_subscription.results.name
   role         = "roles/pubsub.subscriber"
   member       = "serviceAccount:${local.pubsub_service_agent}"
 

@@ -1,8 +1,8 @@
 # bucketlearn on Google Cloud. The resources are split by concern:
 #   storage.tf    buckets (uploads, work, deltas, models, function sources)
-#   pubsub.tf     tasks and results topics with their pull subscriptions, dead-letter topic and
-#                 its sink subscription
-#   firestore.tf  database and security rules
+#   pubsub.tf     tasks and results topics with their pull subscriptions, a dead-letter topic and
+#                 sink subscription for each
+#   firestore.tf  database, security rules and the TTL of worker heartbeats
 #   functions.tf  split (on_upload) Cloud Function with its Eventarc trigger on the uploads bucket
 #   workers.tf    learner and aggregator worker pools, autoscaler job, Cloud Scheduler trigger
 #   dashboard.tf  Streamlit dashboard on Cloud Run behind IAP (or internal ingress)
@@ -25,6 +25,15 @@ locals {
 
   results_topic_name        = "${var.name_prefix}-results"
   results_subscription_name = "${var.name_prefix}-results-aggregator"
+  # Pub/Sub's maximum: a result message is handed back and redelivered while another aggregator
+  # holds its job, and each of those deliveries counts (pubsub.tf).
+  results_max_delivery_attempts = 100
+
+  # This environment's Firestore database: the one named, else one per name_prefix, so two
+  # environments in a project never share collections. "<name_prefix>-db" always fits
+  # Firestore's database ids (^[a-z][a-z0-9-]{2,61}[a-z0-9]$) for a name_prefix that passes its
+  # validation.
+  firestore_database = coalesce(var.firestore_database, "${var.name_prefix}-db")
 
   # The settings every component reads (bucketlearn.config.SETTINGS_ENV plus the project). The
   # split function, both worker pools, the autoscaler job and the dashboard all get exactly this
@@ -42,7 +51,7 @@ locals {
     BUCKETLEARN_TASKS_SUBSCRIPTION   = google_pubsub_subscription.tasks.name
     BUCKETLEARN_RESULTS_TOPIC        = google_pubsub_topic.results.name
     BUCKETLEARN_RESULTS_SUBSCRIPTION = google_pubsub_subscription.results.name
-    BUCKETLEARN_FIRESTORE_DATABASE   = var.firestore_database
+    BUCKETLEARN_FIRESTORE_DATABASE   = local.firestore_database
     BUCKETLEARN_ACK_DEADLINE_SECONDS = tostring(var.ack_deadline_seconds)
     BUCKETLEARN_MAX_TASK_ATTEMPTS    = tostring(var.max_task_attempts)
     BUCKETLEARN_LOG_FORMAT           = "json"
@@ -108,7 +117,7 @@ locals {
   pubsub_service_agent = "service-${local.project_number}@gcp-sa-pubsub.iam.gserviceaccount.com"
   iap_service_agent    = "service-${local.project_number}@gcp-sa-iap.iam.gserviceaccount.com"
 
-  firestore_database_resource = "projects/${var.project_id}/databases/${var.firestore_database}"
+  firestore_database_resource = "projects/${var.project_id}/databases/${local.firestore_database}"
 
   apis = toset(concat([
     "artifactregistry.googleapis.com",

@@ -44,8 +44,13 @@ output "results_topic" {
 }
 
 output "results_subscription" {
-  description = "Pull subscription the aggregator pool reads (no dead-letter policy: a result message is acked only once folded)."
+  description = "Pull subscription the aggregator pool reads (dead-lettered after 100 deliveries, with dead_letter_enabled)."
   value       = google_pubsub_subscription.results.name
+}
+
+output "results_dead_letter_subscription" {
+  description = "Subscription holding dead-lettered result messages for an operator to inspect (no component consumes it; kept 7 days, acked ones too). The results themselves stay in the deltas bucket."
+  value       = google_pubsub_subscription.results_dead_letter_sink.name
 }
 
 output "dead_letter_subscription" {
@@ -54,8 +59,8 @@ output "dead_letter_subscription" {
 }
 
 output "firestore_database" {
-  description = "Firestore database id."
-  value       = var.firestore_database
+  description = "Firestore database id (firestore_database, else \"<name_prefix>-db\")."
+  value       = local.firestore_database
 }
 
 output "artifact_registry" {

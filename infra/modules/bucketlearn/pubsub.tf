@@ -2,6 +2,8 @@
 # aggregator (each next round) and the watchdog (lost tasks), pulled by the learners.
 # Results: one small "result ready" message per result object a learner writes to the deltas
 # bucket, plus the watchdog's nudges, pulled by the aggregator pool.
+# Each subscription has its own dead-letter topic and sink subscription (with dead_letter_enabled):
+# the tasks' sink is drained by the controller, the results' is kept for an operator.
 #
 # Encryption: Google-managed keys. The messages carry ids and object names, never training data
 # (that stays in the buckets), so CMEK is not required; add kms_key_name if your policy says so.
@@ -103,9 +105,14 @@ resource "google_pubsub_topic" "results" {
   depends_on = [google_project_service.apis]
 }
 
-# No dead-letter policy, on purpose: a result must never be dropped. Only the aggregator acks a
-# result message, once the result is folded; however often it is redelivered, nothing else takes
-# it away. Retention and expiration as for the tasks. Pub/Sub's exactly-once is not needed: the
+# Results the aggregator cannot take are acked by it (and logged); the dead-letter policy is the
+# backstop for a message that crashes the aggregator itself, which would otherwise come back for
+# the whole retention. A dead-lettered result message delays a round and loses nothing: the
+# result is an object in the deltas bucket, which the aggregator and the watchdog list as their
+# backstop (the watchdog nudges the job after stall_seconds). max_delivery_attempts is Pub/Sub's
+# maximum, 100, not var.max_delivery_attempts: a message for a job another aggregator holds is
+# handed back for a few seconds and redelivered, and each of those counts as a delivery.
+# Retention and expiration as for the tasks. Pub/Sub's exactly-once is not needed: the
 # aggregator ignores a task it already applied (invariant 2).
 resource "google_pubsub_subscription" "results" {
   name    = local.results_subscription_name
@@ -123,11 +130,48 @@ resource "google_pubsub_subscription" "results" {
     ttl = ""
   }
 
-  # Only a nacked or expired message waits (an aggregator that died mid-fold); the normal path
-  # is one delivery, acked after the fold.
+  # Only a nacked or expired message waits (an aggregator that died mid-fold, a job another
+  # aggregator holds); the normal path is one delivery, acked after the fold.
   retry_policy {
     minimum_backoff = var.retry_minimum_backoff
     maximum_backoff = var.retry_maximum_backoff
+  }
+
+  dynamic "dead_letter_policy" {
+    for_each = var.dead_letter_enabled ? [local.results_max_delivery_attempts] : []
+    content {
+      dead_letter_topic     = google_pubsub_topic.results_dead_letter.id
+      max_delivery_attempts = dead_letter_policy.value
+    }
+  }
+}
+
+# Where Pub/Sub moves a result message after results_max_delivery_attempts deliveries.
+resource "google_pubsub_topic" "results_dead_letter" {
+  #checkov:skip=CKV_GCP_83:Messages hold only ids and object names (no training data); Google-managed encryption is sufficient.
+  name    = "${var.name_prefix}-results-dead-letter"
+  project = var.project_id
+  labels  = local.labels
+
+  depends_on = [google_project_service.apis]
+}
+
+# Keeps dead-lettered result messages for an operator to inspect (the alert below says one
+# arrived); no component consumes it, since the result itself waits in the deltas bucket.
+# `gcloud pubsub subscriptions pull <name> --limit=10` shows them; retention is the maximum, 7
+# days, and acked messages are kept as long (`gcloud pubsub subscriptions seek` to see them again).
+resource "google_pubsub_subscription" "results_dead_letter_sink" {
+  name    = "${var.name_prefix}-results-dead-letter-sink"
+  project = var.project_id
+  topic   = google_pubsub_topic.results_dead_letter.id
+  labels  = local.labels
+
+  ack_deadline_seconds       = 60
+  message_retention_duration = "604800s"
+  retain_acked_messages      = true
+
+  expiration_policy {
+    ttl = ""
   }
 }
 
@@ -173,6 +217,38 @@ resource "google_monitoring_alert_policy" "dead_letters" {
   documentation {
     mime_type = "text/markdown"
     content   = "A bucketlearn task was delivered ${var.max_delivery_attempts} times without being acknowledged. The controller job (`${google_cloud_run_v2_job.autoscaler.name}`) drains `${google_pubsub_subscription.dead_letter_sink.name}` every minute into a failure marker for the task (the job's max_failed_tasks decides whether it goes on); check the worker logs for the task id. Acked dead letters are kept 7 days: seek the subscription to a time to see them again. If the second condition fired, the controller is not draining: check the scheduler job and the controller's logs."
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# A result message dead-lettered means it was delivered results_max_delivery_attempts times
+# without an ack: it crashed the aggregator, or the aggregator kept failing on it. Nothing is
+# lost (the result is in the deltas bucket), but the aggregator has a bug to look at.
+resource "google_monitoring_alert_policy" "results_dead_letters" {
+  project               = var.project_id
+  display_name          = "${var.name_prefix}: results dead-lettered"
+  combiner              = "OR"
+  notification_channels = var.alert_notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "messages dead-lettered from ${google_pubsub_subscription.results.name}"
+    condition_threshold {
+      filter          = "resource.type = \"pubsub_subscription\" AND resource.labels.subscription_id = \"${google_pubsub_subscription.results.name}\" AND metric.type = \"pubsub.googleapis.com/subscription/dead_letter_message_count\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_DELTA"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = "A bucketlearn result message was delivered ${local.results_max_delivery_attempts} times to the aggregator pool (`${google_cloud_run_v2_worker_pool.aggregator.name}`) without being acknowledged: it crashed the aggregator, or the aggregator kept failing on it. Nothing is lost: the result is an object in the deltas bucket, which the aggregator lists, and the watchdog nudges the job after stall_seconds. Pull the message from `${google_pubsub_subscription.results_dead_letter_sink.name}` (kept 7 days, acked ones too) and check the aggregator's logs for its job id."
   }
 
   depends_on = [google_project_service.apis]

@@ -128,7 +128,9 @@ resource "google_storage_bucket" "deltas" {
 }
 
 # Versioned weights and exported models: the product. Versioned because latest.keras is
-# overwritten on every export; noncurrent generations beyond models_noncurrent_versions go.
+# overwritten on every export; noncurrent generations beyond models_noncurrent_versions go, and
+# any noncurrent generation goes after models_noncurrent_retention_days: a deleted object (the
+# weights of a finished job) has no newer generation, so the first rule alone never removes it.
 resource "google_storage_bucket" "models" {
   #checkov:skip=CKV_GCP_62:Usage logs are legacy; object access is audited with Cloud Audit Logs (see the comment at the top of storage.tf).
   name                        = "${local.bucket_prefix}-models"
@@ -151,6 +153,16 @@ resource "google_storage_bucket" "models" {
     condition {
       num_newer_versions = var.models_noncurrent_versions
       with_state         = "ARCHIVED"
+    }
+  }
+
+  lifecycle_rule {
+    action {
+      type = "Delete"
+    }
+    condition {
+      days_since_noncurrent_time = var.models_noncurrent_retention_days
+      with_state                 = "ARCHIVED"
     }
   }
 

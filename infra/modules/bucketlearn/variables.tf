@@ -88,11 +88,22 @@ variable "uploads_noncurrent_retention_days" {
 variable "models_noncurrent_versions" {
   type        = number
   default     = 5
-  description = "The models bucket is versioned (models/<job>/latest.keras is overwritten on every export); keep this many noncurrent generations of each object."
+  description = "The models bucket is versioned (models/<job>/latest.keras is overwritten on every export); a noncurrent generation is deleted once this many newer ones exist, the live one included (so each object keeps at most this many generations), or models_noncurrent_retention_days after it became noncurrent, whichever comes first."
 
   validation {
     condition     = var.models_noncurrent_versions >= 1 && floor(var.models_noncurrent_versions) == var.models_noncurrent_versions
     error_message = "models_noncurrent_versions must be a whole number of at least 1."
+  }
+}
+
+variable "models_noncurrent_retention_days" {
+  type        = number
+  default     = 7
+  description = "Days a noncurrent generation in the models bucket is kept, however few newer ones it has: a deleted object (the weights of a finished job, which the aggregator deletes) has no newer generation, so models_noncurrent_versions alone would keep its last copy for ever."
+
+  validation {
+    condition     = var.models_noncurrent_retention_days >= 1 && var.models_noncurrent_retention_days <= 3650 && floor(var.models_noncurrent_retention_days) == var.models_noncurrent_retention_days
+    error_message = "models_noncurrent_retention_days must be a whole number from 1 to 3650."
   }
 }
 
@@ -112,7 +123,7 @@ variable "ack_deadline_seconds" {
 variable "dead_letter_enabled" {
   type        = bool
   default     = true
-  description = "Attach a dead-letter policy to the tasks subscription. Leave true in the cloud; the switch exists for projects whose org policy forbids the Pub/Sub service agent grants."
+  description = "Attach a dead-letter policy to the tasks subscription (max_delivery_attempts) and to the results subscription (100 deliveries), each with its own dead-letter topic and sink. Leave true in the cloud; the switch exists for projects whose org policy forbids the Pub/Sub service agent grants."
 }
 
 variable "max_delivery_attempts" {
@@ -179,19 +190,19 @@ variable "enable_exactly_once_delivery" {
 variable "alert_notification_channels" {
   type        = list(string)
   default     = []
-  description = "Cloud Monitoring notification channel ids for the alert on messages in the dead-letter subscription (the alert exists either way and shows in the console)."
+  description = "Cloud Monitoring notification channel ids for the alerts on dead-lettered task and result messages (the alerts exist either way and show in the console)."
 }
 
 # --- Firestore ---------------------------------------------------------------------------------
 
 variable "firestore_database" {
   type        = string
-  default     = "(default)"
-  description = "Firestore database id (BUCKETLEARN_FIRESTORE_DATABASE)."
+  default     = null
+  description = "Firestore database id (BUCKETLEARN_FIRESTORE_DATABASE). null: \"<name_prefix>-db\", one per environment, so two name_prefixes in a project never share collections. \"(default)\" uses the project's default database (the one with the free quota): give it explicitly to keep using a (default) database an earlier version of this module made (infra/README.md)."
 
   validation {
-    condition     = var.firestore_database == "(default)" || can(regex("^[a-z][a-z0-9-]{2,61}[a-z0-9]$", var.firestore_database))
-    error_message = "firestore_database must be \"(default)\" or 4-63 lowercase letters, digits or hyphens starting with a letter."
+    condition     = var.firestore_database == null || var.firestore_database == "(default)" || can(regex("^[a-z][a-z0-9-]{2,61}[a-z0-9]$", var.firestore_database))
+    error_message = "firestore_database must be null, \"(default)\" or 4-63 lowercase letters, digits or hyphens starting with a letter and ending with a letter or digit."
   }
 }
 
