@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from bucketlearn.config import Settings, load_settings
-from bucketlearn.ports import Services
+from bucketlearn.ports import ResultMessage, Services, TaskMessage
 
 
 def google_services(settings: Settings | None = None) -> Services:
@@ -43,6 +43,8 @@ def memory_services(settings: Settings | None = None) -> Services:
     from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry  # noqa: PLC0415
 
     settings = settings or Settings()
-    # the uploads bucket keeps noncurrent versions, as Terraform creates it
+    # the uploads bucket keeps noncurrent versions, as Terraform creates it; messages travel as
+    # the bytes Pub/Sub carries, checked at the edge as the Pub/Sub adapter checks them
     return Services(settings=settings, store=MemoryBlobStore((settings.uploads_bucket,)),
-                    queue=MemoryQueue(), registry=MemoryRegistry(), results=MemoryQueue())
+                    queue=MemoryQueue(TaskMessage), registry=MemoryRegistry(),
+                    results=MemoryQueue(ResultMessage))

@@ -1,15 +1,17 @@
 """Pickle-free encodings for arrays: safetensors, written and read by the ``safetensors`` library.
 
 Weights, task results (weights or a delta with the optimizer state), shard parts and holdout
-parts all use this (issue #27 measured it against the ``.npz`` archives used before, Arrow IPC
-and Parquet: docs/DESIGN.md, "Stored arrays"). An object is an 8-byte header length, a JSON
-header naming each array's dtype, shape and byte range, and the arrays' bytes. The library
-checks the header against the bytes before it copies anything out (a header under 100 MB, every
-range inside the object, the ranges contiguous and covering it, each exactly the size its dtype
-and shape need, no overflow), and nothing in the format is ever executed. On top of it: only
-numeric arrays (bool, int, uint, float) are written or read, metadata rides along as one UTF-8
-JSON object (the header's string ``__meta__``), a header naming an array twice is refused, and
-whatever is wrong with an object, decoding raises ``CorruptObjectError`` and nothing else.
+parts all use this (docs/DESIGN.md, "Stored arrays", compares it with the ``.npz`` archives used
+before, Arrow IPC and Parquet). An object is an 8-byte header length, a JSON header naming each
+array's dtype, shape and byte range, and the arrays' bytes. The library checks the header
+against the bytes before it copies anything out (a header under 100 MB, every range inside the
+object, the ranges contiguous and covering it, each exactly the size its dtype and shape need,
+no overflow), and nothing in the format is ever executed. On top of it: a header longer than
+``MAX_HEADER_BYTES`` (a result's: ``RESULT_HEADER_BYTES``) is refused before it is parsed; only
+numeric arrays (bool, int, uint, float) are written or read; metadata rides along as one UTF-8
+JSON object (the header's string ``__meta__``); a header naming an array twice is refused (in
+time linear in its names); and whatever is wrong with an object, decoding raises
+``CorruptObjectError`` and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ import safetensors.numpy
 from bucketlearn.errors import PermanentError
 
 META_KEY = "__meta__"
+# the longest header read (the format allows 100 MB, whose JSON alone takes seconds to parse):
+# any object; a task's result, whose arrays are the model's state, far less
+MAX_HEADER_BYTES = 16 * 1024**2
+RESULT_HEADER_BYTES = 1024**2
 
 
 class CorruptObjectError(PermanentError):
@@ -60,7 +66,8 @@ def encode_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any] | No
     return safetensors.numpy.save(payload, metadata)
 
 
-def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def decode_arrays(data: bytes, what: str = "object", max_header_bytes: int = MAX_HEADER_BYTES
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read safetensors bytes; return (arrays, metadata).
 
     ``safetensors.deserialize`` checks every size and range the header declares against the
@@ -70,6 +77,7 @@ def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarr
     Args:
         data: the object's bytes.
         what: how to name the object in errors (its path).
+        max_header_bytes: a longer header is refused before it is parsed.
 
     Returns:
         (arrays by name, the ``__meta__`` JSON object or {}).
@@ -77,6 +85,10 @@ def decode_arrays(data: bytes, what: str = "object") -> tuple[dict[str, np.ndarr
     Raises:
         CorruptObjectError: the bytes are not such an object, whatever is wrong with them.
     """
+    declared = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+    if declared > max_header_bytes:
+        raise CorruptObjectError(f"{what}: expected a safetensors object whose header is at most "
+                                 f"{max_header_bytes} bytes; found a header of {declared} bytes")
     try:  # SafetensorError is all that fuzzing met; the others are a backstop
         tensors = safetensors.deserialize(bytes(data))
     except (safetensors.SafetensorError, ValueError, OverflowError) as exc:
@@ -104,11 +116,15 @@ def _cut(text: str, limit: int = 200) -> str:
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's members, refusing a name given twice (JSON parsers keep the last)."""
+    """A JSON object's members, refusing a name given twice (JSON parsers keep the last); in
+    time linear in the members."""
     members = dict(pairs)
     if len(members) != len(pairs):
-        twice = next(name for name in members if sum(n == name for n, _ in pairs) > 1)
-        raise ValueError(f"{_cut(twice, 80)!r} twice")
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise ValueError(f"{_cut(name, 80)!r} twice")
+            seen.add(name)
     return members
 
 
@@ -182,13 +198,13 @@ def encode_state(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
     return encode_arrays(arrays, meta)
 
 
-def decode_state(data: bytes, what: str = "state"
+def decode_state(data: bytes, what: str = "state", max_header_bytes: int = MAX_HEADER_BYTES
                  ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
     """A training state written by ``encode_state``: (weights, optimizer arrays, metadata).
 
     An object with weights only (no ``o…`` arrays) decodes with an empty optimizer state.
     """
-    arrays, meta = decode_arrays(data, what)
+    arrays, meta = decode_arrays(data, what, max_header_bytes)
     return (_numbered(arrays, "w", what, required=True),
             _numbered(arrays, "o", what, required=False), meta)
 

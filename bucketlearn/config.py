@@ -48,6 +48,9 @@ class Limits:
     max_total_tasks: int = 200_000
     # one shard's arrays (rows x (matrix cells + the label) x 4 bytes), what a learner holds
     max_shard_bytes: int = 256 * 1024**2
+    # feature columns of a table with text, dates or missing cells, each of which takes layers
+    # of its own in the model the upload function builds (checked after pass 1)
+    max_model_columns: int = 2_000
     # distinct values pass 1 holds while it counts text columns, all columns together (each
     # column alone keeps at most ingest.columns.COUNT_BOUND)
     max_counted_values: int = 2_000_000
@@ -102,6 +105,9 @@ class Settings:
     # R = 1: how long the aggregator waits for a chained round's result beyond what the chain's
     # last task took, before it publishes the round for any learner (the chain's learner died)
     chain_grace_seconds: float = 10.0
+    # a fold's deadline: a result not read and checked this long after the fold began is
+    # refused (its task trains again), so no object can hold a job's aggregation for ever
+    result_read_seconds: float = 120.0
     # an evaluation not carried by a commit within this many seconds is written on its own
     eval_flush_seconds: float = 2.0
     # the share of one core the aggregator's evaluator may take: after an evaluation of e
@@ -198,6 +204,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_MAX_TASKS_PER_EPOCH": "max_tasks_per_epoch",
     "BUCKETLEARN_MAX_TOTAL_TASKS": "max_total_tasks",
     "BUCKETLEARN_MAX_SHARD_BYTES": "max_shard_bytes",
+    "BUCKETLEARN_MAX_MODEL_COLUMNS": "max_model_columns",
     "BUCKETLEARN_MAX_COUNTED_VALUES": "max_counted_values",
     "BUCKETLEARN_KEEP_PARSED_BYTES": "keep_parsed_bytes",
     "BUCKETLEARN_PACK_BYTES": "pack_bytes",

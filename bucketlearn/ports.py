@@ -14,13 +14,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from bucketlearn import errors
+from bucketlearn import errors, layout, messages
 from bucketlearn.config import Settings
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
-from bucketlearn.layout import task_id_for
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,10 @@ class BlobStore(Protocol):
         """
         ...
 
-    def stat(self, bucket: str, name: str) -> BlobInfo | None: ...
+    def stat(self, bucket: str, name: str, generation: int | None = None) -> BlobInfo | None:
+        """The object's metadata; with ``generation``, that generation's (a noncurrent one too,
+        while a versioned bucket keeps it); None when there is none."""
+        ...
 
     def list(self, bucket: str, prefix: str = "") -> Iterator[BlobInfo]: ...
 
@@ -97,7 +99,7 @@ class TaskMessage:
 
     @property
     def task_id(self) -> str:
-        return task_id_for(self.job_id, self.epoch, self.task_index)
+        return layout.task_id_for(self.job_id, self.epoch, self.task_index)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
@@ -107,22 +109,35 @@ class TaskMessage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
-        return cls(job_id=str(data["job_id"]), epoch=int(data["epoch"]),
-                   task_index=int(data["task_index"]), parts=tuple(data["parts"]),
-                   rows=int(data["rows"]), round=int(data.get("round", 0)),
-                   base_version=int(data.get("base_version", -1)),
-                   weights_path=str(data.get("weights_path", "")),
-                   span=_span(data.get("span")),
-                   base_digest=str(data.get("base_digest") or ""))
+        """A task message as published, every field checked (``bucketlearn.messages``): its
+        parts and weights inside its own job's folders.
 
-
-def _span(value: Any) -> tuple[float, float]:
-    """A message's (start, end) progress span; (0, 0) when it has none."""
-    try:
-        start, end = (float(v) for v in value)
-    except (TypeError, ValueError):
-        return (0.0, 0.0)
-    return (start, end)
+        Raises:
+            MessageError: a field is missing or holds what it cannot.
+        """
+        job_id = messages.job_id(data.get("job_id"))
+        parts = data.get("parts")
+        if not isinstance(parts, list) or len(parts) > messages.MAX_PARTS:
+            raise messages.MessageError("parts", f"a list of at most {messages.MAX_PARTS} "
+                                        "part names", parts)
+        own = layout.job_prefix(job_id)
+        for part in parts:
+            if not isinstance(part, str) or not part.startswith(own) or len(part) > 1024:
+                raise messages.MessageError("parts", f"names under {own}", part)
+        weights_path = messages.text(messages.get(data, "weights_path", ""), "weights_path",
+                                     1024)
+        if weights_path and not weights_path.startswith(f"weights/{job_id}/"):
+            raise messages.MessageError("weights_path", f"a name under weights/{job_id}/",
+                                        weights_path)
+        return cls(job_id=job_id, epoch=messages.integer(data.get("epoch"), "epoch"),
+                   task_index=messages.integer(data.get("task_index"), "task_index"),
+                   parts=tuple(parts),
+                   rows=messages.integer(data.get("rows"), "rows", 0, 10**12),
+                   round=messages.integer(messages.get(data, "round", 0), "round"),
+                   base_version=messages.integer(messages.get(data, "base_version", -1),
+                                                 "base_version", -1),
+                   weights_path=weights_path, span=messages.span(data.get("span")),
+                   base_digest=messages.digest(data.get("base_digest"), "base_digest"))
 
 
 RESULT, FAILED, NUDGE = "result", "failed", "nudge"
@@ -161,7 +176,7 @@ class ResultMessage:
 
     @property
     def task_id(self) -> str:
-        return task_id_for(self.job_id, self.epoch, self.task_index)
+        return layout.task_id_for(self.job_id, self.epoch, self.task_index)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "kind": self.kind, "epoch": self.epoch,
@@ -173,20 +188,40 @@ class ResultMessage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResultMessage:
-        kind = str(data.get("kind") or RESULT)
+        """A result message as published, every field checked (``bucketlearn.messages``): a
+        result's object named in its own job's epoch, its stats bounded (``messages.stats``).
+
+        Raises:
+            MessageError: a field is missing or holds what it cannot.
+        """
+        get = messages.get
+        kind = get(data, "kind", RESULT)
         if kind not in RESULT_KINDS:
-            raise ValueError(f"result message: expected kind one of {', '.join(RESULT_KINDS)}; "
-                             f"found {kind!r}")
-        stats = data.get("stats")
-        return cls(job_id=str(data["job_id"]), kind=kind, epoch=int(data.get("epoch") or 0),
-                   task_index=int(data.get("task_index", -1)), round=int(data.get("round") or 0),
-                   base_version=int(data.get("base_version", -1)),
-                   base_digest=str(data.get("base_digest") or ""),
-                   path=str(data.get("path") or ""), end_digest=str(data.get("end_digest") or ""),
-                   chained=bool(data.get("chained")), worker_id=str(data.get("worker_id") or ""),
-                   reason=str(data.get("reason") or "")[:2000],
-                   sent_at=float(data.get("sent_at") or 0.0),
-                   stats=dict(stats) if isinstance(stats, Mapping) else {})
+            raise messages.MessageError("kind", f"one of {', '.join(RESULT_KINDS)}", kind)
+        job_id = messages.job_id(data.get("job_id"))
+        epoch = messages.integer(get(data, "epoch", 0), "epoch")
+        task_index = messages.integer(get(data, "task_index", -1), "task_index", -1)
+        path = messages.text(get(data, "path", ""), "path", 1024)
+        if path:
+            parsed = layout.parse_delta_path(path)
+            if parsed is None or (parsed.job_id, parsed.epoch, parsed.task_index) != (
+                    job_id, epoch, task_index) or parsed.failed != (kind == FAILED):
+                raise messages.MessageError(
+                    "path", f"the {kind} object of task {task_index} of epoch {epoch} of "
+                    f"job {job_id}", path)
+        elif kind != NUDGE:
+            raise messages.MessageError("path", f"the object of a {kind} message", path)
+        return cls(job_id=job_id, kind=kind, epoch=epoch, task_index=task_index,
+                   round=messages.integer(get(data, "round", 0), "round"),
+                   base_version=messages.integer(get(data, "base_version", -1),
+                                                 "base_version", -1),
+                   base_digest=messages.digest(data.get("base_digest"), "base_digest"),
+                   path=path, end_digest=messages.digest(data.get("end_digest"), "end_digest"),
+                   chained=messages.flag(data.get("chained"), "chained"),
+                   worker_id=messages.worker_name(data.get("worker_id")),
+                   reason=messages.text(get(data, "reason", ""), "reason"),
+                   sent_at=messages.number(get(data, "sent_at", 0.0), "sent_at", 0.0, 1e11),
+                   stats=messages.stats(data.get("stats")))
 
 
 class Received(Protocol):
@@ -235,6 +270,7 @@ class VersionCommit:
     epoch: int
     round: int
     job_fields: dict[str, Any]
+    holder: str = ""  # the committing aggregator (``Job.aggregated_by``); empty: not fenced
 
 
 class JobDocuments(Protocol):
@@ -340,7 +376,10 @@ class WorkerDocuments(Protocol):
 
     def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None: ...
 
-    def list_workers(self) -> list[dict[str, Any]]: ...
+    def list_workers(self, seen_since: float | None = None) -> list[dict[str, Any]]:
+        """The workers' heartbeat documents (only those seen at or after ``seen_since``, a
+        query on ``last_seen``)."""
+        ...
 
     def get_control(self, name: str) -> dict[str, Any] | None: ...
 

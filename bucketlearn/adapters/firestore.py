@@ -364,9 +364,11 @@ class FirestoreRegistry:
         self.client.collection("workers").document(worker_id).set(dict(fields), merge=True,
                                                                   timeout=TIMEOUT)
 
-    def list_workers(self) -> list[dict[str, Any]]:
-        return [snap.to_dict() for snap in
-                self.client.collection("workers").stream(timeout=TIMEOUT)]
+    def list_workers(self, seen_since: float | None = None) -> list[dict[str, Any]]:
+        query = self.client.collection("workers")
+        if seen_since is not None:
+            query = query.where(filter=firestore.FieldFilter("last_seen", ">=", seen_since))
+        return [snap.to_dict() for snap in query.stream(timeout=TIMEOUT)]
 
     def get_control(self, name: str) -> dict[str, Any] | None:
         return _read(self.client.collection("control").document(name))

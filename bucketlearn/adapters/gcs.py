@@ -173,9 +173,12 @@ class GcsBlobStore:
         return ObjectChangedError(bucket, name, generation,
                                   None if info is None else info.generation)
 
-    def stat(self, bucket: str, name: str) -> BlobInfo | None:
+    def stat(self, bucket: str, name: str, generation: int | None = None) -> BlobInfo | None:
+        """The object's metadata (of ``generation``, also a noncurrent one a versioned bucket
+        keeps); None when there is no such object or generation."""
         try:
-            blob = self.client.bucket(bucket).get_blob(name, timeout=TIMEOUT, retry=_RETRY)
+            blob = self.client.bucket(bucket).get_blob(name, generation=generation,
+                                                       timeout=TIMEOUT, retry=_RETRY)
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: stat failed: {exc}") from exc
         return _info(blob) if blob is not None else None

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from bucketlearn import messages as wire
 from bucketlearn.domain.job import (
     TERMINAL,
     Head,
@@ -38,7 +39,7 @@ class MemoryBlobStore:
 
     def __init__(self, versioned: tuple[str, ...] = ()) -> None:
         self._objects: dict[tuple[str, str], tuple[bytes, BlobInfo]] = {}
-        self._noncurrent: dict[tuple[str, str, int], bytes] = {}
+        self._noncurrent: dict[tuple[str, str, int], tuple[bytes, BlobInfo]] = {}
         self.versioned = set(versioned)
         self._lock = threading.Lock()
         self._generation = 1000
@@ -51,7 +52,7 @@ class MemoryBlobStore:
                             content_type)
             replaced = self._objects.get((bucket, name))
             if replaced is not None and bucket in self.versioned:
-                self._noncurrent[(bucket, name, replaced[1].generation)] = replaced[0]
+                self._noncurrent[(bucket, name, replaced[1].generation)] = replaced
             self._objects[(bucket, name)] = (bytes(data), info)
             return info
 
@@ -89,7 +90,7 @@ class MemoryBlobStore:
             found = self._objects.get((bucket, name))
             kept = self._noncurrent.get((bucket, name, generation or -1))
             if kept is not None:
-                return io.BytesIO(kept)
+                return io.BytesIO(kept[0])
             if generation is not None and (found is None or found[1].generation != generation):
                 raise ObjectChangedError(bucket, name, generation,
                                          None if found is None else found[1].generation)
@@ -97,9 +98,11 @@ class MemoryBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return io.BytesIO(found[0])
 
-    def stat(self, bucket: str, name: str) -> BlobInfo | None:
+    def stat(self, bucket: str, name: str, generation: int | None = None) -> BlobInfo | None:
         with self._lock:
             found = self._objects.get((bucket, name))
+            if generation is not None and (found is None or found[1].generation != generation):
+                found = self._noncurrent.get((bucket, name, generation))
             return found[1] if found else None
 
     def list(self, bucket: str, prefix: str = "") -> Iterator[BlobInfo]:
@@ -110,13 +113,18 @@ class MemoryBlobStore:
 
     def delete(self, bucket: str, name: str) -> None:
         with self._lock:
-            self._objects.pop((bucket, name), None)
+            deleted = self._objects.pop((bucket, name), None)
+            if deleted is not None and bucket in self.versioned:  # kept, as noncurrent
+                self._noncurrent[(bucket, name, deleted[1].generation)] = deleted
 
 
 class _MemoryReceived:
-    def __init__(self, queue: MemoryQueue, message: Any, attempt: int) -> None:
+    def __init__(self, queue: MemoryQueue, message: Any, attempt: int, raw: bytes = b"",
+                 problem: str | None = None, item: Any = None) -> None:
         self.message: Any = message
-        self.raw = b""
+        self.item = message if item is None else item  # what was queued: redelivered as is
+        self.raw = raw
+        self.problem = problem
         self.delivery_attempt: int | None = attempt
         self._queue = queue
 
@@ -134,11 +142,18 @@ class _MemoryReceived:
 class MemoryQueue:
     """A FIFO of messages (task or result messages) with explicit nack/redelivery: a message
     pulled and neither acked nor nacked stays out (as an unacked message until its deadline);
-    ``pull`` waits up to ``timeout`` for one."""
+    ``pull`` waits up to ``timeout`` for one.
 
-    def __init__(self) -> None:
+    With ``kind`` (``TaskMessage`` or ``ResultMessage``), every message travels as the bytes
+    Pub/Sub would carry and is decoded as the Pub/Sub adapter decodes it
+    (``messages.decoder``), so the edge's checks run here too, and ``publish_raw`` delivers
+    bytes of anyone's making.
+    """
+
+    def __init__(self, kind: type | None = None) -> None:
         self._items: deque[tuple[Any, int]] = deque()
         self._ready = threading.Condition()
+        self._decode = wire.decoder(kind) if kind is not None else None
         self.published: list[Any] = []
         self.acked: list[Any] = []
 
@@ -147,6 +162,14 @@ class MemoryQueue:
             for message in messages:
                 self._items.append((message, 1))
                 self.published.append(message)
+            self._ready.notify_all()
+
+    def publish_raw(self, raw: bytes) -> None:
+        """Deliver ``raw`` as a message's body (a queue with a ``kind`` only)."""
+        if self._decode is None:
+            raise TypeError("publish_raw needs a MemoryQueue made with a kind")
+        with self._ready:
+            self._items.append((_Raw(raw), 1))
             self._ready.notify_all()
 
     def redeliver(self, message: Any, attempt: int) -> None:
@@ -159,7 +182,7 @@ class MemoryQueue:
             with self._ready:
                 self.acked.append(received.message)
         else:
-            self.redeliver(received.message, (received.delivery_attempt or 0) + 1)
+            self.redeliver(received.item, (received.delivery_attempt or 0) + 1)
 
     def pull(self, timeout: float) -> _MemoryReceived | None:
         with self._ready:
@@ -168,10 +191,30 @@ class MemoryQueue:
             if not self._items:
                 return None
             message, attempt = self._items.popleft()
-        return _MemoryReceived(self, message, attempt)
+        if self._decode is None:
+            return _MemoryReceived(self, message, attempt)
+        raw = message.raw if isinstance(message, _Raw) else wire.encode(message)
+        decoded, problem = self._decode(raw)
+        return _MemoryReceived(self, decoded, attempt, raw, problem, message)
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _check_ids(cls: type) -> type:
+    """Check the document ids of every public method taking one (``_document_ids``)."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_") and name not in (
+                "list_jobs", "list_active_jobs", "list_workers"):
+            setattr(cls, name, _document_ids(member))
+    return cls
+
+
+class _Raw:
+    """Bytes published as they are (``MemoryQueue.publish_raw``)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
 
 
 FIRESTORE_MAX_DOCUMENT_BYTES = 1_048_576
@@ -235,8 +278,37 @@ def _check_document(path: str, fields: Mapping[str, Any]) -> None:
             f"(Firestore's rule); found one")
 
 
+def _document_ids(method: Any) -> Any:
+    """Refuse, as the Firestore client does (ValueError), a document id that holds a ``/`` (it
+    would name a path, not a document), is empty, or is ``.`` or ``..``: the first argument
+    (a job id, a lease or a worker's name, a commit's job) and a task's id."""
+    import functools  # noqa: PLC0415
+
+    @functools.wraps(method)
+    def checked(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
+        ids = [getattr(first, "job_id", first)]
+        if method.__name__ in _TASK_METHODS and args:
+            ids.append(args[0])
+        for value in ids:
+            if not isinstance(value, str) or "/" in value or value in ("", ".", ".."):
+                raise ValueError(f"{method.__name__}: {value!r} is not a document id (a "
+                                 "Firestore path has an even number of elements)")
+        return method(self, first, *args, **kwargs)
+
+    return checked
+
+
+_TASK_METHODS = {"read_for_attempt", "record_attempt", "refund_attempt", "update_task",
+                 "get_task"}
+
+
 class MemoryRegistry:
-    """The registry in memory; documents over Firestore's 1 MiB are refused as it would."""
+    """The registry in memory; documents over Firestore's 1 MiB, and ids Firestore's client
+    refuses, are refused as it would."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_ids(cls)
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -409,9 +481,10 @@ class MemoryRegistry:
             _check_document(f"workers/{worker_id}", {**worker, **fields})
             worker.update(dict(fields))
 
-    def list_workers(self) -> list[dict[str, Any]]:
+    def list_workers(self, seen_since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            return copy.deepcopy(list(self.workers.values()))
+            return copy.deepcopy([w for w in self.workers.values() if seen_since is None
+                                  or float(w.get("last_seen") or 0.0) >= seen_since])
 
     def get_control(self, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -422,3 +495,6 @@ class MemoryRegistry:
             control = self.controls.setdefault(name, {})
             _check_document(f"control/{name}", {**control, **fields})
             control.update(copy.deepcopy(dict(fields)))
+
+
+_check_ids(MemoryRegistry)

@@ -10,7 +10,6 @@ The aggregator is one consumer that wants every result at once: streaming pull.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -21,6 +20,7 @@ from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import pubsub_v1
 
+from bucketlearn import messages as wire
 from bucketlearn.config import Settings
 from bucketlearn.errors import TransientError
 from bucketlearn.ports import ResultMessage, TaskMessage
@@ -69,15 +69,6 @@ def _clients(settings: Settings) -> tuple[pubsub_v1.PublisherClient, pubsub_v1.S
 BATCH = pubsub_v1.types.BatchSettings(max_latency=0.001)
 
 
-def _decoder(kind: type) -> Callable[[bytes], Any]:
-    def decode(raw: bytes) -> Any:
-        try:
-            return kind.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError):
-            return None  # not one of ours: the consumer logs and acks it
-    return decode
-
-
 class PulledTask:
     """A message delivered by a unary pull."""
 
@@ -85,7 +76,7 @@ class PulledTask:
                  delivery_attempt: int | None) -> None:
         self._queue, self.ack_id, self.raw = queue, ack_id, raw
         self.delivery_attempt = delivery_attempt
-        self.message: Any = queue.decode(raw)
+        self.message, self.problem = queue.decode(raw)
 
     def ack(self) -> None:
         self._queue.subscriber.acknowledge(
@@ -105,11 +96,12 @@ class StreamedMessage:
     """A message delivered by a streaming pull (its lease is kept by the client library until
     it is acked or nacked)."""
 
-    def __init__(self, message: Any, decode: Callable[[bytes], Any]) -> None:
+    def __init__(self, message: Any, decode: Callable[[bytes], tuple[Any, str | None]]
+                 ) -> None:
         self._message = message
         self.raw: bytes = message.data
         self.delivery_attempt: int | None = message.delivery_attempt or None
-        self.message: Any = decode(message.data)
+        self.message, self.problem = decode(message.data)
 
     def ack(self) -> None:
         self._message.ack()
@@ -143,7 +135,7 @@ class PubSubQueue:
                                                     topic or settings.tasks_topic)
         self.subscription_path = self.subscriber.subscription_path(
             settings.project, subscription or settings.tasks_subscription)
-        self.decode = _decoder(kind)
+        self.decode = wire.decoder(kind)
         self.streaming = streaming
         self._stream: Any = None
         self._stream_lock = threading.Lock()
@@ -152,7 +144,7 @@ class PubSubQueue:
     def publish(self, messages: Sequence[Any]) -> None:
         if "queue.duplicate_publish" in self.settings.faults:  # fault injection: every time
             messages = [m for m in messages for _ in range(2)]
-        futures = [self.publisher.publish(self.topic_path, json.dumps(m.to_dict()).encode(),
+        futures = [self.publisher.publish(self.topic_path, wire.encode(m),
                                           job_id=m.job_id, task_id=m.task_id)
                    for m in messages]
         try:

@@ -58,6 +58,7 @@ class Commit(Protocol):
     round: int
     base_version: int
     version: Version
+    holder: str
 
 
 def round_key(epoch: int, round_index: int) -> str:
@@ -100,14 +101,17 @@ def commit_refusal(job: Job | None, version_exists: bool, commit: Commit) -> str
     """Why a version commit must not happen (None: it may). Both registries ask this inside
     their lock or transaction, with the documents read there.
 
-    A commit needs a job that has not ended (a fold racing a cancel must not advance it), the
-    head still at the commit's base, the job still at the round the commit folds (so no round,
-    hence no task, is folded twice: invariant 2) and a new version number.
+    A commit needs a job that has not ended (a fold racing a cancel must not advance it), still
+    fenced by the committing aggregator (one whose lease ran out while another took the job
+    over commits nothing), the head still at the commit's base, the job still at the round the
+    commit folds (so no round, hence no task, is folded twice: invariant 2) and a new version.
     """
     if job is None:
         return "no such job"
     if job.is_terminal:
         return f"the job is {job.status}"
+    if commit.holder and job.aggregated_by not in (None, commit.holder):
+        return f"the job is aggregated by {job.aggregated_by}, not {commit.holder}"
     if version_exists:
         return f"version {commit.version.version} exists"
     if job.version != commit.base_version:
@@ -155,6 +159,7 @@ class Job:
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     claim: str | None = None
     claimed_at: float | None = None
+    split_attempts: int = 0  # splits begun (a retried event that takes the split over counts)
     created_at: float = 0.0
     updated_at: float | None = None
     started_at: float | None = None
@@ -191,6 +196,8 @@ class Job:
     # the current round is trained by a learner chaining from its own last result (R = 1):
     # its worker id; the aggregator publishes the round itself if the chain's result is late
     chained_by: str | None = None
+    # the aggregator that took the job on last: another's commits are refused (commit_refusal)
+    aggregated_by: str | None = None
     # what the job has used so far (``domain.usage``): CPU seconds, calls, messages
     usage: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # how it ended
@@ -261,6 +268,7 @@ class Job:
             job_id=str(doc["job_id"]), status=str(get("status") or QUEUED), phase=get("phase"),
             file=str(get("file") or ""), source=_dict(get("source")), claim=get("claim"),
             claimed_at=_optional(get("claimed_at"), float),
+            split_attempts=_int(get("split_attempts")),
             created_at=float(get("created_at") or 0.0),
             updated_at=_optional(get("updated_at"), float),
             started_at=_optional(get("started_at"), float),
@@ -279,7 +287,8 @@ class Job:
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),
             last_refusal=get("last_refusal"), watchdog_actions=_int(get("watchdog_actions")),
             watchdog_at=_optional(get("watchdog_at"), float), last_watchdog_action=get("last_watchdog_action"),
-            chained_by=get("chained_by"), usage=_dict(get("usage")),
+            chained_by=get("chained_by"), aggregated_by=get("aggregated_by"),
+            usage=_dict(get("usage")),
             error=get("error"), error_detail=get("error_detail"),
             cancelled_at=_optional(get("cancelled_at"), float),
             cancelled_by=get("cancelled_by"), cancel_reason=get("cancel_reason"),

@@ -331,6 +331,22 @@ def check_shard_bytes(rows: int, cells: int, max_shard_bytes: int,
               f"({cells:,} matrix cells + 1 label) × {CELL_BYTES} bytes = {size:,} bytes")
 
 
+def check_model_columns(columns: int, per_column: bool, max_model_columns: int
+                        ) -> OverLimit | None:
+    """Whether a table's model stays within ``max_model_columns`` columns that take layers of
+    their own (``per_column``: a table of text, dates or missing cells, where each column is
+    imputed, scaled or embedded on its own; a matrix of complete numbers takes none), or what
+    to change: the model is built in the upload function, and its graph grows with them."""
+    if not per_column or columns <= max_model_columns:
+        return None
+    return OverLimit(
+        message="the model would have too many columns of its own",
+        expected=f"at most {max_model_columns:,} feature columns in a table with text, dates or "
+                 "missing cells (the deployment's max_model_columns; each takes layers of its "
+                 "own): drop_columns, or a table of complete numbers",
+        found=f"{columns:,} feature columns")
+
+
 def epoch_tasks(plan: TrainingPlan, shard_count: int, seed: int, epoch: int) -> list[list[int]]:
     """Each task's shard indices for one epoch: shards in a seeded order, dealt into tasks of
     ``shards_per_task`` consecutive shards (the same seed and epoch give the same tasks)."""

@@ -85,6 +85,9 @@ class TaskRecord:
     error: str | None = None
     base_version: int | None = None  # the version a trained attempt started from
     seconds: Mapping[str, float | None] = field(default_factory=dict)  # by phase, once trained
+    # the keys of the attempts it counts: a result is written under its attempt's key, and
+    # only a result under one of these is ever folded (``services.results``)
+    keys: tuple[str, ...] = ()
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> TaskRecord:
@@ -98,7 +101,8 @@ class TaskRecord:
                    pulled_at=_number(doc.get("pulled_at")), error=doc.get("error") or None,
                    base_version=(int(doc["base_version"]) if doc.get("base_version") is not None
                                  else None),
-                   seconds={p: _number(doc.get(f"{p}_seconds")) for p in PHASES})
+                   seconds={p: _number(doc.get(f"{p}_seconds")) for p in PHASES},
+                   keys=tuple(attempt_keys(doc)))
 
     def phase_seconds(self, phase: str) -> float | None:
         """Seconds the attempt spent fetching, training or writing (None if not recorded)."""

@@ -15,6 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# the quantities a job's usage counts (``adapters.metered``, the learners' and the aggregator's
+# seconds, the function's invocations): what a job document's ``usage`` may hold
+USAGE_KEYS = frozenset({
+    "firestore_reads", "firestore_writes", "firestore_deletes", "storage_class_a",
+    "storage_class_b", "storage_bytes_written", "storage_bytes_read", "storage_deletes",
+    "pubsub_messages", "pubsub_bytes", "pubsub_pulled", "worker_seconds", "worker_cpu_seconds",
+    "aggregator_seconds", "function_invocations"})
+
 PRICES_AS_OF = "2026-11-25"
 PRICES_SOURCE = ("list prices in USD as published on cloud.google.com/firestore/pricing "
                  "(regional location), /storage/pricing (Standard class, regional), "
@@ -91,3 +99,14 @@ def added(before: Any, more: Mapping[str, float]) -> dict[str, float]:
     for key, value in more.items():
         total[key] = round(total.get(key, 0.0) + value, 6)
     return total
+
+
+def task_usage(stats: Mapping[str, Any]) -> dict[str, float]:
+    """What a learner used for one task, as its result's ``stats`` say: its ``usage`` (the
+    quantities of ``USAGE_KEYS``) and its CPU seconds as ``worker_cpu_seconds``."""
+    used = {k: float(v) for k, v in (stats.get("usage") or {}).items()
+            if k in USAGE_KEYS and isinstance(v, (int, float))}
+    cpu = stats.get("cpu_seconds")
+    if isinstance(cpu, (int, float)):
+        used["worker_cpu_seconds"] = used.get("worker_cpu_seconds", 0.0) + float(cpu)
+    return used

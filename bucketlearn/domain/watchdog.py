@@ -53,12 +53,13 @@ def decide(job: Job, round_tasks: Iterable[int], done: Iterable[int],
     if status in TERMINAL:
         return None
     quiet = now - last_activity
-    if phase == SPLITTING:
-        started = float(job.claimed_at or job.created_at or now)
+    if phase == SPLITTING:  # timed from the upload: a retried split does not reset it
+        started = float(job.created_at or job.claimed_at or now)
         if now - started > split_seconds:
             return WatchdogAction(FAIL, f"the split of the upload did not finish within "
-                                 f"{split_seconds:.0f} s (its last attempt began "
-                                 f"{now - started:.0f} s ago); upload the file again")
+                                 f"{split_seconds:.0f} s of the upload ({now - started:.0f} s, "
+                                 f"{max(1, job.split_attempts)} attempt(s)); upload the "
+                                 "file again")
         return None
     if quiet <= stall_seconds:
         return None

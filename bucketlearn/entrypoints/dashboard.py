@@ -55,7 +55,7 @@ def overview_data(_registry: Registry, limit: int) -> dict:
 
 @st.cache_data(ttl=reads.CACHE_SECONDS, show_spinner=False)
 def job_data(_registry: Registry, job_id: str) -> dict | None:
-    return reads.job_bundle(_registry, job_id)
+    return reads.job_bundle(_registry, job_id, time.time())
 
 
 @st.cache_data(ttl=reads.CACHE_SECONDS, show_spinner=False)
@@ -121,7 +121,7 @@ def jobs_overview(registry: Registry) -> None:
     bundle = read(overview_data, registry, JOB_LIMIT)
     if bundle is UNREADABLE:
         return
-    rows = jobs_list.overview_rows(bundle["jobs"], bundle["versions"], time.time())
+    rows = jobs_list.overview_rows(bundle["jobs"], time.time())
     if not rows:
         st.info("No jobs yet. Upload a CSV (sidebar) or drop one into the uploads bucket.")
         return

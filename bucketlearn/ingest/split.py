@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +80,17 @@ from bucketlearn.ports import BlobStore
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_BYTES = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class Outline:
+    """What pass 1 decided, before pass 2 writes anything: the training rows of each shard,
+    the kept columns, and whether the label is a numeric target. A caller's ``check`` may
+    refuse the job from it (its total tasks, its model's size) before the expensive pass."""
+
+    shard_rows: list[int]
+    schema: list[Column]
+    regression: bool
 HOLDOUT_PART_BYTES = 16 * 1024**2
 
 
@@ -152,9 +165,9 @@ def _class_ids(labels: pa.Array, class_index: dict[str, int], label_kind: str, f
 
 
 def _split_plan(scan: Scan, schema: list[Column], file: str, label: str, options: JobOptions,
-                limits: Limits) -> SplitPlan:
+                limits: Limits, check: Callable[[Outline], None] | None = None) -> SplitPlan:
     """``plan_split`` of pass 1's counts with the job's options, its shards checked to fit
-    (``_shards_that_fit``).
+    (``_shards_that_fit``), then its outline by ``check``.
 
     Raises:
         InvalidInputError: a class with one row, too few rows, too many shards, or shards too
@@ -166,7 +179,10 @@ def _split_plan(scan: Scan, schema: list[Column], file: str, label: str, options
     if isinstance(planned, Unsplittable):
         raise rejected(file, planned.message, column=label if planned.of_label else None,
                        expected=planned.expected, found=planned.found)
-    return _shards_that_fit(planned, schema, file, options, limits)
+    plan = _shards_that_fit(planned, schema, file, options, limits)
+    if check is not None:
+        check(Outline([int(n) for n in plan.deal.sizes()], schema, scan.targets is not None))
+    return plan
 
 
 def _shards_that_fit(plan: SplitPlan, schema: list[Column], file: str, options: JobOptions,
@@ -327,13 +343,12 @@ def _address_parts(writes: PartWrites, shards: list[Shard], holdout: HoldoutWrit
 
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None
-                 ) -> Manifest:
-    """Validate and split one uploaded CSV into shards and a holdout in the work bucket.
-
-    Pass 1 counts the classes and profiles the columns (kinds sniffed from the first block);
-    ``decide_columns`` keeps or leaves out each column, ``plan_split`` decides holdout and deal
-    from the counts; pass 2 (``_deal_pass``) encodes the rows and writes each where planned.
+                 read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None,
+                 check: Callable[[Outline], None] | None = None) -> Manifest:
+    """Validate and split one uploaded CSV into shards and a holdout in the work bucket: pass 1
+    counts the classes and profiles the columns (kinds sniffed from the first block), then
+    ``decide_columns`` and ``plan_split`` decide columns, holdout and deal; pass 2
+    (``_deal_pass``) encodes the rows and writes each where planned.
 
     Args:
         source: the upload (name, size, opener for streaming reads).
@@ -345,6 +360,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         buffer_bytes: memory budget for shard buffers.
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
         progress: called before each record batch of both passes; what it raises ends the split.
+        check: called with pass 1's ``Outline`` before pass 2; what it raises ends the split.
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -359,7 +375,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     scan = count_pass(source, columns, label, features, limits, options, read_block_bytes,
                       progress)
     schema, dropped = _decide_schema(scan, options, file)
-    plan = _split_plan(scan, schema, file, label, options, limits)
+    plan = _split_plan(scan, schema, file, label, options, limits, check)
     encoder = Encoder(schema, options.missing_markers)
     stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
     with PartWrites.for_job(store, work_bucket, job_id, buffer_bytes, limits.pack_bytes) as writes:

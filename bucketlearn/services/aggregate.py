@@ -6,18 +6,16 @@ its fold and one commit: the job as its last commit left it, the results it has 
 learner runs ahead), and the base state it folds into, in memory since it wrote it.
 
 ``step`` does what is due: publish a round never published, fold a complete round
-(``domain.rounds.sort_round``), export a finished job (``services.export``). Each result is read
-and checked by ``services.results``, which decides whether it is applied or refused; the round
-is folded (``domain.fold.fold_round``), the new state written under a write-once name, and the
-version committed with the job's position, counters, the next round's publish record, the last
-evaluation's figures and the job's health in one commit (``domain.job.commit_refusal`` decides
-inside it). Then the next round is published, unless this one-task round's learner chains into
-it (R = 1), and the round's messages are acknowledged.
+(``domain.rounds.sort_round``), export a finished job (``services.export``). ``services.results``
+reads each result and decides whether it is applied or refused; the round is folded
+(``domain.fold.fold_round``), the new state written under a write-once name, and the version
+committed with the job's position, counters, next round, last evaluation and health in one
+commit (``domain.job.commit_refusal`` decides inside it, the holder's fence included). Then the
+next round is published, unless this one-task round's learner chains into it (R = 1).
 
 Evaluation is off the critical path (``services.evaluate``): the long-running aggregator
-(``services.aggregator``) evaluates in a thread of its own and hands the figures to the next
-commit; ``aggregate_job``, the synchronous pass of the tests and the in-process simulation,
-evaluates each version as it commits it.
+evaluates in a thread of its own and hands the figures to the next commit; ``aggregate_job``,
+the synchronous pass of the tests and the simulation, evaluates each version as it commits it.
 """
 
 from __future__ import annotations
@@ -30,10 +28,19 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job, commit_fields, fail_fields
+from bucketlearn.domain.job import (
+    EXPORTING,
+    RUNNING,
+    TRAINING,
+    Job,
+    commit_fields,
+    done_tasks,
+    fail_fields,
+)
 from bucketlearn.domain.rounds import DeltaRef, RoundObjects, sort_round
-from bucketlearn.domain.usage import added
+from bucketlearn.domain.usage import added, task_usage
 from bucketlearn.domain.version import Evaluation, Version
+from bucketlearn.errors import TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, Services, VersionCommit
@@ -46,6 +53,9 @@ from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, 
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
+
+
+FENCE_ATTEMPTS = 10  # conditional writes of the job's fence before giving up for now
 
 
 def lease_name(job_id: str) -> str:
@@ -70,11 +80,15 @@ class JobAggregator:
         svc: the services.
         job_id: the job.
         evaluator: where committed versions are evaluated.
+        collect_in_background: delete a committed round's results on the reader threads.
+        holder: the identity of the aggregator that holds the job's lease: ``take_on`` fences
+            the job with it, and every write about the job's training expects it.
     """
 
     def __init__(self, svc: Services, job_id: str, evaluator: Evaluator,
-                 collect_in_background: bool = False) -> None:
+                 collect_in_background: bool = False, holder: str = "") -> None:
         self.svc = svc
+        self.holder = holder
         # delete a committed round's results on the reader threads, after the fold has
         # published what comes next, not on the job's thread (the long-running aggregator):
         # R deletes in sequence sat between a parallel round's publish and the next results
@@ -87,7 +101,6 @@ class JobAggregator:
         self.evaluations: list[Evaluation] = []  # measured, not yet carried by a commit
         self.health: dict[str, Any] | None = None
         self.usage: dict[str, float] = {}  # the learners' measured use since the last commit
-        self.folds = 0
         self.wound_up = False
         self.last_commit_seconds: float | None = None
         self._fold_started = time.perf_counter()
@@ -97,9 +110,26 @@ class JobAggregator:
     def refresh(self) -> Job | None:
         """Read the job again (after a refused commit, a nudge, a takeover)."""
         self.job = self.svc.registry.get_job(self.job_id)
+        self.reader.follow(self.job)
         if self.job is not None and self.health is None:  # later, this holder's is the newest
             self.health = dict(self.job.health or {})
         return self.job
+
+    def take_on(self) -> Job | None:
+        """Read the job and fence it for this holder (``Job.aggregated_by``): from now on a
+        commit or a refusal by any other aggregator is refused, whatever its lease says."""
+        for _ in range(FENCE_ATTEMPTS):
+            job = self.refresh()
+            if job is None or job.is_terminal or not self.holder or (
+                    job.aggregated_by == self.holder):
+                return job
+            fence = {"aggregated_by": self.holder}
+            if self.svc.registry.update_job_if(self.job_id,
+                                               {"aggregated_by": job.aggregated_by}, fence):
+                self.job = job.updated(fence)
+                return self.job
+        raise TransientError(f"job {self.job_id}: could not take it on in {FENCE_ATTEMPTS} "
+                             "attempts (its document kept changing)")
 
     def hear(self, message: ResultMessage, received: Received | None = None) -> None:
         """A result message: remember its object for the round it belongs to."""
@@ -163,7 +193,10 @@ class JobAggregator:
 
     def _round_objects(self, job: Job) -> RoundObjects:
         refs = [h.ref for h in self.heard.values() if h.epoch == job.epoch]
-        objects = sort_round(jobs.current_round_tasks(job), (), refs, job.tasks_per_epoch)
+        # a late duplicate of a folded round's task is garbage (acknowledged and deleted, so
+        # it holds no prefetch slot); a chaining learner's result of a later round waits
+        objects = sort_round(jobs.current_round_tasks(job), done_tasks(job), refs,
+                             job.tasks_per_epoch)
         # results of past epochs are garbage too (their rounds were folded)
         objects.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
         return objects
@@ -197,7 +230,8 @@ class JobAggregator:
         head = job.head
         assert head is not None  # a trainable job has its head since the split
         base, base_optimizer = runtime.state(head.weights_path, head.digest)
-        read = self._read_round(job, objects, base, base_optimizer)
+        read = self.reader.read_round(job, objects, base, base_optimizer, self.heard,
+                                      self._count_usage)  # applied, refused or stale
         if read.stale:
             self._drop(read.stale, delete=True)
             return True
@@ -241,7 +275,6 @@ class JobAggregator:
         self._after_commit(read, chained, commit_seconds)
         if read.results:
             self.evaluator.submit(self, new_version, weights)
-        self.folds += 1
         log.info("job %s: v%d (epoch %d round %d, %d results, %d failed)%s", job.job_id,
                  new_version, commit.epoch, commit.round, len(read.results), len(read.failures),
                  f", chained by {chained.worker_id}" if chained else "")
@@ -312,32 +345,33 @@ class JobAggregator:
             added(added(job.usage, self.usage), used), self.health, now,
             chained.worker_id if chained else None)
         return VersionCommit(job_id=job_id, base_version=new_version - 1, version=version,
-                             epoch=job.epoch, round=job.round, job_fields=job_fields)
-
-    def _read_round(self, job: Job, objects: RoundObjects, base: list[Any],
-                    base_optimizer: list[Any]) -> Read:
-        """Read and check every result of a complete round (``results``: applied, refused or
-        stale); count each applied result's use for the next commit."""
-        return self.reader.read_round(job, objects, base, base_optimizer, self.heard,
-                                      self._count_usage)
+                             epoch=job.epoch, round=job.round, job_fields=job_fields,
+                             holder=self.holder)
 
     def _count_usage(self, message: ResultMessage | None) -> None:
         """Add a folded task's learner-side use to what the next commit records."""
-        if message is None:
-            return
-        for key, value in (message.stats.get("usage") or {}).items():
-            if isinstance(value, (int, float)):
-                self.usage[key] = self.usage.get(key, 0.0) + float(value)
-        cpu = message.stats.get("cpu_seconds")
-        if isinstance(cpu, (int, float)):
-            self.usage["worker_cpu_seconds"] = self.usage.get("worker_cpu_seconds", 0.0) + cpu
+        if message is not None:
+            self.usage = added(self.usage, task_usage(message.stats))
 
     def _refuse(self, job: Job, objects: RoundObjects, refused: dict[int, str]) -> None:
         """Never fold a refused result: delete it and train its task again, or fail the task for
         good once its results were refused ``MAX_REFUSALS`` times in this epoch
-        (``domain.fold.count_refusals``)."""
+        (``domain.fold.count_refusals``). The refusal counts are written first, on condition
+        that the job is where it was read and still this holder's: a holder that lost the job
+        (or a round folded meanwhile) deletes, announces and publishes nothing."""
         job_id, epoch = job.job_id, job.epoch
         tally = fold.count_refusals(job.refusals, epoch, refused)
+        first = min(refused)
+        last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
+        fields = {"refusals": tally.counts, "deltas_refused": job.deltas_refused + len(refused),
+                  "last_refusal": last[:2000], "updated_at": self.svc.clock()}
+        expect = {**job.position, "status": job.status, "aggregated_by": job.aggregated_by}
+        if not self.svc.registry.update_job_if(job_id, expect, fields):
+            log.warning("job %s: refusals not recorded: the job changed or was taken over",
+                        job_id)
+            self.refresh()
+            return
+        self.job = job.updated(fields)
         retrain = []
         for task_index, reason in sorted(refused.items()):
             task_id = layout.task_id_for(job_id, epoch, task_index)
@@ -354,12 +388,6 @@ class JobAggregator:
         if retrain:
             shards = job_runtime(self.svc, job).manifest.shards
             self.svc.queue.publish(jobs.round_messages(job, shards, retrain))
-        first = min(refused)
-        last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
-        fields = {"refusals": tally.counts, "deltas_refused": job.deltas_refused + len(refused),
-                  "last_refusal": last[:2000], "updated_at": self.svc.clock()}
-        self.svc.registry.update_job(job_id, fields)
-        self.job = job.updated(fields)
 
     def _drop(self, refs: list[DeltaRef], delete: bool, background: bool = False) -> None:
         """Forget these objects: acknowledge their messages, delete them from the bucket (on the
@@ -432,8 +460,8 @@ def _settle(action: Callable[[], None]) -> None:
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
     """One synchronous aggregation pass over a job (the tests, the in-process simulation): take
-    its lease, hear what the deltas bucket holds, fold every
-    complete round (evaluating each version as it is committed) and export a finished job.
+    its lease, hear what the deltas bucket holds, fold every complete round (evaluating each
+    version as it is committed) and export a finished job.
 
     Returns:
         ACCEPTED when it ran; BUSY if another aggregator holds the job's lease.
@@ -443,7 +471,8 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
                                       svc.settings.aggregator_lease_seconds):
         return Outcome.BUSY
     try:
-        aggregator = JobAggregator(svc, job_id, InlineEvaluator())
+        aggregator = JobAggregator(svc, job_id, InlineEvaluator(), holder=holder)
+        aggregator.take_on()
         deadline = time.monotonic() + svc.settings.aggregate_budget_seconds
         for _ in range(100_000):
             job = aggregator.refresh()

@@ -49,6 +49,15 @@ from bucketlearn.services.results import list_deltas
 log = logging.getLogger(__name__)
 
 
+def _settle(action: Callable[[], None]) -> None:
+    """Ack, nack or extend a message; a failure is logged (the message comes back after its
+    deadline)."""
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - an unsettled message is redelivered: no loss
+        log.warning("could not settle a result message", exc_info=True)
+
+
 @dataclass(frozen=True)
 class AggregatorTuning:
     """How the long-running aggregator paces itself; tests shorten it."""
@@ -116,9 +125,10 @@ class _JobSlot:
         self.service = service
         self.job_id = job_id
         self.aggregator = JobAggregator(service.svc, job_id, service.evaluator.bind(self),
-                                        collect_in_background=True)
+                                        collect_in_background=True, holder=service.identity)
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.lost = threading.Event()  # its lease went to another aggregator
+        self.lost = threading.Event()  # its lease went to another aggregator, or ran out
+        self.renewed_at = time.monotonic()  # its lease's last renewal (taken just before)
         self.ended = threading.Event()
         self.last_message_at = time.monotonic()
         self.listened_at = time.monotonic()
@@ -257,23 +267,35 @@ class AggregatorService:
                     continue
                 if received is not None:
                     self.messages += 1
-                    self.dispatch(received)
+                    self.dispatch(received)  # never raises: one message cannot end the loop
         finally:
             self.shutdown()
 
     def dispatch(self, received: Received) -> None:
-        """Hand one result message to its job's slot (taking the job on first)."""
+        """Hand one result message to its job's slot (taking the job on first). Never raises:
+        a message that is not one of ours is logged and acknowledged (dropped once, never
+        redelivered); one whose job cannot be taken on now (another aggregator holds it, or
+        the registry did not answer) goes back to Pub/Sub for a few seconds."""
         message: ResultMessage | None = received.message
         if message is None:
-            log.error("dropping a result message that is not one of ours: %r",
-                      received.raw[:200])
-            received.ack()
+            log.error("dropping a result message that is not one of ours (%s): %r",
+                      getattr(received, "problem", None) or "undecodable", received.raw[:200])
+            _settle(received.ack)
             return
         slot = self.slots.get(message.job_id)
-        if slot is None or slot.ended.is_set():
-            slot = self._take_on(message.job_id)
+        try:
+            if slot is None or slot.ended.is_set():
+                slot = self._take_on(message.job_id)
+        except PermanentError as exc:  # the registry refuses this job for good: drop it
+            log.error("job %s: dropping its result message: %s", message.job_id, exc)
+            _settle(received.ack)
+            return
+        except Exception:  # noqa: BLE001 - a backend outage: the message comes back later
+            log.warning("job %s: could not take it on; its message comes back later",
+                        message.job_id, exc_info=True)
+            slot = None
         if slot is None:
-            received.extend(self.tuning.busy_retry_seconds)
+            _settle(lambda: received.extend(self.tuning.busy_retry_seconds))
             return
         slot.inbox.put(("message", (message, received)))
 
@@ -307,7 +329,11 @@ class AggregatorService:
             return None
         crash_point(self.svc.settings, "aggregator.holding_lease")
         slot = _JobSlot(self, job_id)
-        job = slot.aggregator.refresh()
+        try:
+            job = slot.aggregator.take_on()
+        except Exception:
+            self.svc.registry.release_lease(lease_name(job_id), self.identity)
+            raise
         slot.aggregator.listen_to_bucket()
         if lease.taken_over and job is not None:
             log.warning("job %s: taken over from %s, whose lease ran out", job_id,
@@ -351,19 +377,27 @@ class AggregatorService:
             self.svc.registry.release_lease(lease_name(slot.job_id), self.identity)
 
     def _renew(self) -> None:
+        """Renew every slot's lease each third of it. A slot whose lease went to another
+        aggregator, or could not be renewed before it ran out (the registry unreachable), is
+        let go: past its lease it must not fold (the job's fence refuses its commits anyway)."""
         seconds = self.svc.settings.aggregator_lease_seconds
         while not self.stop.wait(seconds / 3):
             with self._lock:
                 slots = list(self.slots.values())
             for slot in slots:
                 try:
-                    if not self.svc.registry.acquire_lease(lease_name(slot.job_id),
-                                                           self.identity, seconds):
-                        log.error("job %s: its lease went to another aggregator; let go",
-                                  slot.job_id)
-                        slot.lost.set()
+                    if self.svc.registry.acquire_lease(lease_name(slot.job_id), self.identity,
+                                                       seconds):
+                        slot.renewed_at = time.monotonic()
+                        continue
+                    log.error("job %s: its lease went to another aggregator; let go",
+                              slot.job_id)
+                    slot.lost.set()
                 except Exception:  # noqa: BLE001 - try again at the next renewal
                     log.warning("job %s: lease renewal failed", slot.job_id, exc_info=True)
+                    if time.monotonic() - slot.renewed_at >= seconds:
+                        log.error("job %s: its lease ran out unrenewed; let go", slot.job_id)
+                        slot.lost.set()
 
     def shutdown(self) -> None:
         """Stop serving: each slot finishes its step; leases released; the pull closed."""

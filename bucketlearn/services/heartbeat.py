@@ -14,10 +14,19 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from bucketlearn.ports import ReceivedTask, TaskMessage
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT_TTL_SECONDS = 24 * 3600.0  # a heartbeat document outlives its worker's last one by
+
+
+def expiry(now: float) -> datetime:
+    """When a heartbeat written at ``now`` may be deleted: the ``expire_at`` timestamp the
+    registry's time-to-live policy reads (Terraform's TTL on ``workers.expire_at``)."""
+    return datetime.fromtimestamp(now + HEARTBEAT_TTL_SECONDS, UTC)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ml.training import LocalResult, train_task
 from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
 from bucketlearn.services import jobs
-from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
+from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender, expiry
 from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.runtime import job_runtime, models_built, part_cache
 
@@ -120,19 +120,20 @@ class Learner:
         self._heartbeats.set(state, task)
 
     def _send_heartbeat(self, state: str, task: TaskMessage | None) -> None:
-        """Write the heartbeat document (one at a time, in order: ``heartbeat.Heartbeats``)."""
+        """Write the heartbeat document (one at a time, in order: ``heartbeat.Heartbeats``);
+        ``expire_at``: the registry's TTL deletes it a day after the worker was last seen."""
         self.svc.registry.heartbeat(self.worker_id, {
             "worker_id": self.worker_id, "state": state, "last_seen": self.svc.clock(),
             "job_id": task.job_id if task else None,
-            "task_id": task.task_id if task else None,
-            "tasks_done": self.tasks_done, "started_at": self.started_at,
-        })
+            "task_id": task.task_id if task else None, "tasks_done": self.tasks_done,
+            "started_at": self.started_at, "expire_at": expiry(self.svc.clock())})
 
     def handle(self, received: ReceivedTask) -> Decision:
         """Process one delivered task; return whether to ack or nack it."""
         pulled_at = self.svc.clock()
         if received.message is None:
-            log.error("dropping a task message that is not valid JSON: %r", received.raw[:200])
+            log.error("dropping a task message that is not one of ours (%s): %r",
+                      getattr(received, "problem", None) or "undecodable", received.raw[:200])
             return Decision.ACK
         task = received.message
         with LeaseExtender(received, self.svc.settings.ack_deadline_seconds):
@@ -177,7 +178,7 @@ class Learner:
             return Decision.ACK
         assert admitted.job is not None
         following = self._next_task(admitted.job, trained) if self.chain else None
-        self._with_retries(lambda: self.announce(trained, chained=following is not None))
+        self._with_retries(lambda: self.announce(trained, following is not None, admitted.key))
         self.tasks_done += 1
         if following is not None:
             self._chain(admitted.job, trained, following)
@@ -199,14 +200,20 @@ class Learner:
         skip = skip_reason(job, task.base_version, bool(task.weights_path or task.base_digest))
         if skip is not None:
             return _Admission(job, skip)
-        key = layout.new_nonce()
-        fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round,
-                                 task.rows, self.worker_id, self.svc.clock(), pulled_at,
-                                 delivery_attempt)
-        attempts = self._with_retries(
-            lambda: registry.record_attempt(task.job_id, doc_id, fields, key, known),
-            on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
+        key, attempts = self._record_attempt(task, pulled_at, delivery_attempt, known)
         return _Admission(job, None, attempts, key, doc_id)
+
+    def _record_attempt(self, task: TaskMessage, pulled_at: float,
+                        delivery_attempt: int | None, known: list[str] | None = None
+                        ) -> tuple[str, int]:
+        """Count one attempt at ``task`` under a new key, the nonce its result is written under
+        (only a recorded attempt's result is folded); returns (the key, the attempts so far)."""
+        doc_id, key = jobs.task_doc_id(task.job_id, task.epoch, task.task_index), layout.new_nonce()
+        fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round, task.rows,
+                                 self.worker_id, self.svc.clock(), pulled_at, delivery_attempt)
+        return key, self._with_retries(
+            lambda: self.svc.registry.record_attempt(task.job_id, doc_id, fields, key, known),
+            on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
 
     def _with_retries(self, call: Callable[[], Any],
                       on_give_up: Callable[[], None] | None = None) -> Any:
@@ -312,10 +319,15 @@ class Learner:
         if following is not None:
             part_cache(self.svc).prefetch(self.svc, list(following.parts))
 
-    def announce(self, trained: _Trained, chained: bool = False) -> ResultMessage:
-        """Write a trained task's result to the deltas bucket, then publish the message naming
-        it (never before the object exists)."""
+    def announce(self, trained: _Trained, chained: bool = False,
+                 attempt_key: str | None = None) -> ResultMessage:
+        """Write a trained task's result to the deltas bucket under its attempt's key, then
+        publish the message naming it (never before the object exists). Without
+        ``attempt_key``, an attempt is recorded first: a result is only ever written under a
+        key the registry holds."""
         svc, task = self.svc, trained.task
+        if attempt_key is None:
+            attempt_key, _ = self._record_attempt(task, svc.clock(), None)
         started = time.perf_counter()
         meta = {"job_id": task.job_id, "task_id": task.task_id, "epoch": task.epoch,
                 "task_index": task.task_index, "round": task.round,
@@ -324,7 +336,7 @@ class Learner:
                 "train_loss": trained.result.train_loss, "worker_id": self.worker_id,
                 "content": WEIGHTS}  # the aggregator takes the delta, exactly (domain.fold)
         data = codec.encode_state(trained.result.weights, trained.result.optimizer, meta)
-        path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
+        path = layout.delta_path(task.job_id, task.epoch, task.task_index, attempt_key)
         svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream",
                               metadata={k: str(v) for k, v in meta.items()})
         crash_point(svc.settings, "learner.before_publish")
@@ -404,7 +416,8 @@ class Learner:
             made[task.base_version + 1] = trained.end_digest
             if pending is not None:
                 pending.result()  # announcements go out in order; a failed one ends the chain
-            pending = self._announcer.submit(self.announce, trained, following is not None)
+            pending = self._announcer.submit(self.announce, trained, following is not None,
+                                             admitted.key)
             self.tasks_done += 1
             previous, task = trained, following
         if pending is not None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ from bucketlearn.domain.rounds import DeltaRef, RoundObjects
 from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Received, ResultMessage, Services
+from bucketlearn.services.jobs import task_doc_id
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +73,12 @@ class Read:
 @dataclass(frozen=True)
 class Loaded:
     """A result object as read: what its bytes decode to (the arrays, optimizer state and
-    metadata, or the reason they could not be decoded); None when it was gone."""
+    metadata, or the reason they could not be decoded; None when it was gone), and the keys of
+    the attempts its task's record counts (the object's nonce must be one of them; None when
+    they could not be read in time)."""
 
     decoded: tuple[list[Any], list[Any], dict[str, Any]] | str | None  # str: why it is not
+    attempt_keys: frozenset[str] | None = None
 
     @property
     def gone(self) -> bool:
@@ -81,13 +87,25 @@ class Loaded:
 
 class ResultReader:
     """One job's result objects, read on reader threads (``READERS`` at a time): ahead of their
-    round's fold as their messages come (``prefetch``), and at the fold (``read_round``)."""
+    round's fold as their messages come (``prefetch``), and at the fold (``read_round``).
 
-    def __init__(self, svc: Services) -> None:
+    A read takes at most ``max_bytes`` of an object (the job's state and a header: a result
+    larger than that is refused unread) and gives up after ``read_seconds`` (the fold's
+    deadline: a result not read by then is refused, its task trains again).
+    """
+
+    def __init__(self, svc: Services, max_bytes: int | None = None) -> None:
         self.svc = svc
+        self.max_bytes = max_bytes
+        self.read_seconds = svc.settings.result_read_seconds
         self._readers: ThreadPoolExecutor | None = None
+        self._records: ThreadPoolExecutor | None = None
         # result objects read (and decoded) as their messages come, before the round is complete
         self.prefetched: dict[str, Future[Loaded]] = {}
+
+    def follow(self, job: Job | None) -> None:
+        """Bound reads by ``job``'s model (``result_bytes_bound``), as it is now known."""
+        self.max_bytes = result_bytes_bound(job)
 
     def prefetch(self, name: str) -> None:
         """Read and decode a result object now, while the rest of its round trains: the fold
@@ -103,8 +121,21 @@ class ResultReader:
         return self._readers
 
     def _load(self, name: str) -> Loaded:
+        """The object's bytes decoded, and its task's attempt keys (read beside it)."""
+        if self._records is None:
+            self._records = ThreadPoolExecutor(READERS, thread_name_prefix="read-attempts")
+        keys = self._records.submit(self._attempt_keys, name)
         raw = self.read_object(name)
-        return Loaded(None if raw is None else decode_result(raw, name))
+        decoded = None if raw is None else decode_result(raw, name, self.max_bytes)
+        return Loaded(decoded, keys.result(timeout=self.read_seconds))
+
+    def _attempt_keys(self, name: str) -> frozenset[str]:
+        parsed = layout.parse_delta_path(name)
+        if parsed is None or parsed.failed:
+            return frozenset()
+        record = self.svc.registry.get_task(
+            parsed.job_id, task_doc_id(parsed.job_id, parsed.epoch, parsed.task_index))
+        return frozenset(record.keys) if record is not None else frozenset()
 
     def loaded(self, name: str) -> Future[Loaded]:
         """A result object's read: the one under way since its message came, or a new one
@@ -121,10 +152,24 @@ class ResultReader:
             reading.cancel()
 
     def read_object(self, name: str) -> bytes | None:
+        """The object's bytes (its first ``max_bytes`` + 1 at most); None when it is gone."""
+        bucket = self.svc.settings.deltas_bucket
         try:
-            return self.svc.store.read_bytes(self.svc.settings.deltas_bucket, name)
+            if self.max_bytes is None:
+                return self.svc.store.read_bytes(bucket, name)
+            return self.svc.store.read_range(bucket, name, 0, self.max_bytes + 1)
         except NotFoundError:
             return None
+
+    def _wait(self, reading: Future[Loaded], name: str, deadline: float) -> Loaded:
+        """A read's outcome by the fold's ``deadline``; past it, a result that could not be
+        read (refused: its task trains again), and the read is abandoned."""
+        try:
+            return reading.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FuturesTimeout:
+            reading.cancel()
+            return Loaded(f"unreadable: gs://…/{name} was not read and checked within "
+                          f"{self.read_seconds:.0f} s")
 
     def read_round(self, job: Job, objects: RoundObjects, base: list[Any], base_optimizer: list[Any],
                    heard: dict[str, Heard],
@@ -139,17 +184,23 @@ class ResultReader:
         assert head is not None
         items = sorted(objects.results.items())
         reads = [self.loaded(ref.name) for _, ref in items]
+        deadline = time.monotonic() + self.read_seconds
         for (task_index, ref), reading in zip(items, reads, strict=True):
-            loaded = reading.result()
+            loaded = self._wait(reading, ref.name, deadline)
             known = heard.get(ref.name)
             message = known.message if known is not None else None
             if message is not None:
                 read.messages[task_index] = message
+            unrecorded = _unrecorded(loaded, ref.name)
+            if unrecorded is not None:  # not an attempt the registry knows: never folded
+                log.warning("job %s: %s", job.job_id, unrecorded)
+                read.stale.append(ref)
+                continue
             problem, result, meta = check_result(loaded, ref.name, base, shapes,
                                                  optimizer_shapes, recent)
             based_on = (message.base_digest if message is not None else "") or str(
                 meta.get("base_digest") or "")
-            if result is not None and based_on and head.digest and based_on != head.digest:
+            if result is not None and head.digest and based_on != head.digest:
                 read.stale.append(ref)  # trained from another state (a broken chain): garbage
                 continue
             if problem is None:
@@ -172,14 +223,41 @@ class ResultReader:
         return read
 
 
-def decode_result(raw: bytes, name: str) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
+def decode_result(raw: bytes, name: str, max_bytes: int | None = None
+                  ) -> tuple[list[Any], list[Any], dict[str, Any]] | str:
+    """A result object's arrays, optimizer state and metadata, or why they cannot be had (more
+    than ``max_bytes`` bytes, a header over ``codec.RESULT_HEADER_BYTES``, not our format)."""
+    if max_bytes is not None and len(raw) > max_bytes:
+        return (f"unreadable: gs://…/{name} holds more than {max_bytes} bytes, more than the "
+                "job's training state")
     try:
-        arrays, optimizer, meta = codec.decode_state(raw, name)
+        arrays, optimizer, meta = codec.decode_state(raw, name, codec.RESULT_HEADER_BYTES)
     except CorruptObjectError as exc:
         return f"unreadable: {exc}"
     except ValueError as exc:
         return str(exc)
     return list(arrays), list(optimizer), dict(meta)
+
+
+def result_bytes_bound(job: Job | None) -> int | None:
+    """The most bytes a result of ``job`` may hold: its model's weights and optimizer state
+    (4 bytes a number, three numbers a parameter under Adam; 16 allowed) and a header; None
+    when the job records no parameter count (not split yet)."""
+    model = ((job.forecast if job is not None else None) or {}).get("model") or {}
+    parameters = model.get("parameters")
+    if not isinstance(parameters, (int, float)) or parameters <= 0:
+        return None
+    return 16 * int(parameters) + codec.RESULT_HEADER_BYTES
+
+
+def _unrecorded(loaded: Loaded, name: str) -> str | None:
+    """Why a result object is no attempt's the registry recorded (None: it is): its nonce,
+    the attempt's key, is not among its task's."""
+    parsed = layout.parse_delta_path(name)
+    if parsed is None or loaded.attempt_keys is None or parsed.nonce in loaded.attempt_keys:
+        return None
+    return (f"ignoring {name}: its task's record holds no attempt {parsed.nonce} (not a "
+            "learner's result)")
 
 
 def check_result(loaded: Loaded, name: str, base: list[Any], shapes: list[Any],

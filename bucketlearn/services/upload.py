@@ -8,7 +8,7 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.config import Limits
-from bucketlearn.domain.columns import matrix_width
+from bucketlearn.domain.columns import is_matrix, matrix_width
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import (
@@ -17,10 +17,8 @@ from bucketlearn.domain.job import (
     SPLITTING,
     TRAINING,
     Job,
-    claim_renewal_due,
     ending_fields,
     fail_fields,
-    may_start_training,
     splitting_under,
     start_fields,
 )
@@ -28,6 +26,7 @@ from bucketlearn.domain.plan import (
     OverLimit,
     TrainingPlan,
     check_duration,
+    check_model_columns,
     check_total_tasks,
     plan_training,
 )
@@ -38,6 +37,7 @@ from bucketlearn.errors import (
     InputProblem,
     InvalidInputError,
     ObjectChangedError,
+    PermanentError,
     TransientError,
     bounded,
 )
@@ -51,13 +51,14 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.split import Outline, split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
 from bucketlearn.services.publish import publish_round
+from bucketlearn.services.split_claim import SplitClaim
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def new_job(event: StorageEvent, job_id: str, claim: str, now: float, file: str)
     source = {"bucket": event.bucket, "name": event.name[:MAX_OBJECT_NAME],
               "generation": event.generation, "size": event.size}
     return Job(job_id=job_id, status=QUEUED, phase=SPLITTING, source=source,
-               file=file, created_at=now, updated_at=now, claimed_at=now, claim=claim)
+               file=file, created_at=now, updated_at=now, claimed_at=now, claim=claim,
+               split_attempts=1)
 
 
 def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outcome | None:
@@ -91,7 +93,8 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
         # the claim as read, renewal included: a splitter that renewed it since is alive
         if not svc.registry.update_job_if(
                 job_id, {**splitting_under(existing.claim), "claimed_at": existing.claimed_at},
-                {"claim": claim, "claimed_at": now}):
+                {"claim": claim, "claimed_at": now,
+                 "split_attempts": existing.split_attempts + 1}):
             raise TransientError(f"job {job_id}: lost the race to take over a stale split")
         log.warning("job %s: taking over a split abandoned since %s", job_id,
                     existing.claimed_at)
@@ -140,70 +143,37 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
         fail(svc, held, f"{file}: a backend refused to store the job's state, so it cannot "
                         f"go on: {exc}")
         return Outcome.FAILED, job_id
+    except (TransientError, PermanentError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failure no one foresaw: bounded retries
+        if svc.transient(exc):
+            raise TransientError(f"{file}: the split met {type(exc).__name__}: {exc}") from exc
+        return _split_crashed(svc, held, file, exc), job_id
 
 
-CLAIM_WRITE_ATTEMPTS = 3
+MAX_SPLIT_ATTEMPTS = 3  # splits that failed unforeseen before the job is FAILED
 
 
-class SplitClaim:
-    """This invocation's claim on a job's split: the job document's ``claim`` and ``claimed_at``.
+def _split_crashed(svc: Services, held: SplitClaim, file: str, exc: Exception) -> Outcome:
+    """A split failed with an error that is neither transient nor the input's fault (a bug, a
+    library's surprise): FAILED once the job's splits have failed ``MAX_SPLIT_ATTEMPTS`` times,
+    else the claim is let go (so the retried event takes the split over at once) and the event
+    is retried; never an endless stream of retries.
 
-    A claim older than the lease counts as abandoned, and a retried event takes the split over.
-    So while the split streams, ``renew`` keeps ``claimed_at`` fresh, and every write that moves
-    the job on (options, the end of the split as REJECTED or FAILED) is conditional on the claim
-    still being this one and the job still splitting: a splitter that lost its claim stops,
-    writes nothing more and never touches a job another invocation has moved on.
+    Raises:
+        TransientError: the event is to be retried.
     """
-
-    def __init__(self, svc: Services, job_id: str, claim: str, claimed_at: float) -> None:
-        self.svc, self.job_id, self.claim = svc, job_id, claim
-        self.renewed_at = claimed_at
-
-    def update(self, fields: dict[str, Any]) -> bool:
-        """Write ``fields`` to the job if this claim still holds it; False (nothing written)
-        otherwise.
-
-        Raises:
-            TransientError: the claim holds but the write was refused every time (Firestore
-                refuses a conditional write when another write lands between its read and
-                its write).
-        """
-        for _ in range(CLAIM_WRITE_ATTEMPTS):
-            if self.svc.registry.update_job_if(self.job_id, splitting_under(self.claim), fields):
-                return True
-            if not self.holds():
-                return False
-        raise TransientError(f"job {self.job_id}: could not write {sorted(fields)} under this "
-                             f"invocation's claim after {CLAIM_WRITE_ATTEMPTS} attempts (the "
-                             "job document kept changing)")
-
-    def holds(self) -> bool:
-        """Whether the job is still splitting under this claim (one read): the rule the
-        registries ask before training starts (``may_start_training``)."""
-        return may_start_training(self.svc.registry.get_job(self.job_id), self.claim)
-
-    def renew(self) -> None:
-        """Renew ``claimed_at`` if it is due (``domain.job.claim_renewal_due``).
-
-        Raises:
-            TransientError: another invocation has taken the split over, or the job is no
-                longer splitting (the split must stop; its event is retried and finds that).
-        """
-        now = self.svc.clock()
-        if not claim_renewal_due(self.renewed_at, now, self.svc.settings.lease_seconds):
-            return
-        if not self.update({"claimed_at": now}):
-            raise self.lost()
-        self.renewed_at = now
-
-    def lost(self) -> TransientError:
-        """The error for a split whose claim is no longer this invocation's."""
-        job = self.svc.registry.get_job(self.job_id)
-        found = (f"claim {job.claim!r} in phase {job.phase!r}" if job is not None
-                 else "no job document")
-        return TransientError(
-            f"job {self.job_id}: another invocation took over the split, so this one stops; "
-            f"expected claim {self.claim!r} in phase {SPLITTING!r}; found {found}")
+    log.error("job %s: the split failed", held.job_id, exc_info=exc)
+    what = f"{type(exc).__name__}: {bounded(str(exc), 500)}"
+    job = svc.registry.get_job(held.job_id)
+    attempts = job.split_attempts if job is not None else MAX_SPLIT_ATTEMPTS
+    if attempts >= MAX_SPLIT_ATTEMPTS:
+        fail(svc, held, f"{file}: the split failed on each of its {attempts} attempts, last "
+                        f"with {what}")
+        return Outcome.FAILED
+    held.update({"claimed_at": 0.0})
+    raise TransientError(f"{file}: the split failed (attempt {attempts} of "
+                         f"{MAX_SPLIT_ATTEMPTS}) with {what}; the event is retried") from exc
 
 
 def _check_upload(svc: Services, event: StorageEvent, file: str
@@ -216,9 +186,12 @@ def _check_upload(svc: Services, event: StorageEvent, file: str
         return InputProblem(file=file, message="the object name is not usable",
                             expected="a name without control characters, at most "
                                      f"{MAX_OBJECT_NAME} characters", found=found)
-    info = svc.store.stat(event.bucket, event.name)
+    # this event's generation, also once replaced: a versioned bucket keeps it readable, and
+    # each generation is its own job
+    info = svc.store.stat(event.bucket, event.name, event.generation)
     if info is None or info.generation != event.generation:
-        found = "no object" if info is None else f"generation {info.generation}"
+        live = svc.store.stat(event.bucket, event.name)
+        found = "no object" if live is None else f"generation {live.generation}"
         return InputProblem(
             file=file, message="the upload was deleted or replaced before it could be read",
             expected=f"generation {event.generation}", found=found)
@@ -251,9 +224,11 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
     settings = svc.settings
     try:
         manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
-                                settings.limits, progress=held.renew)
+                                settings.limits, progress=held.renew,
+                                check=lambda outline: check_outline(outline, options,
+                                                                    settings.limits, file))
         spec = spec_for(manifest, options, file)
-        plan = plan_within_limits(manifest, options, settings.limits, file)
+        plan = plan_within_limits(outline_of(manifest), options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
         model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
         cost = model_cost(model)
@@ -292,7 +267,26 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
                         expected=f"generation {generation} until the split ends", found=found)
 
 
-def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
+def outline_of(manifest: Manifest) -> Outline:
+    """A split's outline (``ingest.split.Outline``) as its manifest records it."""
+    return Outline([s.rows for s in manifest.shards], manifest.schema,
+                   manifest.target is not None)
+
+
+def check_outline(outline: Outline, options: JobOptions, limits: Limits, file: str) -> None:
+    """Refuse, from pass 1's outline and before pass 2 writes a shard, a job over the
+    deployment's limits on its total tasks (``plan_within_limits``) or on the columns its model
+    takes layers for (``check_model_columns``).
+
+    Raises:
+        InvalidInputError: over a limit; the problem names the numbers and what to change.
+    """
+    _refuse_if_over(check_model_columns(len(outline.schema), not is_matrix(outline.schema),
+                                        limits.max_model_columns), file)
+    plan_within_limits(outline, options, limits, file)
+
+
+def plan_within_limits(outline: Outline, options: JobOptions, limits: Limits,
                        file: str) -> TrainingPlan:
     """The job's training plan (``plan_training``), within the deployment's total-task limit.
 
@@ -300,11 +294,11 @@ def plan_within_limits(manifest: Manifest, options: JobOptions, limits: Limits,
         InvalidInputError: the plan has more tasks over all its epochs than
             ``limits.max_total_tasks``; the problem names the numbers and what to change.
     """
-    plan = plan_for(manifest, options, limits,
+    plan = plan_for(outline, options, limits,
                     None if options.parallel_tasks == AUTO else options.parallel_tasks)
     # an automatic plan may still become one task at a time, which has fewer tasks: the limit
     # is checked here on the fewer, and again on the plan the job trains (``_split_claimed``)
-    fewest = (chained_plan(manifest, options, limits)
+    fewest = (plan_for(outline, options, limits, 1)
               if options.parallel_tasks == AUTO and plan.parallel_tasks > 1 else plan)
     _refuse_if_over(check_total_tasks(fewest, limits.max_total_tasks, options.rows_per_shard),
                     file)
@@ -321,20 +315,20 @@ def over_limits(plan: TrainingPlan, manifest: Manifest, options: JobOptions, lim
                               limits.work_retention_days))
 
 
-def plan_for(manifest: Manifest, options: JobOptions, limits: Limits,
+def plan_for(outline: Outline, options: JobOptions, limits: Limits,
              requested: int | None) -> TrainingPlan:
     """``plan_training`` for a split upload: its shards, epochs and batch size, its target, and
     the bytes a task may hold (``limits.max_shard_bytes``). ``requested``: R, or None for auto."""
-    return plan_training([s.rows for s in manifest.shards], options.epochs, options.batch_size,
-                         requested, regression=manifest.target is not None,
-                         shard_cells=matrix_width(manifest.schema),
+    return plan_training(outline.shard_rows, options.epochs, options.batch_size, requested,
+                         regression=outline.regression,
+                         shard_cells=matrix_width(outline.schema),
                          max_task_bytes=limits.max_shard_bytes)
 
 
 def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
     """The job's plan one task at a time: what ``automatic_layout`` may choose instead, and
     what ``train-local`` trains (so both group shards into tasks the same way)."""
-    return plan_for(manifest, options, limits, 1)
+    return plan_for(outline_of(manifest), options, limits, 1)
 
 
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,
@@ -395,9 +389,10 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
         # what the split used: its calls, and one invocation of the upload function
         {**svc.usage(job_id), "function_invocations": 1.0})
     if not svc.registry.start_training(job_id, claim, job_fields, first):
+        _delete_quietly(svc, svc.settings.models_bucket, weights_path)  # never referenced
         current = svc.registry.get_job(job_id)
         if current is not None and current.is_terminal:
-            return None  # version 0's weights stay behind, unreferenced (never a dangling pointer)
+            return None
         raise TransientError(f"job {job_id}: another invocation took over the split")
     log.info("job %s: %d tasks per epoch, %d at once (%s)", job_id, plan.tasks_per_epoch,
              plan.parallel_tasks, plan.decided)
@@ -405,6 +400,15 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     if job is None:
         raise TransientError(f"job {job_id}: its document went missing")
     return job
+
+
+def _delete_quietly(svc: Services, bucket: str, name: str) -> None:
+    """Delete an object no document refers to; one left behind is logged (nothing points at
+    it, and the bucket's lifecycle rules remove it in the end)."""
+    try:
+        svc.store.delete(bucket, name)
+    except Exception:  # noqa: BLE001 - best effort: an unreferenced object harms nothing
+        log.warning("could not delete gs://%s/%s", bucket, name, exc_info=True)
 
 
 def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:

@@ -19,6 +19,7 @@ class Commit:
     round: int = 1
     base_version: int = 4
     version: V.Version = field(default_factory=lambda: V.Version(5, "w5"))
+    holder: str = "agg-1"
 
 
 PLAN = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=5, epochs=2,
@@ -36,8 +37,12 @@ JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=
      "the job is at epoch 1 round 2, not at the folded epoch 1 round 1"),
     (JOB, False, Commit(epoch=2),
      "the job is at epoch 1 round 1, not at the folded epoch 2 round 1"),
+    (replace(JOB, aggregated_by="agg-2"), False, Commit(),
+     "the job is aggregated by agg-2, not agg-1"),
+    (replace(JOB, aggregated_by="agg-1"), False, Commit(), None),
+    (replace(JOB, aggregated_by="agg-2"), False, Commit(holder=""), None),
 ], ids=["allowed", "no-job", "ended", "version-used", "head-moved", "round-folded-already",
-        "another-epoch"])
+        "another-epoch", "taken-over", "own-fence", "not-fencing"])
 def test_commit_refusal_names_the_first_rule_broken(job, exists, commit, reason) -> None:
     """A commit needs a live job, an unused version, the head at its base and the job still at
     the round it folds (so no round, hence no task, is folded twice); the answer says which rule

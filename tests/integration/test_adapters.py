@@ -527,7 +527,9 @@ def test_a_versioned_bucket_serves_a_replaced_generation_to_a_pinned_read(backen
 
 def test_queue_publish_pull_ack_and_nack_redelivers(backend: Any) -> None:
     queue = backend.queue
-    message = TaskMessage(job_id="j-1", epoch=1, task_index=3, parts=("p0", "p1"), rows=10)
+    job = "j-0123456789ab"
+    message = TaskMessage(job_id=job, epoch=1, task_index=3,
+                          parts=(f"jobs/{job}/p0", f"jobs/{job}/p1"), rows=10)
     queue.publish([message])
     received = pull_within(queue, 30)
     assert received.message == message
@@ -536,6 +538,42 @@ def test_queue_publish_pull_ack_and_nack_redelivers(backend: Any) -> None:
     assert again.message == message
     again.ack()
     assert pull_within(queue, 3, allow_none=True) is None
+
+
+def test_workers_seen_lately_are_listed_by_a_query(backend: Any) -> None:
+    """``list_workers(seen_since=)`` is a query on ``last_seen``: a worker gone for long is not
+    read (its document expires by the TTL on ``expire_at``, a timestamp Firestore stores)."""
+    # Prepare
+    from datetime import UTC, datetime
+
+    now, name = time.time(), uuid.uuid4().hex[:8]
+    registry = backend.registry
+    registry.heartbeat(f"old-{name}", {"worker_id": f"old-{name}", "last_seen": now - 7200,
+                                       "expire_at": datetime.fromtimestamp(now, UTC)})
+    registry.heartbeat(f"new-{name}", {"worker_id": f"new-{name}", "last_seen": now})
+    # Execute
+    seen = {w["worker_id"] for w in registry.list_workers(seen_since=now - 3600)}
+    every = {w["worker_id"] for w in registry.list_workers()}
+    # Assert
+    assert f"new-{name}" in seen and f"old-{name}" not in seen
+    assert {f"old-{name}", f"new-{name}"} <= every
+
+
+def test_queue_drops_what_is_not_one_of_ours_saying_why(backend: Any) -> None:
+    """Bytes on a topic that are no task message decode to no message and a reason (the
+    learner logs it and acknowledges), on Pub/Sub as in memory."""
+    # Prepare
+    raw = b'{"job_id": "a/b", "epoch": 1, "task_index": 0, "parts": [], "rows": 1}'
+    publish_raw = getattr(backend.queue, "publish_raw", None)
+    if publish_raw is None:  # Pub/Sub: bytes straight to the topic
+        backend.queue.publisher.publish(backend.queue.topic_path, raw).result(timeout=30)
+    else:
+        publish_raw(raw)
+    # Execute
+    received = pull_within(backend.queue, 30)
+    # Assert
+    assert received.message is None and received.problem.startswith("job_id: expected a job id")
+    received.ack()
 
 
 def pull_within(queue: Any, seconds: float, allow_none: bool = False) -> Any:

@@ -136,6 +136,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
                                      "holdout_loss": 1 - accuracy}),
             job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
                         "samples_seen": 400 * n, "head": head, "updated_at": now,
+                        **({"started_at": now} if n == 1 else {}),  # as commit_fields sets it
                         **({"epoch": epoch + 1, "round": 0} if complete
                            else {"round": round_index + 1})}))
         for i in indices:

@@ -10,7 +10,8 @@ import numpy as np
 
 from bucketlearn import codec, layout
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.services import aggregate
+from bucketlearn.domain import task as attempt
+from bucketlearn.services import aggregate, jobs
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import write_blobs_csv
@@ -24,9 +25,10 @@ def upload(svc: Any, path: Path, metadata: Mapping[str, str]) -> tuple[Outcome, 
     return handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
 
 
-def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2) -> tuple[Any, str]:
+def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2,
+              settings: Any = None) -> tuple[Any, str]:
     """A 400-row, 3-class upload split into 64-row shards: (services, job id), round 1 published."""
-    svc = memory_services()
+    svc = memory_services(settings)
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
     _, job_id = upload(svc, path, {"epochs": str(epochs), "rows_per_shard": "64",
                                    "parallel_tasks": str(parallel_tasks)})
@@ -65,13 +67,24 @@ def write_bad_result(svc: Any, job_id: str, poison: str) -> str:
     written = learner.announce(learner.train(task, job)).path
     bucket = svc.settings.deltas_bucket
     delta, optimizer, meta = codec.decode_state(svc.store.read_bytes(bucket, written))
-    svc.store.delete(bucket, written)
+    svc.store.delete(bucket, written)  # written again under the same attempt, with the poison
     if poison == "nan":
         delta[0] = delta[0].copy()
         delta[0].flat[0] = np.nan
     else:
         delta = [d * 1000.0 for d in delta]
-    path = layout.delta_path(job_id, task.epoch, task.task_index, layout.new_nonce())
+    path = written
     svc.store.write_bytes(bucket, path, codec.encode_state(delta, optimizer, meta),
                           "application/octet-stream")
     return path
+
+
+def record_attempt(svc: Any, task: Any, worker_id: str = "w-test") -> str:
+    """Count an attempt at ``task`` as a learner's admission does; returns its key (the nonce
+    a result of that attempt is written under)."""
+    key = layout.new_nonce()
+    svc.registry.record_attempt(
+        task.job_id, jobs.task_doc_id(task.job_id, task.epoch, task.task_index),
+        attempt.started(task.task_id, task.epoch, task.task_index, task.round, task.rows,
+                        worker_id, 0.0, None, None), key)
+    return key

@@ -4,14 +4,13 @@ which job the ``?job=`` parameter names."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job
-from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
-from bucketlearn.services.dashboard.throughput import eta_seconds, progress
+from bucketlearn.services.dashboard.throughput import average_eta_seconds, progress
 
 
 def source_file(job: Job) -> str:
@@ -39,15 +38,14 @@ def rejection_details(job: Job) -> list[dict[str, str]]:
             if detail.get(key) is not None]
 
 
-def overview_rows(job_docs: Iterable[Job],
-                  versions_by_job: Mapping[str, list[Version]], now: float
-                  ) -> list[dict[str, Any]]:
-    """One row per job, newest first: what the jobs table shows."""
+def overview_rows(job_docs: Iterable[Job], now: float) -> list[dict[str, Any]]:
+    """One row per job, newest first: what the jobs table shows (from the job documents
+    alone: the ETA at the job's own average rate, ``average_eta_seconds``)."""
     rows = []
     for job in job_docs:
         job_id = job.job_id
         head = job.head
-        eta = eta_seconds(job, versions_by_job.get(job_id, []), now)
+        eta = average_eta_seconds(job, now)
         status = job.status
         if status == DONE:
             eta_text = "finished"

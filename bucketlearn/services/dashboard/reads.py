@@ -20,34 +20,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from bucketlearn.domain.job import TRAINING
 from bucketlearn.ports import Registry
 
-# What the page reads, and how often (issue #26, item 7): the newest VERSIONS_SHOWN versions of
-# the job shown (enough for its charts and report) and ETA_VERSIONS of each training job in the
-# overview (its rate and ETA), the tasks of the current epoch only; the counts come from the job
-# document. A query's result is cached for CACHE_SECONDS, longer than the page's refresh, and
-# the cache is shared by every session of the process: a tab left open costs a bounded read
-# every CACHE_SECONDS, not every version and task of the job every few seconds.
+# What the page reads, and how often: the overview only the newest jobs' documents (each job's
+# rate and ETA come from its own counters); a job's page its newest VERSIONS_SHOWN versions
+# (enough for its charts and report), the tasks of its current epoch and the workers seen in
+# the last WORKERS_SEEN_SECONDS; the counts come from the job document. A query's result is
+# cached for CACHE_SECONDS, longer than the page's refresh, and the cache is shared by every
+# session of the process: a tab left open costs a bounded read every CACHE_SECONDS, whatever
+# the number of jobs, versions or workers there ever were.
 VERSIONS_SHOWN = 200
-ETA_VERSIONS = 50
+WORKERS_SEEN_SECONDS = 3600.0
 REFRESH_SECONDS = 5.0
 CACHE_SECONDS = 10.0
 
 
 def overview_bundle(registry: Registry, limit: int = 100) -> dict[str, Any]:
-    """The documents the overview needs: the jobs, and the newest ``ETA_VERSIONS`` versions of
-    each job still training (its recent rate, hence its ETA)."""
-    job_docs = registry.list_jobs(limit)
-    versions = {job.job_id: registry.list_versions(job.job_id, last=ETA_VERSIONS)
-                for job in job_docs if not job.is_terminal and job.phase == TRAINING}
-    return {"jobs": job_docs, "versions": versions}
+    """The documents the overview needs: the newest ``limit`` jobs, one read each."""
+    return {"jobs": registry.list_jobs(limit)}
 
 
-def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
+def job_bundle(registry: Registry, job_id: str, now: float) -> dict[str, Any] | None:
     """The documents the job page shows, read in one go (None if there is no such job): the
     job, its newest ``VERSIONS_SHOWN`` versions, the task documents of its current epoch and
-    the workers. Counts over the whole job come from the job's counters, not from documents.
+    the workers seen since ``WORKERS_SEEN_SECONDS`` before ``now``. Counts over the whole job come from the job's counters, not from documents.
 
     Figures a version's evaluation is carried by a later version's commit: the newest versions
     read have theirs (the commits carrying them are newer still, or read), while the oldest
@@ -60,5 +56,5 @@ def job_bundle(registry: Registry, job_id: str) -> dict[str, Any] | None:
         "job": job,
         "versions": registry.list_versions(job_id, last=VERSIONS_SHOWN),
         "tasks": registry.list_tasks(job_id, epoch=job.epoch) if job.epoch >= 1 else [],
-        "workers": registry.list_workers(),
+        "workers": registry.list_workers(seen_since=now - WORKERS_SEEN_SECONDS),
     }

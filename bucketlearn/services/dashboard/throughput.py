@@ -64,6 +64,19 @@ def eta_seconds(job: Job, versions: Iterable[Version], now: float,
     return remaining * 60.0 / per_minute if per_minute > 0 else None
 
 
+def average_eta_seconds(job: Job, now: float) -> float | None:
+    """Seconds until every planned task is applied, at the job's average rate since training
+    started (its counters and ``started_at``: no version read); None when unknown."""
+    remaining = remaining_tasks(job)
+    if job.is_terminal or remaining is None or job.started_at is None:
+        return None
+    done = job.tasks_applied + job.tasks_failed
+    elapsed = now - job.started_at
+    if remaining == 0:
+        return 0.0
+    return remaining * elapsed / done if done > 0 and elapsed > 0 else None
+
+
 def progress(job: Job) -> float | None:
     """tasks_applied / tasks_planned in [0, 1]; None before the job is split."""
     planned = job.tasks_planned or 0

@@ -347,3 +347,33 @@ def test_fuzzed_objects_decode_or_raise_corrupt_object_error(data):
                   for a in (group.values() if isinstance(group, dict) else group)]
         assert all(a.dtype.kind in "biuf" for a in values)
         assert isinstance(meta, dict)
+
+
+def test_a_header_over_the_bound_is_refused_before_it_is_parsed():
+    """A 100 MB header (the format's own ceiling) of what would be JSON the parser chokes on is
+    refused from its 8-byte length alone: the message names the bound, not a JSON error."""
+    # Prepare
+    header = b"{" + b" " * (100 * 1024**2 - 2) + b"x"
+    data = safetensors_bytes(header)
+    # Execute
+    with pytest.raises(CorruptObjectError) as excinfo:
+        codec.decode_state(data, "deltas/huge.safetensors", codec.RESULT_HEADER_BYTES)
+    # Assert
+    assert str(excinfo.value) == (
+        "deltas/huge.safetensors: expected a safetensors object whose header is at most "
+        f"{codec.RESULT_HEADER_BYTES} bytes; found a header of {len(header)} bytes")
+
+
+def test_a_name_given_twice_among_many_is_found_in_linear_time():
+    """The duplicate-name check over a header of 200,000 names (a quadratic scan took 3.6 s at
+    8,000 and would take hours here) refuses the one name given twice."""
+    # Prepare
+    entries = [f'"w{i:07d}": {{"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}'
+               for i in range(200_000)]
+    entries.append(entries[-1])
+    data = safetensors_bytes(("{" + ", ".join(entries) + "}").encode())
+    # Execute
+    with pytest.raises(CorruptObjectError) as excinfo:
+        codec.decode_arrays(data, "deltas/twice.safetensors")
+    # Assert
+    assert "'w0199999' twice" in str(excinfo.value)

@@ -39,10 +39,12 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
+from bucketlearn.domain import task as attempt
 from bucketlearn.domain.job import QUEUED
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator
+from bucketlearn.services import jobs
 from bucketlearn.services import upload as upload_service
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
@@ -137,6 +139,14 @@ def start_job(tmp_path: Path, **metadata: str) -> tuple[Any, str]:
     return svc, job_id
 
 
+def record_attempt(svc: Any, job_id: str, task_index: int, key: str) -> None:
+    """Count an attempt at task ``task_index`` of epoch 1 under ``key``, as a learner would."""
+    task_id = layout.task_id_for(job_id, 1, task_index)
+    svc.registry.record_attempt(job_id, jobs.task_doc_id(job_id, 1, task_index),
+                                attempt.started(task_id, 1, task_index, 0, 64, "w", 0.0, None,
+                                                None), key)
+
+
 def task_message(svc: Any, job_id: str, task_index: int) -> TaskMessage:
     return next(m for m in svc.queue.published
                 if m.job_id == job_id and m.task_index == task_index)
@@ -145,10 +155,12 @@ def task_message(svc: Any, job_id: str, task_index: int) -> TaskMessage:
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
 def test_aggregator_requeues_the_task_of_a_planted_delta(kind: str, tmp_path: Path,
                                                          marker: Path) -> None:
-    """A pickle in the deltas bucket, named like a delta: not applied, its task retrained."""
+    """A pickle in the deltas bucket, named like a delta of an attempt the registry recorded
+    (a learner's account gone bad): not applied, its task retrained."""
     # Prepare
     svc, job_id = start_job(tmp_path, parallel_tasks="1")
     published_before = len(svc.queue.published)
+    record_attempt(svc, job_id, 0, "ab" * 8)
     name = layout.delta_path(job_id, 1, 0, "ab" * 8)
     svc.store.write_bytes(svc.settings.deltas_bucket, name, PAYLOADS[kind](marker),
                           "application/octet-stream",

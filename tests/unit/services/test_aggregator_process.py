@@ -165,11 +165,12 @@ def test_a_chained_job_is_train_locals_model_with_one_job_write_per_version(run_
     folds = len(versions) - 1
     writes = svc.registry.writes
     assert writes["task"] == job.tasks_planned  # one write per task
-    # the job's document: the split's claim, its start and its round-1 publish record, then one
-    # write per version, then the end (DONE); plus an evaluation a commit did not carry in
-    # time, written on its own (it writes the version's document too)
+    # the job's document: the split's claim, its start and its round-1 publish record, the
+    # aggregator's fence when it takes the job on, then one write per version, then the end
+    # (DONE); plus an evaluation a commit did not carry in time, written on its own (it writes
+    # the version's document too)
     on_their_own = writes["version"] - folds
-    assert writes["job"] <= 3 + folds + 1 + on_their_own
+    assert writes["job"] <= 3 + 1 + folds + 1 + on_their_own
     assert on_their_own <= 1
 
 
@@ -560,14 +561,17 @@ def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
 
 def test_a_message_that_is_not_a_result_is_acknowledged_and_dropped():
     """The results topic's entry point at its edge: bytes that are no ResultMessage (another
-    producer's, a truncated one) are logged and acknowledged, never retried nor served."""
+    producer's, a truncated one, a forged one) are logged and acknowledged, never retried nor
+    served."""
     # Prepare
-    from bucketlearn.adapters.pubsub import _decoder
+    from bucketlearn import messages
+
+    decode = messages.decoder(ResultMessage)
 
     class Delivered:
         def __init__(self, raw: bytes) -> None:
             self.raw, self.delivery_attempt = raw, 1
-            self.message = _decoder(ResultMessage)(raw)
+            self.message, self.problem = decode(raw)
             self.settled: list[str] = []
 
         def ack(self) -> None:
@@ -581,15 +585,15 @@ def test_a_message_that_is_not_a_result_is_acknowledged_and_dropped():
 
     service = AggregatorService(memory_services(), threading.Event(), TUNING)
     deliveries = [Delivered(b"not json"), Delivered(b'{"kind": "result"}'),
-                  Delivered(b'{"job_id": "j-000000000000", "kind": "bogus"}')]
+                  Delivered(b'{"job_id": "j-000000000000", "kind": "bogus"}'),
+                  Delivered(b'{"job_id": "a/b", "kind": "nudge"}')]
     # Execute
     for delivered in deliveries:
         service.dispatch(delivered)
     # Assert
-    assert [d.message for d in deliveries] == [None, None, None]
-    assert [d.settled for d in deliveries] == [["ack"], ["ack"], ["ack"]]
+    assert [d.message for d in deliveries] == [None, None, None, None]
+    assert [d.settled for d in deliveries] == [["ack"], ["ack"], ["ack"], ["ack"]]
     assert service.slots == {}
-
 
 
 def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path):

@@ -289,7 +289,8 @@ def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch):
-    """The splitter does not resurrect it: no version 0, no task published, its shards removed;
+    """The splitter does not resurrect it: no version 0 (its weights, written just before, are
+    deleted), no task published, its shards removed;
     the event redelivered is a duplicate (before: start_training was refused, the function
     answered 503 and Eventarc retried)."""
     # Prepare
@@ -309,6 +310,7 @@ def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch)
     assert svc.queue.published == []
     assert svc.registry.list_versions(job_id) == []
     assert list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id))) == []
+    assert list(svc.store.list(svc.settings.models_bucket, f"weights/{job_id}/")) == []
     with pytest.raises(JobStateError, match="is CANCELLED: it ended before its first version"):
         model_bytes(svc, job_id, None)
 

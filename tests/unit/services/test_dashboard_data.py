@@ -151,13 +151,13 @@ def test_progress():
 # --- overview ------------------------------------------------------------------------------------
 
 def test_overview_rows_show_every_job_newest_first():
-    running = a_job("run-000000000001", created_at=T0)
+    running = a_job("run-000000000001", created_at=T0, started_at=T0)
     done = a_job("done-000000000002", status="DONE", phase="done", created_at=T0 + 5,
                    tasks_applied=20)
     rejected = a_job("bad-000000000003", status="REJECTED", phase="rejected",
                        created_at=T0 + 9, version=None, head=None, tasks_planned=None,
                        dataset=None, error="gs://up/bad.csv, row 3, column 'x': not a number")
-    rows = jobs_list.overview_rows([running, done, rejected], {"run-000000000001": VERSIONS}, T0 + 30)
+    rows = jobs_list.overview_rows([running, done, rejected], T0 + 30)
     assert [r["job_id"] for r in rows] == ["bad-000000000003", "done-000000000002",
                                            "run-000000000001"]
     bad, fin, run = rows
@@ -170,7 +170,17 @@ def test_overview_rows_show_every_job_newest_first():
     assert run["created"] == pd.Timestamp(T0, unit="s", tz="UTC")
     assert run["version"] == 3 and run["accuracy"] == 0.875
     assert run["tasks"] == "6/20" and run["progress"] == pytest.approx(0.3)
-    assert run["eta"] == "1m 10s"
+    assert run["eta"] == "1m 10s"  # 6 tasks in 30 s since it started, 14 to go
+
+
+def test_the_overviews_eta_comes_from_the_jobs_own_counters():
+    """No version is read for the overview: a job's ETA is its remaining tasks at its average
+    rate since training started; unknown before a task is done or before it started."""
+    assert throughput.average_eta_seconds(a_job(started_at=T0), T0 + 30) == pytest.approx(70.0)
+    assert throughput.average_eta_seconds(a_job(started_at=None), T0 + 30) is None
+    assert throughput.average_eta_seconds(a_job(started_at=T0, tasks_applied=0), T0 + 30) is None
+    assert throughput.average_eta_seconds(a_job(started_at=T0, status="DONE"), T0 + 30) is None
+    assert throughput.average_eta_seconds(a_job(started_at=T0, tasks_applied=20), T0 + 30) == 0.0
 
 
 def test_reason_is_only_shown_for_jobs_that_ended_badly():
@@ -187,14 +197,26 @@ def test_rejection_details_lists_the_known_fields_in_order():
     assert jobs_list.rejection_details(a_job()) == []
 
 
-def test_overview_bundle_reads_versions_of_training_jobs_only():
-    svc = memory_services()
-    reg = svc.registry
+def test_overview_bundle_reads_the_job_documents_only():
+    """The overview reads one document a job, whatever versions the training jobs have (it read
+    up to 50 versions of each of 100 jobs every 10 s)."""
+    reg = CountingRegistry()
     reg.create_job(a_job("a-000000000001"))
     reg.create_job(a_job("b-000000000002", status="DONE", phase="done"))
     bundle = reads.overview_bundle(reg)
     assert {j.job_id for j in bundle["jobs"]} == {"a-000000000001", "b-000000000002"}
-    assert list(bundle["versions"]) == ["a-000000000001"]
+    assert list(bundle) == ["jobs"] and reg.reads == {}
+
+
+def test_the_job_page_reads_the_workers_seen_lately_only():
+    """Heartbeat documents of workers gone for long (their TTL deletes them after a day) are
+    not read by every refresh of a job's page."""
+    reg = MemoryRegistry()
+    reg.create_job(a_job("a-000000000001"))
+    reg.heartbeat("w-old", {"last_seen": T0 - 2 * reads.WORKERS_SEEN_SECONDS})
+    reg.heartbeat("w-new", {"last_seen": T0 - 5})
+    bundle = reads.job_bundle(reg, "a-000000000001", T0)
+    assert [w["worker_id"] for w in bundle["workers"]] == ["w-new"]
 
 
 # --- one job -------------------------------------------------------------------------------------
@@ -251,9 +273,9 @@ def test_headline_metrics_and_progress_text():
 
 def test_job_bundle_reads_everything_or_none():
     svc = memory_services()
-    assert reads.job_bundle(svc.registry, "nope-000000000000") is None
+    assert reads.job_bundle(svc.registry, "nope-000000000000", T0) is None
     svc.registry.create_job(a_job("a-000000000001", epoch=0))
-    bundle = reads.job_bundle(svc.registry, "a-000000000001")
+    bundle = reads.job_bundle(svc.registry, "a-000000000001", T0)
     assert bundle["job"].job_id == "a-000000000001"
     assert bundle["versions"] == [] and bundle["tasks"] == []
 
@@ -311,13 +333,13 @@ def a_long_job(registry: MemoryRegistry, job_id: str, versions: int,
 def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_only():
     """Issue #26, item 7: a job of 250 versions over 3 epochs (100 tasks each) reads its newest
     VERSIONS_SHOWN versions and its 50 task documents of epoch 3, not 251 versions and 250
-    tasks, and its counts still cover the whole job; the overview reads ETA_VERSIONS."""
+    tasks, and its counts still cover the whole job; the overview reads none."""
     # Prepare
     registry = CountingRegistry()
     a_long_job(registry, "long-000000000001", versions=250)
     registry.reads.clear()
     # Execute
-    bundle = reads.job_bundle(registry, "long-000000000001")
+    bundle = reads.job_bundle(registry, "long-000000000001", T0)
     page_reads = dict(registry.reads)
     registry.reads.clear()
     overview = reads.overview_bundle(registry)
@@ -333,8 +355,7 @@ def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_onl
                                                        "applied": 50, "failed": 0}
     note = headline.versions_note(job, versions)
     assert f"newest {reads.VERSIONS_SHOWN} of the job's 251 versions (v51–v250)" in note
-    assert registry.reads == {"versions": reads.ETA_VERSIONS}
-    assert len(overview["versions"]["long-000000000001"]) == reads.ETA_VERSIONS
+    assert registry.reads == {} and [j.job_id for j in overview["jobs"]] == ["long-000000000001"]
 
 
 def _constant(node: ast.expr, names: dict[str, ast.expr]) -> float:
@@ -588,7 +609,7 @@ CANCELLED = {"status": "CANCELLED", "phase": "cancelled",
 
 def test_a_cancelled_job_shows_who_cancelled_it_and_no_eta():
     job = a_job("c-000000000001", **CANCELLED)
-    row = jobs_list.overview_rows([job], {}, T0 + 30)[0]
+    row = jobs_list.overview_rows([job], T0 + 30)[0]
     assert row["status"] == "CANCELLED" and row["eta"] == ""
     assert row["reason"] == CANCELLED["error"] == jobs_list.reason(job)
     summary = headline.job_summary(job, VERSIONS, T0 + 30)

@@ -81,6 +81,8 @@ def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(writes) <= 3
     [doc] = svc.registry.list_workers()
     assert doc["state"] == "stopped" and doc["tasks_done"] >= 1
+    # the registry's TTL policy deletes it a day after it was last written
+    assert doc["expire_at"].timestamp() == pytest.approx(doc["last_seen"] + 24 * 3600)
 
 
 def test_a_late_heartbeat_never_lands_after_stopped(monkeypatch: pytest.MonkeyPatch) -> None:

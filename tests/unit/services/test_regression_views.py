@@ -68,7 +68,7 @@ def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     assert dict(report["metrics"])["MAE"] == "193.9300" and report["per_class"].empty
     facts = options_data.dataset_facts(job)
     assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2
-    assert jobs_list.overview_rows([job], {}, 20.0)[0]["r2"] == 0.9133
+    assert jobs_list.overview_rows([job], 20.0)[0]["r2"] == 0.9133
     assert headline.is_regression(summary) and not headline.is_regression({"task": "classification"})
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bucketlearn import layout
@@ -9,6 +11,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.job import (
+    FAILED,
     QUEUED,
     REJECTED,
     SPLITTING,
@@ -219,19 +222,41 @@ def test_non_csv_objects_are_ignored(name):
     assert svc.registry.list_jobs() == []
 
 
-def test_replaced_object_is_rejected():
-    """An event for a generation that is no longer current is REJECTED, not trained."""
+def test_the_same_name_uploaded_twice_is_two_jobs_each_of_its_own_file():
+    """The same object name uploaded twice in a row (both events delivered after the second
+    upload): the uploads bucket keeps the first generation, so each generation is its own job,
+    split from its own bytes; the first is not REJECTED for not being the live one."""
     # Prepare
     svc = memory_services()
+    first = upload(svc, "r.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]),
+                   metadata={"epochs": "1"})
+    second = upload(svc, "r.csv", csv_bytes(["x", "label"], [[i, "ab"[i % 2]]
+                                                            for i in range(30)]))
+    # Execute
+    outcomes = [handle_upload(svc, event) for event in (first, second)]
+    # Assert
+    jobs_made = [svc.registry.get_job(job_id) for _, job_id in outcomes]
+    assert [outcome for outcome, _ in outcomes] == [Outcome.ACCEPTED, Outcome.ACCEPTED]
+    assert jobs_made[0].job_id != jobs_made[1].job_id
+    assert [j.dataset["classes"] for j in jobs_made] == [["0", "1"], ["a", "b"]]
+    assert jobs_made[0].options["epochs"] == 1  # the first generation's own options
+
+
+def test_a_replaced_object_no_bucket_keeps_is_rejected():
+    """In a bucket that keeps no noncurrent versions, an event for a generation that was
+    replaced cannot be read: REJECTED naming the generation expected and the one found."""
+    # Prepare
+    svc = dataclasses.replace(memory_services(), store=MemoryBlobStore())
     data = csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)])
     old = upload(svc, "r.csv", data)
-    upload(svc, "r.csv", data)
+    new = upload(svc, "r.csv", data)
     # Execute
     outcome, job_id = handle_upload(svc, old)
     # Assert
     job = svc.registry.get_job(job_id)
     assert outcome is Outcome.REJECTED
     assert f"expected generation {old.generation}" in job.error
+    assert f"found: generation {new.generation}" in job.error
     assert svc.queue.published == []
 
 
@@ -481,10 +506,10 @@ class SlowSplitStore(MemoryBlobStore):
         self.opens += bucket == Settings().uploads_bucket
         return super().open_read(bucket, name, generation)
 
-    def stat(self, bucket, name):
+    def stat(self, bucket, name, generation=None):
         if self.on_stat is not None:
             self.on_stat(bucket, name)
-        return super().stat(bucket, name)
+        return super().stat(bucket, name, generation)
 
 
 @pytest.fixture(scope="module")
@@ -628,8 +653,8 @@ def busy_table():
 
 def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
     """60 tasks in all against max_total_tasks=59: REJECTED naming tasks per epoch × epochs, the
-    limit and what to change; the shards the split wrote are removed, no version 0 is written,
-    nothing is published."""
+    limit and what to change, from pass 1's counts: no shard is written (pass 2 never runs), no
+    version 0, nothing is published."""
     # Prepare
     settings = Settings(limits=Limits(max_total_tasks=59))
     svc = memory_services(settings)
@@ -641,7 +666,7 @@ def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
     job = svc.registry.get_job(job_id)
     shard_writes = [n for b, n in svc.store.written
                     if b == settings.work_bucket and n.startswith(f"jobs/{job_id}/shards/")]
-    assert shard_writes, "precondition: the split wrote shards before the plan was made"
+    assert shard_writes == []  # refused before pass 2
     assert outcome is Outcome.REJECTED
     assert job.status == REJECTED and job.is_terminal
     assert job.error_detail["message"] == "the job would train too many tasks"
@@ -680,6 +705,53 @@ def test_a_job_predicted_to_outlast_the_work_retention_is_rejected_before_versio
     assert work_objects(slow, job_id) == []
     assert list(slow.store.list(slow.settings.models_bucket)) == []
     assert slow.queue.published == []
+
+
+def test_a_table_whose_model_would_have_too_many_columns_is_rejected_before_pass_2():
+    """30 text columns against max_model_columns=20: REJECTED naming the columns, the limit and
+    what to change, before any shard is written or any model built; 30 columns of complete
+    numbers (a matrix: no layers of their own) train under the same limit."""
+    # Prepare
+    settings = Settings(limits=Limits(max_model_columns=20))
+    svc = memory_services(settings)
+    svc.store = RecordingStore()
+    header = [f"c{j}" for j in range(30)] + ["label"]
+    text = csv_bytes(header, [["abcd"[(i + j) % 4] for j in range(30)] + [i % 2]
+                              for i in range(60)])
+    numbers = csv_bytes(header, [[(i * j) % 7 for j in range(30)] + [i % 2] for i in range(60)])
+    # Execute
+    outcome, job_id = handle_upload(svc, upload(svc, "wide.csv", text))
+    accepted, _ = handle_upload(svc, upload(svc, "matrix.csv", numbers))
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert (outcome, accepted) == (Outcome.REJECTED, Outcome.ACCEPTED)
+    assert job.error_detail["message"] == "the model would have too many columns of its own"
+    assert job.error_detail["found"] == "30 feature columns"
+    assert "at most 20 feature columns" in job.error_detail["expected"]
+    assert not [n for b, n in svc.store.written if n.startswith(f"jobs/{job_id}/shards/")]
+
+
+def test_the_outline_pass_1_checks_is_the_split_the_job_trains():
+    """The shards' rows of pass 1's outline (what the early checks plan from) are the
+    manifest's, so the plan checked before pass 2 is the plan the job trains."""
+    # Prepare
+    from bucketlearn.ingest.split import split_upload
+    from bucketlearn.ingest.stream import SourceFile
+    from bucketlearn.options import resolve_options
+    from bucketlearn.services.upload import outline_of
+
+    svc = memory_services()
+    event = upload(svc, "busy.csv", busy_table(), metadata=BUSY_OPTIONS)
+    source = SourceFile("busy.csv", event.size, lambda: svc.store.open_read(
+        event.bucket, event.name, generation=event.generation))
+    seen = []
+    # Execute
+    manifest = split_upload(source, svc.store, svc.settings.work_bucket, "busy-000000000000",
+                            resolve_options(metadata=BUSY_OPTIONS), svc.settings.limits,
+                            check=seen.append)
+    # Assert
+    assert [o.shard_rows for o in seen] == [outline_of(manifest).shard_rows]
+    assert seen[0].schema == manifest.schema and seen[0].regression is False
 
 
 def test_a_job_at_the_total_task_limit_trains():
@@ -747,3 +819,46 @@ def test_the_task_limit_judges_the_plan_the_job_trains():
     assert forced[0] is Outcome.REJECTED
     refused = svc.registry.get_job(forced[1])
     assert "60 tasks per epoch × 2 epochs = 120 tasks" in refused.error_detail["found"]
+
+
+class BrokenReads(MemoryBlobStore):
+    """The uploads bucket's reads fail with an error no one foresaw (a bug, a library's
+    surprise): neither transient nor the input's fault."""
+
+    def open_read(self, bucket, name, generation=None):
+        if bucket == Settings().uploads_bucket:
+            raise RuntimeError("a bug in the reader")
+        return super().open_read(bucket, name, generation)
+
+
+def test_a_split_that_keeps_crashing_is_retried_then_failed_not_retried_for_a_day():
+    """A split that fails unforeseen is retried (HTTP 503: the claim let go, so the retried
+    event takes it over at once), and on its third failure the job ends FAILED with the error
+    (HTTP 200: acknowledged): never a day of Eventarc retries."""
+    # Prepare
+    from bucketlearn.entrypoints.functions import RetryLater, handle_upload_event
+
+    svc = dataclasses.replace(memory_services(), store=BrokenReads((Settings().uploads_bucket,)))
+    event = upload(svc, "crash.csv", csv_bytes(["x", "label"], [[i, i % 2] for i in range(20)]))
+    cloud_event = {"time": None}
+
+    class Event(dict):
+        data = {"bucket": event.bucket, "name": event.name,
+                "generation": str(event.generation), "size": str(event.size)}
+
+    # Execute
+    answers = []
+    for _ in range(4):
+        try:
+            answers.append(handle_upload_event(Event(cloud_event), svc))
+        except RetryLater as exc:
+            answers.append(f"503: {exc.description}")
+    # Assert
+    job_id = layout.job_id_for(event.bucket, event.name, event.generation)
+    job = svc.registry.get_job(job_id)
+    assert answers[0].startswith("503: ") and "attempt 1 of 3" in answers[0]
+    assert "attempt 2 of 3" in answers[1]
+    assert answers[2:] == ["failed", "duplicate"]
+    assert job.status == FAILED and job.split_attempts == 3
+    assert "failed on each of its 3 attempts, last with RuntimeError: a bug in the reader" in (
+        job.error)

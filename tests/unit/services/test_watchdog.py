@@ -117,6 +117,22 @@ def test_a_split_that_never_finished_fails_the_job(tmp_path: Path) -> None:
     assert stuck.updated_at == stuck.finished_at
 
 
+def test_a_split_retried_for_a_day_still_ends() -> None:
+    """A split whose every retry took it over (each resetting ``claimed_at``) is timed from the
+    upload, not from its last attempt: past the bound the job fails naming its attempts."""
+    # Prepare
+    now = 100_000.0
+    job = Job("j1", status=QUEUED, phase=SPLITTING, created_at=now - 90_000,
+              claimed_at=now - 30, split_attempts=40)
+    # Execute
+    decided = decide(job, [], [], [], now - 30, now, STALL, 86_400)
+    # Assert
+    assert decided is not None and decided.action == FAIL
+    assert "within 86400 s of the upload" in decided.reason and "40 attempt(s)" in decided.reason
+    assert decide(dataclasses.replace(job, created_at=now - 600), [], [], [], 0, now, STALL,
+                  86_400) is None
+
+
 def test_decide_leaves_moving_and_finished_jobs_alone() -> None:
     """Activity within the stall time, or an ended job: nothing to do. A complete round that
     nobody folded, or an export that stopped: nudge the aggregator."""
