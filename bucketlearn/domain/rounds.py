@@ -31,10 +31,14 @@ class RoundObjects:
         results: the result object to fold for each task that has one.
         failures: the failure marker of each task that failed for good (and has no result).
         missing: tasks with neither yet; the round waits for them.
-        garbage: objects never to fold: duplicates, results of tasks already done, names of
-            tasks the epoch does not have.
-        ignored: results of tasks of the epoch outside this round and not done (only the
-            current round is ever published, so none should exist; they are left alone).
+        garbage: objects never to fold: results of tasks already done, names of tasks the
+            epoch does not have.
+        ignored: results of tasks of the epoch outside this round and not done (a chaining
+            learner's of a later round; they are left alone).
+        spares: the other objects of a task of the round (a task trained twice, a failure
+            marker beside a result): kept, not chosen, until the task is done (then garbage),
+            so that when the chosen one turns out not to be the job's (no recorded attempt's,
+            another base's) another can take its place.
     """
 
     results: dict[int, DeltaRef] = field(default_factory=dict)
@@ -42,6 +46,7 @@ class RoundObjects:
     missing: list[int] = field(default_factory=list)
     garbage: list[DeltaRef] = field(default_factory=list)
     ignored: list[DeltaRef] = field(default_factory=list)
+    spares: list[DeltaRef] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -60,8 +65,8 @@ def sort_round(round_tasks: Iterable[int], done: Iterable[int],
         planned: the epoch's task count (None: any index is a task of the epoch).
 
     A task's result wins over its failure marker (it was trained after all); among several
-    results of one task (a redelivered task trained twice) the first by name is folded and the
-    others are garbage, so the choice does not depend on listing order.
+    results of one task (a redelivered task trained twice) the first by name is chosen, so the
+    choice does not depend on listing order; the others are spares.
     """
     finished = set(done)
     wanted = [t for t in round_tasks if t not in finished]
@@ -81,10 +86,10 @@ def sort_round(round_tasks: Iterable[int], done: Iterable[int],
         trained = [r for r in refs_of_task if not r.failed]
         if trained:
             objects.results[task] = trained[0]
-            objects.garbage.extend(r for r in refs_of_task if r is not trained[0])
+            objects.spares.extend(r for r in refs_of_task if r is not trained[0])
         elif refs_of_task:
             objects.failures[task] = refs_of_task[0]
-            objects.garbage.extend(refs_of_task[1:])
+            objects.spares.extend(refs_of_task[1:])
         else:
             objects.missing.append(task)
     return objects

@@ -6,12 +6,13 @@ records what was injected and checked in ``tests/artifacts/reliability-faults.js
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bucketlearn import layout
+from bucketlearn import codec, layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.ingest.manifest import Manifest
 from tests.conftest import overwrite_packed_part
@@ -99,6 +100,54 @@ def test_duplicates_everywhere(make_stack: Any, small_digits: Path) -> None:
     record("duplicates everywhere", "the storage events' forwarder delivers every event twice; every task and "
            "result message published twice", "one job per upload; each task applied once; versions "
            "dense", tasks=job.tasks_applied, versions=len(versions))
+
+
+def test_poison_results_stop_nothing(make_stack: Any, small_digits: Path) -> None:
+    """On the results topic, before a job: bytes that are not JSON, a job id Firestore refuses
+    (``a/b``), a job that does not exist, stats too large, a number that is not finite; in the
+    deltas bucket, a forged result (nonce 0000000000000000) for every task of epoch 1. The
+    aggregator, never restarted (no supervisor runs), drops each message once and folds only
+    the learners' own results."""
+    # Prepare
+    stack = make_stack("poison-results", workers=1)
+    svc = google_services(stack.settings)
+    aggregator = stack.procs["aggregator"]
+    pid = aggregator.command_pid()
+    good = {"job_id": "x-000000000000", "kind": "result", "epoch": 1, "task_index": 0,
+            "path": layout.delta_path("x-000000000000", 1, 0, "0" * 16)}
+    bodies = [b"not json", json.dumps({**good, "job_id": "a/b"}).encode(),
+              json.dumps({**good, "stats": {"pad": "x" * 100_000}}).encode(),
+              json.dumps({**good, "stats": {"train_loss": 1}}).encode().replace(b"1}", b"NaN}"),
+              json.dumps(good).encode()]  # well formed, no such job
+    publisher, topic = svc.results.publisher, svc.results.topic_path
+    for body in bodies:
+        publisher.publish(topic, body).result(timeout=30)
+    # Execute
+    job_id = submit(svc, "digits.csv", {"epochs": "2"}, small_digits)
+    wait_for(lambda: getattr(svc.registry.get_job(job_id), "head", None), 120, "version 0")
+    job = svc.registry.get_job(job_id)
+    forged = [layout.delta_path(job_id, 1, t, "0" * 16) for t in range(job.tasks_per_epoch)]
+    base = svc.store.read_bytes(stack.settings.models_bucket, job.head.weights_path)
+    weights, optimizer, _ = codec.decode_state(base)
+    for path in forged:
+        svc.store.write_bytes(stack.settings.deltas_bucket, path, codec.encode_state(
+            [w + 1.0 for w in weights], optimizer, {"content": "weights",
+                                                    "base_digest": job.head.digest}),
+            "application/octet-stream")
+    job = wait_terminal(svc, job_id, 400)
+    # Assert
+    assert job.status == "DONE", job.error
+    versions = assert_ledger_consistent(svc, job_id)
+    assert aggregator.alive() and aggregator.command_pid() == pid and aggregator.restarts == 0
+    assert job.deltas_refused == 0
+    log_text = aggregator.log_path.read_text()
+    assert log_text.count("dropping a result message that is not one of ours") >= 4
+    assert "ignoring" in log_text and "no attempt 0000000000000000" in log_text
+    record("poison results", "not JSON, job id 'a/b', no such job, 100 kB of stats, NaN on the "
+           "results topic; a forged result (nonce 0000000000000000) for every task of epoch 1",
+           "each message dropped once, the aggregator never restarted; job DONE, each task "
+           "applied once, versions dense, no forged result folded",
+           versions=len(versions), forged=len(forged))
 
 
 def break_part(svc: Any, bucket: str, job_id: str, shard: int) -> None:

@@ -338,8 +338,10 @@ def test_sort_round_folds_each_task_at_most_once_and_never_a_done_one(args) -> N
     assert all(not r.failed for r in plan.results.values())
     assert all(r.failed for r in plan.failures.values())
     picked = list(plan.results.values()) + list(plan.failures.values())
-    assert not any(r is g for r in picked for g in plan.garbage)
-    assert sorted(id(r) for r in picked + plan.garbage + plan.ignored) == sorted(id(r) for r in refs)
+    assert not any(r is g for r in picked for g in plan.garbage + plan.spares)
+    assert sorted(id(r) for r in picked + plan.garbage + plan.ignored + plan.spares) == sorted(
+        id(r) for r in refs)
+    assert all(r.task_index in chosen for r in plan.spares)  # another object of a chosen task
     assert all(r.task_index in done or not 0 <= r.task_index <= max(round_tasks)
                or r.task_index in round_tasks for r in plan.garbage)
     assert all(r.task_index not in done and r.task_index not in round_tasks

@@ -313,3 +313,32 @@ def test_a_result_larger_than_the_jobs_state_is_refused_unread(tmp_path: Path) -
     job = svc.registry.get_job(job_id)
     assert job.deltas_refused == 1 and "more than the job's training state" in job.last_refusal
     assert wait_until(lambda: svc.store.stat(svc.settings.deltas_bucket, path) is None, 5)
+
+
+def test_a_forged_result_first_by_name_beside_the_learners_own_does_not_displace_it(
+        tmp_path: Path) -> None:
+    """Both objects listed when the round is folded, the forged one first by name: the forged
+    one is set aside (deleted, unfolded) and the learner's own is folded in its place, not
+    collected as the forged one's duplicate (which left the task without a result)."""
+    # Prepare
+    svc, job_id = steps.start_job(tmp_path, epochs=1, parallel_tasks=1)
+    job = svc.registry.get_job(job_id)
+    task = svc.queue.pull(0).message
+    Learner(svc, "w1").process(task)
+    [own] = [i.name for i in svc.store.list(svc.settings.deltas_bucket)]
+    weights, optimizer, _ = codec.decode_state(
+        svc.store.read_bytes(svc.settings.models_bucket, job.head.weights_path))
+    forged = layout.delta_path(job_id, 1, task.task_index, "0" * 16)
+    svc.store.write_bytes(svc.settings.deltas_bucket, forged, codec.encode_state(
+        [w + 1.0 for w in weights], optimizer, {"content": "weights",
+                                                "base_digest": job.head.digest}),
+        "application/octet-stream")
+    end, end_optimizer, _ = codec.decode_state(svc.store.read_bytes(svc.settings.deltas_bucket,
+                                                                    own))
+    # Execute
+    aggregate_job(svc, job_id)
+    # Assert
+    [first] = [v for v in svc.registry.list_versions(job_id) if v.version == 1]
+    assert first.tasks_applied == (task.task_id,)
+    assert first.digest == codec.state_digest(end, end_optimizer)
+    assert svc.store.stat(svc.settings.deltas_bucket, forged) is None
