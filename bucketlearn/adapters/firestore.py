@@ -239,7 +239,7 @@ class FirestoreRegistry:
             self._committed.pop(next(iter(self._committed)))
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
-                          head: Head) -> bool:
+                          head: Head | None) -> bool:
         job_ref = self._job(job_id)
         version_ref = self._version(job_id, version)
 
@@ -251,7 +251,7 @@ class FirestoreRegistry:
                 return False
             transaction.update(version_ref, dict(version_fields))
             job = job_snap.to_dict() if job_snap.exists else None
-            if job is None or job.get("version") != version:
+            if head is None or job is None or job.get("version") != version:
                 return False  # a newer version is the head: its own evaluation fills it in
             transaction.update(job_ref, {"head": head.to_doc()})
             return True

@@ -392,15 +392,15 @@ class MemoryRegistry:
             return True
 
     def record_evaluation(self, job_id: str, version: int, version_fields: Mapping[str, Any],
-                          head: Head) -> bool:
+                          head: Head | None) -> bool:
         with self._lock:
             doc = self.versions.get((job_id, version))
             if doc is None:
                 return False
             _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
             job = self.jobs.get(job_id)
-            current = job is not None and job.get("version") == version
-            head_fields = {"head": head.to_doc()}
+            current = head is not None and job is not None and job.get("version") == version
+            head_fields = {"head": head.to_doc()} if head is not None else {}
             if current:
                 _check_job_update(job_id, job, head_fields)
             doc.update(copy.deepcopy(dict(version_fields)))

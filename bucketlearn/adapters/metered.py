@@ -186,6 +186,14 @@ def _attempt_record(result: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
     return {"firestore_writes": 1, "firestore_reads": 1 if known is None else 0}
 
 
+def _evaluation_writes(result: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+    """An evaluation's record (``record_evaluation(job, version, fields, head)``): a
+    transaction reading the job and the version, writing the version and, given a head, the
+    job."""
+    head = args[3] if len(args) > 3 else kwargs.get("head")
+    return {"firestore_writes": 1 if head is None else 2, "firestore_reads": 2}
+
+
 def _reads(result: Any, *_: Any, **__: Any) -> dict[str, float]:
     """A read or a query: one read per document returned, at least one (Firestore bills a
     query that returns nothing as one read)."""
@@ -211,7 +219,7 @@ class MeteredRegistry(_Metered):
         "list_active_jobs": ("firestore.query", _no_job, _reads),
         "start_training": ("firestore.commit", _first, _writes(2, 1)),
         "commit_version": ("firestore.commit", _commit_job, _writes(2)),
-        "record_evaluation": ("firestore.commit", _first, _writes(2, 2)),
+        "record_evaluation": ("firestore.commit", _first, _evaluation_writes),
         "get_version": ("firestore.read", _first, _reads),
         "list_versions": ("firestore.query", _first, _reads),
         "read_for_attempt": ("firestore.read", _first, _writes(0, 2)),

@@ -17,7 +17,10 @@ Committed versions are evaluated by one thread of the process (``_Evaluator``: t
 version of each job, older ones skipped when rounds are faster than evaluations), which takes at
 most ``eval_cpu_share`` of a core (it rests between evaluations); the figures go back to the
 job's slot, which sends them with its next commit, or writes them on their own after
-``eval_flush_seconds`` without one.
+``eval_flush_seconds`` without one. Figures no commit carried when the slot ends (the job
+ended while its version was being evaluated: a small job can train faster than its first
+evaluation) are written on their version's document alone, the head left as the export made
+it.
 
 Results are acknowledged once folded (or found to be garbage), so a process that dies loses
 nothing: Pub/Sub delivers the unacknowledged ones again, and the listing finds what was never
@@ -42,7 +45,7 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, lease_name
-from bucketlearn.services.evaluate import evaluate_version
+from bucketlearn.services.evaluate import evaluate_version, record_late_evaluation
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.results import list_deltas
 
@@ -111,7 +114,7 @@ class _Evaluator:
             started = time.perf_counter()
             found = evaluate_version(self.svc, job, weights, version)
             if found is not None:
-                slot.inbox.put(("evaluation", found))
+                slot.deliver(found)
             self.stop.wait(evaluation_rest(time.perf_counter() - started,
                                            self.svc.settings.eval_cpu_share))
 
@@ -130,6 +133,8 @@ class _JobSlot:
         self.lost = threading.Event()  # its lease went to another aggregator, or ran out
         self.renewed_at = time.monotonic()  # its lease's last renewal (taken just before)
         self.ended = threading.Event()
+        self.closing = threading.Lock()  # "closed" and the evaluator's deliveries, in turn
+        self.closed = False  # its thread is done: evaluations are written by their deliverer
         self.last_message_at = time.monotonic()
         self.listened_at = time.monotonic()
         self.thread = threading.Thread(target=self._run, name=f"job-{job_id}", daemon=True)
@@ -150,6 +155,16 @@ class _JobSlot:
         finally:
             self.ended.set()
             self.service.let_go(self)
+
+    def deliver(self, found: tuple[Any, float]) -> None:
+        """An evaluation from the evaluator (``evaluate_version``'s answer): into the inbox
+        while the slot serves its job; written on its version's document at once when the slot
+        has closed (the job ended while the version was being evaluated)."""
+        with self.closing:
+            if not self.closed:
+                self.inbox.put(("evaluation", found))
+                return
+        self.service.record_late(self.job_id, [found[0]])
 
     def _wait(self) -> list[tuple[str, Any]]:
         """Every item waiting in the inbox (waiting for one up to the next deadline)."""
@@ -213,7 +228,9 @@ class _JobSlot:
             for _ in range(10_000):
                 if not aggregator.step():
                     break
-            aggregator.flush_evaluations(self.service.svc.settings.eval_flush_seconds)
+            if aggregator.job is not None and not aggregator.job.is_terminal:
+                # (an ended job's kept evaluations go on their versions only: ``let_go``)
+                aggregator.flush_evaluations(self.service.svc.settings.eval_flush_seconds)
         except PermanentError as exc:  # retrying cannot help: the job ends with the reason
             self._fail(exc)
             return True
@@ -356,10 +373,16 @@ class AggregatorService:
             publish_round(self.svc, job, task_indices=missing, record=False)
 
     def let_go(self, slot: _JobSlot) -> None:
-        """A slot ended: release its lease, send back the messages it still holds."""
+        """A slot ended: release its lease, send back the messages it still holds, write the
+        evaluations no commit carried on their versions' documents (and, from now on, those
+        the evaluator delivers late: ``_JobSlot.deliver``)."""
         with self._lock:
             if self.slots.get(slot.job_id) is slot:
                 del self.slots[slot.job_id]
+        with slot.closing:
+            slot.closed = True
+        kept = list(slot.aggregator.evaluations)
+        slot.aggregator.evaluations.clear()
         for heard in list(slot.aggregator.heard.values()):
             if heard.received is not None:
                 try:
@@ -373,8 +396,22 @@ class AggregatorService:
                 break
             if kind == "message":
                 item[1].nack()
+            else:
+                kept.append(item[0])
+        self.record_late(slot.job_id, kept)
         if not slot.lost.is_set():
             self.svc.registry.release_lease(lease_name(slot.job_id), self.identity)
+
+    def record_late(self, job_id: str, evaluations: list[Any]) -> None:
+        """Write evaluations of a job no longer served here on their versions' documents only
+        (``evaluate.record_late_evaluation``); a failure is logged: the figures are lost, the
+        job is not."""
+        for evaluation in evaluations:
+            try:
+                record_late_evaluation(self.svc, job_id, evaluation)
+            except Exception:  # noqa: BLE001 - a version left unevaluated is still a version
+                log.warning("job %s: could not record the evaluation of v%d", job_id,
+                            evaluation.version, exc_info=True)
 
     def _renew(self) -> None:
         """Renew every slot's lease each third of it. A slot whose lease went to another

@@ -2,11 +2,12 @@
 
 ``evaluate_version`` measures one version on the job's fixed evaluation sample;
 ``record_evaluation`` writes the figures on the version's document (and on the job's head while
-the head is that version). Where the evaluation happens is an ``Evaluator``: ``InlineEvaluator``
-evaluates each version as it is committed (``aggregate.aggregate_job``, the synchronous pass);
-the long-running aggregator evaluates in a thread of its own (``services.aggregator``). Either
-hands the figures to the job's ``JobAggregator.evaluated`` (the job's health watched, the
-figures carried by its next commit).
+the head is that version); ``record_late_evaluation`` on the version's document only, for an
+evaluation that arrives once its job's aggregation has ended. Where the evaluation happens is an
+``Evaluator``: ``InlineEvaluator`` evaluates each version as it is committed
+(``aggregate.aggregate_job``, the synchronous pass); the long-running aggregator evaluates in a
+thread of its own (``services.aggregator``). Either hands the figures to the job's
+``JobAggregator.evaluated`` (the job's health watched, the figures carried by its next commit).
 """
 
 from __future__ import annotations
@@ -76,11 +77,23 @@ def record_evaluation(svc: Services, job: Job, evaluation: Evaluation) -> Job:
     is that version; return the job as it then stands."""
     assert job.head is not None
     head = job.head.with_evaluation(evaluation)
-    fields = {**evaluation.figures, "evaluated_at": evaluation.evaluated_at,
-              "eval_seconds": evaluation.seconds}
-    if svc.registry.record_evaluation(job.job_id, evaluation.version, fields, head):
+    if svc.registry.record_evaluation(job.job_id, evaluation.version,
+                                      version_fields(evaluation), head):
         return job.updated({"head": head.to_doc()})
     return job
+
+
+def record_late_evaluation(svc: Services, job_id: str, evaluation: Evaluation) -> None:
+    """Write one version's figures on its own document only, once its job's aggregation has
+    ended (the job finished while the version was being evaluated, or its lease was let go):
+    the head is left as it is (a finished job's are its export's, on the whole holdout)."""
+    svc.registry.record_evaluation(job_id, evaluation.version, version_fields(evaluation), None)
+
+
+def version_fields(evaluation: Evaluation) -> dict[str, Any]:
+    """What an evaluation writes on its version's document."""
+    return {**evaluation.figures, "evaluated_at": evaluation.evaluated_at,
+            "eval_seconds": evaluation.seconds}
 
 
 def holdout_figures(found: Any, regression: bool) -> dict[str, Any]:

@@ -224,6 +224,13 @@ def test_record_evaluation_fills_the_version_and_only_a_current_head(backend: An
     assert [v.figure("holdout_accuracy") for v in versions] == [None, 0.5, 0.75]
     assert versions[1].parent == 0  # the rest of the document is kept
     assert registry.get_job(job_id).head == Head(2, "w2", "c2", holdout_accuracy=0.75)
+    # Execute: an evaluation that arrived once the job's aggregation ended, of the head's own
+    # version: no head given, so the head (a finished job's: its export's) stays as it is
+    late_of_head = registry.record_evaluation(job_id, 2, {"holdout_accuracy": 0.7}, None)
+    # Assert
+    assert late_of_head is False
+    assert registry.list_versions(job_id)[2].figure("holdout_accuracy") == 0.7
+    assert registry.get_job(job_id).head == Head(2, "w2", "c2", holdout_accuracy=0.75)
 
 
 def test_an_array_inside_an_array_is_refused_for_good(backend: Any) -> None:

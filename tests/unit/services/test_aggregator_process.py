@@ -224,6 +224,37 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
             rest + later.aggregator["eval_seconds"]), (earlier.version, later.version)
 
 
+def test_an_evaluation_that_ends_after_its_job_reaches_its_version(run_job, monkeypatch):
+    """A job that trains faster than its first evaluation (a chained job of a small table: the
+    first evaluation also builds the predict function) ends before the figures are in: they
+    reach their version's document all the same (they used to be dropped with the job's slot,
+    leaving a finished job without a curve), and the head keeps the export's figures."""
+    # Prepare: every evaluation is measured, then handed over only once its job has ended
+    from bucketlearn.services import aggregator
+
+    real = aggregator.evaluate_version
+    measured: list[int] = []
+
+    def evaluation_that_ends_late(svc: Any, job: Any, weights: Any, version: int) -> Any:
+        found = real(svc, job, weights, version)
+        measured.append(version)
+        assert wait_until(lambda: svc.registry.get_job(job.job_id).is_terminal, timeout=60)
+        return found
+
+    monkeypatch.setattr(aggregator, "evaluate_version", evaluation_that_ends_late)
+    running = run_job(JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1))
+    registry = running.svc.registry
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    assert job.status == DONE and measured
+    assert wait_until(lambda: registry.get_version(job.job_id, measured[0]).figures, timeout=30)
+    figures = registry.get_version(job.job_id, measured[0]).figures
+    assert 0.0 <= figures["holdout_accuracy"] <= 1.0 and "holdout_loss" in figures
+    head = registry.get_job(job.job_id).head
+    assert head == job.head and head.evaluated_version == job.version  # the export's
+
+
 def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, tmp_path):
     """R = 2 with two learners and the long-running aggregator: the same versions, to the
     bit, as the synchronous in-process simulation of the same upload."""
