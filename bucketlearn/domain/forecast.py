@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn.domain.plan import TrainingPlan
+from bucketlearn.domain.plan import DECIDED_BOUND, DECIDED_NUMERIC, DECIDED_OPTION, TrainingPlan
 
 # One learner on one TensorFlow thread (2-core machine, in process, 2026-11-26; fitted on the
 # synthetic tuning tables blobs and trips and a 3,000-row image set): the image set's CNN
@@ -45,6 +45,7 @@ STATE_ARRAYS = 3  # weights, and Adam's two moments
 ROUND_SECONDS = 0.37
 CHAINED_VERSION_SECONDS = 0.05
 WORKER_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+DECIDED_FORECAST = "auto: one task at a time, forecast"  # ``choose_layout``'s ``decided``
 SUGGEST_WITHIN = 1.1  # the fewest learners within 10 % of the fastest forecast
 
 
@@ -234,7 +235,9 @@ def actual(forecast_doc: Mapping[str, Any], until: float | None, versions_done: 
 
 def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] | None,
                measured: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """What the CLI's ``status`` and the dashboard say of a job's plan, forecast and actual.
+    """What the CLI's ``status`` and the dashboard say of a job's plan, forecast and actual, in
+    words (the rule and the forecast's parts are in ``status --json``: ``plan.decided``,
+    ``forecast.summary``).
 
     Args:
         plan: the job's plan document (None before the split).
@@ -248,12 +251,11 @@ def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] |
     if not plan:
         return []
     steps = (forecast_doc or {}).get("steps_per_task")
-    lines = [("plan", f"{plan.get('parallel_tasks')} task(s) a round"
-                      + (f" of about {steps} steps" if steps else "")
-                      + f", {plan.get('tasks_per_epoch')} tasks an epoch, "
-                      f"{plan.get('epochs')} epochs ({plan.get('decided') or 'decided before'})")]
+    lines = [("plan", f"{plan_sentence(plan)}; {plan.get('tasks_per_epoch')} tasks an epoch"
+                      + (f" of about {steps} steps each" if steps else "")
+                      + f", {plan.get('epochs')} epochs")]
     if forecast_doc:
-        lines.append(("forecast", str(forecast_doc.get("summary") or "")))
+        lines.append(("forecast", forecast_sentence(forecast_doc)))
     if measured and measured.get("training_seconds") is not None:
         text = f"{duration_text(float(measured['training_seconds']))} of training"
         if measured.get("seconds_left") is not None:
@@ -264,6 +266,45 @@ def plan_lines(plan: Mapping[str, Any] | None, forecast_doc: Mapping[str, Any] |
                         if forecast_doc and forecast_doc.get("task_seconds") else ""))
         lines.append(("actual", text))
     return lines
+
+
+def plan_sentence(plan: Mapping[str, Any]) -> str:
+    """What a plan decided and why, for people: "trains one task at a time: this job is too
+    small for parallel rounds to finish sooner". ``plan["decided"]`` keeps the rule and its
+    numbers (docs/TRAINING.md explains them)."""
+    parallel = int(plan.get("parallel_tasks") or 1)
+    decided = str(plan.get("decided") or "")
+    what = ("trains one task at a time" if parallel <= 1 else
+            f"trains {parallel} tasks at a time, each from the same version")
+    if decided.startswith(DECIDED_OPTION):
+        why = "as its parallel_tasks option asks"
+    elif decided.startswith(DECIDED_NUMERIC):
+        why = ("a numeric target loses accuracy in parallel rounds (parallel_tasks trades "
+               "some for speed)")
+    elif decided.startswith(DECIDED_FORECAST):
+        why = "this job is too small for parallel rounds to finish sooner"
+    elif decided.startswith(DECIDED_BOUND) and parallel <= 1:
+        why = "this job is too small to train tasks side by side without losing accuracy"
+    elif decided.startswith(DECIDED_BOUND):
+        why = "the most that keep the accuracy of one at a time, for a job of this size"
+    else:
+        return what
+    return f"{what}: {why}"
+
+
+def forecast_sentence(forecast_doc: Mapping[str, Any]) -> str:
+    """A job's forecast for people: how long on the suggested number of learners, how long in
+    one process, and whether distributing pays ("about 4.8 s on 1 learner; about 0.7 s in one
+    process (train-local): too small to gain from distributing")."""
+    try:
+        found = Forecast.from_dict(dict(forecast_doc))
+    except (KeyError, TypeError, ValueError):  # a document of another shape: its own words
+        return str(forecast_doc.get("summary") or "")
+    workers = found.suggested_workers
+    text = (f"about {duration_text(found.at(workers))} on {workers} learner"
+            f"{'' if workers == 1 else 's'}; about {duration_text(found.one_process_seconds)} in "
+            "one process (train-local)")
+    return text if found.pays else text + ": too small to gain from distributing"
 
 
 def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int,
@@ -295,6 +336,6 @@ def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int
         return parallel
     r = parallel.parallel_tasks
     return dataclasses.replace(chained, decided=(
-        f"auto: one task at a time, forecast {one.best_seconds:,.1f} s; rounds of {r} tasks "
+        f"{DECIDED_FORECAST} {one.best_seconds:,.1f} s; rounds of {r} tasks "
         f"(the most the bound allows: {parallel.decided.removeprefix('auto: ')}) were "
         f"forecast {rounds.best_seconds:,.1f} s on {r} learners"))

@@ -51,6 +51,11 @@ SCHEDULES = ("wsd", "cosine", "constant")
 RATES_SCALED = "scaled"
 RATES_FAMILY = "family"
 WSD_DECAY = 0.2  # "wsd": constant, then a linear decay to 0 over the last fifth of the job
+# How ``TrainingPlan.decided`` begins for each way R is chosen (``forecast.plan_sentence`` says
+# each in words; a chained layout chosen over rounds: ``forecast.DECIDED_FORECAST``)
+DECIDED_OPTION = "option parallel_tasks"
+DECIDED_NUMERIC = "auto: one task at a time for a numeric target"
+DECIDED_BOUND = "auto: R*H <= "
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,9 @@ class TrainingPlan:
         tasks_per_epoch: tasks in every epoch.
         epochs: passes over the training rows.
         serial_steps: optimizer steps of serial training on the same rows (S).
-        decided: how ``parallel_tasks`` was chosen, for people ("auto: ...", "option").
+        decided: how ``parallel_tasks`` was chosen: the rule and its numbers ("auto: ...",
+            "option ..."; ``status --json`` and the docs show it, ``forecast.plan_sentence``
+            says it in words).
         rates: how a round of several tasks is trained and folded: ``RATES_SCALED`` (every
             task of a round of k steps at k times the job's learning rate; the fold is the
             mean), or ``RATES_FAMILY`` (jobs planned before it: the job's rate; the fold is the
@@ -203,15 +210,15 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
     shard_steps = math.ceil(largest / max(1, batch_size))
     if requested is None and regression:
         parallel = 1
-        decided = ("auto: one task at a time for a numeric target (parallel rounds cost "
-                   "RMSE; set parallel_tasks to trade it for speed)")
+        decided = (f"{DECIDED_NUMERIC} (parallel rounds cost RMSE; set parallel_tasks to "
+                   "trade it for speed)")
     elif requested is None:
         parallel = auto_parallel_tasks(steps, shard_steps, cap)
-        decided = (f"auto: R*H <= {PARALLEL_C:g}*sqrt(S) with S={steps} serial steps and "
+        decided = (f"{DECIDED_BOUND}{PARALLEL_C:g}*sqrt(S) with S={steps} serial steps and "
                    f"H={shard_steps} steps per shard")
     else:
         parallel = max(1, min(cap, int(requested)))
-        decided = "option parallel_tasks"
+        decided = DECIDED_OPTION
     shards = len(shard_rows)
     per_task = 1 if parallel > 1 else serial_task_shards(shards, shard_cells, largest,
                                                          max_task_bytes)

@@ -11,7 +11,9 @@ from bucketlearn.domain.forecast import (
     actual,
     choose_layout,
     forecast_plan,
+    forecast_sentence,
     plan_lines,
+    plan_sentence,
     task_seconds,
 )
 from bucketlearn.domain.plan import plan_training
@@ -99,8 +101,10 @@ def test_plan_lines_say_the_plan_the_forecast_and_the_actual_beside_it():
     # Execute
     lines = dict(plan_lines(plan.to_dict(), found, actual(found, 30.0, 2, 0.5, 10, False)))
     # Assert
-    assert lines["plan"].startswith("4 task(s) a round of about 2 steps, 10 tasks an epoch")
-    assert "on 2 learners" in lines["forecast"]
+    assert lines["plan"] == ("trains 4 tasks at a time, each from the same version: as its "
+                             "parallel_tasks option asks; 10 tasks an epoch of about 2 steps "
+                             "each, 2 epochs")
+    assert lines["forecast"].startswith("about ") and "on 2 learners" in lines["forecast"]
     assert lines["actual"] == ("30 s of training, about 60 s left at this pace; a task took "
                                "0.05 s of learner time (forecast 0.0189 s)")
     assert plan_lines(None, None, None) == []
@@ -133,3 +137,45 @@ def test_an_automatic_plan_keeps_rounds_only_where_they_end_sooner_than_one_task
                              f"{rounds:,.1f} s on 5 learners")
     assert images is parallel
     assert choose_layout(chained, chained, rows, 32, MODEL) is chained
+
+
+def test_the_plan_and_its_forecast_are_said_in_words_the_rule_kept_in_the_plan():
+    """Each way the plan can choose how many tasks train at once is said as a sentence a user
+    reads (what was decided and why); the rule and its numbers stay in ``decided`` (for
+    ``status --json`` and the docs), never in the words."""
+    # Prepare: a job too small for rounds (the bound allows one task), one too small for
+    # them to pay (the forecast), one a numeric target, one the option set
+    small = plan_training([64] * 8, epochs=2, batch_size=32)
+    large = plan_training([256] * 256, epochs=4, batch_size=32)
+    chained = choose_layout(large, plan_training([256] * 256, 4, 32, requested=1),
+                            256 * 256, 32, ModelCost(flops_per_row=1e4, parameters=1000, layers=5))
+    numeric = plan_training([64] * 8, epochs=2, batch_size=32, regression=True)
+    option = plan_training([64] * 8, epochs=2, batch_size=32, requested=2)
+    # Execute
+    said = {name: plan_sentence(plan.to_dict()) for name, plan in (
+        ("small", small), ("large", large), ("chained", chained), ("numeric", numeric),
+        ("option", option))}
+    # Assert
+    assert said["small"] == ("trains one task at a time: this job is too small to train tasks "
+                             "side by side without losing accuracy")
+    assert said["chained"] == ("trains one task at a time: this job is too small for parallel "
+                               "rounds to finish sooner")
+    assert said["large"].startswith(f"trains {large.parallel_tasks} tasks at a time")
+    assert said["numeric"].startswith("trains one task at a time: a numeric target")
+    assert said["option"].endswith(": as its parallel_tasks option asks")
+    assert "R*H" in small.decided and "forecast" in chained.decided
+    assert not any(mark in text for text in said.values() for mark in ("R*H", "sqrt", "S="))
+    assert plan_sentence({"parallel_tasks": 1, "decided": "before"}) == "trains one task at a time"
+
+
+def test_the_forecast_in_words_says_whether_distributing_pays():
+    # Prepare
+    plan = plan_training([64] * 8, epochs=2, batch_size=32, requested=1)
+    found = forecast_plan(plan, 512, 32, MODEL).to_dict()
+    # Execute
+    said = forecast_sentence(found)
+    # Assert
+    assert said.startswith("about ") and " on 1 learner; about " in said
+    assert said.endswith("in one process (train-local): too small to gain from distributing")
+    assert "rounds of" not in said and "tasks of" not in said  # the parts: in ``summary``
+    assert forecast_sentence({"summary": "as it was"}) == "as it was"

@@ -688,8 +688,10 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     assert measured["training_seconds"] > 0 and measured["seconds_left"] is None
     printing.print_status(status)
     out = capsys.readouterr().out
-    assert "plan:      3 task(s) a round of about 2 steps" in out
-    assert f"forecast:  {found['summary']}" in out and "actual:    " in out
+    assert ("plan:      trains 3 tasks at a time, each from the same version: as its "
+            "parallel_tasks option asks; ") in out and "of about 2 steps each" in out
+    assert "forecast:  about " in out and "in one process (train-local)" in out
+    assert "actual:    " in out
     rows = throughput.forecast_rows(headline.job_summary(job, [], job.finished_at))
     assert [r["learners"] for r in rows] == ["1", "2", "3", "one process (train-local)"]
     assert [r[""] for r in rows].count("suggested") == 1
