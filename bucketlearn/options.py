@@ -37,7 +37,7 @@ AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """How one upload option is parsed and bounded."""
+    """How one upload option is parsed and bounded, and what people call it."""
 
     name: str
     kind: type
@@ -50,49 +50,64 @@ class OptionSpec:
     items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
     # with items: each item is ``name=value``, the value one of these
     pairs: tuple[str, ...] | None = None
+    label: str = ""  # the option in words (the dashboard's form); its name when empty
+    # the default in words when it is no value a user could type (``default_text``)
+    default_words: str | None = None
+
+    @property
+    def title(self) -> str:
+        """The option in words, e.g. 'Rows per shard'."""
+        return self.label or self.name.replace("_", " ").capitalize()
 
 
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("label_column", str, None,
-               "name of the label column; default 'label' if present, else the last column"),
+               "name of the label column; default 'label' if present, else the last column",
+               default_words="'label' or the last column"),
     OptionSpec("epochs", int, 10, "passes over the training rows", 1, 1000),
     OptionSpec("batch_size", int, 32, "rows per gradient step", 1, 8192),
     OptionSpec("learning_rate", float, 0.001,
                "Adam learning rate at the start (see lr_schedule)", 1e-7, 1.0),
     OptionSpec("lr_schedule", str, "wsd",
                "wsd: constant, then down to 0 over the last fifth of the job; cosine: down to 0 "
-               "along a half cosine; constant: no decay", choices=LR_SCHEDULES),
+               "along a half cosine; constant: no decay", choices=LR_SCHEDULES,
+               label="Learning-rate schedule"),
     OptionSpec("rows_per_shard", int, 256, "training rows per shard", 8, 1_000_000),
     OptionSpec("holdout_fraction", float, 0.2,
                "share of every class kept out of training for evaluation", 0.01, 0.5),
-    OptionSpec("model", str, "auto", "model family: auto, mlp or cnn", choices=MODEL_KINDS),
+    OptionSpec("model", str, "auto", "model family: auto, mlp or cnn", choices=MODEL_KINDS,
+               label="Model family"),
     OptionSpec("parallel_tasks", int, AUTO,
                "tasks trained at once from one version: auto (as many as keep serial "
-               "accuracy, from the job's size) or a number", 1, 64, auto=True),
-    OptionSpec("seed", int, 0, "seed for the split, initial weights and shuffling", 0, 2**31 - 1),
+               "accuracy, from the job's size) or a number", 1, 64, auto=True,
+               label="Tasks trained at once"),
+    OptionSpec("seed", int, 0, "seed for the split, initial weights and shuffling", 0, 2**31 - 1,
+               label="Random seed"),
     OptionSpec("max_failed_tasks", int, 0,
                "tasks that may fail for good before the job is FAILED (0: any failure fails it)",
-               0, 1_000_000),
+               0, 1_000_000, label="Failed tasks allowed"),
     OptionSpec("missing_values", str, ",".join(DEFAULT_MISSING_VALUES),
                "cell values read as missing, comma-separated (an empty cell always is)",
-               items=True),
+               items=True, label="Cells read as missing"),
     OptionSpec("max_categories", int, 1000,
                "a text column's vocabulary: its most frequent values up to this many; the rest "
-               "share one out-of-vocabulary code", 1, 100_000),
+               "share one out-of-vocabulary code", 1, 100_000,
+               label="Most categories per text column"),
     OptionSpec("drop_columns", str, "", "feature columns to leave out, comma-separated",
-               items=True),
+               items=True, label="Columns to leave out", default_words="none"),
     OptionSpec("column_kinds", str, "",
                "a kind for named feature columns instead of the detected one, comma-separated "
                "name=kind (numeric, category or date), e.g. zip=category",
-               items=True, pairs=FORCEABLE_KINDS),
+               items=True, pairs=FORCEABLE_KINDS, label="Column kinds",
+               default_words="as detected"),
     OptionSpec("class_weight", str, "none",
                "none: every row counts once; balanced: each class's rows weigh n_rows / "
                "(n_classes * rows of the class) in the loss, from the training rows per class",
-               choices=CLASS_WEIGHTS),
+               choices=CLASS_WEIGHTS, label="Class weights"),
     OptionSpec("task", str, "auto",
                "auto: a numeric target when every label in the file's first block is a number "
                "and there are more than 20 distinct ones, else classes; classification; "
-               "regression", choices=TASKS),
+               "regression", choices=TASKS, label="Task (classes or a numeric target)"),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -151,6 +166,16 @@ class JobOptions:
         """Object metadata (strings) for the options in ``only`` (all when None)."""
         values = self.to_dict() if only is None else dict(only)
         return {k: option_text(k, v) for k, v in values.items() if v is not None}
+
+
+def default_text(name: str) -> str:
+    """An option's built-in default as people read it: the value a user would type for it
+    (``auto`` for an automatic whole number), or words when it is no value (no label column
+    given: 'label' if present, else the last column)."""
+    spec = _SPEC_BY_NAME[name]
+    if spec.default_words is not None:
+        return spec.default_words
+    return option_text(name, spec.default)
 
 
 def option_text(name: str, value: Any) -> str:

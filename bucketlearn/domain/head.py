@@ -4,12 +4,12 @@ evaluated (``Head``), as the job document stores it under ``head``. Pure."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
-from bucketlearn.domain.version import Evaluation
+from bucketlearn.domain.version import Evaluation, Version
 
 _FIGURES = (*HOLDOUT_FIGURES, *REGRESSION_FIGURES)  # a head's figures beside accuracy and loss
 
@@ -65,6 +65,13 @@ class Head:
                    evaluated_version=_optional(doc.get("evaluated_version"), int),
                    **{name: doc.get(name) for name in _FIGURES})
 
+    @property
+    def figures(self) -> dict[str, Any]:
+        """The head's holdout figures as a version's document holds them (those recorded)."""
+        found = {"holdout_accuracy": self.holdout_accuracy, "holdout_loss": self.holdout_loss,
+                 **{name: getattr(self, name) for name in _FIGURES}}
+        return {name: value for name, value in found.items() if value is not None}
+
     def evaluated(self, accuracy: float | None, loss: float,
                   figures: Mapping[str, Any] | None = None, version: int | None = None) -> Head:
         """The same head with the holdout figures of ``version`` (its own by default;
@@ -96,6 +103,17 @@ class Head:
         if not folded_results and self.evaluated_version == self.version:
             return dataclasses.replace(kept, evaluated_version=version)
         return kept
+
+
+def attach_head(versions: Sequence[Version], head: Head | None) -> list[Version]:
+    """Versions with the head's figures put on the version they are of (``evaluated_version``),
+    over that version's own: a finished job's final figures, its export's on the whole holdout
+    (what its status reports), are written on the job's head only, and a job that trains fast
+    may have had no other version evaluated. The dashboard reads versions through this."""
+    if head is None or head.evaluated_version is None or not head.figures:
+        return list(versions)
+    return [dataclasses.replace(v, figures=head.figures) if v.version == head.evaluated_version
+            else v for v in versions]
 
 
 def _optional(value: Any, kind: type) -> Any:

@@ -23,23 +23,17 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
-from bucketlearn.domain.task import TaskRecord
-from bucketlearn.domain.version import Version
+from bucketlearn.entrypoints.dashboard_tabs import TABS, JobView, metric_row, options_section
 from bucketlearn.errors import ConfigError
-from bucketlearn.options import OPTION_SPECS
 from bucketlearn.ports import Registry, Services
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.dashboard import (
     actions,
-    costs,
     downloads,
     headline,
     jobs_list,
     options_data,
     reads,
-    throughput,
-    training,
-    workers_tasks,
 )
 from bucketlearn.services.dashboard.formats import plain, timestamp
 from bucketlearn.services.models import model_bytes
@@ -65,7 +59,9 @@ def model_files(_svc: Services, job_id: str) -> list[downloads.ModelFile]:
 
 def upload_form(svc: Services) -> None:
     """The upload form: a file of at most ``upload_limit_bytes``, written from Streamlit's copy
-    as a stream, the form cleared on submit (Streamlit lets go of the file)."""
+    as a stream, the form cleared on submit (Streamlit lets go of the file). The options most
+    people set come first, the others in an "Advanced" section (``options_data.form_fields``),
+    each labelled in words with its key in its help and its true default as placeholder."""
     settings = svc.settings
     with st.sidebar.form("upload", clear_on_submit=True):
         st.subheader("Train on a CSV")
@@ -73,17 +69,11 @@ def upload_form(svc: Services) -> None:
                                 max_upload_size=actions.upload_limit_mb(settings),
                                 help=f"At most {actions.upload_limit_bytes(settings):,} bytes "
                                      "here.")
-        st.caption("Options: leave blank for the default.")
-        raw = {}
-        for spec in OPTION_SPECS:
-            if spec.choices:
-                raw[spec.name] = st.selectbox(
-                    spec.name, ("", *spec.choices), help=spec.help,
-                    format_func=lambda c, d=spec.default: c or f"default ({d})")
-            else:
-                default = "auto" if spec.default is None else spec.default
-                raw[spec.name] = st.text_input(spec.name, placeholder=f"default: {default}",
-                                               help=spec.help)
+        fields = options_data.form_fields()
+        raw = {field.name: option_field(field) for field in fields if field.front}
+        with st.expander("Advanced"):
+            st.caption("Leave a field blank for its default.")
+            raw.update({field.name: option_field(field) for field in fields if not field.front})
         submitted = st.form_submit_button("Upload and train", type="primary")
     if not submitted:
         return
@@ -105,6 +95,16 @@ def upload_form(svc: Services) -> None:
         return
     st.sidebar.success(f"Uploaded to {plain(uri)}.\n\nJob id: `{job_id}` — "
                        f"[open it](?job={job_id})")
+
+
+def option_field(field: options_data.FormField) -> str:
+    """One option's field of the upload form: a choice, or text ('' leaves the default)."""
+    if field.choices:
+        return st.selectbox(field.label, ("", *field.choices), key=f"option_{field.name}",
+                            help=field.help,
+                            format_func=lambda c: c or f"default ({field.default})")
+    return st.text_input(field.label, placeholder=field.placeholder, help=field.help,
+                         key=f"option_{field.name}")
 
 
 def read(load, *args):
@@ -207,11 +207,6 @@ def cancel_controls(svc: Services, job: Job) -> None:
     right.button("No, keep it running", key="cancel_keep", on_click=keep_running)
 
 
-def metric_row(items: list[tuple[str, str]]) -> None:
-    for column, (label, value) in zip(st.columns(len(items)), items, strict=True):
-        column.metric(label, value)
-
-
 @st.fragment(run_every=reads.REFRESH_SECONDS)
 def job_page(svc: Services) -> None:
     overview = read(overview_data, svc.registry, JOB_LIMIT)
@@ -222,174 +217,47 @@ def job_page(svc: Services) -> None:
     if bundle is None or bundle is UNREADABLE:
         return
     now = time.time()
-    job, versions, tasks = bundle["job"], bundle["versions"], bundle["tasks"]
+    job, versions = bundle["job"], bundle["versions"]
     s = headline.job_summary(job, versions, now)
-    created = timestamp(s["created_at"])
-    when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
-    st.caption(f"{plain(s['source'])}{when}")
+    view = JobView(job, versions, bundle["tasks"], bundle["workers"], s, now)
+    job_header(s)
     cancel_controls(svc, job)
     if s["status"] == REJECTED:
         st.error(f"Rejected: {plain(s['reason'])}")
         st.table(pd.DataFrame(jobs_list.rejection_details(job)).map(plain))  # cells are Markdown
-        options_tab(job)
+        options_section(job)
         return
     if s["status"] == FAILED:
         st.error(f"Failed: {plain(s['reason'])}")
     if s["status"] == CANCELLED:
         st.warning(f"Cancelled: {plain(s['reason'])}")
-    metric_row(headline.headline_metrics(s))
+    for row in headline.headline_rows(s):
+        metric_row(row)
     if s.get("warning"):
         st.warning(f"Head version v{s['version']}: {plain(s['warning'])}")
     if s["progress"] is not None:
         st.progress(s["progress"], text=plain(headline.progress_text(s)))
     if note := headline.versions_note(job, versions):
         st.caption(note)
-    tabs = st.tabs(["Training", "Throughput", "Workers & tasks", "Usage & cost",
-                    "Options & data", "Model"])
-    with tabs[0]:
-        training_tab(versions, headline.is_regression(s))
-        report_section(job, versions)
-    with tabs[1]:
-        throughput_tab(versions, now)
-        plan_section(s)
-    with tabs[2]:
-        workers_tab(job, tasks, bundle["workers"], bundle["versions"], now)
-    with tabs[3]:
-        usage_tab(s)
-    with tabs[4]:
-        options_tab(job)
-    with tabs[5]:
-        model_tab(svc, job, versions)
+    names = headline.job_tabs(job)
+    parts = {**TABS, "Model": model_tab}
+    for name, tab in zip(names, st.tabs(names), strict=True):
+        with tab:
+            parts[name](svc, view)
 
 
-def training_tab(versions: list[Version], regression: bool = False) -> None:
-    frame = training.version_frame(versions)
-    figure = "holdout_rmse" if regression else "holdout_accuracy"
-    if frame[figure].notna().sum() == 0:
-        st.info("No evaluated version yet: the first one is committed after the first deltas.")
-        return
-    x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
-    left, right = st.columns(2)
-    if regression:  # a numeric target: its error in the target's units
-        left.markdown("**Holdout RMSE and MAE**")
-        left.line_chart(frame, x=x, y=["holdout_rmse", "holdout_mae"])
-    else:
-        left.markdown("**Holdout accuracy and macro-F1**")
-        left.line_chart(frame, x=x, y=["holdout_accuracy", "holdout_macro_f1"])
-    right.markdown("**Loss**")
-    right.line_chart(frame, x=x, y=["holdout_loss", "train_loss"])
+def job_header(summary: dict) -> None:
+    """The job's status as a badge, its source file and when it was created."""
+    status, color = headline.status_badge(summary)
+    created = timestamp(summary["created_at"])
+    when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
+    st.badge(status, color=color)
+    st.caption(f"{plain(summary['source'])}{when}")
 
 
-def report_section(job: Job, versions: list[Version]) -> None:
-    """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
-    classes), per-class precision/recall and the confusion matrix (the newest by default)."""
-    numbers = training.evaluated_versions(versions)
-    if not numbers:
-        return
-    st.markdown("**Holdout report**")
-    picked = st.selectbox("Version", numbers, key="report_version",
-                          format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
-    version = next((v for v in versions if v.version == picked), None)
-    report = training.version_report(version, job.classes)
-    metric_row(report["metrics"])
-    if report["warning"] and picked != job.version:  # the head's is shown at the top
-        st.warning(f"v{picked}: {plain(report['warning'])}")
-    if report["note"]:
-        st.caption(plain(report["note"]))
-    if report["per_class"].empty:
-        return
-    left, right = st.columns(2)
-    left.markdown("Per class")
-    left.dataframe(report["per_class"], hide_index=True, width="stretch", column_config={
-        name: st.column_config.NumberColumn(name, format="%.3f")
-        for name in ("precision", "recall", "f1")})
-    right.markdown("Confusion matrix (rows: true class, columns: predicted)")
-    right.dataframe(report["confusion"], width="stretch")
-
-
-def throughput_tab(versions: list[Version], now: float) -> None:
-    rate = throughput.current_rate(versions, now)
-    metric_row([("Samples/s (last minute)", f"{rate['samples_per_s']:.1f}"),
-                ("Tasks/min (last minute)", f"{rate['tasks_per_min']:.1f}")])
-    frame = throughput.throughput_frame(versions, now)
-    if len(frame) < 2:
-        st.caption("Throughput charts appear once training has run for a little while.")
-        return
-    left, right = st.columns(2)
-    left.markdown("**Samples/s**")
-    left.line_chart(frame, x="time", y="samples_per_s")
-    right.markdown("**Tasks/min**")
-    right.line_chart(frame, x="time", y="tasks_per_min")
-
-
-def plan_section(summary: dict) -> None:
-    """How training was laid out, how long it should take on how many learners, and what the
-    job measured (issue #25)."""
-    lines = throughput.plan_text(summary)
-    if not lines:
-        return
-    st.markdown("**Plan and forecast**")
-    for label, text in lines:
-        st.caption(f"{label.capitalize()}: {plain(text)}")
-    rows = throughput.forecast_rows(summary)
-    if rows:
-        st.table(pd.DataFrame(rows).map(plain))
-
-
-def usage_tab(summary: dict) -> None:
-    used, cost = costs.usage_rows(summary), costs.cost_rows(summary)
-    if not used:
-        st.info("Nothing counted yet: each commit records what the job used so far.")
-        return
-    left, right = st.columns(2)
-    left.markdown("**What the job used**")
-    left.table(pd.DataFrame(used).map(plain))
-    right.markdown("**Estimated cost (USD)**")
-    right.table(pd.DataFrame(cost).map(plain))
-    st.caption(plain(costs.cost_note(summary)))
-
-
-def workers_tab(job: Job, tasks: list[TaskRecord], workers: list[dict],
-                versions: list[Version], now: float) -> None:
-    counts = workers_tasks.task_state_counts(job, tasks)
-    metric_row([("Workers alive", str(workers_tasks.alive_count(workers, now)))]
-               + [(f"Tasks {k}", str(v)) for k, v in counts.items()])
-    current = workers_tasks.epoch_progress(job, versions, tasks)
-    if current:
-        st.caption(f"Epoch {current['epoch']}: {current['applied']} of {current['planned']} "
-                   f"tasks applied, {current['failed']} failed.")
-    st.markdown(f"**Workers** (alive = heartbeat within {workers_tasks.ALIVE_SECONDS:g} s)")
-    st.dataframe(pd.DataFrame(workers_tasks.worker_rows(workers, now, job.job_id)),
-                 hide_index=True, width="stretch")
-    summary = workers_tasks.timing_summary(versions)
-    if not summary.empty:
-        st.markdown("**Task timings (trained tasks, seconds)**")
-        st.dataframe(summary, hide_index=True)
-    st.markdown(f"**Tasks** of epoch {job.epoch} (earlier epochs' documents are not read)")
-    st.dataframe(workers_tasks.task_frame(job, tasks, versions, now), hide_index=True,
-                 width="stretch", column_config={
-                     "started": st.column_config.DatetimeColumn("started (UTC)",
-                                                                format="HH:mm:ss")})
-
-
-def options_tab(job: Job) -> None:
-    left, right = st.columns(2)
-    left.markdown("**Options**")
-    left.dataframe(pd.DataFrame(options_data.option_rows(job)), hide_index=True, width="stretch")
-    right.markdown("**Dataset**")
-    facts = options_data.dataset_facts(job)
-    if facts:
-        right.dataframe(pd.DataFrame(facts.items(), columns=["fact", "value"]).astype(str),
-                        hide_index=True, width="stretch")
-    else:
-        right.caption("Not split yet (or rejected before splitting).")
-    columns = options_data.column_rows(job)
-    if columns:
-        st.markdown("**Columns** (text, dates, missing cells; and those left out)")
-        st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
-
-
-def model_tab(svc: Services, job: Job, versions: list[Version]) -> None:
+def model_tab(svc: Services, view: JobView) -> None:
+    """The exported models to download (a cancelled job's last version, built on demand)."""
+    job, versions = view.job, view.versions
     files = read(model_files, svc, job.job_id)
     if files is UNREADABLE:
         return

@@ -15,6 +15,7 @@ import time
 from html import unescape
 
 import numpy as np
+import pandas as pd
 import pytest
 import requests
 import streamlit as st
@@ -27,6 +28,7 @@ from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.version import Version
+from bucketlearn.options import OPTION_NAMES, default_text
 from bucketlearn.ports import Services, VersionCommit
 from bucketlearn.services.dashboard import formats, headline
 
@@ -98,8 +100,9 @@ def _job(job_id: str, name: str, created: float) -> dict:
 
 
 def _train(registry, job_id: str, start: float, accuracies: list[float], epochs: int = 3,
-           tasks_per_epoch: int = 4) -> None:
-    """Make the job trainable (version 0) and commit one version per accuracy, 2 tasks each."""
+           tasks_per_epoch: int = 4, evaluated: bool = True) -> None:
+    """Make the job trainable (version 0) and commit one version per accuracy, 2 tasks each
+    (with that accuracy as its figures unless not ``evaluated``: then on the head only)."""
     options = {"epochs": epochs, "batch_size": 32, "seed": 0, "buffer_size": 2,
                "max_failed_tasks": 0, "learning_rate": 0.001, "rows_per_shard": 256,
                "holdout_fraction": 0.2, "model": "auto", "max_staleness": 16,
@@ -125,7 +128,8 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
         now = start + 10 * n
         complete = applied % tasks_per_epoch == 0 and epoch < epochs
         head = {"version": n, "weights_path": f"w{n}", "holdout_accuracy": accuracy,
-                "holdout_loss": 1 - accuracy, "train_loss": 1.2 - accuracy}
+                "holdout_loss": 1 - accuracy, "train_loss": 1.2 - accuracy,
+                "evaluated_version": n}
         assert registry.commit_version(VersionCommit(
             job_id=job_id, base_version=n - 1, epoch=epoch, round=round_index,
             version=Version(n, f"w{n}", parent=n - 1, epoch=epoch, round=round_index,
@@ -133,7 +137,7 @@ def _train(registry, job_id: str, start: float, accuracies: list[float], epochs:
                                                 for i in indices),
                             samples=400, train_loss=1.2 - accuracy, created_at=now,
                             figures={"holdout_accuracy": accuracy,
-                                     "holdout_loss": 1 - accuracy}),
+                                     "holdout_loss": 1 - accuracy} if evaluated else {}),
             job_fields={"version": n, "status": "RUNNING", "tasks_applied": applied,
                         "samples_seen": 400 * n, "head": head, "updated_at": now,
                         **({"started_at": now} if n == 1 else {}),  # as commit_fields sets it
@@ -250,7 +254,7 @@ def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
     at = _run(app, RUNNING_ID)
     cost = headline.job_summary(registry.get_job(RUNNING_ID), [], time.time())["cost_usd"]
     assert cost["total"] > 0
-    assert _metrics(at)["Est. cost"] == formats.format_cost(cost["total"])
+    assert _metrics(at)["Est. cost"] == formats.format_cost_short(cost["total"])
     cells = {text_of(str(c)) for t in at.table for c in t.value.to_numpy().ravel()}
     assert {"Firestore writes", "250", "Learner seconds (on its tasks)", "7.5", "Total",
             formats.format_cost(cost["total"])} <= cells
@@ -272,9 +276,10 @@ def test_job_page_shows_the_plan_its_forecast_and_what_the_job_measured(app, see
     at = _run(app, RUNNING_ID)
     # Assert
     captions = [text_of(c.value) for c in at.caption]
-    assert any(c.startswith("Plan: 2 task(s) a round of about 7 steps, 4 tasks an epoch, 3 "
-                            "epochs (test)") for c in captions)
-    assert f"Forecast: {found.summary()}" in captions
+    assert ("Plan: trains 2 tasks at a time, each from the same version; 4 tasks an epoch of "
+            "about 7 steps each, 3 epochs") in captions
+    assert any(c.startswith("Forecast: about ") and "in one process (train-local)" in c
+               for c in captions), captions
     assert any(c.startswith("Actual: 30 s of training") and "a task took 0.2 s" in c
                for c in captions)
     table = next(t.value for t in at.table if "learners" in t.value.columns)
@@ -387,7 +392,7 @@ def test_cancel_button_asks_first_then_cancels_the_job(app, seeded, registry):
     assert (job.status, job.phase, job.version) == ("CANCELLED", "cancelled", 3)
     assert (job.cancelled_by, job.cancel_reason) == ("the dashboard", "wrong upload")
     assert any(f"job {RUNNING_ID} cancelled" in text_of(s.value) for s in at.success)
-    assert _metrics(at)["Status"] == "CANCELLED"
+    assert ":orange-badge[CANCELLED]" in [m.value for m in at.markdown]
     assert any(text_of(w.value).startswith("Cancelled: cancelled by the dashboard at ")
                and text_of(w.value).endswith(": wrong upload") for w in at.warning)
     assert not [b for b in at.button if b.key in ("cancel_job", "cancel_confirm")]
@@ -525,3 +530,62 @@ def test_the_upload_form_refuses_a_file_over_its_limit(app, services):
     assert any("at most 10 bytes here; found 12 bytes" in e for e in errors), errors
     assert {i.name for i in services.store.list(bucket)} == before
     assert at.get("file_uploader")[0].proto.max_upload_size_mb == 1
+
+
+# --- the job page as a user reads it: the curve, the headline, the form -------------------------
+
+FAST_ID = "fast-0000000000f1"
+
+
+def test_a_finished_job_evaluated_at_its_end_only_has_its_curve(app, registry):
+    """A job that trained faster than its evaluations: no version document has figures, its
+    head has the final version's (the export's, on the whole holdout). The Training tab draws
+    the curve with the final version on it, instead of saying no version was evaluated."""
+    # Prepare
+    now = time.time()
+    registry.create_job(Job.from_doc(_job(FAST_ID, "fast.csv", now - 100)))
+    _train(registry, FAST_ID, now - 90, [0.5, 0.7, 0.8, 0.815], epochs=2, evaluated=False)
+    registry.update_job(FAST_ID, {"status": "DONE", "phase": "done", "finished_at": now - 40})
+    # Execute
+    at = _run(app, FAST_ID)
+    # Assert: the holdout curve's points are those the job has: the final version's
+    charts = {c.proto.alt: chart_points(c) for c in at.get("vega_lite_chart")}
+    accuracy = charts["Holdout accuracy and macro-F1 by version"]
+    loss = charts["Loss by version"]
+    assert not any("No evaluated version yet" in i.value for i in at.info)
+    assert accuracy.values.tolist() == [[4, "Holdout accuracy", 0.815]]
+    assert set(loss["figure"]) == {"Holdout loss", "Train loss"}
+    assert (loss["figure"] == "Train loss").sum() == 4  # every version folded has its own
+    assert any("Holdout figures of 1 of the 5 versions shown" in c.value
+               and "v4, the final model, on the whole holdout" in c.value for c in at.caption)
+
+
+def chart_points(chart) -> pd.DataFrame:
+    """The rows a chart of the page draws (its Arrow dataset)."""
+    import pyarrow as pa
+
+    (dataset,) = chart.proto.datasets
+    return pa.ipc.open_stream(dataset.data.data).read_all().to_pandas()
+
+
+def test_the_upload_form_asks_the_common_options_first_in_words_with_true_defaults(app):
+    """Label column and epochs up front, every other option in "Advanced"; each labelled in
+    words with its key in the help, and no field claiming a default the option does not have
+    (parallel_tasks' is auto, not 0)."""
+    # Execute
+    at = _run(app)
+    # Assert
+    widgets = [*at.sidebar.text_input, *at.sidebar.selectbox]
+    options = {w.key.removeprefix("option_"): w for w in widgets if w.key.startswith("option_")}
+    (advanced,) = [e for e in at.sidebar.expander if e.label == "Advanced"]
+    inside = {w.key for w in [*advanced.text_input, *advanced.selectbox]}
+    assert set(options) == set(OPTION_NAMES)
+    assert [n for n, w in options.items() if w.key not in inside] == ["label_column", "epochs"]
+    assert options["label_column"].label == "Label column"
+    assert options["parallel_tasks"].proto.placeholder == "default: auto"
+    for name, widget in options.items():
+        assert widget.label != name and f"`{name}`" in widget.help, name
+        if widget.type == "text_input":
+            assert widget.proto.placeholder == f"default: {default_text(name)}", name
+        else:
+            assert widget.format_func("") == f"default ({default_text(name)})", name

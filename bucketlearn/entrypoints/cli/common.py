@@ -18,7 +18,7 @@ from typing import Any
 
 from bucketlearn.config import Settings, load_settings, local_state_dir
 from bucketlearn.entrypoints.backend import LOCAL, StackWatch, Target, resolve_target
-from bucketlearn.options import OPTION_SPECS, option_text
+from bucketlearn.options import OPTION_SPECS, default_text
 from bucketlearn.ports import Services
 
 # The Services for a target's settings (``cli.main``'s ``services``).
@@ -58,7 +58,7 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     for spec in OPTION_SPECS:
         flag = "--" + spec.name.replace("_", "-")
         parser.add_argument(flag, dest=spec.name, default=None, metavar=spec.name.upper(),
-                            help=f"{spec.help} (default: {option_text(spec.name, spec.default)})")
+                            help=f"{spec.help} (default: {default_text(spec.name)})")
 
 
 def option_overrides(args: argparse.Namespace) -> dict[str, Any]:

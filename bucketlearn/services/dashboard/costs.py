@@ -8,20 +8,24 @@ from typing import Any
 
 from bucketlearn.services.dashboard.formats import as_float, format_cost
 
-# what each counted quantity of ``Job.usage`` is called on the page, in this order
+# what each counted quantity of ``Job.usage`` (``domain.usage.USAGE_KEYS``) is called on the
+# page, in this order
 USAGE_LABELS = {
     "worker_seconds": "Learner seconds (on its tasks)",
     "worker_cpu_seconds": "Learner CPU seconds",
     "aggregator_seconds": "Aggregator seconds (folds)",
-    "function_invocations": "Function invocations",
+    "function_invocations": "Upload function invocations",
     "firestore_reads": "Firestore reads",
     "firestore_writes": "Firestore writes",
     "firestore_deletes": "Firestore deletes",
     "storage_class_a": "Storage writes and listings (class A)",
     "storage_class_b": "Storage reads (class B)",
     "storage_bytes_written": "Storage bytes written",
-    "pubsub_messages": "Pub/Sub messages",
-    "pubsub_bytes": "Pub/Sub bytes",
+    "storage_bytes_read": "Storage bytes read",
+    "storage_deletes": "Storage deletes",
+    "pubsub_messages": "Pub/Sub messages published",
+    "pubsub_pulled": "Pub/Sub messages delivered",
+    "pubsub_bytes": "Pub/Sub bytes (published and delivered)",
 }
 COST_LABELS = {"learners": "Learners", "aggregator": "Aggregator", "functions": "Functions",
                "firestore": "Firestore", "storage": "Cloud Storage", "pubsub": "Pub/Sub"}

@@ -70,6 +70,21 @@ def format_cost(usd: Any) -> str:
     return f"${value:.2f}" if value >= 1 else f"${value:.6f}".rstrip("0")
 
 
+def format_cost_short(usd: Any) -> str:
+    """Dollars for a headline figure, to two significant digits at most: '$0.0012', '$0.05',
+    '$12', '< $0.0001' for a trace, '—' when unknown (tables keep ``format_cost``)."""
+    value = as_float(usd)
+    if value is None:
+        return "—"
+    if value == 0:
+        return "$0"
+    if value < 0.0001:
+        return "< $0.0001"
+    if value >= 10:
+        return f"${value:,.0f}"
+    return f"${value:.2g}"
+
+
 def plain(value: Any) -> str:
     """A string from users (object, column and class names, reasons, a URL parameter, an
     error's text) made safe to put into Markdown (``st.error``, ``st.caption``, ...): every

@@ -1,17 +1,26 @@
-"""The top of a job's page: its summary (the status object, with progress and ETA), the
-metric row, the progress bar's text, and what the charts leave out when only the newest
-versions were read."""
+"""The top of a job's page and its layout: its summary (the status object, with progress and
+ETA), the header's status badge and headline rows, the progress bar's text, what the charts
+leave out when only the newest versions were read, and the page's tabs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.domain.job import DONE, TERMINAL, Job
+from bucketlearn.domain.job import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    TERMINAL,
+    Job,
+)
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import (
-    format_cost,
+    format_cost_short,
     format_duration,
     format_number,
     format_percent,
@@ -43,9 +52,24 @@ def is_regression(summary: Mapping[str, Any]) -> bool:
     return summary.get("task") == REGRESSION
 
 
-def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) of the job page's metric row, from ``job_summary``: accuracy and
-    macro-F1 for classes, RMSE, MAE and R² for a numeric target."""
+# The most figures a headline row holds: each keeps a quarter of the page's width, which shows
+# a figure whole at 1280 px with the sidebar open (the browser test measures it)
+ROW_FIGURES = 4
+STATUS_COLORS = {DONE: "green", RUNNING: "blue", QUEUED: "gray", CANCELLED: "orange",
+                 FAILED: "red", REJECTED: "red"}
+
+
+def status_badge(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """The job's status as the page's header shows it: (text, colour)."""
+    status = str(summary["status"])
+    return status, STATUS_COLORS.get(status, "gray")
+
+
+def headline_rows(summary: Mapping[str, Any]) -> list[list[tuple[str, str]]]:
+    """(label, value) of the job page's headline, from ``job_summary``, in rows of at most
+    ``ROW_FIGURES``: where training is (version, epoch, train loss) and what it cost, then the
+    head's holdout figures (accuracy and macro-F1, ROC AUC for two classes, loss; RMSE, MAE
+    and R² for a numeric target). The status is the header's badge (``status_badge``)."""
     figures = ([("Holdout RMSE", format_number(summary.get("rmse"))),
                 ("Holdout MAE", format_number(summary.get("mae"))),
                 ("Holdout R²", format_number(summary.get("r2")))] if is_regression(summary) else
@@ -53,15 +77,28 @@ def headline_metrics(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
                 ("Holdout macro-F1", format_number(summary.get("macro_f1"))),
                 *([("Holdout ROC AUC", format_number(summary.get("roc_auc")))]
                   if summary.get("binary") else [])])
-    return [
-        ("Status", str(summary["status"])),
+    training = [
         ("Version", "—" if summary["version"] is None else str(summary["version"])),
         ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
-        *figures,
-        ("Holdout loss", format_number(summary["loss"])),
         ("Train loss", format_number(summary["train_loss"])),
-        ("Est. cost", format_cost((summary.get("cost_usd") or {}).get("total"))),
+        ("Est. cost", format_cost_short((summary.get("cost_usd") or {}).get("total"))),
     ]
+    holdout = [*figures, ("Holdout loss", format_number(summary["loss"]))]
+    return [row[i:i + ROW_FIGURES] for row in (training, holdout)
+            for i in range(0, len(row), ROW_FIGURES)]
+
+
+# The job page: a header (status, source, the headline), then one tab per part of the page, in
+# this order. A part to come (a search's candidates and their leaderboard, batch predictions,
+# continued training and a model's lineage) is a tab named here, shown for the jobs that have
+# one, and drawn by the page's function of that name: the header stays as it is.
+JOB_TABS = ("Training", "Throughput", "Workers & tasks", "Usage & cost", "Options & data",
+            "Model")
+
+
+def job_tabs(job: Job) -> list[str]:
+    """The tabs of ``job``'s page, in order (``JOB_TABS``; every job has them all today)."""
+    return list(JOB_TABS)
 
 
 def progress_text(summary: Mapping[str, Any]) -> str:

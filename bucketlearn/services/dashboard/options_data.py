@@ -1,26 +1,64 @@
 """The Options & data tab: the job's options against their defaults, its dataset's facts (rows,
-classes, shards, how the target was taken) and its columns worth naming."""
+classes, shards, how the target was taken) and its columns worth naming; and the upload form's
+fields (``form_fields``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
-from bucketlearn.options import OPTION_SPECS
+from bucketlearn.options import OPTION_SPECS, default_text, option_text
 from bucketlearn.services.dashboard.formats import as_float, as_int
+
+# The options most people set, up front in the upload form; the others are in its "Advanced"
+# section. A new everyday option (a search over models, once there is one) joins these.
+FRONT_OPTIONS = ("label_column", "epochs")
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One option of the upload form: its key, its label in words, its help (which names the
+    key), its true default in words, its choices (a text field when None), and whether it is
+    up front or in the "Advanced" section."""
+
+    name: str
+    label: str
+    help: str
+    default: str
+    choices: tuple[str, ...] | None
+    front: bool
+
+    @property
+    def placeholder(self) -> str:
+        return f"default: {self.default}"
+
+
+def form_fields() -> list[FormField]:
+    """Every option of ``OPTION_SPECS`` as the upload form shows it: those of
+    ``FRONT_OPTIONS`` first (in that order), then the others (in the table's order)."""
+    fields = [FormField(spec.name, spec.title,
+                        f"{spec.help[:1].upper()}{spec.help[1:]}. Option `{spec.name}` "
+                        f"(`--{spec.name.replace('_', '-')}` of `bucketlearn submit`).",
+                        default_text(spec.name), spec.choices, spec.name in FRONT_OPTIONS)
+              for spec in OPTION_SPECS]
+    front = sorted((f for f in fields if f.front), key=lambda f: FRONT_OPTIONS.index(f.name))
+    return front + [f for f in fields if not f.front]
 
 
 def option_rows(job: Job) -> list[dict[str, str]]:
-    """The job's options (every OPTION_SPECS entry), marking those that differ from the default."""
+    """The job's options (every OPTION_SPECS entry: its key, in words, its value, its true
+    default), marking those that differ from the default."""
     options = job.options
     rows = []
     for spec in OPTION_SPECS:
         value = options.get(spec.name, spec.default)
-        rows.append({"option": spec.name, "value": "" if value is None else str(value),
-                     "default": "" if spec.default is None else str(spec.default),
+        rows.append({"option": spec.name, "in words": spec.title,
+                     "value": "" if value is None else option_text(spec.name, value),
+                     "default": default_text(spec.name),
                      "changed": "yes" if value != spec.default else ""})
     return rows
 

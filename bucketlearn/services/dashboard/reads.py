@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bucketlearn.domain.head import attach_head
 from bucketlearn.ports import Registry
 
 # What the page reads, and how often: the overview only the newest jobs' documents (each job's
@@ -47,14 +48,16 @@ def job_bundle(registry: Registry, job_id: str, now: float) -> dict[str, Any] | 
 
     Figures a version's evaluation is carried by a later version's commit: the newest versions
     read have theirs (the commits carrying them are newer still, or read), while the oldest
-    read may lack figures carried by a version not read; its charts start a little later.
+    read may lack figures carried by a version not read; its charts start a little later. The
+    head's figures are put on the version they are of (``domain.head.attach_head``): a
+    finished job's final figures are on its head only.
     """
     job = registry.get_job(job_id)
     if job is None:
         return None
     return {
         "job": job,
-        "versions": registry.list_versions(job_id, last=VERSIONS_SHOWN),
+        "versions": attach_head(registry.list_versions(job_id, last=VERSIONS_SHOWN), job.head),
         "tasks": registry.list_tasks(job_id, epoch=job.epoch) if job.epoch >= 1 else [],
         "workers": registry.list_workers(seen_since=now - WORKERS_SEEN_SECONDS),
     }

@@ -4,7 +4,7 @@ per-class figures, the confusion matrix)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -39,6 +39,37 @@ def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
                    "created_at", "holdout_rmse", "holdout_mae", "holdout_r2"):
         frame[column] = frame[column].astype("float64")
     return frame.sort_values("version", kind="stable").reset_index(drop=True)
+
+
+# what each line of the Training tab's charts is called
+CURVE_LABELS = {"holdout_accuracy": "Holdout accuracy", "holdout_macro_f1": "Holdout macro-F1",
+                "holdout_loss": "Holdout loss", "train_loss": "Train loss",
+                "holdout_rmse": "Holdout RMSE", "holdout_mae": "Holdout MAE"}
+
+
+def curve(frame: pd.DataFrame, figures: Sequence[str], x: str = "version") -> pd.DataFrame:
+    """The points of a chart's lines from ``version_frame``: one row per version (or commit
+    time, ``x``) and figure it has a value of, as (``x``, ``figure``, ``value``), the figure
+    named in words (``CURVE_LABELS``). A figure measured on a few versions only (the holdout's,
+    of a job evaluated sparsely) is a line through those, not a line broken at every version
+    without one, which a chart does not draw."""
+    points = frame.melt(id_vars=[x], value_vars=list(figures), var_name="figure",
+                        value_name="value").dropna(subset=["value"])
+    points["figure"] = points["figure"].map(lambda name: CURVE_LABELS.get(name, name))
+    return points.reset_index(drop=True)
+
+
+def curve_note(frame: pd.DataFrame, figure: str, finished: bool) -> str:
+    """Which versions the holdout curve has, said under it: '' when it has every version."""
+    evaluated = frame.loc[frame[figure].notna(), "version"]
+    if evaluated.empty or len(evaluated) == len(frame):
+        return ""
+    text = (f"Holdout figures of {len(evaluated)} of the {len(frame)} versions shown: a version "
+            "is evaluated beside training, the newest one whenever the evaluator is free, so a "
+            "job that trains fast has few.")
+    if finished and int(evaluated.iloc[-1]) == int(frame["version"].iloc[-1]):
+        text += f" v{int(evaluated.iloc[-1])}, the final model, on the whole holdout."
+    return text
 
 
 def evaluated_versions(versions: Iterable[Version]) -> list[int]:

@@ -23,7 +23,13 @@ from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.errors import ConfigError
-from bucketlearn.options import OPTION_NAMES, resolve_options
+from bucketlearn.options import (
+    OPTION_NAMES,
+    OPTION_SPECS,
+    JobOptions,
+    parse_option,
+    resolve_options,
+)
 from bucketlearn.ports import VersionCommit
 from bucketlearn.services.dashboard import (
     actions,
@@ -235,9 +241,9 @@ def test_what_a_job_used_and_cost_is_shown_beside_its_accuracy():
     usage = {"firestore_writes": 300, "firestore_reads": 1200, "worker_seconds": 12.25,
              "storage_class_a": 40, "pubsub_messages": 200, "something_new": 3}
     summary = headline.job_summary(a_job(usage=usage), VERSIONS, T0 + 30)
-    metrics = dict(headline.headline_metrics(summary))
+    metrics = dict(headline_figures(summary))
     total = summary["cost_usd"]["total"]
-    assert total > 0 and metrics["Est. cost"] == formats.format_cost(total)
+    assert total > 0 and metrics["Est. cost"] == formats.format_cost_short(total)
     rows = costs.usage_rows(summary)
     assert rows[0] == {"used": "Learner seconds (on its tasks)", "amount": "12.2"}
     assert {"used": "Firestore writes", "amount": "300"} in rows
@@ -256,17 +262,22 @@ def test_format_cost(usd, shown):
     assert formats.format_cost(usd) == shown
 
 
-def test_headline_metrics_and_progress_text():
+def headline_figures(summary: dict) -> list[tuple[str, str]]:
+    """Every (label, value) of the job page's headline, row after row."""
+    return [figure for row in headline.headline_rows(summary) for figure in row]
+
+
+def test_headline_rows_and_progress_text():
     summary = headline.job_summary(a_job(), VERSIONS, T0 + 30)
-    assert dict(headline.headline_metrics(summary)) == {
-        "Status": "RUNNING", "Version": "3", "Epoch": "2 / 5",
-        "Holdout accuracy": "87.5%", "Holdout macro-F1": "—", "Holdout loss": "0.4100",
-        "Train loss": "0.5200", "Est. cost": "$0"}
+    assert headline.headline_rows(summary) == [
+        [("Version", "3"), ("Epoch", "2 / 5"), ("Train loss", "0.5200"), ("Est. cost", "$0")],
+        [("Holdout accuracy", "87.5%"), ("Holdout macro-F1", "—"), ("Holdout loss", "0.4100")]]
+    assert headline.status_badge(summary) == ("RUNNING", "blue")
     assert headline.progress_text(summary) == "6 of 20 tasks applied · training · ETA 1m 10s"
     queued = headline.job_summary(a_job(status="QUEUED", phase="splitting", version=None, head=None,
                                     tasks_planned=None, options=None), [], T0)
-    assert dict(headline.headline_metrics(queued))["Version"] == "—"
-    assert dict(headline.headline_metrics(queued))["Holdout accuracy"] == "—"
+    assert dict(headline_figures(queued))["Version"] == "—"
+    assert dict(headline_figures(queued))["Holdout accuracy"] == "—"
     done = headline.job_summary(a_job(status="DONE", tasks_applied=20), VERSIONS, T0 + 30)
     assert headline.progress_text(done) == "20 of 20 tasks applied · finished"
 
@@ -818,6 +829,127 @@ def test_the_job_summary_warns_and_shows_roc_auc_for_a_binary_head():
     # Execute
     summary = headline.job_summary(job, VERSIONS, T0 + 30)
     # Assert
-    metrics = dict(headline.headline_metrics(summary))
+    metrics = dict(headline_figures(summary))
     assert metrics["Holdout macro-F1"] == "0.4700" and metrics["Holdout ROC AUC"] == "0.6100"
     assert "always answering 'yes'" in summary["warning"]
+
+
+# --- the job page as a user reads it: the curve, the headline, the form, the words ---------------
+
+def test_a_finished_jobs_versions_carry_its_final_figures_from_its_head():
+    """A job that trained faster than its evaluator: no version document has figures, and the
+    export wrote the final version's (whole holdout) on the head only. The page reads them on
+    the final version, so the curve has it; a version's own figures give way to the head's
+    (what the headline shows)."""
+    # Prepare
+    svc = memory_services()
+    head = {"version": 3, "weights_path": "w3", "checksum": "c3", "holdout_accuracy": 0.815,
+            "holdout_loss": 0.6, "train_loss": 0.5, "evaluated_version": 3,
+            "holdout_macro_f1": 0.8}
+    job = a_job("fast-000000000001", status="DONE", phase="done", head=head)
+    svc.registry.create_job(job)
+    for doc in (version_doc(0, T0), version_doc(1, T0 + 1, acc=0.4, loss=1.1, train=1.2),
+                version_doc(2, T0 + 2, train=0.9), version_doc(3, T0 + 3, acc=0.79, train=0.5)):
+        svc.registry.versions[(job.job_id, doc["version"])] = doc
+    # Execute
+    versions = reads.job_bundle(svc.registry, job.job_id, T0 + 10)["versions"]
+    frame = training.version_frame(versions)
+    # Assert
+    accuracy = frame["holdout_accuracy"]
+    assert accuracy.isna().tolist() == [True, False, True, False]
+    assert accuracy[1] == 0.4 and accuracy[3] == 0.815  # the head's, over the version's 0.79
+    assert versions[3].figure("holdout_macro_f1") == 0.8
+    assert training.evaluated_versions(versions) == [3, 1]
+
+
+def test_a_sparse_curve_is_a_line_through_the_versions_evaluated():
+    """Holdout figures on versions 1 and 3 only, train loss on every folded version: each
+    figure's points are its own versions' (a chart draws no line broken at every gap)."""
+    # Prepare
+    frame = training.version_frame([
+        version(0, T0), version(1, T0 + 1, acc=0.5, loss=1.0, train=1.2),
+        version(2, T0 + 2, train=1.0), version(3, T0 + 3, acc=0.8, loss=0.5, train=0.6)])
+    # Execute
+    accuracy = training.curve(frame, ["holdout_accuracy", "holdout_macro_f1"])
+    loss = training.curve(frame, ["holdout_loss", "train_loss"], x="version")
+    # Assert
+    assert accuracy.values.tolist() == [[1, "Holdout accuracy", 0.5], [3, "Holdout accuracy", 0.8]]
+    assert loss.groupby("figure")["version"].apply(list).to_dict() == {
+        "Holdout loss": [1, 3], "Train loss": [1, 2, 3]}
+    assert "2 of the 4 versions shown" in training.curve_note(frame, "holdout_accuracy", True)
+    assert "v3, the final model, on the whole holdout" in training.curve_note(
+        frame, "holdout_accuracy", True)
+    assert "final model" not in training.curve_note(frame, "holdout_accuracy", False)
+    every = training.version_frame(VERSIONS[1:])
+    assert training.curve_note(every, "holdout_accuracy", True) == ""
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_the_headline_keeps_to_rows_of_four_short_values(binary):
+    """No headline row holds more than four figures (each a quarter of the page: whole at a
+    laptop's 1280 px), and the cost is two significant digits, not six decimals."""
+    # Prepare
+    head = {"version": 50, "holdout_accuracy": 0.815, "holdout_loss": 0.51, "train_loss": 0.4,
+            "holdout_macro_f1": 0.8, "holdout_roc_auc": 0.9}
+    job = a_job(status="DONE", version=50, epoch=10, head=head,
+                usage={"worker_seconds": 40.0, "firestore_writes": 900},
+                dataset={"classes": ["a", "b"] if binary else ["a", "b", "c"]})
+    # Execute
+    rows = headline.headline_rows(headline.job_summary(job, VERSIONS, T0 + 30))
+    # Assert
+    figures = dict(f for row in rows for f in row)
+    assert all(len(row) <= headline.ROW_FIGURES == 4 for row in rows), rows
+    assert figures["Holdout accuracy"] == "81.5%" and figures["Version"] == "50"
+    assert re.fullmatch(r"\$0\.\d{1,4}", figures["Est. cost"]), figures["Est. cost"]
+    assert ("Holdout ROC AUC" in figures) == binary
+    assert "Status" not in figures  # the header's badge
+
+
+@pytest.mark.parametrize(("usd", "shown"), [
+    (None, "—"), (0, "$0"), (0.00004, "< $0.0001"), (0.001242, "$0.0012"), (0.05, "$0.05"),
+    (9.99, "$10"), (1234.5, "$1,234")])
+def test_format_cost_short(usd, shown):
+    assert formats.format_cost_short(usd) == shown
+
+
+def test_every_counted_quantity_has_a_label_in_words():
+    """The usage table names every key the job's processes count (``USAGE_KEYS``) in words:
+    none shows as its raw key."""
+    # Prepare
+    from bucketlearn.domain.usage import USAGE_KEYS
+
+    summary = headline.job_summary(a_job(usage=dict.fromkeys(USAGE_KEYS, 1)), VERSIONS, T0)
+    # Execute
+    shown = [row["used"] for row in costs.usage_rows(summary)]
+    # Assert
+    assert set(costs.USAGE_LABELS) == USAGE_KEYS
+    assert len(shown) == len(USAGE_KEYS) and not set(shown) & USAGE_KEYS, shown
+    assert not any("_" in label for label in shown), shown
+
+
+@pytest.mark.parametrize("spec", OPTION_SPECS, ids=lambda spec: spec.name)
+def test_the_upload_form_shows_each_options_true_default(spec):
+    """What the form shows as an option's default is the default a job gets when the field is
+    left blank: typed back, it parses to the same value (parallel_tasks: auto, not 0); an
+    option whose default is no value (no label column given) says so in words."""
+    # Prepare
+    fields = {field.name: field for field in options_data.form_fields()}
+    real = JobOptions().to_dict()[spec.name]
+    # Execute
+    field = fields[spec.name]
+    # Assert
+    assert field.placeholder == f"default: {field.default}"
+    assert field.label != spec.name and f"`{spec.name}`" in field.help
+    if real is None or real == "":
+        assert field.default == spec.default_words and field.default
+    else:
+        assert parse_option(spec.name, field.default, "the form") == real
+
+
+def test_the_upload_form_asks_label_column_and_epochs_first():
+    fields = options_data.form_fields()
+    assert [f.name for f in fields if f.front] == ["label_column", "epochs"]
+    assert [f.name for f in fields[:2]] == ["label_column", "epochs"]
+    assert sorted(f.name for f in fields) == sorted(OPTION_NAMES)
+    rows = {row["option"]: row for row in options_data.option_rows(a_job())}
+    assert rows["parallel_tasks"]["default"] == "auto" and rows["parallel_tasks"]["value"] == "auto"

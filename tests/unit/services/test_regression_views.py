@@ -58,7 +58,7 @@ def test_the_cli_prints_rmse_mae_and_r2(capsys):
 def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     job = regression_job()
     summary = headline.job_summary(job, [VERSION], now=20.0)
-    metrics = dict(headline.headline_metrics(summary))
+    metrics = {label: value for row in headline.headline_rows(summary) for label, value in row}
     assert metrics["Holdout RMSE"] == "236.8100" and metrics["Holdout R²"] == "0.9133"
     assert "Holdout accuracy" not in metrics
     frame = training.version_frame([VERSION])
