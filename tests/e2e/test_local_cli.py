@@ -218,3 +218,60 @@ def test_local_up_clears_what_a_dead_stack_left(stacks: Stacks) -> None:
     assert "of its processes that were still running" in up.stdout
     assert [pid for pid in orphans if alive(pid)] == []
     assert stack_status(home)["stack_id"] != state["stack_id"]
+
+
+# --- what the CLI prints: no library start-up logs (unless --verbose), plain words ------------
+
+LIBRARY_LINES = ("absl::InitializeLog", "oneDNN", "port.cc")
+
+
+def library_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines of a command's output (both streams) that TensorFlow's C++ libraries wrote."""
+    return [line for line in (result.stdout + result.stderr).splitlines()
+            if any(mark in line for mark in LIBRARY_LINES)]
+
+
+def test_train_local_and_predict_print_no_tensorflow_start_up_lines(tmp_path: Path) -> None:
+    """TensorFlow's C++ start-up lines (absl's "All log messages before absl::InitializeLog()",
+    oneDNN's notice, twice each) used to open the output of every command that loads it; they
+    are back with --verbose."""
+    # Prepare
+    home, model = tmp_path / "home", tmp_path / "digits.keras"
+    # Execute
+    trained = run(home, "train-local", str(DIGITS), "--json", "--epochs", "1", "-o", str(model))
+    predicted = run(home, "predict", str(model), str(DIGITS), "-o", str(tmp_path / "p.csv"))
+    verbose = run(home, "predict", "--verbose", str(model), str(DIGITS), "--json")
+    # Assert
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads(trained.stdout)["accuracy"] > 0.5  # stdout is the JSON alone
+    assert library_lines(trained) == [], trained.stderr
+    assert predicted.returncode == 0, predicted.stderr
+    assert library_lines(predicted) == [], predicted.stderr
+    assert "accuracy" in predicted.stderr and "wrote 1797 predictions" in predicted.stdout
+    assert verbose.returncode == 0 and library_lines(verbose), verbose.stderr
+
+
+def test_the_demo_prints_no_library_logs_and_says_its_plan_in_words(stacks: Stacks,
+                                                                    tmp_path: Path) -> None:
+    """``bucketlearn demo`` (on a small table with rows to predict beside it): no TensorFlow
+    start-up lines when it predicts, and the plan said as what was decided and why, not as
+    the rule's formula (that is in ``status --json``)."""
+    # Prepare
+    table, new_rows = tmp_path / "tiny.csv", tmp_path / "tiny_new.csv"
+    lines = DIGITS.read_text().splitlines()
+    table.write_text("\n".join(lines[:301]) + "\n")
+    new_rows.write_text("\n".join([lines[0], *lines[-5:]]) + "\n")
+    # Execute
+    try:
+        demo = run(stacks.home, "demo", "--workers", "1", "--file", str(table),
+                   "--output-dir", str(tmp_path / "models"), "--timeout", "400", timeout=600)
+    finally:
+        if (stacks.home / "local.json").exists():
+            stacks.ids.add(stack_status(stacks.home)["stack_id"])
+    # Assert
+    output = demo.stdout + demo.stderr
+    assert demo.returncode == 0, output
+    assert library_lines(demo) == [], output
+    assert "predictions for the raw rows of" in demo.stdout
+    (plan,) = [line for line in demo.stdout.splitlines() if line.startswith("plan:")]
+    assert "trains one task at a time: " in plan and "R*H" not in output and "sqrt" not in output

@@ -53,9 +53,13 @@ from bucketlearn.entrypoints.cli.process_commands import (
 )
 from bucketlearn.errors import BucketlearnError, ConfigError, NoTargetError, UnreachableError
 
+VERBOSE_HELP = ("also print the libraries' logs: TensorFlow's start-up lines and "
+                "bucketlearn's own (INFO)")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bucketlearn", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_local_commands(sub)
     _add_job_commands(sub)
@@ -70,7 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("watchdog", aliases=["tend"], help="one pass of the watchdog (also as `tend`): republish the lost tasks of stalled "
                    "jobs, nudge the aggregator, end splits that never finished"
                    ).set_defaults(func=cmd_watchdog)
+    _add_verbose(sub)
     return parser
+
+
+def _add_verbose(sub: Any) -> None:
+    """``--verbose`` after every command too (``bucketlearn predict -v ...``,
+    ``bucketlearn local up -v``); given there, it is kept, else the one before the command."""
+    for command in {id(c): c for c in sub.choices.values()}.values():  # (an alias: the same)
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help=VERBOSE_HELP)
 
 
 def _add_local_commands(sub: Any) -> None:
@@ -94,6 +107,7 @@ def _add_local_commands(sub: Any) -> None:
     st = local_sub.add_parser("status", help="processes of the local stack")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_local_status)
+    _add_verbose(local_sub)
     demo = sub.add_parser("demo", help="local stack up, train the sample data, download the model")
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--file", help="CSV to train on (default: data/digits.csv, then "
@@ -157,6 +171,10 @@ def main(argv: list[str] | None = None, services: ServicesFactory = google_servi
     parser = build_parser()
     args = parser.parse_args(argv)
     args.services = services
+    if args.verbose:
+        from bucketlearn.logs import setup_logging  # noqa: PLC0415
+
+        setup_logging()
     try:
         return int(args.func(args) or 0)
     except (NoTargetError, UnreachableError) as exc:

@@ -27,6 +27,7 @@ from bucketlearn.entrypoints.cli.common import (
 )
 from bucketlearn.entrypoints.cli.job_commands import follow
 from bucketlearn.entrypoints.cli.printing import figure_text
+from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
 from bucketlearn.services.status import status_object
 
 
@@ -237,7 +238,8 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
         return code
     from bucketlearn.services.models import model_bytes, predict_file  # noqa: PLC0415
 
-    blob, version = model_bytes(svc, job_id, None)
+    with tensorflow_quietly(args.verbose):  # (a DONE job's is exported: no TensorFlow)
+        blob, version = model_bytes(svc, job_id, None)
     out = Path(args.output_dir) / f"{job_id}.keras"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(blob)
@@ -248,6 +250,7 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     print(f"model:            {out.resolve()}  (version {version})")
     new_rows = path.with_name(f"{path.stem}_new.csv")
     if new_rows.exists():
+        load_tensorflow(args.verbose)
         result = predict_file(str(out), str(new_rows), None)
         print(f"predictions for the raw rows of {new_rows} (empty cells, an unseen island): "
               + ", ".join(str(p) for p in result["predictions"]))

@@ -12,6 +12,7 @@ from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
+from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
 from bucketlearn.options import resolve_options
 
 
@@ -19,7 +20,8 @@ def cmd_download(args: argparse.Namespace) -> int:
     from bucketlearn.services.models import model_bytes  # noqa: PLC0415
 
     svc = common.services(args)
-    data, version = model_bytes(svc, args.job, args.version)
+    with tensorflow_quietly(args.verbose):  # (only a model built from weights loads it)
+        data, version = model_bytes(svc, args.job, args.version)
     out = Path(args.output or f"{args.job}.keras")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
@@ -28,6 +30,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_train_local(args: argparse.Namespace) -> int:
+    load_tensorflow(args.verbose)
     from bucketlearn.bootstrap import memory_services  # noqa: PLC0415
     from bucketlearn.services.models import serial_sidecar  # noqa: PLC0415
     from bucketlearn.services.serial import train_local  # noqa: PLC0415
@@ -67,6 +70,7 @@ def cmd_train_local(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    load_tensorflow(args.verbose)
     from bucketlearn.services.models import predict_file  # noqa: PLC0415
 
     result = predict_file(args.model, args.file, args.output)
