@@ -63,7 +63,7 @@ class OptionSpec:
 OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("label_column", str, None,
                "name of the label column; default 'label' if present, else the last column",
-               default_words="'label' or the last column"),
+               default_words="'label' or last column"),
     OptionSpec("epochs", int, 10, "passes over the training rows", 1, 1000),
     OptionSpec("batch_size", int, 32, "rows per gradient step", 1, 8192),
     OptionSpec("learning_rate", float, 0.001,
