@@ -56,6 +56,10 @@ def holdout_part_path(job_id: str, part: int) -> str:
     return f"jobs/{job_id}/holdout/part-{part:04d}.safetensors"
 
 
+def validation_part_path(job_id: str, part: int) -> str:
+    return f"jobs/{job_id}/validation/part-{part:04d}.safetensors"
+
+
 def pack_prefix(job_id: str) -> str:
     """The prefix of the objects a job's parts (its shards' and its holdout's) are packed into
     (``parts.PartWrites``)."""

@@ -31,8 +31,10 @@ from bucketlearn.errors import ConfigError
 
 DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
-LR_SCHEDULES = ("wsd", "cosine", "constant")
-AUTO = 0  # parallel_tasks: the plan decides (bucketlearn.domain.plan)
+LR_SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
+NONE = -1  # validation_fraction: no validation rows (the option's "none")
+AUTO = 0  # an option the job decides for its size (parallel_tasks: bucketlearn.domain.plan;
+# epochs, batch_size, learning_rate, validation_fraction, patience: bucketlearn.domain.recipe)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
-    auto: bool = False  # a whole number that also takes "auto" (stored as AUTO = 0)
+    auto: bool = False  # a number that also takes "auto" (stored as AUTO = 0)
+    none: bool = False  # a number that also takes "none" (stored as NONE = -1)
     items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
     # with items: each item is ``name=value``, the value one of these
     pairs: tuple[str, ...] | None = None
@@ -64,14 +67,27 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("label_column", str, None,
                "name of the label column; default 'label' if present, else the last column",
                default_words="'label' or last column"),
-    OptionSpec("epochs", int, 10, "passes over the training rows", 1, 1000),
-    OptionSpec("batch_size", int, 32, "rows per gradient step", 1, 8192),
-    OptionSpec("learning_rate", float, 0.001,
-               "Adam learning rate at the start (see lr_schedule)", 1e-7, 1.0),
-    OptionSpec("lr_schedule", str, "wsd",
-               "wsd: constant, then down to 0 over the last fifth of the job; cosine: down to 0 "
-               "along a half cosine; constant: no decay", choices=LR_SCHEDULES,
+    OptionSpec("epochs", int, AUTO,
+               "passes over the training rows at most (training stops earlier once validation "
+               "stops improving): auto (from the job's size) or a number", 1, 1000, auto=True),
+    OptionSpec("batch_size", int, AUTO,
+               "rows per gradient step: auto (256, more for large tables) or a number", 1,
+               8192, auto=True),
+    OptionSpec("learning_rate", float, AUTO,
+               "Adam's peak learning rate (see lr_schedule): auto (scaled with the batch) or a "
+               "number", 1e-7, 1.0, auto=True),
+    OptionSpec("lr_schedule", str, "flat_cosine",
+               "flat_cosine: constant for half the job, then down to 0 along a half cosine; "
+               "wsd: constant, then down to 0 over the last fifth; cosine: a half cosine from "
+               "the start; constant: no decay", choices=LR_SCHEDULES,
                label="Learning-rate schedule"),
+    OptionSpec("validation_fraction", float, AUTO,
+               "share of every class's training rows held out to pick the best version and "
+               "stop early: auto (0.1; none below 100 training rows), none (train on every "
+               "row, export the last version) or a number", 0.02, 0.5, auto=True, none=True),
+    OptionSpec("patience", int, AUTO,
+               "epochs without a better validation score before training stops: auto (a "
+               "quarter of the epochs, at least 5) or a number", 1, 1000, auto=True),
     OptionSpec("rows_per_shard", int, 256, "training rows per shard", 8, 1_000_000),
     OptionSpec("holdout_fraction", float, 0.2,
                "share of every class kept out of training for evaluation", 0.01, 0.5),
@@ -135,6 +151,8 @@ class JobOptions:
     column_kinds: str = _SPEC_BY_NAME["column_kinds"].default
     class_weight: str = _SPEC_BY_NAME["class_weight"].default
     task: str = _SPEC_BY_NAME["task"].default
+    validation_fraction: float = _SPEC_BY_NAME["validation_fraction"].default
+    patience: int = _SPEC_BY_NAME["patience"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,6 +160,13 @@ class JobOptions:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> JobOptions:
         return cls(**{k: v for k, v in values.items() if k in OPTION_NAMES})
+
+    @property
+    def validation_share(self) -> float | None:
+        """``validation_fraction`` as the split takes it: None for auto, 0 for none."""
+        if self.validation_fraction == AUTO:
+            return None
+        return 0.0 if self.validation_fraction == NONE else float(self.validation_fraction)
 
     @property
     def missing_markers(self) -> list[str]:
@@ -179,10 +204,12 @@ def default_text(name: str) -> str:
 
 
 def option_text(name: str, value: Any) -> str:
-    """An option's value as a user writes it (``auto`` for an automatic whole number)."""
+    """An option's value as a user writes it (``auto`` for an automatic number, ``none``)."""
     spec = _SPEC_BY_NAME.get(name)
     if spec is not None and spec.auto and value == AUTO:
         return "auto"
+    if spec is not None and spec.none and value == NONE:
+        return "none"
     return str(value)
 
 
@@ -210,8 +237,10 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         elif not value or len(value) > 256:
             raise ConfigError(name, "a non-empty name of at most 256 characters", raw, source)
         return value
-    if spec.auto and (raw == AUTO or str(raw).strip().lower() == "auto"):
+    if spec.auto and isinstance(raw, str) and raw.strip().lower() == "auto":
         return AUTO
+    if spec.none and isinstance(raw, str) and raw.strip().lower() == "none":
+        return NONE
     if spec.kind is int:
         if isinstance(raw, bool):
             raise ConfigError(name, "a whole number", raw, source)
@@ -255,7 +284,8 @@ def _short_text(value: str) -> str:
 
 def _range_text(noun: str, spec: OptionSpec) -> str:
     text = f"{noun} from {spec.minimum:g} to {spec.maximum:g}"
-    return f"'auto' or {text}" if spec.auto else text
+    words = [w for w, flag in (("'auto'", spec.auto), ("'none'", spec.none)) if flag]
+    return f"{', '.join(words)} or {text}" if words else text
 
 
 def resolve_options(

@@ -32,16 +32,19 @@ class Experiment:
         from bucketlearn.ml.training import optimizer_state
         from bucketlearn.options import JobOptions
         from bucketlearn.services.serial import local_source
+        from bucketlearn.services.upload import budgeted, outline_of
 
         self.options = JobOptions(seed=seed, epochs=epochs, **options)
         svc = memory_services()
         manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket,
                                 "bench", self.options, Limits())
+        self.options, _ = budgeted(self.options, outline_of(manifest), path.name)
         self.spec = spec_for(manifest, self.options, path.name)
         self.shards = [load_parts(svc.store, svc.settings.work_bucket, list(s.parts))
                        for s in manifest.shards]
         self.holdout = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-        self.model = build_model(self.spec, manifest.mean, manifest.variance, manifest.schema)
+        self.model = build_model(self.spec, manifest.mean, manifest.variance, manifest.schema,
+                                 manifest.preprocessing)
         self.initial = ([np.asarray(w) for w in self.model.get_weights()],
                         optimizer_state(self.model))
         self.name, self.seed, self.epochs = name, seed, epochs

@@ -93,14 +93,18 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.ingest.parts import load_parts
     from bucketlearn.ingest.split import split_upload
     from bucketlearn.ml.model import build_model, spec_for
+    from bucketlearn.ml.recipe import one_hot_classes
     from bucketlearn.ml.training import evaluate_detail
     from bucketlearn.services.serial import local_source
+    from bucketlearn.services.upload import budgeted, outline_of
 
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "fit",
                             options, Limits())
+    options, _ = budgeted(options, outline_of(manifest), path.name)
     spec = spec_for(manifest, options, path.name)
-    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
+    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
+                        manifest.preprocessing)
     x, y = load_parts(svc.store, svc.settings.work_bucket,
                       [p for s in manifest.shards for p in s.parts])
     steps = math.ceil(len(y) / options.batch_size) * options.epochs
@@ -114,7 +118,9 @@ def fit_reference(path: Path, options: Any) -> float:
             self.step += 1
 
     order = np.random.default_rng([options.seed, 3]).permutation(len(y))
-    model.fit(x[order], y[order], batch_size=options.batch_size, epochs=options.epochs,
+    classes = one_hot_classes(model)  # a recipe-2 classifier learns from one-hot targets
+    targets = y if classes is None else np.eye(classes, dtype=np.float32)[y.astype(np.int64)]
+    model.fit(x[order], targets[order], batch_size=options.batch_size, epochs=options.epochs,
               shuffle=True, verbose=0, callbacks=[Schedule()])
     hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     found = evaluate_detail(model, None, *hold, spec.task)

@@ -38,8 +38,8 @@ def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
 
     serial = train_local(str(path), JobOptions(seed=seed), svc=memory_services())
     shards = [s.rows for s in serial.manifest.shards]
-    defaults = JobOptions()  # the classification plan's R for the same shards
-    parallel = plan_training(shards, defaults.epochs, defaults.batch_size).parallel_tasks
+    resolved = serial.options  # the classification plan's R for the same shards and budget
+    parallel = plan_training(shards, resolved.epochs, resolved.batch_size).parallel_tasks
     options = JobOptions(seed=seed, parallel_tasks=parallel)
     row: dict[str, Any] = {"serial_rmse": serial.report["rmse"], "parallel_tasks": parallel}
     original = fold.server_learning_rate

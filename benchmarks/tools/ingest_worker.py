@@ -270,7 +270,7 @@ def probe_stages(path: str) -> dict[str, Any]:
     # split's per-block steps are private to bucketlearn.ingest.split and have no public
     # equivalent: this diagnosis wraps them by name (a rename there fails it loudly)
     wrap(ingest, "_checked_features", "features_float32_block")
-    wrap(ingest._RunningStats, "add", "running_stats_float64_copies")
+    wrap(ingest.RunningStats, "add", "running_stats_float64_copies")
     wrap(ShardWriter, "flush", "shard_part_concat_and_npz")
     wrap(HoldoutWriter, "flush", "holdout_part_concat_and_npz")
     tracemalloc.start()

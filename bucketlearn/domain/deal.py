@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from bucketlearn.domain.recipe import validation_share
 
 
 def holdout_phase(n: int, fraction: float, phase: float) -> float:
@@ -166,8 +168,13 @@ class SplitPlan:
         label_kind: how labels were read ("int", "float", "text").
         hold_phase: each class's holdout phase (which of its rows are held out).
         holdout_per_class: rows of each class kept for the holdout.
-        train_per_class: rows of each class to train on.
+        train_per_class: rows of each class to train on (dealt to the shards).
         deal: which shard each training row goes to.
+        validation_fraction: the share of each class's non-holdout rows held out for
+            validation (0: none), and ``validation_reason``, why.
+        val_share: each class's share (0 for a class with fewer than two such rows, which keep
+            them all for training) and ``val_phase``, its phase (the holdout's rule).
+        validation_per_class: rows of each class held out for validation.
     """
 
     classes: list[str]
@@ -177,6 +184,15 @@ class SplitPlan:
     holdout_per_class: list[int]
     train_per_class: list[int]
     deal: DealPlan
+    validation_fraction: float = 0.0
+    validation_reason: str = ""
+    val_share: np.ndarray | None = None
+    val_phase: np.ndarray | None = None
+    validation_per_class: list[int] = field(default_factory=list)
+
+    @property
+    def validation_rows(self) -> int:
+        return int(sum(self.validation_per_class))
 
     @property
     def train_rows(self) -> int:
@@ -204,14 +220,18 @@ def _elided(text: str, limit: int) -> str:
 
 def plan_split(classes: list[str], class_counts: list[int], label_kind: str,
                holdout_fraction: float, rows_per_shard: int, seed: int,
-               max_tasks_per_epoch: int) -> SplitPlan | Unsplittable:
-    """Decide holdout and shards from the class counts (pure: no I/O).
+               max_tasks_per_epoch: int, validation_fraction: float | None = 0.0
+               ) -> SplitPlan | Unsplittable:
+    """Decide holdout, validation and shards from the class counts (pure: no I/O).
 
     Args:
         classes, class_counts, label_kind: the classes (names in class-id order), their rows
             in the file and how labels were read.
         holdout_fraction, rows_per_shard, seed: the job's options.
         max_tasks_per_epoch: the deployment's limit on shards.
+        validation_fraction: the share of each class's other rows held out for validation
+            (0: none; None: ``domain.recipe.validation_share`` decides from their count), by
+            the holdout's systematic rule with phases of its own.
 
     Returns:
         The plan, or why there is none: a class with one row, too few rows, or too many shards.
@@ -229,6 +249,9 @@ def plan_split(classes: list[str], class_counts: list[int], label_kind: str,
     holdout_per_class = [holdout_count(n, holdout_fraction, hold_phase[c])
                          for c, n in enumerate(class_counts)]
     train_per_class = [n - h for n, h in zip(class_counts, holdout_per_class, strict=False)]
+    share, reason = validation_share(sum(train_per_class), validation_fraction)
+    val_share, val_phase, validation_per_class = _validation(train_per_class, share, seed)
+    train_per_class = [n - v for n, v in zip(train_per_class, validation_per_class, strict=True)]
     train_rows = sum(train_per_class)
     if train_rows < 1 or sum(holdout_per_class) < 1:
         return Unsplittable("too few rows to train and evaluate",
@@ -243,7 +266,21 @@ def plan_split(classes: list[str], class_counts: list[int], label_kind: str,
                                      "(raise rows_per_shard)",
                             found=f"{shards} shards of {rows_per_shard} rows", of_label=False)
     return SplitPlan(classes, list(class_counts), label_kind, hold_phase, holdout_per_class,
-                     train_per_class, DealPlan.make(train_per_class, shards, seed))
+                     train_per_class, DealPlan.make(train_per_class, shards, seed), share,
+                     reason, val_share, val_phase, validation_per_class)
+
+
+def _validation(rows_per_class: list[int], share: float, seed: int
+                ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Each class's validation share, phase and rows: ``share`` of its rows by the holdout's
+    rule, none for a class with fewer than two (it keeps its row for training)."""
+    shares = np.array([share if n >= 2 else 0.0 for n in rows_per_class])
+    phases = np.array([holdout_phase(n, s, p) for n, s, p in zip(
+        rows_per_class, shares, np.random.default_rng([seed, 7919, 5]).random(
+            len(rows_per_class)), strict=True)])
+    counts = [holdout_count(n, s, p) if s > 0 else 0
+              for n, s, p in zip(rows_per_class, shares, phases, strict=True)]
+    return shares, phases, counts
 
 
 def holdout_sample(part_rows: Sequence[int], max_rows: int, seed: int) -> list[np.ndarray]:

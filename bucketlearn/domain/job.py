@@ -125,7 +125,6 @@ def commit_refusal(job: Job | None, version_exists: bool, commit: Commit) -> str
 def _optional(value: Any, kind: type) -> Any:
     return kind(value) if value is not None else None
 
-
 def _plan(value: Any) -> TrainingPlan | None:
     """The plan as its document stores it (``TrainingPlan.to_dict``); None before the split."""
     return TrainingPlan.from_dict(dict(value)) if value else None
@@ -138,7 +137,6 @@ def _int(value: Any) -> int:
 
 def _dict(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
-
 
 @dataclass(frozen=True)
 class Job:
@@ -178,6 +176,9 @@ class Job:
     # decided at the split (the plan read once, from its document: ``TrainingPlan.to_dict``)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     plan: TrainingPlan | None = None
+    # what auto options became, and the best version by validation so far (``domain.recipe``)
+    budget: Mapping[str, Any] | None = None
+    selection: Mapping[str, Any] | None = None
     # how long the plan should train, and on how many learners (``domain.forecast``), and
     # when training started
     forecast: Mapping[str, Any] | None = None
@@ -280,7 +281,8 @@ class Job:
             tasks_planned=_optional(get("tasks_planned"), int),
             tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
-            plan=_plan(get("plan")), forecast=get("forecast"), dataset=get("dataset"),
+            plan=_plan(get("plan")), budget=get("budget"), selection=get("selection"),
+            forecast=get("forecast"), dataset=get("dataset"),
             model=get("model"),
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
@@ -297,8 +299,7 @@ class Job:
             extra={k: v for k, v in doc.items() if k not in JOB_FIELDS})
 
 
-# kept in a stored job document even while None: a new job's document has always said so
-_ALWAYS_STORED = ("version", "published", "error")
+_ALWAYS_STORED = ("version", "published", "error")  # stored even while None, as they were
 JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job)) - {"extra"}
 
 

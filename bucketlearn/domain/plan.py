@@ -47,7 +47,7 @@ SERIAL_TASK_SHARDS = 4
 # 57 s in 171 (docs/BENCHMARKS.md, section 3)
 CHAIN_TASK_SHARDS = 64
 CHAIN_TASKS_PER_EPOCH = 8
-SCHEDULES = ("wsd", "cosine", "constant")
+SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
 RATES_SCALED = "scaled"
 RATES_FAMILY = "family"
 WSD_DECAY = 0.2  # "wsd": constant, then a linear decay to 0 over the last fifth of the job
@@ -384,11 +384,15 @@ def learning_rate(base: float, schedule: str, progress: float) -> float:
     on the last few batches it saw (a constant rate's last versions swung 3 points on a CNN),
     and the job keeps nearly a constant rate's progress (a cosine's average rate is half of it,
     which cost an under-trained CNN up to 6 points). ``cosine`` decays along a half cosine;
-    ``constant`` keeps ``base``.
+    ``constant`` keeps ``base``. ``flat_cosine`` (RealMLP's "flat_cos") keeps ``base`` for the
+    first half and decays along a half cosine over the second.
     """
     progress = min(1.0, max(0.0, progress))
     if schedule == "constant":
         return float(base)
+    if schedule == "flat_cosine":
+        late = max(0.0, progress - 0.5) / 0.5
+        return float(base) * 0.5 * (1.0 + math.cos(math.pi * late))
     if schedule == "wsd":
         return float(base) * min(1.0, (1.0 - progress) / WSD_DECAY)
     if schedule == "cosine":

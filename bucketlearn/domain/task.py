@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketlearn.domain.job import MAX_ERROR_CHARS, Job
+from bucketlearn.domain.job import EXPORTING, MAX_ERROR_CHARS, Job
 
 RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
 ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)
@@ -120,7 +120,8 @@ class TaskRecord:
 def skip_reason(job: Job | None, base_version: int, names_a_base: bool) -> str | None:
     """Why a delivered task needs no training (None: train it).
 
-    The job is gone or has ended; the message predates rounds (no base version, or no weights
+    The job is gone or has ended, or its training has (it is being exported: it stopped early,
+    or its last round is folded); the message predates rounds (no base version, or no weights
     or state digest to start from: ``names_a_base`` false); or the job has moved past the
     task's round (its version is newer than the task's base: the round was folded, so this
     task was applied or failed for good).
@@ -129,6 +130,8 @@ def skip_reason(job: Job | None, base_version: int, names_a_base: bool) -> str |
         return "the job is gone"
     if job.is_terminal:
         return f"the job is {job.status}"
+    if job.phase == EXPORTING:
+        return "the job's training has ended (it is being exported)"
     if base_version < 0 or not names_a_base:
         return "the message names no version to train from"
     if (job.version or 0) > base_version:

@@ -19,7 +19,9 @@ from bucketlearn.domain.metrics import HOLDOUT_FIGURES, REGRESSION_FIGURES
 # what evaluation fills in: a new version's document holds the first ones as None ("not yet");
 # a regression's figures are written only by its evaluation
 _UNEVALUATED = ("holdout_accuracy", "holdout_loss", *HOLDOUT_FIGURES)
-VERSION_FIGURES = (*_UNEVALUATED, *REGRESSION_FIGURES)
+# a checkpoint's validation score (the last version of an epoch: ``domain.recipe``)
+VALIDATION_FIGURES = ("validation_accuracy", "validation_loss", "validation_rmse")
+VERSION_FIGURES = (*_UNEVALUATED, *REGRESSION_FIGURES, *VALIDATION_FIGURES)
 
 
 def _task_ids(value: Any) -> tuple[str, ...]:
@@ -147,8 +149,8 @@ class Version:
                    task_stats=_dict(doc.get("task_stats")))
 
     def with_figures(self, evaluation: Evaluation) -> Version:
-        """This version with an evaluation's figures (of this version)."""
-        return dataclasses.replace(self, figures=dict(evaluation.figures),
+        """This version with an evaluation's figures (of this version), beside its own."""
+        return dataclasses.replace(self, figures={**self.figures, **evaluation.figures},
                                    evaluated_at=evaluation.evaluated_at,
                                    aggregator={**self.aggregator,
                                                "eval_seconds": evaluation.seconds})

@@ -61,6 +61,17 @@ class Manifest:
     bin_counts: list[int] = field(default_factory=list)
     train_bin_counts: list[int] = field(default_factory=list)
     missing_targets: int = 0  # rows left out: their label was empty or a missing value
+    # validation rows: a share of each class's training rows, held out of the shards to pick
+    # the version exported and stop early (none in manifests written before, or for a table
+    # too small: ``domain.recipe.validation_share``), and why
+    validation_rows: int = 0
+    validation_parts: list[str] = field(default_factory=list)
+    validation_part_rows: list[int] = field(default_factory=list)
+    validation_fraction: float = 0.0
+    validation_reason: str = ""
+    # the numeric cells' scaling fitted on a sample of the training rows
+    # (``domain.scaling.Preprocessing.to_dict``; empty in manifests written before)
+    preprocessing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def schema(self) -> list[Column]:
@@ -104,6 +115,8 @@ class Manifest:
             "rows": self.rows,
             "train_rows": self.train_rows,
             "holdout_rows": self.holdout_rows,
+            "validation_rows": self.validation_rows,
+            "validation": self.validation_reason,
             "features": len(self.feature_names),
             "label_column": self.label_column,
             "classes": self.classes,

@@ -287,10 +287,12 @@ class ShardWriter:
 
 
 class HoldoutWriter:
-    """Holdout rows in parts of about ``part_bytes`` (through ``writes``, as ``ShardWriter``)."""
+    """Holdout (or validation: ``path_of``) rows in parts of about ``part_bytes`` (through
+    ``writes``, as ``ShardWriter``)."""
 
-    def __init__(self, writes: PartWrites, job_id: str, part_bytes: int) -> None:
-        self.writes, self.job_id = writes, job_id
+    def __init__(self, writes: PartWrites, job_id: str, part_bytes: int,
+                 path_of: Callable[[str, int], str] = layout.holdout_part_path) -> None:
+        self.writes, self.job_id, self.path_of = writes, job_id, path_of
         self.part_bytes = part_bytes
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.bytes = 0
@@ -309,7 +311,7 @@ class HoldoutWriter:
     def flush(self) -> None:
         if not self.chunks:
             return
-        path = layout.holdout_part_path(self.job_id, len(self.parts))
+        path = self.path_of(self.job_id, len(self.parts))
         rows = self.writes.write(path, self.chunks)
         self.rows += rows
         self.parts.append(path)

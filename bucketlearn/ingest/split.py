@@ -54,7 +54,8 @@ import pyarrow as pa
 
 from bucketlearn import layout
 from bucketlearn.config import Limits
-from bucketlearn.domain.columns import Column, Dropped, decide_columns, matrix_width
+from bucketlearn.domain import scaling
+from bucketlearn.domain.columns import CATEGORY, Column, Dropped, decide_columns, matrix_width
 from bucketlearn.domain.deal import SplitPlan, Unsplittable, holdout_mask, plan_split
 from bucketlearn.domain.plan import check_shard_bytes
 from bucketlearn.domain.target import bin_edges, bin_of
@@ -65,6 +66,7 @@ from bucketlearn.ingest.parts import HoldoutWriter, PartWrites, ShardWriter
 from bucketlearn.ingest.problems import abbrev, changed_while_read, rejected
 from bucketlearn.ingest.scan import Scan, count_pass
 from bucketlearn.ingest.sniff import choose_label_column, read_header
+from bucketlearn.ingest.statistics import RowSample, RunningStats
 from bucketlearn.ingest.stream import (
     READ_BLOCK_BYTES,
     Progress,
@@ -92,47 +94,6 @@ class Outline:
     schema: list[Column]
     regression: bool
 HOLDOUT_PART_BYTES = 16 * 1024**2
-
-
-class _RunningStats:
-    """Chan et al. parallel mean/variance over row blocks, in float64, per column over the cells
-    that are not NaN (a missing cell is imputed later, so it does not count)."""
-
-    def __init__(self, width: int) -> None:
-        self.n = np.zeros(width)
-        self.mean = np.zeros(width)
-        self.m2 = np.zeros(width)
-
-    def add(self, x: np.ndarray) -> None:
-        if len(x) == 0:
-            return
-        block = x.astype(np.float64)  # the one float64 copy: deviations are squared in place
-        missing = np.isnan(block)
-        if missing.any():
-            n_b = (~missing).sum(axis=0).astype(np.float64)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mean_b = np.where(n_b > 0, np.nansum(block, axis=0) / np.maximum(n_b, 1), 0.0)
-            block -= mean_b
-            block[missing] = 0.0
-        else:
-            n_b = np.full(block.shape[1], float(len(block)))
-            mean_b = block.mean(axis=0)
-            block -= mean_b
-        np.square(block, out=block)
-        m2_b = block.sum(axis=0)
-        total = self.n + n_b
-        delta = mean_b - self.mean
-        share = np.divide(n_b, total, out=np.zeros_like(total), where=total > 0)
-        cross = np.divide(self.n * n_b, total, out=np.zeros_like(total), where=total > 0)
-        self.mean = self.mean + delta * share
-        self.m2 = self.m2 + m2_b + delta**2 * cross
-        self.n = total
-
-    def variance(self) -> np.ndarray:
-        var = self.m2 / np.maximum(self.n, 1)
-        # A feature constant in training data would divide by ~0 at prediction time: leave it
-        # unscaled instead (variance 1) so unseen values cannot explode.
-        return np.where(var < 1e-12, 1.0, var)
 
 
 def _class_key(value: str, label_kind: str) -> str | None:
@@ -175,7 +136,7 @@ def _split_plan(scan: Scan, schema: list[Column], file: str, label: str, options
     """
     planned = plan_split(scan.classes, scan.class_counts, scan.label_kind,
                          options.holdout_fraction, options.rows_per_shard, options.seed,
-                         limits.max_tasks_per_epoch)
+                         limits.max_tasks_per_epoch, options.validation_share)
     if isinstance(planned, Unsplittable):
         raise rejected(file, planned.message, column=label if planned.of_label else None,
                        expected=planned.expected, found=planned.found)
@@ -201,22 +162,26 @@ def _shards_that_fit(plan: SplitPlan, schema: list[Column], file: str, options: 
 
 
 class _Dealer:
-    """Pass 2's bookkeeping: which rows of a batch are held out and which shard the others go to.
+    """Pass 2's bookkeeping: which rows of a batch are held out, held out for validation, and
+    which shard the others go to.
 
-    Rows of class ``c`` are numbered in file order; the holdout mask and the deal plan decide
-    from that number alone, so the result does not depend on how the file is cut into batches.
+    Rows of class ``c`` are numbered in file order; the holdout mask, the validation mask (over
+    the class's rows not held out) and the deal plan decide from those numbers alone, so the
+    result does not depend on how the file is cut into batches.
     """
 
     def __init__(self, plan: SplitPlan, fraction: float, file: str, label: str) -> None:
         self.plan, self.fraction, self.file, self.label = plan, fraction, file, label
         self.seen = np.zeros(len(plan.classes), dtype=np.int64)
+        self.seen_kept = np.zeros(len(plan.classes), dtype=np.int64)  # not held out
         self.seen_train = np.zeros(len(plan.classes), dtype=np.int64)
 
-    def deal(self, y: np.ndarray, row_offset: int) -> tuple[np.ndarray, np.ndarray]:
-        """(is_holdout, shard_of_row) for a batch's class ids; -1 for held-out rows. A row of
-        class -1 (a regression row without a target) is neither held out nor dealt."""
-        counts = self.plan.class_counts
+    def deal(self, y: np.ndarray, row_offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(is_holdout, is_validation, shard_of_row) for a batch's class ids; -1 for rows held
+        out either way. A row of class -1 (a regression row without a target) is none of them."""
+        counts, plan = self.plan.class_counts, self.plan
         is_holdout = np.zeros(len(y), dtype=bool)
+        is_validation = np.zeros(len(y), dtype=bool)
         shard_of_row = np.full(len(y), -1, dtype=np.int64)
         for c in np.unique(y):
             if c < 0:
@@ -231,11 +196,17 @@ class _Dealer:
             hold = holdout_mask(j, self.fraction, self.plan.hold_phase[c])
             self.seen[c] += len(rows_c)
             is_holdout[rows_c[hold]] = True
-            train_rows_c = rows_c[~hold]
-            j_train = self.seen_train[c] + np.arange(len(train_rows_c))
-            self.seen_train[c] += len(train_rows_c)
-            shard_of_row[train_rows_c] = self.plan.deal.shard_of(int(c), j_train)
-        return is_holdout, shard_of_row
+            kept = rows_c[~hold]
+            if plan.val_share is not None and plan.val_share[c] > 0:
+                j_kept = self.seen_kept[c] + np.arange(len(kept))
+                validate = holdout_mask(j_kept, plan.val_share[c], plan.val_phase[c])
+                is_validation[kept[validate]] = True
+                self.seen_kept[c] += len(kept)
+                kept = kept[~validate]
+            j_train = self.seen_train[c] + np.arange(len(kept))
+            self.seen_train[c] += len(kept)
+            shard_of_row[kept] = self.plan.deal.shard_of(int(c), j_train)
+        return is_holdout, is_validation, shard_of_row
 
     def check_complete(self) -> None:
         """Pass 2 met exactly the rows pass 1 counted."""
@@ -289,11 +260,64 @@ def _batch_labels(batch: pa.RecordBatch, label: str, scan: Scan, class_index: di
     return strata, targets
 
 
+@dataclass
+class _Sinks:
+    """Where pass 2 puts each row: its shard, the holdout or the validation rows; what it adds
+    up on the way (the training rows' statistics and sample)."""
+
+    shards: ShardWriter
+    holdout: HoldoutWriter
+    validation: HoldoutWriter
+    stats: RunningStats
+    target_stats: RunningStats
+    sample: RowSample
+
+    @classmethod
+    def make(cls, writes: PartWrites, job_id: str, plan: SplitPlan, width: int,
+             buffer_bytes: int, seed: int) -> _Sinks:
+        """Writers through ``writes`` (a few parts at once behind the deal, a quarter of
+        ``buffer_bytes`` in flight)."""
+        held_bytes = max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4))
+        return cls(ShardWriter(writes, job_id, plan.deal.sizes(), buffer_bytes),
+                   HoldoutWriter(writes, job_id, held_bytes),
+                   HoldoutWriter(writes, job_id, held_bytes, layout.validation_part_path),
+                   RunningStats(width), RunningStats(1),
+                   RowSample(scaling.sample_rows(width), width, seed))
+
+    def take(self, x: np.ndarray, y: np.ndarray, strata: np.ndarray, dealt: tuple[np.ndarray,
+             np.ndarray, np.ndarray], regression: bool) -> None:
+        """One batch's rows, dealt (``_Dealer.deal``)."""
+        is_holdout, is_validation, shard_of_row = dealt
+        self.holdout.add(x[is_holdout], y[is_holdout])
+        self.validation.add(x[is_validation], y[is_validation])
+        train = np.flatnonzero(~is_holdout & ~is_validation & (strata >= 0))
+        self.stats.add(x[train])
+        self.sample.add(x[train])
+        if regression:
+            self.target_stats.add(y[train].reshape(-1, 1))
+        _write_train_rows(self.shards, x, y, shard_of_row, train)
+
+    def close(self) -> list[Shard]:
+        """The shards written (the holdout's and validation's last parts handed over)."""
+        shards = self.shards.close()
+        self.holdout.flush()
+        self.validation.flush()
+        return shards
+
+    def address(self, writes: PartWrites, shards: list[Shard]) -> None:
+        """List each part by where its pack holds it (``writes`` left: every pack written
+        before the manifest lists them)."""
+        for shard in shards:
+            shard.parts = [writes.address(p) for p in shard.parts]
+        for held in (self.holdout, self.validation):
+            held.parts = [writes.address(p) for p in held.parts]
+
+
 def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limits, scan: Scan,
                progress: Progress | None, plan: SplitPlan, dealer: _Dealer, encoder: Encoder,
-               writer: ShardWriter, holdout: HoldoutWriter, stats: _RunningStats,
-               target_stats: _RunningStats) -> list[Shard]:
-    """Pass 2: check every row, write it to the holdout or to its shard; the shards written."""
+               sinks: _Sinks) -> list[Shard]:
+    """Pass 2: check every row, write it to the holdout, the validation rows or its shard;
+    the shards written."""
     file = source.display_name
     class_index = {name: i for i, name in enumerate(plan.classes)}
     include = [label, *(c.name for c in encoder.columns)]
@@ -308,37 +332,12 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
             x = _checked_features(source, columns, label, limits, batch, encoder, scan.reading,
                                   row_offset)
             strata, y = _batch_labels(batch, label, scan, class_index, file, row_offset)
-            is_holdout, shard_of_row = dealer.deal(strata, row_offset)
-            holdout.add(x[is_holdout], y[is_holdout])
-            train = np.flatnonzero(~is_holdout & (strata >= 0))
-            stats.add(x[train])
-            if scan.targets is not None:
-                target_stats.add(y[train].reshape(-1, 1))
-            _write_train_rows(writer, x, y, shard_of_row, train)
+            sinks.take(x, y, strata, dealer.deal(strata, row_offset), scan.targets is not None)
             row_offset += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise diagnosed(source, columns, label, limits, str(exc), scan.reading) from None
     dealer.check_complete()
-    shard_list = writer.close()
-    holdout.flush()
-    return shard_list
-
-
-def _writers(job_id: str, plan: SplitPlan, buffer_bytes: int,
-             writes: PartWrites) -> tuple[ShardWriter, HoldoutWriter]:
-    """The shards' and the holdout's writers, writing through ``writes`` (a few parts at once
-    behind the deal, a quarter of ``buffer_bytes`` in flight)."""
-    holdout_bytes = max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4))
-    return (ShardWriter(writes, job_id, plan.deal.sizes(), buffer_bytes),
-            HoldoutWriter(writes, job_id, holdout_bytes))
-
-
-def _address_parts(writes: PartWrites, shards: list[Shard], holdout: HoldoutWriter) -> None:
-    """List each part, in the shards and the holdout, by where its pack holds it (leaving the
-    writes' block waited for every pack: all are written before the manifest lists them)."""
-    for shard in shards:
-        shard.parts = [writes.address(p) for p in shard.parts]
-    holdout.parts = [writes.address(p) for p in holdout.parts]
+    return sinks.close()
 
 
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
@@ -377,34 +376,50 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     schema, dropped = _decide_schema(scan, options, file)
     plan = _split_plan(scan, schema, file, label, options, limits, check)
     encoder = Encoder(schema, options.missing_markers)
-    stats, target_stats = _RunningStats(encoder.width), _RunningStats(1)
     with PartWrites.for_job(store, work_bucket, job_id, buffer_bytes, limits.pack_bytes) as writes:
-        writer, holdout = _writers(job_id, plan, buffer_bytes, writes)
+        sinks = _Sinks.make(writes, job_id, plan, encoder.width, buffer_bytes, options.seed)
         shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
                                 _Dealer(plan, options.holdout_fraction, file, label), encoder,
-                                writer, holdout, stats, target_stats)
-    _address_parts(writes, shard_list, holdout)
-    manifest = Manifest(
+                                sinks)
+    sinks.address(writes, shard_list)
+    manifest = _manifest(job_id, file, schema, dropped, label, scan, plan, sinks, shard_list,
+                         options)
+    if scan.targets is not None:
+        _as_regression(manifest, scan, plan, sinks.target_stats)
+    store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
+                      "application/json")
+    log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",
+             file, manifest.rows, len(scan.classes), len(shard_list), manifest.holdout_rows,
+             len(dropped))
+    return manifest
+
+
+def _manifest(job_id: str, file: str, schema: list[Column], dropped: list[Dropped],
+              label: str, scan: Scan, plan: SplitPlan, sinks: _Sinks, shards: list[Shard],
+              options: JobOptions) -> Manifest:
+    """The split's manifest: its columns, classes, parts, the training rows' statistics and the
+    numeric cells' scaling fitted on their sample (``domain.scaling``)."""
+    stats, holdout, validation = sinks.stats, sinks.holdout, sinks.validation
+    numeric = [i for i, kind in enumerate(c.kind for c in schema for _ in range(c.width))
+               if kind != CATEGORY]
+    fitted = scaling.fit(sinks.sample.sample(), numeric)
+    return Manifest(
         job_id=job_id, source=file, feature_names=[c.name for c in schema], label_column=label,
         classes=scan.classes, label_kind=scan.label_kind, class_counts=scan.class_counts,
         rows=int(sum(scan.class_counts)), train_rows=plan.train_rows,
-        holdout_rows=holdout.rows, shards=shard_list, holdout_parts=holdout.parts,
+        holdout_rows=holdout.rows, shards=shards, holdout_parts=holdout.parts,
         mean=[float(v) for v in stats.mean], variance=[float(v) for v in stats.variance()],
         holdout_part_rows=holdout.part_rows, columns=[c.to_dict() for c in schema],
         dropped=[{"name": d.name, "reason": d.reason} for d in dropped],
         missing_values=options.missing_markers, train_class_counts=list(plan.train_per_class),
-        task=scan.task, task_reason=scan.task_reason)
-    if scan.targets is not None:
-        _as_regression(manifest, scan, plan, target_stats)
-    store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
-                      "application/json")
-    log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",
-             file, manifest.rows, len(scan.classes), len(shard_list), holdout.rows, len(dropped))
-    return manifest
+        task=scan.task, task_reason=scan.task_reason, validation_rows=validation.rows,
+        validation_parts=validation.parts, validation_part_rows=validation.part_rows,
+        validation_fraction=plan.validation_fraction, validation_reason=plan.validation_reason,
+        preprocessing=fitted.to_dict())
 
 
 def _as_regression(manifest: Manifest, scan: Scan, plan: SplitPlan,
-                   target_stats: _RunningStats) -> None:
+                   target_stats: RunningStats) -> None:
     """A regression manifest: no classes; the bins, the target's statistics, the rows left out."""
     assert scan.targets is not None and scan.bin_starts is not None
     manifest.classes, manifest.class_counts, manifest.train_class_counts = [], [], []

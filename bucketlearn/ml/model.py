@@ -23,8 +23,11 @@ import numpy as np
 
 from bucketlearn.domain.columns import Column, is_matrix
 from bucketlearn.domain.forecast import ModelCost
+from bucketlearn.domain.recipe import RECIPE
+from bucketlearn.domain.scaling import Preprocessing
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
+from bucketlearn.ml import recipe
 from bucketlearn.ml.tabular import build_core, input_names, output_head, raw_row_model
 
 SIDECAR_NAME = "bucketlearn.json"
@@ -50,6 +53,8 @@ class ModelSpec:
     task: str = CLASSIFICATION
     target_mean: float = 0.0
     target_std: float = 1.0
+    # the model and training recipe (``domain.recipe.RECIPE``); 1: a job begun before recipe 2
+    recipe: int = 1
 
     @property
     def regression(self) -> bool:
@@ -61,6 +66,8 @@ class ModelSpec:
         if not self.regression:  # a classification job's document as before the option
             for name in ("task", "target_mean", "target_std"):
                 data.pop(name)
+        if self.recipe == 1:  # a job begun before recipe 2, as its document said
+            data.pop("recipe")
         return data
 
     @classmethod
@@ -72,7 +79,8 @@ class ModelSpec:
                    seed=int(data["seed"]), learning_rate=float(data["learning_rate"]),
                    task=str(data.get("task") or CLASSIFICATION),
                    target_mean=float(data.get("target_mean", 0.0)),
-                   target_std=float(data.get("target_std", 1.0)))
+                   target_std=float(data.get("target_std", 1.0)),
+                   recipe=int(data.get("recipe") or 1))
 
 
 def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
@@ -86,26 +94,21 @@ def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
     return None
 
 
-def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
-                learning_rate: float, file: str = "", matrix: bool = True,
-                target: tuple[float, float] | None = None) -> ModelSpec:
-    """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side ≥ 16, else an MLP.
+def model_kind(requested: str, n_features: int, matrix: bool = True, file: str = "") -> str:
+    """Resolve ``auto|mlp|cnn``: auto picks a CNN for square images of side >= 16, else an MLP.
 
     ``matrix``: every feature is numeric and complete (else only an MLP fits the columns).
-    ``target``: a regression's training target (mean, standard deviation); None: classes.
+
+    Raises:
+        InvalidInputError: a CNN was asked for where none fits.
     """
-    if target is not None:
-        spec = choose_spec(requested, n_features, 1, seed, learning_rate, file, matrix)
-        return replace(spec, task=REGRESSION, target_mean=float(target[0]),
-                       target_std=float(target[1]))
     if not matrix:
         if requested == "cnn":
             raise InvalidInputError(InputProblem(
                 file=file, message="model 'cnn' needs numeric image features",
                 expected="only numeric feature columns without missing cells (or model=mlp/auto)",
                 found="text, date or missing cells among the feature columns"))
-        return ModelSpec(kind="mlp", n_features=n_features, n_classes=n_classes,
-                         image_shape=None, seed=seed, learning_rate=learning_rate)
+        return "mlp"
     shape = image_shape_for(n_features)
     kind = requested
     if requested == "auto":
@@ -115,17 +118,32 @@ def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
             file=file, message="model 'cnn' needs square image features",
             expected="h*h or h*h*3 feature columns with h >= 4 (or model=mlp/auto)",
             found=f"{n_features} feature columns"))
+    return kind
+
+
+def choose_spec(requested: str, n_features: int, n_classes: int, seed: int,
+                learning_rate: float, file: str = "", matrix: bool = True,
+                target: tuple[float, float] | None = None, recipe: int = RECIPE) -> ModelSpec:
+    """The model's spec: its kind (``model_kind``), and for a regression (``target``: the
+    training target's mean and standard deviation; None: classes) one output in its units."""
+    if target is not None:
+        spec = choose_spec(requested, n_features, 1, seed, learning_rate, file, matrix,
+                           recipe=recipe)
+        return replace(spec, task=REGRESSION, target_mean=float(target[0]),
+                       target_std=float(target[1]))
+    kind = model_kind(requested, n_features, matrix, file)
     return ModelSpec(kind=kind, n_features=n_features, n_classes=n_classes,
-                     image_shape=shape if kind == "cnn" else None, seed=seed,
-                     learning_rate=learning_rate)
+                     image_shape=image_shape_for(n_features) if kind == "cnn" else None,
+                     seed=seed, learning_rate=learning_rate, recipe=recipe)
 
 
-def spec_for(manifest: Any, options: Any, file: str = "") -> ModelSpec:
+def spec_for(manifest: Any, options: Any, file: str = "", recipe: int = RECIPE) -> ModelSpec:
     """The spec of a split's model (``ingest.manifest.Manifest``) with a job's options: the matrix
-    width, the classes or the numeric target, and whether the columns are a plain matrix."""
+    width, the classes or the numeric target, and whether the columns are a plain matrix;
+    ``recipe``: the model's recipe (1: the one before recipe 2, which benchmarks compare)."""
     return choose_spec(options.model, manifest.width, len(manifest.classes), options.seed,
                        options.learning_rate, file, matrix=is_matrix(manifest.schema),
-                       target=manifest.target)
+                       target=manifest.target, recipe=recipe)
 
 
 def keras_module() -> Any:
@@ -136,9 +154,14 @@ def keras_module() -> Any:
 
 
 def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
-                columns: Sequence[Column] = ()) -> Any:
+                columns: Sequence[Column] = (), preprocessing: dict[str, Any] | None = None
+                ) -> Any:
     """Build and compile the Keras model; the same spec and seed give the same initial weights,
     whichever thread builds it and whatever else runs at the same time.
+
+    A recipe-2 MLP (``spec.recipe``) is ``ml.recipe``'s, on the split's ``preprocessing``
+    (``domain.scaling.Preprocessing.to_dict``); recipe 1's, and every image model, is built
+    here from the training rows' ``mean`` and ``variance``.
 
     Every kernel initializer has its own seed, derived from the job's: Keras's unseeded
     initializers draw from process-wide random state (Python's ``random`` included), which the
@@ -147,6 +170,8 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
     """
     keras = keras_module()
     seeds = itertools.count(spec.seed * 16)
+    if spec.recipe >= 2 and spec.kind == "mlp":
+        return _recipe_mlp(keras, spec, columns, preprocessing, lambda: next(seeds))
     if columns and not is_matrix(list(columns)):
         inputs, outputs = build_core(keras, columns, spec.n_classes, mean, variance,
                                      lambda: next(seeds), _target(spec))
@@ -180,6 +205,20 @@ def build_model(spec: ModelSpec, mean: list[float], variance: list[float],
     outputs = output_head(keras, x, spec.n_classes, init, _target(spec))
     model = keras.Model(inputs, outputs, name=f"bucketlearn_{spec.kind}")
     compile_model(model, spec.learning_rate, spec.task)
+    return model
+
+
+def _recipe_mlp(keras: Any, spec: ModelSpec, columns: Sequence[Column],
+                preprocessing: dict[str, Any] | None, next_seed: Any) -> Any:
+    """Recipe 2's MLP (``ml.recipe``), compiled."""
+    if not preprocessing:
+        raise PermanentError("a recipe-2 model needs the split's preprocessing; found none in "
+                             "the manifest")
+    inputs, outputs = recipe.build(keras, list(columns), spec.n_features, spec.n_classes,
+                                   Preprocessing.from_dict(preprocessing), next_seed,
+                                   _target(spec))
+    model = keras.Model(inputs, outputs, name="bucketlearn_mlp2")
+    recipe.compile_recipe(keras, model, spec.learning_rate, spec.regression, spec.n_classes)
     return model
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from bucketlearn.domain.metrics import ClassificationTally, RegressionTally
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
+from bucketlearn.ml.recipe import one_hot_classes
 
 EVAL_BATCH = 1024
 EPSILON = 1e-7  # Keras's clip for the cross-entropy of probabilities
@@ -153,9 +154,12 @@ def train_task(model: Any, weights: Sequence[np.ndarray], optimizer: Sequence[np
     xs, ys = shuffle_rows(x, y, seed, epoch, task_index)
     row_weights = (np.zeros(0, np.float32) if class_weights is None else
                    np.asarray(class_weights, dtype=np.float32)[np.asarray(ys, dtype=np.int64)])
+    classes = one_hot_classes(model)
+    targets = (ys if classes is None else  # a recipe-2 classifier learns smoothed one-hots
+               np.eye(classes, dtype=np.float32)[np.asarray(ys, dtype=np.int64)])
     model.reset_metrics()  # the loss tracker then averages this task's batches, row-weighted
-    loss = _compiled_task(model, xs, ys, class_weights is not None)(
-        xs, ys, rates, np.int32(batch_size), row_weights) if len(ys) else 0.0
+    loss = _compiled_task(model, xs, targets, class_weights is not None)(
+        xs, targets, rates, np.int32(batch_size), row_weights) if len(ys) else 0.0
     result = LocalResult(weights=[np.asarray(w) for w in model.get_weights()],
                          optimizer=optimizer_state(model), train_loss=float(loss),
                          examples=len(ys), seconds=time.perf_counter() - started)

@@ -37,6 +37,7 @@ from bucketlearn.domain.job import (
     done_tasks,
     fail_fields,
 )
+from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.rounds import DeltaRef, RoundObjects, sort_round
 from bucketlearn.domain.usage import added, task_usage
 from bucketlearn.domain.version import Evaluation, Version
@@ -48,9 +49,11 @@ from bucketlearn.services import jobs
 from bucketlearn.services.ending import wind_up
 from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, record_evaluation
 from bucketlearn.services.export import export_final
-from bucketlearn.services.publish import announce_failure, publish_round
+from bucketlearn.services.publish import publish_round
+from bucketlearn.services.refusals import refuse
 from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, list_deltas
 from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services.selection import Selector, checkpoint_epoch, selecting
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +108,14 @@ class JobAggregator:
         self.last_commit_seconds: float | None = None
         self._fold_started = time.perf_counter()
         self.reader = ResultReader(svc)  # its result objects, read ahead and at the fold
+        self.selector = Selector(svc, job_id)  # the version it exports, and when it stops
 
     # -- what the aggregator knows ----------------------------------------------------------------
     def refresh(self) -> Job | None:
         """Read the job again (after a refused commit, a nudge, a takeover)."""
         self.job = self.svc.registry.get_job(self.job_id)
         self.reader.follow(self.job)
+        self.selector.load(self.job)
         if self.job is not None and self.health is None:  # later, this holder's is the newest
             self.health = dict(self.job.health or {})
         return self.job
@@ -167,7 +172,7 @@ class JobAggregator:
             self._settle_ended(job)
             return False
         if job.phase == EXPORTING:
-            export_final(self.svc, job)
+            export_final(self.svc, job, self.selector.state)
             job = self.refresh()
             if job is None or job.is_terminal:
                 self._settle_ended(job)
@@ -179,7 +184,7 @@ class JobAggregator:
             self.refresh()
             return True
         objects = self._round_objects(job)
-        self._drop(objects.garbage, delete=True)
+        self.drop(objects.garbage, delete=True)
         if not objects.complete and self._chain_overdue(job):
             # the chain's result may be written with its message late or lost (a Pub/Sub
             # stream that broke): the listing, before the round goes to every learner
@@ -233,10 +238,10 @@ class JobAggregator:
         read = self.reader.read_round(job, objects, base, base_optimizer, self.heard,
                                       self._count_usage)  # applied, refused or stale
         if read.stale:
-            self._drop(read.stale, delete=True)
+            self.drop(read.stale, delete=True)
             return True
         if read.refused:  # their tasks train again (or failed for good: the round may be complete)
-            self._refuse(job, objects, read.refused)
+            refuse(self, job, objects, read.refused)
             return True
         steps.lap("read_seconds")
         new_version = int(job.version or 0) + 1
@@ -264,6 +269,7 @@ class JobAggregator:
         crash_point(self.svc.settings, "aggregator.before_commit")
         committed_at = time.perf_counter()
         if not self.svc.registry.commit_version(commit):
+            self.selector.changed = self.selector.changed or "selection" in commit.job_fields
             log.warning("job %s: v%d not committed: the head moved past v%d or the job ended "
                         "during the fold", job.job_id, new_version, new_version - 1)
             self.refresh()
@@ -273,8 +279,7 @@ class JobAggregator:
         runtime.keep(digest, weights, optimizer, weights_path)
         self.job = job.updated(commit.job_fields)
         self._after_commit(read, chained, commit_seconds)
-        if read.results:
-            self.evaluator.submit(self, new_version, weights)
+        self._evaluate(job, commit, weights, bool(read.results))
         log.info("job %s: v%d (epoch %d round %d, %d results, %d failed)%s", job.job_id,
                  new_version, commit.epoch, commit.round, len(read.results), len(read.failures),
                  f", chained by {chained.worker_id}" if chained else "")
@@ -297,7 +302,18 @@ class JobAggregator:
                 self.chain = None
                 publish_round(self.svc, job, record=False)
         self.last_commit_seconds = commit_seconds
-        self._drop(read.folded, delete=True, background=self.collect_in_background)
+        self.drop(read.folded, delete=True, background=self.collect_in_background)
+
+    def _evaluate(self, job: Job, commit: VersionCommit, weights: list[Any],
+                  trained: bool) -> None:
+        """Hand a committed version to the evaluator: its holdout figures when it applied a
+        result, its validation score when it closes an epoch of a job that selects."""
+        version = commit.version.version
+        if trained:
+            self.evaluator.submit(self, version, weights)
+        closed = checkpoint_epoch(job, commit.job_fields)
+        if closed is not None and selecting(job) and self.selector.state.stop_epoch is None:
+            self.evaluator.score_checkpoint(self, closed, version, weights)
 
     def _chained(self, read: Read, digest: str) -> ResultMessage | None:
         """The message of a one-task round's result whose learner chains into the next round,
@@ -339,7 +355,7 @@ class JobAggregator:
                                  train_loss, digest)
         if evaluation is not None:
             new_head = new_head.with_evaluation(evaluation)
-        job_fields = commit_fields(
+        job_fields = self.selector.fields(job) | commit_fields(
             job, new_head, len(results), [f.error for f in failures], samples,
             fold.running_norm(job.delta_norm, results),
             added(added(job.usage, self.usage), used), self.health, now,
@@ -353,43 +369,7 @@ class JobAggregator:
         if message is not None:
             self.usage = added(self.usage, task_usage(message.stats))
 
-    def _refuse(self, job: Job, objects: RoundObjects, refused: dict[int, str]) -> None:
-        """Never fold a refused result: delete it and train its task again, or fail the task for
-        good once its results were refused ``MAX_REFUSALS`` times in this epoch
-        (``domain.fold.count_refusals``). The refusal counts are written first, on condition
-        that the job is where it was read and still this holder's: a holder that lost the job
-        (or a round folded meanwhile) deletes, announces and publishes nothing."""
-        job_id, epoch = job.job_id, job.epoch
-        tally = fold.count_refusals(job.refusals, epoch, refused)
-        first = min(refused)
-        last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
-        fields = {"refusals": tally.counts, "deltas_refused": job.deltas_refused + len(refused),
-                  "last_refusal": last[:2000], "updated_at": self.svc.clock()}
-        expect = {**job.position, "status": job.status, "aggregated_by": job.aggregated_by}
-        if not self.svc.registry.update_job_if(job_id, expect, fields):
-            log.warning("job %s: refusals not recorded: the job changed or was taken over",
-                        job_id)
-            self.refresh()
-            return
-        self.job = job.updated(fields)
-        retrain = []
-        for task_index, reason in sorted(refused.items()):
-            task_id = layout.task_id_for(job_id, epoch, task_index)
-            log.error("job %s: refused the result of %s (%s)", job_id, task_id, reason)
-            self._drop([objects.results[task_index]], delete=True)
-            if task_index in tally.failed:
-                times = tally.times(epoch, task_index)
-                path = announce_failure(self.svc, job_id, epoch, task_index,
-                                        f"task {task_id}: its result was refused {times} "
-                                        f"times, last because {reason}", round_index=job.round)
-                self.heard.setdefault(path, Heard(DeltaRef(path, task_index, True), epoch))
-            else:
-                retrain.append(task_index)
-        if retrain:
-            shards = job_runtime(self.svc, job).manifest.shards
-            self.svc.queue.publish(jobs.round_messages(job, shards, retrain))
-
-    def _drop(self, refs: list[DeltaRef], delete: bool, background: bool = False) -> None:
+    def drop(self, refs: list[DeltaRef], delete: bool, background: bool = False) -> None:
         """Forget these objects: acknowledge their messages, delete them from the bucket (on the
         reader threads when ``background``: only a committed round's results, which no listing
         can bring back into a round; a refused or stale result is deleted before the job's
@@ -410,7 +390,7 @@ class JobAggregator:
     def _settle_ended(self, job: Job | None) -> None:
         """The job has ended: settle every message heard, then wind it up (a cancelled job's
         model exported, its work objects, old weights and results deleted: ``ending``)."""
-        self._drop([h.ref for h in list(self.heard.values())], delete=False)
+        self.drop([h.ref for h in list(self.heard.values())], delete=False)
         if job is not None and not self.wound_up:
             wind_up(self.svc, job)
             self.wound_up = True
@@ -438,6 +418,14 @@ class JobAggregator:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()
         return reason
+
+    def validated(self, score: Score) -> None:
+        """A checkpoint's validation score is in: advance the selection; stop training once it
+        says so (the job goes to its export)."""
+        if self.job is not None and not self.job.is_terminal:
+            self.selector.scored(self.job, score)
+            if self.selector.stop_if_due(self.job, self.holder):
+                self.refresh()
 
     def flush_evaluations(self, older_than: float) -> None:
         """Write the newest evaluation on its own when no commit has carried it for

@@ -45,7 +45,7 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, lease_name
-from bucketlearn.services.evaluate import evaluate_version, record_late_evaluation
+from bucketlearn.services.evaluate import checkpoint_score, evaluate_version, record_late_evaluation
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.results import list_deltas
 
@@ -77,13 +77,15 @@ class _Evaluator:
     """One thread evaluating the newest committed version of each job (older ones pending for
     the same job are skipped); figures go back to the job's slot. After an evaluation of e
     seconds it rests ``domain.version.evaluation_rest(e)`` (``eval_cpu_share`` of a core at
-    most): the versions
-    committed meanwhile are skipped but the newest."""
+    most): the versions committed meanwhile are skipped but the newest. A checkpoint's
+    validation score (``score_checkpoint``) is never skipped: checkpoints are scored first, in
+    the order they came, without resting."""
 
     def __init__(self, svc: Services, stop: threading.Event) -> None:
         self.svc = svc
         self.stop = stop
         self._pending: dict[str, tuple[_JobSlot, int, list[Any]]] = {}
+        self._checkpoints: list[tuple[_JobSlot, int, int, list[Any]]] = []
         self._lock = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
 
@@ -98,16 +100,33 @@ class _Evaluator:
                     evaluator._pending[slot.job_id] = (slot, version, weights)
                     evaluator._lock.notify()
 
+            def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
+                                 weights: list[Any]) -> None:
+                with evaluator._lock:
+                    evaluator._checkpoints.append((slot, epoch, version, weights))
+                    evaluator._lock.notify()
+
         return _Bound()
 
     def _run(self) -> None:
+        resting_until = 0.0  # no holdout evaluation before then; checkpoints any time
         while not self.stop.is_set():
             with self._lock:
-                self._lock.wait_for(lambda: bool(self._pending) or self.stop.is_set(), 0.5)
-                if not self._pending:
+                left = resting_until - time.monotonic()
+                rested = left <= 0
+                self._lock.wait_for(lambda rested=rested: bool(self._checkpoints)
+                                    or self.stop.is_set() or (bool(self._pending) and rested),
+                                    0.5 if rested else max(0.01, min(0.5, left)))
+                checkpoint = self._checkpoints.pop(0) if self._checkpoints else None
+                if checkpoint is None and (not self._pending
+                                           or time.monotonic() < resting_until):
                     continue
-                job_id = next(iter(self._pending))
-                slot, version, weights = self._pending.pop(job_id)
+                if checkpoint is None:
+                    job_id = next(iter(self._pending))
+                    slot, version, weights = self._pending.pop(job_id)
+            if checkpoint is not None:
+                self._score(*checkpoint)
+                continue
             job = slot.aggregator.job
             if job is None or job.is_terminal:
                 continue
@@ -115,9 +134,20 @@ class _Evaluator:
             found = evaluate_version(self.svc, job, weights, version)
             if found is not None:
                 slot.deliver(found)
-            self.stop.wait(evaluation_rest(time.perf_counter() - started,
-                                           self.svc.settings.eval_cpu_share))
+            resting_until = time.monotonic() + evaluation_rest(
+                time.perf_counter() - started, self.svc.settings.eval_cpu_share)
 
+    def _score(self, slot: _JobSlot, epoch: int, version: int, weights: list[Any]) -> None:
+        """A checkpoint's validation score, to its slot (the export scores it if this fails)."""
+        job = slot.aggregator.job
+        if job is None or job.is_terminal:
+            return
+        try:
+            score = checkpoint_score(self.svc, job, epoch, version, weights)
+        except Exception:  # noqa: BLE001 - the export scores every checkpoint it lacks
+            log.warning("job %s: could not score v%d", job.job_id, version, exc_info=True)
+            return
+        slot.inbox.put(("validated", score))
 
 
 class _JobSlot:
@@ -210,6 +240,8 @@ class _JobSlot:
             elif kind == "evaluation":
                 evaluation, loss = item
                 aggregator.evaluated(evaluation, loss)
+            elif kind == "validated":
+                aggregator.validated(item)
 
     def _fail(self, exc: PermanentError) -> None:
         """End the job FAILED with a permanent error's reason (a backend refused a write for
@@ -396,8 +428,9 @@ class AggregatorService:
                 break
             if kind == "message":
                 item[1].nack()
-            else:
+            elif kind == "evaluation":
                 kept.append(item[0])
+            # a "validated" score is dropped: the export scores every checkpoint it lacks
         self.record_late(slot.job_id, kept)
         if not slot.lost.is_set():
             self.svc.registry.release_lease(lease_name(slot.job_id), self.identity)

@@ -16,8 +16,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
+from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.version import Evaluation
 from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.ports import Services
@@ -30,13 +33,23 @@ log = logging.getLogger(__name__)
 
 
 class Evaluator(Protocol):
-    """Where a committed version's holdout evaluation happens."""
+    """Where a committed version's holdout evaluation happens, and a checkpoint's validation
+    score (never skipped: the aggregator's ``validated`` hears each)."""
 
     def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None: ...
+
+    def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
+                         weights: list[Any]) -> None: ...
 
 
 class InlineEvaluator:
     """Evaluate each committed version at once and write its figures (the synchronous pass)."""
+
+    def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
+                         weights: list[Any]) -> None:
+        job = aggregator.job
+        if job is not None:
+            aggregator.validated(checkpoint_score(aggregator.svc, job, epoch, version, weights))
 
     def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None:
         job = aggregator.job
@@ -70,6 +83,25 @@ def evaluate_version(svc: Services, job: Job, weights: list[Any], version: int
                             svc.clock(), round(time.perf_counter() - started, 6))
     log.info("job %s: v%d holdout %s", job.job_id, version, headline(found))
     return evaluation, found.loss
+
+
+def checkpoint_score(svc: Services, job: Job, epoch: int, version: int,
+                     weights: list[Any]) -> Score:
+    """A job's checkpoint scored on its validation sample (``validation_score``)."""
+    runtime = job_runtime(svc, job)
+    with runtime.lock:
+        return validation_score(runtime.model, weights, *runtime.validation(), runtime.spec,
+                                epoch, version)
+
+
+def validation_score(model: Any, weights: list[Any], x: np.ndarray, y: np.ndarray,
+                     spec: Any, epoch: int, version: int) -> Score:
+    """A checkpoint's validation figures (``domain.recipe.Score``): what selection compares.
+    ``train-local`` and the aggregator score the same weights on the same rows the same way."""
+    found = evaluate_detail(model, weights, x, y, spec.task)
+    if spec.regression:
+        return Score(epoch, version, rmse=float(found.report["rmse"]), loss=float(found.loss))
+    return Score(epoch, version, accuracy=float(found.accuracy), loss=float(found.loss))
 
 
 def record_evaluation(svc: Services, job: Job, evaluation: Evaluation) -> Job:

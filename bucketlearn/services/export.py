@@ -12,7 +12,9 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.domain import health
+from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import DONE, Job, ending_fields, fail_fields
+from bucketlearn.domain.recipe import Selection
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added
 from bucketlearn.ml.model import export_keras, model_inputs
@@ -21,22 +23,31 @@ from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 from bucketlearn.services.evaluate import headline, holdout_figures
 from bucketlearn.services.runtime import JobRuntime, job_runtime
+from bucketlearn.services.selection import complete
 
 log = logging.getLogger(__name__)
 
 
-def export_final(svc: Services, job: Job) -> None:
-    """Export the head as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark DONE;
-    a degenerate final model ends the job FAILED instead (``domain.health``)."""
+def export_final(svc: Services, job: Job, state: Selection | None = None) -> None:
+    """Export the job's model as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark
+    DONE; a degenerate final model ends the job FAILED instead (``domain.health``).
+
+    The model is the best checkpoint by validation (``selection.complete``, from ``state``,
+    what the aggregator's selection knew), or the head for a job that selects nothing; the
+    job's ``head`` at DONE is that version, with its figures on the whole holdout.
+    """
     started = time.perf_counter()
     runtime = job_runtime(svc, job)
     assert job.head is not None
-    weights = runtime.state(job.head.weights_path, job.head.digest)[0]
+    final, best = complete(svc, job, state or Selection.from_dict(job.selection))
+    head = job.head if best is None else Head(best.version, best.weights_path,
+                                              best.checksum or "", digest=best.digest)
+    weights = runtime.state(head.weights_path, head.digest)[0]
     with runtime.lock:
         # the whole holdout, one part at a time: never all of it in memory
         found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
                                runtime.spec.task)
-        model_data = _export_bytes(job, runtime, found)
+        model_data = _export_bytes(job, runtime, found, head.version)
     manifest = runtime.manifest
     now = svc.clock()
     rate = float(job.options["learning_rate"])
@@ -52,19 +63,21 @@ def export_final(svc: Services, job: Job) -> None:
         log.info("job %s ended during its final evaluation: not exported", job.job_id)
         return
     figures = holdout_figures(found, runtime.spec.regression)
-    version = int(job.version or 0)
+    version = head.version
     bucket = svc.settings.models_bucket
     svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), model_data,
                           "application/octet-stream")
     svc.store.write_bytes(bucket, layout.model_path(job.job_id), model_data,
                           "application/octet-stream")
-    head = job.head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
+    head = head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
+    selected = {"selection": final.to_dict(int(job.options.get("patience") or 0))
+                } if best is not None else {}
     ended, current = jobs.end_job(svc.registry, job.job_id, ending_fields(
         DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
-    ))
+        **selected))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
         log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
                  current.status if current is not None else None)
@@ -72,21 +85,23 @@ def export_final(svc: Services, job: Job) -> None:
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
 
 
-def _export_bytes(job: Job, runtime: JobRuntime, found: Any) -> bytes:
-    """The ``.keras`` archive of the model as evaluated (its weights are the head's)."""
+def _export_bytes(job: Job, runtime: JobRuntime, found: Any, version: int) -> bytes:
+    """The ``.keras`` archive of the model as evaluated (its weights are ``version``'s)."""
     figures = holdout_figures(found, runtime.spec.regression)
     return export_keras(runtime.model, model_sidecar(job, runtime.manifest, found.accuracy,
-                                                     figures))
+                                                     figures, version))
 
 
 def model_sidecar(job: Job, manifest: Any, accuracy: float | None,
-                  figures: dict[str, Any] | None = None) -> dict[str, Any]:
+                  figures: dict[str, Any] | None = None, version: int | None = None
+                  ) -> dict[str, Any]:
     """What ``bucketlearn.json`` in the exported archive says about the model: its columns,
-    classes (or numeric target: ``task``, the target's training mean and std) and figures."""
+    classes (or numeric target: ``task``, the target's training mean and std) and figures;
+    ``version``: the version exported (the job's newest when None)."""
     return {
         "format": 1,
         "job_id": job.job_id,
-        "version": int(job.version or 0),
+        "version": int(job.version or 0) if version is None else version,
         "feature_names": manifest.feature_names,
         "label_column": manifest.label_column,
         "class_names": manifest.classes,

@@ -35,10 +35,13 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
             "it has no model version yet"
         raise JobStateError(f"job {job_id} is {job.status}: {when}"
                             + (f" ({job.error})" if job.error else ""))
-    head = int(job.version)
-    wanted = head if version is None else version
-    if not 0 <= wanted <= head:
-        raise JobStateError(f"job {job_id}: expected a version from 0 to {head}; found {wanted}")
+    newest = int(job.version)
+    # a DONE job's model is the version it exported (the best by validation: its head)
+    kept = job.head.version if job.status == DONE and job.head is not None else newest
+    wanted = kept if version is None else version
+    if not 0 <= wanted <= newest:
+        raise JobStateError(f"job {job_id}: expected a version from 0 to {newest}; found "
+                            f"{wanted}")
     bucket = svc.settings.models_bucket
     exported = layout.model_path(job_id) if (version is None and job.status == DONE) \
         else layout.model_path(job_id, wanted)
@@ -56,9 +59,9 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     except NotFoundError:
         if not job.is_terminal:
             raise
-        raise JobStateError(f"job {job_id} has ended and only its last version is kept: expected "
-                            f"a version with an exported model (v{head}); found v{wanted}, "
-                            "whose weights were deleted when the job ended") from None
+        raise JobStateError(f"job {job_id} has ended and only the version it exported is kept: "
+                            f"expected a version with an exported model (v{kept}); found "
+                            f"v{wanted}, whose weights were deleted when the job ended") from None
     model.set_weights(weights)
     sidecar = model_sidecar(dataclasses.replace(job, version=wanted), runtime.manifest,
                             found.holdout_accuracy, dict(found.figures))

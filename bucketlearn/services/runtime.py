@@ -21,6 +21,7 @@ from bucketlearn import codec, layout
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.deal import holdout_sample
 from bucketlearn.domain.job import Job
+from bucketlearn.domain.recipe import VALIDATION_MAX_ROWS
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_part
 from bucketlearn.ml.model import ModelSpec, build_model
@@ -55,6 +56,7 @@ class JobRuntime:
         self._manifest: Manifest | None = None
         self._model: Any = None
         self._holdout: tuple[int, np.ndarray, np.ndarray] | None = None  # (max_rows, x, y)
+        self._validation: tuple[np.ndarray, np.ndarray] | None = None
         self._part_rows: list[int] | None = None
         self._state: tuple[str, list[np.ndarray], list[np.ndarray]] | None = None
         # the last state this process made or read, by its digest (``codec.state_digest``)
@@ -72,7 +74,7 @@ class JobRuntime:
     def model(self) -> Any:
         if self._model is None:
             self._model = build_model(self.spec, self.manifest.mean, self.manifest.variance,
-                                      self.manifest.schema)
+                                      self.manifest.schema, self.manifest.preprocessing)
             self.svc.cache.models_built += 1
         return self._model
 
@@ -105,6 +107,12 @@ class JobRuntime:
                                    max_rows)
         self._holdout = (max_rows, x, y)
         return x, y
+
+    def validation(self) -> tuple[np.ndarray, np.ndarray]:
+        """The validation sample checkpoints are scored on (``read_validation_sample``), kept."""
+        if self._validation is None:
+            self._validation = read_validation_sample(self.svc, self.manifest, self.spec)
+        return self._validation
 
     def state(self, weights_path: str, digest: str = ""
               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -226,7 +234,23 @@ class PartCache:
 def read_holdout_sample(svc: Services, manifest: Manifest, part_rows: list[int],
                         spec: ModelSpec, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """The fixed random sample of at most ``max_rows`` holdout rows a job's versions are
-    evaluated on (``holdout_sample``: the same rows for the same ``part_rows`` and seed).
+    evaluated on (``read_sample`` of the holdout's parts)."""
+    return read_sample(svc, manifest.holdout_parts, part_rows, spec, max_rows)
+
+
+def read_validation_sample(svc: Services, manifest: Manifest, spec: ModelSpec
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed sample of at most ``recipe.VALIDATION_MAX_ROWS`` validation rows a job's
+    checkpoints are scored on (``read_sample`` of the validation parts): the same rows in
+    ``train-local`` and in the pipeline."""
+    return read_sample(svc, manifest.validation_parts, manifest.validation_part_rows, spec,
+                       VALIDATION_MAX_ROWS)
+
+
+def read_sample(svc: Services, parts: list[str], part_rows: list[int], spec: ModelSpec,
+                max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed random sample of at most ``max_rows`` rows of ``parts`` (``holdout_sample``:
+    the same rows for the same ``part_rows`` and seed).
 
     Only the parts the sample draws from are read, one at a time, into arrays of the sample's
     size: memory is about ``max_rows`` rows and one part, whatever the size of the holdout.
@@ -240,7 +264,7 @@ def read_holdout_sample(svc: Services, manifest: Manifest, part_rows: list[int],
     y = np.empty(rows, dtype=np.float32 if spec.regression else np.int32)
     filled = 0
     bucket = svc.settings.work_bucket
-    for path, pick in zip(manifest.holdout_parts, picks, strict=True):
+    for path, pick in zip(parts, picks, strict=True):
         if len(pick) == 0:
             continue
         part_x, part_y = load_part(svc.store, bucket, path)

@@ -29,6 +29,7 @@ from typing import Any
 
 from bucketlearn.config import Limits
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
+from bucketlearn.domain.recipe import RECIPE, Score, Selection, select
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
@@ -37,8 +38,9 @@ from bucketlearn.ml.model import build_model, spec_for
 from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RuntimeCache, Services
-from bucketlearn.services.runtime import read_holdout_sample
-from bucketlearn.services.upload import chained_plan
+from bucketlearn.services.evaluate import validation_score
+from bucketlearn.services.runtime import read_holdout_sample, read_validation_sample
+from bucketlearn.services.upload import budgeted, chained_plan, outline_of
 
 
 @dataclass
@@ -52,6 +54,9 @@ class SerialResult:
     # classification_report, or a regression's RMSE, MAE and R² (RegressionTally.report)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
     spec: Any = None  # the model's ModelSpec (its task and seed)
+    selection: dict[str, Any] = dataclasses.field(default_factory=dict)  # _Checkpoints.summary
+    epochs: int = 0  # the epochs trained (fewer than the options' when training stopped early)
+    options: JobOptions | None = None  # as the budget resolved them
 
 
 def local_source(path: str) -> SourceFile:
@@ -60,22 +65,28 @@ def local_source(path: str) -> SourceFile:
 
 
 def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
-                svc: Services) -> SerialResult:
-    """Train serially on the same split and tasks the pipeline would use; evaluate on the same
-    holdout. The split is written to ``svc``'s work bucket (in-memory services: nothing else
-    is read or written)."""
+                svc: Services, recipe: int = RECIPE) -> SerialResult:
+    """Train serially on the same split and tasks the pipeline would use, scoring each epoch's
+    last state on the validation rows and stopping where the pipeline would
+    (``domain.recipe.select``); evaluate the best on the same holdout. The split is written to
+    ``svc``'s work bucket (in-memory services: nothing else is read or written). ``recipe``:
+    the model's (1: the one before recipe 2, for benchmarks that compare the two)."""
     started = time.perf_counter()
     limits = limits or Limits()
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options, limits)
-    spec = spec_for(manifest, options, source.display_name)
-    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
+    options, _ = budgeted(options, outline_of(manifest), source.display_name)
+    spec = spec_for(manifest, options, source.display_name, recipe)
+    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
+                        manifest.preprocessing)
     plan = chained_plan(manifest, options, limits)
     weights, optimizer = model.get_weights(), optimizer_state(model)
     balance = class_weights(options.class_weight, manifest.train_counts)
+    checkpoints = _Checkpoints(svc, manifest, spec, options, model)
+    epoch = 0
     for epoch in range(1, options.epochs + 1):
-        for task_index, members in enumerate(epoch_tasks(plan, len(manifest.shards),
-                                                          options.seed, epoch)):
+        tasks = epoch_tasks(plan, len(manifest.shards), options.seed, epoch)
+        for task_index, members in enumerate(tasks):
             parts = [p for i in members for p in manifest.shards[i].parts]
             x, y = load_parts(svc.store, svc.settings.work_bucket, parts)
             rates = step_rates(options.learning_rate, options.lr_schedule,
@@ -84,10 +95,50 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
             result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
                                 options.seed, epoch, task_index, balance)
             weights, optimizer = result.weights, result.optimizer
+        if checkpoints.done(epoch, epoch * len(tasks), weights, time.perf_counter() - started):
+            break
+    final = checkpoints.best_weights or weights
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
+    found = evaluate_detail(model, final, x_hold, y_hold, spec.task)
     return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
-                        model, list(weights), found.report, spec)
+                        model, list(final), found.report, spec, checkpoints.summary(), epoch,
+                        options)
+
+
+class _Checkpoints:
+    """``train-local``'s selection: each epoch's last weights scored on the validation sample
+    (as the aggregator scores the pipeline's checkpoints), the best kept, the stop decided by
+    ``domain.recipe.select``."""
+
+    def __init__(self, svc: Services, manifest: Manifest, spec: Any, options: JobOptions,
+                 model: Any) -> None:
+        self.model, self.spec, self.options = model, spec, options
+        self.sample = (read_validation_sample(svc, manifest, spec)
+                       if manifest.validation_rows else None)
+        self.scores: list[Score] = []
+        self.best_weights: list[Any] | None = None
+        self.selection: Selection | None = None
+        self.best_seconds: float | None = None
+
+    def done(self, epoch: int, version: int, weights: list[Any], seconds: float) -> bool:
+        """Score epoch ``epoch``'s last state (version ``version`` in a chained job); True
+        once training stops there."""
+        if self.sample is None:
+            return False
+        score = validation_score(self.model, weights, *self.sample, self.spec, epoch, version)
+        self.scores.append(score)
+        self.selection = select(self.scores, self.options.patience, self.options.epochs)
+        if self.selection.best == score:
+            self.best_weights, self.best_seconds = list(weights), seconds
+        return self.selection.stop_epoch is not None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``train-local`` selected: the selection, every score, when the best was made."""
+        if self.selection is None:
+            return {}
+        return {**self.selection.to_dict(self.options.patience),
+                "scores": [s.to_dict() for s in self.scores],
+                "best_seconds": self.best_seconds}
 
 
 def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:

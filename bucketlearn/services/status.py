@@ -24,6 +24,8 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         "status": job.status,
         "phase": job.phase,
         "version": job.version,
+        # the version the figures and the model are of once DONE: the best by validation
+        "model_version": job.head.version if job.head is not None else None,
         "epoch": job.epoch,
         "epochs": options.get("epochs"),
         "accuracy": head.get("holdout_accuracy"),
@@ -47,7 +49,7 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         "finished_at": job.finished_at,
         "model_path": job.model_path,
         **head_figures(head, job.classes),
-        # numeric targets (issue #15): the task, how it was decided, the head's RMSE/MAE/R²
+        # numeric targets: the task, how it was decided, the head's RMSE/MAE/R²
         "task": dataset.get("task") or CLASSIFICATION,
         "task_reason": dataset.get("task_reason"),
         "rmse": head.get("holdout_rmse"),
@@ -57,10 +59,13 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         # which version the figures above are of (the newest is evaluated off the critical
         # path, so they may be of the one before)
         "evaluated_version": job.head.evaluated_version if job.head is not None else None,
-        # how training was laid out, and what the job used and cost (issue #24)
+        # how training was laid out, what each auto option became, the selection, the cost
         "plan": job.plan.to_dict() if job.plan is not None else None,
+        "budget": dict(job.budget) if job.budget else None,
+        "selection": dict(job.selection) if job.selection else None,
+        "validation": dataset.get("validation"),
         **usage_summary(job.usage or {}),
-        # how long the plan should train, on how many learners, and what it measured (#25)
+        # how long the plan should train, on how many learners, and what it measured
         "forecast": dict(job.forecast) if job.forecast else None,
         "actual": (actual(job.forecast, job.finished_at if job.is_terminal else job.updated_at,
                           job.version or 0, float((job.usage or {}).get("worker_seconds") or 0),

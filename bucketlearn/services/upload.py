@@ -30,6 +30,7 @@ from bucketlearn.domain.plan import (
     check_total_tasks,
     plan_training,
 )
+from bucketlearn.domain.recipe import Budget, resolve_budget
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -53,7 +54,7 @@ from bucketlearn.events import (  # noqa: F401
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.split import Outline, split_upload
 from bucketlearn.ingest.stream import SourceFile
-from bucketlearn.ml.model import build_model, model_cost, spec_for
+from bucketlearn.ml.model import build_model, model_cost, model_kind, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
@@ -227,10 +228,12 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                                 settings.limits, progress=held.renew,
                                 check=lambda outline: check_outline(outline, options,
                                                                     settings.limits, file))
+        options, budget = budgeted(options, outline_of(manifest), file)
         spec = spec_for(manifest, options, file)
         plan = plan_within_limits(outline_of(manifest), options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
-        model = build_model(spec, manifest.mean, manifest.variance, manifest.schema)
+        model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
+                        manifest.preprocessing)
         cost = model_cost(model)
         plan = automatic_layout(plan, manifest, options, settings.limits, cost)
         _refuse_if_over(over_limits(plan, manifest, options, settings.limits, cost.parameters),
@@ -249,7 +252,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
     job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model,
-                         options.batch_size, cost)
+                         cost, options, budget)
     if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
@@ -273,6 +276,20 @@ def outline_of(manifest: Manifest) -> Outline:
                    manifest.target is not None)
 
 
+def budgeted(options: JobOptions, outline: Outline, file: str) -> tuple[JobOptions, Budget]:
+    """``options`` with each automatic epochs, batch size, learning rate and patience resolved
+    for the rows the job trains on and its model (``domain.recipe.resolve_budget``), and the
+    budget that says what each became and why."""
+    image = model_kind(options.model, matrix_width(outline.schema), is_matrix(outline.schema),
+                       file) == "cnn"
+    budget = resolve_budget(sum(outline.shard_rows), image, options.epochs or None,
+                            options.batch_size or None, options.learning_rate or None,
+                            options.patience or None)
+    return dataclasses.replace(options, epochs=budget.epochs, batch_size=budget.batch_size,
+                               learning_rate=budget.learning_rate,
+                               patience=budget.patience), budget
+
+
 def check_outline(outline: Outline, options: JobOptions, limits: Limits, file: str) -> None:
     """Refuse, from pass 1's outline and before pass 2 writes a shard, a job over the
     deployment's limits on its total tasks (``plan_within_limits``) or on the columns its model
@@ -283,7 +300,7 @@ def check_outline(outline: Outline, options: JobOptions, limits: Limits, file: s
     """
     _refuse_if_over(check_model_columns(len(outline.schema), not is_matrix(outline.schema),
                                         limits.max_model_columns), file)
-    plan_within_limits(outline, options, limits, file)
+    plan_within_limits(outline, budgeted(options, outline, file)[0], limits, file)
 
 
 def plan_within_limits(outline: Outline, options: JobOptions, limits: Limits,
@@ -363,12 +380,13 @@ def _refuse_if_over(over: OverLimit | None, file: str) -> None:
 
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
-                   spec: dict[str, Any], plan: TrainingPlan, model: Any,
-                   batch_size: int, cost: ModelCost) -> Job | None:
+                   spec: dict[str, Any], plan: TrainingPlan, model: Any, cost: ModelCost,
+                   options: JobOptions, budget: Budget) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
     the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built; the
-    job records the plan's forecast (``domain.forecast``) with ``cost``, what it costs.
+    job records the plan's forecast (``domain.forecast``) with ``cost``, what it costs, and
+    its ``options`` as its ``budget`` resolved them.
 
     Raises:
         TransientError: another invocation took the split over.
@@ -384,10 +402,11 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
     first = Version(0, weights_path, checksum, created_at=now, digest=digest)
     job_fields = start_fields(
         plan, Head(0, weights_path, checksum, digest=digest), now,
-        forecast_plan(plan, manifest.train_rows, batch_size, cost), cost, manifest.summary(),
-        spec,
+        forecast_plan(plan, manifest.train_rows, options.batch_size, cost), cost,
+        manifest.summary(), spec,
         # what the split used: its calls, and one invocation of the upload function
         {**svc.usage(job_id), "function_invocations": 1.0})
+    job_fields.update(options=options.to_dict(), budget=budget.to_dict())
     if not svc.registry.start_training(job_id, claim, job_fields, first):
         _delete_quietly(svc, svc.settings.models_bucket, weights_path)  # never referenced
         current = svc.registry.get_job(job_id)

@@ -197,7 +197,7 @@ def test_learning_rate_schedules():
     assert learning_rate(0.01, "cosine", 0.5) == pytest.approx(0.005)
     assert learning_rate(0.01, "cosine", 1.0) == pytest.approx(0.0, abs=1e-12)
     assert learning_rate(0.01, "constant", 0.9) == 0.01
-    with pytest.raises(ValueError, match="expected one of wsd, cosine, constant"):
+    with pytest.raises(ValueError, match="expected one of flat_cosine, wsd, cosine, constant"):
         learning_rate(0.01, "linear", 0.1)
 
 

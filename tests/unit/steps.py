@@ -26,12 +26,14 @@ def upload(svc: Any, path: Path, metadata: Mapping[str, str]) -> tuple[Outcome, 
 
 
 def start_job(tmp_path: Path, epochs: int = 1, parallel_tasks: int = 2,
-              settings: Any = None) -> tuple[Any, str]:
-    """A 400-row, 3-class upload split into 64-row shards: (services, job id), round 1 published."""
+              settings: Any = None, validation: str = "none") -> tuple[Any, str]:
+    """A 400-row, 3-class upload split into 64-row shards (no validation rows unless
+    ``validation`` says a share): (services, job id), round 1 published."""
     svc = memory_services(settings)
     path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
     _, job_id = upload(svc, path, {"epochs": str(epochs), "rows_per_shard": "64",
-                                   "parallel_tasks": str(parallel_tasks)})
+                                   "parallel_tasks": str(parallel_tasks),
+                                   "validation_fraction": validation})
     assert job_id is not None
     return svc, job_id
 

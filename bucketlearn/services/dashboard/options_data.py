@@ -51,15 +51,20 @@ def form_fields() -> list[FormField]:
 
 def option_rows(job: Job) -> list[dict[str, str]]:
     """The job's options (every OPTION_SPECS entry: its key, in words, its value, its true
-    default), marking those that differ from the default."""
+    default), marking those that differ from the default; an ``auto`` the job resolved for its
+    size (its ``budget``) shows what it became, and is no change."""
     options = job.options
+    resolved = set((job.budget or {}).get("reasons") or {})
     rows = []
     for spec in OPTION_SPECS:
         value = options.get(spec.name, spec.default)
+        shown = "" if value is None else option_text(spec.name, value)
         rows.append({"option": spec.name, "in words": spec.title,
-                     "value": "" if value is None else option_text(spec.name, value),
+                     "value": f"{shown} (auto)" if spec.name in resolved and shown != "auto"
+                     else shown,
                      "default": default_text(spec.name),
-                     "changed": "yes" if value != spec.default else ""})
+                     "changed": "yes" if value != spec.default and spec.name not in resolved
+                     else ""})
     return rows
 
 

@@ -6,7 +6,13 @@ import pytest
 
 from bucketlearn.config import Limits, Settings, load_settings
 from bucketlearn.errors import ConfigError, PermanentError
-from bucketlearn.options import JobOptions, normalize_option_key, parse_option, resolve_options
+from bucketlearn.options import (
+    AUTO,
+    JobOptions,
+    normalize_option_key,
+    parse_option,
+    resolve_options,
+)
 
 
 def test_defaults_when_nothing_is_given():
@@ -15,7 +21,8 @@ def test_defaults_when_nothing_is_given():
     options = resolve_options(metadata={}, overrides={}, environ={})
     # Assert
     assert options == JobOptions()
-    assert options.epochs == 10 and options.batch_size == 32 and options.model == "auto"
+    assert options.epochs == AUTO and options.batch_size == AUTO and options.model == "auto"
+    assert options.to_metadata()["epochs"] == "auto"  # decided for the job's size
 
 
 def test_precedence_overrides_metadata_environment_default():
@@ -34,7 +41,7 @@ def test_precedence_overrides_metadata_environment_default():
     assert options.epochs == 9             # override beats metadata and environment
     assert options.batch_size == 16        # metadata beats environment
     assert options.seed == 3               # environment beats default (override None = not given)
-    assert options.learning_rate == 0.001  # default
+    assert options.learning_rate == AUTO  # default
 
 
 def test_empty_environment_value_is_ignored():
@@ -42,7 +49,7 @@ def test_empty_environment_value_is_ignored():
     # Prepare / Execute
     options = resolve_options(environ={"BUCKETLEARN_DEFAULT_EPOCHS": ""})
     # Assert
-    assert options.epochs == 10
+    assert options.epochs == AUTO
 
 
 @pytest.mark.parametrize("key, option", [

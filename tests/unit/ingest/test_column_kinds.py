@@ -32,7 +32,8 @@ def split(data: bytes, block: int | None = None, **options):
 
 
 def all_rows(manifest, store):
-    parts = [p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
+    parts = ([p for s in manifest.shards for p in s.parts] + manifest.holdout_parts
+             + manifest.validation_parts)
     return load_parts(store, "work", parts)
 
 

@@ -14,7 +14,7 @@ from bucketlearn.domain.deal import DealPlan, holdout_count, holdout_phases
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import PartWrites, ShardWriter, load_parts
 from bucketlearn.ingest.split import split_upload
-from bucketlearn.options import JobOptions
+from bucketlearn.options import NONE, JobOptions
 from bucketlearn.services.serial import local_source
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
@@ -70,14 +70,17 @@ def test_every_shard_gets_its_quota_of_every_class(split_case):
     phases = holdout_phases(options.seed, len(class_sizes))
     holdout = [holdout_count(n, options.holdout_fraction, p)
                for n, p in zip(class_sizes, phases, strict=True)]
-    train_per_class = np.array(class_sizes) - np.array(holdout)
+    _, validation = load_parts(store, BUCKET, manifest.validation_parts)
+    validated = np.bincount(validation, minlength=len(class_sizes))
+    train_per_class = np.array(class_sizes) - np.array(holdout) - validated
     shards = len(manifest.shards)
     # Execute
     counts = np.array([np.bincount(y, minlength=len(class_sizes))
                        for _, y in shard_arrays(store, manifest)])
     # Assert
-    assert shards > 1
+    assert shards > 1 and validated.min() >= 1  # validation rows of every class
     assert (counts.sum(axis=0) == train_per_class).all()
+    assert list(train_per_class) == manifest.train_class_counts
     assert np.abs(counts - train_per_class / shards).max() < 1.0
 
 
@@ -85,7 +88,7 @@ def test_label_sorted_file_shards_have_the_files_class_proportions(tmp_path):
     """4x300 rows sorted by label: each shard's class counts are its size/4 within ±1 row."""
     # Prepare
     path = write_sorted_csv(tmp_path / "sorted.csv", [300, 300, 300, 300])
-    options = JobOptions(rows_per_shard=70, seed=0)
+    options = JobOptions(rows_per_shard=70, seed=0, validation_fraction=NONE)
     # Execute
     manifest, store = split(path, options)
     counts = np.array([np.bincount(y, minlength=4) for _, y in shard_arrays(store, manifest)])
@@ -139,7 +142,7 @@ def test_shuffled_file_shards_complete_in_order_one_part_each():
     rng = np.random.default_rng(0)
     labels = rng.permutation(np.repeat(np.arange(200), 200))
     data = csv_bytes(["id", "f", "label"], [[i, i % 7, int(c)] for i, c in enumerate(labels)])
-    options = JobOptions(rows_per_shard=64, seed=3)
+    options = JobOptions(rows_per_shard=64, seed=3, validation_fraction=NONE)
     # Execute
     manifest = split_upload(source_from_bytes(data), MemoryBlobStore(), BUCKET, JOB, options,
                             Limits(max_line_bytes=4096), buffer_bytes=len(labels) * 12 // 8,
@@ -183,17 +186,21 @@ def test_holdout_per_class_follows_the_systematic_rule(split_case):
 
 
 def test_no_row_lost_or_duplicated(split_case):
-    """Training + holdout ids are exactly the file's ids, each once, with their own labels."""
+    """Training + validation + holdout ids are exactly the file's ids, each once, with their
+    own labels."""
     # Prepare
     class_sizes, _, manifest, store, _ = split_case
     label_of_id = np.repeat(np.arange(len(class_sizes)), class_sizes)
     # Execute
-    parts = shard_arrays(store, manifest) + [load_parts(store, BUCKET, manifest.holdout_parts)]
+    parts = shard_arrays(store, manifest) + [load_parts(store, BUCKET, manifest.holdout_parts),
+                                             load_parts(store, BUCKET, manifest.validation_parts)]
     ids = np.concatenate([x[:, 0] for x, _ in parts]).astype(np.int64)
     labels = np.concatenate([y for _, y in parts])
     # Assert
     assert manifest.rows == sum(class_sizes)
-    assert manifest.train_rows + manifest.holdout_rows == manifest.rows
+    assert manifest.train_rows + manifest.holdout_rows + manifest.validation_rows == (
+        manifest.rows)
+    assert manifest.validation_rows > 0
     assert len(ids) == manifest.rows
     assert np.array_equal(np.sort(ids), np.arange(sum(class_sizes)))
     assert np.array_equal(labels, label_of_id[ids])

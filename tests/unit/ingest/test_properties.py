@@ -62,7 +62,8 @@ def valid_tables(draw: st.DrawFn) -> tuple[list[str], list[list[object]], list[i
        buffer_bytes=st.sampled_from([512, 4096, 64 * 1024**2]))
 def test_split_keeps_every_row_once_with_balanced_shards(table, rows_per_shard, holdout_fraction,
                                                          seed, buffer_bytes) -> None:
-    """No row lost or duplicated; every class in the holdout; shards within ±1 row per class."""
+    """No row lost or duplicated (each in a shard, the holdout or the validation rows); every
+    class in the holdout; shards within ±1 row per class."""
     # Prepare
     header, rows, classes_of_rows = table
     store = MemoryBlobStore()
@@ -75,12 +76,17 @@ def test_split_keeps_every_row_once_with_balanced_shards(table, rows_per_shard, 
     k = len(manifest.classes)
     shards = [load_parts(store, "work", s.parts) for s in manifest.shards]
     x_hold, y_hold = load_parts(store, "work", manifest.holdout_parts)
-    ids = np.concatenate([x[:, 0] for x, _ in shards] + [x_hold[:, 0]]).astype(np.int64)
-    labels = np.concatenate([y for _, y in shards] + [y_hold])
+    held = [x_hold] + ([load_parts(store, "work", manifest.validation_parts)[0]]
+                       if manifest.validation_parts else [])
+    checked = [y_hold] + ([load_parts(store, "work", manifest.validation_parts)[1]]
+                          if manifest.validation_parts else [])
+    ids = np.concatenate([x[:, 0] for x, _ in shards] + [x[:, 0] for x in held]).astype(np.int64)
+    labels = np.concatenate([y for _, y in shards] + checked)
     assert sorted(ids.tolist()) == list(range(len(rows)))
     expected = [manifest.classes.index(f"class-{c}") for c in classes_of_rows]
     np.testing.assert_array_equal(labels[np.argsort(ids)], expected)
-    assert manifest.rows == len(rows) == manifest.train_rows + manifest.holdout_rows
+    assert manifest.rows == len(rows) == (manifest.train_rows + manifest.holdout_rows
+                                          + manifest.validation_rows)
     # every class is in the holdout, and in training
     assert set(np.unique(y_hold).tolist()) == set(range(k))
     train_counts = np.bincount(np.concatenate([y for _, y in shards]), minlength=k)

@@ -250,7 +250,7 @@ def test_a_line_longer_than_the_block_is_read_again_with_the_large_block(monkeyp
     assert small_blocks == [BLOCK, BLOCK, 1 << 20, 1 << 20]
     assert blocks == [1 << 20, 1 << 20, 1 << 20]
     assert small.rows == 3000 and sum(small.class_counts) == 3000
-    assert small.train_rows + small.holdout_rows == 3000
+    assert small.train_rows + small.holdout_rows + small.validation_rows == 3000
     assert_same_split(small, small_store, large, large_store)
 
 

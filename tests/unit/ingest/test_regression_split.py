@@ -15,7 +15,7 @@ from bucketlearn.domain.target import bin_of, fine_buckets
 from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
-from bucketlearn.options import JobOptions
+from bucketlearn.options import NONE, JobOptions
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 
@@ -31,6 +31,7 @@ def regression_rows(n: int, seed: int = 0, sort: bool = False) -> list[list[obje
 def split(data: bytes, **options):
     store = MemoryBlobStore()
     block = options.pop("read_block_bytes", 4 * 1024**2)
+    options.setdefault("validation_fraction", NONE)  # the bins' shares of shards and holdout
     manifest = split_upload(source_from_bytes(data), store, "work", "job-000000000000",
                             JobOptions(**options), Limits(), read_block_bytes=block)
     return manifest, store

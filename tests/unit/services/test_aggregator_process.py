@@ -25,7 +25,7 @@ from bucketlearn.config import Settings
 from bucketlearn.domain.job import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.ingest.parts import part_address
-from bucketlearn.options import JobOptions
+from bucketlearn.options import NONE, JobOptions
 from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
 from bucketlearn.services.heartbeat import LearnerTuning
@@ -188,7 +188,8 @@ def test_evaluations_travel_with_later_commits(run_job):
     assert job.status == DONE
     assert carried and all(v.evaluation.version < v.version for v in carried)
     assert {v.evaluation.version for v in carried} <= {v.version for v in evaluated}
-    assert job.head.evaluated_version == job.version  # the export's figures are the head's
+    # the export's figures are the head's, the version it exported (the best by validation)
+    assert job.head.evaluated_version == job.head.version == job.selection["best"]["version"]
 
 
 def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch):
@@ -209,8 +210,8 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
     settings = dataclasses.replace(Settings(), eval_cpu_share=0.2)
     # long enough to outlast the first evaluation's rest (that evaluation also builds the
     # predict function: on a slow machine over a second, so a rest at its 5-s cap)
-    running = run_job(JobOptions(epochs=16, rows_per_shard=32, parallel_tasks=1),
-                      settings=settings, rows=1000)
+    running = run_job(JobOptions(epochs=16, rows_per_shard=32, parallel_tasks=1,
+                                 validation_fraction=NONE), settings=settings, rows=1000)
     # Execute
     job = wait_ended(running.svc, running.job_id)
     # Assert
@@ -304,7 +305,8 @@ def chained_first_round(tmp_path: Any, worker_id: str) -> tuple[Any, str, Learne
     settings = dataclasses.replace(Settings(), chain_grace_seconds=0.2)
     svc = memory_services(settings)
     job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
-                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1,
+                               validation_fraction=NONE))
     learner = Learner(svc, worker_id, tuning=LEARNING, chain=True)
     received = svc.queue.pull(0)
     job = svc.registry.get_job(job_id)
@@ -634,7 +636,8 @@ def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path)
     # Prepare
     svc = memory_services()
     job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),
-                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
+                    JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1,
+                               validation_fraction=NONE))
     reads: list[tuple[str, str]] = []
     read = svc.store.read_range
 
@@ -678,3 +681,30 @@ def test_the_attempt_calls_are_counted_as_the_reads_and_writes_they_make():
     # Assert
     assert meter.take("job-a") == {"firestore_reads": 3, "firestore_writes": 4}
     assert svc.registry.get_task("job-a", "e0001-t00000").attempts == 2
+
+
+def test_training_stops_where_validation_stopped_improving_with_train_locals_model(run_job,
+                                                                               tmp_path):
+    """A job with patience 2 on blobs it learns within a few epochs: the long-running
+    aggregator scores each epoch's last version on the validation rows, stops the job where
+    train-local stops (its chaining learner runs no further than the commits allow) and exports
+    the best checkpoint, train-local's model to the bit."""
+    # Prepare
+    options = JobOptions(epochs=40, rows_per_shard=32, parallel_tasks=1, patience=2)
+    running = run_job(options, rows=1000)
+    serial = train_local(str(tmp_path / "blobs.csv"), options, svc=memory_services())
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    svc = running.svc
+    weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
+                                                            job.head.weights_path))
+    assert job.status == DONE and serial.selection["stop_epoch"] < 40
+    assert job.selection["stop_epoch"] == serial.selection["stop_epoch"]
+    assert job.selection["best"] == serial.selection["best"] == {
+        **job.selection["best"], "version": job.head.version}
+    assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
+    assert job.epoch < 40  # its training stopped before its last epoch
+    checkpoints = [v for v in svc.registry.list_versions(running.job_id)
+                   if v.figure("validation_accuracy") is not None]
+    assert len(checkpoints) >= serial.selection["stop_epoch"] - 1

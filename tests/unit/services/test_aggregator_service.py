@@ -36,10 +36,10 @@ from tests.unit.steps import record_attempt, upload
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     """simulate_pipeline on 600 rows of 3 well-separated blobs, 2 epochs, 64 rows per shard,
-    rounds of 3 tasks."""
+    rounds of 3 tasks, batches of 32."""
     path = write_blobs_csv(tmp_path_factory.mktemp("sim") / "blobs.csv", n_rows=600,
                            n_classes=3, n_features=4)
-    return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64,
+    return simulate_pipeline(str(path), JobOptions(epochs=2, rows_per_shard=64, batch_size=32,
                                                    parallel_tasks=3), workers=2,
                              svc=memory_services())
 
@@ -88,16 +88,17 @@ def test_every_task_applied_exactly_once(pipeline):
 
 
 def test_every_version_folds_one_whole_round(pipeline):
-    """Each version folds exactly the tasks of one round, in order: 8 tasks per epoch in rounds
-    of 3 are versions of 3, 3 and 2 tasks, each recording its round and every delta's norm."""
+    """Each version folds exactly the tasks of one round, in order: 7 tasks per epoch (the
+    validation rows out) in rounds of 3 are versions of 3, 3 and 1 tasks, each recording its
+    round and every delta's norm."""
     # Prepare
     job, versions = pipeline["job"], pipeline["versions"]
     plan = job.plan
     # Execute
     folds = versions[1:]
     # Assert
-    assert plan.parallel_tasks == 3 and plan.tasks_per_epoch == 8
-    assert [len(v.tasks_applied) for v in folds] == [3, 3, 2] * 2
+    assert plan.parallel_tasks == 3 and plan.tasks_per_epoch == 7
+    assert [len(v.tasks_applied) for v in folds] == [3, 3, 1] * 2
     for v in folds:
         indices = [int(t.rsplit(":t", 1)[1]) for t in v.tasks_applied]
         assert indices == list(range(3 * v.round, 3 * v.round + len(indices)))
@@ -120,21 +121,25 @@ def test_the_same_upload_gives_the_same_versions_on_any_number_of_workers(tmp_pa
 
 def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit(tmp_path):
     """With R = 1 a pipeline job is train-local: the same split, tasks, rows and rates, and a
-    fold that gives back each task's weights exactly, so its last version is train-local's
-    model bit for bit (on the same machine and thread settings)."""
+    fold that gives back each task's weights exactly; each epoch's last version scored on the
+    same validation rows, so the version it exports (the best by validation, its head at DONE)
+    is train-local's model bit for bit (on the same machine and thread settings)."""
     # Prepare
-    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400, n_classes=3, n_features=4)
-    options = JobOptions(epochs=2, rows_per_shard=64, parallel_tasks=1)
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=800, n_classes=3, n_features=4)
+    options = JobOptions(epochs=4, rows_per_shard=32, parallel_tasks=1)
     serial = train_local(str(path), options, svc=memory_services())
     # Execute
     run = simulate_pipeline(str(path), options, workers=2, svc=memory_services())
     # Assert
-    svc, last = run["svc"], run["versions"][-1]
+    svc, job = run["svc"], run["job"]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            last.weights_path))
-    assert run["job"].status == "DONE" and last.version >= 4
+                                                            job.head.weights_path))
+    assert job.status == "DONE" and run["versions"][-1].version >= 8
+    assert job.selection == {k: v for k, v in serial.selection.items()
+                             if k not in ("scores", "best_seconds")}
+    assert job.head.version == serial.selection["best"]["version"]
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
-    assert last.figure("holdout_accuracy") == serial.accuracy
+    assert job.head.holdout_accuracy == serial.accuracy
 
 
 def test_train_local_on_the_evaluation_sample_gives_the_last_versions_figures(tmp_path):
@@ -180,12 +185,13 @@ def test_versions_record_where_the_fold_time_went(pipeline):
 
 def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monkeypatch):
     """Workers wait for the commit, not the evaluation: the version that completes epoch 1
-    publishes epoch 2's first round before its holdout evaluation runs."""
+    publishes epoch 2's first round before its holdout evaluation and its validation score
+    run."""
     # Prepare
     from bucketlearn.services import evaluate as evaluation
     from tests.unit.steps import start_job, train_pending
 
-    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5)
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5, validation="auto")
     planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
     real = evaluation.evaluate_detail
@@ -202,8 +208,8 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
     # Assert
     job = svc.registry.get_job(job_id)
     assert job.epoch == 2 and job.published == round_key(2, 0)
-    assert seen and seen[-1] == (job.version, planned)
-    assert all(published == 0 for _, published in seen[:-1])
+    assert seen[-2:] == [(job.version, planned)] * 2  # the holdout's, then validation's
+    assert all(published == 0 for _, published in seen[:-2])
 
 
 def test_a_late_publish_never_moves_published_back(tmp_path):

@@ -564,11 +564,13 @@ def test_timing_summary_over_folded_tasks():
 # --- options, dataset ----------------------------------------------------------------------------
 
 def test_option_rows_cover_every_option_and_mark_changes():
-    rows = {r["option"]: r for r in options_data.option_rows(a_job())}
+    rows = {r["option"]: r for r in options_data.option_rows(a_job(budget={"reasons": {
+        "batch_size": "256: ...", "learning_rate": "0.002: ..."}}))}
     assert tuple(rows) == OPTION_NAMES
     assert rows["epochs"]["value"] == "5" and rows["epochs"]["changed"] == "yes"
-    assert rows["batch_size"]["changed"] == ""
-    assert rows["label_column"]["value"] == "" and rows["learning_rate"]["value"] == "0.001"
+    assert rows["batch_size"]["changed"] == "" and rows["batch_size"]["value"] == "32 (auto)"
+    assert rows["label_column"]["value"] == "" and rows["learning_rate"]["value"] == "auto"
+    assert rows["seed"]["changed"] == "" and rows["lr_schedule"]["changed"] == ""
 
 
 def test_dataset_facts():

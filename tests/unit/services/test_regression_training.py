@@ -32,22 +32,24 @@ def write_target_csv(path, n: int = 400, seed: int = 0, offset: float = 1000.0):
 
 
 def test_one_task_at_a_time_takes_train_locals_steps_to_the_bit_for_a_numeric_target(tmp_path):
-    """As for classes (test_aggregator_service): with R = 1 the pipeline's last version is
-    train-local's model bit for bit, and so are its holdout figures."""
+    """As for classes (test_aggregator_service): with R = 1 the version the pipeline exports
+    (the best by validation RMSE) is train-local's model bit for bit, and so are its holdout
+    figures."""
     # Prepare
     path = write_target_csv(tmp_path / "target.csv", n=300)
-    options = JobOptions(epochs=2, rows_per_shard=24, parallel_tasks=1)
+    options = JobOptions(epochs=4, rows_per_shard=24, parallel_tasks=1)
     serial = train_local(str(path), options, svc=memory_services())
     # Execute
     run = simulate_pipeline(str(path), options, workers=2, svc=memory_services())
     # Assert
     svc, job, last = run["svc"], run["job"], run["versions"][-1]
     weights, _, _ = codec.decode_state(svc.store.read_bytes(svc.settings.models_bucket,
-                                                            last.weights_path))
+                                                            job.head.weights_path))
     assert job.status == "DONE" and last.version >= 4
+    assert job.head.version == serial.selection["best"]["version"]
     assert [w.tobytes() for w in weights] == [np.asarray(w).tobytes() for w in serial.weights]
-    assert serial.accuracy is None and last.figure("holdout_accuracy") is None
-    assert last.figure("holdout_rmse") == serial.report["rmse"]
+    assert serial.accuracy is None and job.head.holdout_accuracy is None
+    assert job.head.holdout_rmse == serial.report["rmse"]
     assert last.figure("holdout_r2") == serial.report["r2"] and last.figure("holdout_mae") == serial.report["mae"]
     assert last.figure("holdout_loss") == pytest.approx(serial.report["rmse"] ** 2)
     evaluated = [v for v in run["versions"][1:] if v.figure("holdout_rmse") is not None]
@@ -86,7 +88,7 @@ def test_a_learnable_target_is_learned_and_its_model_predicts_its_units(tmp_path
 def penguins_mass(tmp_path_factory):
     """train-local on data/penguins.csv as published, predicting body_mass_g (text columns, NA
     cells, two rows without a mass), exported as the raw-row model."""
-    options = JobOptions(label_column="body_mass_g", epochs=10)
+    options = JobOptions(label_column="body_mass_g")
     result = train_local(str(PENGUINS), options, svc=memory_services())
     path = tmp_path_factory.mktemp("penguins") / "mass.keras"
     path.write_bytes(export_keras(result.model, serial_sidecar(result.manifest, options,

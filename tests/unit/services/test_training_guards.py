@@ -108,7 +108,8 @@ def test_a_diverging_job_ends_failed_with_advice_not_done(overlapping_csv: Path)
     to try, and no model is exported."""
     # Execute
     out = simulate_pipeline(str(overlapping_csv),
-                            JobOptions(epochs=3, learning_rate=1.0, rows_per_shard=64),
+                            JobOptions(epochs=3, learning_rate=1.0, rows_per_shard=64,
+                                       batch_size=32),
                             workers=2, svc=memory_services())
     # Assert
     job, svc = out["job"], out["svc"]

@@ -203,7 +203,7 @@ def test_invalid_metadata_is_rejected_naming_the_option():
     assert outcome is Outcome.REJECTED
     assert job.status == REJECTED
     assert "'epochs'" in job.error
-    assert "expected a whole number from 1 to 1000" in job.error
+    assert "expected 'auto' or a whole number from 1 to 1000" in job.error
     assert "'-1'" in job.error
     assert svc.queue.published == []
     assert work_objects(svc, job_id) == []
@@ -644,7 +644,8 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
 # --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
 
 # 200 rows of 2 classes, shards of 8 rows, one shard per task: 20 tasks per epoch, 60 in all
-BUSY_OPTIONS = {"epochs": "3", "rows_per_shard": "8", "parallel_tasks": "2"}
+BUSY_OPTIONS = {"epochs": "3", "rows_per_shard": "8", "parallel_tasks": "2",
+                "validation_fraction": "none"}
 
 
 def busy_table():
@@ -780,6 +781,7 @@ def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_
 
     svc = memory_services()
     metadata = {"epochs": "2", "rows_per_shard": "8", "batch_size": "8",
+                "validation_fraction": "none",
                 **({"parallel_tasks": requested} if requested else {})}
     data = csv_bytes(["f0", "f1", "f2", "f3", "label"], blobs_rows(600, 3, 4, 0))
     # Execute
@@ -808,7 +810,8 @@ def test_the_task_limit_judges_the_plan_the_job_trains():
 
     svc = memory_services(Settings(limits=Limits(max_total_tasks=50)))
     data = csv_bytes(["f0", "f1", "f2", "f3", "label"], blobs_rows(600, 3, 4, 0))
-    metadata = {"epochs": "2", "rows_per_shard": "8", "batch_size": "8"}
+    metadata = {"epochs": "2", "rows_per_shard": "8", "batch_size": "8",
+                "validation_fraction": "none"}
     # Execute
     auto = handle_upload(svc, upload(svc, "auto.csv", data, metadata))
     forced = handle_upload(svc, upload(svc, "forced.csv", data,

@@ -1,0 +1,93 @@
+"""The default recipe's rules (``domain.recipe``): the budget each ``auto`` becomes, the
+validation share, and the selection (the best checkpoint, when to stop)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketlearn.domain import recipe as R
+from bucketlearn.domain.recipe import Score, Selection, advance, select
+
+
+@pytest.mark.parametrize(("rows", "batch"), [
+    (300, 256), (49_999, 256), (100_000, 512), (270_000, 1024), (10_000_000, 2048)])
+def test_the_batch_doubles_with_the_rows_past_fifty_thousand(rows: int, batch: int) -> None:
+    assert R.auto_batch(rows, image=False) == batch
+    assert R.auto_batch(rows, image=True) == R.CNN_BATCH
+
+
+def test_the_rate_grows_with_the_square_root_of_the_batch() -> None:
+    assert R.auto_learning_rate(256, image=False) == pytest.approx(2e-3)
+    assert R.auto_learning_rate(1024, image=False) == pytest.approx(4e-3)
+    assert R.auto_learning_rate(R.CNN_BATCH, image=True) == pytest.approx(R.CNN_RATE)
+
+
+@pytest.mark.parametrize(("rows", "batch", "epochs"), [
+    (300, 256, 200),          # 2,000 steps would be 2,000 epochs: capped
+    (3_000, 256, 171),        # 2,000 steps of 256 rows
+    (43_000, 256, 20),        # 20 passes
+    (270_000, 1024, 9),       # 2.4 million rows in all
+])
+def test_the_epochs_are_a_budget_of_steps_and_rows(rows: int, batch: int, epochs: int) -> None:
+    assert R.auto_epochs(rows, batch) == epochs
+
+
+def test_a_value_given_is_kept_and_every_auto_says_why() -> None:
+    # Execute
+    given = R.resolve_budget(5_000, False, epochs=7, batch_size=64, learning_rate=0.01,
+                             patience=3)
+    auto = R.resolve_budget(5_000, False, None, None, None, None)
+    # Assert
+    assert (given.epochs, given.batch_size, given.learning_rate, given.patience) == (
+        7, 64, 0.01, 3) and given.reasons == {}
+    assert (auto.batch_size, auto.epochs, auto.patience) == (256, 103, 26)
+    assert set(auto.reasons) == {"epochs", "batch_size", "learning_rate", "patience"}
+
+
+def test_too_few_rows_hold_none_out_for_validation() -> None:
+    assert R.validation_share(99, None)[0] == 0.0
+    assert "too few" in R.validation_share(99, None)[1]
+    assert R.validation_share(100, None)[0] == R.VALIDATION_FRACTION
+    assert R.validation_share(5_000, 0.25) == (0.25, "validation_fraction=0.25 (option)")
+    assert R.validation_share(5_000, 0.0)[0] == 0.0
+
+
+def scores(*accuracies: float) -> list[Score]:
+    return [Score(e, 10 * e, accuracy=a, loss=1 - a) for e, a in enumerate(accuracies, 1)]
+
+
+def test_training_stops_patience_epochs_after_the_best() -> None:
+    # Execute
+    going = select(scores(0.5, 0.7, 0.6, 0.65), patience=3, epochs=20)
+    stopped = select(scores(0.5, 0.7, 0.6, 0.65, 0.69), patience=3, epochs=20)
+    # Assert
+    assert going.stop_epoch is None and going.best.epoch == 2 and going.scored_through == 4
+    assert stopped.stop_epoch == 5 and stopped.best.version == 20
+
+
+def test_the_last_epoch_ends_selection_and_the_first_of_equals_wins() -> None:
+    found = select(scores(0.6, 0.8, 0.8), patience=10, epochs=3)
+    assert found.stop_epoch == 3 and found.best.epoch == 2
+
+
+def test_a_later_epochs_score_waits_for_the_ones_before_it() -> None:
+    """Scores may come out of order (a takeover scores a checkpoint the dead holder missed):
+    selection walks the epochs in order, so the outcome does not depend on the order."""
+    # Prepare
+    first, second, third = scores(0.5, 0.9, 0.7)
+    # Execute
+    early = advance(Selection(), {2: second, 3: third}, patience=5, epochs=10)
+    caught_up = advance(early, {1: first, 2: second, 3: third}, patience=5, epochs=10)
+    # Assert
+    assert early == Selection()
+    assert caught_up == select([first, second, third], 5, 10)
+
+
+def test_a_numeric_target_selects_by_rmse_and_the_state_round_trips() -> None:
+    # Execute
+    found = select([Score(1, 3, rmse=5.0), Score(2, 6, rmse=4.0), Score(3, 9, rmse=4.5)],
+                   patience=1, epochs=10)
+    # Assert
+    assert found.best.epoch == 2 and found.stop_epoch == 3
+    assert Selection.from_dict(found.to_dict(patience=1)) == found
+    assert Selection.from_dict(None) == Selection()
