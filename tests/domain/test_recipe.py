@@ -32,6 +32,12 @@ def test_the_epochs_are_a_budget_of_steps_and_rows(rows: int, batch: int, epochs
     assert R.auto_epochs(rows, batch) == epochs
 
 
+@pytest.mark.parametrize(("rows", "epochs"), [(2_160, 72), (34_560, 5), (400_000, 1)])
+def test_the_image_model_takes_a_fixed_number_of_steps(rows: int, epochs: int) -> None:
+    assert R.auto_epochs(rows, R.CNN_BATCH, image=True) == epochs
+    assert (epochs - 1) * rows < R.CNN_STEPS * R.CNN_BATCH <= epochs * rows or epochs == 1
+
+
 def test_a_value_given_is_kept_and_every_auto_says_why() -> None:
     # Execute
     given = R.resolve_budget(5_000, False, epochs=7, batch_size=64, learning_rate=0.01,
