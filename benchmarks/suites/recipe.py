@@ -15,9 +15,10 @@ On public tables (``harness.tables``: ``TUNING`` were looked at while the recipe
 Both ``train-local`` runs go in a child process each (``tools/train_local.py``) at TensorFlow's
 default thread count, as a user's laptop runs it; HGB is fitted in this process (its OpenMP
 threads). On the large sets (``LARGE``: flights, diamonds, the 48,000 images) the figure is the
-time ``train-local`` takes to reach its final accuracy: the recipe's best checkpoint's time
-(``best_seconds``) against the old default's wall (it has no selection: its final model is its
-last). Writes ``benchmarks/results/recipe.json`` and prints the goals.
+time ``train-local`` takes to reach the old default's final accuracy: the recipe run keeps each
+epoch's state (``trace``), measured on the holdout after the clock, and the first epoch at or
+above the old default's accuracy gives the time, against the old default's whole wall (its
+final model is its last). Writes ``benchmarks/results/recipe.json`` and prints the goals.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def measure(name: str, cache: Path, seed: int) -> dict[str, Any]:
     base = hgb(path, given, seed)
     cell: dict[str, Any] = {"table": name, "held_out": name in tables.HELD_OUT,
                             "large": name in LARGE, "hgb": base}
-    for label, options in (("before", BEFORE), ("recipe", {})):
+    for label, options in (("before", BEFORE), ("recipe", {"trace": name in LARGE})):
         log(f"recipe: {name}: {label}")
         run = serial_seconds(path, {**given, **options, "seed": seed}, repeats=1,
                              one_thread=False)
@@ -140,9 +141,23 @@ def measure(name: str, cache: Path, seed: int) -> dict[str, Any]:
     cell["recipe_vs_before"] = (figure(cell["recipe"], regression)
                                 - figure(cell["before"], regression)) * scale
     if name in LARGE:
-        best = cell["recipe"]["best_seconds"] or cell["recipe"]["seconds"]
-        cell["time_to_final_ratio"] = best / cell["before"]["seconds"]
+        cell.update(time_to_final(cell, regression))
     return cell
+
+
+def time_to_final(cell: dict[str, Any], regression: bool) -> dict[str, Any]:
+    """The recipe's time to the old default's final accuracy (its first epoch at or above it
+    on the holdout; the whole wall where none is), against the old default's wall; and its time
+    to its own selected model (the best checkpoint by validation)."""
+    target = figure(cell["before"], regression)
+    reached = [t for t in cell["recipe"].get("trace") or []
+               if (t["r2"] if regression else t["accuracy"]) >= target]
+    seconds = reached[0]["seconds"] if reached else cell["recipe"]["seconds"]
+    best = cell["recipe"]["best_seconds"] or cell["recipe"]["seconds"]
+    wall = cell["before"]["seconds"]
+    return {"time_to_final_ratio": seconds / wall if reached else None,
+            "reached_epoch": reached[0]["epoch"] if reached else None,
+            "time_to_best_ratio": best / wall}
 
 
 def judge(result: dict[str, Any]) -> None:
@@ -166,8 +181,8 @@ def judge(result: dict[str, Any]) -> None:
     for c in cells:
         if "time_to_final_ratio" in c:
             ratio = c["time_to_final_ratio"]
-            goal(result, f"{c['table']}: time to the final accuracy / old default's wall",
-                 ratio, "<= 0.5", ratio <= 0.5)
+            goal(result, f"{c['table']}: time to the old default's final accuracy / its wall",
+                 ratio, "<= 0.5", ratio is not None and ratio <= 0.5)
         result["ratios"][f"{c['table']}:recipe_vs_hgb"] = c["recipe_vs_hgb"]
 
 

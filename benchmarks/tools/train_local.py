@@ -24,8 +24,10 @@ def main(path: str, options: str) -> None:
     svc = memory_services()
     given = json.loads(options)
     recipe = given.pop("recipe", RECIPE)  # 1: the model before recipe 2
+    traced: list[tuple[int, float, list]] | None = [] if given.pop("trace", False) else None
+    on_epoch = (lambda e, s, w: traced.append((e, s, [a.copy() for a in w]))) if traced is not None else None
     started = time.perf_counter()
-    result = train_local(path, JobOptions(**given), svc=svc, recipe=recipe)
+    result = train_local(path, JobOptions(**given), svc=svc, recipe=recipe, on_epoch=on_epoch)
     seconds = time.perf_counter() - started
     # after the clock: the final model on the versions' evaluation sample (the stack's default)
     sample = sample_figures(result, svc, svc.settings.eval_max_rows)
@@ -36,7 +38,23 @@ def main(path: str, options: str) -> None:
                       "best_seconds": selection.get("best_seconds"),
                       "best_epoch": (selection.get("best") or {}).get("epoch"),
                       "stop_epoch": selection.get("stop_epoch"),
-                      "epochs": result.epochs}))
+                      "epochs": result.epochs,
+                      "trace": trace(result, svc, traced) if traced is not None else None}))
+
+
+def trace(result, svc, traced: list) -> list[dict]:
+    """Each epoch's last state on the whole holdout, after the clock: its time since the start
+    (the split included, as ``seconds``) and its accuracy, or R² for a numeric target."""
+    from bucketlearn.ingest.parts import load_parts
+    from bucketlearn.ml.training import evaluate_detail
+
+    x, y = load_parts(svc.store, svc.settings.work_bucket, result.manifest.holdout_parts)
+    rows = []
+    for epoch, seconds, weights in traced:
+        found = evaluate_detail(result.model, weights, x, y, result.spec.task)
+        rows.append({"epoch": epoch, "seconds": seconds, "accuracy": found.accuracy,
+                     "r2": found.report.get("r2")})
+    return rows
 
 
 if __name__ == "__main__":

@@ -210,3 +210,31 @@ def advance(state: Selection, scores: Mapping[int, Score], patience: int,
 def select(scores: Sequence[Score], patience: int, epochs: int) -> Selection:
     """The selection the scores make from the first epoch (``advance`` from nothing)."""
     return advance(Selection(), {s.epoch: s for s in scores}, patience, epochs)
+
+
+def selection_sentence(status: Mapping[str, Any]) -> str | None:
+    """Which version a job's model is and why, for people (the CLI's ``status``, the dashboard):
+    "version 96, the best by validation (epoch 12; stopped after epoch 38, 26 epochs without a
+    better score)". ``status`` is a status object (``selection``, ``validation``,
+    ``model_version``, ``status``); None before anything is scored and with no validation."""
+    selection = Selection.from_dict(status.get("selection"))
+    patience = (status.get("selection") or {}).get("patience")
+    done = status.get("status") == "DONE"
+    if selection.best is None:
+        if done and status.get("validation") and status.get("model_version") is not None:
+            return (f"version {status['model_version']}, the last one trained: no rows were "
+                    "held out for validation")
+        return None
+    best = selection.best
+    figure = (f"RMSE {best.rmse:.4g}" if best.rmse is not None else
+              f"{100 * best.accuracy:.1f} %" if best.accuracy is not None else "scored")
+    chosen = f"epoch {best.epoch} (version {best.version}, {figure} on the validation rows)"
+    if selection.stop_epoch is None:
+        return (f"the best by validation so far: {chosen}; training stops after {patience} "
+                "epochs without a better one")
+    stopped = (f"stopped after epoch {selection.stop_epoch}, {patience} epochs without a "
+               "better score" if selection.stop_epoch - best.epoch >= (patience or 0)
+               else f"all {selection.stop_epoch} epochs trained")
+    lead = (f"version {status.get('model_version')}, the best by validation" if done else
+            "the best by validation")
+    return f"{lead}: {chosen}; {stopped}"

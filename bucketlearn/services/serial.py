@@ -24,6 +24,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,12 +66,15 @@ def local_source(path: str) -> SourceFile:
 
 
 def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
-                svc: Services, recipe: int = RECIPE) -> SerialResult:
+                svc: Services, recipe: int = RECIPE,
+                on_epoch: Callable[[int, float, list[Any]], None] | None = None) -> SerialResult:
     """Train serially on the same split and tasks the pipeline would use, scoring each epoch's
     last state on the validation rows and stopping where the pipeline would
     (``domain.recipe.select``); evaluate the best on the same holdout. The split is written to
     ``svc``'s work bucket (in-memory services: nothing else is read or written). ``recipe``:
-    the model's (1: the one before recipe 2, for benchmarks that compare the two)."""
+    the model's (1: the one before recipe 2, for benchmarks that compare the two).
+    ``on_epoch(epoch, seconds, weights)`` is called with each epoch's last state before it is
+    scored (a benchmark's trace; its time counts)."""
     started = time.perf_counter()
     limits = limits or Limits()
     source = local_source(path)
@@ -95,6 +99,8 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
             result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
                                 options.seed, epoch, task_index, balance)
             weights, optimizer = result.weights, result.optimizer
+        if on_epoch is not None:
+            on_epoch(epoch, time.perf_counter() - started, list(weights))
         if checkpoints.done(epoch, epoch * len(tasks), weights, time.perf_counter() - started):
             break
     final = checkpoints.best_weights or weights

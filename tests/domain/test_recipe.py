@@ -97,3 +97,37 @@ def test_a_numeric_target_selects_by_rmse_and_the_state_round_trips() -> None:
     assert found.best.epoch == 2 and found.stop_epoch == 3
     assert Selection.from_dict(found.to_dict(patience=1)) == found
     assert Selection.from_dict(None) == Selection()
+
+
+def _status(selection: Selection, status: str = "DONE", patience: int = 5) -> dict:
+    return {"selection": selection.to_dict(patience), "status": status,
+            "model_version": selection.best.version if selection.best else None,
+            "validation": "0.1 of each class's training rows"}
+
+
+def test_the_selection_is_said_in_words_while_running_and_once_stopped() -> None:
+    # Prepare: the best at epoch 2, then five epochs without better
+    stopped = select(scores(0.8, 0.9, 0.85, 0.85, 0.85, 0.85, 0.85), patience=5, epochs=40)
+    running = select(scores(0.8, 0.9, 0.85), patience=5, epochs=40)
+    ran_out = select(scores(0.8, 0.9, 0.85), patience=5, epochs=3)
+    # Execute
+    done = R.selection_sentence(_status(stopped))
+    live = R.selection_sentence(_status(running, "RUNNING"))
+    full = R.selection_sentence(_status(ran_out))
+    # Assert
+    assert done == ("version 20, the best by validation: epoch 2 (version 20, 90.0 % on the "
+                    "validation rows); stopped after epoch 7, 5 epochs without a better score")
+    assert live is not None and live.startswith("the best by validation so far: epoch 2")
+    assert full is not None and full.endswith("all 3 epochs trained")
+
+
+def test_no_selection_says_the_last_version_once_done_and_nothing_before() -> None:
+    # Prepare
+    none = {"selection": None, "status": "DONE", "model_version": 7,
+            "validation": "none: 80 training rows are too few to hold some out"}
+    # Execute / Assert
+    assert R.selection_sentence(none) == (
+        "version 7, the last one trained: no rows were held out for validation")
+    assert R.selection_sentence({**none, "status": "RUNNING"}) is None
+    rmse = select([Score(1, 4, rmse=2.5)], patience=5, epochs=1)
+    assert "RMSE 2.5 on the validation rows" in str(R.selection_sentence(_status(rmse)))

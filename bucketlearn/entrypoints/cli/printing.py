@@ -9,6 +9,7 @@ from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.forecast import plan_lines
 from bucketlearn.domain.job import CANCELLED, Job
 from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.services.status import status_object
 
@@ -70,6 +71,9 @@ def print_status(status: dict[str, Any]) -> None:
     for label, text in plan_lines(status.get("plan"), status.get("forecast"),
                                   status.get("actual")):
         print(f"{label + ':':11s}{text}")
+    chosen = selection_sentence(status)
+    if chosen:
+        print(f"selected:  {chosen}")
     if status.get("model_uri"):
         print(f"model:     {status['model_uri']}")
     elif status["status"] == CANCELLED and status.get("version") is not None:

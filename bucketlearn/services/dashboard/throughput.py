@@ -12,6 +12,7 @@ import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
 from bucketlearn.domain.job import Job
+from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.version import Version
 
 RATE_WINDOW_SECONDS = 60.0    # "current rate" = work committed in the last minute
@@ -130,5 +131,8 @@ def forecast_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def plan_text(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The plan, the forecast and what the job measured, as the CLI's ``status`` says them."""
-    return plan_lines(summary.get("plan"), summary.get("forecast"), summary.get("actual"))
+    """The plan, the forecast, what the job measured and which version it selected, as the
+    CLI's ``status`` says them."""
+    lines = plan_lines(summary.get("plan"), summary.get("forecast"), summary.get("actual"))
+    chosen = selection_sentence(summary)
+    return [*lines, ("selected", chosen)] if chosen else lines
