@@ -107,13 +107,13 @@ class Head:
 
 def attach_head(versions: Sequence[Version], head: Head | None) -> list[Version]:
     """Versions with the head's figures put on the version they are of (``evaluated_version``),
-    over that version's own: a finished job's final figures, its export's on the whole holdout
+    over that version's own (its validation score kept): a finished job's final figures, its export's on the whole holdout
     (what its status reports), are written on the job's head only, and a job that trains fast
     may have had no other version evaluated. The dashboard reads versions through this."""
     if head is None or head.evaluated_version is None or not head.figures:
         return list(versions)
-    return [dataclasses.replace(v, figures=head.figures) if v.version == head.evaluated_version
-            else v for v in versions]
+    return [dataclasses.replace(v, figures={**v.figures, **head.figures})
+            if v.version == head.evaluated_version else v for v in versions]
 
 
 def _optional(value: Any, kind: type) -> Any:

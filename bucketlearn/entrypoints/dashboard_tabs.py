@@ -61,7 +61,8 @@ def line_chart(container: Any, points: pd.DataFrame, x: str, title: str) -> None
     a figure known at a few versions is still drawn (a line needs two points; a point, one)."""
     kind = "T" if x == "time" else "Q"
     chart = alt.Chart(points).mark_line(point=True).encode(
-        x=alt.X(f"{x}:{kind}", title=x),
+        x=alt.X(f"{x}:{kind}", title=x,  # versions are whole numbers, even one alone
+                axis=alt.Axis(format="d", tickMinStep=1) if kind == "Q" else alt.Axis()),
         y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
         color=alt.Color("figure:N", title=None, legend=alt.Legend(orient="bottom")),
         tooltip=[alt.Tooltip(f"{x}:{kind}"), "figure:N", alt.Tooltip("value:Q", format=".4f")])
@@ -75,19 +76,21 @@ def training_tab(svc: Services, view: JobView) -> None:
     frame = training.version_frame(view.versions)
     regression = headline.is_regression(view.summary)
     figure = "holdout_rmse" if regression else "holdout_accuracy"
-    if frame[figure].notna().sum() == 0:
+    validation = figure.replace("holdout_", "validation_")
+    if frame[figure].notna().sum() == 0 and frame[validation].notna().sum() == 0:
         st.info("No evaluated version yet: the first one is committed after the first deltas.")
         return
     x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
     left, right = st.columns(2)
     if regression:  # a numeric target: its error in the target's units
-        line_chart(left, training.curve(frame, ["holdout_rmse", "holdout_mae"], x), x,
-                   "Holdout RMSE and MAE by " + x)
+        line_chart(left, training.curve(frame, ["validation_rmse", "holdout_rmse",
+                                                "holdout_mae"], x), x, "RMSE and MAE by " + x)
     else:
-        line_chart(left, training.curve(frame, ["holdout_accuracy", "holdout_macro_f1"], x), x,
-                   "Holdout accuracy and macro-F1 by " + x)
-    line_chart(right, training.curve(frame, ["holdout_loss", "train_loss"], x), x,
-               "Loss by " + x)
+        line_chart(left, training.curve(frame, ["validation_accuracy", "holdout_accuracy",
+                                                "holdout_macro_f1"], x), x,
+                   "Accuracy and macro-F1 by " + x)
+    line_chart(right, training.curve(frame, ["validation_loss", "holdout_loss", "train_loss"],
+                                     x), x, "Loss by " + x)
     if note := training.curve_note(frame, figure, view.job.status == DONE):
         st.caption(note)
     report_section(view.job, view.versions)

@@ -141,7 +141,7 @@ def test_dashboard_follows_a_job_to_done(stack: Any, browser: Any) -> None:
     # (the final figures are the exported version's: the best by validation)
     assert job.version >= job.head.version >= 2 and job.head.version in evaluated, (
         job.head.version, evaluated)
-    assert curve, (evaluated, browser.execute_script(CHART_POINTS, "Holdout accuracy"))
+    assert curve, (evaluated, browser.execute_script(CHART_POINTS, "Accuracy and macro-F1"))
     assert "No evaluated version yet" not in page_text(browser)
     # Assert: every headline figure is whole at 1280 px
     figures = browser.execute_script(CUT_FIGURES)
@@ -152,7 +152,7 @@ def test_dashboard_follows_a_job_to_done(stack: Any, browser: Any) -> None:
 def curve_drawn(browser: Any, evaluated: set[int]) -> bool:
     """Whether the holdout accuracy chart has a point at each of the ``evaluated`` versions
     (and no other), joined by a line when there are two or more."""
-    drawn = browser.execute_script(CHART_POINTS, "Holdout accuracy")
+    drawn = browser.execute_script(CHART_POINTS, "Accuracy and macro-F1")
     if not drawn:
         return False
     versions = {int(point.split(";")[0].removeprefix("version: ")) for point in drawn["points"]

@@ -550,7 +550,7 @@ def test_a_finished_job_evaluated_at_its_end_only_has_its_curve(app, registry):
     at = _run(app, FAST_ID)
     # Assert: the holdout curve's points are those the job has: the final version's
     charts = {c.proto.alt: chart_points(c) for c in at.get("vega_lite_chart")}
-    accuracy = charts["Holdout accuracy and macro-F1 by version"]
+    accuracy = charts["Accuracy and macro-F1 by version"]
     loss = charts["Loss by version"]
     assert not any("No evaluated version yet" in i.value for i in at.info)
     assert accuracy.values.tolist() == [[4, "Holdout accuracy", 0.815]]
@@ -558,6 +558,30 @@ def test_a_finished_job_evaluated_at_its_end_only_has_its_curve(app, registry):
     assert (loss["figure"] == "Train loss").sum() == 4  # every version folded has its own
     assert any("Holdout figures of 1 of the 5 versions shown" in c.value
                and "v4, the final model, on the whole holdout" in c.value for c in at.caption)
+
+
+def test_the_curve_has_each_epochs_validation_score(app, registry):
+    """A job that selects by validation: each epoch's last version was scored on the validation
+    rows; the curve draws those scores beside the holdout's, and the note says what they are."""
+    # Prepare: 2 epochs of 2 versions; the epochs' last versions (2, 4) scored on validation
+    now = time.time()
+    registry.create_job(Job.from_doc(_job(FAST_ID, "fast.csv", now - 100)))
+    _train(registry, FAST_ID, now - 90, [0.5, 0.7, 0.8, 0.815], epochs=2, evaluated=False)
+    for version, score in ((2, 0.72), (4, 0.83)):
+        registry.record_evaluation(FAST_ID, version, {"validation_accuracy": score,
+                                                      "validation_loss": 1 - score}, None)
+    registry.update_job(FAST_ID, {"status": "DONE", "phase": "done", "finished_at": now - 40})
+    # Execute
+    at = _run(app, FAST_ID)
+    # Assert
+    charts = {c.proto.alt: chart_points(c) for c in at.get("vega_lite_chart")}
+    accuracy = charts["Accuracy and macro-F1 by version"]
+    validation = accuracy[accuracy["figure"] == "Validation accuracy"]
+    assert validation[["version", "value"]].values.tolist() == [[2, 0.72], [4, 0.83]]
+    assert set(charts["Loss by version"]["figure"]) == {"Validation loss", "Holdout loss",
+                                                        "Train loss"}
+    assert any("The validation line scores each epoch's last version" in c.value
+               for c in at.caption)
 
 
 def chart_points(chart) -> pd.DataFrame:

@@ -21,7 +21,10 @@ from bucketlearn.services.dashboard.formats import (
 
 VERSION_COLUMNS = ("version", "epoch", "time", "created_at", "holdout_accuracy",
                    "holdout_macro_f1", "holdout_loss", "train_loss", "samples", "tasks",
-                   "holdout_rmse", "holdout_mae", "holdout_r2")  # (the last: numeric targets)
+                   "holdout_rmse", "holdout_mae", "holdout_r2",  # (these: numeric targets)
+                   "validation_accuracy", "validation_loss", "validation_rmse")
+FIGURES = ("holdout_accuracy", "holdout_macro_f1", "holdout_loss", "holdout_rmse", "holdout_mae",
+           "holdout_r2", "validation_accuracy", "validation_loss", "validation_rmse")
 
 
 def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
@@ -30,13 +33,10 @@ def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
         "version": v.version, "epoch": v.epoch, "time": timestamp(v.created_at),
         "created_at": v.created_at, "train_loss": v.train_loss, "samples": v.samples,
         "tasks": v.tasks,
-        **{name: as_float(v.figure(name)) for name in ("holdout_accuracy", "holdout_macro_f1",
-                                                      "holdout_loss", "holdout_rmse",
-                                                      "holdout_mae", "holdout_r2")},
+        **{name: as_float(v.figure(name)) for name in FIGURES},
     } for v in versions]
     frame = pd.DataFrame(rows, columns=list(VERSION_COLUMNS))
-    for column in ("holdout_accuracy", "holdout_macro_f1", "holdout_loss", "train_loss",
-                   "created_at", "holdout_rmse", "holdout_mae", "holdout_r2"):
+    for column in (*FIGURES, "train_loss", "created_at"):
         frame[column] = frame[column].astype("float64")
     return frame.sort_values("version", kind="stable").reset_index(drop=True)
 
@@ -44,7 +44,9 @@ def version_frame(versions: Iterable[Version]) -> pd.DataFrame:
 # what each line of the Training tab's charts is called
 CURVE_LABELS = {"holdout_accuracy": "Holdout accuracy", "holdout_macro_f1": "Holdout macro-F1",
                 "holdout_loss": "Holdout loss", "train_loss": "Train loss",
-                "holdout_rmse": "Holdout RMSE", "holdout_mae": "Holdout MAE"}
+                "holdout_rmse": "Holdout RMSE", "holdout_mae": "Holdout MAE",
+                "validation_accuracy": "Validation accuracy", "validation_loss": "Validation loss",
+                "validation_rmse": "Validation RMSE"}
 
 
 def curve(frame: pd.DataFrame, figures: Sequence[str], x: str = "version") -> pd.DataFrame:
@@ -69,6 +71,10 @@ def curve_note(frame: pd.DataFrame, figure: str, finished: bool) -> str:
             "job that trains fast has few.")
     if finished and int(evaluated.iloc[-1]) == int(frame["version"].iloc[-1]):
         text += f" v{int(evaluated.iloc[-1])}, the final model, on the whole holdout."
+    validation = figure.replace("holdout_", "validation_")
+    if validation in frame and frame[validation].notna().any():
+        text += (" The validation line scores each epoch's last version on the rows held out "
+                 "to select the model; the best of them is the one exported.")
     return text
 
 
