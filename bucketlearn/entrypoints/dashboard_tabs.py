@@ -64,7 +64,8 @@ def line_chart(container: Any, points: pd.DataFrame, x: str, title: str) -> None
         x=alt.X(f"{x}:{kind}", title=x,  # versions are whole numbers, even one alone
                 axis=alt.Axis(format="d", tickMinStep=1) if kind == "Q" else alt.Axis()),
         y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("figure:N", title=None, legend=alt.Legend(orient="bottom")),
+        color=alt.Color("figure:N", title=None,
+                        legend=alt.Legend(orient="bottom", columns=2, labelLimit=0)),
         tooltip=[alt.Tooltip(f"{x}:{kind}"), "figure:N", alt.Tooltip("value:Q", format=".4f")])
     container.markdown(f"**{title}**")
     container.altair_chart(chart, width="stretch", alt=title)

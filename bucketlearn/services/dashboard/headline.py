@@ -35,6 +35,9 @@ def job_summary(job: Job, versions: list[Version], now: float
     """The headline numbers of the job page."""
     status = status_object(job)
     options = job.options
+    if status["train_loss"] is None:  # a head set by the export carries no training loss
+        status["train_loss"] = next((v.train_loss for v in versions
+                                     if v.version == status["model_version"]), None)
     return {
         **status,
         "source": source_file(job),
@@ -67,7 +70,8 @@ def status_badge(summary: Mapping[str, Any]) -> tuple[str, str]:
 
 def headline_rows(summary: Mapping[str, Any]) -> list[list[tuple[str, str]]]:
     """(label, value) of the job page's headline, from ``job_summary``, in rows of at most
-    ``ROW_FIGURES``: where training is (version, epoch, train loss) and what it cost, then the
+    ``ROW_FIGURES``: where training is (version, or the model's of the last once DONE, epoch,
+    train loss) and what it cost, then the
     head's holdout figures (accuracy and macro-F1, ROC AUC for two classes, loss; RMSE, MAE
     and R² for a numeric target). The status is the header's badge (``status_badge``)."""
     figures = ([("Holdout RMSE", format_number(summary.get("rmse"))),
@@ -77,8 +81,11 @@ def headline_rows(summary: Mapping[str, Any]) -> list[list[tuple[str, str]]]:
                 ("Holdout macro-F1", format_number(summary.get("macro_f1"))),
                 *([("Holdout ROC AUC", format_number(summary.get("roc_auc")))]
                   if summary.get("binary") else [])])
+    model, last = summary.get("model_version"), summary["version"]
+    selected = summary["status"] == DONE and model is not None and model != last
     training = [
-        ("Version", "—" if summary["version"] is None else str(summary["version"])),
+        ("Model version", f"{model} of {last}") if selected else
+        ("Version", "—" if last is None else str(last)),
         ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
         ("Train loss", format_number(summary["train_loss"])),
         ("Est. cost", format_cost_short((summary.get("cost_usd") or {}).get("total"))),
@@ -102,8 +109,13 @@ def job_tabs(job: Job) -> list[str]:
 
 
 def progress_text(summary: Mapping[str, Any]) -> str:
-    """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished')."""
-    if summary["status"] == DONE:
+    """'6 of 12 tasks applied · ETA 1m 10s' (or '· finished', and why it stopped before its
+    last epoch: '· finished: validation stopped improving after epoch 12')."""
+    stop = (summary.get("selection") or {}).get("stop_epoch")
+    if summary["status"] == DONE and stop is not None and stop < (summary.get("epochs") or 0):
+        eta = (f"finished: stopped after epoch {stop} of {summary['epochs']}, validation "
+               "stopped improving")
+    elif summary["status"] == DONE:
         eta = "finished"
     elif summary["status"] in TERMINAL:
         eta = str(summary["status"]).lower()

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import DONE, Job
 from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.version import Version
 
@@ -79,10 +79,13 @@ def average_eta_seconds(job: Job, now: float) -> float | None:
 
 
 def progress(job: Job) -> float | None:
-    """tasks_applied / tasks_planned in [0, 1]; None before the job is split."""
+    """tasks_applied / tasks_planned in [0, 1] (1 once DONE: a job that stopped early has
+    applied fewer than planned); None before the job is split."""
     planned = job.tasks_planned or 0
     if planned <= 0:
         return None
+    if job.status == DONE:
+        return 1.0
     return min(1.0, job.tasks_applied / planned)
 
 
