@@ -133,7 +133,7 @@ def jobs_overview(registry: Registry) -> None:
             "link": st.column_config.LinkColumn("job", display_text=r"\?job=(.*)"),
             "created": st.column_config.DatetimeColumn("created (UTC)",
                                                        format="YYYY-MM-DD HH:mm:ss"),
-            "version": st.column_config.NumberColumn("head version"),
+            "version": st.column_config.NumberColumn("model version"),
             "accuracy": st.column_config.NumberColumn("holdout accuracy", format="percent"),
             "r2": st.column_config.NumberColumn("holdout R² (numeric target)", format="%.3f"),
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0,
@@ -234,7 +234,7 @@ def job_page(svc: Services) -> None:
     for row in headline.headline_rows(s):
         metric_row(row)
     if s.get("warning"):
-        st.warning(f"Head version v{s['version']}: {plain(s['warning'])}")
+        st.warning(f"Model version v{s['model_version']}: {plain(s['warning'])}")
     if s["progress"] is not None:
         st.progress(s["progress"], text=plain(headline.progress_text(s)))
     if note := headline.versions_note(job, versions):

@@ -83,10 +83,12 @@ def headline_rows(summary: Mapping[str, Any]) -> list[list[tuple[str, str]]]:
                   if summary.get("binary") else [])])
     model, last = summary.get("model_version"), summary["version"]
     selected = summary["status"] == DONE and model is not None and model != last
+    stopped = (summary.get("selection") or {}).get("stop_epoch")
     training = [
         ("Model version", f"{model} of {last}") if selected else
         ("Version", "—" if last is None else str(last)),
-        ("Epoch", f"{summary['epoch'] or 0} / {summary['epochs'] or '—'}"),
+        ("Epoch", f"{stopped if selected and stopped else summary['epoch'] or 0} / "
+                  f"{summary['epochs'] or '—'}"),
         ("Train loss", format_number(summary["train_loss"])),
         ("Est. cost", format_cost_short((summary.get("cost_usd") or {}).get("total"))),
     ]

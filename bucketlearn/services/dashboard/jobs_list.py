@@ -61,7 +61,8 @@ def overview_rows(job_docs: Iterable[Job], now: float) -> list[dict[str, Any]]:
             "source": source_file(job),
             "created": timestamp(job.created_at),
             "created_at": job.created_at,
-            "version": job.version,
+            # the model's version: once DONE, the one exported (the best by validation)
+            "version": head.version if head is not None and status == DONE else job.version,
             "accuracy": as_float(head.holdout_accuracy) if head else None,
             "r2": as_float(head.holdout_r2) if head else None,  # a numeric target's (no accuracy)
             "progress": progress(job),

@@ -283,10 +283,11 @@ def test_headline_rows_and_progress_text():
 
 
 def test_a_job_that_stopped_early_shows_its_model_version_and_why_it_ended_sooner():
-    # Prepare: DONE after epoch 3 of 5 (12 of 20 tasks); the best by validation was version 2
+    # Prepare: DONE after epoch 3 of 5 (12 of 20 tasks, the chain already in epoch 4); the best
+    # by validation was version 2
     selection = {"best": {"epoch": 1, "version": 2, "accuracy": 0.9}, "stop_epoch": 3,
                  "scored_through": 3, "patience": 2}
-    job = a_job(status="DONE", phase="done", epoch=3, version=6, tasks_applied=12,
+    job = a_job(status="DONE", phase="done", epoch=4, version=6, tasks_applied=12,
                 selection=selection,
                 head={"version": 2, "weights_path": "digits/w2", "holdout_accuracy": 0.875,
                       "holdout_loss": 0.41, "train_loss": 0.52})
@@ -294,6 +295,7 @@ def test_a_job_that_stopped_early_shows_its_model_version_and_why_it_ended_soone
     summary = headline.job_summary(job, VERSIONS, T0 + 30)
     # Assert
     assert dict(headline_figures(summary))["Model version"] == "2 of 6"
+    assert dict(headline_figures(summary))["Epoch"] == "3 / 5"
     assert summary["train_loss"] == 0.52  # the head's
     exported = a_job(status="DONE", phase="done", version=6, selection=selection,
                      head={"version": 2, "weights_path": "digits/w2", "holdout_accuracy": 0.8})
@@ -302,6 +304,7 @@ def test_a_job_that_stopped_early_shows_its_model_version_and_why_it_ended_soone
     assert headline.progress_text(summary) == (
         "12 of 20 tasks applied · finished: stopped after epoch 3 of 5, validation stopped "
         "improving")
+    assert jobs_list.overview_rows([job], T0 + 30)[0]["version"] == 2  # the model's
 
 
 def test_job_bundle_reads_everything_or_none():
