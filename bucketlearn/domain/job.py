@@ -179,9 +179,9 @@ class Job:
     # what auto options became, and the best version by validation so far (``domain.recipe``)
     budget: Mapping[str, Any] | None = None
     selection: Mapping[str, Any] | None = None
-    # how long the plan should train, and on how many learners (``domain.forecast``), and
-    # when training started
+    # how long the plan should train, on how many learners (``domain.forecast``)
     forecast: Mapping[str, Any] | None = None
+    feature_importance: Mapping[str, Any] | None = None  # the export's (domain.importance)
     dataset: Mapping[str, Any] | None = None
     model: Mapping[str, Any] | None = None
     head: Head | None = None
@@ -282,8 +282,8 @@ class Job:
             tasks_applied=_int(get("tasks_applied")), tasks_failed=_int(get("tasks_failed")),
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
             plan=_plan(get("plan")), budget=get("budget"), selection=get("selection"),
-            forecast=get("forecast"), dataset=get("dataset"),
-            model=get("model"),
+            forecast=get("forecast"), dataset=get("dataset"), model=get("model"),
+            feature_importance=get("feature_importance"),
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),

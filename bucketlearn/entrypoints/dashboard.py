@@ -23,7 +23,13 @@ import pandas as pd
 import streamlit as st
 
 from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
-from bucketlearn.entrypoints.dashboard_tabs import TABS, JobView, metric_row, options_section
+from bucketlearn.entrypoints.dashboard_tabs import (
+    TABS,
+    JobView,
+    importance_section,
+    metric_row,
+    options_section,
+)
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry, Services
 from bucketlearn.services.cancel import cancel_job
@@ -278,6 +284,7 @@ def model_tab(svc: Services, view: JobView) -> None:
                            mime="application/octet-stream", on_click="ignore", type="primary")
     if note:
         st.info(plain(note))
+    importance_section(job)
 
 
 def main(services: Callable[[], Services]) -> None:

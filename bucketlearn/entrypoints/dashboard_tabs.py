@@ -24,6 +24,7 @@ from bucketlearn.ports import Services
 from bucketlearn.services.dashboard import (
     costs,
     headline,
+    importance,
     options_data,
     throughput,
     training,
@@ -221,3 +222,18 @@ def options_section(job: Job) -> None:
 TABS: dict[str, Callable[[Services, JobView], None]] = {
     "Training": training_tab, "Throughput": throughput_tab, "Workers & tasks": workers_tab,
     "Usage & cost": usage_tab, "Options & data": options_tab}
+
+
+def importance_section(job: Job) -> None:
+    """Which columns the exported model relies on (``services.dashboard.importance``)."""
+    frame, note = importance.importance_view(job)
+    if not note:
+        return
+    st.markdown("**What the model looks at**")
+    if not frame.empty:
+        chart = alt.Chart(frame).mark_bar().encode(
+            x=alt.X("importance:Q", title="fall in the holdout figure when shuffled"),
+            y=alt.Y("column:N", sort=None, title=None),
+            tooltip=["column:N", alt.Tooltip("importance:Q", format=".4f")])
+        st.altair_chart(chart, width="stretch", alt="What the model looks at")
+    st.caption(plain(note))

@@ -11,18 +11,19 @@ import time
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain import health
+from bucketlearn.domain import health, importance
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import DONE, Job, ending_fields, fail_fields
 from bucketlearn.domain.recipe import Selection
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added
+from bucketlearn.ml.importance import permutation_importance
 from bucketlearn.ml.model import export_keras, model_inputs
 from bucketlearn.ml.training import evaluate_parts
 from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 from bucketlearn.services.evaluate import headline, holdout_figures
-from bucketlearn.services.runtime import JobRuntime, job_runtime
+from bucketlearn.services.runtime import JobRuntime, job_runtime, read_holdout_sample
 from bucketlearn.services.selection import complete
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
         found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
                                runtime.spec.task)
         model_data = _export_bytes(job, runtime, found, head.version)
+        ranked = column_importance(svc, job, runtime, weights)
     manifest = runtime.manifest
     now = svc.clock()
     rate = float(job.options["learning_rate"])
@@ -77,12 +79,31 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
     ended, current = jobs.end_job(svc.registry, job.job_id, ending_fields(
         DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
-        **selected))
+        feature_importance=ranked, **selected))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
         log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
                  current.status if current is not None else None)
         return
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
+
+
+def column_importance(svc: Services, job: Job, runtime: JobRuntime, weights: Any
+                      ) -> dict[str, Any]:
+    """The exported model's permutation importance of each original column
+    (``domain.importance``) on a fixed sample of the holdout, or why there is none; a failure
+    is logged and said, never the export's."""
+    schema = runtime.manifest.schema
+    reason = importance.skipped(len(schema))
+    if reason is not None:
+        return {"skipped": reason}
+    try:
+        x, y = read_holdout_sample(svc, runtime.manifest, runtime.holdout_part_rows(),
+                                   runtime.spec, importance.SAMPLE_ROWS)
+        return permutation_importance(runtime.model, weights, x, y, importance.spans(schema),
+                                      runtime.spec.task, int(job.options.get("seed") or 0))
+    except Exception as exc:  # noqa: BLE001 - the model is exported without its ranking
+        log.warning("job %s: no feature importance", job.job_id, exc_info=True)
+        return {"skipped": f"failed: {type(exc).__name__}"}
 
 
 def _export_bytes(job: Job, runtime: JobRuntime, found: Any, version: int) -> bytes:

@@ -59,21 +59,30 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         # which version the figures above are of (the newest is evaluated off the critical
         # path, so they may be of the one before)
         "evaluated_version": job.head.evaluated_version if job.head is not None else None,
-        # how training was laid out, what each auto option became, the selection, the cost
+        **training_fields(job),
+        **usage_summary(job.usage or {}),
+    }
+    if models_bucket and result["model_path"]:
+        result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
+    return result
+
+
+def training_fields(job: Job) -> dict[str, Any]:
+    """How training was laid out (``plan``), what each auto option became (``budget``), the
+    selection by validation, which columns the exported model relies on (once DONE), and how
+    long the plan should train and what it measured (``forecast``, ``actual``)."""
+    return {
         "plan": job.plan.to_dict() if job.plan is not None else None,
         "budget": dict(job.budget) if job.budget else None,
         "selection": dict(job.selection) if job.selection else None,
-        "validation": dataset.get("validation"),
-        **usage_summary(job.usage or {}),
-        # how long the plan should train, on how many learners, and what it measured
+        "validation": (job.dataset or {}).get("validation"),
+        "feature_importance": (list(job.feature_importance.get("columns") or [])
+                               if job.feature_importance else None),
         "forecast": dict(job.forecast) if job.forecast else None,
         "actual": (actual(job.forecast, job.finished_at if job.is_terminal else job.updated_at,
                           job.version or 0, float((job.usage or {}).get("worker_seconds") or 0),
                           job.tasks_applied, job.is_terminal) if job.forecast else None),
     }
-    if models_bucket and result["model_path"]:
-        result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
-    return result
 
 
 def head_figures(head: Mapping[str, Any], class_names: Sequence[Any]) -> dict[str, Any]:

@@ -584,6 +584,28 @@ def test_the_curve_has_each_epochs_validation_score(app, registry):
                for c in at.caption)
 
 
+def test_the_model_tab_says_which_columns_the_model_relies_on(app, registry):
+    """A DONE job's ranking of its columns: a bar each, most important first, and what the
+    figure is said under it."""
+    # Prepare
+    now = time.time()
+    registry.create_job(Job.from_doc(_job(FAST_ID, "fast.csv", now - 100)))
+    _train(registry, FAST_ID, now - 90, [0.5, 0.7], epochs=1, evaluated=False)
+    ranked = {"columns": [{"column": "signal", "importance": 0.46},
+                          {"column": "noise", "importance": 0.0}],
+              "metric": "accuracy", "baseline": 0.975, "rows": 241, "repeats": 3}
+    registry.update_job(FAST_ID, {"status": "DONE", "phase": "done", "finished_at": now - 40,
+                                  "feature_importance": ranked})
+    # Execute
+    at = _run(app, FAST_ID)
+    # Assert
+    charts = {c.proto.alt: chart_points(c) for c in at.get("vega_lite_chart")}
+    bars = charts["What the model looks at"]
+    assert bars[["column", "importance"]].values.tolist() == [["signal", 0.46], ["noise", 0.0]]
+    assert any("shuffled across 241 holdout rows" in c.value  # (markdown escaped)
+               for c in at.caption), [c.value for c in at.caption]
+
+
 def chart_points(chart) -> pd.DataFrame:
     """The rows a chart of the page draws (its Arrow dataset)."""
     import pyarrow as pa

@@ -74,6 +74,11 @@ def print_status(status: dict[str, Any]) -> None:
     chosen = selection_sentence(status)
     if chosen:
         print(f"selected:  {chosen}")
+    ranked = status.get("feature_importance") or []
+    if ranked:
+        shown = ", ".join(f"{c['column']} {c['importance']:.3f}" for c in ranked[:6])
+        print(f"relies on: {shown}{', …' if len(ranked) > 6 else ''} (the holdout figure's "
+              "fall when the column is shuffled)")
     if status.get("model_uri"):
         print(f"model:     {status['model_uri']}")
     elif status["status"] == CANCELLED and status.get("version") is not None:

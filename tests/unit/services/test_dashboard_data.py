@@ -980,3 +980,19 @@ def test_the_upload_form_asks_label_column_and_epochs_first():
     assert sorted(f.name for f in fields) == sorted(OPTION_NAMES)
     rows = {row["option"]: row for row in options_data.option_rows(a_job())}
     assert rows["parallel_tasks"]["default"] == "auto" and rows["parallel_tasks"]["value"] == "auto"
+
+
+def test_the_column_ranking_is_drawn_or_says_why_not():
+    # Prepare
+    from bucketlearn.services.dashboard import importance
+
+    ranked = {"columns": [{"column": "a", "importance": 0.2}], "metric": "r2", "baseline": 0.8,
+              "rows": 50, "repeats": 3}
+    # Execute
+    frame, note = importance.importance_view(a_job(status="DONE", feature_importance=ranked))
+    none, unsaid = importance.importance_view(a_job())
+    skipped, why = importance.importance_view(a_job(feature_importance={"skipped": "not x"}))
+    # Assert
+    assert frame.values.tolist() == [["a", 0.2]] and "holdout R² falls" in note
+    assert none.empty and unsaid == ""
+    assert skipped.empty and why == "Column ranking not x."
