@@ -158,11 +158,16 @@ class Version:
 
 def attach_evaluations(versions: Sequence[Version]) -> list[Version]:
     """Versions with the figures later commits carried for them (``Version.evaluation``) put
-    back on the version they are of; a version's own figures, when it has them, win. Both
+    back on the version they are of; a version's own holdout figures, when it has them, win
+    (a checkpoint's validation score, written on its document, is not one). Both
     registries' ``list_versions`` return this."""
     carried = {v.evaluation.version: v.evaluation for v in versions if v.evaluation is not None}
     return [v.with_figures(carried[v.version])
-            if not v.figures and v.version in carried else v for v in versions]
+            if v.version in carried and not _holdout_figures(v) else v for v in versions]
+
+
+def _holdout_figures(version: Version) -> bool:
+    return any(name not in VALIDATION_FIGURES for name in version.figures)
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -79,6 +79,20 @@ def test_figures_a_later_commit_carried_go_back_on_their_version() -> None:
     assert versions[3].evaluation == evaluation  # the carrier still says what it carried
 
 
+def test_a_checkpoints_validation_score_does_not_hide_its_carried_holdout_figures() -> None:
+    """A checkpoint's validation score is written on its own document; the holdout figures a
+    later commit carried for it still go back on it."""
+    # Prepare
+    evaluation = V.Evaluation(2, {"holdout_accuracy": 0.75, "holdout_loss": 0.5}, 10.0, 0.02)
+    docs = [V.Version(2, "w2", figures={"validation_accuracy": 0.7}).to_doc(),
+            V.Version(3, "w3", evaluation=evaluation).to_doc()]
+    # Execute
+    versions = V.attach_evaluations([V.Version.from_doc(d) for d in docs])
+    # Assert
+    assert versions[0].figure("holdout_accuracy") == 0.75
+    assert versions[0].figure("validation_accuracy") == 0.7
+
+
 def test_a_heads_figures_say_which_version_they_are_of() -> None:
     """A fold keeps the head's last figures (of the version they were measured on) until the
     new version's evaluation arrives; an older evaluation never replaces a newer one."""
