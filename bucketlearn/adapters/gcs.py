@@ -151,9 +151,8 @@ class GcsBlobStore:
         """A stream of the object; with ``generation``, every range read asks for that
         generation (``?generation=``), which Cloud Storage and fake-gcs-server serve for as long
         as it exists: in the uploads bucket, which keeps noncurrent versions, a re-upload of the
-        same name leaves the first upload's split reading its own bytes (issue #26, item 3:
-        before, the live generation was compared at open and at the end, and a re-upload
-        rejected the first job). A generation that no longer exists is ObjectChangedError.
+        same name leaves the first upload's split reading its own bytes (a re-upload never
+        rejects the first job). A generation that no longer exists is ObjectChangedError.
         (gcp-storage-emulator, which ignores the parameter, is not the local stack's storage.)
         """
         blob = self.client.bucket(bucket).blob(name, generation=generation)

@@ -11,7 +11,7 @@ is an estimate of the same moving averages, one per shard). With R = 1 both redu
 task's result: serial training, whatever η.
 
 η is 1, the round's mean, and each task of a round of k trains at k times the job's learning
-rate (``domain.plan.TrainingPlan.task_rate_scale``; issue #25, docs/TRAINING.md). The cause it
+rate (``domain.plan.TrainingPlan.task_rate_scale``; docs/TRAINING.md). The cause it
 answers was measured (``benchmarks/round_cause.py``): a round of k tasks from one version is k·b
 rows per step, but the mean of k Adam updates, each scaled by its own small-batch second
 moment, moves about 1/√k of one Adam step on those rows where batch noise dominates; one Adam

@@ -1,4 +1,4 @@
-"""How long a job should train, and on how many learners: the plan's forecast (issue #25). Pure.
+"""How long a job should train, and on how many learners: the plan's forecast. Pure.
 
 A round of k tasks costs its **critical path** (the last result's delivery, the fold and commit,
 the next round's publish and pull: the round-trip benchmark's "round trip") plus ``ceil(k / W)``
@@ -313,7 +313,7 @@ def choose_layout(parallel: TrainingPlan, chained: TrainingPlan, train_rows: int
     only when their forecast with R learners (their fastest) ends sooner than ``chained``'s
     one task at a time; else ``chained``, which is serial training's steps exactly.
 
-    Why (issue #25, docs/TRAINING.md "One task at a time when rounds do not pay"): a parallel
+    Why (docs/TRAINING.md "One task at a time when rounds do not pay"): a parallel
     round pays its critical path (0.37 s projected in the cloud) for tasks of one 256-row
     shard, tens of milliseconds of a table's compute, where a chained version costs about
     0.05 s for a task of 4 to 64 shards; and the bound that keeps rounds accurate

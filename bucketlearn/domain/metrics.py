@@ -201,7 +201,7 @@ class RegressionTally:
                 "rows": self.rows, "loss": self.squared_error / n}
 
 
-# a regression version's figures (issue #15), beside holdout_loss (the mean squared error)
+# a regression version's figures, beside holdout_loss (the mean squared error)
 REGRESSION_FIGURES = ("holdout_rmse", "holdout_mae", "holdout_r2")
 
 

@@ -15,7 +15,7 @@ SGD Converges Fast and Communicates Little", ICLR 2019: linear speedup for H = O
 steps per worker; with T = S/R for S serial steps, R·H ≤ c·√S). ``auto`` therefore takes the
 largest R with ``R * H <= PARALLEL_C * sqrt(S)``, S being the job's serial steps (epochs × batches
 per epoch) and H a shard's steps. The constant is measured (docs/TRAINING.md): 0.5 kept the
-synthetic tuning sets within a point under the fold used until issue #25; under today's rule
+synthetic tuning sets within a point under the fold used until 2026-11-27; under today's rule
 (every task of a round of k at k times the rate) two public tables ended 1.6 and 1.9 points
 below serial training at R·H/√S = 0.48–0.50 (flights, R = 16; diamonds, R = 7) and 0.22 and
 0.57 below at 0.25–0.28 (flights, R = 8; diamonds, R = 4): 0.25.
@@ -117,7 +117,7 @@ class TrainingPlan:
         ``round_index``: the number of tasks in that round when rates are ``RATES_SCALED``,
         else 1 (so one task at a time is serial training exactly).
 
-        Why (issue #25, docs/TRAINING.md): a round of k tasks from one version takes k·b rows
+        Why (docs/TRAINING.md): a round of k tasks from one version takes k·b rows
         per step, and its fold is the mean of k Adam updates. Adam scales every update by the
         root of its own small-batch second moment, so where the batch noise dominates (most
         weights, most of the job) the mean of k updates is about 1/√k of one update on the
@@ -168,7 +168,7 @@ def serial_task_shards(shard_count: int, shard_cells: int = 0, largest_rows: int
     At least ``SERIAL_TASK_SHARDS`` (as every such job had before), up to ``CHAIN_TASK_SHARDS``
     where the job keeps ``CHAIN_TASKS_PER_EPOCH`` tasks an epoch, and no more than
     ``max_task_bytes`` of arrays in one task (shards of ``largest_rows`` rows of
-    ``shard_cells`` cells; 0: no such bound). Why (issue #25, docs/TRAINING.md): a chained
+    ``shard_cells`` cells; 0: no such bound). Why (docs/TRAINING.md): a chained
     version costs about 30 ms on the stack and 50 ms projected in the cloud beside its task's
     compute, and a 4-shard task of a public 336,776-row table computed 92 ms; the steps are
     serial training's whatever the grouping, and ``train-local`` groups the same way.
@@ -261,7 +261,7 @@ def check_total_tasks(plan: TrainingPlan, max_total_tasks: int,
 
 
 # Predicting how long a job trains, to refuse one the work bucket's lifecycle rule would
-# outlast (issue #26, item 2): training a model of N parameters on one row costs about 6N
+# outlast: training a model of N parameters on one row costs about 6N
 # floating-point operations, forward and backward (Kaplan et al. 2020, "Scaling Laws for Neural
 # Language Models", C = 6ND); a round adds its critical path, priced at 1 s (the round-trip
 # benchmark's cloud projection is about 0.01 s; docs/BENCHMARKS.md), and a learner trains at

@@ -1,4 +1,4 @@
-"""Numeric targets (issue #15): classes or a number to predict, and the bins a regression file
+"""Numeric targets: classes or a number to predict, and the bins a regression file
 is stratified by. Pure rules (numpy only).
 
 **The task.** ``task=classification`` and ``task=regression`` are taken as said. ``task=auto``

@@ -48,7 +48,7 @@ class Manifest:
     missing_values: list[str] = field(default_factory=list)
     # training rows of each class (empty in manifests written before it was recorded)
     train_class_counts: list[int] = field(default_factory=list)
-    # numeric targets (issue #15): "classification" (manifests written before) or "regression";
+    # numeric targets: "classification" (manifests written before) or "regression";
     # a regression manifest has no classes: its rows are stratified by quantile bins of the
     # target (the boundaries between bins and their rows; ``domain.target``), y holds the
     # float32 targets, and the training rows' target mean and standard deviation scale the

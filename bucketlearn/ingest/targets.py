@@ -1,4 +1,4 @@
-"""A numeric label column (issue #15): is it one, and its values, checked, batch by batch.
+"""A numeric label column: is it one, and its values, checked, batch by batch.
 
 The rules (which task, the bins) are in ``bucketlearn.domain.target``; this module reads the
 label column of pyarrow batches for them. A label cell that is empty or one of

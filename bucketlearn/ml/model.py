@@ -40,7 +40,7 @@ MAX_ARCHIVE_MEMBERS = 1000
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the model is. A regression model (``task``, issue #15) has one output, in the
+    """What the model is. A regression model (``task``) has one output, in the
     target's units: a linear unit for the standardized target, then the training rows'
     ``target_mean`` and ``target_std`` undo the standardization (``n_classes`` is 1)."""
 

@@ -15,7 +15,7 @@ from bucketlearn.options import parse_option
 from bucketlearn.ports import Services
 
 IAP_USER_HEADER = "X-Goog-Authenticated-User-Email"  # "accounts.google.com:alice@example.com"
-# The upload form (issue #26, item 8): a file of at most UPLOAD_MAX_BYTES (and the deployment's
+# The upload form: a file of at most UPLOAD_MAX_BYTES (and the deployment's
 # max_file_bytes), written under UPLOAD_PREFIX/<random>/ with its base name cut to
 # UPLOAD_NAME_CHARS characters.
 UPLOAD_MAX_BYTES = 100 * 2**20
@@ -64,7 +64,7 @@ def upload_object_name(file_name: str) -> str:
 
 def upload_object_path(file_name: str) -> str:
     """Where the upload form writes a file: ``dashboard/<16 random hex>/<sanitized name>``, so
-    two people uploading the same name never overwrite each other (issue #26, item 3)."""
+    two people uploading the same name never overwrite each other."""
     return f"{UPLOAD_PREFIX}{layout.new_nonce()}/{upload_object_name(file_name)}"
 
 

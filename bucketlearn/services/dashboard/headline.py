@@ -51,7 +51,7 @@ def job_summary(job: Job, versions: list[Version], now: float
 
 
 def is_regression(summary: Mapping[str, Any]) -> bool:
-    """A ``job_summary`` (or status object) of a numeric target (issue #15)."""
+    """A ``job_summary`` (or status object) of a numeric target."""
     return summary.get("task") == REGRESSION
 
 

@@ -93,7 +93,7 @@ def dataset_facts(job: Job) -> dict[str, Any]:
 
 
 def target_facts(dataset: Mapping[str, Any]) -> dict[str, Any]:
-    """How the label column was taken (issue #15), and a numeric target's statistics."""
+    """How the label column was taken, and a numeric target's statistics."""
     facts: dict[str, Any] = {"task": str(dataset.get("task") or CLASSIFICATION)}
     if dataset.get("task_reason"):
         facts["task decided"] = str(dataset["task_reason"])

@@ -1,6 +1,6 @@
 """The job's pace: the current rate, the tasks left, the ETA and progress (the jobs overview
 and the job page's headline use them), the Throughput tab's samples/s and tasks/min over time,
-and the plan and its forecast by number of learners (issue #25)."""
+and the plan and its forecast by number of learners."""
 
 from __future__ import annotations
 
