@@ -10,16 +10,20 @@ import numpy as np
 
 from bucketlearn.domain import importance
 from bucketlearn.domain.target import REGRESSION
-from bucketlearn.ml.training import evaluate_detail
+from bucketlearn.ml.training import forget_state
+
+BATCH_ROWS = 32_768  # rows of shuffled copies scored in one forward pass, at most
+BATCH_BYTES = 64 * 1024**2  # and at most this many bytes of them
 
 
-def figure(model: Any, weights: Sequence[np.ndarray] | None, x: np.ndarray, y: np.ndarray,
-           task: str) -> float:
-    """Accuracy, or R² for a numeric target, of ``weights`` on (x, y)."""
-    found = evaluate_detail(model, weights, x, y, task)
-    if task == REGRESSION:
-        return float(found.report.get("r2") or 0.0)
-    return float(found.accuracy or 0.0)
+def _figure(predicted: np.ndarray, y: np.ndarray, task: str) -> float:
+    """Accuracy of class probabilities, or R² of a numeric target's predictions."""
+    if task != REGRESSION:
+        return float(np.mean(np.argmax(predicted, axis=1) == y.reshape(-1)))
+    truth = y.reshape(-1).astype(np.float64)
+    residual = truth - predicted.reshape(-1).astype(np.float64)
+    total = float(np.sum((truth - truth.mean()) ** 2))
+    return 1.0 - float(np.sum(residual ** 2)) / total if total > 0 else 0.0
 
 
 def permutation_importance(model: Any, weights: Sequence[np.ndarray], x: np.ndarray,
@@ -27,18 +31,23 @@ def permutation_importance(model: Any, weights: Sequence[np.ndarray], x: np.ndar
                            seed: int, repeats: int = importance.REPEATS) -> dict[str, Any]:
     """``domain.importance.ranked`` for the columns ``spans`` of ``x``: each shuffled
     ``repeats`` times with permutations drawn from ``seed`` (the same sample, weights and seed
-    give the same figures)."""
+    give the same figures). Shuffled copies are scored many to a forward pass."""
+    forget_state(model)
     model.set_weights(list(weights))
-    baseline = figure(model, None, x, y, task)
+    rows = len(y)
+    baseline = _figure(np.asarray(model.predict_on_batch(x)), y, task)
     rng = np.random.default_rng(seed)
-    permuted: dict[str, list[float]] = {}
-    for span in spans:
-        cells = slice(span.start, span.start + span.width)
-        scores = []
-        for _ in range(repeats):
-            shuffled = x.copy()
-            shuffled[:, cells] = x[rng.permutation(len(x)), cells]
-            scores.append(figure(model, None, shuffled, y, task))
-        permuted[span.name] = scores
+    trials = [(span, rng.permutation(rows)) for span in spans for _ in range(repeats)]
+    per_pass = max(1, min(BATCH_ROWS // max(1, rows), BATCH_BYTES // max(1, x.nbytes)))
+    permuted: dict[str, list[float]] = {span.name: [] for span in spans}
+    for first in range(0, len(trials), per_pass):
+        chunk = trials[first:first + per_pass]
+        copies = np.repeat(x[np.newaxis], len(chunk), axis=0)
+        for copy, (span, order) in zip(copies, chunk, strict=True):
+            cells = slice(span.start, span.start + span.width)
+            copy[:, cells] = x[order, cells]
+        predicted = np.asarray(model.predict_on_batch(copies.reshape(-1, x.shape[1])))
+        for i, (span, _) in enumerate(chunk):
+            permuted[span.name].append(_figure(predicted[i * rows:(i + 1) * rows], y, task))
     metric = "r2" if task == REGRESSION else "accuracy"
-    return importance.ranked(baseline, permuted, metric, len(y))
+    return importance.ranked(baseline, permuted, metric, rows)

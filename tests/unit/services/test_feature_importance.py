@@ -46,3 +46,22 @@ def test_a_planted_irrelevant_column_is_ranked_last(tmp_path: Path, capsys) -> N
     assert abs(status["feature_importance"][-1]["importance"]) < 0.02
     print_status(status)  # what `bucketlearn status` prints
     assert "relies on: signal " in capsys.readouterr().out
+
+
+def test_a_numeric_targets_columns_are_ranked_by_their_fall_in_r2(tmp_path: Path) -> None:
+    # Prepare: the target is 3 x signal; noise is planted
+    rng = np.random.default_rng(1)
+    signal, noise = rng.normal(size=(2, 800))
+    lines = ["signal,noise,target"] + [f"{s:.4f},{n:.4f},{3 * s + 10:.4f}"
+                                       for s, n in zip(signal, noise, strict=True)]
+    (tmp_path / "numbers.csv").write_text("\n".join(lines) + "\n")
+    # Execute
+    out = simulate_pipeline(str(tmp_path / "numbers.csv"), JobOptions(epochs=5), workers=1,
+                            svc=memory_services())
+    # Assert
+    job = out["job"]
+    assert job.status == "DONE", job.error
+    found = job.feature_importance
+    assert found["metric"] == "r2" and found["baseline"] > 0.9
+    assert [c["column"] for c in found["columns"]] == ["signal", "noise"]
+    assert found["columns"][0]["importance"] > 1.0  # shuffled, R² falls below 0
