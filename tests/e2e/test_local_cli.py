@@ -244,6 +244,7 @@ def test_train_local_and_predict_print_no_tensorflow_start_up_lines(tmp_path: Pa
     # Assert
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["accuracy"] > 0.5  # stdout is the JSON alone
+    assert json.loads(trained.stdout)["selection"]["best"]["epoch"] == 1  # by validation
     assert library_lines(trained) == [], trained.stderr
     assert predicted.returncode == 0, predicted.stderr
     assert library_lines(predicted) == [], predicted.stderr

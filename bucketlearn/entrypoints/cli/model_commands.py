@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from bucketlearn.config import load_settings
+from bucketlearn.domain.job import DONE
 from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
@@ -53,6 +55,8 @@ def cmd_train_local(args: argparse.Namespace) -> int:
                   ("macro_f1", "majority_accuracy", "roc_auc"))}}
     if args.output:
         report["model"] = args.output
+    if result.selection:  # the best epoch by validation, where training stopped (no scores)
+        report["selection"] = {k: v for k, v in result.selection.items() if k != "scores"}
     if args.json:
         emit(report)
         return EXIT_OK
@@ -64,6 +68,11 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     else:
         print(f"holdout accuracy {result.accuracy:.4f} (loss {result.loss:.4f}) on "
               f"{result.manifest.holdout_rows} rows; trained in {result.seconds:.1f}s")
+    chosen = selection_sentence({"selection": result.selection, "status": DONE,
+                                 "model_version": (result.selection.get("best") or {}).get(
+                                     "version")}) if result.selection else None
+    if chosen:
+        print(f"selected: {chosen}")
     if args.output:
         print(f"model: {args.output}")
     return EXIT_OK
