@@ -57,18 +57,38 @@ class Selector:
                 self.state = recorded
 
     def scored(self, job: Job, score: Score) -> Selection:
-        """A checkpoint's score is in: record it on its version, advance the state."""
-        self.svc.registry.record_evaluation(self.job_id, score.version, {
-            f"validation_{k}": v for k, v in score.to_dict().items() if k in
-            ("accuracy", "loss", "rmse")}, None)
+        """A checkpoint's score is in: record it on its version, advance the state. Scores
+        come in epoch order, so a gap before it is a score lost (a takeover, a failure): those
+        checkpoints are scored now from their stored weights."""
+        self._record(score)
         if score.epoch > self.state.scored_through:
             self.waiting[score.epoch] = score
+        gap = [e for e in range(self.state.scored_through + 1, score.epoch)
+               if e not in self.waiting]
+        for found in self._stored_scores(job, gap).values() if gap else ():
+            self._record(found)
+            self.waiting[found.epoch] = found
         before = self.state
         self.state = advance(self.state, self.waiting, int(job.options.get("patience") or 1),
                              int(job.options["epochs"]))
         self.waiting = {e: s for e, s in self.waiting.items() if e > self.state.scored_through}
         self.changed = self.changed or self.state != before
         return self.state
+
+    def _record(self, score: Score) -> None:
+        self.svc.registry.record_evaluation(self.job_id, score.version, {
+            f"validation_{k}": v for k, v in score.to_dict().items() if k in
+            ("accuracy", "loss", "rmse")}, None)
+
+    def _stored_scores(self, job: Job, epochs: list[int]) -> dict[int, Score]:
+        """The scores of ``epochs``' checkpoints from their stored weights (those found; none
+        when they cannot be read: the export scores them)."""
+        try:
+            return stored_scores(self.svc, job, epochs)
+        except Exception:  # noqa: BLE001 - the export scores every checkpoint it lacks
+            log.warning("job %s: could not score the checkpoints of epochs %s", self.job_id,
+                        epochs, exc_info=True)
+            return {}
 
     def fields(self, job: Job) -> dict[str, Any]:
         """The job fields that carry a changed state (with the next commit); {} if unchanged."""
@@ -92,6 +112,24 @@ class Selector:
                  "after epoch %d", self.job_id, best.epoch if best else None,
                  best.version if best else None, self.state.stop_epoch)
         return True
+
+
+def stored_scores(svc: Services, job: Job, epochs: list[int]) -> dict[int, Score]:
+    """Validation scores of the checkpoints (each epoch's last version) of ``epochs``, from
+    their stored weights; an epoch with no checkpoint committed is left out."""
+    if job.plan is None:
+        return {}
+    last_round, wanted = job.plan.rounds_per_epoch - 1, set(epochs)
+    checkpoints = {v.epoch: v for v in svc.registry.list_versions(job.job_id)
+                   if v.round == last_round and v.epoch in wanted}
+    runtime = job_runtime(svc, job)
+    scores = {}
+    for epoch, version in sorted(checkpoints.items()):
+        weights = runtime.state(version.weights_path, version.digest)[0]
+        with runtime.lock:
+            scores[epoch] = validation_score(runtime.model, weights, *runtime.validation(),
+                                             runtime.spec, epoch, version.version)
+    return scores
 
 
 def complete(svc: Services, job: Job, state: Selection) -> tuple[Selection, Version | None]:

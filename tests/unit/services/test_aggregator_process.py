@@ -708,3 +708,34 @@ def test_training_stops_where_validation_stopped_improving_with_train_locals_mod
     checkpoints = [v for v in svc.registry.list_versions(running.job_id)
                    if v.figure("validation_accuracy") is not None]
     assert len(checkpoints) >= serial.selection["stop_epoch"] - 1
+
+
+def test_a_lost_checkpoint_score_is_made_up_and_training_still_stops_early(run_job, tmp_path,
+                                                                          monkeypatch):
+    """The evaluator fails to score epoch 2's checkpoint (as after a takeover, whose new holder
+    never scored the epochs before it): when epoch 3's score comes, epoch 2's is scored from its
+    stored weights, and the job stops where train-local stops instead of training its whole
+    budget."""
+    # Prepare: the evaluator's checkpoint scoring fails once, for epoch 2
+    from bucketlearn.services import aggregator as service_module
+
+    real = service_module.checkpoint_score
+
+    def lose_epoch_two(svc, job, epoch, version, weights):
+        if epoch == 2:
+            raise OSError("injected: the score of epoch 2 is lost")
+        return real(svc, job, epoch, version, weights)
+
+    monkeypatch.setattr(service_module, "checkpoint_score", lose_epoch_two)
+    options = JobOptions(epochs=40, rows_per_shard=32, parallel_tasks=1, patience=2)
+    running = run_job(options, rows=1000)
+    serial = train_local(str(tmp_path / "blobs.csv"), options, svc=memory_services())
+    # Execute
+    job = wait_ended(running.svc, running.job_id)
+    # Assert
+    assert job.status == DONE and job.epoch < 40
+    assert job.selection["stop_epoch"] == serial.selection["stop_epoch"] < 40
+    assert job.selection["best"]["version"] == job.head.version
+    scored = {v.epoch for v in running.svc.registry.list_versions(running.job_id)
+              if v.figure("validation_accuracy") is not None}
+    assert 2 in scored
