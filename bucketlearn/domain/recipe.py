@@ -221,7 +221,8 @@ def selection_sentence(status: Mapping[str, Any]) -> str | None:
     patience = (status.get("selection") or {}).get("patience")
     done = status.get("status") == "DONE"
     if selection.best is None:
-        if done and status.get("validation") and status.get("model_version") is not None:
+        held_none = str(status.get("validation") or "").startswith("none")
+        if done and held_none and status.get("model_version") is not None:
             return (f"version {status['model_version']}, the last one trained: no rows were "
                     "held out for validation")
         return None

@@ -93,7 +93,8 @@ def training_tab(svc: Services, view: JobView) -> None:
                    "Accuracy and macro-F1 by " + x)
     line_chart(right, training.curve(frame, ["validation_loss", "holdout_loss", "train_loss"],
                                      x), x, "Loss by " + x)
-    if note := training.curve_note(frame, figure, view.job.status == DONE):
+    model = view.job.head.version if view.job.head is not None else None
+    if note := training.curve_note(frame, figure, view.job.status == DONE, model):
         st.caption(note)
     report_section(view.job, view.versions)
 

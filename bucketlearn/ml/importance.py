@@ -12,8 +12,9 @@ from bucketlearn.domain import importance
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.ml.training import forget_state
 
-BATCH_ROWS = 32_768  # rows of shuffled copies scored in one forward pass, at most
+BATCH_ROWS = 32_768  # rows of shuffled copies built at once, at most
 BATCH_BYTES = 64 * 1024**2  # and at most this many bytes of them
+PASS_ROWS = 4096  # rows a forward pass scores (the model's activations grow with them)
 
 
 def _figure(predicted: np.ndarray, y: np.ndarray, task: str) -> float:
@@ -26,6 +27,12 @@ def _figure(predicted: np.ndarray, y: np.ndarray, task: str) -> float:
     return 1.0 - float(np.sum(residual ** 2)) / total if total > 0 else 0.0
 
 
+def _predict(model: Any, x: np.ndarray) -> np.ndarray:
+    """The model's outputs for ``x``, ``PASS_ROWS`` rows a forward pass."""
+    return np.concatenate([np.asarray(model.predict_on_batch(x[i:i + PASS_ROWS]))
+                           for i in range(0, len(x), PASS_ROWS)])
+
+
 def permutation_importance(model: Any, weights: Sequence[np.ndarray], x: np.ndarray,
                            y: np.ndarray, spans: Sequence[importance.Span], task: str,
                            seed: int, repeats: int = importance.REPEATS) -> dict[str, Any]:
@@ -35,7 +42,7 @@ def permutation_importance(model: Any, weights: Sequence[np.ndarray], x: np.ndar
     forget_state(model)
     model.set_weights(list(weights))
     rows = len(y)
-    baseline = _figure(np.asarray(model.predict_on_batch(x)), y, task)
+    baseline = _figure(_predict(model, x), y, task)
     rng = np.random.default_rng(seed)
     trials = [(span, rng.permutation(rows)) for span in spans for _ in range(repeats)]
     per_pass = max(1, min(BATCH_ROWS // max(1, rows), BATCH_BYTES // max(1, x.nbytes)))
@@ -46,7 +53,7 @@ def permutation_importance(model: Any, weights: Sequence[np.ndarray], x: np.ndar
         for copy, (span, order) in zip(copies, chunk, strict=True):
             cells = slice(span.start, span.start + span.width)
             copy[:, cells] = x[order, cells]
-        predicted = np.asarray(model.predict_on_batch(copies.reshape(-1, x.shape[1])))
+        predicted = _predict(model, copies.reshape(-1, x.shape[1]))
         for i, (span, _) in enumerate(chunk):
             permuted[span.name].append(_figure(predicted[i * rows:(i + 1) * rows], y, task))
     metric = "r2" if task == REGRESSION else "accuracy"

@@ -129,5 +129,7 @@ def test_no_selection_says_the_last_version_once_done_and_nothing_before() -> No
     assert R.selection_sentence(none) == (
         "version 7, the last one trained: no rows were held out for validation")
     assert R.selection_sentence({**none, "status": "RUNNING"}) is None
+    held = {**none, "validation": "0.1 of each class's training rows (the best version …)"}
+    assert R.selection_sentence(held) is None  # rows were held out: nothing scored to say
     rmse = select([Score(1, 4, rmse=2.5)], patience=5, epochs=1)
     assert "RMSE 2.5 on the validation rows" in str(R.selection_sentence(_status(rmse)))

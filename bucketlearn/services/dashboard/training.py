@@ -61,16 +61,20 @@ def curve(frame: pd.DataFrame, figures: Sequence[str], x: str = "version") -> pd
     return points.reset_index(drop=True)
 
 
-def curve_note(frame: pd.DataFrame, figure: str, finished: bool) -> str:
-    """Which versions the holdout curve has, said under it: '' when it has every version."""
+def curve_note(frame: pd.DataFrame, figure: str, finished: bool,
+               model_version: int | None = None) -> str:
+    """Which versions the holdout curve has, said under it: '' when it has every version. A
+    finished job's ``model_version`` (the one exported; the newest evaluated when None) is
+    named as the final model."""
     evaluated = frame.loc[frame[figure].notna(), "version"]
     if evaluated.empty or len(evaluated) == len(frame):
         return ""
     text = (f"Holdout figures of {len(evaluated)} of the {len(frame)} versions shown: a version "
             "is evaluated beside training, the newest one whenever the evaluator is free, so a "
             "job that trains fast has few.")
-    if finished and int(evaluated.iloc[-1]) == int(frame["version"].iloc[-1]):
-        text += f" v{int(evaluated.iloc[-1])}, the final model, on the whole holdout."
+    exported = int(evaluated.iloc[-1]) if model_version is None else model_version
+    if finished and exported in {int(v) for v in evaluated}:
+        text += f" v{exported}, the final model, on the whole holdout."
     validation = figure.replace("holdout_", "validation_")
     if validation in frame and frame[validation].notna().any():
         text += (" The validation line scores each epoch's last version on the rows held out "

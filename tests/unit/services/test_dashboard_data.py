@@ -907,6 +907,7 @@ def test_a_sparse_curve_is_a_line_through_the_versions_evaluated():
     assert "v3, the final model, on the whole holdout" in training.curve_note(
         frame, "holdout_accuracy", True)
     assert "final model" not in training.curve_note(frame, "holdout_accuracy", False)
+    assert "v1, the final model" in training.curve_note(frame, "holdout_accuracy", True, 1)
     every = training.version_frame(VERSIONS[1:])
     assert training.curve_note(every, "holdout_accuracy", True) == ""
 
