@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn.domain import importance
+from bucketlearn.domain.metrics import RegressionTally
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.ml.training import forget_state
 
@@ -21,10 +22,9 @@ def _figure(predicted: np.ndarray, y: np.ndarray, task: str) -> float:
     """Accuracy of class probabilities, or R² of a numeric target's predictions."""
     if task != REGRESSION:
         return float(np.mean(np.argmax(predicted, axis=1) == y.reshape(-1)))
-    truth = y.reshape(-1).astype(np.float64)
-    residual = truth - predicted.reshape(-1).astype(np.float64)
-    total = float(np.sum((truth - truth.mean()) ** 2))
-    return 1.0 - float(np.sum(residual ** 2)) / total if total > 0 else 0.0
+    tally = RegressionTally()  # the holdout report's arithmetic
+    tally.add(predicted.reshape(-1), y.reshape(-1).astype(np.float32))
+    return float(tally.report()["r2"] or 0.0)
 
 
 def _predict(model: Any, x: np.ndarray) -> np.ndarray:

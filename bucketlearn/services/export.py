@@ -23,7 +23,7 @@ from bucketlearn.ml.training import evaluate_parts
 from bucketlearn.ports import Services
 from bucketlearn.services import jobs
 from bucketlearn.services.evaluate import headline, holdout_figures
-from bucketlearn.services.runtime import JobRuntime, job_runtime, read_holdout_sample
+from bucketlearn.services.runtime import JobRuntime, job_runtime
 from bucketlearn.services.selection import complete
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
         found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
                                runtime.spec.task)
         model_data = _export_bytes(job, runtime, found, head.version)
-        ranked = column_importance(svc, job, runtime, weights)
+        ranked = column_importance(job, runtime, weights)
     manifest = runtime.manifest
     now = svc.clock()
     rate = float(job.options["learning_rate"])
@@ -87,8 +87,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
 
 
-def column_importance(svc: Services, job: Job, runtime: JobRuntime, weights: Any
-                      ) -> dict[str, Any]:
+def column_importance(job: Job, runtime: JobRuntime, weights: Any) -> dict[str, Any]:
     """The exported model's permutation importance of each original column
     (``domain.importance``) on a fixed sample of the holdout, or why there is none; a failure
     is logged and said, never the export's."""
@@ -97,8 +96,7 @@ def column_importance(svc: Services, job: Job, runtime: JobRuntime, weights: Any
     if reason is not None:
         return {"skipped": reason}
     try:
-        x, y = read_holdout_sample(svc, runtime.manifest, runtime.holdout_part_rows(),
-                                   runtime.spec, importance.SAMPLE_ROWS)
+        x, y = runtime.holdout(importance.SAMPLE_ROWS)
         return permutation_importance(runtime.model, weights, x, y, importance.spans(schema),
                                       runtime.spec.task, int(job.options.get("seed") or 0))
     except Exception as exc:  # noqa: BLE001 - the model is exported without its ranking

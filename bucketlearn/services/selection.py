@@ -20,7 +20,7 @@ from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job
 from bucketlearn.domain.recipe import Score, Selection, advance
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services
-from bucketlearn.services.evaluate import validation_score
+from bucketlearn.services.evaluate import checkpoint_score
 from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
@@ -114,22 +114,27 @@ class Selector:
         return True
 
 
+def checkpoints(svc: Services, job: Job) -> dict[int, Version]:
+    """The job's checkpoints committed so far (each epoch's last version), by epoch."""
+    assert job.plan is not None
+    last_round = job.plan.rounds_per_epoch - 1
+    return {v.epoch: v for v in svc.registry.list_versions(job.job_id)
+            if v.round == last_round and v.epoch >= 1}
+
+
+def stored_score(svc: Services, job: Job, epoch: int, version: Version) -> Score:
+    """A checkpoint's validation score from its stored weights (``checkpoint_score``)."""
+    weights = job_runtime(svc, job).state(version.weights_path, version.digest)[0]
+    return checkpoint_score(svc, job, epoch, version.version, weights)
+
+
 def stored_scores(svc: Services, job: Job, epochs: list[int]) -> dict[int, Score]:
-    """Validation scores of the checkpoints (each epoch's last version) of ``epochs``, from
-    their stored weights; an epoch with no checkpoint committed is left out."""
+    """Validation scores of the checkpoints of ``epochs``, from their stored weights; an
+    epoch with no checkpoint committed is left out."""
     if job.plan is None:
         return {}
-    last_round, wanted = job.plan.rounds_per_epoch - 1, set(epochs)
-    checkpoints = {v.epoch: v for v in svc.registry.list_versions(job.job_id)
-                   if v.round == last_round and v.epoch in wanted}
-    runtime = job_runtime(svc, job)
-    scores = {}
-    for epoch, version in sorted(checkpoints.items()):
-        weights = runtime.state(version.weights_path, version.digest)[0]
-        with runtime.lock:
-            scores[epoch] = validation_score(runtime.model, weights, *runtime.validation(),
-                                             runtime.spec, epoch, version.version)
-    return scores
+    found = checkpoints(svc, job)
+    return {e: stored_score(svc, job, e, found[e]) for e in sorted(epochs) if e in found}
 
 
 def complete(svc: Services, job: Job, state: Selection) -> tuple[Selection, Version | None]:
@@ -139,18 +144,11 @@ def complete(svc: Services, job: Job, state: Selection) -> tuple[Selection, Vers
     if not selecting(job) or job.plan is None:
         return state, None
     epochs, patience = int(job.options["epochs"]), int(job.options.get("patience") or 1)
-    last_round = job.plan.rounds_per_epoch - 1
-    checkpoints = {v.epoch: v for v in svc.registry.list_versions(job.job_id)
-                   if v.round == last_round and v.epoch >= 1}
-    runtime = job_runtime(svc, job)
+    found = checkpoints(svc, job)
     scores: dict[int, Score] = {}
-    while state.stop_epoch is None and state.scored_through + 1 in checkpoints:
+    while state.stop_epoch is None and state.scored_through + 1 in found:
         epoch = state.scored_through + 1
-        version = checkpoints[epoch]
-        weights = runtime.state(version.weights_path, version.digest)[0]
-        with runtime.lock:
-            scores[epoch] = validation_score(runtime.model, weights, *runtime.validation(),
-                                             runtime.spec, epoch, version.version)
+        scores[epoch] = stored_score(svc, job, epoch, found[epoch])
         state = advance(state, scores, patience, epochs)
     best = state.best
-    return state, (checkpoints.get(best.epoch) if best is not None else None)
+    return state, (found.get(best.epoch) if best is not None else None)

@@ -30,7 +30,7 @@ from typing import Any
 
 from bucketlearn.config import Limits
 from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
-from bucketlearn.domain.recipe import RECIPE, Score, Selection, select
+from bucketlearn.domain.recipe import RECIPE, Score, Selection, advance
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
@@ -133,7 +133,8 @@ class _Checkpoints:
             return False
         score = validation_score(self.model, weights, *self.sample, self.spec, epoch, version)
         self.scores.append(score)
-        self.selection = select(self.scores, self.options.patience, self.options.epochs)
+        self.selection = advance(self.selection or Selection(), {epoch: score},
+                                 self.options.patience, self.options.epochs)
         if self.selection.best == score:
             self.best_weights, self.best_seconds = list(weights), seconds
         return self.selection.stop_epoch is not None
