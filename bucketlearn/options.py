@@ -26,6 +26,7 @@ from bucketlearn.domain.columns import (
     parse_pairs,
 )
 from bucketlearn.domain.plan import CLASS_WEIGHTS
+from bucketlearn.domain.search import SEARCH_MAX, SEARCH_MIN
 from bucketlearn.domain.target import TASKS
 from bucketlearn.errors import ConfigError
 
@@ -327,3 +328,22 @@ def normalize_option_key(key: str) -> str:
     if folded.startswith("x_goog_meta_"):
         folded = folded[len("x_goog_meta_"):]
     return folded
+
+
+SEARCH_OFF = 0
+
+
+def parse_search(raw: Any, source: str) -> int:
+    """``search`` as people write it: ``off`` (0) or the candidates at the first rung, a whole
+    number from ``domain.search.SEARCH_MIN`` to ``SEARCH_MAX``."""
+    text = str(raw).strip().lower()
+    if text == "off":
+        return SEARCH_OFF
+    expected = f"off or a whole number of candidates from {SEARCH_MIN} to {SEARCH_MAX}"
+    try:
+        count = int(text)
+    except ValueError:
+        raise ConfigError("search", expected, raw, source) from None
+    if not SEARCH_MIN <= count <= SEARCH_MAX:
+        raise ConfigError("search", expected, raw, source)
+    return count

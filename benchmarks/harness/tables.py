@@ -6,6 +6,7 @@ flights and the repository's Palmer penguins.
 Each table is written once as a CSV (a package's index column dropped, and a column that gives
 the label away, named in ``drop``); the label column is named in its options. ``TUNING`` were
 looked at while the recipe was chosen; ``HELD_OUT`` were run once, at the end.
+``SEARCH_HELD_OUT`` were kept out of every decision about the search and run once, at its end.
 """
 
 from __future__ import annotations
@@ -62,10 +63,19 @@ TABLES = {
                       options={"task": "regression"}),
     "seattle": Table("vega:seattle-weather", "weather", "classification",
                      notes="1,461 rows, a date column"),
+    # held out of every decision about the search: run once, at the end
+    "smokeban": Table("AER:SmokeBan", "smoker", "classification",
+                      notes="10,000 rows, text columns"),
+    "college": Table("AER:CollegeDistance", "score", "regression",
+                     notes="4,739 rows, text columns"),
+    "caravan": Table("ISLR:Caravan", "Purchase", "classification",
+                     notes="5,822 rows, 85 columns, 6 % positive"),
+    "wages": Table("Ecdat:Wages", "lwage", "regression", notes="4,165 rows, text columns"),
 }
 TUNING = ("diamonds-cut", "diamonds-price", "penguins", "health-insurance", "arrests",
           "computers", "wage", "email", "flights")
 HELD_OUT = ("cps1988", "nass", "fertility", "flchain", "gssvocab", "seattle")
+SEARCH_HELD_OUT = ("smokeban", "college", "caravan", "wages")
 
 
 def _frame(source: str) -> Any:

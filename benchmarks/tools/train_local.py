@@ -1,5 +1,6 @@
 """``train-local`` on one file in this process, timed: prints one JSON line (seconds, accuracy,
-loss, and the same on the versions' evaluation sample). Started by ``benchmarks.harness.serial.serial_seconds`` with the thread settings to
+loss, and the same on the versions' evaluation sample); with ``search`` among the options,
+``train-local --search`` (its candidates, rungs and selection too). Started by ``benchmarks.harness.serial.serial_seconds`` with the thread settings to
 measure in its environment.
 
     python -m benchmarks.tools.train_local PATH OPTIONS_JSON
@@ -26,8 +27,15 @@ def main(path: str, options: str) -> None:
     recipe = given.pop("recipe", RECIPE)  # 1: the model before recipe 2
     traced: list[tuple[int, float, list]] | None = [] if given.pop("trace", False) else None
     on_epoch = (lambda e, s, w: traced.append((e, s, [a.copy() for a in w]))) if traced is not None else None
+    count = given.pop("search", 0)  # candidates of a search (0: one model)
     started = time.perf_counter()
-    result = train_local(path, JobOptions(**given), svc=svc, recipe=recipe, on_epoch=on_epoch)
+    if count:
+        from bucketlearn.services.search import search_local
+
+        result = search_local(path, JobOptions(**given), count, svc=svc, recipe=recipe)
+    else:
+        result = train_local(path, JobOptions(**given), svc=svc, recipe=recipe,
+                             on_epoch=on_epoch)
     seconds = time.perf_counter() - started
     # after the clock: the final model on the versions' evaluation sample (the stack's default)
     sample = sample_figures(result, svc, svc.settings.eval_max_rows)
@@ -38,7 +46,9 @@ def main(path: str, options: str) -> None:
                       "best_seconds": selection.get("best_seconds"),
                       "best_epoch": (selection.get("best") or {}).get("epoch"),
                       "stop_epoch": selection.get("stop_epoch"),
-                      "epochs": result.epochs,
+                      "epochs": result.epochs, "tasks": result.tasks,
+                      **({"candidates": result.candidates, "selected": result.selected,
+                          "rungs": result.rungs} if count else {}),
                       "trace": trace(result, svc, traced) if traced is not None else None}))
 
 

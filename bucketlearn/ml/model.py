@@ -28,6 +28,7 @@ from bucketlearn.domain.scaling import Preprocessing
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.errors import InputProblem, InvalidInputError, PermanentError
 from bucketlearn.ml import recipe
+from bucketlearn.ml.recipe import LABEL_SMOOTHING, LAYERS
 from bucketlearn.ml.tabular import build_core, input_names, output_head, raw_row_model
 
 SIDECAR_NAME = "bucketlearn.json"
@@ -55,6 +56,12 @@ class ModelSpec:
     target_std: float = 1.0
     # the model and training recipe (``domain.recipe.RECIPE``); 1: a job begun before recipe 2
     recipe: int = 1
+    # a recipe-2 MLP's shape, label smoothing and numeric encoding (a search's candidate may
+    # change them: ``domain.search.Candidate``)
+    width: int = LAYERS[0]
+    depth: int = len(LAYERS)
+    smoothing: float = LABEL_SMOOTHING
+    encoding: bool = True
 
     @property
     def regression(self) -> bool:
@@ -68,6 +75,9 @@ class ModelSpec:
                 data.pop(name)
         if self.recipe == 1:  # a job begun before recipe 2, as its document said
             data.pop("recipe")
+        for name in _SHAPE_FIELDS:  # an unsearched job's document as before the search
+            if data[name] == getattr(_DEFAULT_SHAPE, name):
+                data.pop(name)
         return data
 
     @classmethod
@@ -80,7 +90,13 @@ class ModelSpec:
                    task=str(data.get("task") or CLASSIFICATION),
                    target_mean=float(data.get("target_mean", 0.0)),
                    target_std=float(data.get("target_std", 1.0)),
-                   recipe=int(data.get("recipe") or 1))
+                   recipe=int(data.get("recipe") or 1),
+                **{name: type(getattr(_DEFAULT_SHAPE, name))(data[name])
+                   for name in _SHAPE_FIELDS if name in data})
+
+
+_SHAPE_FIELDS = ("width", "depth", "smoothing", "encoding")
+_DEFAULT_SHAPE = ModelSpec("mlp", 1, 1, None, 0, 0.0)
 
 
 def image_shape_for(n_features: int) -> tuple[int, int, int] | None:
@@ -216,9 +232,10 @@ def _recipe_mlp(keras: Any, spec: ModelSpec, columns: Sequence[Column],
                              "the manifest")
     inputs, outputs = recipe.build(keras, list(columns), spec.n_features, spec.n_classes,
                                    Preprocessing.from_dict(preprocessing), next_seed,
-                                   _target(spec))
+                                   _target(spec), (spec.width,) * spec.depth, spec.encoding)
     model = keras.Model(inputs, outputs, name="bucketlearn_mlp2")
-    recipe.compile_recipe(keras, model, spec.learning_rate, spec.regression, spec.n_classes)
+    recipe.compile_recipe(keras, model, spec.learning_rate, spec.regression, spec.n_classes,
+                          spec.smoothing)
     return model
 
 
@@ -358,3 +375,18 @@ def model_inputs(manifest_columns: list[dict[str, Any]], markers: list[str]) -> 
         return {}
     return {"inputs": input_names(columns), "columns": manifest_columns,
             "missing_values": list(markers)}
+
+
+def ensemble_model(members: Sequence[Any]) -> Any:
+    """One model whose output is the mean of ``members``' outputs (class probabilities, or a
+    numeric target in its units) on the same input matrix, each member holding its weights
+    as they stand. Built-in layers only: it exports and loads in safe mode as any model here.
+    The members are renamed (``member_<i>``): Keras wants the models in one graph named apart."""
+    keras = keras_module()
+    inputs = keras.Input(shape=tuple(members[0].inputs[0].shape[1:]), name="features")
+    outputs = []
+    for index, member in enumerate(members):
+        member.name = f"member_{index}"
+        outputs.append(member(inputs))
+    mean = keras.layers.Average(name="ensemble_mean")(outputs)
+    return keras.Model(inputs, mean, name="bucketlearn_ensemble")

@@ -31,29 +31,32 @@ BETA_2 = 0.95
 
 def build(keras: Any, columns: Sequence[Column], width: int, n_classes: int,
           preprocessing: Preprocessing, next_seed: Callable[[], int],
-          target: tuple[float, float] | None = None) -> tuple[Any, Any]:
+          target: tuple[float, float] | None = None, layers: Sequence[int] = LAYERS,
+          encoding: bool = True) -> tuple[Any, Any]:
     """(inputs, outputs) of the recipe-2 MLP on a ``width``-cell matrix whose columns are
-    ``columns`` (empty: every cell a complete number)."""
+    ``columns`` (empty: every cell a complete number): ``layers`` of ReLU units; ``encoding``
+    False leaves out the numeric cells' piecewise-linear encoding."""
     from keras import ops  # noqa: PLC0415 - TensorFlow is imported lazily
 
     def init() -> Any:
         return keras.initializers.GlorotUniform(seed=next_seed())
 
     inputs = keras.Input(shape=(width,), name="features")
-    blocks = _numeric_blocks(keras, ops, inputs, columns, preprocessing, init)
+    blocks = _numeric_blocks(keras, ops, inputs, columns, preprocessing, init, encoding)
     at = 0
     for column in columns:
         if column.kind == CATEGORY:
             blocks.append(_category_block(keras, ops, inputs[:, at], column, next_seed))
         at += column.width
     x = keras.layers.Concatenate(name="encoded")(blocks) if len(blocks) > 1 else blocks[0]
-    for units in LAYERS:
+    for units in layers:
         x = keras.layers.Dense(units, activation="relu", kernel_initializer=init())(x)
     return inputs, output_head(keras, x, n_classes, init, target)
 
 
 def _numeric_blocks(keras: Any, ops: Any, inputs: Any, columns: Sequence[Column],
-                    prep: Preprocessing, init: Callable[[], Any]) -> list[Any]:
+                    prep: Preprocessing, init: Callable[[], Any],
+                    encoding: bool = True) -> list[Any]:
     """The scaled numeric cells, their encodings and the missing indicators."""
     if not prep.cells:
         return []
@@ -64,7 +67,7 @@ def _numeric_blocks(keras: Any, ops: Any, inputs: Any, columns: Sequence[Column]
     z = (ops.where(missing, center, raw) - center) / np.asarray(prep.scale, dtype=np.float32)
     z = z / ops.sqrt(1.0 + ops.square(z / CLIP))
     blocks = [z]
-    if prep.edges:
+    if prep.edges and encoding:
         blocks.insert(0, _encoded(keras, ops, z, np.asarray(prep.edges, np.float32), init))
     flagged = _flagged_cells(columns, prep.cells)
     if flagged:
@@ -115,13 +118,13 @@ def _category_block(keras: Any, ops: Any, codes: Any, column: Column,
 
 
 def compile_recipe(keras: Any, model: Any, learning_rate: float, regression: bool,
-                   n_classes: int) -> None:
+                   n_classes: int, smoothing: float = LABEL_SMOOTHING) -> None:
     """Adam with beta_2 = ``BETA_2``; classes learn from one-hot targets smoothed by
-    ``LABEL_SMOOTHING`` (``ml.training`` one-hots a task's labels: ``one_hot_classes``), a
+    ``smoothing`` (``ml.training`` one-hots a task's labels: ``one_hot_classes``), a
     numeric target by its mean squared error. The optimizer's state is built now (a version
     carries it)."""
     loss = ("mse" if regression else
-            keras.losses.CategoricalCrossentropy(label_smoothing=LABEL_SMOOTHING))
+            keras.losses.CategoricalCrossentropy(label_smoothing=smoothing))
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=learning_rate, beta_2=BETA_2),
                   loss=loss)
     model.optimizer.build(model.trainable_variables)

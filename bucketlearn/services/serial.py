@@ -58,6 +58,7 @@ class SerialResult:
     selection: dict[str, Any] = dataclasses.field(default_factory=dict)  # _Checkpoints.summary
     epochs: int = 0  # the epochs trained (fewer than the options' when training stopped early)
     options: JobOptions | None = None  # as the budget resolved them
+    tasks: int = 0  # the tasks trained (a chained job's versions)
 
 
 def local_source(path: str) -> SourceFile:
@@ -77,38 +78,82 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
     scored (a benchmark's trace; its time counts)."""
     started = time.perf_counter()
     limits = limits or Limits()
+    manifest, options = split_locally(path, options, limits, svc)
+    spec = spec_for(manifest, options, local_source(path).display_name, recipe)
+    line = TrainingLine(svc, manifest, options, spec, limits, started, on_epoch=on_epoch)
+    while not line.train_epoch():
+        pass
+    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
+    found = evaluate_detail(line.model, line.final_weights, x_hold, y_hold, spec.task)
+    return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
+                        line.model, list(line.final_weights), found.report, spec,
+                        line.checkpoints.summary(), line.epoch, options,
+                        line.epoch * line.tasks_per_epoch)
+
+
+def split_locally(path: str, options: JobOptions, limits: Limits,
+                  svc: Services) -> tuple[Manifest, JobOptions]:
+    """The split the pipeline would make of ``path`` (written to ``svc``'s work bucket), and
+    the options with their budget resolved for it."""
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options, limits)
     options, _ = budgeted(options, outline_of(manifest), source.display_name)
-    spec = spec_for(manifest, options, source.display_name, recipe)
-    model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
-                        manifest.preprocessing)
-    plan = chained_plan(manifest, options, limits)
-    weights, optimizer = model.get_weights(), optimizer_state(model)
-    balance = class_weights(options.class_weight, manifest.train_counts)
-    checkpoints = _Checkpoints(svc, manifest, spec, options, model)
-    epoch = 0
-    for epoch in range(1, options.epochs + 1):
-        tasks = epoch_tasks(plan, len(manifest.shards), options.seed, epoch)
+    return manifest, options
+
+
+class TrainingLine:
+    """One model trained serially, epoch by epoch, through the tasks the pipeline's chained
+    plan makes for ``options`` (its seed orders the rows), each epoch's last state scored on
+    the validation rows (``_Checkpoints``). ``sample``: the validation rows, when the caller
+    has read them already (a search's candidates share them)."""
+
+    def __init__(self, svc: Services, manifest: Manifest, options: JobOptions, spec: Any,
+                 limits: Limits, started: float, *,
+                 on_epoch: Callable[[int, float, list[Any]], None] | None = None,
+                 sample: tuple[Any, Any] | None = None) -> None:
+        self.svc, self.manifest, self.options, self.spec = svc, manifest, options, spec
+        self.started, self.on_epoch = started, on_epoch
+        self.model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
+                                 manifest.preprocessing)
+        self.plan = chained_plan(manifest, options, limits)
+        self.weights, self.optimizer = self.model.get_weights(), optimizer_state(self.model)
+        self.balance = class_weights(options.class_weight, manifest.train_counts)
+        self.checkpoints = _Checkpoints(svc, manifest, spec, options, self.model, sample)
+        self.epoch = 0
+        self.finished = False
+        self.train_loss = 0.0  # the last task's mean training loss
+        self.tasks_per_epoch = 0
+
+    @property
+    def final_weights(self) -> list[Any]:
+        """The best weights by validation (the last, with no validation rows)."""
+        return self.checkpoints.best_weights or self.weights
+
+    def train_epoch(self) -> bool:
+        """Train the next epoch and score its last state; True once training is over (stopped
+        by validation, or the last epoch trained)."""
+        options, manifest = self.options, self.manifest
+        self.epoch += 1
+        tasks = epoch_tasks(self.plan, len(manifest.shards), options.seed, self.epoch)
+        self.tasks_per_epoch = len(tasks)
         for task_index, members in enumerate(tasks):
             parts = [p for i in members for p in manifest.shards[i].parts]
-            x, y = load_parts(svc.store, svc.settings.work_bucket, parts)
+            x, y = load_parts(self.svc.store, self.svc.settings.work_bucket, parts)
             rates = step_rates(options.learning_rate, options.lr_schedule,
-                               plan.span(epoch, task_index),
+                               self.plan.span(self.epoch, task_index),
                                math.ceil(len(y) / options.batch_size))
-            result = train_task(model, weights, optimizer, x, y, options.batch_size, rates,
-                                options.seed, epoch, task_index, balance)
-            weights, optimizer = result.weights, result.optimizer
-        if on_epoch is not None:
-            on_epoch(epoch, time.perf_counter() - started, list(weights))
-        if checkpoints.done(epoch, epoch * len(tasks), weights, time.perf_counter() - started):
-            break
-    final = checkpoints.best_weights or weights
-    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    found = evaluate_detail(model, final, x_hold, y_hold, spec.task)
-    return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
-                        model, list(final), found.report, spec, checkpoints.summary(), epoch,
-                        options)
+            result = train_task(self.model, self.weights, self.optimizer, x, y,
+                                options.batch_size, rates, options.seed, self.epoch,
+                                task_index, self.balance)
+            self.weights, self.optimizer = result.weights, result.optimizer
+            self.train_loss = result.train_loss
+        seconds = time.perf_counter() - self.started
+        if self.on_epoch is not None:
+            self.on_epoch(self.epoch, seconds, list(self.weights))
+        stopped = self.checkpoints.done(self.epoch, self.epoch * len(tasks), self.weights,
+                                        time.perf_counter() - self.started)
+        self.finished = stopped or self.epoch >= options.epochs
+        return self.finished
 
 
 class _Checkpoints:
@@ -117,10 +162,10 @@ class _Checkpoints:
     ``domain.recipe.select``."""
 
     def __init__(self, svc: Services, manifest: Manifest, spec: Any, options: JobOptions,
-                 model: Any) -> None:
+                 model: Any, sample: tuple[Any, Any] | None = None) -> None:
         self.model, self.spec, self.options = model, spec, options
-        self.sample = (read_validation_sample(svc, manifest, spec)
-                       if manifest.validation_rows else None)
+        self.sample = sample or (read_validation_sample(svc, manifest, spec)
+                                 if manifest.validation_rows else None)
         self.scores: list[Score] = []
         self.best_weights: list[Any] | None = None
         self.selection: Selection | None = None

@@ -276,3 +276,33 @@ def test_the_demo_prints_no_library_logs_and_says_its_plan_in_words(stacks: Stac
     assert "predictions for the raw rows of" in demo.stdout
     (plan,) = [line for line in demo.stdout.splitlines() if line.startswith("plan:")]
     assert "trains one task at a time: " in plan and "R*H" not in output and "sqrt" not in output
+
+
+def test_train_local_search_says_its_leaderboard_and_exports_the_selected_model(
+        tmp_path: Path) -> None:
+    """``train-local --search 6``: six candidates, two pruned after the first rung, four
+    finalists; the model is the selection (one finalist or the mean of the best few), it
+    predicts; a count out of range is refused naming what was expected."""
+    # Prepare
+    home, model = tmp_path / "home", tmp_path / "searched.keras"
+    # Execute
+    searched = run(home, "train-local", str(DIGITS), "--search", "6", "--epochs", "3", "--json",
+                   "-o", str(model))
+    plain = run(home, "train-local", str(DIGITS), "--search", "6", "--epochs", "3")
+    predicted = run(home, "predict", str(model), str(DIGITS), "-o", str(tmp_path / "p.csv"))
+    refused = run(home, "train-local", str(DIGITS), "--search", "65")
+    # Assert
+    assert searched.returncode == 0, searched.stderr
+    report = json.loads(searched.stdout)
+    candidates = report["search"]["candidates"]
+    assert len(candidates) == 6 and report["accuracy"] > 0.5
+    finalists = {c["index"] for c in candidates if c["state"] == "finalist"}
+    assert len(finalists) == 4 and set(report["search"]["selected"]["candidates"]) <= finalists
+    assert plain.returncode == 0, plain.stderr
+    assert "search: 6 candidates over 2 rungs" in plain.stdout
+    assert plain.stdout.count(" pruned ") == 2 and "selected: " in plain.stdout
+    assert "retracing" not in plain.stderr  # TensorFlow's warnings stay out of the output
+    assert predicted.returncode == 0 and "wrote 1797 predictions" in predicted.stdout
+    assert refused.returncode != 0
+    assert "off or a whole number of candidates from 2 to 64" in refused.stderr
+    assert "'65'" in refused.stderr

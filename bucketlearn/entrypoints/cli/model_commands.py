@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from bucketlearn.config import load_settings
 from bucketlearn.domain.job import DONE
@@ -15,7 +16,7 @@ from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
 from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
-from bucketlearn.options import resolve_options
+from bucketlearn.options import parse_search, resolve_options
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -38,8 +39,15 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     from bucketlearn.services.serial import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
+    count = parse_search(args.search, "--search")
     # in-memory services of its own: the split stays in this process
-    result = train_local(args.file, options, load_settings().limits, svc=memory_services())
+    if count:
+        from bucketlearn.services.search import search_local  # noqa: PLC0415
+
+        result = search_local(args.file, options, count, load_settings().limits,
+                              svc=memory_services())
+    else:
+        result = train_local(args.file, options, load_settings().limits, svc=memory_services())
     if args.output:
         from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 
@@ -57,6 +65,8 @@ def cmd_train_local(args: argparse.Namespace) -> int:
         report["model"] = args.output
     if result.selection:  # the best epoch by validation, where training stopped (no scores)
         report["selection"] = {k: v for k, v in result.selection.items() if k != "scores"}
+    if count:
+        report.update(search=_search_report(result))
     if args.json:
         emit(report)
         return EXIT_OK
@@ -71,11 +81,45 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     chosen = selection_sentence({"selection": result.selection, "status": DONE,
                                  "model_version": (result.selection.get("best") or {}).get(
                                      "version")}) if result.selection else None
-    if chosen:
+    if count:
+        _print_search(result)
+    elif chosen:
         print(f"selected: {chosen}")
     if args.output:
         print(f"model: {args.output}")
     return EXIT_OK
+
+
+def _search_report(result: Any) -> dict[str, Any]:
+    """A search's candidates, rungs and selection, for ``--json``."""
+    return {"candidates": result.candidates, "selected": result.selected,
+            "rungs": result.rungs}
+
+
+def _print_search(result: Any) -> None:
+    """A search's leaderboard, best first, and what was selected."""
+    rungs = [r for r in result.rungs if "index" in r]
+    cost = result.rungs[-1]
+    print(f"search: {len(result.candidates)} candidates over {len(rungs)} rungs (epochs "
+          f"{', '.join(str(r['epochs']) for r in rungs)}); at most "
+          f"{cost['candidate_epochs']} candidate-epochs, {cost['candidate_epochs'] / cost['epochs']:.1f}x "
+          "one model's")
+    ranked = sorted(result.candidates, key=lambda c: (-c["rung"] if c["state"] != "dropped"
+                                                      else 1, _rank_key(c), c["index"]))
+    for c in ranked:
+        best = c["best"] or {}
+        figure = (f"RMSE {best['rmse']:.4g}" if "rmse" in best else
+                  f"{100 * best['accuracy']:.2f} %" if "accuracy" in best else "no score")
+        print(f"  #{c['index']:<2} {figure:>12}  {c['state']:<8} rung {c['rung']}, "
+              f"{c['epochs']} epochs  {c['configuration']}")
+    print(f"selected: {result.selected['reason']}")
+
+
+def _rank_key(candidate: dict[str, Any]) -> float:
+    best = candidate["best"] or {}
+    if "rmse" in best:
+        return float(best["rmse"])
+    return -float(best.get("accuracy", -1.0))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ what Python writes to ``sys.stderr`` is flushed before and after, and anything w
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -56,8 +57,11 @@ def tensorflow_quietly(verbose: bool = False) -> Iterator[None]:
 
 def load_tensorflow(verbose: bool = False) -> None:
     """Import TensorFlow and Keras now (a command that uses them would a moment later), with
-    their start-up lines silenced unless ``verbose``."""
+    their start-up lines silenced unless ``verbose``, and TensorFlow's Python warnings too (a
+    search builds many models, and TensorFlow warns of the retracing that takes)."""
     from bucketlearn.ml.model import keras_module  # noqa: PLC0415 - TensorFlow: seconds
 
     with tensorflow_quietly(verbose):
         keras_module()
+    if not verbose:
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)

@@ -1,0 +1,175 @@
+"""A job's search: candidate configurations drawn from its seed, trained side by side and pruned
+by synchronous successive halving on the validation rows (Jamieson & Talwalkar 2016; Li et al.
+2018, Hyperband's inner loop). Pure: numbers in, decisions out.
+
+Every candidate trains the job's whole budget (its epochs, its patience) on its own line of
+versions; the search only decides which lines go on. Rung ``r`` trains ``count`` candidates up
+to ``epochs`` epochs each; the best ``next count`` by their best validation score so far go on
+to the next rung (``promote``). The last rung trains ``FINALISTS`` candidates to the end, which
+keeps four learners busy where a halving search idles, and the model is the mean of the best
+few of them (``ensemble_size``): an ensemble of networks is more accurate than its members
+(Lakshminarayanan et al. 2017; TabM, Gorishniy et al. 2024, builds its default on one), and
+choosing among four prefixes overfits the validation rows far less than choosing among every
+candidate.
+
+Promotions depend only on the scores, ties broken by the candidate's index, so the selected
+model is the same whatever the number of learners and whichever finished first. Candidate 0 is
+the job's default configuration, trained exactly as an unsearched job trains.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bucketlearn.domain.recipe import Score
+
+SEARCH_MIN = 2
+SEARCH_MAX = 64
+ETA = 3  # a rung keeps a third of its candidates (rounded up)
+FINALISTS = 4  # candidates trained to the end (and the ensemble's most members)
+RATE_SPREAD = 1.5  # a candidate's peak rate: the default's times 2**u, u uniform in +-1.5
+WIDTHS = (128, 256, 512)
+DEPTHS = (2, 3, 4)
+SMOOTHINGS = (0.0, 0.1)
+DEFAULT_WIDTH, DEFAULT_DEPTH, DEFAULT_SMOOTHING = 256, 3, 0.1
+MIN_BATCH = 16
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration the search trains: its own seed (initial weights and row order), peak
+    learning rate, batch size, and for a table's MLP its shape, label smoothing and whether the
+    numeric cells get their piecewise-linear encoding."""
+
+    index: int
+    seed: int
+    learning_rate: float
+    batch_size: int
+    width: int = DEFAULT_WIDTH
+    depth: int = DEFAULT_DEPTH
+    smoothing: float = DEFAULT_SMOOTHING
+    encoding: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
+        return cls(int(data["index"]), int(data["seed"]), float(data["learning_rate"]),
+                   int(data["batch_size"]), int(data.get("width", DEFAULT_WIDTH)),
+                   int(data.get("depth", DEFAULT_DEPTH)),
+                   float(data.get("smoothing", DEFAULT_SMOOTHING)),
+                   bool(data.get("encoding", True)))
+
+    def describe(self, image: bool = False) -> str:
+        """The configuration in a few words, e.g. 'rate 0.0031, batch 256, 4 x 512, smoothing
+        0, no encoding'."""
+        words = [f"rate {self.learning_rate:.2g}", f"batch {self.batch_size}"]
+        if not image:
+            words += [f"{self.depth} x {self.width}", f"smoothing {self.smoothing:g}",
+                      "encoding" if self.encoding else "no encoding"]
+        return ", ".join(words + [f"seed {self.seed}"])
+
+
+def draw_candidates(count: int, seed: int, batch_size: int, learning_rate: float,
+                    image: bool = False) -> list[Candidate]:
+    """``count`` configurations drawn from the job's ``seed``: the first is the job's default
+    (``batch_size``, ``learning_rate``, the recipe's shape); each other draws a peak rate
+    log-uniformly around the default's, a batch of half, once or twice the default's, and for
+    a table a width, depth, label smoothing and encoding. The same arguments draw the same
+    candidates on every machine (``random.Random`` seeded with a string)."""
+    if not SEARCH_MIN <= count <= SEARCH_MAX:
+        raise ValueError(f"search: expected {SEARCH_MIN} to {SEARCH_MAX} candidates; "
+                         f"found {count}")
+    draw = random.Random(f"bucketlearn-search-{seed}")
+    candidates = [Candidate(0, seed, learning_rate, batch_size)]
+    for index in range(1, count):
+        rate = round(learning_rate * 2 ** draw.uniform(-RATE_SPREAD, RATE_SPREAD), 8)
+        batch = max(MIN_BATCH, int(batch_size * draw.choice((0.5, 1, 2))))
+        shape = ((draw.choice(WIDTHS), draw.choice(DEPTHS), draw.choice(SMOOTHINGS),
+                  draw.random() < 0.5) if not image else
+                 (DEFAULT_WIDTH, DEFAULT_DEPTH, DEFAULT_SMOOTHING, True))
+        candidates.append(Candidate(index, (seed + index) % 2**31, rate, batch, *shape))
+    return candidates
+
+
+@dataclass(frozen=True)
+class Rung:
+    """Rung ``index`` trains ``count`` candidates up to ``epochs`` epochs each, then keeps
+    ``keep`` of them (the last rung keeps them all)."""
+
+    index: int
+    count: int
+    epochs: int
+    keep: int
+
+
+def rungs(count: int, epochs: int) -> list[Rung]:
+    """Successive halving's rungs for ``count`` candidates and a budget of ``epochs`` each:
+    every rung keeps a third (``ETA``) of its candidates, at least ``FINALISTS``; the last
+    rung trains its candidates to ``epochs``, each earlier one to a third of the next (at
+    least one epoch)."""
+    counts = [count]
+    while counts[-1] > FINALISTS:
+        counts.append(max(FINALISTS, math.ceil(counts[-1] / ETA)))
+    last = len(counts) - 1
+    budgets = [max(1, math.ceil(epochs / ETA ** (last - r))) for r in range(last + 1)]
+    return [Rung(r, counts[r], budgets[r], counts[r + 1] if r < last else counts[r])
+            for r in range(last + 1)]
+
+
+def best_through(scores: Sequence[Score], epoch: int) -> Score | None:
+    """The best of ``scores`` (in epoch order) among epochs up to ``epoch``; the first of
+    equals, as ``domain.recipe.advance`` picks."""
+    best = None
+    for score in scores:
+        if score.epoch <= epoch and (best is None or score.key() > best.key()):
+            best = score
+    return best
+
+
+def promote(standing: Mapping[int, Score | None], keep: int) -> list[int]:
+    """The ``keep`` candidates (by index) that go on: the best by score, a tie to the lower
+    index; a candidate with no score (dropped, or none yet) never goes on."""
+    scored = [(index, score) for index, score in standing.items() if score is not None]
+    scored.sort(key=lambda item: (tuple(-v for v in item[1].key()), item[0]))
+    return [index for index, _ in scored[:keep]]
+
+
+def candidate_epochs(plan: Sequence[Rung]) -> int:
+    """Epochs of candidate training the search takes at most (no candidate stopping early):
+    each rung's candidates from the previous rung's budget to their own."""
+    done, total = 0, 0
+    for rung in plan:
+        total += rung.count * (rung.epochs - done)
+        done = rung.epochs
+    return total
+
+
+def ensemble_size(scores: Sequence[Score]) -> int:
+    """How many of the finalists (best first) the model averages: the prefix whose mean scores
+    best on the validation rows (``scores[k - 1]``: the mean of the best ``k``), a tie to the
+    larger."""
+    best = 0
+    for k in range(1, len(scores)):
+        if scores[k].key() >= scores[best].key():
+            best = k
+    return best + 1
+
+
+def projected_wall(rung_durations: Sequence[Sequence[float]], workers: int) -> float:
+    """The wall of a search's rungs on ``workers`` learners: each rung's candidates (their
+    durations in index order) handed out in that order to the first free learner, the next
+    rung begun once the last of this one ends (promotions wait for every score)."""
+    total = 0.0
+    for durations in rung_durations:
+        free = [0.0] * max(1, workers)
+        for duration in durations:
+            at = free.index(min(free))
+            free[at] += duration
+        total += max(free)
+    return total

@@ -1,0 +1,201 @@
+"""``train-local --search N``: a job's search (``domain.search``) in one process.
+
+The split, the budget and the validation rows are the unsearched job's; each candidate is a
+``serial.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
+the steps ``train-local`` takes. The rungs are trained in order, the candidates of a rung in
+index order; promotions follow the scores alone. At the end the best finalist, or the mean of
+the finalists where it scores better on the validation rows, is the model, evaluated once on
+the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketlearn.config import Limits
+from bucketlearn.domain.recipe import RECIPE, Score
+from bucketlearn.domain.search import (
+    Candidate,
+    Rung,
+    best_through,
+    candidate_epochs,
+    draw_candidates,
+    ensemble_size,
+    promote,
+    rungs,
+)
+from bucketlearn.errors import ConfigError, PermanentError
+from bucketlearn.ingest.parts import load_parts
+from bucketlearn.ml.model import ensemble_model, spec_for
+from bucketlearn.ml.training import evaluate_detail
+from bucketlearn.options import JobOptions
+from bucketlearn.ports import Services
+from bucketlearn.services.evaluate import validation_score
+from bucketlearn.services.runtime import read_validation_sample
+from bucketlearn.services.serial import SerialResult, TrainingLine, local_source, split_locally
+
+
+@dataclass
+class Standing:
+    """One candidate's place in the search: the last rung it trained in, its best validation
+    score, where it stands (``training``, ``pruned``, ``finalist``, ``dropped``) and why."""
+
+    candidate: Candidate
+    rung: int = 0
+    epochs: int = 0
+    best: Score | None = None
+    state: str = "training"
+    reason: str = ""
+    seconds: float = 0.0  # its training and scoring, all rungs together
+    # each rung's training and scoring seconds and tasks (versions), in rung order
+    rung_seconds: list[float] = field(default_factory=list)
+    rung_tasks: list[int] = field(default_factory=list)
+
+    def to_dict(self, image: bool = False) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "configuration": self.candidate.describe(image),
+                "rung": self.rung, "epochs": self.epochs,
+                "best": self.best.to_dict() if self.best else None, "state": self.state,
+                "reason": self.reason, "seconds": round(self.seconds, 3),
+                "rung_seconds": [round(t, 3) for t in self.rung_seconds],
+                "rung_tasks": list(self.rung_tasks)}
+
+
+@dataclass
+class SearchResult(SerialResult):
+    """``train_local``'s result for the selected model, with every candidate's standing and
+    what was selected (``selected``: the candidates whose mean is the model, its validation
+    score and why)."""
+
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    selected: dict[str, Any] = field(default_factory=dict)
+    rungs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def search_local(path: str, options: JobOptions, count: int, limits: Limits | None = None, *,
+                 svc: Services, recipe: int = RECIPE) -> SearchResult:
+    """Search ``count`` candidates for ``path`` in one process and return the selected model,
+    evaluated on the job's holdout.
+
+    Raises:
+        ConfigError: the job holds no validation rows to select on.
+        PermanentError: every candidate diverged.
+    """
+    started = time.perf_counter()
+    limits = limits or Limits()
+    manifest, options = split_locally(path, options, limits, svc)
+    spec = spec_for(manifest, options, local_source(path).display_name, recipe)
+    if not manifest.validation_rows:
+        raise ConfigError("search", "validation rows to select on (at least 100 training "
+                          "rows and validation_fraction not none)",
+                          f"{manifest.train_rows} training rows, none held out for validation",
+                          "option")
+    sample = read_validation_sample(svc, manifest, spec)
+    image = spec.kind == "cnn"
+    drawn = draw_candidates(count, options.seed, options.batch_size, options.learning_rate,
+                            image)
+    standings = {c.index: Standing(c) for c in drawn}
+    lines: dict[int, TrainingLine] = {}
+    plan = rungs(count, options.epochs)
+    alive = [c.index for c in drawn]
+    for rung in plan:
+        for index in alive:
+            line = lines.get(index) or lines.setdefault(index, _line(
+                svc, manifest, options, spec, limits, sample, standings[index].candidate))
+            _train_to(line, rung, standings[index])
+        standing = {i: standings[i].best if standings[i].state != "dropped" else None
+                    for i in alive}
+        kept = promote(standing, rung.keep)
+        for index in alive:
+            if index not in kept and standings[index].state != "dropped":
+                standings[index].state = "pruned"
+                standings[index].reason = (f"rung {rung.index}: not among the best "
+                                           f"{rung.keep} of {len(alive)}")
+        alive = kept
+    if not alive:
+        reasons = "; ".join(f"candidate {i}: {s.reason}" for i, s in standings.items())
+        raise PermanentError(f"search: expected a candidate that trains; found every one "
+                             f"dropped ({reasons})")
+    for index in alive:
+        standings[index].state = "finalist"
+    model, weights, selected = _select(lines, standings, alive, sample, spec)
+    final = lines[alive[0]]
+    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
+    found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
+    return SearchResult(
+        found.accuracy, found.loss, time.perf_counter() - started, manifest, model,
+        list(weights or model.get_weights()), found.report, final.spec,
+        final.checkpoints.summary(), final.epoch, options,
+        candidates=[s.to_dict(image) for s in standings.values()], selected=selected,
+        rungs=[{**dataclasses.asdict(r)} for r in plan]
+        + [{"candidate_epochs": candidate_epochs(plan), "epochs": options.epochs}])
+
+
+def _line(svc: Services, manifest: Any, options: JobOptions, spec: Any, limits: Limits,
+          sample: tuple[Any, Any], candidate: Candidate) -> TrainingLine:
+    """The candidate's training line: the job's options and spec with its seed, rate, batch
+    and shape (candidate 0's are the job's own)."""
+    mine = dataclasses.replace(options, seed=candidate.seed, batch_size=candidate.batch_size,
+                               learning_rate=candidate.learning_rate)
+    shaped = dataclasses.replace(spec, seed=candidate.seed,
+                                 learning_rate=candidate.learning_rate, width=candidate.width,
+                                 depth=candidate.depth, smoothing=candidate.smoothing,
+                                 encoding=candidate.encoding)
+    return TrainingLine(svc, manifest, mine, shaped, limits, time.perf_counter(),
+                        sample=sample)
+
+
+def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
+    """Train ``line`` up to the rung's epochs (or until it stops or diverges)."""
+    began, epochs = time.perf_counter(), line.epoch
+    while not line.finished and line.epoch < rung.epochs and standing.state != "dropped":
+        line.train_epoch()
+        if not math.isfinite(line.train_loss):
+            standing.state = "dropped"
+            standing.reason = f"diverged: training loss {line.train_loss} in epoch {line.epoch}"
+    standing.rung, standing.epochs = rung.index, line.epoch
+    standing.best = best_through(line.checkpoints.scores, rung.epochs)
+    if standing.best is not None and not all(math.isfinite(v) for v in standing.best.key()):
+        standing.state, standing.reason = "dropped", "diverged: its validation score is not a number"
+    spent = time.perf_counter() - began
+    standing.seconds += spent
+    standing.rung_seconds.append(spent)
+    standing.rung_tasks.append((line.epoch - epochs) * line.tasks_per_epoch)
+
+
+def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
+            finalists: list[int], sample: tuple[Any, Any],
+            spec: Any) -> tuple[Any, list[Any] | None, dict[str, Any]]:
+    """The model: the mean of the best few finalists (``domain.search.ensemble_size``), or the
+    best one alone (its best weights)."""
+    best = lines[finalists[0]]
+    single = standings[finalists[0]].best
+    assert single is not None
+    for index in finalists:
+        lines[index].model.set_weights(list(lines[index].final_weights))
+    means: list[Any] = [best.model]
+    scores = [single]
+    for k in range(2, len(finalists) + 1):
+        means.append(ensemble_model([lines[i].model for i in finalists[:k]]))
+        scores.append(validation_score(means[-1], None, *sample, spec, single.epoch,
+                                       single.version))
+    size = ensemble_size(scores)
+    alone = f"{_figure(single)} for candidate {finalists[0]} alone"
+    if size == 1:
+        return best.model, list(best.final_weights), {
+            "candidates": [finalists[0]], "score": single.to_dict(),
+            "reason": f"candidate {finalists[0]}, the best by validation ({alone}; the means "
+                      f"of the best finalists scored {', '.join(_figure(s) for s in scores[1:])})"}
+    members = finalists[:size]
+    return means[size - 1], None, {
+        "candidates": members, "score": scores[size - 1].to_dict(),
+        "reason": (f"the mean of candidates {', '.join(map(str, members))}: "
+                   f"{_figure(scores[size - 1])} on the validation rows ({alone})")}
+
+
+def _figure(score: Score) -> str:
+    return (f"RMSE {score.rmse:.4g}" if score.rmse is not None else
+            f"{100 * (score.accuracy or 0.0):.2f} %")

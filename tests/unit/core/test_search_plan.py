@@ -1,0 +1,107 @@
+"""The search's pure decisions (``domain.search``): candidates, rungs, promotions, schedules."""
+
+from __future__ import annotations
+
+import pytest
+
+from bucketlearn.domain.recipe import Score
+from bucketlearn.domain.search import (
+    Candidate,
+    best_through,
+    candidate_epochs,
+    draw_candidates,
+    ensemble_size,
+    projected_wall,
+    promote,
+    rungs,
+)
+from bucketlearn.errors import ConfigError
+from bucketlearn.options import SEARCH_OFF, parse_search
+
+
+def test_the_first_candidate_is_the_default_and_the_draw_is_the_seeds():
+    drawn = draw_candidates(8, 5, 256, 0.002)
+    assert drawn[0] == Candidate(0, 5, 0.002, 256)  # the job's own configuration
+    assert drawn == draw_candidates(8, 5, 256, 0.002)  # the same seed, the same candidates
+    assert drawn != draw_candidates(8, 6, 256, 0.002)
+    assert [c.index for c in drawn] == list(range(8))
+    assert len({c.seed for c in drawn}) == 8
+    for c in drawn[1:]:
+        assert 0.002 * 2**-1.5 <= c.learning_rate <= 0.002 * 2**1.5
+        assert c.batch_size in (128, 256, 512)
+        assert c.width in (128, 256, 512) and c.depth in (2, 3, 4)
+        assert c.smoothing in (0.0, 0.1)
+    assert Candidate.from_dict(drawn[3].to_dict()) == drawn[3]
+
+
+def test_an_image_search_varies_only_the_rate_batch_and_seed():
+    drawn = draw_candidates(6, 0, 128, 0.0014, image=True)
+    assert {(c.width, c.depth, c.smoothing, c.encoding) for c in drawn} == {(256, 3, 0.1, True)}
+    assert "x" not in drawn[2].describe(image=True)
+
+
+@pytest.mark.parametrize("count", [1, 65])
+def test_a_count_out_of_range_is_refused(count):
+    with pytest.raises(ValueError, match="expected 2 to 64 candidates"):
+        draw_candidates(count, 0, 256, 0.002)
+
+
+def test_rungs_keep_a_third_and_train_four_finalists_to_the_budget():
+    plan = rungs(16, 27)
+    assert [(r.count, r.epochs, r.keep) for r in plan] == [(16, 3, 6), (6, 9, 4), (4, 27, 4)]
+    # each rung's candidates from the previous budget to their own: 16*3 + 6*6 + 4*18
+    assert candidate_epochs(plan) == 48 + 36 + 72
+    assert [(r.count, r.epochs, r.keep) for r in rungs(8, 27)] == [(8, 9, 4), (4, 27, 4)]
+    assert [(r.count, r.epochs) for r in rungs(3, 10)] == [(3, 10)]
+    assert [r.count for r in rungs(64, 20)] == [64, 22, 8, 4]
+    assert [r.epochs for r in rungs(64, 20)] == [1, 3, 7, 20]
+    assert [r.epochs for r in rungs(64, 2)] == [1, 1, 1, 2]  # at least one epoch
+
+
+def test_promotion_depends_on_scores_alone_ties_to_the_lower_index():
+    a = Score(3, 3, accuracy=0.9, loss=0.3)
+    standing = {4: a, 1: a, 2: Score(3, 3, accuracy=0.9, loss=0.2),
+                0: Score(2, 2, accuracy=0.8, loss=0.1), 3: None}
+    assert promote(standing, 3) == [2, 1, 4]
+    assert promote(dict(reversed(list(standing.items()))), 3) == [2, 1, 4]
+    assert promote({0: None}, 1) == []
+    # a numeric target: the lower RMSE first
+    assert promote({0: Score(1, 1, rmse=2.0), 1: Score(1, 1, rmse=1.5)}, 1) == [1]
+
+
+def test_the_best_score_through_an_epoch_is_the_first_of_equals():
+    scores = [Score(1, 1, accuracy=0.5, loss=1.0), Score(2, 2, accuracy=0.7, loss=0.5),
+              Score(3, 3, accuracy=0.7, loss=0.5), Score(4, 4, accuracy=0.9, loss=0.1)]
+    assert best_through(scores, 3) == scores[1]
+    assert best_through(scores, 4) == scores[3]
+    assert best_through(scores, 0) is None
+
+
+def test_the_ensemble_is_the_best_prefix_a_tie_to_the_larger():
+    def acc(value):
+        return Score(1, 1, accuracy=value, loss=0.5)
+
+    assert ensemble_size([acc(0.80), acc(0.82), acc(0.81), acc(0.79)]) == 2
+    assert ensemble_size([acc(0.80), acc(0.80), acc(0.80)]) == 3
+    assert ensemble_size([acc(0.85), acc(0.80)]) == 1
+    assert ensemble_size([acc(0.85)]) == 1
+    assert ensemble_size([Score(1, 1, rmse=2.0), Score(1, 1, rmse=1.9)]) == 2
+
+
+def test_the_projected_wall_waits_for_each_rung():
+    # rung 0: 4 candidates of 3, 1, 2, 2 s on 2 learners: (3), (1, 2, 2) -> 5 s; rung 1: 4 s
+    assert projected_wall([[3, 1, 2, 2], [4]], 2) == pytest.approx(5 + 4)
+    assert projected_wall([[3, 1, 2, 2], [4]], 1) == pytest.approx(8 + 4)
+    assert projected_wall([[3, 1, 2, 2], [4]], 8) == pytest.approx(3 + 4)
+
+
+@pytest.mark.parametrize("raw,count", [("off", SEARCH_OFF), ("OFF", SEARCH_OFF), ("8", 8),
+                                       (" 64 ", 64), ("2", 2)])
+def test_search_is_off_or_a_count(raw, count):
+    assert parse_search(raw, "--search") == count
+
+
+@pytest.mark.parametrize("raw", ["1", "65", "eight", "", "-3"])
+def test_a_bad_search_names_what_was_expected(raw):
+    with pytest.raises(ConfigError, match="off or a whole number of candidates from 2 to 64"):
+        parse_search(raw, "--search")

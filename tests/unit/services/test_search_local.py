@@ -1,0 +1,101 @@
+"""``train-local --search``: the same search in one process selects the same model every time,
+its candidate 0 is ``train-local``'s model to the bit, and the selected model (one candidate or
+the mean of the finalists) exports and loads in safe mode with raw rows in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.errors import ConfigError
+from bucketlearn.ml.model import export_keras
+from bucketlearn.options import JobOptions
+from bucketlearn.services.models import predict_file, serial_sidecar
+from bucketlearn.services.search import search_local
+from bucketlearn.services.serial import train_local
+from tests.unit.helpers import csv_bytes
+
+
+def write_table(path, n: int = 600, seed: int = 0):
+    """Two classes from a number, a text column and an empty cell now and then."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.normal(), rng.normal()
+        colour = rng.choice(["red", "green", "blue"])
+        label = "yes" if a + (colour == "red") + 0.3 * rng.normal() > 0.5 else "no"
+        rows.append([f"{a:.4f}" if rng.random() > 0.05 else "", f"{b:.4f}", colour, label])
+    path.write_bytes(csv_bytes(["a", "b", "colour", "label"], rows))
+    return path
+
+
+OPTIONS = JobOptions(epochs=9, rows_per_shard=64, patience=9)
+
+
+def test_candidate_zero_is_train_locals_model_and_the_search_repeats(tmp_path):
+    # Prepare
+    path = write_table(tmp_path / "t.csv")
+    # Execute
+    serial = train_local(str(path), OPTIONS, svc=memory_services())
+    first = search_local(str(path), OPTIONS, 6, svc=memory_services())
+    second = search_local(str(path), OPTIONS, 6, svc=memory_services())
+    # Assert: the default configuration scored as train-local scored it, epoch by epoch
+    zero = next(c for c in first.candidates if c["index"] == 0)
+    scores = serial.selection["scores"]
+    assert zero["best"] in scores[:zero["epochs"]]
+    assert zero["best"]["accuracy"] == max(s["accuracy"] for s in scores[:zero["epochs"]])
+    # the same candidates, promotions, selection and weights on a second run
+    assert first.candidates == [
+        {**c, "seconds": first.candidates[i]["seconds"],
+         "rung_seconds": first.candidates[i]["rung_seconds"]}
+        for i, c in enumerate(second.candidates)]
+    assert first.selected == second.selected
+    assert [w.tobytes() for w in first.weights] == [w.tobytes() for w in second.weights]
+    assert first.accuracy == second.accuracy
+    # 6 candidates: rung 0 trains 6 to 3 epochs, keeps 4 finalists to the budget
+    assert [r.get("count") for r in first.rungs[:-1]] == [6, 4]
+    states = sorted(c["state"] for c in first.candidates)
+    assert states == ["finalist"] * 4 + ["pruned"] * 2
+    assert all(c["reason"].startswith("rung 0: not among the best 4 of 6")
+               for c in first.candidates if c["state"] == "pruned")
+    finalists = [c["index"] for c in first.candidates if c["state"] == "finalist"]
+    assert set(first.selected["candidates"]) <= set(finalists)
+
+
+def test_the_selected_model_exports_and_takes_raw_rows(tmp_path):
+    path = write_table(tmp_path / "t.csv", seed=1)
+    result = search_local(str(path), OPTIONS, 3, svc=memory_services())
+    out = tmp_path / "m.keras"
+    out.write_bytes(export_keras(result.model, serial_sidecar(
+        result.manifest, result.options, result.accuracy, result.report)))
+    predicted = predict_file(str(out), str(path), None)  # safe mode, raw rows, empty cells
+    assert len(predicted["predictions"]) == 600
+    assert set(predicted["predictions"]) <= {"yes", "no"}
+    assert predicted["accuracy"] > 0.7
+
+
+def test_a_search_without_validation_rows_is_refused(tmp_path):
+    path = write_table(tmp_path / "t.csv", n=200)
+    with pytest.raises(ConfigError, match="validation rows to select on"):
+        search_local(str(path), OPTIONS.with_overrides(validation_fraction="none"), 4,
+                     svc=memory_services())
+
+
+def test_the_mean_of_two_models_exports_and_takes_raw_rows(tmp_path):
+    from bucketlearn.ingest.parts import load_parts
+    from bucketlearn.ml.model import ensemble_model
+
+    path = write_table(tmp_path / "t.csv", seed=2)
+    svc = memory_services()
+    one = train_local(str(path), OPTIONS, svc=svc)
+    two = train_local(str(path), OPTIONS.with_overrides(seed=3, epochs=4), svc=memory_services())
+    x, _ = load_parts(svc.store, svc.settings.work_bucket, one.manifest.holdout_parts)
+    expected = (np.asarray(one.model.predict_on_batch(x))
+                + np.asarray(two.model.predict_on_batch(x))) / 2
+    mean = ensemble_model([one.model, two.model])
+    assert np.allclose(mean.predict_on_batch(x), expected, atol=1e-6)
+    out = tmp_path / "mean.keras"
+    out.write_bytes(export_keras(mean, serial_sidecar(one.manifest, one.options, None, {})))
+    predicted = predict_file(str(out), str(path), None)  # safe mode, raw rows, empty cells
+    assert len(predicted["predictions"]) == 600 and predicted["accuracy"] > 0.7
