@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.harness import baseline
 from benchmarks.suites import recipe
 
 
@@ -30,8 +31,8 @@ def _goals(cells: list[dict]) -> dict[str, bool]:
 
 def test_scores_give_accuracy_or_r2_rmse_and_mae() -> None:
     # Execute
-    classes = recipe.scores(False, np.array([1, 2, 3, 4]), np.array([1, 2, 3, 0]))
-    numbers = recipe.scores(True, np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 5.0]))
+    classes = baseline.scores(False, np.array([1, 2, 3, 4]), np.array([1, 2, 3, 0]))
+    numbers = baseline.scores(True, np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 5.0]))
     # Assert
     assert classes == {"accuracy": 0.75}
     assert numbers["r2"] == pytest.approx(1 - 4 / 2)
