@@ -6,11 +6,10 @@ Every candidate trains the job's whole budget (its epochs, its patience) on its 
 versions; the search only decides which lines go on. Rung ``r`` trains ``count`` candidates up
 to ``epochs`` epochs each; the best ``next count`` by their best validation score so far go on
 to the next rung (``promote``). The last rung trains ``FINALISTS`` candidates to the end, which
-keeps four learners busy where a halving search idles, and the model is the mean of the best
-few of them (``ensemble_size``): an ensemble of networks is more accurate than its members
-(Lakshminarayanan et al. 2017; TabM, Gorishniy et al. 2024, builds its default on one), and
-choosing among four prefixes overfits the validation rows far less than choosing among every
-candidate.
+keeps four learners busy where a halving search idles, and the model is the mean of the four:
+an ensemble of networks is more accurate than its members (Lakshminarayanan et al. 2017; TabM,
+Gorishniy et al. 2024, builds its default on one), and averaging all four does not choose on
+the validation rows a second time (choosing how many to average did, and overfit them).
 
 Promotions depend only on the scores, ties broken by the candidate's index, so the selected
 model is the same whatever the number of learners and whichever finished first. Candidate 0 is
@@ -148,17 +147,6 @@ def candidate_epochs(plan: Sequence[Rung]) -> int:
         total += rung.count * (rung.epochs - done)
         done = rung.epochs
     return total
-
-
-def ensemble_size(scores: Sequence[Score]) -> int:
-    """How many of the finalists (best first) the model averages: the prefix whose mean scores
-    best on the validation rows (``scores[k - 1]``: the mean of the best ``k``), a tie to the
-    larger."""
-    best = 0
-    for k in range(1, len(scores)):
-        if scores[k].key() >= scores[best].key():
-            best = k
-    return best + 1
 
 
 def projected_wall(rung_durations: Sequence[Sequence[float]], workers: int) -> float:

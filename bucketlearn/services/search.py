@@ -3,9 +3,8 @@
 The split, the budget and the validation rows are the unsearched job's; each candidate is a
 ``serial.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
 the steps ``train-local`` takes. The rungs are trained in order, the candidates of a rung in
-index order; promotions follow the scores alone. At the end the best finalist, or the mean of
-the finalists where it scores better on the validation rows, is the model, evaluated once on
-the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
+index order; promotions follow the scores alone. At the end the mean of the finalists is the
+model, evaluated once on the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from bucketlearn.domain.search import (
     best_through,
     candidate_epochs,
     draw_candidates,
-    ensemble_size,
     promote,
     rungs,
 )
@@ -169,31 +167,26 @@ def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
 def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
             finalists: list[int], sample: tuple[Any, Any],
             spec: Any) -> tuple[Any, list[Any] | None, dict[str, Any]]:
-    """The model: the mean of the best few finalists (``domain.search.ensemble_size``), or the
-    best one alone (its best weights)."""
+    """The model: the mean of the finalists' best checkpoints (one finalist: itself), with its
+    validation score beside the best finalist's alone."""
     best = lines[finalists[0]]
     single = standings[finalists[0]].best
     assert single is not None
+    if len(finalists) == 1:
+        return best.model, list(best.final_weights), {
+            "candidates": list(finalists), "score": single.to_dict(),
+            "reason": f"candidate {finalists[0]}, the only finalist ({_figure(single)} on the "
+                      "validation rows)"}
     for index in finalists:
         lines[index].model.set_weights(list(lines[index].final_weights))
-    means: list[Any] = [best.model]
-    scores = [single]
-    for k in range(2, len(finalists) + 1):
-        means.append(ensemble_model([lines[i].model for i in finalists[:k]]))
-        scores.append(validation_score(means[-1], None, *sample, spec, single.epoch,
-                                       single.version))
-    size = ensemble_size(scores)
-    alone = f"{_figure(single)} for candidate {finalists[0]} alone"
-    if size == 1:
-        return best.model, list(best.final_weights), {
-            "candidates": [finalists[0]], "score": single.to_dict(),
-            "reason": f"candidate {finalists[0]}, the best by validation ({alone}; the means "
-                      f"of the best finalists scored {', '.join(_figure(s) for s in scores[1:])})"}
-    members = finalists[:size]
-    return means[size - 1], None, {
-        "candidates": members, "score": scores[size - 1].to_dict(),
-        "reason": (f"the mean of candidates {', '.join(map(str, members))}: "
-                   f"{_figure(scores[size - 1])} on the validation rows ({alone})")}
+    mean = ensemble_model([lines[i].model for i in finalists])
+    together = validation_score(mean, None, *sample, spec, single.epoch, single.version)
+    return mean, None, {
+        "candidates": list(finalists), "score": together.to_dict(),
+        "alone": {"candidate": finalists[0], "score": single.to_dict()},
+        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
+                   f"{', '.join(map(str, finalists))}): {_figure(together)} on the validation "
+                   f"rows; the best of them alone, candidate {finalists[0]}: {_figure(single)}")}
 
 
 def _figure(score: Score) -> str:

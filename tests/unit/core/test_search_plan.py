@@ -10,7 +10,6 @@ from bucketlearn.domain.search import (
     best_through,
     candidate_epochs,
     draw_candidates,
-    ensemble_size,
     projected_wall,
     promote,
     rungs,
@@ -75,17 +74,6 @@ def test_the_best_score_through_an_epoch_is_the_first_of_equals():
     assert best_through(scores, 3) == scores[1]
     assert best_through(scores, 4) == scores[3]
     assert best_through(scores, 0) is None
-
-
-def test_the_ensemble_is_the_best_prefix_a_tie_to_the_larger():
-    def acc(value):
-        return Score(1, 1, accuracy=value, loss=0.5)
-
-    assert ensemble_size([acc(0.80), acc(0.82), acc(0.81), acc(0.79)]) == 2
-    assert ensemble_size([acc(0.80), acc(0.80), acc(0.80)]) == 3
-    assert ensemble_size([acc(0.85), acc(0.80)]) == 1
-    assert ensemble_size([acc(0.85)]) == 1
-    assert ensemble_size([Score(1, 1, rmse=2.0), Score(1, 1, rmse=1.9)]) == 2
 
 
 def test_the_projected_wall_waits_for_each_rung():

@@ -60,7 +60,8 @@ def test_candidate_zero_is_train_locals_model_and_the_search_repeats(tmp_path):
     assert all(c["reason"].startswith("rung 0: not among the best 4 of 6")
                for c in first.candidates if c["state"] == "pruned")
     finalists = [c["index"] for c in first.candidates if c["state"] == "finalist"]
-    assert set(first.selected["candidates"]) <= set(finalists)
+    assert sorted(first.selected["candidates"]) == sorted(finalists)  # the mean of all four
+    assert first.selected["reason"].startswith("the mean of the 4 finalists")
 
 
 def test_the_selected_model_exports_and_takes_raw_rows(tmp_path):
@@ -99,3 +100,22 @@ def test_the_mean_of_two_models_exports_and_takes_raw_rows(tmp_path):
     out.write_bytes(export_keras(mean, serial_sidecar(one.manifest, one.options, None, {})))
     predicted = predict_file(str(out), str(path), None)  # safe mode, raw rows, empty cells
     assert len(predicted["predictions"]) == 600 and predicted["accuracy"] > 0.7
+
+
+def test_an_image_search_varies_the_rate_batch_and_seed_of_the_cnn(tmp_path):
+    """16 x 16 images (the CNN): the candidates keep the model's shape; the search runs and its
+    mean predicts."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(400):
+        label = i % 2
+        pixels = rng.random(256) * 0.5 + (np.arange(256) < 128) * label * 0.5
+        rows.append([f"{p:.3f}" for p in pixels] + [str(label)])
+    path = tmp_path / "images.csv"
+    path.write_bytes(csv_bytes([f"p{i}" for i in range(256)] + ["label"], rows))
+    result = search_local(str(path), JobOptions(epochs=2, rows_per_shard=64), 3,
+                          svc=memory_services())
+    assert result.spec.kind == "cnn"
+    assert {(c["width"], c["depth"]) for c in result.candidates} == {(256, 3)}
+    assert "smoothing" not in result.candidates[1]["configuration"]  # said as the CNN's
+    assert result.accuracy > 0.7 and len(result.selected["candidates"]) == 3
