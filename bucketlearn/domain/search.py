@@ -9,7 +9,9 @@ to the next rung (``promote``). The last rung trains ``FINALISTS`` candidates to
 keeps four learners busy where a halving search idles, and the model is the mean of the four:
 an ensemble of networks is more accurate than its members (Lakshminarayanan et al. 2017; TabM,
 Gorishniy et al. 2024, builds its default on one), and averaging all four does not choose on
-the validation rows a second time (choosing how many to average did, and overfit them).
+the validation rows a second time (choosing how many to average did, and overfit them). Only
+where the best finalist alone is better by more than a standard error (``single_is_better``)
+is it exported instead.
 
 Promotions depend only on the scores, ties broken by the candidate's index, so the selected
 model is the same whatever the number of learners and whichever finished first. Candidate 0 is
@@ -161,3 +163,18 @@ def projected_wall(rung_durations: Sequence[Sequence[float]], workers: int) -> f
             free[at] += duration
         total += max(free)
     return total
+
+
+def single_is_better(gains: Sequence[float]) -> bool:
+    """Whether the best finalist alone beats the mean of the finalists clearly enough to be
+    exported instead: ``gains`` are its per-row gains over the mean on the validation rows (1
+    where it alone is right, -1 where only the mean is, else 0; a numeric target: the mean's
+    squared error less its own). The mean is kept unless the single's mean gain exceeds one
+    standard error of it (the one-standard-error rule, Breiman et al. 1984, here preferring the
+    ensemble, which a noisy validation score should not talk the search out of)."""
+    n = len(gains)
+    if n < 2:
+        return False
+    mean = sum(gains) / n
+    variance = sum((g - mean) ** 2 for g in gains) / (n - 1)
+    return mean > math.sqrt(variance / n)

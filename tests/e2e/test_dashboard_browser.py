@@ -63,6 +63,19 @@ def page_text(driver: Any) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
+def shown_labels(root: Any, selector: str) -> list[str]:
+    """The labels of the elements under ``root`` that match ``selector`` and are drawn (none
+    while the page is redrawn under the query)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [e.get_attribute("aria-label") for e in root.find_elements(By.CSS_SELECTOR, selector)
+                if e.is_displayed()]
+    except StaleElementReferenceException:
+        return []
+
+
 def wait_for(check: Any, timeout: float, poll: float = 1.0) -> Any:
     """``check()``'s first truthy answer within ``timeout`` seconds (its last answer then)."""
     deadline = time.monotonic() + timeout
@@ -179,9 +192,9 @@ def test_the_upload_form_claims_only_true_defaults(stack: Any, browser: Any) -> 
     sidebar = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR,
                                                      '[data-testid="stSidebar"]'), 60)
     assert sidebar, page_text(browser)[:2000]
-    up_front = [i.get_attribute("aria-label") for i in wait_for(
-        lambda: sidebar[0].find_elements(By.CSS_SELECTOR, "input[placeholder^='default']"), 60)
-        if i.is_displayed()]  # (a closed section's fields are on the page, not shown)
+    # the fields shown (a closed section's are on the page, not shown), once the page shows any:
+    # on a loaded machine the inputs are on the page a moment before they are drawn
+    up_front = wait_for(lambda: shown_labels(sidebar[0], "input[placeholder^='default']"), 60)
     # Execute: open "Advanced"
     (advanced,) = [e for e in sidebar[0].find_elements(By.CSS_SELECTOR, "summary")
                    if e.text.strip().endswith("Advanced")]

@@ -13,6 +13,7 @@ from bucketlearn.domain.search import (
     projected_wall,
     promote,
     rungs,
+    single_is_better,
 )
 from bucketlearn.errors import ConfigError
 from bucketlearn.options import SEARCH_OFF, parse_search
@@ -93,3 +94,12 @@ def test_search_is_off_or_a_count(raw, count):
 def test_a_bad_search_names_what_was_expected(raw):
     with pytest.raises(ConfigError, match="off or a whole number of candidates from 2 to 64"):
         parse_search(raw, "--search")
+
+
+def test_the_best_alone_replaces_the_mean_only_beyond_one_standard_error():
+    assert not single_is_better([])
+    assert not single_is_better([0.0] * 100)  # no difference: the mean
+    assert single_is_better([1.0] * 5 + [0.0] * 95)  # right on 5 more rows, never worse
+    # 6 rows better, 4 worse of 100: a mean gain of 0.02 within its standard error (0.032)
+    assert not single_is_better([1.0] * 6 + [-1.0] * 4 + [0.0] * 90)
+    assert single_is_better([1.0] * 30 + [-1.0] * 10 + [0.0] * 60)  # 0.2 against 0.063
