@@ -9,9 +9,8 @@ to the next rung (``promote``). The last rung trains ``FINALISTS`` candidates to
 keeps four learners busy where a halving search idles, and the model is the mean of the four:
 an ensemble of networks is more accurate than its members (Lakshminarayanan et al. 2017; TabM,
 Gorishniy et al. 2024, builds its default on one), and averaging all four does not choose on
-the validation rows a second time (choosing how many to average did, and overfit them). Only
-where the best finalist alone is better by more than a standard error (``single_is_better``)
-is it exported instead.
+the validation rows a second time (choosing how many to average did, and overfit them; so did
+exporting the best finalist alone where it validated better by a standard error).
 
 Promotions depend only on the scores, ties broken by the candidate's index, so the selected
 model is the same whatever the number of learners and whichever finished first. Candidate 0 is
@@ -141,6 +140,53 @@ def promote(standing: Mapping[int, Score | None], keep: int) -> list[int]:
     return [index for index, _ in scored[:keep]]
 
 
+@dataclass(frozen=True)
+class Line:
+    """What the search knows of one candidate's line of versions: its validation scores so
+    far (epoch order), and whether it has finished (stopped early, or trained its budget) or
+    been dropped (it diverged)."""
+
+    index: int
+    scores: tuple[Score, ...] = ()
+    finished: bool = False
+    dropped: bool = False
+
+    def through(self, epochs: int) -> bool:
+        """Whether its score at ``epochs`` is known, or will never be."""
+        return (self.dropped or self.finished
+                or bool(self.scores and self.scores[-1].epoch >= epochs))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Rung ``rung``'s decision: the candidates it trained, and those that go on (best first;
+    after the last rung, the finalists)."""
+
+    rung: int
+    trained: tuple[int, ...]
+    kept: tuple[int, ...]
+
+
+def settle(plan: Sequence[Rung], lines: Mapping[int, Line]) -> list[Verdict]:
+    """The rungs decided so far, in order: a rung is decided once every candidate it trains
+    has its score at the rung's epochs (or has finished or been dropped before them), from the
+    best score of each up to those epochs (``best_through``, ``promote``). A line that went on
+    past a rung before the rung was decided changes nothing: only its scores up to the rung's
+    epochs count. So the verdicts depend on the scores alone, whatever the order they came in,
+    the number of learners or how far ahead any line ran."""
+    alive = tuple(sorted(lines))
+    verdicts: list[Verdict] = []
+    for rung in plan:
+        if not all(lines[i].through(rung.epochs) for i in alive):
+            break
+        standing = {i: None if lines[i].dropped else best_through(lines[i].scores, rung.epochs)
+                    for i in alive}
+        kept = tuple(promote(standing, rung.keep))
+        verdicts.append(Verdict(rung.index, alive, kept))
+        alive = kept
+    return verdicts
+
+
 def candidate_epochs(plan: Sequence[Rung]) -> int:
     """Epochs of candidate training the search takes at most (no candidate stopping early):
     each rung's candidates from the previous rung's budget to their own."""
@@ -163,18 +209,3 @@ def projected_wall(rung_durations: Sequence[Sequence[float]], workers: int) -> f
             free[at] += duration
         total += max(free)
     return total
-
-
-def single_is_better(gains: Sequence[float]) -> bool:
-    """Whether the best finalist alone beats the mean of the finalists clearly enough to be
-    exported instead: ``gains`` are its per-row gains over the mean on the validation rows (1
-    where it alone is right, -1 where only the mean is, else 0; a numeric target: the mean's
-    squared error less its own). The mean is kept unless the single's mean gain exceeds one
-    standard error of it (the one-standard-error rule, Breiman et al. 1984, here preferring the
-    ensemble, which a noisy validation score should not talk the search out of)."""
-    n = len(gains)
-    if n < 2:
-        return False
-    mean = sum(gains) / n
-    variance = sum((g - mean) ** 2 for g in gains) / (n - 1)
-    return mean > math.sqrt(variance / n)

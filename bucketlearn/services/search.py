@@ -3,9 +3,8 @@
 The split, the budget and the validation rows are the unsearched job's; each candidate is a
 ``serial.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
 the steps ``train-local`` takes. The rungs are trained in order, the candidates of a rung in
-index order; promotions follow the scores alone. At the end the mean of the finalists is the
-model (the best finalist alone where it is clearly better on the validation rows), evaluated
-once on the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
+index order; promotions follow the scores alone (``domain.search.settle``). At the end the
+mean of the finalists is the model, evaluated once on the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
 """
 
 from __future__ import annotations
@@ -16,24 +15,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from bucketlearn.config import Limits
 from bucketlearn.domain.recipe import RECIPE, Score
 from bucketlearn.domain.search import (
     Candidate,
+    Line,
     Rung,
     best_through,
     candidate_epochs,
     draw_candidates,
-    promote,
     rungs,
-    single_is_better,
+    settle,
 )
 from bucketlearn.errors import ConfigError, PermanentError
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ml.model import ensemble_model, spec_for
-from bucketlearn.ml.training import EVAL_BATCH, evaluate_detail
+from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
 from bucketlearn.services.evaluate import validation_score
@@ -102,28 +99,27 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     standings = {c.index: Standing(c) for c in drawn}
     lines: dict[int, TrainingLine] = {}
     plan = rungs(count, options.epochs)
-    alive = [c.index for c in drawn]
+    alive: tuple[int, ...] = tuple(c.index for c in drawn)
     for rung in plan:
         for index in alive:
             line = lines.get(index) or lines.setdefault(index, _line(
                 svc, manifest, options, spec, limits, sample, standings[index].candidate))
             _train_to(line, rung, standings[index])
-        standing = {i: standings[i].best if standings[i].state != "dropped" else None
-                    for i in alive}
-        kept = promote(standing, rung.keep)
-        for index in alive:
-            if index not in kept and standings[index].state != "dropped":
+        verdict = settle(plan, {s.candidate.index: _known(lines.get(i), s)
+                                for i, s in standings.items()})[rung.index]
+        for index in verdict.trained:
+            if index not in verdict.kept and standings[index].state != "dropped":
                 standings[index].state = "pruned"
                 standings[index].reason = (f"rung {rung.index}: not among the best "
-                                           f"{rung.keep} of {len(alive)}")
-        alive = kept
+                                           f"{rung.keep} of {len(verdict.trained)}")
+        alive = verdict.kept
     if not alive:
         reasons = "; ".join(f"candidate {i}: {s.reason}" for i, s in standings.items())
         raise PermanentError(f"search: expected a candidate that trains; found every one "
                              f"dropped ({reasons})")
     for index in alive:
         standings[index].state = "finalist"
-    model, weights, selected = _select(lines, standings, alive, sample, spec)
+    model, weights, selected = _select(lines, standings, list(alive), sample, spec)
     final = lines[alive[0]]
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
@@ -134,6 +130,14 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
         candidates=[s.to_dict(image) for s in standings.values()], selected=selected,
         rungs=[{**dataclasses.asdict(r)} for r in plan]
         + [{"candidate_epochs": candidate_epochs(plan), "epochs": options.epochs}])
+
+
+def _known(line: TrainingLine | None, standing: Standing) -> Line:
+    """What the search knows of a candidate's line (``domain.search.Line``)."""
+    if line is None:
+        return Line(standing.candidate.index, dropped=standing.state == "dropped")
+    return Line(standing.candidate.index, tuple(line.checkpoints.scores), line.finished,
+                standing.state == "dropped")
 
 
 def _line(svc: Services, manifest: Any, options: JobOptions, spec: Any, limits: Limits,
@@ -171,49 +175,26 @@ def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
 def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
             finalists: list[int], sample: tuple[Any, Any],
             spec: Any) -> tuple[Any, list[Any] | None, dict[str, Any]]:
-    """The model: the mean of the finalists' best checkpoints, unless the best finalist alone
-    is clearly better on the validation rows (``domain.search.single_is_better``)."""
+    """The model: the mean of the finalists' best checkpoints (one finalist: itself), with its
+    validation score beside the best finalist's alone."""
     best = lines[finalists[0]]
     single = standings[finalists[0]].best
     assert single is not None
-    alone = {"candidates": [finalists[0]], "score": single.to_dict()}
     if len(finalists) == 1:
         return best.model, list(best.final_weights), {
-            **alone, "reason": f"candidate {finalists[0]}, the only finalist "
-                               f"({_figure(single)} on the validation rows)"}
+            "candidates": list(finalists), "score": single.to_dict(),
+            "reason": f"candidate {finalists[0]}, the only finalist ({_figure(single)} on the "
+                      "validation rows)"}
     for index in finalists:
         lines[index].model.set_weights(list(lines[index].final_weights))
     mean = ensemble_model([lines[i].model for i in finalists])
     together = validation_score(mean, None, *sample, spec, single.epoch, single.version)
-    named = (f"the mean of the {len(finalists)} finalists (candidates "
-             f"{', '.join(map(str, finalists))})")
-    if single_is_better(_gains(best.model, mean, sample, spec.regression)):
-        return best.model, list(best.final_weights), {
-            **alone, "mean": together.to_dict(),
-            "reason": (f"candidate {finalists[0]} alone: {_figure(single)} on the validation "
-                       f"rows, clearly above {named}: {_figure(together)}")}
     return mean, None, {
         "candidates": list(finalists), "score": together.to_dict(),
         "alone": {"candidate": finalists[0], "score": single.to_dict()},
-        "reason": (f"{named}: {_figure(together)} on the validation rows; the best of them "
-                   f"alone, candidate {finalists[0]}: {_figure(single)}")}
-
-
-def _gains(single: Any, mean: Any, sample: tuple[Any, Any], regression: bool) -> list[float]:
-    """Per validation row, what the single model gains over the mean: 1 where it alone is
-    right, -1 where only the mean is (classes); the mean's squared error less its own."""
-    x, y = sample
-    one, both = [], []
-    for start in range(0, len(y), EVAL_BATCH):
-        one.append(np.asarray(single.predict_on_batch(x[start:start + EVAL_BATCH])))
-        both.append(np.asarray(mean.predict_on_batch(x[start:start + EVAL_BATCH])))
-    a, b = np.concatenate(one), np.concatenate(both)
-    if regression:
-        target = np.asarray(y, dtype=np.float64).reshape(-1)
-        return list((b.reshape(-1) - target) ** 2 - (a.reshape(-1) - target) ** 2)
-    labels = np.asarray(y, dtype=np.int64).reshape(-1)
-    return list((a.argmax(axis=1) == labels).astype(float)
-                - (b.argmax(axis=1) == labels).astype(float))
+        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
+                   f"{', '.join(map(str, finalists))}): {_figure(together)} on the validation "
+                   f"rows; the best of them alone, candidate {finalists[0]}: {_figure(single)}")}
 
 
 def _figure(score: Score) -> str:

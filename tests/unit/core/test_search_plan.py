@@ -7,13 +7,15 @@ import pytest
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.search import (
     Candidate,
+    Line,
+    Verdict,
     best_through,
     candidate_epochs,
     draw_candidates,
     projected_wall,
     promote,
     rungs,
-    single_is_better,
+    settle,
 )
 from bucketlearn.errors import ConfigError
 from bucketlearn.options import SEARCH_OFF, parse_search
@@ -96,10 +98,34 @@ def test_a_bad_search_names_what_was_expected(raw):
         parse_search(raw, "--search")
 
 
-def test_the_best_alone_replaces_the_mean_only_beyond_one_standard_error():
-    assert not single_is_better([])
-    assert not single_is_better([0.0] * 100)  # no difference: the mean
-    assert single_is_better([1.0] * 5 + [0.0] * 95)  # right on 5 more rows, never worse
-    # 6 rows better, 4 worse of 100: a mean gain of 0.02 within its standard error (0.032)
-    assert not single_is_better([1.0] * 6 + [-1.0] * 4 + [0.0] * 90)
-    assert single_is_better([1.0] * 30 + [-1.0] * 10 + [0.0] * 60)  # 0.2 against 0.063
+def _scores(*accuracies: float) -> tuple[Score, ...]:
+    return tuple(Score(e, e, accuracy=a, loss=1 - a) for e, a in enumerate(accuracies, 1))
+
+
+def test_a_rung_is_decided_once_every_score_at_its_epochs_is_in():
+    plan = rungs(6, 9)  # 6 to 3 epochs, keep 4; 4 to 9 epochs
+    lines = {0: Line(0, _scores(.5, .6, .7)), 1: Line(1, _scores(.5, .6)),
+             2: Line(2, _scores(.4, .5, .9)), 3: Line(3, _scores(.8, .8, .8)),
+             4: Line(4, _scores(.3, .3, .3)), 5: Line(5, _scores(.6, .6, .6))}
+    assert settle(plan, lines) == []  # candidate 1 has no score at epoch 3 yet
+    lines[1] = Line(1, _scores(.5, .6, .65))
+    (first,) = settle(plan, lines)
+    assert first == Verdict(0, (0, 1, 2, 3, 4, 5), (2, 3, 0, 1))
+
+
+def test_lines_that_ran_ahead_or_stopped_early_decide_as_if_they_waited():
+    plan = rungs(6, 9)
+    waited = {i: Line(i, _scores(*([.5 + i / 100] * 3))) for i in range(6)}
+    # candidate 5 ran on to epoch 7 and did well there; candidate 4 stopped at epoch 2;
+    # candidate 3 diverged
+    ahead = {**waited, 5: Line(5, _scores(.55, .55, .55, .99, .99, .99, .99)),
+             4: Line(4, _scores(.54, .54), finished=True),
+             3: Line(3, _scores(.53, .53, .53), dropped=True)}
+    assert settle(plan, waited)[0].kept == (5, 4, 3, 2)
+    assert settle(plan, ahead)[0].kept == (5, 4, 2, 1)  # 3 dropped; 5 by its epoch-3 score
+    # the last rung: once every finalist has finished, the finalists best first
+    done = {**ahead, **{i: Line(i, _scores(*([.6 + i / 100] * 9)), finished=True)
+                        for i in (5, 4, 2, 1)}}
+    assert [v.kept for v in settle(plan, done)] == [(5, 4, 2, 1), (5, 4, 2, 1)]
+    # the same scores in any order of arrival: the same verdicts
+    assert settle(plan, dict(reversed(list(done.items())))) == settle(plan, done)
