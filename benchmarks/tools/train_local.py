@@ -48,7 +48,7 @@ def main(path: str, options: str) -> None:
                       "stop_epoch": selection.get("stop_epoch"),
                       "epochs": result.epochs, "tasks": result.tasks,
                       **({"candidates": result.candidates, "selected": result.selected,
-                          "rungs": result.rungs} if count else {}),
+                          "rungs": result.rungs, "cost": result.cost} if count else {}),
                       "trace": trace(result, svc, traced) if traced is not None else None}))
 
 

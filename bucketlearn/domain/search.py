@@ -35,53 +35,65 @@ RATE_SPREAD = 1.5  # a candidate's peak rate: the default's times 2**u, u unifor
 WIDTHS = (128, 256, 512)
 DEPTHS = (2, 3, 4)
 SMOOTHINGS = (0.0, 0.1)
-DEFAULT_WIDTH, DEFAULT_DEPTH, DEFAULT_SMOOTHING = 256, 3, 0.1
 MIN_BATCH = 16
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One configuration the search trains: its own seed (initial weights and row order), peak
-    learning rate, batch size, and for a table's MLP its shape, label smoothing and whether the
-    numeric cells get their piecewise-linear encoding."""
+    learning rate, batch size, and for a table's MLP its shape, label smoothing (classes) and
+    whether the numeric cells get their piecewise-linear encoding; None keeps the job's model
+    as it is (candidate 0, and what does not apply to the model)."""
 
     index: int
     seed: int
     learning_rate: float
     batch_size: int
-    width: int = DEFAULT_WIDTH
-    depth: int = DEFAULT_DEPTH
-    smoothing: float = DEFAULT_SMOOTHING
-    encoding: bool = True
+    width: int | None = None
+    depth: int | None = None
+    smoothing: float | None = None
+    encoding: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
-        return cls(int(data["index"]), int(data["seed"]), float(data["learning_rate"]),
-                   int(data["batch_size"]), int(data.get("width", DEFAULT_WIDTH)),
-                   int(data.get("depth", DEFAULT_DEPTH)),
-                   float(data.get("smoothing", DEFAULT_SMOOTHING)),
-                   bool(data.get("encoding", True)))
+        def given(name: str, kind: type) -> Any:
+            return None if data.get(name) is None else kind(data[name])
 
-    def describe(self, image: bool = False) -> str:
+        return cls(int(data["index"]), int(data["seed"]), float(data["learning_rate"]),
+                   int(data["batch_size"]), given("width", int), given("depth", int),
+                   given("smoothing", float), given("encoding", bool))
+
+    def shaped(self) -> dict[str, Any]:
+        """The model fields it sets (the rest are the job's)."""
+        return {k: v for k, v in {"width": self.width, "depth": self.depth,
+                                  "smoothing": self.smoothing,
+                                  "encoding": self.encoding}.items() if v is not None}
+
+    def describe(self) -> str:
         """The configuration in a few words, e.g. 'rate 0.0031, batch 256, 4 x 512, smoothing
-        0, no encoding'."""
+        0, no encoding, seed 3' (the job's model: 'the default model')."""
         words = [f"rate {self.learning_rate:.2g}", f"batch {self.batch_size}"]
-        if not image:
-            words += [f"{self.depth} x {self.width}", f"smoothing {self.smoothing:g}",
-                      "encoding" if self.encoding else "no encoding"]
+        if self.width is not None and self.depth is not None:
+            words.append(f"{self.depth} x {self.width}")
+        if self.smoothing is not None:
+            words.append(f"smoothing {self.smoothing:g}")
+        if self.encoding is not None:
+            words.append("encoding" if self.encoding else "no encoding")
+        if self.index == 0:
+            words.append("the default model")
         return ", ".join(words + [f"seed {self.seed}"])
 
 
 def draw_candidates(count: int, seed: int, batch_size: int, learning_rate: float,
-                    image: bool = False) -> list[Candidate]:
+                    image: bool = False, regression: bool = False) -> list[Candidate]:
     """``count`` configurations drawn from the job's ``seed``: the first is the job's default
     (``batch_size``, ``learning_rate``, the recipe's shape); each other draws a peak rate
     log-uniformly around the default's, a batch of half, once or twice the default's, and for
-    a table a width, depth, label smoothing and encoding. The same arguments draw the same
-    candidates on every machine (``random.Random`` seeded with a string)."""
+    a table a width, depth, encoding and (classes) label smoothing. The same arguments draw the
+    same candidates on every machine (``random.Random`` seeded with a string)."""
     if not SEARCH_MIN <= count <= SEARCH_MAX:
         raise ValueError(f"search: expected {SEARCH_MIN} to {SEARCH_MAX} candidates; "
                          f"found {count}")
@@ -90,9 +102,11 @@ def draw_candidates(count: int, seed: int, batch_size: int, learning_rate: float
     for index in range(1, count):
         rate = round(learning_rate * 2 ** draw.uniform(-RATE_SPREAD, RATE_SPREAD), 8)
         batch = max(MIN_BATCH, int(batch_size * draw.choice((0.5, 1, 2))))
-        shape = ((draw.choice(WIDTHS), draw.choice(DEPTHS), draw.choice(SMOOTHINGS),
-                  draw.random() < 0.5) if not image else
-                 (DEFAULT_WIDTH, DEFAULT_DEPTH, DEFAULT_SMOOTHING, True))
+        shape: tuple[Any, ...] = (None, None, None, None)
+        if not image:
+            width, depth, smoothing = (draw.choice(WIDTHS), draw.choice(DEPTHS),
+                                       draw.choice(SMOOTHINGS))
+            shape = (width, depth, None if regression else smoothing, draw.random() < 0.5)
         candidates.append(Candidate(index, (seed + index) % 2**31, rate, batch, *shape))
     return candidates
 
@@ -143,18 +157,25 @@ def promote(standing: Mapping[int, Score | None], keep: int) -> list[int]:
 @dataclass(frozen=True)
 class Line:
     """What the search knows of one candidate's line of versions: its validation scores so
-    far (epoch order), and whether it has finished (stopped early, or trained its budget) or
-    been dropped (it diverged)."""
+    far (epoch order), whether it has finished (stopped early, or trained its budget), and the
+    epoch it was dropped in (it diverged; None while it trains well)."""
 
     index: int
     scores: tuple[Score, ...] = ()
     finished: bool = False
-    dropped: bool = False
+    dropped_at: int | None = None
 
     def through(self, epochs: int) -> bool:
         """Whether its score at ``epochs`` is known, or will never be."""
-        return (self.dropped or self.finished
+        return (self.dropped_at is not None or self.finished
                 or bool(self.scores and self.scores[-1].epoch >= epochs))
+
+    def standing(self, epochs: int) -> Score | None:
+        """Its best score up to ``epochs``; None when it was dropped by then (a line dropped
+        later keeps the standing it had at the rungs it passed)."""
+        if self.dropped_at is not None and self.dropped_at <= epochs:
+            return None
+        return best_through(self.scores, epochs)
 
 
 @dataclass(frozen=True)
@@ -179,8 +200,7 @@ def settle(plan: Sequence[Rung], lines: Mapping[int, Line]) -> list[Verdict]:
     for rung in plan:
         if not all(lines[i].through(rung.epochs) for i in alive):
             break
-        standing = {i: None if lines[i].dropped else best_through(lines[i].scores, rung.epochs)
-                    for i in alive}
+        standing = {i: lines[i].standing(rung.epochs) for i in alive}
         kept = tuple(promote(standing, rung.keep))
         verdicts.append(Verdict(rung.index, alive, kept))
         alive = kept

@@ -381,12 +381,13 @@ def ensemble_model(members: Sequence[Any]) -> Any:
     """One model whose output is the mean of ``members``' outputs (class probabilities, or a
     numeric target in its units) on the same input matrix, each member holding its weights
     as they stand. Built-in layers only: it exports and loads in safe mode as any model here.
-    The members are renamed (``member_<i>``): Keras wants the models in one graph named apart."""
+    Each member goes in as a model of its own named ``member_<i>`` over the same layers (Keras
+    wants the models in one graph named apart); the members themselves are left as they are."""
     keras = keras_module()
     inputs = keras.Input(shape=tuple(members[0].inputs[0].shape[1:]), name="features")
     outputs = []
     for index, member in enumerate(members):
-        member.name = f"member_{index}"
-        outputs.append(member(inputs))
+        named = keras.Model(member.input, member.output, name=f"member_{index}")
+        outputs.append(named(inputs))
     mean = keras.layers.Average(name="ensemble_mean")(outputs)
     return keras.Model(inputs, mean, name="bucketlearn_ensemble")

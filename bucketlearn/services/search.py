@@ -50,12 +50,13 @@ class Standing:
     state: str = "training"
     reason: str = ""
     seconds: float = 0.0  # its training and scoring, all rungs together
+    dropped_at: int | None = None  # the epoch it diverged in
     # each rung's training and scoring seconds and tasks (versions), in rung order
     rung_seconds: list[float] = field(default_factory=list)
     rung_tasks: list[int] = field(default_factory=list)
 
-    def to_dict(self, image: bool = False) -> dict[str, Any]:
-        return {**self.candidate.to_dict(), "configuration": self.candidate.describe(image),
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "configuration": self.candidate.describe(),
                 "rung": self.rung, "epochs": self.epochs,
                 "best": self.best.to_dict() if self.best else None, "state": self.state,
                 "reason": self.reason, "seconds": round(self.seconds, 3),
@@ -65,13 +66,16 @@ class Standing:
 
 @dataclass
 class SearchResult(SerialResult):
-    """``train_local``'s result for the selected model, with every candidate's standing and
-    what was selected (``selected``: the candidates whose mean is the model, its validation
-    score and why)."""
+    """``train_local``'s result for the selected model (``spec``: the job's; ``selection``:
+    empty, the model being no one checkpoint; ``epochs``: the most a finalist trained;
+    ``tasks``: every candidate's), with every candidate's standing, what was selected
+    (``selected``: the candidates whose mean is the model, its validation score and why), the
+    rungs, and what the search costs at most (``cost``: candidate-epochs, one model's epochs)."""
 
     candidates: list[dict[str, Any]] = field(default_factory=list)
     selected: dict[str, Any] = field(default_factory=dict)
     rungs: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, int] = field(default_factory=dict)
 
 
 def search_local(path: str, options: JobOptions, count: int, limits: Limits | None = None, *,
@@ -95,7 +99,7 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     sample = read_validation_sample(svc, manifest, spec)
     image = spec.kind == "cnn"
     drawn = draw_candidates(count, options.seed, options.batch_size, options.learning_rate,
-                            image)
+                            image, spec.regression)
     standings = {c.index: Standing(c) for c in drawn}
     lines: dict[int, TrainingLine] = {}
     plan = rungs(count, options.epochs)
@@ -120,24 +124,24 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     for index in alive:
         standings[index].state = "finalist"
     model, weights, selected = _select(lines, standings, list(alive), sample, spec)
-    final = lines[alive[0]]
     x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
     found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
     return SearchResult(
         found.accuracy, found.loss, time.perf_counter() - started, manifest, model,
-        list(weights or model.get_weights()), found.report, final.spec,
-        final.checkpoints.summary(), final.epoch, options,
-        candidates=[s.to_dict(image) for s in standings.values()], selected=selected,
-        rungs=[{**dataclasses.asdict(r)} for r in plan]
-        + [{"candidate_epochs": candidate_epochs(plan), "epochs": options.epochs}])
+        list(weights or model.get_weights()), found.report, spec, {},
+        max(lines[i].epoch for i in alive), options,
+        sum(sum(s.rung_tasks) for s in standings.values()),
+        candidates=[s.to_dict() for s in standings.values()], selected=selected,
+        rungs=[dataclasses.asdict(r) for r in plan],
+        cost={"candidate_epochs": candidate_epochs(plan), "epochs": options.epochs})
 
 
 def _known(line: TrainingLine | None, standing: Standing) -> Line:
     """What the search knows of a candidate's line (``domain.search.Line``)."""
     if line is None:
-        return Line(standing.candidate.index, dropped=standing.state == "dropped")
+        return Line(standing.candidate.index, dropped_at=standing.dropped_at)
     return Line(standing.candidate.index, tuple(line.checkpoints.scores), line.finished,
-                standing.state == "dropped")
+                standing.dropped_at)
 
 
 def _line(svc: Services, manifest: Any, options: JobOptions, spec: Any, limits: Limits,
@@ -147,9 +151,7 @@ def _line(svc: Services, manifest: Any, options: JobOptions, spec: Any, limits: 
     mine = dataclasses.replace(options, seed=candidate.seed, batch_size=candidate.batch_size,
                                learning_rate=candidate.learning_rate)
     shaped = dataclasses.replace(spec, seed=candidate.seed,
-                                 learning_rate=candidate.learning_rate, width=candidate.width,
-                                 depth=candidate.depth, smoothing=candidate.smoothing,
-                                 encoding=candidate.encoding)
+                                 learning_rate=candidate.learning_rate, **candidate.shaped())
     return TrainingLine(svc, manifest, mine, shaped, limits, time.perf_counter(),
                         sample=sample)
 
@@ -160,12 +162,13 @@ def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
     while not line.finished and line.epoch < rung.epochs and standing.state != "dropped":
         line.train_epoch()
         if not math.isfinite(line.train_loss):
-            standing.state = "dropped"
+            standing.state, standing.dropped_at = "dropped", line.epoch
             standing.reason = f"diverged: training loss {line.train_loss} in epoch {line.epoch}"
     standing.rung, standing.epochs = rung.index, line.epoch
     standing.best = best_through(line.checkpoints.scores, rung.epochs)
     if standing.best is not None and not all(math.isfinite(v) for v in standing.best.key()):
-        standing.state, standing.reason = "dropped", "diverged: its validation score is not a number"
+        standing.state, standing.dropped_at = "dropped", line.epoch
+        standing.reason = "diverged: its validation score is not a number"
     spent = time.perf_counter() - began
     standing.seconds += spent
     standing.rung_seconds.append(spent)
@@ -190,7 +193,8 @@ def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
     mean = ensemble_model([lines[i].model for i in finalists])
     together = validation_score(mean, None, *sample, spec, single.epoch, single.version)
     return mean, None, {
-        "candidates": list(finalists), "score": together.to_dict(),
+        "candidates": list(finalists),
+        "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
         "alone": {"candidate": finalists[0], "score": single.to_dict()},
         "reason": (f"the mean of the {len(finalists)} finalists (candidates "
                    f"{', '.join(map(str, finalists))}): {_figure(together)} on the validation "

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,8 @@ def test_train_local_search_says_its_leaderboard_and_exports_the_selected_model(
     plain = run(home, "train-local", str(DIGITS), "--search", "6", "--epochs", "3")
     predicted = run(home, "predict", str(model), str(DIGITS), "-o", str(tmp_path / "p.csv"))
     refused = run(home, "train-local", str(DIGITS), "--search", "65")
+    with zipfile.ZipFile(model) as archive:  # the model says what it is
+        sidecar = json.loads(archive.read("bucketlearn.json"))
     # Assert
     assert searched.returncode == 0, searched.stderr
     report = json.loads(searched.stdout)
@@ -302,6 +305,7 @@ def test_train_local_search_says_its_leaderboard_and_exports_the_selected_model(
     assert plain.stdout.count(" pruned ") == 2 and "selected: " in plain.stdout
     assert "retracing" not in plain.stderr  # TensorFlow's warnings stay out of the output
     assert predicted.returncode == 0 and "wrote 1797 predictions" in predicted.stdout
+    assert sidecar["search"]["candidates"] == report["search"]["selected"]["candidates"]
     assert refused.returncode != 0
     assert "off or a whole number of candidates from 2 to 64" in refused.stderr
     assert "'65'" in refused.stderr

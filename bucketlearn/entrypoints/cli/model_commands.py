@@ -51,8 +51,11 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     if args.output:
         from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 
-        Path(args.output).write_bytes(export_keras(result.model, serial_sidecar(
-            result.manifest, options, result.accuracy, result.report)))
+        sidecar = serial_sidecar(result.manifest, result.options if count else options,
+                                 result.accuracy, result.report)
+        if count:  # what the model is: the mean of which candidates, and why
+            sidecar["search"] = result.selected
+        Path(args.output).write_bytes(export_keras(result.model, sidecar))
     regression = result.manifest.task == REGRESSION
     report = {"accuracy": result.accuracy, "loss": result.loss, "seconds": result.seconds,
               "train_rows": result.manifest.train_rows,
@@ -93,13 +96,12 @@ def cmd_train_local(args: argparse.Namespace) -> int:
 def _search_report(result: Any) -> dict[str, Any]:
     """A search's candidates, rungs and selection, for ``--json``."""
     return {"candidates": result.candidates, "selected": result.selected,
-            "rungs": result.rungs}
+            "rungs": result.rungs, "cost": result.cost}
 
 
 def _print_search(result: Any) -> None:
     """A search's leaderboard, best first, and what was selected."""
-    rungs = [r for r in result.rungs if "index" in r]
-    cost = result.rungs[-1]
+    rungs, cost = result.rungs, result.cost
     print(f"search: {len(result.candidates)} candidates over {len(rungs)} rungs (epochs "
           f"{', '.join(str(r['epochs']) for r in rungs)}); at most "
           f"{cost['candidate_epochs']} candidate-epochs, {cost['candidate_epochs'] / cost['epochs']:.1f}x "

@@ -23,9 +23,12 @@ from bucketlearn.options import SEARCH_OFF, parse_search
 
 def test_the_first_candidate_is_the_default_and_the_draw_is_the_seeds():
     drawn = draw_candidates(8, 5, 256, 0.002)
-    assert drawn[0] == Candidate(0, 5, 0.002, 256)  # the job's own configuration
+    assert drawn[0] == Candidate(0, 5, 0.002, 256)  # the job's own configuration and model
+    assert drawn[0].shaped() == {} and "the default model" in drawn[0].describe()
     assert drawn == draw_candidates(8, 5, 256, 0.002)  # the same seed, the same candidates
-    assert drawn != draw_candidates(8, 6, 256, 0.002)
+    other = draw_candidates(8, 6, 256, 0.002)[1:]
+    assert [(c.learning_rate, c.width, c.depth) for c in other] != [
+        (c.learning_rate, c.width, c.depth) for c in drawn[1:]]
     assert [c.index for c in drawn] == list(range(8))
     assert len({c.seed for c in drawn}) == 8
     for c in drawn[1:]:
@@ -38,8 +41,18 @@ def test_the_first_candidate_is_the_default_and_the_draw_is_the_seeds():
 
 def test_an_image_search_varies_only_the_rate_batch_and_seed():
     drawn = draw_candidates(6, 0, 128, 0.0014, image=True)
-    assert {(c.width, c.depth, c.smoothing, c.encoding) for c in drawn} == {(256, 3, 0.1, True)}
-    assert "x" not in drawn[2].describe(image=True)
+    assert {c.shaped() == {} for c in drawn} == {True}  # the CNN as it is
+    assert len({(c.learning_rate, c.batch_size, c.seed) for c in drawn}) == 6
+    assert " x " not in drawn[2].describe() and "smoothing" not in drawn[2].describe()
+
+
+def test_a_numeric_target_draws_no_label_smoothing():
+    drawn = draw_candidates(6, 0, 256, 0.002, regression=True)
+    assert {c.smoothing for c in drawn} == {None}
+    classes = draw_candidates(6, 0, 256, 0.002)
+    # the same draws otherwise: the smoothing is drawn and left out
+    assert [(c.learning_rate, c.width, c.encoding) for c in drawn] == [
+        (c.learning_rate, c.width, c.encoding) for c in classes]
 
 
 @pytest.mark.parametrize("count", [1, 65])
@@ -120,12 +133,43 @@ def test_lines_that_ran_ahead_or_stopped_early_decide_as_if_they_waited():
     # candidate 3 diverged
     ahead = {**waited, 5: Line(5, _scores(.55, .55, .55, .99, .99, .99, .99)),
              4: Line(4, _scores(.54, .54), finished=True),
-             3: Line(3, _scores(.53, .53, .53), dropped=True)}
+             3: Line(3, _scores(.53, .53), dropped_at=3)}
     assert settle(plan, waited)[0].kept == (5, 4, 3, 2)
     assert settle(plan, ahead)[0].kept == (5, 4, 2, 1)  # 3 dropped; 5 by its epoch-3 score
     # the last rung: once every finalist has finished, the finalists best first
     done = {**ahead, **{i: Line(i, _scores(*([.6 + i / 100] * 9)), finished=True)
                         for i in (5, 4, 2, 1)}}
     assert [v.kept for v in settle(plan, done)] == [(5, 4, 2, 1), (5, 4, 2, 1)]
-    # the same scores in any order of arrival: the same verdicts
-    assert settle(plan, dict(reversed(list(done.items())))) == settle(plan, done)
+    # a finalist that diverges after rung 0 keeps its standing at rung 0; it is no finalist
+    diverged = {**done, 2: Line(2, _scores(.52, .52, .52, .52), dropped_at=5)}
+    verdicts = settle(plan, diverged)
+    assert verdicts[0].kept == (5, 4, 1, 2) and verdicts[1].kept == (5, 4, 1)
+
+
+def test_the_verdicts_do_not_depend_on_the_order_scores_arrive_in():
+    plan = rungs(6, 9)
+    final = {i: Line(i, _scores(*[.5 + ((i * 7 + e) % 5) / 100 for e in range(9)]),
+                     finished=True) for i in range(6)}
+    # scores arriving line by line, in two interleavings: every decided rung as at the end
+    for order in (range(6), reversed(range(6))):
+        seen = {i: Line(i) for i in range(6)}
+        for epoch in range(1, 10):
+            for i in order:
+                seen[i] = Line(i, final[i].scores[:epoch], finished=epoch == 9)
+                partial = settle(plan, seen)
+                assert partial == settle(plan, final)[:len(partial)]
+    assert len(settle(plan, final)) == 2
+
+
+def test_a_candidates_model_fields_reach_its_spec_and_back():
+    import dataclasses
+
+    from bucketlearn.ml.model import ModelSpec
+
+    spec = ModelSpec("mlp", 3, 2, None, 0, 0.002, recipe=2)
+    shaped = dataclasses.replace(spec, **Candidate(1, 1, 0.003, 128, 512, 4, 0.0, False).shaped())
+    assert spec.to_dict() == dataclasses.replace(spec, **Candidate(0, 0, 0.002, 256).shaped()
+                                                 ).to_dict()  # an unsearched job's document
+    assert "width" not in spec.to_dict()
+    assert shaped.to_dict()["width"] == 512 and shaped.to_dict()["encoding"] is False
+    assert ModelSpec.from_dict(shaped.to_dict()) == shaped

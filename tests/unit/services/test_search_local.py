@@ -54,7 +54,7 @@ def test_candidate_zero_is_train_locals_model_and_the_search_repeats(tmp_path):
     assert [w.tobytes() for w in first.weights] == [w.tobytes() for w in second.weights]
     assert first.accuracy == second.accuracy
     # 6 candidates: rung 0 trains 6 to 3 epochs, keeps 4 finalists to the budget
-    assert [r.get("count") for r in first.rungs[:-1]] == [6, 4]
+    assert [r["count"] for r in first.rungs] == [6, 4]
     states = sorted(c["state"] for c in first.candidates)
     assert states == ["finalist"] * 4 + ["pruned"] * 2
     assert all(c["reason"].startswith("rung 0: not among the best 4 of 6")
@@ -66,7 +66,13 @@ def test_candidate_zero_is_train_locals_model_and_the_search_repeats(tmp_path):
 
 def test_the_selected_model_exports_and_takes_raw_rows(tmp_path):
     path = write_table(tmp_path / "t.csv", seed=1)
-    result = search_local(str(path), OPTIONS, 3, svc=memory_services())
+    result = search_local(str(path), OPTIONS, 5, svc=memory_services())
+    # what the result says is the mean's and the job's, not one finalist's
+    assert [r["count"] for r in result.rungs] == [5, 4]
+    assert result.cost == {"candidate_epochs": 5 * 3 + 4 * 6, "epochs": 9}
+    assert result.spec.seed == OPTIONS.seed and result.spec.to_dict().get("width") is None
+    assert result.selection == {} and "epoch" not in result.selected["score"]
+    assert result.tasks == sum(sum(c["rung_tasks"]) for c in result.candidates) > 0
     out = tmp_path / "m.keras"
     out.write_bytes(export_keras(result.model, serial_sidecar(
         result.manifest, result.options, result.accuracy, result.report)))
@@ -116,6 +122,6 @@ def test_an_image_search_varies_the_rate_batch_and_seed_of_the_cnn(tmp_path):
     result = search_local(str(path), JobOptions(epochs=2, rows_per_shard=64), 3,
                           svc=memory_services())
     assert result.spec.kind == "cnn"
-    assert {(c["width"], c["depth"]) for c in result.candidates} == {(256, 3)}
+    assert {(c["width"], c["depth"]) for c in result.candidates} == {(None, None)}
     assert "smoothing" not in result.candidates[1]["configuration"]  # said as the CNN's
     assert result.accuracy > 0.7 and len(result.selected["candidates"]) == 3
