@@ -104,6 +104,13 @@ def goal(result: dict[str, Any], name: str, value: float | None, target: str,
     result["goals"].append({"name": name, "value": value, "target": target, "met": met})
 
 
+def print_goals(result: dict[str, Any]) -> None:
+    """Each goal of ``result`` on a line: met or MISS, its value and its target."""
+    for g in result["goals"]:
+        value = "-" if g["value"] is None else f"{g['value']:.3f}"
+        print(f"{'met ' if g['met'] else 'MISS'} {g['name']}: {value} (goal {g['target']})")
+
+
 def load_results(directory: Path, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """``<directory>/<name>.json`` of each name that has one."""
     results = {}

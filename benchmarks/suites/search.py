@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import tables
-from benchmarks.harness.baseline import figure, hgb, source
+from benchmarks.harness.baseline import against_hgb, gap, hgb, source
 from benchmarks.harness.paths import CACHE, RESULTS
 from benchmarks.harness.procs import log
 from benchmarks.harness.serial import serial_seconds
-from benchmarks.report.results import goal, new_result
+from benchmarks.report.results import goal, new_result, print_goals
 from bucketlearn.domain.search import projected_wall
 
 HOP_SECONDS = 0.37  # a chained task's round in the cloud (benchmark 5)
@@ -65,12 +65,9 @@ def measure(name: str, cache: Path, seed: int, count: int) -> dict[str, Any]:
         run = serial_seconds(path, {**given, **options, "seed": seed}, repeats=1)
         cell[label] = {k: v for k, v in run.items() if k not in ("sample", "all_seconds")}
     regression = base["regression"]
-    scale = 1.0 if regression else 100.0
     for label in ("default", "search"):
-        cell[f"{label}_vs_hgb"] = (figure(cell[label], regression)
-                                   - figure(base, regression)) * scale
-    cell["search_vs_default"] = (figure(cell["search"], regression)
-                                 - figure(cell["default"], regression)) * scale
+        cell[f"{label}_vs_hgb"] = gap(cell[label], base, regression)
+    cell["search_vs_default"] = gap(cell["search"], cell["default"], regression)
     cell["projected"] = projection(cell["search"], HOP_SECONDS)
     cell["projected_on_stack_hops"] = projection(cell["search"], 0.0)
     # the default job's wall as the search's is priced: its tasks' hops added
@@ -84,20 +81,10 @@ def measure(name: str, cache: Path, seed: int, count: int) -> dict[str, Any]:
 def judge(result: dict[str, Any]) -> None:
     """The goals over every measured table."""
     cells = list(result["figures"].values())
-
-    def bound(c: dict[str, Any]) -> float:
-        return 0.01 if c["hgb"]["regression"] else 1.0
-
     at_least = [c for c in cells if c["search_vs_default"] >= 0]
     goal(result, "tables where the searched model is at least the default", len(at_least),
          f"all {len(cells)}", len(at_least) == len(cells))
-    near = [c for c in cells if c["search_vs_hgb"] >= -bound(c)]
-    goal(result, "tables within 1 point of HGB (a numeric target within 0.01 of its R²)",
-         len(near), f"all {len(cells)}", len(near) == len(cells))
-    gaps = [c["search_vs_hgb"] / bound(c) for c in cells]
-    mean_gap = sum(gaps) / len(gaps) if gaps else None
-    goal(result, "mean over the tables against HGB (points; R² in hundredths)", mean_gap,
-         "> 0", mean_gap is not None and mean_gap > 0)
+    against_hgb(result, cells, "search_vs_hgb", strictly_above=True)
     for c in cells:
         two = c["projected"]["1"] and c["projected"]["2"] / c["projected"]["1"]
         goal(result, f"{c['table']}: projected wall on 2 learners / 1", two, "<= 0.7",
@@ -135,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     CACHE.mkdir(exist_ok=True)
     result = run([t for t in args.tables.split(",") if t], args.seed, args.search, CACHE)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    for g in result["goals"]:
-        value = "-" if g["value"] is None else f"{g['value']:.3f}"
-        print(f"{'met ' if g['met'] else 'MISS'} {g['name']}: {value} (goal {g['target']})")
+    print_goals(result)
     return 0
 
 

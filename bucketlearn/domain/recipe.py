@@ -147,6 +147,13 @@ class Score:
         return (self.accuracy if self.accuracy is not None else -math.inf,
                 -(self.loss if self.loss is not None else math.inf))
 
+    def figure(self, decimals: int = 2) -> str:
+        """The score as people read it: 'RMSE 12.3' for a numeric target, else '93.45 %'
+        (accuracy to ``decimals``)."""
+        if self.rmse is not None:
+            return f"RMSE {self.rmse:.4g}"
+        return f"{100 * self.accuracy:.{decimals}f} %" if self.accuracy is not None else "scored"
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in {"epoch": self.epoch, "version": self.version,
                                   "accuracy": self.accuracy, "loss": self.loss,
@@ -227,9 +234,8 @@ def selection_sentence(status: Mapping[str, Any]) -> str | None:
                     "held out for validation")
         return None
     best = selection.best
-    figure = (f"RMSE {best.rmse:.4g}" if best.rmse is not None else
-              f"{100 * best.accuracy:.1f} %" if best.accuracy is not None else "scored")
-    chosen = f"epoch {best.epoch} (version {best.version}, {figure} on the validation rows)"
+    chosen = (f"epoch {best.epoch} (version {best.version}, {best.figure(1)} on the validation "
+              "rows)")
     if selection.stop_epoch is None:
         return (f"the best by validation so far: {chosen}; training stops after {patience} "
                 "epochs without a better one")

@@ -139,11 +139,7 @@ def rungs(count: int, epochs: int) -> list[Rung]:
 def best_through(scores: Sequence[Score], epoch: int) -> Score | None:
     """The best of ``scores`` (in epoch order) among epochs up to ``epoch``; the first of
     equals, as ``domain.recipe.advance`` picks."""
-    best = None
-    for score in scores:
-        if score.epoch <= epoch and (best is None or score.key() > best.key()):
-            best = score
-    return best
+    return max((s for s in scores if s.epoch <= epoch), key=Score.key, default=None)
 
 
 def promote(standing: Mapping[int, Score | None], keep: int) -> list[int]:

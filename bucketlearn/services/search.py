@@ -28,14 +28,18 @@ from bucketlearn.domain.search import (
     settle,
 )
 from bucketlearn.errors import ConfigError, PermanentError
-from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ml.model import ensemble_model, spec_for
-from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
 from bucketlearn.services.evaluate import validation_score
 from bucketlearn.services.runtime import read_validation_sample
-from bucketlearn.services.serial import SerialResult, TrainingLine, local_source, split_locally
+from bucketlearn.services.serial import (
+    SerialResult,
+    TrainingLine,
+    evaluate_holdout,
+    local_source,
+    split_locally,
+)
 
 
 @dataclass
@@ -49,7 +53,6 @@ class Standing:
     best: Score | None = None
     state: str = "training"
     reason: str = ""
-    seconds: float = 0.0  # its training and scoring, all rungs together
     dropped_at: int | None = None  # the epoch it diverged in
     # each rung's training and scoring seconds and tasks (versions), in rung order
     rung_seconds: list[float] = field(default_factory=list)
@@ -59,7 +62,7 @@ class Standing:
         return {**self.candidate.to_dict(), "configuration": self.candidate.describe(),
                 "rung": self.rung, "epochs": self.epochs,
                 "best": self.best.to_dict() if self.best else None, "state": self.state,
-                "reason": self.reason, "seconds": round(self.seconds, 3),
+                "reason": self.reason, "seconds": round(sum(self.rung_seconds), 3),
                 "rung_seconds": [round(t, 3) for t in self.rung_seconds],
                 "rung_tasks": list(self.rung_tasks)}
 
@@ -109,8 +112,9 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
             line = lines.get(index) or lines.setdefault(index, _line(
                 svc, manifest, options, spec, limits, sample, standings[index].candidate))
             _train_to(line, rung, standings[index])
-        verdict = settle(plan, {s.candidate.index: _known(lines.get(i), s)
-                                for i, s in standings.items()})[rung.index]
+        # every candidate has a line: rung 0 trains them all
+        verdict = settle(plan, {i: _known(lines[i], s) for i, s in standings.items()}
+                         )[rung.index]
         for index in verdict.trained:
             if index not in verdict.kept and standings[index].state != "dropped":
                 standings[index].state = "pruned"
@@ -124,8 +128,7 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     for index in alive:
         standings[index].state = "finalist"
     model, weights, selected = _select(lines, standings, list(alive), sample, spec)
-    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    found = evaluate_detail(model, weights, x_hold, y_hold, spec.task)
+    found = evaluate_holdout(svc, manifest, model, weights, spec.task)
     return SearchResult(
         found.accuracy, found.loss, time.perf_counter() - started, manifest, model,
         list(weights or model.get_weights()), found.report, spec, {},
@@ -136,10 +139,8 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
         cost={"candidate_epochs": candidate_epochs(plan), "epochs": options.epochs})
 
 
-def _known(line: TrainingLine | None, standing: Standing) -> Line:
+def _known(line: TrainingLine, standing: Standing) -> Line:
     """What the search knows of a candidate's line (``domain.search.Line``)."""
-    if line is None:
-        return Line(standing.candidate.index, dropped_at=standing.dropped_at)
     return Line(standing.candidate.index, tuple(line.checkpoints.scores), line.finished,
                 standing.dropped_at)
 
@@ -169,9 +170,7 @@ def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
     if standing.best is not None and not all(math.isfinite(v) for v in standing.best.key()):
         standing.state, standing.dropped_at = "dropped", line.epoch
         standing.reason = "diverged: its validation score is not a number"
-    spent = time.perf_counter() - began
-    standing.seconds += spent
-    standing.rung_seconds.append(spent)
+    standing.rung_seconds.append(time.perf_counter() - began)
     standing.rung_tasks.append((line.epoch - epochs) * line.tasks_per_epoch)
 
 
@@ -186,7 +185,7 @@ def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
     if len(finalists) == 1:
         return best.model, list(best.final_weights), {
             "candidates": list(finalists), "score": single.to_dict(),
-            "reason": f"candidate {finalists[0]}, the only finalist ({_figure(single)} on the "
+            "reason": f"candidate {finalists[0]}, the only finalist ({single.figure()} on the "
                       "validation rows)"}
     for index in finalists:
         lines[index].model.set_weights(list(lines[index].final_weights))
@@ -197,10 +196,5 @@ def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
         "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
         "alone": {"candidate": finalists[0], "score": single.to_dict()},
         "reason": (f"the mean of the {len(finalists)} finalists (candidates "
-                   f"{', '.join(map(str, finalists))}): {_figure(together)} on the validation "
-                   f"rows; the best of them alone, candidate {finalists[0]}: {_figure(single)}")}
-
-
-def _figure(score: Score) -> str:
-    return (f"RMSE {score.rmse:.4g}" if score.rmse is not None else
-            f"{100 * (score.accuracy or 0.0):.2f} %")
+                   f"{', '.join(map(str, finalists))}): {together.figure()} on the validation "
+                   f"rows; the best of them alone, candidate {finalists[0]}: {single.figure()}")}

@@ -83,12 +83,19 @@ def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
     line = TrainingLine(svc, manifest, options, spec, limits, started, on_epoch=on_epoch)
     while not line.train_epoch():
         pass
-    x_hold, y_hold = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
-    found = evaluate_detail(line.model, line.final_weights, x_hold, y_hold, spec.task)
+    found = evaluate_holdout(svc, manifest, line.model, line.final_weights, spec.task)
     return SerialResult(found.accuracy, found.loss, time.perf_counter() - started, manifest,
                         line.model, list(line.final_weights), found.report, spec,
                         line.checkpoints.summary(), line.epoch, options,
                         line.epoch * line.tasks_per_epoch)
+
+
+def evaluate_holdout(svc: Services, manifest: Manifest, model: Any,
+                     weights: list[Any] | None, task: str) -> Any:
+    """``weights`` (the model's own when None) on the split's whole holdout
+    (``ml.training.Evaluation``)."""
+    x, y = load_parts(svc.store, svc.settings.work_bucket, manifest.holdout_parts)
+    return evaluate_detail(model, weights, x, y, task)
 
 
 def split_locally(path: str, options: JobOptions, limits: Limits,

@@ -4,6 +4,7 @@ baseline, in one process), ``predict`` (a .keras model over a CSV's rows)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from bucketlearn.config import load_settings
 from bucketlearn.domain.job import DONE
 from bucketlearn.domain.metrics import regression_headline
-from bucketlearn.domain.recipe import selection_sentence
+from bucketlearn.domain.recipe import Score, selection_sentence
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
@@ -81,13 +82,14 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     else:
         print(f"holdout accuracy {result.accuracy:.4f} (loss {result.loss:.4f}) on "
               f"{result.manifest.holdout_rows} rows; trained in {result.seconds:.1f}s")
-    chosen = selection_sentence({"selection": result.selection, "status": DONE,
-                                 "model_version": (result.selection.get("best") or {}).get(
-                                     "version")}) if result.selection else None
     if count:
         _print_search(result)
-    elif chosen:
-        print(f"selected: {chosen}")
+    elif result.selection:
+        chosen = selection_sentence({"selection": result.selection, "status": DONE,
+                                     "model_version": (result.selection.get("best") or {}).get(
+                                         "version")})
+        if chosen:
+            print(f"selected: {chosen}")
     if args.output:
         print(f"model: {args.output}")
     return EXIT_OK
@@ -106,22 +108,21 @@ def _print_search(result: Any) -> None:
           f"{', '.join(str(r['epochs']) for r in rungs)}); at most "
           f"{cost['candidate_epochs']} candidate-epochs, {cost['candidate_epochs'] / cost['epochs']:.1f}x "
           "one model's")
-    ranked = sorted(result.candidates, key=lambda c: (-c["rung"] if c["state"] != "dropped"
-                                                      else 1, _rank_key(c), c["index"]))
-    for c in ranked:
-        best = c["best"] or {}
-        figure = (f"RMSE {best['rmse']:.4g}" if "rmse" in best else
-                  f"{100 * best['accuracy']:.2f} %" if "accuracy" in best else "no score")
+    best = {c["index"]: Score.from_dict(c["best"]) if c["best"] else None
+            for c in result.candidates}
+
+    def rank(c: dict[str, Any]) -> tuple[float, float, int]:
+        """The furthest rung first, then the better score (its first figure), then the index."""
+        score = best[c["index"]]
+        return (-c["rung"] if c["state"] != "dropped" else 1,
+                -score.key()[0] if score is not None else math.inf, c["index"])
+
+    for c in sorted(result.candidates, key=rank):
+        score = best[c["index"]]
+        figure = score.figure() if score is not None else "no score"
         print(f"  #{c['index']:<2} {figure:>12}  {c['state']:<8} rung {c['rung']}, "
               f"{c['epochs']} epochs  {c['configuration']}")
     print(f"selected: {result.selected['reason']}")
-
-
-def _rank_key(candidate: dict[str, Any]) -> float:
-    best = candidate["best"] or {}
-    if "rmse" in best:
-        return float(best["rmse"])
-    return -float(best.get("accuracy", -1.0))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
