@@ -209,6 +209,29 @@ def decode_state(data: bytes, what: str = "state", max_header_bytes: int = MAX_H
             _numbered(arrays, "o", what, required=False), meta)
 
 
+def encode_segment(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
+                   best: Sequence[np.ndarray], meta: Mapping[str, Any]) -> bytes:
+    """A search segment's end state (``services.segment``): a line's weights (``w…``),
+    optimizer state (``o…``) and best weights by validation (``b…``), with its metadata."""
+    arrays: dict[str, np.ndarray] = {}
+    for prefix, values in (("w", weights), ("o", optimizer), ("b", best)):
+        arrays.update({f"{prefix}{i:04d}": np.asarray(v) for i, v in enumerate(values)})
+    return encode_arrays(arrays, meta)
+
+
+def decode_segment(data: bytes, what: str = "segment"
+                   ) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+    """``encode_segment``'s arrays by prefix (``w``, ``o``, ``b``; each possibly empty) and
+    metadata.
+
+    Raises:
+        CorruptObjectError: not an object ``encode_segment`` wrote.
+    """
+    arrays, meta = decode_arrays(data, what)
+    return ({prefix: _numbered(arrays, prefix, what, required=False) for prefix in "wob"},
+            meta)
+
+
 def checksum(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 

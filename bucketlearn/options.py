@@ -34,6 +34,7 @@ DEFAULT_OPTION_PREFIX = "BUCKETLEARN_DEFAULT_"
 MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
 NONE = -1  # validation_fraction: no validation rows (the option's "none")
+OFF = 0  # search: one configuration, no candidates
 AUTO = 0  # an option the job decides for its size (parallel_tasks: bucketlearn.domain.plan;
 # epochs, batch_size, learning_rate, validation_fraction, patience: bucketlearn.domain.recipe)
 
@@ -51,6 +52,7 @@ class OptionSpec:
     choices: tuple[str, ...] | None = None
     auto: bool = False  # a number that also takes "auto" (stored as AUTO = 0)
     none: bool = False  # a number that also takes "none" (stored as NONE = -1)
+    off: bool = False  # a number that also takes "off" (stored as OFF = 0)
     items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
     # with items: each item is ``name=value``, the value one of these
     pairs: tuple[str, ...] | None = None
@@ -125,6 +127,10 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "auto: a numeric target when every label in the file's first block is a number "
                "and there are more than 20 distinct ones, else classes; classification; "
                "regression", choices=TASKS, label="Task (classes or a numeric target)"),
+    OptionSpec("search", int, OFF,
+               "off (one configuration) or N candidate configurations trained side by side, "
+               "pruned by successive halving on the validation rows; the model is the mean of "
+               "the best four", SEARCH_MIN, SEARCH_MAX, off=True, label="Candidates searched"),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -154,6 +160,7 @@ class JobOptions:
     task: str = _SPEC_BY_NAME["task"].default
     validation_fraction: float = _SPEC_BY_NAME["validation_fraction"].default
     patience: int = _SPEC_BY_NAME["patience"].default
+    search: int = _SPEC_BY_NAME["search"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -211,6 +218,8 @@ def option_text(name: str, value: Any) -> str:
         return "auto"
     if spec is not None and spec.none and value == NONE:
         return "none"
+    if spec is not None and spec.off and value == OFF:
+        return "off"
     return str(value)
 
 
@@ -242,6 +251,8 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
         return AUTO
     if spec.none and isinstance(raw, str) and raw.strip().lower() == "none":
         return NONE
+    if spec.off and isinstance(raw, str) and raw.strip().lower() == "off":
+        return OFF
     if spec.kind is int:
         if isinstance(raw, bool):
             raise ConfigError(name, "a whole number", raw, source)
@@ -285,7 +296,8 @@ def _short_text(value: str) -> str:
 
 def _range_text(noun: str, spec: OptionSpec) -> str:
     text = f"{noun} from {spec.minimum:g} to {spec.maximum:g}"
-    words = [w for w, flag in (("'auto'", spec.auto), ("'none'", spec.none)) if flag]
+    words = [w for w, flag in (("'auto'", spec.auto), ("'none'", spec.none),
+                               ("'off'", spec.off)) if flag]
     return f"{', '.join(words)} or {text}" if words else text
 
 
@@ -328,22 +340,3 @@ def normalize_option_key(key: str) -> str:
     if folded.startswith("x_goog_meta_"):
         folded = folded[len("x_goog_meta_"):]
     return folded
-
-
-SEARCH_OFF = 0
-
-
-def parse_search(raw: Any, source: str) -> int:
-    """``search`` as people write it: ``off`` (0) or the candidates at the first rung, a whole
-    number from ``domain.search.SEARCH_MIN`` to ``SEARCH_MAX``."""
-    text = str(raw).strip().lower()
-    if text == "off":
-        return SEARCH_OFF
-    expected = f"off or a whole number of candidates from {SEARCH_MIN} to {SEARCH_MAX}"
-    try:
-        count = int(text)
-    except ValueError:
-        raise ConfigError("search", expected, raw, source) from None
-    if not SEARCH_MIN <= count <= SEARCH_MAX:
-        raise ConfigError("search", expected, raw, source)
-    return count

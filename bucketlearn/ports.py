@@ -96,6 +96,9 @@ class TaskMessage:
     # the digest of the base version's arrays (``codec.state_digest``): a learner that holds a
     # state of that digest (the one its last task ended with) trains from it without a download
     base_digest: str = ""
+    # a searched job's segment (``services.pool``): candidate ``task_index`` trained through
+    # rung ``epoch`` from ``weights_path`` (its line's state after the rung before; none: new)
+    segment: bool = False
 
     @property
     def task_id(self) -> str:
@@ -105,7 +108,8 @@ class TaskMessage:
         return {"job_id": self.job_id, "epoch": self.epoch, "task_index": self.task_index,
                 "parts": list(self.parts), "rows": self.rows, "round": self.round,
                 "base_version": self.base_version, "weights_path": self.weights_path,
-                "span": list(self.span), "base_digest": self.base_digest}
+                "span": list(self.span), "base_digest": self.base_digest,
+                **({"segment": True} if self.segment else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
@@ -137,11 +141,13 @@ class TaskMessage:
                    base_version=messages.integer(messages.get(data, "base_version", -1),
                                                  "base_version", -1),
                    weights_path=weights_path, span=messages.span(data.get("span")),
-                   base_digest=messages.digest(data.get("base_digest"), "base_digest"))
+                   base_digest=messages.digest(data.get("base_digest"), "base_digest"),
+                   segment=messages.flag(data.get("segment"), "segment"))
 
 
 RESULT, FAILED, NUDGE = "result", "failed", "nudge"
-RESULT_KINDS = (RESULT, FAILED, NUDGE)
+SEGMENT = "segment"  # a searched job's segment trained (``services.pool``)
+RESULT_KINDS = (RESULT, FAILED, NUDGE, SEGMENT)
 
 
 @dataclass(frozen=True)

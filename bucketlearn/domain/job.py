@@ -16,8 +16,7 @@ its fields:
 A version commit is allowed or refused by ``commit_refusal`` (asked by the in-memory registry
 under its lock and by Firestore's inside its transaction); training may start only under the
 split's claim (``may_start_training``); a round is trainable once it is published
-(``Job.is_published``). Pure: typed records in, answers out; each record's document is built
-and read by its own ``to_doc``/``from_doc``.
+(``Job.is_published``). Pure: typed records in, answers out.
 """
 
 from __future__ import annotations
@@ -182,6 +181,7 @@ class Job:
     # how long the plan should train, on how many learners (``domain.forecast``)
     forecast: Mapping[str, Any] | None = None
     feature_importance: Mapping[str, Any] | None = None  # the export's (domain.importance)
+    search: Mapping[str, Any] | None = None  # a searched job's candidates (services.pool)
     dataset: Mapping[str, Any] | None = None
     model: Mapping[str, Any] | None = None
     head: Head | None = None
@@ -283,7 +283,7 @@ class Job:
             samples_seen=_int(get("samples_seen")), options=_dict(get("options")),
             plan=_plan(get("plan")), budget=get("budget"), selection=get("selection"),
             forecast=get("forecast"), dataset=get("dataset"), model=get("model"),
-            feature_importance=get("feature_importance"),
+            feature_importance=get("feature_importance"), search=get("search"),
             head=Head.from_doc(head) if head else None,
             delta_norm=_optional(get("delta_norm"), float), health=get("health"),
             refusals=get("refusals"), deltas_refused=_int(get("deltas_refused")),

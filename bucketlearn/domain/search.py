@@ -153,17 +153,19 @@ def promote(standing: Mapping[int, Score | None], keep: int) -> list[int]:
 @dataclass(frozen=True)
 class Line:
     """What the search knows of one candidate's line of versions: its validation scores so
-    far (epoch order), whether it has finished (stopped early, or trained its budget), and the
-    epoch it was dropped in (it diverged; None while it trains well)."""
+    far (epoch order; or, enough for every rung, its best up to each rung it trained), whether
+    it has finished (stopped early, or trained its budget), the epoch it was dropped in (it
+    diverged; None while it trains well) and the epochs it has trained (0: its last score's)."""
 
     index: int
     scores: tuple[Score, ...] = ()
     finished: bool = False
     dropped_at: int | None = None
+    epochs: int = 0
 
     def through(self, epochs: int) -> bool:
         """Whether its score at ``epochs`` is known, or will never be."""
-        return (self.dropped_at is not None or self.finished
+        return (self.dropped_at is not None or self.finished or self.epochs >= epochs
                 or bool(self.scores and self.scores[-1].epoch >= epochs))
 
     def standing(self, epochs: int) -> Score | None:
@@ -225,3 +227,90 @@ def projected_wall(rung_durations: Sequence[Sequence[float]], workers: int) -> f
             free[at] += duration
         total += max(free)
     return total
+
+
+# -- a searched job's record (``Job.search``): what its writer and its readers make of it ------
+
+def pair(candidate: int, rung: int) -> str:
+    """The name of one segment (a candidate's training through a rung) in ``published``."""
+    return f"{candidate}:{rung}"
+
+
+def search_record(candidates: Sequence[Candidate], plan: Sequence[Rung]) -> dict[str, Any]:
+    """A searched job's record before any segment: its candidates and rungs, no line, none
+    published."""
+    return {"count": len(candidates), "candidates": [c.to_dict() for c in candidates],
+            "rungs": [asdict(r) for r in plan], "lines": {}, "published": []}
+
+
+def plan_of(record: Mapping[str, Any]) -> list[Rung]:
+    return [Rung(**r) for r in record["rungs"]]
+
+
+def lines_of(record: Mapping[str, Any]) -> dict[int, Line]:
+    """Every candidate's line as recorded (``Line.scores``: its best up to each rung)."""
+    lines = record.get("lines") or {}
+    found = {}
+    for candidate in record["candidates"]:
+        index = int(candidate["index"])
+        doc = lines.get(str(index)) or {}
+        found[index] = Line(index, tuple(Score.from_dict(s) for s in doc.get("bests") or []
+                                         if s is not None), bool(doc.get("finished")),
+                            doc.get("dropped_at"), int(doc.get("epochs") or 0))
+    return found
+
+
+def due(record: Mapping[str, Any], verdicts: Sequence[Verdict]) -> list[tuple[int, int]]:
+    """The segments to publish now, as (candidate, rung): every candidate in the first rung;
+    then each candidate a decided rung kept, into the next rung, unless its line has finished
+    or was dropped (it has nothing more to train). Never one published already."""
+    published = set(record.get("published") or [])
+    lines = lines_of(record)
+    wanted = [(int(c["index"]), 0) for c in record["candidates"]]
+    for verdict in verdicts:
+        if verdict.rung + 1 < len(record["rungs"]):
+            wanted += [(i, verdict.rung + 1) for i in verdict.kept
+                       if not lines[i].finished and lines[i].dropped_at is None]
+    return [(c, r) for c, r in wanted if pair(c, r) not in published]
+
+
+def outstanding(record: Mapping[str, Any]) -> int:
+    """Segments published and not yet recorded (what the learners have to do)."""
+    lines = record.get("lines") or {}
+    recorded = {pair(int(c), r) for c, doc in lines.items() for r in range(int(doc["rung"]) + 1)}
+    return len(set(record.get("published") or []) - recorded)
+
+
+def standings(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each candidate as people read it, best first: its configuration, the last rung it
+    trained, its epochs, its best validation score, its state (``training``, ``pruned`` at a
+    rung, ``dropped`` with the reason, ``finalist``) and its seconds of training."""
+    plan = plan_of(record)
+    lines = lines_of(record)
+    verdicts = settle(plan, lines)
+    docs = record.get("lines") or {}
+    rows = []
+    for raw in record["candidates"]:
+        candidate = Candidate.from_dict(raw)
+        doc = docs.get(str(candidate.index)) or {}
+        line = lines[candidate.index]
+        state, reason = ("dropped", doc.get("reason") or "") if line.dropped_at is not None \
+            or doc.get("state") == "dropped" else ("training", "")
+        for verdict in verdicts:
+            if state == "training" and candidate.index in verdict.trained and \
+                    candidate.index not in verdict.kept:
+                state, reason = "pruned", (f"rung {verdict.rung}: not among the best "
+                                           f"{plan[verdict.rung].keep} of "
+                                           f"{len(verdict.trained)}")
+        if state == "training" and len(verdicts) == len(plan) and \
+                candidate.index in verdicts[-1].kept:
+            state = "finalist"
+        best = line.standing(line.epochs or plan[-1].epochs) if line.scores else None
+        rows.append({**candidate.to_dict(), "configuration": candidate.describe(),
+                     "rung": doc.get("rung"), "epochs": line.epochs,
+                     "best": best.to_dict() if best is not None else None, "state": state,
+                     "reason": reason, "seconds": round(sum(doc.get("seconds") or []), 3)})
+    order = {"finalist": 0, "training": 1, "pruned": 2, "dropped": 3}
+    return sorted(rows, key=lambda r: (order[r["state"]], tuple(
+        -v for v in Score.from_dict(r["best"]).key()) if r["best"] else (math.inf,),
+        r["index"]))

@@ -26,6 +26,7 @@ from bucketlearn.services.dashboard import (
     headline,
     importance,
     options_data,
+    search,
     throughput,
     training,
     workers_tasks,
@@ -75,6 +76,12 @@ def line_chart(container: Any, points: pd.DataFrame, x: str, title: str) -> None
 def training_tab(svc: Services, view: JobView) -> None:
     """The learning curve (the holdout figures and the losses by version or by time), then a
     version's holdout report."""
+    if view.job.search:  # a searched job: its candidates, not one line of versions
+        board, note = search.leaderboard(view.job)
+        st.markdown("**Candidates** (best first)")
+        st.dataframe(board, hide_index=True, width="stretch")
+        st.caption(plain(note))
+        return
     frame = training.version_frame(view.versions)
     regression = headline.is_regression(view.summary)
     figure = "holdout_rmse" if regression else "holdout_accuracy"

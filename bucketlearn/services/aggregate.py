@@ -14,8 +14,8 @@ commit (``domain.job.commit_refusal`` decides inside it, the holder's fence incl
 next round is published, unless this one-task round's learner chains into it (R = 1).
 
 Evaluation is off the critical path (``services.evaluate``): the long-running aggregator
-evaluates in a thread of its own and hands the figures to the next commit; ``aggregate_job``,
-the synchronous pass of the tests and the simulation, evaluates each version as it commits it.
+evaluates in a thread of its own and hands the figures to the next commit (``aggregate_job``,
+the synchronous pass, as it commits). A searched job's steps are its ``pool.SearchWriter``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn import codec, layout
+from bucketlearn import codec, layout, ports
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import (
     EXPORTING,
@@ -49,6 +49,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services.ending import wind_up
 from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, record_evaluation
 from bucketlearn.services.export import export_final
+from bucketlearn.services.pool import SearchWriter
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.refusals import refuse
 from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, list_deltas
@@ -109,6 +110,7 @@ class JobAggregator:
         self._fold_started = time.perf_counter()
         self.reader = ResultReader(svc)  # its result objects, read ahead and at the fold
         self.selector = Selector(svc, job_id)  # the version it exports, and when it stops
+        self.search = SearchWriter(svc, job_id)  # a searched job's (``services.pool``)
 
     # -- what the aggregator knows ----------------------------------------------------------------
     def refresh(self) -> Job | None:
@@ -140,6 +142,9 @@ class JobAggregator:
         """A result message: remember its object for the round it belongs to."""
         if message.kind == NUDGE or not message.path:
             return
+        if message.kind == ports.SEGMENT:
+            self.search.hear(message, received)
+            return
         parsed = layout.parse_delta_path(message.path)
         if parsed is None or parsed.job_id != self.job_id:
             log.warning("job %s: ignoring a result message naming %r", self.job_id, message.path)
@@ -159,7 +164,9 @@ class JobAggregator:
         """The backstop: every result object and failure marker of the job's current epoch in the
         deltas bucket (a result whose message was lost, a takeover)."""
         job = self.job
-        if job is None:
+        if job is not None and job.search:
+            self.search.listen()
+        if job is None or job.search:
             return
         for ref in list_deltas(self.svc, self.job_id, job.epoch):
             self.heard.setdefault(ref.name, Heard(ref, job.epoch))
@@ -171,6 +178,9 @@ class JobAggregator:
         if job is None or job.is_terminal:
             self._settle_ended(job)
             return False
+        if job.search:
+            did, self.job = self.search.step(job)
+            return did
         if job.phase == EXPORTING:
             export_final(self.svc, job, self.selector.state)
             job = self.refresh()
@@ -391,6 +401,7 @@ class JobAggregator:
         """The job has ended: settle every message heard, then wind it up (a cancelled job's
         model exported, its work objects, old weights and results deleted: ``ending``)."""
         self.drop([h.ref for h in list(self.heard.values())], delete=False)
+        self.search.settle_all()
         if job is not None and not self.wound_up:
             wind_up(self.svc, job)
             self.wound_up = True

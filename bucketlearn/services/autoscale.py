@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
 from bucketlearn.domain.job import TRAINING
+from bucketlearn.domain.search import outstanding
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
 from bucketlearn.services import jobs
@@ -71,7 +72,7 @@ def outstanding_tasks(registry: Registry) -> int:
             continue
         if job.epoch < 1 or not job.is_published:
             continue
-        total += len(jobs.current_round_tasks(job))
+        total += outstanding(job.search) if job.search else len(jobs.current_round_tasks(job))
     return total
 
 

@@ -31,7 +31,8 @@ def wind_up(svc: Services, job: Job) -> None:
     """Export a cancelled job's head, then delete its work objects, old weights and results."""
     if not job.is_terminal:
         return
-    if job.status == CANCELLED and job.version is not None and job.model_path is None:
+    if job.status == CANCELLED and job.version is not None and job.model_path is None \
+            and not job.search:  # a search cancelled has no one model to keep
         _export_cancelled(svc, job)
     _delete(svc, svc.settings.work_bucket, layout.job_prefix(job.job_id))
     head = job.head.weights_path if job.head is not None else None

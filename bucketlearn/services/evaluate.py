@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,9 +26,6 @@ from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.ports import Services
 from bucketlearn.services.runtime import job_runtime
 
-if TYPE_CHECKING:
-    from bucketlearn.services.aggregate import JobAggregator
-
 log = logging.getLogger(__name__)
 
 
@@ -36,22 +33,22 @@ class Evaluator(Protocol):
     """Where a committed version's holdout evaluation happens, and a checkpoint's validation
     score (never skipped: the aggregator's ``validated`` hears each)."""
 
-    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None: ...
+    def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None: ...
 
-    def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
+    def score_checkpoint(self, aggregator: Any, epoch: int, version: int,
                          weights: list[Any]) -> None: ...
 
 
 class InlineEvaluator:
     """Evaluate each committed version at once and write its figures (the synchronous pass)."""
 
-    def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
+    def score_checkpoint(self, aggregator: Any, epoch: int, version: int,
                          weights: list[Any]) -> None:
         job = aggregator.job
         if job is not None:
             aggregator.validated(checkpoint_score(aggregator.svc, job, epoch, version, weights))
 
-    def submit(self, aggregator: JobAggregator, version: int, weights: list[Any]) -> None:
+    def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None:
         job = aggregator.job
         if job is None:
             return

@@ -87,17 +87,19 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
 
 
-def column_importance(job: Job, runtime: JobRuntime, weights: Any) -> dict[str, Any]:
+def column_importance(job: Job, runtime: JobRuntime, weights: Any,
+                      model: Any = None) -> dict[str, Any]:
     """The exported model's permutation importance of each original column
     (``domain.importance``) on a fixed sample of the holdout, or why there is none; a failure
-    is logged and said, never the export's."""
+    is logged and said, never the export's. ``model``: the job's own when None."""
     schema = runtime.manifest.schema
     reason = importance.skipped(len(schema))
     if reason is not None:
         return {"skipped": reason}
     try:
         x, y = runtime.holdout(importance.SAMPLE_ROWS)
-        return permutation_importance(runtime.model, weights, x, y, importance.spans(schema),
+        return permutation_importance(runtime.model if model is None else model, weights, x, y,
+                                      importance.spans(schema),
                                       runtime.spec.task, int(job.options.get("seed") or 0))
     except Exception as exc:  # noqa: BLE001 - the model is exported without its ranking
         log.warning("job %s: no feature importance", job.job_id, exc_info=True)

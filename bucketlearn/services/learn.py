@@ -1,11 +1,10 @@
 """The learner: pull a task, train it from the version it names, write its result, announce it.
-
 A task message names the version it trains from (its number, weights object and the digest of
 its arrays), its rows and its learning rates, so there is nothing to wait for and nothing to
 decide: the worker takes that version's weights and optimizer state, trains, writes the state it
 ended with to the deltas bucket, publishes a small result message naming that object (the
-aggregator pulls them), and only then acknowledges the task. Delivery is at least once, so a
-task may be trained twice; the aggregator applies it once.
+aggregator pulls them), and only then acknowledges the task. Delivery is at least once: a task
+may be trained twice; the aggregator applies it once.
 
 What a round waits for is kept off its critical path:
 
@@ -22,12 +21,9 @@ What a round waits for is kept off its critical path:
   the learner goes back to pulling; the aggregator publishes a round whose chained result is late).
 
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
-``max_task_attempts`` the task is marked FAILED, a failure marker is written to the deltas
-bucket and announced, and the message is acked.
-
-A learner's pace (``LearnerTuning``), its heartbeat and the lease of the task it trains are kept
-by ``services.heartbeat``; the learner process (signals, environment, recycling) is
-``entrypoints.worker``.
+``max_task_attempts`` the task is FAILED, its failure marker written and announced, the message
+acked. A searched job's segment is ``services.segment``'s. Pace, heartbeat and a task's lease:
+``services.heartbeat``; the learner process: ``entrypoints.worker``.
 """
 
 from __future__ import annotations
@@ -57,6 +53,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender, expiry
 from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.runtime import job_runtime, models_built, part_cache
+from bucketlearn.services.segment import run_segment
 
 log = logging.getLogger(__name__)
 SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
@@ -154,6 +151,10 @@ class Learner:
         self._settle_refunds()
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it
+        if task.segment:  # one candidate through one rung of a searched job
+            self.heartbeat("busy", task)
+            done = run_segment(self.svc, task, self.worker_id, delivery_attempt)
+            return Decision.ACK if done else Decision.NACK
         pulled_at = self.svc.clock() if pulled_at is None else pulled_at
         admission = self._io.submit(self._admit, task, pulled_at, delivery_attempt)
         runtime_job = self._known_job(task.job_id)

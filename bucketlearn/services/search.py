@@ -1,7 +1,7 @@
 """``train-local --search N``: a job's search (``domain.search``) in one process.
 
 The split, the budget and the validation rows are the unsearched job's; each candidate is a
-``serial.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
+``line.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
 the steps ``train-local`` takes. The rungs are trained in order, the candidates of a rung in
 index order; promotions follow the scores alone (``domain.search.settle``). At the end the
 mean of the finalists is the model, evaluated once on the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
@@ -10,18 +10,14 @@ mean of the finalists is the model, evaluated once on the holdout. A candidate w
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from bucketlearn.config import Limits
-from bucketlearn.domain.recipe import RECIPE, Score
+from bucketlearn.domain.recipe import RECIPE
 from bucketlearn.domain.search import (
-    Candidate,
     Line,
-    Rung,
-    best_through,
     candidate_epochs,
     draw_candidates,
     rungs,
@@ -31,6 +27,7 @@ from bucketlearn.errors import ConfigError, PermanentError
 from bucketlearn.ml.model import ensemble_model, spec_for
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
+from bucketlearn.services.candidates import Standing, candidate_line, train_to
 from bucketlearn.services.evaluate import validation_score
 from bucketlearn.services.runtime import read_validation_sample
 from bucketlearn.services.serial import (
@@ -40,31 +37,6 @@ from bucketlearn.services.serial import (
     local_source,
     split_locally,
 )
-
-
-@dataclass
-class Standing:
-    """One candidate's place in the search: the last rung it trained in, its best validation
-    score, where it stands (``training``, ``pruned``, ``finalist``, ``dropped``) and why."""
-
-    candidate: Candidate
-    rung: int = 0
-    epochs: int = 0
-    best: Score | None = None
-    state: str = "training"
-    reason: str = ""
-    dropped_at: int | None = None  # the epoch it diverged in
-    # each rung's training and scoring seconds and tasks (versions), in rung order
-    rung_seconds: list[float] = field(default_factory=list)
-    rung_tasks: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.candidate.to_dict(), "configuration": self.candidate.describe(),
-                "rung": self.rung, "epochs": self.epochs,
-                "best": self.best.to_dict() if self.best else None, "state": self.state,
-                "reason": self.reason, "seconds": round(sum(self.rung_seconds), 3),
-                "rung_seconds": [round(t, 3) for t in self.rung_seconds],
-                "rung_tasks": list(self.rung_tasks)}
 
 
 @dataclass
@@ -109,9 +81,9 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     alive: tuple[int, ...] = tuple(c.index for c in drawn)
     for rung in plan:
         for index in alive:
-            line = lines.get(index) or lines.setdefault(index, _line(
+            line = lines.get(index) or lines.setdefault(index, candidate_line(
                 svc, manifest, options, spec, limits, sample, standings[index].candidate))
-            _train_to(line, rung, standings[index])
+            train_to(line, rung, standings[index])
         # every candidate has a line: rung 0 trains them all
         verdict = settle(plan, {i: _known(lines[i], s) for i, s in standings.items()}
                          )[rung.index]
@@ -145,33 +117,7 @@ def _known(line: TrainingLine, standing: Standing) -> Line:
                 standing.dropped_at)
 
 
-def _line(svc: Services, manifest: Any, options: JobOptions, spec: Any, limits: Limits,
-          sample: tuple[Any, Any], candidate: Candidate) -> TrainingLine:
-    """The candidate's training line: the job's options and spec with its seed, rate, batch
-    and shape (candidate 0's are the job's own)."""
-    mine = dataclasses.replace(options, seed=candidate.seed, batch_size=candidate.batch_size,
-                               learning_rate=candidate.learning_rate)
-    shaped = dataclasses.replace(spec, seed=candidate.seed,
-                                 learning_rate=candidate.learning_rate, **candidate.shaped())
-    return TrainingLine(svc, manifest, mine, shaped, limits, time.perf_counter(),
-                        sample=sample)
 
-
-def _train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
-    """Train ``line`` up to the rung's epochs (or until it stops or diverges)."""
-    began, epochs = time.perf_counter(), line.epoch
-    while not line.finished and line.epoch < rung.epochs and standing.state != "dropped":
-        line.train_epoch()
-        if not math.isfinite(line.train_loss):
-            standing.state, standing.dropped_at = "dropped", line.epoch
-            standing.reason = f"diverged: training loss {line.train_loss} in epoch {line.epoch}"
-    standing.rung, standing.epochs = rung.index, line.epoch
-    standing.best = best_through(line.checkpoints.scores, rung.epochs)
-    if standing.best is not None and not all(math.isfinite(v) for v in standing.best.key()):
-        standing.state, standing.dropped_at = "dropped", line.epoch
-        standing.reason = "diverged: its validation score is not a number"
-    standing.rung_seconds.append(time.perf_counter() - began)
-    standing.rung_tasks.append((line.epoch - epochs) * line.tasks_per_epoch)
 
 
 def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],

@@ -20,7 +20,6 @@ split, the results and the versions fill.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections import deque
@@ -29,19 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn.config import Limits
-from bucketlearn.domain.plan import class_weights, epoch_tasks, step_rates
-from bucketlearn.domain.recipe import RECIPE, Score, Selection, advance
+from bucketlearn.domain.recipe import RECIPE
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
-from bucketlearn.ml.model import build_model, spec_for
-from bucketlearn.ml.training import evaluate_detail, optimizer_state, train_task
+from bucketlearn.ml.model import spec_for
+from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RuntimeCache, Services
-from bucketlearn.services.evaluate import validation_score
-from bucketlearn.services.runtime import read_holdout_sample, read_validation_sample
-from bucketlearn.services.upload import budgeted, chained_plan, outline_of
+from bucketlearn.services.line import TrainingLine
+from bucketlearn.services.planning import budgeted, outline_of
+from bucketlearn.services.runtime import read_holdout_sample
 
 
 @dataclass
@@ -108,96 +106,6 @@ def split_locally(path: str, options: JobOptions, limits: Limits,
     return manifest, options
 
 
-class TrainingLine:
-    """One model trained serially, epoch by epoch, through the tasks the pipeline's chained
-    plan makes for ``options`` (its seed orders the rows), each epoch's last state scored on
-    the validation rows (``_Checkpoints``). ``sample``: the validation rows, when the caller
-    has read them already (a search's candidates share them)."""
-
-    def __init__(self, svc: Services, manifest: Manifest, options: JobOptions, spec: Any,
-                 limits: Limits, started: float, *,
-                 on_epoch: Callable[[int, float, list[Any]], None] | None = None,
-                 sample: tuple[Any, Any] | None = None) -> None:
-        self.svc, self.manifest, self.options, self.spec = svc, manifest, options, spec
-        self.started, self.on_epoch = started, on_epoch
-        self.model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
-                                 manifest.preprocessing)
-        self.plan = chained_plan(manifest, options, limits)
-        self.weights, self.optimizer = self.model.get_weights(), optimizer_state(self.model)
-        self.balance = class_weights(options.class_weight, manifest.train_counts)
-        self.checkpoints = _Checkpoints(svc, manifest, spec, options, self.model, sample)
-        self.epoch = 0
-        self.finished = False
-        self.train_loss = 0.0  # the last task's mean training loss
-        self.tasks_per_epoch = 0
-
-    @property
-    def final_weights(self) -> list[Any]:
-        """The best weights by validation (the last, with no validation rows)."""
-        return self.checkpoints.best_weights or self.weights
-
-    def train_epoch(self) -> bool:
-        """Train the next epoch and score its last state; True once training is over (stopped
-        by validation, or the last epoch trained)."""
-        options, manifest = self.options, self.manifest
-        self.epoch += 1
-        tasks = epoch_tasks(self.plan, len(manifest.shards), options.seed, self.epoch)
-        self.tasks_per_epoch = len(tasks)
-        for task_index, members in enumerate(tasks):
-            parts = [p for i in members for p in manifest.shards[i].parts]
-            x, y = load_parts(self.svc.store, self.svc.settings.work_bucket, parts)
-            rates = step_rates(options.learning_rate, options.lr_schedule,
-                               self.plan.span(self.epoch, task_index),
-                               math.ceil(len(y) / options.batch_size))
-            result = train_task(self.model, self.weights, self.optimizer, x, y,
-                                options.batch_size, rates, options.seed, self.epoch,
-                                task_index, self.balance)
-            self.weights, self.optimizer = result.weights, result.optimizer
-            self.train_loss = result.train_loss
-        seconds = time.perf_counter() - self.started
-        if self.on_epoch is not None:
-            self.on_epoch(self.epoch, seconds, list(self.weights))
-        stopped = self.checkpoints.done(self.epoch, self.epoch * len(tasks), self.weights,
-                                        time.perf_counter() - self.started)
-        self.finished = stopped or self.epoch >= options.epochs
-        return self.finished
-
-
-class _Checkpoints:
-    """``train-local``'s selection: each epoch's last weights scored on the validation sample
-    (as the aggregator scores the pipeline's checkpoints), the best kept, the stop decided by
-    ``domain.recipe.select``."""
-
-    def __init__(self, svc: Services, manifest: Manifest, spec: Any, options: JobOptions,
-                 model: Any, sample: tuple[Any, Any] | None = None) -> None:
-        self.model, self.spec, self.options = model, spec, options
-        self.sample = sample or (read_validation_sample(svc, manifest, spec)
-                                 if manifest.validation_rows else None)
-        self.scores: list[Score] = []
-        self.best_weights: list[Any] | None = None
-        self.selection: Selection | None = None
-        self.best_seconds: float | None = None
-
-    def done(self, epoch: int, version: int, weights: list[Any], seconds: float) -> bool:
-        """Score epoch ``epoch``'s last state (version ``version`` in a chained job); True
-        once training stops there."""
-        if self.sample is None:
-            return False
-        score = validation_score(self.model, weights, *self.sample, self.spec, epoch, version)
-        self.scores.append(score)
-        self.selection = advance(self.selection or Selection(), {epoch: score},
-                                 self.options.patience, self.options.epochs)
-        if self.selection.best == score:
-            self.best_weights, self.best_seconds = list(weights), seconds
-        return self.selection.stop_epoch is not None
-
-    def summary(self) -> dict[str, Any]:
-        """What ``train-local`` selected: the selection, every score, when the best was made."""
-        if self.selection is None:
-            return {}
-        return {**self.selection.to_dict(self.options.patience),
-                "scores": [s.to_dict() for s in self.scores],
-                "best_seconds": self.best_seconds}
 
 
 def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:

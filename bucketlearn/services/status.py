@@ -10,6 +10,7 @@ from typing import Any
 from bucketlearn.domain.forecast import actual
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_warning
+from bucketlearn.domain.search import outstanding, standings
 from bucketlearn.domain.target import CLASSIFICATION
 from bucketlearn.domain.usage import summary as usage_summary
 
@@ -62,6 +63,10 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         **training_fields(job),
         **usage_summary(job.usage or {}),
     }
+    if job.search:  # a searched job: every candidate, best first, and what the model is
+        result.update(candidates=standings(job.search), selected=job.search.get("selected"),
+                      search={"count": job.search.get("count"), "rungs": job.search["rungs"],
+                              "outstanding": outstanding(job.search)})
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
     return result

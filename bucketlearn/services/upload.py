@@ -8,7 +8,7 @@ from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.config import Limits
-from bucketlearn.domain.columns import is_matrix, matrix_width
+from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import (
@@ -28,9 +28,8 @@ from bucketlearn.domain.plan import (
     check_duration,
     check_model_columns,
     check_total_tasks,
-    plan_training,
 )
-from bucketlearn.domain.recipe import Budget, resolve_budget
+from bucketlearn.domain.recipe import Budget
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import (
     BackendRejectedError,
@@ -54,11 +53,12 @@ from bucketlearn.events import (  # noqa: F401
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.split import Outline, split_upload
 from bucketlearn.ingest.stream import SourceFile
-from bucketlearn.ml.model import build_model, model_cost, model_kind, spec_for
+from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
-from bucketlearn.services.publish import publish_round
+from bucketlearn.services.planning import budgeted, chained_plan, outline_of, plan_for
+from bucketlearn.services.pool import publish_first
 from bucketlearn.services.split_claim import SplitClaim
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
                     existing.claimed_at)
         return None
     if existing.phase == TRAINING and existing.published is None:
-        publish_round(svc, existing)  # the invocation that split it died before publishing
+        publish_first(svc, existing)  # the invocation that split it died before publishing
         return Outcome.ACCEPTED
     log.info("job %s exists (%s): duplicate event ignored", job_id, existing.status)
     return Outcome.DUPLICATE
@@ -257,7 +257,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
         return Outcome.CANCELLED, job_id
-    publish_round(svc, job, manifest)
+    publish_first(svc, job, manifest)
     return Outcome.ACCEPTED, job_id
 
 
@@ -270,24 +270,6 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
                         expected=f"generation {generation} until the split ends", found=found)
 
 
-def outline_of(manifest: Manifest) -> Outline:
-    """A split's outline (``ingest.split.Outline``) as its manifest records it."""
-    return Outline([s.rows for s in manifest.shards], manifest.schema,
-                   manifest.target is not None)
-
-
-def budgeted(options: JobOptions, outline: Outline, file: str) -> tuple[JobOptions, Budget]:
-    """``options`` with each automatic epochs, batch size, learning rate and patience resolved
-    for the rows the job trains on and its model (``domain.recipe.resolve_budget``), and the
-    budget that says what each became and why."""
-    image = model_kind(options.model, matrix_width(outline.schema), is_matrix(outline.schema),
-                       file) == "cnn"
-    budget = resolve_budget(sum(outline.shard_rows), image, options.epochs or None,
-                            options.batch_size or None, options.learning_rate or None,
-                            options.patience or None)
-    return dataclasses.replace(options, epochs=budget.epochs, batch_size=budget.batch_size,
-                               learning_rate=budget.learning_rate,
-                               patience=budget.patience), budget
 
 
 def check_outline(outline: Outline, options: JobOptions, limits: Limits, file: str) -> None:
@@ -332,20 +314,6 @@ def over_limits(plan: TrainingPlan, manifest: Manifest, options: JobOptions, lim
                               limits.work_retention_days))
 
 
-def plan_for(outline: Outline, options: JobOptions, limits: Limits,
-             requested: int | None) -> TrainingPlan:
-    """``plan_training`` for a split upload: its shards, epochs and batch size, its target, and
-    the bytes a task may hold (``limits.max_shard_bytes``). ``requested``: R, or None for auto."""
-    return plan_training(outline.shard_rows, options.epochs, options.batch_size, requested,
-                         regression=outline.regression,
-                         shard_cells=matrix_width(outline.schema),
-                         max_task_bytes=limits.max_shard_bytes)
-
-
-def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
-    """The job's plan one task at a time: what ``automatic_layout`` may choose instead, and
-    what ``train-local`` trains (so both group shards into tasks the same way)."""
-    return plan_for(outline_of(manifest), options, limits, 1)
 
 
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,

@@ -51,6 +51,8 @@ def watchdog_pass(svc: Services, now: float | None = None) -> list[dict[str, Any
 
 
 def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
+    if job.search:  # a searched job's writer republishes its segments (``services.pool``)
+        return None
     activity = [job.updated_at or 0.0, job.published_at or 0.0, job.watchdog_at or 0.0,
                 job.created_at]
     round_tasks: list[int] = []

@@ -307,5 +307,5 @@ def test_train_local_search_says_its_leaderboard_and_exports_the_selected_model(
     assert predicted.returncode == 0 and "wrote 1797 predictions" in predicted.stdout
     assert sidecar["search"]["candidates"] == report["search"]["selected"]["candidates"]
     assert refused.returncode != 0
-    assert "off or a whole number of candidates from 2 to 64" in refused.stderr
+    assert "'off' or a whole number from 2 to 64" in refused.stderr
     assert "'65'" in refused.stderr

@@ -220,3 +220,34 @@ def test_a_numeric_target_trains_to_train_locals_rmse_and_predicts_numbers(stack
     assert len(grams) == 3 and all(isinstance(g, float) for g in grams)
     assert grams[0] > grams[1] + 500  # a large Gentoo male outweighs a small Adelie female
     assert all(2000 < g < 7000 for g in grams)
+
+
+def test_a_searched_upload_trains_its_candidates_on_the_pool(stack: Any, tmp_path: Path
+                                                             ) -> None:
+    """``submit --search 6`` on two learners: the candidates train side by side, the job
+    selects what ``train-local --search 6`` selects (the same finalists, the same holdout
+    accuracy), status says every candidate's standing, and the downloaded model (their mean)
+    predicts raw rows."""
+    penguins = REPO / "data" / "penguins.csv"
+    from bucketlearn.services.search import search_local
+
+    options = JobOptions(label_column="species", epochs=9)
+    # Execute
+    local = search_local(str(penguins), options, 6, svc=memory_services())
+    status = submit_and_wait(stack, penguins, "--label-column", "species", "--epochs", "9",
+                             "--search", "6")
+    # Assert
+    assert status["status"] == "DONE", status
+    assert status["selected"]["candidates"] == local.selected["candidates"]
+    assert status["accuracy"] == local.accuracy
+    assert sorted(c["state"] for c in status["candidates"]) == ["finalist"] * 4 + ["pruned"] * 2
+    assert {c["index"]: c["best"] for c in status["candidates"]} == {
+        c["index"]: c["best"] for c in local.candidates}
+    assert status["search"]["outstanding"] == 0 and status["model_version"] == 1
+    assert len(status["feature_importance"]) >= 5  # the mean's ranking of the columns
+    model_path = tmp_path / "searched.keras"
+    assert cli(stack, "download", status["job_id"], "-o", str(model_path)).returncode == 0
+    predict = cli(stack, "predict", str(model_path), str(REPO / "data" / "penguins_new.csv"),
+                  "--json")
+    assert predict.returncode == 0, predict.stderr
+    assert json.loads(predict.stdout)["predictions"][:2] == ["Gentoo", "Chinstrap"]

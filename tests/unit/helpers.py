@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn.domain.job import REJECTED
+from bucketlearn.options import JobOptions
 from bucketlearn.services import upload as upload_service
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -269,3 +270,19 @@ def wait_until(predicate: Any, timeout: float = 30.0, poll: float = 0.01) -> boo
             return True
         time.sleep(poll)
     return bool(predicate())
+
+
+def write_search_table(path, n: int = 600, seed: int = 0):
+    """Two classes from a number, a text column and an empty cell now and then."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.normal(), rng.normal()
+        colour = rng.choice(["red", "green", "blue"])
+        label = "yes" if a + (colour == "red") + 0.3 * rng.normal() > 0.5 else "no"
+        rows.append([f"{a:.4f}" if rng.random() > 0.05 else "", f"{b:.4f}", colour, label])
+    path.write_bytes(csv_bytes(["a", "b", "colour", "label"], rows))
+    return path
+
+
+SEARCH_OPTIONS = JobOptions(epochs=9, rows_per_shard=64, patience=9)

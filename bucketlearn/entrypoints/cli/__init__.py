@@ -153,9 +153,6 @@ def _add_model_commands(sub: Any) -> None:
     train.add_argument("file")
     train.add_argument("-o", "--output", help="also save the model as .keras")
     train.add_argument("--json", action="store_true")
-    train.add_argument("--search", default="off", metavar="N",
-                       help="train N candidate configurations (2-64) and keep the best by "
-                       "validation, by successive halving (default: off)")
     add_option_flags(train)
     train.set_defaults(func=cmd_train_local)
 

@@ -17,7 +17,7 @@ from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
 from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
-from bucketlearn.options import parse_search, resolve_options
+from bucketlearn.options import resolve_options
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def cmd_train_local(args: argparse.Namespace) -> int:
     from bucketlearn.services.serial import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
-    count = parse_search(args.search, "--search")
+    count = options.search
     # in-memory services of its own: the split stays in this process
     if count:
         from bucketlearn.services.search import search_local  # noqa: PLC0415

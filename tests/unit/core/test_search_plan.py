@@ -18,7 +18,7 @@ from bucketlearn.domain.search import (
     settle,
 )
 from bucketlearn.errors import ConfigError
-from bucketlearn.options import SEARCH_OFF, parse_search
+from bucketlearn.options import OFF, parse_option, resolve_options
 
 
 def test_the_first_candidate_is_the_default_and_the_draw_is_the_seeds():
@@ -99,16 +99,25 @@ def test_the_projected_wall_waits_for_each_rung():
     assert projected_wall([[3, 1, 2, 2], [4]], 8) == pytest.approx(3 + 4)
 
 
-@pytest.mark.parametrize("raw,count", [("off", SEARCH_OFF), ("OFF", SEARCH_OFF), ("8", 8),
+@pytest.mark.parametrize("raw,count", [("off", OFF), ("OFF", OFF), ("8", 8),
                                        (" 64 ", 64), ("2", 2)])
 def test_search_is_off_or_a_count(raw, count):
-    assert parse_search(raw, "--search") == count
+    assert parse_option("search", raw, "command line") == count
 
 
 @pytest.mark.parametrize("raw", ["1", "65", "eight", "", "-3"])
 def test_a_bad_search_names_what_was_expected(raw):
-    with pytest.raises(ConfigError, match="off or a whole number of candidates from 2 to 64"):
-        parse_search(raw, "--search")
+    with pytest.raises(ConfigError, match="'off' or a whole number from 2 to 64"):
+        parse_option("search", raw, "command line")
+
+
+def test_search_comes_from_metadata_or_the_deployment_default():
+    assert resolve_options().search == OFF
+    assert resolve_options(environ={"BUCKETLEARN_DEFAULT_SEARCH": "8"}).search == 8
+    assert resolve_options({"search": "3"}, environ={"BUCKETLEARN_DEFAULT_SEARCH": "8"}
+                           ).search == 3
+    with pytest.raises(ConfigError, match="object metadata"):
+        resolve_options({"search": "100"})
 
 
 def _scores(*accuracies: float) -> tuple[Score, ...]:

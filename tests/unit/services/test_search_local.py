@@ -14,23 +14,9 @@ from bucketlearn.options import JobOptions
 from bucketlearn.services.models import predict_file, serial_sidecar
 from bucketlearn.services.search import search_local
 from bucketlearn.services.serial import train_local
-from tests.unit.helpers import csv_bytes
+from tests.unit.helpers import SEARCH_OPTIONS, csv_bytes, write_search_table
 
-
-def write_table(path, n: int = 600, seed: int = 0):
-    """Two classes from a number, a text column and an empty cell now and then."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        a, b = rng.normal(), rng.normal()
-        colour = rng.choice(["red", "green", "blue"])
-        label = "yes" if a + (colour == "red") + 0.3 * rng.normal() > 0.5 else "no"
-        rows.append([f"{a:.4f}" if rng.random() > 0.05 else "", f"{b:.4f}", colour, label])
-    path.write_bytes(csv_bytes(["a", "b", "colour", "label"], rows))
-    return path
-
-
-OPTIONS = JobOptions(epochs=9, rows_per_shard=64, patience=9)
+write_table, OPTIONS = write_search_table, SEARCH_OPTIONS
 
 
 def test_candidate_zero_is_train_locals_model_and_the_search_repeats(tmp_path):

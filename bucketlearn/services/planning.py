@@ -1,0 +1,51 @@
+"""A job's plan and budget as the split decides them: what the upload, ``train-local`` and a
+search's learners each need, in one place that reaches no other service."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bucketlearn.config import Limits
+from bucketlearn.domain.columns import is_matrix, matrix_width
+from bucketlearn.domain.plan import TrainingPlan, plan_training
+from bucketlearn.domain.recipe import Budget, resolve_budget
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ingest.split import Outline
+from bucketlearn.ml.model import model_kind
+from bucketlearn.options import JobOptions
+
+
+def outline_of(manifest: Manifest) -> Outline:
+    """A split's outline (``ingest.split.Outline``) as its manifest records it."""
+    return Outline([s.rows for s in manifest.shards], manifest.schema,
+                   manifest.target is not None)
+
+
+def budgeted(options: JobOptions, outline: Outline, file: str) -> tuple[JobOptions, Budget]:
+    """``options`` with each automatic epochs, batch size, learning rate and patience resolved
+    for the rows the job trains on and its model (``domain.recipe.resolve_budget``), and the
+    budget that says what each became and why."""
+    image = model_kind(options.model, matrix_width(outline.schema), is_matrix(outline.schema),
+                       file) == "cnn"
+    budget = resolve_budget(sum(outline.shard_rows), image, options.epochs or None,
+                            options.batch_size or None, options.learning_rate or None,
+                            options.patience or None)
+    return dataclasses.replace(options, epochs=budget.epochs, batch_size=budget.batch_size,
+                               learning_rate=budget.learning_rate,
+                               patience=budget.patience), budget
+
+
+def plan_for(outline: Outline, options: JobOptions, limits: Limits,
+             requested: int | None) -> TrainingPlan:
+    """``plan_training`` for a split upload: its shards, epochs and batch size, its target, and
+    the bytes a task may hold (``limits.max_shard_bytes``). ``requested``: R, or None for auto."""
+    return plan_training(outline.shard_rows, options.epochs, options.batch_size, requested,
+                         regression=outline.regression,
+                         shard_cells=matrix_width(outline.schema),
+                         max_task_bytes=limits.max_shard_bytes)
+
+
+def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> TrainingPlan:
+    """The job's plan one task at a time: what ``automatic_layout`` may choose instead, and
+    what ``train-local`` trains (so both group shards into tasks the same way)."""
+    return plan_for(outline_of(manifest), options, limits, 1)

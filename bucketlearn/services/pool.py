@@ -1,0 +1,319 @@
+"""A searched job (option ``search`` N) on the learner pool: its candidates trained side by
+side, the rungs settled by the job's one writer, the mean of the finalists exported.
+
+The search is ``train-local --search``'s (``services.search``, ``domain.search``), cut into
+segments: a segment is one candidate trained through one rung, by whichever learner pulls it
+(``services.segment``). The job's record (``Job.search``: ``domain.search.search_record``)
+holds the candidates, the rungs, the segments published and each candidate's line as its
+last recorded segment left it.
+
+The writer (``SearchWriter``, run by the job's ``JobAggregator``, the holder of its lease)
+records each segment once: the state it ended with is copied to the models bucket as the
+line's version for that rung, the line written into the record by a conditional write on the
+job's fence; a result for a segment already recorded, or never published, is dropped. Then
+``domain.search.settle`` decides the rungs from the scores alone, ``domain.search.due`` names
+the segments to publish (each recorded as published after its message went out: a writer
+that dies in between publishes it again, and the second result is dropped), and once the
+last rung is decided the mean of the finalists' best weights is evaluated on the holdout and
+exported. The selected model therefore depends on the scores alone: the same whatever the
+number of learners and their timing, and the same as ``train-local --search``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bucketlearn import codec, layout
+from bucketlearn.domain import health
+from bucketlearn.domain.head import Head
+from bucketlearn.domain.job import DONE, RUNNING, Job, ending_fields, fail_fields
+from bucketlearn.domain.recipe import Score
+from bucketlearn.domain.search import (
+    Candidate,
+    best_through,
+    draw_candidates,
+    due,
+    lines_of,
+    pair,
+    plan_of,
+    rungs,
+    search_record,
+    settle,
+    standings,
+)
+from bucketlearn.domain.usage import added
+from bucketlearn.errors import TransientError
+from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.ml.model import build_model, ensemble_model, export_keras
+from bucketlearn.ml.training import evaluate_parts
+from bucketlearn.ports import Received, ResultMessage, Services, TaskMessage
+from bucketlearn.services import jobs
+from bucketlearn.services.candidates import candidate_spec
+from bucketlearn.services.evaluate import headline, holdout_figures, validation_score
+from bucketlearn.services.export import column_importance, model_sidecar
+from bucketlearn.services.publish import publish_round
+from bucketlearn.services.runtime import JobRuntime, job_runtime
+
+log = logging.getLogger(__name__)
+
+RECORD_ATTEMPTS = 5
+
+
+
+def publish_first(svc: Services, job: Job, manifest: Manifest | None = None) -> None:
+    """A job just split goes to the learners: a searched job's first rung (``start_search``),
+    any other job's first round (``publish.publish_round``)."""
+    if job.options.get("search"):
+        start_search(svc, job)
+    else:
+        publish_round(svc, job, manifest)
+
+
+def start_search(svc: Services, job: Job) -> None:
+    """Give a job that has just been split its search record (candidates drawn from its seed,
+    the rungs for its epochs) and publish the first rung. Idempotent: a record already
+    written is kept, and only the segments not yet published go out."""
+    record = job.search
+    if not record or "candidates" not in record:
+        spec = job_runtime(svc, job).spec
+        options = job.options
+        record = search_record(
+            draw_candidates(int(options["search"]), int(options["seed"]),
+                            int(options["batch_size"]), float(options["learning_rate"]),
+                            spec.kind == "cnn", spec.regression),
+            rungs(int(options["search"]), int(options["epochs"])))
+        if not svc.registry.update_job_if(job.job_id, {"status": job.status, "search": None},
+                                          {"search": record}):
+            current = svc.registry.get_job(job.job_id)
+            if current is None or current.is_terminal or not current.search:
+                return
+            job = current
+        else:
+            job = job.updated({"search": record})
+    publish_due(svc, job)
+
+
+def publish_due(svc: Services, job: Job) -> Job:
+    """Publish the segments due (``domain.search.due``), then record them published (and the
+    job's round, so it counts as published); the job as it then stands."""
+    record = dict(job.search or {})
+    pairs = due(record, settle(plan_of(record), lines_of(record)))
+    if not pairs and job.is_published:
+        return job
+    lines = record.get("lines") or {}
+    rows = job_runtime(svc, job).manifest.train_rows
+    svc.queue.publish([TaskMessage(
+        job_id=job.job_id, epoch=r, task_index=c, parts=(), rows=rows, round=r,
+        weights_path=(lines.get(str(c)) or {}).get("weights_path", "") if r else "",
+        segment=True) for c, r in pairs])
+    record["published"] = list(record.get("published") or []) + [pair(c, r) for c, r in pairs]
+    fields = {"search": record, "published": job.round_key, "published_at": svc.clock()}
+    if not _write(svc, job, fields):
+        raise TransientError(f"job {job.job_id}: could not record its segments published")
+    log.info("job %s: published %d segments (%s)", job.job_id, len(pairs),
+             ", ".join(f"candidate {c} rung {r}" for c, r in pairs))
+    return job.updated(fields)
+
+
+def _write(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
+    """A write about the search, while the job stands as read and is held by the same
+    writer (its fence)."""
+    return svc.registry.update_job_if(
+        job.job_id, {**job.standing, "aggregated_by": job.aggregated_by}, fields)
+
+
+@dataclass
+class _Heard:
+    candidate: int
+    rung: int
+    path: str
+    message: ResultMessage | None = None
+    received: Received | None = None
+
+
+class SearchWriter:
+    """A searched job's writer: its segments' results recorded, its rungs settled, its model
+    exported (see the module docstring). Driven by the job's ``JobAggregator``."""
+
+    def __init__(self, svc: Services, job_id: str) -> None:
+        self.svc, self.job_id = svc, job_id
+        self.heard: dict[str, _Heard] = {}
+
+    def hear(self, message: ResultMessage, received: Received | None = None) -> None:
+        earlier = self.heard.get(message.path)
+        if earlier is not None and earlier.received is not None and received is not None:
+            earlier.received.ack()
+        self.heard[message.path] = _Heard(message.task_index, message.epoch, message.path,
+                                          message, received)
+
+    def listen(self) -> None:
+        """The backstop: every segment result in the deltas bucket (a lost message, a
+        takeover)."""
+        for info in self.svc.store.list(self.svc.settings.deltas_bucket,
+                                        layout.job_delta_prefix(self.job_id)):
+            parsed = layout.parse_delta_path(info.name)
+            if parsed is not None and parsed.job_id == self.job_id and not parsed.failed:
+                self.heard.setdefault(info.name, _Heard(parsed.task_index, parsed.epoch,
+                                                        info.name))
+
+    def settle_all(self) -> None:
+        """The job has ended: acknowledge every message heard."""
+        for heard in self.heard.values():
+            if heard.received is not None:
+                heard.received.ack()
+        self.heard.clear()
+
+    def step(self, job: Job) -> tuple[bool, Job]:
+        """Record what was heard, publish what is due, export once the search is decided;
+        (whether it did something, the job as it then stands)."""
+        did = False
+        for heard in sorted(self.heard.values(), key=lambda h: (h.rung, h.candidate)):
+            job, recorded = self._record(job, heard)
+            did = did or recorded
+        record = job.search or {}
+        plan = plan_of(record)
+        verdicts = settle(plan, lines_of(record))
+        if due(record, verdicts):
+            return True, publish_due(self.svc, job)
+        if len(verdicts) == len(plan):
+            export_search(self.svc, job, list(verdicts[-1].kept))
+            return False, job
+        return did, job
+
+    def _record(self, job: Job, heard: _Heard) -> tuple[Job, bool]:
+        """Record one segment's result in its candidate's line (once); drop what is not due."""
+        svc, record = self.svc, dict(job.search or {})
+        lines = dict(record.get("lines") or {})
+        doc = lines.get(str(heard.candidate))
+        if (doc is not None and int(doc["rung"]) >= heard.rung) or \
+                pair(heard.candidate, heard.rung) not in (record.get("published") or []):
+            self._drop(heard)  # recorded already, or never asked for
+            return job, False
+        raw = svc.store.read_bytes(svc.settings.deltas_bucket, heard.path)
+        _, meta = codec.decode_segment(raw, heard.path)
+        weights_path = f"weights/{self.job_id}/search/c{heard.candidate:03d}-r{heard.rung}-" \
+                       f"{layout.new_nonce()}.state"
+        svc.store.write_bytes(svc.settings.models_bucket, weights_path, raw,
+                              "application/octet-stream")
+        lines[str(heard.candidate)] = _line_doc(doc or {}, meta, heard.rung, weights_path)
+        record["lines"] = lines
+        used = dict((heard.message.stats or {}).get("usage") or {}) if heard.message else {}
+        fields = {"search": record, "usage": added(job.usage, used), "status": RUNNING,
+                  "updated_at": svc.clock()}
+        if not _write(svc, job, fields):
+            current = svc.registry.get_job(self.job_id)
+            if current is None or current.is_terminal:
+                return current or job, False
+            raise TransientError(f"job {self.job_id}: its search record changed under its "
+                                 "writer; read again")
+        log.info("job %s: candidate %d, rung %d: %s", self.job_id, heard.candidate,
+                 heard.rung, meta.get("state"))
+        self._drop(heard)
+        return job.updated(fields), True
+
+    def _drop(self, heard: _Heard) -> None:
+        if heard.received is not None:
+            heard.received.ack()
+        self.heard.pop(heard.path, None)
+        try:
+            self.svc.store.delete(self.svc.settings.deltas_bucket, heard.path)
+        except Exception:  # noqa: BLE001 - left for the job's wind-up
+            log.debug("could not delete %s", heard.path, exc_info=True)
+
+
+def _line_doc(before: dict[str, Any], meta: dict[str, Any], rung: int,
+              weights_path: str) -> dict[str, Any]:
+    """A candidate's line after segment ``rung`` (its best score through the rung appended)."""
+    scores = [Score.from_dict(s) for s in meta.get("scores") or []]
+    best = best_through(scores, int(meta.get("epoch") or 0))
+    finite = best is not None and all(v == v and abs(v) != float("inf") for v in best.key())
+    dropped = meta.get("state") == "dropped" or (best is not None and not finite)
+    return {"rung": rung, "epochs": int(meta.get("epoch") or 0),
+            "finished": bool(meta.get("finished")),
+            "state": "dropped" if dropped else "training", "reason": meta.get("reason") or "",
+            "dropped_at": (meta.get("dropped_at") or int(meta.get("epoch") or 0))
+            if dropped else None,
+            "bests": list(before.get("bests") or []) + [best.to_dict() if finite else None],
+            "weights_path": weights_path,
+            "seconds": list(before.get("seconds") or []) + [float(meta.get("seconds") or 0)],
+            "tasks": list(before.get("tasks") or []) + [int(meta.get("tasks") or 0)]}
+
+
+def export_search(svc: Services, job: Job, finalists: list[int]) -> None:
+    """End a decided search: the mean of the finalists' best weights evaluated on the whole
+    holdout and exported as ``models/<job>/latest.keras`` (and ``v1.keras``), the job DONE
+    at version 1 with ``search.selected``; FAILED when every candidate was dropped or the
+    model is degenerate (``domain.health``)."""
+    started, now = time.perf_counter(), svc.clock()
+    record = dict(job.search or {})
+    if not finalists:
+        reasons = "; ".join(f"candidate {r['index']}: {r['reason']}" for r in standings(record))
+        jobs.end_job(svc.registry, job.job_id, fail_fields(
+            now, f"search: expected a candidate that trains; found every one dropped "
+                 f"({reasons})"[:1900]))
+        return
+    runtime = job_runtime(svc, job)
+    with runtime.lock:
+        model, selected = _mean_model(svc, runtime, record, finalists)
+        found = evaluate_parts(model, None, runtime.holdout_parts(), runtime.spec.task)
+        figures = holdout_figures(found, runtime.spec.regression)
+        sidecar = {**model_sidecar(job, runtime.manifest, found.accuracy, figures, 1),
+                   "search": selected}
+        data = export_keras(model, sidecar)
+        ranked = column_importance(job, runtime, model.get_weights(), model)
+    rate = float(job.options["learning_rate"])
+    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
+               health.degenerate_model(found.predicted_counts, found.true_counts,
+                                       runtime.manifest.classes, found.loss, rate))
+    if problem is not None:
+        jobs.end_job(svc.registry, job.job_id, fail_fields(now, problem))
+        return
+    bucket = svc.settings.models_bucket
+    for path in (layout.model_path(job.job_id, 1), layout.model_path(job.job_id)):
+        svc.store.write_bytes(bucket, path, data, "application/octet-stream")
+    head = Head(1, "", "").evaluated(found.accuracy, found.loss, figures)
+    record["selected"] = selected
+    used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
+                                                                 6)}
+    ended, _ = jobs.end_job(svc.registry, job.job_id, ending_fields(
+        DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(), version=1,
+        final_holdout_rows=found.rows, usage=added(job.usage, used), search=record,
+        feature_importance=ranked))
+    if ended:
+        log.info("job %s: DONE, the mean of candidates %s, holdout %s", job.job_id,
+                 finalists, headline(found))
+
+
+def _mean_model(svc: Services, runtime: JobRuntime, record: dict[str, Any],
+                finalists: list[int]) -> tuple[Any, dict[str, Any]]:
+    """The finalists' mean (one finalist: itself) with their best weights, and what was
+    selected: the candidates, the mean's validation score, the best finalist's alone."""
+    manifest, members = runtime.manifest, []
+    for index in finalists:
+        candidate = Candidate.from_dict(record["candidates"][index])
+        member = build_model(candidate_spec(runtime.spec, candidate), manifest.mean,
+                             manifest.variance, manifest.schema, manifest.preprocessing)
+        path = record["lines"][str(index)]["weights_path"]
+        arrays, _ = codec.decode_segment(svc.store.read_bytes(svc.settings.models_bucket, path), path)
+        member.set_weights(arrays["b"] or arrays["w"])
+        members.append(member)
+    bests = [b for b in record["lines"][str(finalists[0])]["bests"] if b is not None]
+    single = max((Score.from_dict(b) for b in bests), key=Score.key)
+    if len(members) == 1:
+        return members[0], {"candidates": finalists, "score": single.to_dict(),
+                            "reason": f"candidate {finalists[0]}, the only finalist "
+                                      f"({single.figure()} on the validation rows)"}
+    mean = ensemble_model(members)
+    together = validation_score(mean, None, *runtime.validation(), runtime.spec,
+                                single.epoch, single.version)
+    return mean, {
+        "candidates": finalists,
+        "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
+        "alone": {"candidate": finalists[0], "score": single.to_dict()},
+        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
+                   f"{', '.join(map(str, finalists))}): {together.figure()} on the validation "
+                   f"rows; the best of them alone, candidate {finalists[0]}: {single.figure()}")}
+

@@ -1,0 +1,157 @@
+"""A learner's part in a searched job (``services.pool``): one segment trained and announced.
+
+A segment message names a candidate (``task_index``), a rung (``epoch``) and the state the
+candidate's line ended its previous rung with (``weights_path``; none for the first rung). The
+learner builds the candidate's line as ``train-local --search`` builds it
+(``services.search.candidate_line``), restores the state, trains it up to the rung's epochs
+(``services.search.train_to``: or until it stops early or diverges), writes the state it ended
+with to the deltas bucket (``codec.encode_segment``) and announces it on the results topic; only then is
+the message acknowledged. What it trains depends on the message alone, so a segment trained
+twice (a redelivery, a learner killed before its ack) writes the same state, and the job's
+writer records one.
+
+Attempts are counted in the task ledger as a round's tasks are; a segment that fails
+``max_task_attempts`` times is announced as the candidate dropped, with the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bucketlearn import codec, layout
+from bucketlearn.domain import task as attempt
+from bucketlearn.domain.recipe import Score, Selection, advance
+from bucketlearn.domain.search import Candidate, plan_of
+from bucketlearn.options import JobOptions
+from bucketlearn.ports import SEGMENT, ResultMessage, Services, TaskMessage
+from bucketlearn.services import jobs
+from bucketlearn.services.candidates import Standing, candidate_line, train_to
+from bucketlearn.services.line import TrainingLine
+from bucketlearn.services.runtime import job_runtime
+
+log = logging.getLogger(__name__)
+
+TRAINED, DROPPED = "training", "dropped"
+
+
+def recorded_rung(search: Mapping[str, Any], candidate: int) -> int:
+    """The last rung recorded for ``candidate`` (-1: none)."""
+    line = (search.get("lines") or {}).get(str(candidate))
+    return int(line["rung"]) if line else -1
+
+
+def encode_line(line: TrainingLine | None, standing: Standing, meta: Mapping[str, Any]) -> bytes:
+    """A segment's end state (``codec.encode_segment``): the line's weights, optimizer and best
+    weights, with its scores, epochs and standing in the metadata (``line`` None: a segment
+    given up on, no arrays)."""
+    doc: dict[str, Any] = {**meta, "state": standing.state, "reason": standing.reason,
+                           "dropped_at": standing.dropped_at, "scores": [], "epoch": 0,
+                           "finished": False, "train_loss": None, "tasks_per_epoch": 0}
+    if line is None:
+        return codec.encode_segment([], [], [], doc)
+    doc.update(scores=[s.to_dict() for s in line.checkpoints.scores], epoch=line.epoch,
+               finished=line.finished, tasks_per_epoch=line.tasks_per_epoch,
+               train_loss=float(line.train_loss) if np.isfinite(line.train_loss) else None)
+    return codec.encode_segment(line.weights, line.optimizer,
+                                line.checkpoints.best_weights or [], doc)
+
+
+def restore(line: TrainingLine, arrays: Mapping[str, list[np.ndarray]],
+            meta: Mapping[str, Any]) -> None:
+    """Put ``line`` where a previous segment left it: weights, optimizer, epochs, scores and
+    the selection they make (replayed, as ``TrainingLine`` advanced it), best weights."""
+    options = line.options
+    line.weights, line.optimizer = list(arrays["w"]), list(arrays["o"])
+    line.epoch, line.finished = int(meta["epoch"]), bool(meta["finished"])
+    line.tasks_per_epoch = int(meta.get("tasks_per_epoch") or 0)
+    loss = meta.get("train_loss")
+    line.train_loss = float(loss) if loss is not None else float("nan")
+    checkpoints = line.checkpoints
+    checkpoints.scores = [Score.from_dict(s) for s in meta.get("scores") or []]
+    checkpoints.best_weights = list(arrays["b"]) or None
+    selection = None
+    for score in checkpoints.scores:
+        selection = advance(selection or Selection(), {score.epoch: score}, options.patience,
+                            options.epochs)
+    checkpoints.selection = selection
+
+
+def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
+    """Train the segment ``task`` names and return its end state (``codec.encode_segment``)."""
+    search = job.search
+    candidate = Candidate.from_dict(search["candidates"][task.task_index])
+    rung = plan_of(search)[task.epoch]
+    runtime = job_runtime(svc, job)
+    began, cpu = time.perf_counter(), time.process_time()
+    with runtime.lock:
+        line = candidate_line(svc, runtime.manifest, JobOptions.from_dict(job.options),
+                              runtime.spec, svc.settings.limits, runtime.validation(), candidate)
+        svc.cache.models_built += 1
+        standing = Standing(candidate)
+        if task.weights_path:
+            raw = svc.store.read_bytes(svc.settings.models_bucket, task.weights_path)
+            restore(line, *codec.decode_segment(raw, task.weights_path))
+        train_to(line, rung, standing)
+    return encode_line(line, standing, {
+        "candidate": candidate.index, "rung": rung.index,
+        "seconds": round(time.perf_counter() - began, 6),
+        "cpu_seconds": round(time.process_time() - cpu, 6),
+        "tasks": standing.rung_tasks[-1] if standing.rung_tasks else 0})
+
+
+def announce_segment(svc: Services, task: TaskMessage, data: bytes, worker_id: str,
+                     seconds: float) -> None:
+    """Write a segment's end state under a new name, then announce it."""
+    path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream")
+    svc.results.publish([ResultMessage(
+        job_id=task.job_id, kind=SEGMENT, epoch=task.epoch, task_index=task.task_index,
+        round=task.epoch, path=path, worker_id=worker_id, sent_at=svc.clock(),
+        stats={"train_seconds": round(seconds, 6), "usage": {
+            **svc.usage(task.job_id), "worker_seconds": round(seconds, 6)}})])
+
+
+def run_segment(svc: Services, task: TaskMessage, worker_id: str,
+                delivery_attempt: int | None = None) -> bool:
+    """Process one segment message; True to acknowledge it, False to have it delivered again
+    (its training failed and attempts remain)."""
+    job = svc.registry.get_job(task.job_id)
+    if job is None or job.is_terminal or not job.search:
+        log.info("segment %s: the job is %s; nothing to do", task.task_id,
+                 job.status if job is not None else "gone")
+        return True
+    if recorded_rung(job.search, task.task_index) >= task.epoch:
+        log.info("segment %s: already recorded", task.task_id)
+        return True
+    doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
+    now = svc.clock()
+    attempts = svc.registry.record_attempt(task.job_id, doc_id, attempt.started(
+        task.task_id, task.epoch, task.task_index, task.epoch, task.rows, worker_id, now, now,
+        delivery_attempt), layout.new_nonce())
+    if attempts > svc.settings.max_task_attempts:
+        previous = svc.registry.get_task(task.job_id, doc_id)
+        error = (previous.error if previous is not None else None) or "unknown error"
+        standing = Standing(Candidate.from_dict(job.search["candidates"][task.task_index]),
+                            state=DROPPED, reason=f"failed after {attempts - 1} attempts: "
+                                                  f"{error}"[:500])
+        data = encode_line(None, standing, {"candidate": task.task_index, "rung": task.epoch})
+        announce_segment(svc, task, data, worker_id, 0.0)
+        svc.registry.update_task(task.job_id, doc_id, attempt.failed(error, svc.clock()))
+        return True
+    began = time.perf_counter()
+    try:
+        data = train_segment(svc, job, task)
+        announce_segment(svc, task, data, worker_id, time.perf_counter() - began)
+    except Exception as exc:  # noqa: BLE001 - every failure is retried, then the line dropped
+        log.warning("segment %s failed", task.task_id, exc_info=True)
+        svc.registry.update_task(task.job_id, doc_id, attempt.retrying(
+            f"{type(exc).__name__}: {exc}", svc.clock()))
+        return False
+    svc.registry.update_task(task.job_id, doc_id, attempt.trained(svc.clock(), {
+        "train_seconds": round(time.perf_counter() - began, 6)}))
+    return True

@@ -1,0 +1,219 @@
+"""A searched job on the learner pool (``services.pool``, ``services.segment``): the real upload,
+learner and aggregator code on the in-memory ports. The model it selects is
+``train-local --search``'s to the bit whatever the number of learners; a duplicated result, a
+writer that died before publishing, a segment that fails every attempt and a cancel each do
+what they should."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.domain.job import CANCELLED, DONE, QUEUED, RUNNING, TRAINING
+from bucketlearn.domain.search import pair
+from bucketlearn.ml.model import export_keras, load_model
+from bucketlearn.ports import SEGMENT, ResultMessage
+from bucketlearn.services.aggregate import aggregate_job
+from bucketlearn.services.cancel import cancel_job
+from bucketlearn.services.dashboard.search import leaderboard
+from bucketlearn.services.learn import Learner
+from bucketlearn.services.search import search_local
+from bucketlearn.services.serial import simulate_pipeline
+from bucketlearn.services.status import status_object
+from bucketlearn.services.upload import StorageEvent, handle_upload
+from tests.unit.helpers import SEARCH_OPTIONS as OPTIONS
+from tests.unit.helpers import write_search_table as write_table
+
+SEARCHED = dataclasses.replace(OPTIONS, search=6)
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    return write_table(tmp_path_factory.mktemp("pool") / "t.csv")
+
+
+@pytest.fixture(scope="module")
+def local(table):
+    return search_local(str(table), OPTIONS, 6, svc=memory_services())
+
+
+def _weights(path):
+    model, _ = load_model(str(path))
+    return [w.tobytes() for w in model.get_weights()]
+
+
+def _exported(out, tmp_path, name):
+    svc, job = out["svc"], out["job"]
+    path = tmp_path / name
+    path.write_bytes(svc.store.read_bytes(svc.settings.models_bucket, job.model_path))
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_pool_selects_train_local_searchs_model_to_the_bit(table, local, tmp_path,
+                                                                workers):
+    # Execute
+    out = simulate_pipeline(str(table), SEARCHED, workers, svc=memory_services())
+    # Assert: the same candidates kept, the same mean, the same holdout accuracy
+    job = out["job"]
+    assert job.status == DONE, job.error
+    assert job.search["selected"]["candidates"] == local.selected["candidates"]
+    assert job.search["selected"]["score"] == local.selected["score"]
+    assert job.head.holdout_accuracy == local.accuracy
+    mine = tmp_path / "local.keras"
+    mine.write_bytes(export_keras(local.model, {"format": 1}))
+    assert _weights(_exported(out, tmp_path, "pool.keras")) == _weights(mine)
+    # every candidate's standing, as status shows it, is train-local --search's
+    shown = status_object(job)
+    assert [(c["index"], c["state"], c["epochs"]) for c in shown["candidates"]] == sorted(
+        [(c["index"], c["state"], c["epochs"]) for c in local.candidates],
+        key=lambda c: [r["index"] for r in shown["candidates"]].index(c[0]))
+    assert {c["index"]: c["best"] for c in shown["candidates"]} == {
+        c["index"]: c["best"] for c in local.candidates}
+    assert shown["selected"]["candidates"] == local.selected["candidates"]
+    assert shown["search"]["outstanding"] == 0
+    assert job.version == 1 and job.head.version == 1
+    # the dashboard's leaderboard: finalists first, what was selected, what it cost
+    board, note = leaderboard(job)
+    assert list(board["state"]) == ["finalist"] * 4 + ["pruned"] * 2
+    assert list(board["candidate"][:4]) == local.selected["candidates"]
+    assert note.startswith("Selected: the mean of the 4 finalists") and "vCPU-seconds" in note
+
+
+def _start(table, svc, options=SEARCHED):
+    with open(table, "rb") as handle:
+        info = svc.store.write_bytes(svc.settings.uploads_bucket, "t.csv", handle.read(),
+                                     "text/csv", options.to_metadata())
+    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
+                                                info.size))
+    return job_id
+
+
+def _train_all(svc, learner, limit=100):
+    """Every segment on the queue trained by ``learner``; returns the messages handled."""
+    handled = 0
+    while handled < limit:
+        received = svc.queue.pull(0)
+        if received is None:
+            return handled
+        decision = learner.handle(received)
+        received.ack() if decision.value == "ack" else received.nack()
+        handled += 1
+    return handled
+
+
+def test_a_duplicated_result_and_a_lost_publish_change_nothing(table, local):
+    # Prepare: the first rung trained and recorded
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    assert _train_all(svc, learner) == 6
+    messages = []
+    while (received := svc.results.pull(0)) is not None:
+        messages.append(received.message)
+        received.ack()
+    aggregate_job(svc, job_id)
+    job = svc.registry.get_job(job_id)
+    assert sorted(job.search["lines"]) == [str(i) for i in range(6)]
+    assert job.status == RUNNING
+    # Execute: one result announced again (its object written again under a new name)
+    again = messages[0]
+    data = svc.store.read_bytes(svc.settings.models_bucket,
+                                job.search["lines"][str(again.task_index)]["weights_path"])
+    path = again.path.replace(".safetensors", "x.safetensors")
+    svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream")
+    svc.results.publish([ResultMessage(job_id=job_id, kind=SEGMENT, epoch=0,
+                                       task_index=again.task_index, path=path)])
+    # and the writer died after recording rung 0, before publishing rung 1
+    record = dict(job.search)
+    record["published"] = [p for p in record["published"] if p.endswith(":0")]
+    svc.registry.update_job(job_id, {"search": record})
+    while (received := svc.queue.pull(0)) is not None:
+        received.ack()  # rung 1's messages lost with it
+    aggregate_job(svc, job_id)
+    # Assert: the duplicate was dropped (its line is as recorded), rung 1 published again
+    after = svc.registry.get_job(job_id)
+    assert after.search["lines"][str(again.task_index)] == job.search["lines"][
+        str(again.task_index)]
+    assert sorted(p for p in after.search["published"] if p.endswith(":1")) == sorted(
+        pair(i, 1) for i in local.selected["candidates"])
+    # and the job ends with train-local --search's model
+    _train_all(svc, learner)
+    aggregate_job(svc, job_id)
+    done = svc.registry.get_job(job_id)
+    assert done.status == DONE, done.error
+    assert done.head.holdout_accuracy == local.accuracy
+
+
+def test_a_segment_that_always_fails_drops_its_candidate_and_the_job_goes_on(table,
+                                                                             monkeypatch):
+    # Prepare: candidate 3's training raises, every time
+    from bucketlearn.services import segment
+
+    real = segment.train_segment
+
+    def failing(svc, job, task):
+        if task.task_index == 3:
+            raise RuntimeError("out of memory (injected)")
+        return real(svc, job, task)
+
+    monkeypatch.setattr(segment, "train_segment", failing)
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    # Execute
+    for _ in range(20):
+        _train_all(svc, learner)
+        aggregate_job(svc, job_id)
+        if svc.registry.get_job(job_id).is_terminal:
+            break
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job.status == DONE, job.error
+    dropped = next(c for c in status_object(job)["candidates"] if c["index"] == 3)
+    assert dropped["state"] == "dropped"
+    assert "failed after 5 attempts" in dropped["reason"]
+    assert "out of memory (injected)" in dropped["reason"]
+    assert 3 not in job.search["selected"]["candidates"]
+
+
+def test_cancel_stops_every_candidate(table):
+    # Prepare
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    received = svc.queue.pull(0)
+    learner.handle(received)
+    received.ack()
+    # Execute
+    cancel_job(svc, job_id, "test")
+    handled = _train_all(svc, learner)
+    aggregate_job(svc, job_id)
+    # Assert: the other five segments were skipped, nothing was recorded after the cancel
+    job = svc.registry.get_job(job_id)
+    assert handled == 5
+    assert job.status == CANCELLED
+    assert sorted(job.search["lines"]) == []
+    assert job.model_path is None
+
+
+def test_a_searched_upload_records_its_candidates_and_publishes_the_first_rung(table):
+    # Execute
+    svc = memory_services()
+    job_id = _start(table, svc, dataclasses.replace(OPTIONS, search=8))
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job.status == QUEUED and job.phase == TRAINING and job.is_published
+    assert job.search["count"] == 8 and [r["count"] for r in job.search["rungs"]] == [8, 4]
+    assert job.search["published"] == [pair(i, 0) for i in range(8)]
+    shown = status_object(job)
+    assert shown["search"]["outstanding"] == 8
+    assert [c["state"] for c in shown["candidates"]] == ["training"] * 8
+    tasks = []
+    while (received := svc.queue.pull(0)) is not None:
+        tasks.append(received.message)
+        received.ack()
+    assert sorted((t.task_index, t.epoch, t.segment, t.weights_path) for t in tasks) == [
+        (i, 0, True, "") for i in range(8)]
