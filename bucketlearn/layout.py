@@ -17,6 +17,9 @@ DELTA_RE = re.compile(
     r"^(?P<job>[a-z0-9-]+)/e(?P<epoch>\d{4,})/t(?P<task>\d{5,})/(?P<nonce>[0-9a-f]{16})"
     r"(?P<kind>\.safetensors|\.failed\.json)$"
 )
+SEGMENT_RE = re.compile(
+    r"^(?P<job>[a-z0-9-]+)/search/c(?P<candidate>\d{3,})/r(?P<rung>\d{2,})/"
+    r"(?P<nonce>[0-9a-f]{16})\.safetensors$")
 
 
 def job_id_for(bucket_name: str, object_name: str, generation: int | str) -> str:
@@ -107,6 +110,23 @@ def delta_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:
 def failure_marker_path(job_id: str, epoch: int, task_index: int, nonce: str) -> str:
     """Written when a task failed for good, so that the aggregator hears about it."""
     return f"{job_id}/e{epoch:04d}/t{task_index:05d}/{nonce}.failed.json"
+
+
+def segment_prefix(job_id: str) -> str:
+    """A searched job's segment results (``services.segment``), apart from any round's."""
+    return f"{job_id}/search/"
+
+
+def segment_path(job_id: str, candidate: int, rung: int, nonce: str) -> str:
+    """Write-once name of one segment's end state: candidate ``candidate`` through rung
+    ``rung``."""
+    return f"{job_id}/search/c{candidate:03d}/r{rung:02d}/{nonce}.safetensors"
+
+
+def parse_segment_path(name: str) -> tuple[str, int, int] | None:
+    """(job, candidate, rung) of a segment result's name; None for any other name."""
+    match = SEGMENT_RE.match(name)
+    return (match["job"], int(match["candidate"]), int(match["rung"])) if match else None
 
 
 @dataclass(frozen=True)

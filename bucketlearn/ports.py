@@ -208,7 +208,12 @@ class ResultMessage:
         epoch = messages.integer(get(data, "epoch", 0), "epoch")
         task_index = messages.integer(get(data, "task_index", -1), "task_index", -1)
         path = messages.text(get(data, "path", ""), "path", 1024)
-        if path:
+        if path and kind == SEGMENT:
+            if layout.parse_segment_path(path) != (job_id, task_index, epoch):
+                raise messages.MessageError(
+                    "path", f"the result of candidate {task_index}'s rung {epoch} of job "
+                    f"{job_id}", path)
+        elif path:
             parsed = layout.parse_delta_path(path)
             if parsed is None or (parsed.job_id, parsed.epoch, parsed.task_index) != (
                     job_id, epoch, task_index) or parsed.failed != (kind == FAILED):

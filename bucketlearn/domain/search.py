@@ -274,11 +274,17 @@ def due(record: Mapping[str, Any], verdicts: Sequence[Verdict]) -> list[tuple[in
     return [(c, r) for c, r in wanted if pair(c, r) not in published]
 
 
-def outstanding(record: Mapping[str, Any]) -> int:
-    """Segments published and not yet recorded (what the learners have to do)."""
+def outstanding_pairs(record: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The segments published and not yet recorded, as (candidate, rung)."""
     lines = record.get("lines") or {}
     recorded = {pair(int(c), r) for c, doc in lines.items() for r in range(int(doc["rung"]) + 1)}
-    return len(set(record.get("published") or []) - recorded)
+    return [(int(c), int(r)) for c, r in (p.split(":") for p in record.get("published") or [])
+            if pair(int(c), int(r)) not in recorded]
+
+
+def outstanding(record: Mapping[str, Any]) -> int:
+    """Segments published and not yet recorded (what the learners have to do)."""
+    return len(outstanding_pairs(record))
 
 
 def standings(record: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -162,12 +162,10 @@ class JobAggregator:
 
     def listen_to_bucket(self) -> None:
         """The backstop: every result object and failure marker of the job's current epoch in the
-        deltas bucket (a result whose message was lost, a takeover)."""
+        deltas bucket (a result whose message was lost, a takeover); a search's segments."""
         job = self.job
-        if job is not None and job.search:
-            self.search.listen()
         if job is None or job.search:
-            return
+            return self.search.listen() if job is not None else None
         for ref in list_deltas(self.svc, self.job_id, job.epoch):
             self.heard.setdefault(ref.name, Heard(ref, job.epoch))
 
@@ -180,6 +178,8 @@ class JobAggregator:
             return False
         if job.search:
             did, self.job = self.search.step(job)
+            if self.job.is_terminal:  # exported, or failed
+                self._settle_ended(self.job)
             return did
         if job.phase == EXPORTING:
             export_final(self.svc, job, self.selector.state)

@@ -397,7 +397,8 @@ class AggregatorService:
         """After a takeover: the current round's tasks with no result heard, published again
         (the previous holder may have died between a commit and its publish)."""
         job = slot.aggregator.job
-        if job is None or job.is_terminal or job.phase != TRAINING or not job.is_published:
+        if job is None or job.is_terminal or job.phase != TRAINING or not job.is_published \
+                or job.search:  # a search's writer publishes what is due itself
             return
         heard = {ref.task_index for ref in list_deltas(self.svc, job.job_id, job.epoch)}
         missing = [t for t in jobs.current_round_tasks(job) if t not in heard]

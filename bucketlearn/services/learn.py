@@ -1,10 +1,9 @@
 """The learner: pull a task, train it from the version it names, write its result, announce it.
-A task message names the version it trains from (its number, weights object and the digest of
-its arrays), its rows and its learning rates, so there is nothing to wait for and nothing to
-decide: the worker takes that version's weights and optimizer state, trains, writes the state it
-ended with to the deltas bucket, publishes a small result message naming that object (the
-aggregator pulls them), and only then acknowledges the task. Delivery is at least once: a task
-may be trained twice; the aggregator applies it once.
+
+A task names the version it trains from (number, weights object, digest of its arrays), its rows
+and learning rates: the worker trains from that state, writes the end state to the deltas
+bucket, publishes a small message naming it (the aggregator pulls them) and only then acks the
+task. Delivery is at least once: a task may be trained twice; the aggregator applies it once.
 
 What a round waits for is kept off its critical path:
 
@@ -16,9 +15,8 @@ What a round waits for is kept off its critical path:
 * **chaining (R = 1)**: when a job trains one task at a time, the fold of a round is its one
   task's end state, to the bit. The learner announces its result as *chained* and goes straight
   on with the next round's task from that state while the aggregator commits behind it; each
-  chained task's result is published only once the aggregator's commits have caught up to within
-  ``chain_depth`` versions of it, with the digests the learner expects (else the chain stops and
-  the learner goes back to pulling; the aggregator publishes a round whose chained result is late).
+  chained task's result is published only once the aggregator's commits are within
+  ``chain_depth`` versions of it, with the digests the learner expects (else the chain stops).
 
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
 ``max_task_attempts`` the task is FAILED, its failure marker written and announced, the message
@@ -154,6 +152,8 @@ class Learner:
         if task.segment:  # one candidate through one rung of a searched job
             self.heartbeat("busy", task)
             done = run_segment(self.svc, task, self.worker_id, delivery_attempt)
+            self.tasks_done += int(done)
+            self.heartbeat("idle")
             return Decision.ACK if done else Decision.NACK
         pulled_at = self.svc.clock() if pulled_at is None else pulled_at
         admission = self._io.submit(self._admit, task, pulled_at, delivery_attempt)

@@ -7,8 +7,9 @@ import dataclasses
 
 from bucketlearn.config import Limits
 from bucketlearn.domain.columns import is_matrix, matrix_width
-from bucketlearn.domain.plan import TrainingPlan, plan_training
+from bucketlearn.domain.plan import OverLimit, TrainingPlan, plan_training
 from bucketlearn.domain.recipe import Budget, resolve_budget
+from bucketlearn.domain.search import candidate_epochs, rungs
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.split import Outline
 from bucketlearn.ml.model import model_kind
@@ -49,3 +50,36 @@ def chained_plan(manifest: Manifest, options: JobOptions, limits: Limits) -> Tra
     """The job's plan one task at a time: what ``automatic_layout`` may choose instead, and
     what ``train-local`` trains (so both group shards into tasks the same way)."""
     return plan_for(outline_of(manifest), options, limits, 1)
+
+
+def search_refusal(manifest: Manifest, options: JobOptions) -> OverLimit | None:
+    """Why a searched job cannot be trained (None when it can): it holds no validation rows
+    to select its candidates on."""
+    if not options.search or manifest.validation_rows:
+        return None
+    return OverLimit("a search selects its candidates on the validation rows, and this job "
+                     "holds none",
+                     "validation rows: at least 100 training rows and validation_fraction "
+                     "not none (or search off)",
+                     f"{manifest.train_rows} training rows, none held out for validation")
+
+
+def searched_over(over: OverLimit | None, plan: TrainingPlan, options: JobOptions
+                  ) -> OverLimit | None:
+    """A limit ``searched_plan`` is over, saying that its epochs are a search's."""
+    if over is None or not options.search:
+        return over
+    return dataclasses.replace(
+        over, expected=f"{over.expected}; or fewer candidates (search)",
+        found=f"{over.found} (a search of {options.search} candidates: "
+              f"{searched_plan(plan, options).epochs} candidate-epochs for {plan.epochs} "
+              "epochs of one model)")
+
+
+def searched_plan(plan: TrainingPlan, options: JobOptions) -> TrainingPlan:
+    """The work a job does in all, which the deployment's limits bound: a searched job's plan
+    with every candidate's epochs summed (``domain.search.candidate_epochs``)."""
+    if not options.search:
+        return plan
+    return dataclasses.replace(plan, epochs=candidate_epochs(rungs(options.search,
+                                                                   plan.epochs)))

@@ -22,11 +22,13 @@ number of learners and their timing, and the same as ``train-local --search``'s.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, layout
+from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import health
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import DONE, RUNNING, Job, ending_fields, fail_fields
@@ -37,6 +39,7 @@ from bucketlearn.domain.search import (
     draw_candidates,
     due,
     lines_of,
+    outstanding_pairs,
     pair,
     plan_of,
     rungs,
@@ -50,7 +53,6 @@ from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import build_model, ensemble_model, export_keras
 from bucketlearn.ml.training import evaluate_parts
 from bucketlearn.ports import Received, ResultMessage, Services, TaskMessage
-from bucketlearn.services import jobs
 from bucketlearn.services.candidates import candidate_spec
 from bucketlearn.services.evaluate import headline, holdout_figures, validation_score
 from bucketlearn.services.export import column_importance, model_sidecar
@@ -58,10 +60,6 @@ from bucketlearn.services.publish import publish_round
 from bucketlearn.services.runtime import JobRuntime, job_runtime
 
 log = logging.getLogger(__name__)
-
-RECORD_ATTEMPTS = 5
-
-
 
 def publish_first(svc: Services, job: Job, manifest: Manifest | None = None) -> None:
     """A job just split goes to the learners: a searched job's first rung (``start_search``),
@@ -85,7 +83,7 @@ def start_search(svc: Services, job: Job) -> None:
                             int(options["batch_size"]), float(options["learning_rate"]),
                             spec.kind == "cnn", spec.regression),
             rungs(int(options["search"]), int(options["epochs"])))
-        if not svc.registry.update_job_if(job.job_id, {"status": job.status, "search": None},
+        if not svc.registry.update_job_if(job.job_id, {**job.standing, "search": None},
                                           {"search": record}):
             current = svc.registry.get_job(job.job_id)
             if current is None or current.is_terminal or not current.search:
@@ -103,26 +101,42 @@ def publish_due(svc: Services, job: Job) -> Job:
     pairs = due(record, settle(plan_of(record), lines_of(record)))
     if not pairs and job.is_published:
         return job
-    lines = record.get("lines") or {}
-    rows = job_runtime(svc, job).manifest.train_rows
-    svc.queue.publish([TaskMessage(
-        job_id=job.job_id, epoch=r, task_index=c, parts=(), rows=rows, round=r,
-        weights_path=(lines.get(str(c)) or {}).get("weights_path", "") if r else "",
-        segment=True) for c, r in pairs])
+    svc.queue.publish(_messages(svc, job, pairs))
     record["published"] = list(record.get("published") or []) + [pair(c, r) for c, r in pairs]
     fields = {"search": record, "published": job.round_key, "published_at": svc.clock()}
-    if not _write(svc, job, fields):
+    if not _write(svc, job, fields, fenced=bool(job.aggregated_by)):
         raise TransientError(f"job {job.job_id}: could not record its segments published")
     log.info("job %s: published %d segments (%s)", job.job_id, len(pairs),
              ", ".join(f"candidate {c} rung {r}" for c, r in pairs))
     return job.updated(fields)
 
 
-def _write(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
-    """A write about the search, while the job stands as read and is held by the same
-    writer (its fence)."""
+def _write(svc: Services, job: Job, fields: dict[str, Any], fenced: bool = True) -> bool:
+    """A write about the search while the job stands as read, its search record unchanged
+    since (the upload's first publish and the writer never overwrite each other) and, for its
+    writer (``fenced``), still held by the same one (``Job.aggregated_by``)."""
+    expect = {**job.standing, "search": job.search}
     return svc.registry.update_job_if(
-        job.job_id, {**job.standing, "aggregated_by": job.aggregated_by}, fields)
+        job.job_id, {**expect, "aggregated_by": job.aggregated_by} if fenced else expect,
+        fields)
+
+
+def republish_outstanding(svc: Services, job: Job) -> int:
+    """Publish again the segments published and not yet recorded (a message lost for good);
+    a second result of one is dropped by the writer. Returns how many."""
+    record = job.search or {}
+    pairs = outstanding_pairs(record)
+    svc.queue.publish(_messages(svc, job, pairs))
+    return len(pairs)
+
+
+def _messages(svc: Services, job: Job, pairs: list[tuple[int, int]]) -> list[TaskMessage]:
+    """The segment messages of ``pairs`` (candidate, rung): each from its line's last state."""
+    lines = (job.search or {}).get("lines") or {}
+    rows = job_runtime(svc, job).manifest.train_rows
+    return [TaskMessage(job_id=job.job_id, epoch=r, task_index=c, parts=(), rows=rows, round=r,
+                        weights_path=(lines.get(str(c)) or {}).get("weights_path", "")
+                        if r else "", segment=True) for c, r in pairs]
 
 
 @dataclass
@@ -153,11 +167,10 @@ class SearchWriter:
         """The backstop: every segment result in the deltas bucket (a lost message, a
         takeover)."""
         for info in self.svc.store.list(self.svc.settings.deltas_bucket,
-                                        layout.job_delta_prefix(self.job_id)):
-            parsed = layout.parse_delta_path(info.name)
-            if parsed is not None and parsed.job_id == self.job_id and not parsed.failed:
-                self.heard.setdefault(info.name, _Heard(parsed.task_index, parsed.epoch,
-                                                        info.name))
+                                        layout.segment_prefix(self.job_id)):
+            parsed = layout.parse_segment_path(info.name)
+            if parsed is not None and parsed[0] == self.job_id:
+                self.heard.setdefault(info.name, _Heard(parsed[1], parsed[2], info.name))
 
     def settle_all(self) -> None:
         """The job has ended: acknowledge every message heard."""
@@ -180,7 +193,7 @@ class SearchWriter:
             return True, publish_due(self.svc, job)
         if len(verdicts) == len(plan):
             export_search(self.svc, job, list(verdicts[-1].kept))
-            return False, job
+            return False, self.svc.registry.get_job(self.job_id) or job
         return did, job
 
     def _record(self, job: Job, heard: _Heard) -> tuple[Job, bool]:
@@ -188,16 +201,23 @@ class SearchWriter:
         svc, record = self.svc, dict(job.search or {})
         lines = dict(record.get("lines") or {})
         doc = lines.get(str(heard.candidate))
-        if (doc is not None and int(doc["rung"]) >= heard.rung) or \
-                pair(heard.candidate, heard.rung) not in (record.get("published") or []):
-            self._drop(heard)  # recorded already, or never asked for
+        if pair(heard.candidate, heard.rung) not in (record.get("published") or []):
+            # its publish is not recorded yet (the upload's write may still be on its way):
+            # kept while it is due, dropped when it was never asked for
+            if (heard.candidate, heard.rung) not in due(record, settle(plan_of(record),
+                                                                       lines_of(record))):
+                self._drop(heard)
             return job, False
-        raw = svc.store.read_bytes(svc.settings.deltas_bucket, heard.path)
-        _, meta = codec.decode_segment(raw, heard.path)
-        weights_path = f"weights/{self.job_id}/search/c{heard.candidate:03d}-r{heard.rung}-" \
-                       f"{layout.new_nonce()}.state"
-        svc.store.write_bytes(svc.settings.models_bucket, weights_path, raw,
-                              "application/octet-stream")
+        if doc is not None and int(doc["rung"]) >= heard.rung:
+            self._drop(heard)  # recorded already
+            return job, False
+        state, meta = self._read(heard)
+        weights_path = (doc or {}).get("weights_path", "")
+        if state:  # the line's version for this rung, where its next segment starts
+            weights_path = f"weights/{self.job_id}/search/c{heard.candidate:03d}-" \
+                           f"r{heard.rung:02d}-{layout.new_nonce()}.state"
+            svc.store.write_bytes(svc.settings.models_bucket, weights_path, state,
+                                  "application/octet-stream")
         lines[str(heard.candidate)] = _line_doc(doc or {}, meta, heard.rung, weights_path)
         record["lines"] = lines
         used = dict((heard.message.stats or {}).get("usage") or {}) if heard.message else {}
@@ -214,6 +234,18 @@ class SearchWriter:
         self._drop(heard)
         return job.updated(fields), True
 
+    def _read(self, heard: _Heard) -> tuple[bytes, dict[str, Any]]:
+        """A segment result's bytes (empty when it holds no state: given up on, or unreadable)
+        and metadata; one that cannot be read drops its candidate with the reason."""
+        raw = self.svc.store.read_bytes(self.svc.settings.deltas_bucket, heard.path)
+        try:
+            arrays, meta = codec.decode_segment(raw, heard.path)
+        except CorruptObjectError as exc:
+            return b"", {"state": "dropped", "reason": f"its result could not be read: {exc}"}
+        if (meta.get("candidate"), meta.get("rung")) != (heard.candidate, heard.rung):
+            return b"", {"state": "dropped", "reason": "its result names another segment"}
+        return (raw if arrays["w"] else b""), meta
+
     def _drop(self, heard: _Heard) -> None:
         if heard.received is not None:
             heard.received.ack()
@@ -228,13 +260,15 @@ def _line_doc(before: dict[str, Any], meta: dict[str, Any], rung: int,
               weights_path: str) -> dict[str, Any]:
     """A candidate's line after segment ``rung`` (its best score through the rung appended)."""
     scores = [Score.from_dict(s) for s in meta.get("scores") or []]
-    best = best_through(scores, int(meta.get("epoch") or 0))
-    finite = best is not None and all(v == v and abs(v) != float("inf") for v in best.key())
+    # a segment with no state (given up on, unreadable) leaves the line where it was: it is
+    # dropped after the epochs it had, and keeps its standing at the rungs it passed
+    epochs = int(meta.get("epoch") or before.get("epochs") or 0)
+    best = best_through(scores, epochs)
+    finite = best is not None and all(math.isfinite(v) for v in best.key())
     dropped = meta.get("state") == "dropped" or (best is not None and not finite)
-    return {"rung": rung, "epochs": int(meta.get("epoch") or 0),
-            "finished": bool(meta.get("finished")),
+    return {"rung": rung, "epochs": epochs, "finished": bool(meta.get("finished")),
             "state": "dropped" if dropped else "training", "reason": meta.get("reason") or "",
-            "dropped_at": (meta.get("dropped_at") or int(meta.get("epoch") or 0))
+            "dropped_at": (meta.get("dropped_at") or epochs + (0 if scores else 1))
             if dropped else None,
             "bests": list(before.get("bests") or []) + [best.to_dict() if finite else None],
             "weights_path": weights_path,
@@ -251,9 +285,8 @@ def export_search(svc: Services, job: Job, finalists: list[int]) -> None:
     record = dict(job.search or {})
     if not finalists:
         reasons = "; ".join(f"candidate {r['index']}: {r['reason']}" for r in standings(record))
-        jobs.end_job(svc.registry, job.job_id, fail_fields(
-            now, f"search: expected a candidate that trains; found every one dropped "
-                 f"({reasons})"[:1900]))
+        _end(svc, job, fail_fields(now, f"search: expected a candidate that trains; found "
+                                        f"every one dropped ({reasons})"[:1900]))
         return
     runtime = job_runtime(svc, job)
     with runtime.lock:
@@ -269,7 +302,7 @@ def export_search(svc: Services, job: Job, finalists: list[int]) -> None:
                health.degenerate_model(found.predicted_counts, found.true_counts,
                                        runtime.manifest.classes, found.loss, rate))
     if problem is not None:
-        jobs.end_job(svc.registry, job.job_id, fail_fields(now, problem))
+        _end(svc, job, fail_fields(now, problem))
         return
     bucket = svc.settings.models_bucket
     for path in (layout.model_path(job.job_id, 1), layout.model_path(job.job_id)):
@@ -278,13 +311,26 @@ def export_search(svc: Services, job: Job, finalists: list[int]) -> None:
     record["selected"] = selected
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
-    ended, _ = jobs.end_job(svc.registry, job.job_id, ending_fields(
-        DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(), version=1,
-        final_holdout_rows=found.rows, usage=added(job.usage, used), search=record,
-        feature_importance=ranked))
-    if ended:
+    if _end(svc, job, ending_fields(
+            DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(), version=1,
+            final_holdout_rows=found.rows, usage=added(job.usage, used), search=record,
+            feature_importance=ranked)):
         log.info("job %s: DONE, the mean of candidates %s, holdout %s", job.job_id,
                  finalists, headline(found))
+
+
+def _end(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
+    """End the job as its writer, fenced; False when it has ended meanwhile.
+
+    Raises:
+        TransientError: it changed otherwise (read it again and decide again).
+    """
+    if _write(svc, job, fields):
+        return True
+    current = svc.registry.get_job(job.job_id)
+    if current is None or current.is_terminal:
+        return False
+    raise TransientError(f"job {job.job_id}: changed under its writer before it could end")
 
 
 def _mean_model(svc: Services, runtime: JobRuntime, record: dict[str, Any],
@@ -297,7 +343,8 @@ def _mean_model(svc: Services, runtime: JobRuntime, record: dict[str, Any],
         member = build_model(candidate_spec(runtime.spec, candidate), manifest.mean,
                              manifest.variance, manifest.schema, manifest.preprocessing)
         path = record["lines"][str(index)]["weights_path"]
-        arrays, _ = codec.decode_segment(svc.store.read_bytes(svc.settings.models_bucket, path), path)
+        raw = svc.store.read_bytes(svc.settings.models_bucket, path)
+        arrays, _ = codec.decode_segment(raw, path)
         member.set_weights(arrays["b"] or arrays["w"])
         members.append(member)
     bests = [b for b in record["lines"][str(finalists[0])]["bests"] if b is not None]

@@ -4,7 +4,9 @@ The split, the budget and the validation rows are the unsearched job's; each can
 ``line.TrainingLine`` with its own seed, rate, batch and model, so candidate 0 takes exactly
 the steps ``train-local`` takes. The rungs are trained in order, the candidates of a rung in
 index order; promotions follow the scores alone (``domain.search.settle``). At the end the
-mean of the finalists is the model, evaluated once on the holdout. A candidate whose training loss is no longer a number is dropped with its reason.
+mean of the finalists is the model, evaluated once on the holdout. A candidate whose training
+loss is no longer a number is dropped with its reason. On the learner pool the same search is
+cut into segments (``services.pool``) and selects the same model.
 """
 
 from __future__ import annotations
@@ -115,9 +117,6 @@ def _known(line: TrainingLine, standing: Standing) -> Line:
     """What the search knows of a candidate's line (``domain.search.Line``)."""
     return Line(standing.candidate.index, tuple(line.checkpoints.scores), line.finished,
                 standing.dropped_at)
-
-
-
 
 
 def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],

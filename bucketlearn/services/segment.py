@@ -3,15 +3,16 @@
 A segment message names a candidate (``task_index``), a rung (``epoch``) and the state the
 candidate's line ended its previous rung with (``weights_path``; none for the first rung). The
 learner builds the candidate's line as ``train-local --search`` builds it
-(``services.search.candidate_line``), restores the state, trains it up to the rung's epochs
-(``services.search.train_to``: or until it stops early or diverges), writes the state it ended
-with to the deltas bucket (``codec.encode_segment``) and announces it on the results topic; only then is
-the message acknowledged. What it trains depends on the message alone, so a segment trained
-twice (a redelivery, a learner killed before its ack) writes the same state, and the job's
-writer records one.
+(``services.candidates.candidate_line``), restores the state, trains it up to the rung's epochs
+(``candidates.train_to``: or until it stops early or diverges), writes the state it ended with
+to the deltas bucket (``encode_line``, under ``layout.segment_path``) and announces it on the
+results topic; only then is the message acknowledged. What it trains depends on the message
+alone, so a segment trained twice (a redelivery, a learner killed before its ack) writes the
+same state, and the job's writer records one.
 
-Attempts are counted in the task ledger as a round's tasks are; a segment that fails
-``max_task_attempts`` times is announced as the candidate dropped, with the last error.
+Attempts are counted in the task ledger as a round's tasks are, a backend outage's given back;
+a segment that fails ``max_task_attempts`` times is announced as the candidate dropped, with
+the last error.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 
-TRAINED, DROPPED = "training", "dropped"
+DROPPED = "dropped"
 
 
 def recorded_rung(search: Mapping[str, Any], candidate: int) -> int:
@@ -107,7 +108,7 @@ def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
 def announce_segment(svc: Services, task: TaskMessage, data: bytes, worker_id: str,
                      seconds: float) -> None:
     """Write a segment's end state under a new name, then announce it."""
-    path = layout.delta_path(task.job_id, task.epoch, task.task_index, layout.new_nonce())
+    path = layout.segment_path(task.job_id, task.task_index, task.epoch, layout.new_nonce())
     svc.store.write_bytes(svc.settings.deltas_bucket, path, data, "application/octet-stream")
     svc.results.publish([ResultMessage(
         job_id=task.job_id, kind=SEGMENT, epoch=task.epoch, task_index=task.task_index,
@@ -129,10 +130,10 @@ def run_segment(svc: Services, task: TaskMessage, worker_id: str,
         log.info("segment %s: already recorded", task.task_id)
         return True
     doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
-    now = svc.clock()
+    now, key = svc.clock(), layout.new_nonce()
     attempts = svc.registry.record_attempt(task.job_id, doc_id, attempt.started(
         task.task_id, task.epoch, task.task_index, task.epoch, task.rows, worker_id, now, now,
-        delivery_attempt), layout.new_nonce())
+        delivery_attempt), key)
     if attempts > svc.settings.max_task_attempts:
         previous = svc.registry.get_task(task.job_id, doc_id)
         error = (previous.error if previous is not None else None) or "unknown error"
@@ -148,7 +149,11 @@ def run_segment(svc: Services, task: TaskMessage, worker_id: str,
         data = train_segment(svc, job, task)
         announce_segment(svc, task, data, worker_id, time.perf_counter() - began)
     except Exception as exc:  # noqa: BLE001 - every failure is retried, then the line dropped
-        log.warning("segment %s failed", task.task_id, exc_info=True)
+        transient = svc.transient(exc)
+        log.warning("segment %s failed (%s)", task.task_id,
+                    "transient" if transient else "counted", exc_info=True)
+        if transient:  # a backend outage is not the segment's fault: the attempt given back
+            svc.registry.refund_attempt(task.job_id, doc_id, key)
         svc.registry.update_task(task.job_id, doc_id, attempt.retrying(
             f"{type(exc).__name__}: {exc}", svc.clock()))
         return False

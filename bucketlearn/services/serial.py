@@ -106,8 +106,6 @@ def split_locally(path: str, options: JobOptions, limits: Limits,
     return manifest, options
 
 
-
-
 def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:
     """``train_local``'s final model measured on the evaluation sample a pipeline job's
     versions are measured on (``runtime.read_holdout_sample``: the same ``max_rows``, the same

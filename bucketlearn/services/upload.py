@@ -57,7 +57,15 @@ from bucketlearn.ml.model import build_model, model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
-from bucketlearn.services.planning import budgeted, chained_plan, outline_of, plan_for
+from bucketlearn.services.planning import (
+    budgeted,
+    chained_plan,
+    outline_of,
+    plan_for,
+    search_refusal,
+    searched_over,
+    searched_plan,
+)
 from bucketlearn.services.pool import publish_first
 from bucketlearn.services.split_claim import SplitClaim
 
@@ -229,6 +237,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                                 check=lambda outline: check_outline(outline, options,
                                                                     settings.limits, file))
         options, budget = budgeted(options, outline_of(manifest), file)
+        _refuse_if_over(search_refusal(manifest, options), file)
         spec = spec_for(manifest, options, file)
         plan = plan_within_limits(outline_of(manifest), options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
@@ -236,8 +245,9 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                         manifest.preprocessing)
         cost = model_cost(model)
         plan = automatic_layout(plan, manifest, options, settings.limits, cost)
-        _refuse_if_over(over_limits(plan, manifest, options, settings.limits, cost.parameters),
-                        file)
+        _refuse_if_over(searched_over(over_limits(
+            searched_plan(plan, options), manifest, options, settings.limits, cost.parameters),
+            plan, options), file)
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id
@@ -268,8 +278,6 @@ def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem
     return InputProblem(file=file, message="the upload was replaced or deleted while it was "
                                            "being read",
                         expected=f"generation {generation} until the split ends", found=found)
-
-
 
 
 def check_outline(outline: Outline, options: JobOptions, limits: Limits, file: str) -> None:
@@ -312,8 +320,6 @@ def over_limits(plan: TrainingPlan, manifest: Manifest, options: JobOptions, lim
     return (check_total_tasks(plan, limits.max_total_tasks, options.rows_per_shard)
             or check_duration(plan, parameters, manifest.train_rows, limits.worker_flops,
                               limits.work_retention_days))
-
-
 
 
 def automatic_layout(plan: TrainingPlan, manifest: Manifest, options: JobOptions,

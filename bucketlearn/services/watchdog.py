@@ -9,7 +9,8 @@ starts every minute), locally by the stack's supervisor. What to do is decided b
   deltas bucket's listing (the backstop for a result whose message was lost);
 * tasks of the round without a result for too long (a lost or dead-lettered message, a chain
   whose learner died): publish them again (a task trained twice is applied once);
-* a split that never finished: end the job FAILED.
+* a split that never finished: end the job FAILED;
+* a searched job's segments without a result for too long: publish them again.
 
 It looks at every job that has not ended (``list_active_jobs``), however many newer ones exist.
 ``drain_dead_letters`` turns task messages Pub/Sub gave up on (the dead-letter sink) into failure
@@ -22,9 +23,11 @@ import logging
 from typing import Any
 
 from bucketlearn.domain.job import TRAINING, Job, done_tasks, fail_fields
+from bucketlearn.domain.search import outstanding_pairs
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
 from bucketlearn.services import jobs
+from bucketlearn.services.pool import republish_outstanding
 from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.results import list_deltas
 from bucketlearn.services.runtime import job_runtime
@@ -51,10 +54,10 @@ def watchdog_pass(svc: Services, now: float | None = None) -> list[dict[str, Any
 
 
 def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
-    if job.search:  # a searched job's writer republishes its segments (``services.pool``)
-        return None
     activity = [job.updated_at or 0.0, job.published_at or 0.0, job.watchdog_at or 0.0,
                 job.created_at]
+    if job.search:
+        return _search_stalled(svc, job, activity, now)
     round_tasks: list[int] = []
     with_result: set[int] = set()
     if job.phase == TRAINING and job.plan is not None:
@@ -70,6 +73,23 @@ def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
                   svc.settings.stall_seconds, svc.settings.max_event_age_seconds)
 
 
+def _search_stalled(svc: Services, job: Job, activity: list[float], now: float
+                    ) -> WatchdogAction | None:
+    """A searched job whose segments published and not recorded have shown no activity (a
+    record, a publish, an attempt starting or ending) for ``stall_seconds``: publish them again
+    (a message lost for good; a second result is dropped by the writer)."""
+    pairs = outstanding_pairs(job.search or {})
+    for candidate, rung in pairs:
+        task = svc.registry.get_task(job.job_id, jobs.task_doc_id(job.job_id, rung, candidate))
+        if task is not None:
+            activity += [task.started_at or 0.0, task.finished_at or 0.0]
+    quiet = now - max(activity)
+    if job.phase != TRAINING or not pairs or quiet <= svc.settings.stall_seconds:
+        return None
+    return WatchdogAction(REPUBLISH, f"search: {len(pairs)} segment(s) without a result after "
+                                     f"{quiet:.0f} s quiet")
+
+
 def nudge(svc: Services, job_id: str, reason: str) -> None:
     """Ask the aggregator for a fresh look at a job (a message on the results topic)."""
     svc.results.publish([ResultMessage(job_id=job_id, kind=NUDGE, reason=reason[:2000],
@@ -83,6 +103,9 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
                 decided.tasks or "")
     if decided.action in (PUBLISH, AGGREGATE):
         nudge(svc, job_id, decided.reason)
+    elif decided.action == REPUBLISH and job.search:
+        republish_outstanding(svc, job)
+        nudge(svc, job_id, decided.reason)  # a result written but never announced is heard
     elif decided.action == REPUBLISH:
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, decided.tasks))

@@ -10,19 +10,36 @@ import dataclasses
 
 import pytest
 
+from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.domain.job import CANCELLED, DONE, QUEUED, RUNNING, TRAINING
-from bucketlearn.domain.search import pair
+from bucketlearn.config import Limits, Settings
+from bucketlearn.domain.job import CANCELLED, DONE, QUEUED, REJECTED, RUNNING, TRAINING
+from bucketlearn.domain.recipe import Score
+from bucketlearn.domain.search import (
+    draw_candidates,
+    due,
+    lines_of,
+    pair,
+    rungs,
+    search_record,
+    settle,
+    standings,
+)
+from bucketlearn.errors import TransientError
 from bucketlearn.ml.model import export_keras, load_model
+from bucketlearn.options import NONE
 from bucketlearn.ports import SEGMENT, ResultMessage
-from bucketlearn.services.aggregate import aggregate_job
+from bucketlearn.services.aggregate import JobAggregator, aggregate_job
 from bucketlearn.services.cancel import cancel_job
 from bucketlearn.services.dashboard.search import leaderboard
+from bucketlearn.services.evaluate import InlineEvaluator
 from bucketlearn.services.learn import Learner
+from bucketlearn.services.pool import _line_doc
 from bucketlearn.services.search import search_local
 from bucketlearn.services.serial import simulate_pipeline
 from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import StorageEvent, handle_upload
+from bucketlearn.services.watchdog import watchdog_pass
 from tests.unit.helpers import SEARCH_OPTIONS as OPTIONS
 from tests.unit.helpers import write_search_table as write_table
 
@@ -82,9 +99,9 @@ def test_the_pool_selects_train_local_searchs_model_to_the_bit(table, local, tmp
     assert note.startswith("Selected: the mean of the 4 finalists") and "vCPU-seconds" in note
 
 
-def _start(table, svc, options=SEARCHED):
+def _start(table, svc, options=SEARCHED, name="t.csv"):
     with open(table, "rb") as handle:
-        info = svc.store.write_bytes(svc.settings.uploads_bucket, "t.csv", handle.read(),
+        info = svc.store.write_bytes(svc.settings.uploads_bucket, name, handle.read(),
                                      "text/csv", options.to_metadata())
     _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation,
                                                 info.size))
@@ -217,3 +234,145 @@ def test_a_searched_upload_records_its_candidates_and_publishes_the_first_rung(t
         received.ack()
     assert sorted((t.task_index, t.epoch, t.segment, t.weights_path) for t in tasks) == [
         (i, 0, True, "") for i in range(8)]
+
+
+def test_a_candidate_given_up_on_later_keeps_the_rungs_it_passed():
+    # Prepare: six candidates; rung 0 (3 epochs) recorded for all, candidate 2 kept
+    plan = rungs(6, 9)
+    record = search_record(draw_candidates(6, 0, 64, 0.01), plan)
+    accuracy = {0: 0.9, 1: 0.7, 2: 0.85, 3: 0.6, 4: 0.8, 5: 0.5}
+    for index, value in accuracy.items():
+        meta = {"candidate": index, "rung": 0, "epoch": 3, "finished": False,
+                "scores": [Score(3, 3, accuracy=value, loss=1 - value).to_dict()]}
+        record["lines"][str(index)] = _line_doc({}, meta, 0, f"weights/j/c{index}")
+    before = settle(plan, lines_of(record))
+    assert before[0].kept == (0, 2, 4, 1)
+    # Execute: candidate 2's rung-1 segment fails every attempt (a result with no state)
+    given_up = {"candidate": 2, "rung": 1, "state": "dropped", "reason": "failed after 5 "
+                "attempts: out of memory", "epoch": 0, "scores": []}
+    record["lines"]["2"] = _line_doc(record["lines"]["2"], given_up, 1, "weights/j/c2")
+    # Assert: rung 0 decided as before; candidate 2 dropped after its 3 epochs; no segment of
+    # a pruned candidate becomes due
+    after = settle(plan, lines_of(record))
+    assert after[0] == before[0]
+    assert record["lines"]["2"]["dropped_at"] == 4 and record["lines"]["2"]["epochs"] == 3
+    assert record["lines"]["2"]["weights_path"] == "weights/j/c2"
+    record["published"] = [pair(i, 0) for i in range(6)] + [pair(i, 1) for i in (0, 2, 4, 1)]
+    assert due(record, after) == []
+    dropped = next(r for r in standings(record) if r["index"] == 2)
+    assert dropped["state"] == "dropped" and "out of memory" in dropped["reason"]
+
+
+def test_an_ordinary_result_under_a_searched_job_is_not_taken_for_a_segment(table):
+    # Prepare: a searched job, and a round task's result object written under it (a takeover
+    # that once republished round tasks, a forged write)
+    svc = memory_services()
+    job_id = _start(table, svc)
+    svc.store.write_bytes(svc.settings.deltas_bucket,
+                          layout.delta_path(job_id, 1, 0, "0123456789abcdef"), b"x",
+                          "application/octet-stream")
+    # Execute
+    aggregate_job(svc, job_id)
+    # Assert: nothing recorded, nothing failed
+    job = svc.registry.get_job(job_id)
+    assert job.search["lines"] == {} and not job.is_terminal
+
+
+def test_an_outage_does_not_spend_a_segments_attempts(table, monkeypatch):
+    # Prepare: candidate 1's first seven trainings meet a backend outage
+    from bucketlearn.services import segment
+
+    real, outages = segment.train_segment, {"left": 7}
+
+    def flaky(svc, job, task):
+        if task.task_index == 1 and outages["left"]:
+            outages["left"] -= 1
+            raise TransientError("storage unreachable (injected)")
+        return real(svc, job, task)
+
+    monkeypatch.setattr(segment, "train_segment", flaky)
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    # Execute
+    for _ in range(20):
+        _train_all(svc, learner)
+        aggregate_job(svc, job_id)
+        if svc.registry.get_job(job_id).is_terminal:
+            break
+    # Assert: more failures than attempts allowed, and candidate 1 trained all the same
+    job = svc.registry.get_job(job_id)
+    assert job.status == DONE, job.error
+    assert outages["left"] == 0
+    assert next(c for c in status_object(job)["candidates"] if c["index"] == 1)[
+        "state"] != "dropped"
+
+
+def test_a_searched_upload_without_validation_rows_is_rejected_naming_why(table):
+    # Execute
+    svc = memory_services()
+    job_id = _start(table, svc, dataclasses.replace(SEARCHED, validation_fraction=NONE))
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job.status == REJECTED
+    assert "selects its candidates on the validation rows" in job.error
+    assert "none held out for validation" in job.error
+
+
+def test_the_deployments_limits_count_every_candidates_epochs(table):
+    # Prepare: a limit of twice one model's tasks; a search of 8 trains 48 candidate-epochs
+    # against one model's 9
+    svc = memory_services()
+    tasks = svc.registry.get_job(_start(table, svc, OPTIONS)).plan.total_tasks
+    svc = memory_services(Settings(limits=Limits(max_total_tasks=2 * tasks)))
+    # Execute
+    plain = _start(table, svc, OPTIONS)
+    searched = _start(table, svc, dataclasses.replace(SEARCHED, search=8), name="s.csv")
+    # Assert
+    assert svc.registry.get_job(plain).status != REJECTED
+    job = svc.registry.get_job(searched)
+    assert job.status == REJECTED and f"{2 * tasks}" in job.error
+
+
+def test_the_watchdog_publishes_again_the_segments_a_stalled_search_waits_for(table):
+    # Prepare: the first rung's messages lost for good
+    svc = memory_services()
+    _start(table, svc)
+    while (received := svc.queue.pull(0)) is not None:
+        received.ack()
+    # Execute: too soon, then past the stall time
+    soon = watchdog_pass(svc, now=svc.clock() + 10)
+    late = watchdog_pass(svc, now=svc.clock() + svc.settings.stall_seconds + 10)
+    # Assert
+    assert soon == []
+    assert [a["action"] for a in late] == ["republish"]
+    assert "search: 6 segment(s) without a result" in late[0]["reason"]
+    again = []
+    while (received := svc.queue.pull(0)) is not None:
+        again.append(received.message)
+        received.ack()
+    assert sorted((t.task_index, t.epoch) for t in again if t is not None and t.segment) == [
+        (i, 0) for i in range(6)]
+
+
+def test_the_writer_winds_up_a_search_it_exported(table):
+    # Prepare: every segment trained
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    aggregator = JobAggregator(svc, job_id, InlineEvaluator(), holder="writer-1")
+    aggregator.take_on()
+    # Execute: the long-running writer's steps (never reading the job again by itself)
+    for _ in range(10):
+        _train_all(svc, learner)
+        while (received := svc.results.pull(0)) is not None:
+            aggregator.hear(received.message, received)
+        while aggregator.step():
+            pass
+        if aggregator.job.is_terminal:
+            break
+    # Assert: it knows the job ended, and wound it up once (the work prefix deleted)
+    assert aggregator.job.status == DONE
+    assert aggregator.wound_up
+    assert not list(svc.store.list(svc.settings.work_bucket, layout.job_prefix(job_id)))
+    assert not aggregator.step()  # nothing more to do: no second export
