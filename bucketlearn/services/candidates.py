@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,13 +57,15 @@ def candidate_spec(spec: Any, candidate: Candidate) -> Any:
 
 
 def candidate_line(svc: Services, manifest: Any, options: JobOptions, spec: Any,
-                   limits: Limits, sample: tuple[Any, Any], candidate: Candidate
+                   limits: Limits, sample: tuple[Any, Any], candidate: Candidate,
+                   rows: Callable[[list[str]], tuple[Any, Any]] | None = None
                    ) -> TrainingLine:
     """The candidate's training line: the job's options and spec with its seed, rate, batch
-    and shape (candidate 0's are the job's own); the same on a learner as in one process."""
+    and shape (candidate 0's are the job's own); the same on a learner as in one process
+    (``rows``: how it reads shard parts, ``TrainingLine``'s)."""
     return TrainingLine(svc, manifest, candidate_options(options, candidate),
                         candidate_spec(spec, candidate), limits, time.perf_counter(),
-                        sample=sample)
+                        sample=sample, rows=rows)
 
 
 def train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:

@@ -27,13 +27,17 @@ class TrainingLine:
     """One model trained serially, epoch by epoch, through the tasks the pipeline's chained
     plan makes for ``options`` (its seed orders the rows), each epoch's last state scored on
     the validation rows (``_Checkpoints``). ``sample``: the validation rows, when the caller
-    has read them already (a search's candidates share them)."""
+    has read them already (a search's candidates share them); ``rows``: how a task's shard
+    parts are read (``load_parts`` from the work bucket when None; a learner's part cache)."""
 
     def __init__(self, svc: Services, manifest: Manifest, options: JobOptions, spec: Any,
                  limits: Limits, started: float, *,
                  on_epoch: Callable[[int, float, list[Any]], None] | None = None,
-                 sample: tuple[Any, Any] | None = None) -> None:
+                 sample: tuple[Any, Any] | None = None,
+                 rows: Callable[[list[str]], tuple[Any, Any]] | None = None) -> None:
         self.svc, self.manifest, self.options, self.spec = svc, manifest, options, spec
+        self.rows = rows or (lambda parts: load_parts(svc.store, svc.settings.work_bucket,
+                                                      parts))
         self.started, self.on_epoch = started, on_epoch
         self.model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
                                  manifest.preprocessing)
@@ -60,7 +64,7 @@ class TrainingLine:
         self.tasks_per_epoch = len(tasks)
         for task_index, members in enumerate(tasks):
             parts = [p for i in members for p in manifest.shards[i].parts]
-            x, y = load_parts(self.svc.store, self.svc.settings.work_bucket, parts)
+            x, y = self.rows(parts)
             rates = step_rates(options.learning_rate, options.lr_schedule,
                                self.plan.span(self.epoch, task_index),
                                math.ceil(len(y) / options.batch_size))

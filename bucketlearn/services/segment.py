@@ -33,7 +33,7 @@ from bucketlearn.ports import SEGMENT, ResultMessage, Services, TaskMessage
 from bucketlearn.services import jobs
 from bucketlearn.services.candidates import Standing, candidate_line, train_to
 from bucketlearn.services.line import TrainingLine
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services.runtime import job_runtime, part_cache
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
     began, cpu = time.perf_counter(), time.process_time()
     with runtime.lock:
         line = candidate_line(svc, runtime.manifest, JobOptions.from_dict(job.options),
-                              runtime.spec, svc.settings.limits, runtime.validation(), candidate)
+                              runtime.spec, svc.settings.limits, runtime.validation(), candidate,
+                              rows=lambda parts: part_cache(svc).rows(svc, parts))
         svc.cache.models_built += 1
         standing = Standing(candidate)
         if task.weights_path:
