@@ -635,3 +635,31 @@ def test_the_upload_form_asks_the_common_options_first_in_words_with_true_defaul
             assert widget.proto.placeholder == f"default: {default_text(name)}", name
         else:
             assert widget.format_func("") == f"default ({default_text(name)})", name
+
+
+def test_a_searched_job_shows_its_candidates_best_first_and_what_was_selected(app, seeded,
+                                                                               registry):
+    """The Training tab of a searched job: its leaderboard (finalists first, pruned with the
+    rung that pruned them) and a sentence on what was selected and what the search cost."""
+    from bucketlearn.domain.recipe import Score
+    from bucketlearn.domain.search import draw_candidates, rungs, search_record
+    from bucketlearn.services.pool import _line_doc
+
+    record = search_record(draw_candidates(6, 0, 64, 0.01), rungs(6, 9))
+    for index, value in enumerate([0.9, 0.7, 0.85, 0.6, 0.8, 0.5]):
+        meta = {"epoch": 3, "scores": [Score(3, 3, accuracy=value, loss=1 - value).to_dict()]}
+        record["lines"][str(index)] = _line_doc({}, meta, 0, f"weights/{DONE_ID}/c{index}")
+    record["selected"] = {"candidates": [0, 2, 4, 1], "reason": "the mean of the 4 finalists",
+                          "score": {"accuracy": 0.91}, "alone": {"score": {"accuracy": 0.9}}}
+    registry.update_job(DONE_ID, {"search": record, "usage": {"worker_seconds": 42.0}})
+    # Execute
+    at = _run(app, DONE_ID)
+    # Assert
+    (board,) = [d.value for d in at.dataframe if "configuration" in d.value.columns]
+    assert list(board["candidate"]) == [0, 2, 4, 1, 3, 5]
+    assert list(board["state"])[-2:] == ["pruned", "pruned"]
+    assert board["why"].iloc[-1].startswith("rung 0: not among the best 4 of 6")
+    notes = [text_of(c.value) for c in at.caption]
+    assert any(n.startswith("Selected: the mean of the 4 finalists; the mean against the best "
+                            "candidate alone: +1.00 points") and "42 learner vCPU-seconds" in n
+               for n in notes), notes
