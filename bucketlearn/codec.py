@@ -192,10 +192,13 @@ def encode_state(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
     Versions store the weights and the optimizer state that goes with them; task results store
     their delta and the optimizer state they ended with.
     """
-    arrays: dict[str, np.ndarray] = {f"w{i:04d}": np.asarray(w, dtype=np.float32)
-                                     for i, w in enumerate(weights)}
-    arrays.update({f"o{i:04d}": np.asarray(o) for i, o in enumerate(optimizer)})
-    return encode_arrays(arrays, meta)
+    return encode_arrays({**_named("w", weights, np.float32), **_named("o", optimizer)}, meta)
+
+
+def _named(prefix: str, values: Sequence[np.ndarray], dtype: Any = None
+           ) -> dict[str, np.ndarray]:
+    """``values`` as the arrays ``<prefix>0000, <prefix>0001, …`` (``_numbered`` reads them)."""
+    return {f"{prefix}{i:04d}": np.asarray(v, dtype=dtype) for i, v in enumerate(values)}
 
 
 def decode_state(data: bytes, what: str = "state", max_header_bytes: int = MAX_HEADER_BYTES
@@ -213,10 +216,8 @@ def encode_segment(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray
                    best: Sequence[np.ndarray], meta: Mapping[str, Any]) -> bytes:
     """A search segment's end state (``services.segment``): a line's weights (``w…``),
     optimizer state (``o…``) and best weights by validation (``b…``), with its metadata."""
-    arrays: dict[str, np.ndarray] = {}
-    for prefix, values in (("w", weights), ("o", optimizer), ("b", best)):
-        arrays.update({f"{prefix}{i:04d}": np.asarray(v) for i, v in enumerate(values)})
-    return encode_arrays(arrays, meta)
+    return encode_arrays({**_named("w", weights), **_named("o", optimizer),
+                          **_named("b", best)}, meta)
 
 
 def decode_segment(data: bytes, what: str = "segment"

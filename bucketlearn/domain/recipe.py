@@ -147,6 +147,10 @@ class Score:
         return (self.accuracy if self.accuracy is not None else -math.inf,
                 -(self.loss if self.loss is not None else math.inf))
 
+    def is_finite(self) -> bool:
+        """Whether its figures are numbers (a diverged checkpoint's are not)."""
+        return all(math.isfinite(v) for v in self.key())
+
     def figure(self, decimals: int = 2) -> str:
         """The score as people read it: 'RMSE 12.3' for a numeric target, else '93.45 %'
         (accuracy to ``decimals``)."""

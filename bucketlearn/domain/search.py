@@ -274,12 +274,16 @@ def due(record: Mapping[str, Any], verdicts: Sequence[Verdict]) -> list[tuple[in
     return [(c, r) for c, r in wanted if pair(c, r) not in published]
 
 
+def recorded_rung(record: Mapping[str, Any], candidate: int) -> int:
+    """The last rung recorded for ``candidate`` (-1: none)."""
+    line = (record.get("lines") or {}).get(str(candidate))
+    return int(line["rung"]) if line else -1
+
+
 def outstanding_pairs(record: Mapping[str, Any]) -> list[tuple[int, int]]:
     """The segments published and not yet recorded, as (candidate, rung)."""
-    lines = record.get("lines") or {}
-    recorded = {pair(int(c), r) for c, doc in lines.items() for r in range(int(doc["rung"]) + 1)}
-    return [(int(c), int(r)) for c, r in (p.split(":") for p in record.get("published") or [])
-            if pair(int(c), int(r)) not in recorded]
+    published = (p.split(":") for p in record.get("published") or [])
+    return [(int(c), int(r)) for c, r in published if int(r) > recorded_rung(record, int(c))]
 
 
 def outstanding(record: Mapping[str, Any]) -> int:

@@ -164,8 +164,10 @@ class JobAggregator:
         """The backstop: every result object and failure marker of the job's current epoch in the
         deltas bucket (a result whose message was lost, a takeover); a search's segments."""
         job = self.job
-        if job is None or job.search:
-            return self.search.listen() if job is not None else None
+        if job is not None and job.search:
+            return self.search.listen()
+        if job is None:
+            return
         for ref in list_deltas(self.svc, self.job_id, job.epoch):
             self.heard.setdefault(ref.name, Heard(ref, job.epoch))
 
@@ -458,9 +460,8 @@ def _settle(action: Callable[[], None]) -> None:
 
 
 def aggregate_job(svc: Services, job_id: str) -> Outcome:
-    """One synchronous aggregation pass over a job (the tests, the in-process simulation): take
-    its lease, hear what the deltas bucket holds, fold every complete round (evaluating each
-    version as it is committed) and export a finished job.
+    """One synchronous pass over a job (the tests, the simulation): take its lease, hear the
+    deltas bucket, fold every complete round (evaluating each version) and export it when done.
 
     Returns:
         ACCEPTED when it ran; BUSY if another aggregator holds the job's lease.

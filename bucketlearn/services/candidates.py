@@ -14,8 +14,10 @@ from typing import Any
 from bucketlearn.config import Limits
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.search import Candidate, Rung, best_through
+from bucketlearn.ml.model import ensemble_model
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
+from bucketlearn.services.evaluate import validation_score
 from bucketlearn.services.line import TrainingLine
 
 
@@ -78,8 +80,29 @@ def train_to(line: TrainingLine, rung: Rung, standing: Standing) -> None:
             standing.reason = f"diverged: training loss {line.train_loss} in epoch {line.epoch}"
     standing.rung, standing.epochs = rung.index, line.epoch
     standing.best = best_through(line.checkpoints.scores, rung.epochs)
-    if standing.best is not None and not all(math.isfinite(v) for v in standing.best.key()):
+    if standing.best is not None and not standing.best.is_finite():
         standing.state, standing.dropped_at = "dropped", line.epoch
         standing.reason = "diverged: its validation score is not a number"
     standing.rung_seconds.append(time.perf_counter() - began)
     standing.rung_tasks.append((line.epoch - epochs) * line.tasks_per_epoch)
+
+
+def mean_of(members: list[Any], finalists: list[int], single: Score,
+            sample: tuple[Any, Any], spec: Any) -> tuple[Any, dict[str, Any]]:
+    """The model a search selects, from its finalists' models holding their best weights (in
+    the order ``finalists`` ranks them; ``single``: the first's best validation score): their
+    mean (one finalist: itself), and what was selected: the candidates, the mean's validation
+    score on ``sample`` beside the best finalist's alone, and why."""
+    if len(members) == 1:
+        return members[0], {"candidates": list(finalists), "score": single.to_dict(),
+                            "reason": f"candidate {finalists[0]}, the only finalist "
+                                      f"({single.figure()} on the validation rows)"}
+    mean = ensemble_model(members)
+    together = validation_score(mean, None, *sample, spec, single.epoch, single.version)
+    return mean, {
+        "candidates": list(finalists),
+        "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
+        "alone": {"candidate": finalists[0], "score": single.to_dict()},
+        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
+                   f"{', '.join(map(str, finalists))}): {together.figure()} on the validation "
+                   f"rows; the best of them alone, candidate {finalists[0]}: {single.figure()}")}

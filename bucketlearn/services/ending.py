@@ -23,6 +23,7 @@ from bucketlearn import layout
 from bucketlearn.domain.job import CANCELLED, Job
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
+from bucketlearn.services.export import write_model
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,7 @@ def _export_cancelled(svc: Services, job: Job) -> None:
     except NotFoundError as exc:
         log.warning("job %s: its last version could not be exported: %s", job.job_id, exc)
         return
-    bucket = svc.settings.models_bucket
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), data,
-                          "application/octet-stream")
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id), data,
-                          "application/octet-stream")
+    write_model(svc, job.job_id, version, data)
     svc.registry.update_job_if(job.job_id, {"status": CANCELLED},
                                {"model_path": layout.model_path(job.job_id)})
     log.info("job %s: cancelled at v%d; that version exported", job.job_id, version)

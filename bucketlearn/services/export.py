@@ -50,12 +50,8 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
                                runtime.spec.task)
         model_data = _export_bytes(job, runtime, found, head.version)
         ranked = column_importance(job, runtime, weights)
-    manifest = runtime.manifest
     now = svc.clock()
-    rate = float(job.options["learning_rate"])
-    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
-               health.degenerate_model(found.predicted_counts, found.true_counts,
-                                       manifest.classes, found.loss, rate))
+    problem = degenerate(job, runtime, found)
     if problem is not None:
         if jobs.end_job(svc.registry, job.job_id, fail_fields(now, problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
@@ -66,11 +62,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
         return
     figures = holdout_figures(found, runtime.spec.regression)
     version = head.version
-    bucket = svc.settings.models_bucket
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id, version), model_data,
-                          "application/octet-stream")
-    svc.store.write_bytes(bucket, layout.model_path(job.job_id), model_data,
-                          "application/octet-stream")
+    write_model(svc, job.job_id, version, model_data)
     head = head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
@@ -85,6 +77,23 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
                  current.status if current is not None else None)
         return
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
+
+
+def degenerate(job: Job, runtime: JobRuntime, found: Any) -> str | None:
+    """Why the final model, with its holdout figures ``found``, must not be exported
+    (``domain.health``); None when it may be."""
+    rate = float(job.options["learning_rate"])
+    if runtime.spec.regression:
+        return health.degenerate_regression(found.loss, rate)
+    return health.degenerate_model(found.predicted_counts, found.true_counts,
+                                   runtime.manifest.classes, found.loss, rate)
+
+
+def write_model(svc: Services, job_id: str, version: int, data: bytes) -> None:
+    """A job's exported ``.keras`` as ``models/<job>/v<N>.keras`` and ``latest.keras``."""
+    for path in (layout.model_path(job_id, version), layout.model_path(job_id)):
+        svc.store.write_bytes(svc.settings.models_bucket, path, data,
+                              "application/octet-stream")
 
 
 def column_importance(job: Job, runtime: JobRuntime, weights: Any,

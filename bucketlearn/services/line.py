@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bucketlearn.config import Limits
@@ -81,6 +81,28 @@ class TrainingLine:
         self.finished = stopped or self.epoch >= options.epochs
         return self.finished
 
+    def saved(self) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+        """Where the line stands, to go on elsewhere (``resume``): its weights (``w``),
+        optimizer state (``o``) and best weights by validation (``b``), and its epochs,
+        scores and last training loss."""
+        loss = float(self.train_loss)
+        return ({"w": self.weights, "o": self.optimizer,
+                 "b": self.checkpoints.best_weights or []},
+                {"epoch": self.epoch, "finished": self.finished,
+                 "tasks_per_epoch": self.tasks_per_epoch,
+                 "train_loss": loss if math.isfinite(loss) else None,
+                 "scores": [s.to_dict() for s in self.checkpoints.scores]})
+
+    def resume(self, arrays: Mapping[str, list[Any]], meta: Mapping[str, Any]) -> None:
+        """Go on from what ``saved`` returned: the same steps as the line that saved it."""
+        self.weights, self.optimizer = list(arrays["w"]), list(arrays["o"])
+        self.epoch, self.finished = int(meta["epoch"]), bool(meta["finished"])
+        self.tasks_per_epoch = int(meta.get("tasks_per_epoch") or 0)
+        loss = meta.get("train_loss")
+        self.train_loss = float(loss) if loss is not None else float("nan")
+        self.checkpoints.resume([Score.from_dict(s) for s in meta.get("scores") or []],
+                                list(arrays["b"]) or None)
+
 
 class _Checkpoints:
     """``train-local``'s selection: each epoch's last weights scored on the validation sample
@@ -109,6 +131,14 @@ class _Checkpoints:
         if self.selection.best == score:
             self.best_weights, self.best_seconds = list(weights), seconds
         return self.selection.stop_epoch is not None
+
+    def resume(self, scores: list[Score], best_weights: list[Any] | None) -> None:
+        """Take up ``scores`` scored elsewhere, in epoch order, and their best weights: the
+        selection they make is advanced through them as ``done`` would have."""
+        self.scores, self.best_weights, self.selection = scores, best_weights, None
+        for score in scores:
+            self.selection = advance(self.selection or Selection(), {score.epoch: score},
+                                     self.options.patience, self.options.epochs)
 
     def summary(self) -> dict[str, Any]:
         """What ``train-local`` selected: the selection, every score, when the best was made."""

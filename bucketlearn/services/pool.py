@@ -22,14 +22,12 @@ number of learners and their timing, and the same as ``train-local --search``'s.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, layout
 from bucketlearn.codec import CorruptObjectError
-from bucketlearn.domain import health
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import DONE, RUNNING, Job, ending_fields, fail_fields
 from bucketlearn.domain.recipe import Score
@@ -42,6 +40,7 @@ from bucketlearn.domain.search import (
     outstanding_pairs,
     pair,
     plan_of,
+    recorded_rung,
     rungs,
     search_record,
     settle,
@@ -50,12 +49,17 @@ from bucketlearn.domain.search import (
 from bucketlearn.domain.usage import added
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ml.model import build_model, ensemble_model, export_keras
+from bucketlearn.ml.model import build_model, export_keras
 from bucketlearn.ml.training import evaluate_parts
 from bucketlearn.ports import Received, ResultMessage, Services, TaskMessage
-from bucketlearn.services.candidates import candidate_spec
-from bucketlearn.services.evaluate import headline, holdout_figures, validation_score
-from bucketlearn.services.export import column_importance, model_sidecar
+from bucketlearn.services.candidates import candidate_spec, mean_of
+from bucketlearn.services.evaluate import headline, holdout_figures
+from bucketlearn.services.export import (
+    column_importance,
+    degenerate,
+    model_sidecar,
+    write_model,
+)
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.runtime import JobRuntime, job_runtime
 
@@ -94,11 +98,13 @@ def start_search(svc: Services, job: Job) -> None:
     publish_due(svc, job)
 
 
-def publish_due(svc: Services, job: Job) -> Job:
-    """Publish the segments due (``domain.search.due``), then record them published (and the
-    job's round, so it counts as published); the job as it then stands."""
+def publish_due(svc: Services, job: Job, pairs: list[tuple[int, int]] | None = None) -> Job:
+    """Publish the segments due (``domain.search.due``; ``pairs`` when the caller has them),
+    then record them published (and the job's round, so it counts as published); the job as
+    it then stands."""
     record = dict(job.search or {})
-    pairs = due(record, settle(plan_of(record), lines_of(record)))
+    if pairs is None:
+        pairs = due(record, settle(plan_of(record), lines_of(record)))
     if not pairs and job.is_published:
         return job
     svc.queue.publish(_messages(svc, job, pairs))
@@ -189,8 +195,9 @@ class SearchWriter:
         record = job.search or {}
         plan = plan_of(record)
         verdicts = settle(plan, lines_of(record))
-        if due(record, verdicts):
-            return True, publish_due(self.svc, job)
+        pairs = due(record, verdicts)
+        if pairs:
+            return True, publish_due(self.svc, job, pairs)
         if len(verdicts) == len(plan):
             export_search(self.svc, job, list(verdicts[-1].kept))
             return False, self.svc.registry.get_job(self.job_id) or job
@@ -208,7 +215,7 @@ class SearchWriter:
                                                                        lines_of(record))):
                 self._drop(heard)
             return job, False
-        if doc is not None and int(doc["rung"]) >= heard.rung:
+        if recorded_rung(record, heard.candidate) >= heard.rung:
             self._drop(heard)  # recorded already
             return job, False
         state, meta = self._read(heard)
@@ -264,7 +271,7 @@ def _line_doc(before: dict[str, Any], meta: dict[str, Any], rung: int,
     # dropped after the epochs it had, and keeps its standing at the rungs it passed
     epochs = int(meta.get("epoch") or before.get("epochs") or 0)
     best = best_through(scores, epochs)
-    finite = best is not None and all(math.isfinite(v) for v in best.key())
+    finite = best is not None and best.is_finite()
     dropped = meta.get("state") == "dropped" or (best is not None and not finite)
     return {"rung": rung, "epochs": epochs, "finished": bool(meta.get("finished")),
             "state": "dropped" if dropped else "training", "reason": meta.get("reason") or "",
@@ -297,16 +304,11 @@ def export_search(svc: Services, job: Job, finalists: list[int]) -> None:
                    "search": selected}
         data = export_keras(model, sidecar)
         ranked = column_importance(job, runtime, model.get_weights(), model)
-    rate = float(job.options["learning_rate"])
-    problem = (health.degenerate_regression(found.loss, rate) if runtime.spec.regression else
-               health.degenerate_model(found.predicted_counts, found.true_counts,
-                                       runtime.manifest.classes, found.loss, rate))
+    problem = degenerate(job, runtime, found)
     if problem is not None:
         _end(svc, job, fail_fields(now, problem))
         return
-    bucket = svc.settings.models_bucket
-    for path in (layout.model_path(job.job_id, 1), layout.model_path(job.job_id)):
-        svc.store.write_bytes(bucket, path, data, "application/octet-stream")
+    write_model(svc, job.job_id, 1, data)
     head = Head(1, "", "").evaluated(found.accuracy, found.loss, figures)
     record["selected"] = selected
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
@@ -335,8 +337,8 @@ def _end(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
 
 def _mean_model(svc: Services, runtime: JobRuntime, record: dict[str, Any],
                 finalists: list[int]) -> tuple[Any, dict[str, Any]]:
-    """The finalists' mean (one finalist: itself) with their best weights, and what was
-    selected: the candidates, the mean's validation score, the best finalist's alone."""
+    """The finalists' models with their best weights, as recorded, and their mean
+    (``candidates.mean_of``)."""
     manifest, members = runtime.manifest, []
     for index in finalists:
         candidate = Candidate.from_dict(record["candidates"][index])
@@ -349,18 +351,4 @@ def _mean_model(svc: Services, runtime: JobRuntime, record: dict[str, Any],
         members.append(member)
     bests = [b for b in record["lines"][str(finalists[0])]["bests"] if b is not None]
     single = max((Score.from_dict(b) for b in bests), key=Score.key)
-    if len(members) == 1:
-        return members[0], {"candidates": finalists, "score": single.to_dict(),
-                            "reason": f"candidate {finalists[0]}, the only finalist "
-                                      f"({single.figure()} on the validation rows)"}
-    mean = ensemble_model(members)
-    together = validation_score(mean, None, *runtime.validation(), runtime.spec,
-                                single.epoch, single.version)
-    return mean, {
-        "candidates": finalists,
-        "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
-        "alone": {"candidate": finalists[0], "score": single.to_dict()},
-        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
-                   f"{', '.join(map(str, finalists))}): {together.figure()} on the validation "
-                   f"rows; the best of them alone, candidate {finalists[0]}: {single.figure()}")}
-
+    return mean_of(members, finalists, single, runtime.validation(), runtime.spec)

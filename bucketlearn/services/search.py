@@ -26,11 +26,10 @@ from bucketlearn.domain.search import (
     settle,
 )
 from bucketlearn.errors import ConfigError, PermanentError
-from bucketlearn.ml.model import ensemble_model, spec_for
+from bucketlearn.ml.model import spec_for
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
-from bucketlearn.services.candidates import Standing, candidate_line, train_to
-from bucketlearn.services.evaluate import validation_score
+from bucketlearn.services.candidates import Standing, candidate_line, mean_of, train_to
 from bucketlearn.services.runtime import read_validation_sample
 from bucketlearn.services.serial import (
     SerialResult,
@@ -101,11 +100,11 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
                              f"dropped ({reasons})")
     for index in alive:
         standings[index].state = "finalist"
-    model, weights, selected = _select(lines, standings, list(alive), sample, spec)
-    found = evaluate_holdout(svc, manifest, model, weights, spec.task)
+    model, selected = _select(lines, standings, list(alive), sample, spec)
+    found = evaluate_holdout(svc, manifest, model, None, spec.task)
     return SearchResult(
         found.accuracy, found.loss, time.perf_counter() - started, manifest, model,
-        list(weights or model.get_weights()), found.report, spec, {},
+        model.get_weights(), found.report, spec, {},
         max(lines[i].epoch for i in alive), options,
         sum(sum(s.rung_tasks) for s in standings.values()),
         candidates=[s.to_dict() for s in standings.values()], selected=selected,
@@ -121,25 +120,10 @@ def _known(line: TrainingLine, standing: Standing) -> Line:
 
 def _select(lines: dict[int, TrainingLine], standings: dict[int, Standing],
             finalists: list[int], sample: tuple[Any, Any],
-            spec: Any) -> tuple[Any, list[Any] | None, dict[str, Any]]:
-    """The model: the mean of the finalists' best checkpoints (one finalist: itself), with its
-    validation score beside the best finalist's alone."""
-    best = lines[finalists[0]]
+            spec: Any) -> tuple[Any, dict[str, Any]]:
+    """The model (``candidates.mean_of``) from the finalists' best checkpoints."""
     single = standings[finalists[0]].best
     assert single is not None
-    if len(finalists) == 1:
-        return best.model, list(best.final_weights), {
-            "candidates": list(finalists), "score": single.to_dict(),
-            "reason": f"candidate {finalists[0]}, the only finalist ({single.figure()} on the "
-                      "validation rows)"}
     for index in finalists:
         lines[index].model.set_weights(list(lines[index].final_weights))
-    mean = ensemble_model([lines[i].model for i in finalists])
-    together = validation_score(mean, None, *sample, spec, single.epoch, single.version)
-    return mean, None, {
-        "candidates": list(finalists),
-        "score": {k: v for k, v in together.to_dict().items() if k not in ("epoch", "version")},
-        "alone": {"candidate": finalists[0], "score": single.to_dict()},
-        "reason": (f"the mean of the {len(finalists)} finalists (candidates "
-                   f"{', '.join(map(str, finalists))}): {together.figure()} on the validation "
-                   f"rows; the best of them alone, candidate {finalists[0]}: {single.figure()}")}
+    return mean_of([lines[i].model for i in finalists], finalists, single, sample, spec)

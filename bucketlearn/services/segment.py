@@ -22,12 +22,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from bucketlearn import codec, layout
 from bucketlearn.domain import task as attempt
-from bucketlearn.domain.recipe import Score, Selection, advance
-from bucketlearn.domain.search import Candidate, plan_of
+from bucketlearn.domain.search import Candidate, plan_of, recorded_rung
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import SEGMENT, ResultMessage, Services, TaskMessage
 from bucketlearn.services import jobs
@@ -40,46 +37,17 @@ log = logging.getLogger(__name__)
 DROPPED = "dropped"
 
 
-def recorded_rung(search: Mapping[str, Any], candidate: int) -> int:
-    """The last rung recorded for ``candidate`` (-1: none)."""
-    line = (search.get("lines") or {}).get(str(candidate))
-    return int(line["rung"]) if line else -1
-
-
 def encode_line(line: TrainingLine | None, standing: Standing, meta: Mapping[str, Any]) -> bytes:
-    """A segment's end state (``codec.encode_segment``): the line's weights, optimizer and best
-    weights, with its scores, epochs and standing in the metadata (``line`` None: a segment
-    given up on, no arrays)."""
+    """A segment's end state (``codec.encode_segment``): what the line ``saved``, with its
+    standing in the metadata (``line`` None: a segment given up on, no arrays)."""
+    arrays: Mapping[str, list[Any]] = {"w": [], "o": [], "b": []}
     doc: dict[str, Any] = {**meta, "state": standing.state, "reason": standing.reason,
                            "dropped_at": standing.dropped_at, "scores": [], "epoch": 0,
                            "finished": False, "train_loss": None, "tasks_per_epoch": 0}
-    if line is None:
-        return codec.encode_segment([], [], [], doc)
-    doc.update(scores=[s.to_dict() for s in line.checkpoints.scores], epoch=line.epoch,
-               finished=line.finished, tasks_per_epoch=line.tasks_per_epoch,
-               train_loss=float(line.train_loss) if np.isfinite(line.train_loss) else None)
-    return codec.encode_segment(line.weights, line.optimizer,
-                                line.checkpoints.best_weights or [], doc)
-
-
-def restore(line: TrainingLine, arrays: Mapping[str, list[np.ndarray]],
-            meta: Mapping[str, Any]) -> None:
-    """Put ``line`` where a previous segment left it: weights, optimizer, epochs, scores and
-    the selection they make (replayed, as ``TrainingLine`` advanced it), best weights."""
-    options = line.options
-    line.weights, line.optimizer = list(arrays["w"]), list(arrays["o"])
-    line.epoch, line.finished = int(meta["epoch"]), bool(meta["finished"])
-    line.tasks_per_epoch = int(meta.get("tasks_per_epoch") or 0)
-    loss = meta.get("train_loss")
-    line.train_loss = float(loss) if loss is not None else float("nan")
-    checkpoints = line.checkpoints
-    checkpoints.scores = [Score.from_dict(s) for s in meta.get("scores") or []]
-    checkpoints.best_weights = list(arrays["b"]) or None
-    selection = None
-    for score in checkpoints.scores:
-        selection = advance(selection or Selection(), {score.epoch: score}, options.patience,
-                            options.epochs)
-    checkpoints.selection = selection
+    if line is not None:
+        arrays, saved = line.saved()
+        doc.update(saved)
+    return codec.encode_segment(arrays["w"], arrays["o"], arrays["b"], doc)
 
 
 def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
@@ -97,7 +65,7 @@ def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
         standing = Standing(candidate)
         if task.weights_path:
             raw = svc.store.read_bytes(svc.settings.models_bucket, task.weights_path)
-            restore(line, *codec.decode_segment(raw, task.weights_path))
+            line.resume(*codec.decode_segment(raw, task.weights_path))
         train_to(line, rung, standing)
     return encode_line(line, standing, {
         "candidate": candidate.index, "rung": rung.index,

@@ -121,6 +121,29 @@ def _train_all(svc, learner, limit=100):
     return handled
 
 
+def _searched_to_the_end(table, monkeypatch, fault):
+    """A searched job of ``table`` trained by one learner to its end, each segment's training
+    first handed to ``fault(task)`` (which may raise); the job as it ended."""
+    from bucketlearn.services import segment
+
+    real = segment.train_segment
+
+    def faulty(svc, job, task):
+        fault(task)
+        return real(svc, job, task)
+
+    monkeypatch.setattr(segment, "train_segment", faulty)
+    svc = memory_services()
+    job_id = _start(table, svc)
+    learner = Learner(svc, "w-0")
+    for _ in range(20):
+        _train_all(svc, learner)
+        aggregate_job(svc, job_id)
+        if svc.registry.get_job(job_id).is_terminal:
+            break
+    return svc.registry.get_job(job_id)
+
+
 def test_a_duplicated_result_and_a_lost_publish_change_nothing(table, local):
     # Prepare: the first rung trained and recorded
     svc = memory_services()
@@ -167,27 +190,13 @@ def test_a_duplicated_result_and_a_lost_publish_change_nothing(table, local):
 def test_a_segment_that_always_fails_drops_its_candidate_and_the_job_goes_on(table,
                                                                              monkeypatch):
     # Prepare: candidate 3's training raises, every time
-    from bucketlearn.services import segment
-
-    real = segment.train_segment
-
-    def failing(svc, job, task):
+    def failing(task):
         if task.task_index == 3:
             raise RuntimeError("out of memory (injected)")
-        return real(svc, job, task)
 
-    monkeypatch.setattr(segment, "train_segment", failing)
-    svc = memory_services()
-    job_id = _start(table, svc)
-    learner = Learner(svc, "w-0")
     # Execute
-    for _ in range(20):
-        _train_all(svc, learner)
-        aggregate_job(svc, job_id)
-        if svc.registry.get_job(job_id).is_terminal:
-            break
+    job = _searched_to_the_end(table, monkeypatch, failing)
     # Assert
-    job = svc.registry.get_job(job_id)
     assert job.status == DONE, job.error
     dropped = next(c for c in status_object(job)["candidates"] if c["index"] == 3)
     assert dropped["state"] == "dropped"
@@ -280,28 +289,16 @@ def test_an_ordinary_result_under_a_searched_job_is_not_taken_for_a_segment(tabl
 
 def test_an_outage_does_not_spend_a_segments_attempts(table, monkeypatch):
     # Prepare: candidate 1's first seven trainings meet a backend outage
-    from bucketlearn.services import segment
+    outages = {"left": 7}
 
-    real, outages = segment.train_segment, {"left": 7}
-
-    def flaky(svc, job, task):
+    def flaky(task):
         if task.task_index == 1 and outages["left"]:
             outages["left"] -= 1
             raise TransientError("storage unreachable (injected)")
-        return real(svc, job, task)
 
-    monkeypatch.setattr(segment, "train_segment", flaky)
-    svc = memory_services()
-    job_id = _start(table, svc)
-    learner = Learner(svc, "w-0")
     # Execute
-    for _ in range(20):
-        _train_all(svc, learner)
-        aggregate_job(svc, job_id)
-        if svc.registry.get_job(job_id).is_terminal:
-            break
+    job = _searched_to_the_end(table, monkeypatch, flaky)
     # Assert: more failures than attempts allowed, and candidate 1 trained all the same
-    job = svc.registry.get_job(job_id)
     assert job.status == DONE, job.error
     assert outages["left"] == 0
     assert next(c for c in status_object(job)["candidates"] if c["index"] == 1)[
