@@ -32,7 +32,8 @@ from google.cloud import firestore
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.head import Head
-from bucketlearn.domain.job import QUEUED, RUNNING, Job, commit_refusal, may_start_training
+from bucketlearn.domain.job import Job, commit_refusal, may_start_training
+from bucketlearn.domain.lifecycle import QUEUED, RUNNING, is_terminal, move_refusal
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
@@ -150,6 +151,11 @@ class FirestoreRegistry:
             data = snap.to_dict() if snap.exists else None
             if data is None or any(data.get(k) != v for k, v in expect.items()):
                 return False
+            refusal = move_refusal(data, fields)
+            if refusal is not None:  # ended: a conditional write never moves it; else a bug
+                if is_terminal(data.get("status")):
+                    return False
+                raise ValueError(f"jobs/{job_id}: {refusal}")
             ref.update(dict(fields), option=self.client.write_option(
                 last_update_time=snap.update_time), timeout=TIMEOUT)
             return True
@@ -253,6 +259,8 @@ class FirestoreRegistry:
             job = job_snap.to_dict() if job_snap.exists else None
             if head is None or job is None or job.get("version") != version:
                 return False  # a newer version is the head: its own evaluation fills it in
+            if move_refusal(job, {"head": head.to_doc()}) is not None:
+                return False  # ended with a head that stands (a DONE job's, the export's)
             transaction.update(job_ref, {"head": head.to_doc()})
             return True
 

@@ -16,14 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn import messages as wire
-from bucketlearn.domain.job import (
-    TERMINAL,
-    Head,
-    Job,
-    commit_refusal,
-    may_start_training,
-    unknown_fields,
-)
+from bucketlearn.domain.job import Head, Job, commit_refusal, may_start_training, unknown_fields
+from bucketlearn.domain.lifecycle import TERMINAL, is_terminal, move_refusal
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
@@ -257,10 +251,14 @@ def nested_array(value: Any, inside_array: bool = False) -> bool:
 def _check_job_update(job_id: str, stored: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
     """Refuse a job update naming a field ``Job`` does not have (stricter than Firestore, which
     stores any key: the suite's typo check, as a misspelt field would be written and never
-    read), or one that would make the stored document one Firestore refuses."""
+    read), one the job's life does not allow (``lifecycle.move_refusal``), or one that would make
+    the stored document one Firestore refuses."""
     unknown = unknown_fields(fields)
     if unknown:
         raise ValueError(f"jobs/{job_id}: expected fields of domain.job.Job; found {unknown}")
+    refusal = move_refusal(stored, fields)
+    if refusal is not None:
+        raise ValueError(f"jobs/{job_id}: {refusal}")
     _check_document(f"jobs/{job_id}", {**stored, **fields})
 
 
@@ -345,8 +343,9 @@ class MemoryRegistry:
                       fields: Mapping[str, Any]) -> bool:
         with self._lock:
             job = self.jobs.get(job_id)
-            if job is None or any(job.get(k) != v for k, v in expect.items()):
-                return False
+            if job is None or any(job.get(k) != v for k, v in expect.items()) \
+                    or (is_terminal(job.get("status")) and move_refusal(job, fields)):
+                return False  # not as expected, or ended (a conditional write never moves it)
             _check_job_update(job_id, job, fields)
             job.update(copy.deepcopy(dict(fields)))
             return True
@@ -399,8 +398,9 @@ class MemoryRegistry:
                 return False
             _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
             job = self.jobs.get(job_id)
-            current = head is not None and job is not None and job.get("version") == version
             head_fields = {"head": head.to_doc()} if head is not None else {}
+            current = (head is not None and job is not None and job.get("version") == version
+                       and move_refusal(job, head_fields) is None)
             if current:
                 _check_job_update(job_id, job, head_fields)
             doc.update(copy.deepcopy(dict(version_fields)))

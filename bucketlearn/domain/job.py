@@ -1,7 +1,7 @@
 """A job's vocabulary, its life and the rules every service and both registries ask: one place
 each.
 
-Statuses say how a job stands for its user; phases refine what the pipeline is doing. A job
+Statuses and phases, and which moves between them are allowed, are ``domain.lifecycle``'s. A job
 changes by field updates the services write (the registries' ``update_job``, ``update_job_if``
 and transactions); each change of its life is spelled here, once, by the function that returns
 its fields:
@@ -29,22 +29,22 @@ from typing import Any, Protocol
 
 from bucketlearn.domain.forecast import Forecast, ModelCost
 from bucketlearn.domain.head import Head
+from bucketlearn.domain.lifecycle import (
+    CANCELLED,
+    ENDING_PHASES,
+    EXPORTING,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SPLITTING,
+    TERMINAL,
+    TRAINING,
+    Phase,
+    Status,
+)
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import bounded
-
-QUEUED, RUNNING, DONE, REJECTED, FAILED = "QUEUED", "RUNNING", "DONE", "REJECTED", "FAILED"
-CANCELLED = "CANCELLED"
-TERMINAL = (DONE, REJECTED, FAILED, CANCELLED)
-STATUSES = (QUEUED, RUNNING, DONE, REJECTED, FAILED, CANCELLED)
-
-# Phases refine the status: what the pipeline is doing right now.
-SPLITTING, TRAINING, EXPORTING = "splitting", "training", "exporting"
-# and, once it has ended, the phase each ending writes (``ending_fields``)
-DONE_PHASE, REJECTED_PHASE, FAILED_PHASE = "done", "rejected", "failed"
-CANCELLED_PHASE = "cancelled"
-ENDING_PHASES = {DONE: DONE_PHASE, REJECTED: REJECTED_PHASE, FAILED: FAILED_PHASE,
-                 CANCELLED: CANCELLED_PHASE}
 
 MAX_ERROR_CHARS = 2000  # a failure's reason, as the job document stores it
 MAX_CANCEL_CHARS = 500  # who cancelled and why: user input stored in the job document
@@ -150,8 +150,8 @@ class Job:
     """
 
     job_id: str
-    status: str = QUEUED
-    phase: str | None = None
+    status: Status = QUEUED
+    phase: Phase | None = None
     file: str = ""
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     claim: str | None = None
@@ -227,13 +227,13 @@ class Job:
         return self.published == self.round_key
 
     @property
-    def standing(self) -> dict[str, Any]:
+    def status_and_phase(self) -> dict[str, Any]:
         """How the job stands (status and phase) as read: what a write that ends it expects to
         find unchanged (``jobs.end_job``, the watchdog), so no ending overwrites another."""
         return {"status": self.status, "phase": self.phase}
 
     @property
-    def position(self) -> dict[str, Any]:
+    def epoch_round_version(self) -> dict[str, Any]:
         """Where the job is in its training (epoch, round, version) as its document stores them:
         what a write about its current round expects to find unchanged (``publish_round``)."""
         return {"epoch": self.epoch, "round": self.round, "version": self.version}
@@ -266,7 +266,8 @@ class Job:
         get = doc.get
         head = get("head")
         return cls(
-            job_id=str(doc["job_id"]), status=str(get("status") or QUEUED), phase=get("phase"),
+            job_id=str(doc["job_id"]), status=Status(get("status") or QUEUED),
+            phase=Phase(get("phase")) if get("phase") else None,
             file=str(get("file") or ""), source=_dict(get("source")), claim=get("claim"),
             claimed_at=_optional(get("claimed_at"), float),
             split_attempts=_int(get("split_attempts")),

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketlearn.domain.job import EXPORTING, MAX_ERROR_CHARS, Job
+from bucketlearn.domain.job import MAX_ERROR_CHARS, Job
+from bucketlearn.domain.lifecycle import EXPORTING
 
 RUNNING, TRAINED, RETRYING, FAILED = "RUNNING", "TRAINED", "RETRYING", "FAILED"
 ERROR_CHARS = 2000  # an attempt's error as stored (a document field, not a log)

@@ -13,13 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bucketlearn.domain.job import (
-    EXPORTING,
-    SPLITTING,
-    TERMINAL,
-    TRAINING,
-    Job,
-)
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import EXPORTING, SPLITTING, TERMINAL, TRAINING
 
 PUBLISH, REPUBLISH, AGGREGATE, FAIL = "publish", "republish", "aggregate", "fail"
 

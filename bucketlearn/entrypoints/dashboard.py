@@ -22,7 +22,8 @@ from collections.abc import Callable
 import pandas as pd
 import streamlit as st
 
-from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED, FAILED, REJECTED
 from bucketlearn.entrypoints.dashboard_tabs import (
     TABS,
     JobView,

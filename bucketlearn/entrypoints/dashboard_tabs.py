@@ -17,7 +17,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from bucketlearn.domain.job import DONE, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services

@@ -28,15 +28,8 @@ from typing import Any
 
 from bucketlearn import codec, layout, ports
 from bucketlearn.domain import fold, health
-from bucketlearn.domain.job import (
-    EXPORTING,
-    RUNNING,
-    TRAINING,
-    Job,
-    commit_fields,
-    done_tasks,
-    fail_fields,
-)
+from bucketlearn.domain.job import Job, commit_fields, done_tasks, fail_fields
+from bucketlearn.domain.lifecycle import EXPORTING, RUNNING, TRAINING
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.rounds import DeltaRef, RoundObjects, sort_round
 from bucketlearn.domain.usage import added, task_usage

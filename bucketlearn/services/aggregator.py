@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import TRAINING, fail_fields
+from bucketlearn.domain.job import fail_fields
+from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.version import evaluation_rest
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point

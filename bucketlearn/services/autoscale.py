@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bucketlearn.config import SCALE_DOWN_COOLDOWN_SECONDS
-from bucketlearn.domain.job import TRAINING
+from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry

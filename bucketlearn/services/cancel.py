@@ -20,7 +20,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from bucketlearn.domain.job import CANCELLED, cancel_fields
+from bucketlearn.domain.job import cancel_fields
+from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
 from bucketlearn.services import jobs

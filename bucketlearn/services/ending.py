@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
 from bucketlearn.services.export import write_model

@@ -13,7 +13,8 @@ from typing import Any
 from bucketlearn import layout
 from bucketlearn.domain import health, importance
 from bucketlearn.domain.head import Head
-from bucketlearn.domain.job import DONE, Job, ending_fields, fail_fields
+from bucketlearn.domain.job import Job, ending_fields, fail_fields
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.recipe import Selection
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.usage import added

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import layout
-from bucketlearn.domain.job import DONE
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
 from bucketlearn.options import JobOptions

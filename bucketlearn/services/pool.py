@@ -29,7 +29,8 @@ from typing import Any
 from bucketlearn import codec, layout
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain.head import Head
-from bucketlearn.domain.job import DONE, RUNNING, Job, ending_fields, fail_fields
+from bucketlearn.domain.job import Job, ending_fields, fail_fields
+from bucketlearn.domain.lifecycle import DONE, RUNNING
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.search import (
     Candidate,
@@ -60,6 +61,7 @@ from bucketlearn.services.export import (
     model_sidecar,
     write_model,
 )
+from bucketlearn.services.jobs import end_job
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.runtime import JobRuntime, job_runtime
 
@@ -87,7 +89,7 @@ def start_search(svc: Services, job: Job) -> None:
                             int(options["batch_size"]), float(options["learning_rate"]),
                             spec.kind == "cnn", spec.regression),
             rungs(int(options["search"]), int(options["epochs"])))
-        if not svc.registry.update_job_if(job.job_id, {**job.standing, "search": None},
+        if not svc.registry.update_job_if(job.job_id, {**job.status_and_phase, "search": None},
                                           {"search": record}):
             current = svc.registry.get_job(job.job_id)
             if current is None or current.is_terminal or not current.search:
@@ -121,7 +123,7 @@ def _write(svc: Services, job: Job, fields: dict[str, Any], fenced: bool = True)
     """A write about the search while the job stands as read, its search record unchanged
     since (the upload's first publish and the writer never overwrite each other) and, for its
     writer (``fenced``), still held by the same one (``Job.aggregated_by``)."""
-    expect = {**job.standing, "search": job.search}
+    expect = {**job.status_and_phase, "search": job.search}
     return svc.registry.update_job_if(
         job.job_id, {**expect, "aggregated_by": job.aggregated_by} if fenced else expect,
         fields)
@@ -327,9 +329,10 @@ def _end(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
     Raises:
         TransientError: it changed otherwise (read it again and decide again).
     """
-    if _write(svc, job, fields):
+    ended, current = end_job(svc.registry, job.job_id, fields, expect={
+        **job.status_and_phase, "search": job.search, "aggregated_by": job.aggregated_by})
+    if ended:
         return True
-    current = svc.registry.get_job(job.job_id)
     if current is None or current.is_terminal:
         return False
     raise TransientError(f"job {job.job_id}: changed under its writer before it could end")

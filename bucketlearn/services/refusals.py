@@ -30,7 +30,7 @@ def refuse(aggregator: Any, job: Job, objects: RoundObjects, refused: dict[int, 
     last = f"{layout.task_id_for(job_id, epoch, first)}: {refused[first]}"
     fields = {"refusals": tally.counts, "deltas_refused": job.deltas_refused + len(refused),
               "last_refusal": last[:2000], "updated_at": aggregator.svc.clock()}
-    expect = {**job.position, "status": job.status, "aggregated_by": job.aggregated_by}
+    expect = {**job.epoch_round_version, "status": job.status, "aggregated_by": job.aggregated_by}
     if not aggregator.svc.registry.update_job_if(job_id, expect, fields):
         log.warning("job %s: refusals not recorded: the job changed or was taken over",
                     job_id)

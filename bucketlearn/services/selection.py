@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn.domain.job import EXPORTING, RUNNING, TRAINING, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import EXPORTING, RUNNING, TRAINING
 from bucketlearn.domain.recipe import Score, Selection, advance
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services

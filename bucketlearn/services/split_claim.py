@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bucketlearn.domain.job import SPLITTING, claim_renewal_due, may_start_training, splitting_under
+from bucketlearn.domain.job import claim_renewal_due, may_start_training, splitting_under
+from bucketlearn.domain.lifecycle import SPLITTING
 from bucketlearn.errors import TransientError
 from bucketlearn.ports import Services
+from bucketlearn.services.jobs import end_job
 
 CLAIM_WRITE_ATTEMPTS = 3
 
@@ -18,7 +20,7 @@ class SplitClaim:
     A claim older than the lease counts as abandoned, and a retried event takes the split over.
     So while the split streams, ``renew`` keeps ``claimed_at`` fresh, and every write that moves
     the job on (options, the end of the split as REJECTED or FAILED) is conditional on the claim
-    still being this one and the job still splitting: a splitter that lost its claim stops,
+    still being this one and the job still splitting (``end`` for the endings): a splitter that lost its claim stops,
     writes nothing more and never touches a job another invocation has moved on.
     """
 
@@ -43,6 +45,16 @@ class SplitClaim:
         raise TransientError(f"job {self.job_id}: could not write {sorted(fields)} under this "
                              f"invocation's claim after {CLAIM_WRITE_ATTEMPTS} attempts (the "
                              "job document kept changing)")
+
+    def end(self, fields: dict[str, Any]) -> bool:
+        """End the job with ``fields`` (REJECTED or FAILED: ``jobs.end_job``) if this claim still
+        holds it; False (nothing written) when it does not or the job has ended.
+
+        Raises:
+            TransientError: the job kept changing (``jobs.end_job``).
+        """
+        return end_job(self.svc.registry, self.job_id, fields,
+                       expect=splitting_under(self.claim))[0]
 
     def holds(self) -> bool:
         """Whether the job is still splitting under this claim (one read): the rule the

@@ -11,17 +11,8 @@ from bucketlearn.config import Limits
 from bucketlearn.domain.columns import is_matrix
 from bucketlearn.domain.forecast import ModelCost, choose_layout, forecast_plan
 from bucketlearn.domain.head import Head
-from bucketlearn.domain.job import (
-    QUEUED,
-    REJECTED,
-    SPLITTING,
-    TRAINING,
-    Job,
-    ending_fields,
-    fail_fields,
-    splitting_under,
-    start_fields,
-)
+from bucketlearn.domain.job import Job, ending_fields, fail_fields, splitting_under, start_fields
+from bucketlearn.domain.lifecycle import QUEUED, REJECTED, SPLITTING, TRAINING
 from bucketlearn.domain.plan import (
     OverLimit,
     TrainingPlan,
@@ -415,7 +406,7 @@ def reject(svc: Services, held: SplitClaim, problem: InputProblem) -> None:
             moved on); nothing was written or removed.
     """
     now = svc.clock()
-    if not held.update(ending_fields(REJECTED, now, error=problem.describe(),
+    if not held.end(ending_fields(REJECTED, now, error=problem.describe(),
                                      error_detail=problem.to_dict())):
         if _ended(svc, held.job_id, f"not rejected ({problem.describe()})"):
             return
@@ -449,7 +440,7 @@ def fail(svc: Services, held: SplitClaim, reason: str) -> None:
     now = svc.clock()
     error = bounded(reason, 2000)
     try:
-        ended = held.update(fail_fields(now, error))
+        ended = held.end(fail_fields(now, error))
     except BackendRejectedError:
         log.exception("job %s: could not record its failure (%s)", held.job_id, error)
         ended = held.holds()

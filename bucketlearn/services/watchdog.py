@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bucketlearn.domain.job import TRAINING, Job, done_tasks, fail_fields
+from bucketlearn.domain.job import Job, done_tasks, fail_fields
+from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding_pairs
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
@@ -110,7 +111,8 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
         shards = job_runtime(svc, job).manifest.shards
         svc.queue.publish(jobs.round_messages(job, shards, decided.tasks))
     elif decided.action == FAIL:
-        svc.registry.update_job_if(job_id, job.standing, fail_fields(now, decided.reason))
+        jobs.end_job(svc.registry, job_id, fail_fields(now, decided.reason),
+                     expect=job.status_and_phase)
         return
     svc.registry.update_job(job_id, {"watchdog_at": now,
                                      "watchdog_actions": job.watchdog_actions + 1,

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.domain import job as J
+from bucketlearn.domain import lifecycle as L
 from bucketlearn.domain import version as V
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.plan import TrainingPlan
@@ -24,13 +25,13 @@ class Commit:
 
 PLAN = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=5, epochs=2,
                     serial_steps=40, decided="test")
-JOB = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1, plan=PLAN)
+JOB = J.Job("j1", status=L.RUNNING, phase=L.TRAINING, version=4, epoch=1, round=1, plan=PLAN)
 
 
 @pytest.mark.parametrize(("job", "exists", "commit", "reason"), [
     (JOB, False, Commit(), None),
     (None, False, Commit(), "no such job"),
-    (replace(JOB, status=J.CANCELLED), False, Commit(), "the job is CANCELLED"),
+    (replace(JOB, status=L.CANCELLED), False, Commit(), "the job is CANCELLED"),
     (JOB, True, Commit(), "version 5 exists"),
     (replace(JOB, version=5), False, Commit(), "the head is v5, not the base v4"),
     (replace(JOB, round=2), False, Commit(),
@@ -118,7 +119,7 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
     (``updated``) is what a registry would store."""
     # Prepare
     head = Head(3, "w3", "c3", holdout_accuracy=0.9, holdout_loss=0.3)
-    job = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=3, epoch=2, round=1,
+    job = J.Job("j1", status=L.RUNNING, phase=L.TRAINING, version=3, epoch=2, round=1,
                 options={"epochs": 4, "learning_rate": 0.01}, head=head, plan=PLAN,
                 dataset={"classes": ["a", "b"], "task": "classification"},
                 extra={"added_later": [1, 2]})
@@ -130,11 +131,11 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
     assert doc["plan"] == PLAN.to_dict()  # the plan is read once, and stored as it was
     assert J.Job.from_doc(doc).plan == PLAN
     assert doc["published"] is None and "cancelled_by" not in doc  # None kept only where asked
-    old = J.Job.from_doc({"job_id": "j0", "status": J.QUEUED, "phase": J.SPLITTING})
+    old = J.Job.from_doc({"job_id": "j0", "status": L.QUEUED, "phase": L.SPLITTING})
     assert (old.tasks_applied, old.epoch, old.head, old.classes, old.plan) == (0, 0, None, [],
                                                                                None)
     assert "plan" not in old.to_doc()
-    moved = job.updated({"version": 4, "status": J.DONE})
+    moved = job.updated({"version": 4, "status": L.DONE})
     assert (moved.version, moved.is_terminal, job.version) == (4, True, 3)
     assert job.classes == ["a", "b"] and job.options["epochs"] == 4
 
@@ -142,13 +143,13 @@ def test_a_job_document_reads_back_as_it_was_written() -> None:
 def test_only_the_split_holding_the_claim_may_start_training() -> None:
     """``may_start_training``: the job is still splitting under this claim and has not ended."""
     # Prepare
-    splitting = J.Job("j1", status=J.QUEUED, phase=J.SPLITTING, claim="c1")
+    splitting = J.Job("j1", status=L.QUEUED, phase=L.SPLITTING, claim="c1")
     # Execute / Assert
     assert J.may_start_training(splitting, "c1")
     assert not J.may_start_training(splitting, "c2")
     assert not J.may_start_training(None, "c1")
-    assert not J.may_start_training(replace(splitting, status=J.CANCELLED), "c1")
-    assert not J.may_start_training(replace(splitting, phase=J.TRAINING), "c1")
+    assert not J.may_start_training(replace(splitting, status=L.CANCELLED), "c1")
+    assert not J.may_start_training(replace(splitting, phase=L.TRAINING), "c1")
 
 
 def test_a_round_is_published_only_under_its_own_name() -> None:
@@ -159,15 +160,15 @@ def test_a_round_is_published_only_under_its_own_name() -> None:
     assert job.round_key == J.round_key(2, 13) == "e0002r00013"
     assert not job.is_published
     assert replace(job, published="e0002r00013").is_published
-    assert J.Job("j", status=J.DONE).is_terminal
-    assert not J.Job("j", status=J.RUNNING).is_terminal
+    assert J.Job("j", status=L.DONE).is_terminal
+    assert not J.Job("j", status=L.RUNNING).is_terminal
 
 
 @pytest.mark.parametrize(("epoch", "round_index", "failed", "expected"), [
     (1, 0, 0, {"round": 1}),
     (1, 2, 0, {"epoch": 2, "round": 0}),
-    (3, 2, 0, {"phase": J.EXPORTING}),
-    (1, 0, 2, {"status": J.FAILED, "phase": J.FAILED_PHASE, "finished_at": 50.0,
+    (3, 2, 0, {"phase": L.EXPORTING}),
+    (1, 0, 2, {"status": L.FAILED, "phase": L.FAILED_PHASE, "finished_at": 50.0,
                "updated_at": 50.0}),
 ], ids=["next-round", "next-epoch", "export", "too-many-failures"])
 def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
@@ -182,7 +183,7 @@ def test_a_fold_moves_the_job_to_its_next_round_epoch_export_or_failure(
     assert after.training_continues == ("round" in expected)
     assert J.next_round(epoch, round_index, 3, 3) == (
         (expected.get("epoch", epoch), expected["round"]) if "round" in expected else
-        None if "phase" in expected and expected["phase"] == J.EXPORTING else
+        None if "phase" in expected and expected["phase"] == L.EXPORTING else
         J.next_round(epoch, round_index, 3, 3))
 
 
@@ -249,8 +250,8 @@ def test_a_version_round_trips_through_its_document_and_reads_older_ones() -> No
 
 
 @pytest.mark.parametrize(("status", "phase"), [
-    (J.DONE, "done"), (J.FAILED, "failed"), (J.REJECTED, "rejected"),
-    (J.CANCELLED, "cancelled"),
+    (L.DONE, "done"), (L.FAILED, "failed"), (L.REJECTED, "rejected"),
+    (L.CANCELLED, "cancelled"),
 ], ids=["done", "failed", "rejected", "cancelled"])
 def test_every_ending_records_its_status_phase_and_when(status: str, phase: str) -> None:
     """Each ending writes the same four fields: its status, its phase, and the time it ended as
@@ -260,7 +261,7 @@ def test_every_ending_records_its_status_phase_and_when(status: str, phase: str)
     # Assert
     assert fields == {"status": status, "phase": phase, "finished_at": 70.0,
                       "updated_at": 70.0}
-    assert J.ENDING_PHASES[status] == phase
+    assert L.ENDING_PHASES[status] == phase
     ended = JOB.updated(fields)
     assert (ended.is_terminal, ended.status, ended.phase, ended.finished_at,
             ended.updated_at) == (True, status, phase, 70.0, 70.0)
@@ -273,15 +274,15 @@ def test_an_ending_carries_its_error_and_the_callers_fields() -> None:
     # Prepare
     detail = {"file": "a.csv", "row": 7, "column": "x"}
     # Execute
-    rejected = J.ending_fields(J.REJECTED, 80.0, error="row 7: bad cell", error_detail=detail)
-    done = J.ending_fields(J.DONE, 90.0, model_path="models/j1/latest.keras",
+    rejected = J.ending_fields(L.REJECTED, 80.0, error="row 7: bad cell", error_detail=detail)
+    done = J.ending_fields(L.DONE, 90.0, model_path="models/j1/latest.keras",
                            final_holdout_rows=40)
-    cancelled = J.ending_fields(J.CANCELLED, 95.0, error="cancelled by ana", cancelled_at=95.0,
+    cancelled = J.ending_fields(L.CANCELLED, 95.0, error="cancelled by ana", cancelled_at=95.0,
                                 cancelled_by="ana", cancel_reason=None)
     # Assert
-    assert rejected == {"status": J.REJECTED, "phase": J.REJECTED_PHASE, "finished_at": 80.0,
+    assert rejected == {"status": L.REJECTED, "phase": L.REJECTED_PHASE, "finished_at": 80.0,
                         "updated_at": 80.0, "error": "row 7: bad cell", "error_detail": detail}
-    assert done == {"status": J.DONE, "phase": J.DONE_PHASE, "finished_at": 90.0,
+    assert done == {"status": L.DONE, "phase": L.DONE_PHASE, "finished_at": 90.0,
                     "updated_at": 90.0, "model_path": "models/j1/latest.keras",
                     "final_holdout_rows": 40}
     assert {k: cancelled[k] for k in ("error", "cancelled_by", "cancel_reason")} == {
@@ -292,8 +293,8 @@ def test_an_ending_carries_its_error_and_the_callers_fields() -> None:
 
 
 @pytest.mark.parametrize(("status", "extra"), [
-    (J.RUNNING, {}), (J.FAILED, {"finished_at": 1.0}), (J.FAILED, {"phase": "x"}),
-    (J.DONE, {"model_pth": "typo"}),
+    (L.RUNNING, {}), (L.FAILED, {"finished_at": 1.0}), (L.FAILED, {"phase": "x"}),
+    (L.DONE, {"model_pth": "typo"}),
 ], ids=["not-an-ending", "its-own-time", "its-own-phase", "no-such-field"])
 def test_an_ending_refuses_what_is_not_one(status: str, extra: dict[str, Any]) -> None:
     """Only the four endings end a job, and an extra field may neither restate what the ending

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.domain import job as J
+from bucketlearn.domain import lifecycle as L
 from bucketlearn.domain.forecast import ModelCost, forecast_plan
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.plan import TrainingPlan
@@ -18,7 +19,7 @@ from bucketlearn.domain.plan import TrainingPlan
 PLAN = TrainingPlan(parallel_tasks=2, shards_per_task=1, tasks_per_epoch=5, epochs=2,
                     serial_steps=40, decided="test")
 COST = ModelCost(flops_per_row=1e4, parameters=500, layers=2)
-TRAINING = J.Job("j1", status=J.RUNNING, phase=J.TRAINING, version=4, epoch=1, round=1,
+TRAINING = J.Job("j1", status=L.RUNNING, phase=L.TRAINING, version=4, epoch=1, round=1,
                  plan=PLAN, head=Head(4, "w4", "c4", digest="d4"), tasks_applied=6,
                  tasks_failed=1, samples_seen=600, started_at=5.0, health={"worst": 1.0},
                  options={"max_failed_tasks": 2})
@@ -34,12 +35,12 @@ def test_training_starts_at_round_0_of_epoch_1_from_version_0() -> None:
                             {"function_invocations": 1.0})
     # Assert
     assert fields == {
-        "phase": J.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
+        "phase": L.TRAINING, "version": 0, "epoch": 1, "round": 0, "published": None,
         "plan": PLAN.to_dict(), "tasks_per_epoch": 5,
         "forecast": {**forecast.to_dict(), "model": COST.to_dict(), "made_at": 30.0},
         "tasks_planned": 10, "dataset": {"rows": 1000}, "model": {"kind": "mlp"},
         "updated_at": 30.0, "head": head.to_doc(), "usage": {"function_invocations": 1.0}}
-    started = J.Job("j1", phase=J.SPLITTING, claim="c").updated(fields)
+    started = J.Job("j1", phase=L.SPLITTING, claim="c").updated(fields)
     assert (started.plan, started.head, started.round_key, started.is_published) == (
         PLAN, head, "e0001r00000", False)
     assert J.unknown_fields(fields) == []
@@ -59,7 +60,7 @@ def test_a_published_round_is_recorded_under_its_name_with_no_chain() -> None:
     assert fields == {"published": "e0001r00001", "published_at": 40.0, "updated_at": 40.0,
                       "chained_by": None}
     assert TRAINING.updated(fields).is_published
-    assert TRAINING.position == {"epoch": 1, "round": 1, "version": 4}
+    assert TRAINING.epoch_round_version == {"epoch": 1, "round": 1, "version": 4}
 
 
 @pytest.mark.parametrize("job", [replace(TRAINING, plan=None), replace(TRAINING, head=None)],
@@ -83,7 +84,7 @@ def test_a_commit_advances_the_counters_and_opens_the_next_round_published() -> 
     fields = _commit(TRAINING, chained_by="w-7")
     # Assert
     assert fields == {
-        "version": 5, "status": J.RUNNING, "updated_at": 50.0, "tasks_applied": 8,
+        "version": 5, "status": L.RUNNING, "updated_at": 50.0, "tasks_applied": 8,
         "tasks_failed": 1, "samples_seen": 800, "delta_norm": 0.5,
         "head": Head(5, "w5", "c5", digest="d5").to_doc(), "usage": {"worker_seconds": 3.0},
         "epoch": 1, "round": 2, "published": "e0001r00002", "published_at": 50.0,
@@ -94,9 +95,9 @@ def test_a_commit_advances_the_counters_and_opens_the_next_round_published() -> 
 
 @pytest.mark.parametrize(("job", "failures", "expected"), [
     (replace(TRAINING, round=2), (), {"epoch": 2, "round": 0, "published": "e0002r00000"}),
-    (replace(TRAINING, epoch=2, round=2), (), {"phase": J.EXPORTING}),
+    (replace(TRAINING, epoch=2, round=2), (), {"phase": L.EXPORTING}),
     (TRAINING, ("task t2: bad shard", "task t3: gone"),
-     {"status": J.FAILED, "phase": J.FAILED_PHASE, "finished_at": 50.0,
+     {"status": L.FAILED, "phase": L.FAILED_PHASE, "finished_at": 50.0,
       "error": "3 task(s) failed for good (the job allows 2): task t2: bad shard"}),
 ], ids=["next-epoch", "export", "too-many-failures"])
 def test_a_commit_takes_the_job_where_its_fold_leads(job: J.Job, failures: tuple[str, ...],
@@ -123,7 +124,7 @@ def test_a_commit_records_a_changed_health_and_the_first_commit_when_training_st
 
 
 @pytest.mark.parametrize(("job", "match"), [
-    (replace(TRAINING, status=J.CANCELLED), "it is CANCELLED"),
+    (replace(TRAINING, status=L.CANCELLED), "it is CANCELLED"),
     (replace(TRAINING, plan=None), "not split yet"),
     (replace(TRAINING, version=3), "onto v3 makes v4, not v5"),
 ], ids=["ended", "no-plan", "not-the-next-version"])
@@ -138,10 +139,10 @@ def test_a_failure_ends_the_job_failed_with_its_reason_bounded() -> None:
     # Execute
     fields = J.fail_fields(60.0, "x" * 2500, health={"worst": 9.0})
     # Assert
-    assert fields == {"status": J.FAILED, "phase": J.FAILED_PHASE, "finished_at": 60.0,
+    assert fields == {"status": L.FAILED, "phase": L.FAILED_PHASE, "finished_at": 60.0,
                       "updated_at": 60.0, "error": "x" * J.MAX_ERROR_CHARS,
                       "health": {"worst": 9.0}}
-    assert J.fail_fields(60.0, "diverged") == J.ending_fields(J.FAILED, 60.0, error="diverged")
+    assert J.fail_fields(60.0, "diverged") == J.ending_fields(L.FAILED, 60.0, error="diverged")
 
 
 @pytest.mark.parametrize(("error", "extra"), [(" ", {}), ("why", {"phase": "x"})],
@@ -157,7 +158,7 @@ def test_a_cancel_says_who_when_and_why() -> None:
     # Execute
     fields = J.cancel_fields("  ana@host ", " too slow ", 0.0)
     # Assert
-    assert fields == {"status": J.CANCELLED, "phase": J.CANCELLED_PHASE, "finished_at": 0.0,
+    assert fields == {"status": L.CANCELLED, "phase": L.CANCELLED_PHASE, "finished_at": 0.0,
                       "updated_at": 0.0,
                       "error": "cancelled by ana@host at 1970-01-01 00:00:00 UTC: too slow",
                       "cancelled_at": 0.0, "cancelled_by": "ana@host", "cancel_reason": "too slow"}
@@ -179,5 +180,5 @@ def test_a_cancel_bounds_what_the_user_typed_and_names_someone() -> None:
 def test_what_an_ending_and_a_split_expect_to_find_unchanged() -> None:
     """An ending is written only while the job stands as read (``standing``); a split's writes
     only while it is still splitting under its claim (``splitting_under``)."""
-    assert TRAINING.standing == {"status": J.RUNNING, "phase": J.TRAINING}
-    assert J.splitting_under("c1") == {"claim": "c1", "phase": J.SPLITTING}
+    assert TRAINING.status_and_phase == {"status": L.RUNNING, "phase": L.TRAINING}
+    assert J.splitting_under("c1") == {"claim": "c1", "phase": L.SPLITTING}

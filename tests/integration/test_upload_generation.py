@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
-from bucketlearn.domain.job import REJECTED
+from bucketlearn.domain.lifecycle import REJECTED
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bucketlearn.domain.job import REJECTED
+from bucketlearn.domain.lifecycle import REJECTED
 from bucketlearn.options import JobOptions
 from bucketlearn.services import upload as upload_service
 

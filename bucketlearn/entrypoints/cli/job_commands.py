@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED, DONE
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import (

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.config import load_settings
-from bucketlearn.domain.job import DONE
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.recipe import Score, selection_sentence
 from bucketlearn.domain.target import REGRESSION

@@ -7,7 +7,8 @@ from typing import Any
 
 from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.forecast import plan_lines
-from bucketlearn.domain.job import CANCELLED, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.target import REGRESSION

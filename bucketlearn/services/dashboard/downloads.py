@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, FAILED, REJECTED, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED, FAILED, REJECTED
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import BlobStore
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.domain.job import (
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import (
     CANCELLED,
     DONE,
     FAILED,
@@ -15,7 +16,6 @@ from bucketlearn.domain.job import (
     REJECTED,
     RUNNING,
     TERMINAL,
-    Job,
 )
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.version import Version

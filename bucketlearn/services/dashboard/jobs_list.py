@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, FAILED, REJECTED, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED, REJECTED
 from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
 from bucketlearn.services.dashboard.throughput import average_eta_seconds, progress
 

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain.forecast import duration_text, plan_lines
-from bucketlearn.domain.job import DONE, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.version import Version
 

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from bucketlearn.domain import task as attempt
-from bucketlearn.domain.job import DONE, Job, done_tasks
+from bucketlearn.domain.job import Job, done_tasks
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.services.dashboard.formats import as_float, as_int, format_duration, timestamp

@@ -40,7 +40,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import task as attempt
-from bucketlearn.domain.job import QUEUED
+from bucketlearn.domain.lifecycle import QUEUED
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import TaskMessage
 from bucketlearn.services import aggregate as aggregator

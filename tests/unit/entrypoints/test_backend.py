@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from bucketlearn.adapters.memory import MemoryRegistry
-from bucketlearn.domain.job import DONE, RUNNING, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import DONE, RUNNING
 from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.backend import (
     CLOUD,

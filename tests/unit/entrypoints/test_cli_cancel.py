@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bucketlearn.domain.job import CANCELLED, DONE
+from bucketlearn.domain.lifecycle import CANCELLED, DONE
 from bucketlearn.entrypoints.cli import common, job_commands
 from tests.unit.steps import run_rounds, start_job, train_pending
 

@@ -24,7 +24,7 @@ from bucketlearn.adapters.firestore import FirestoreRegistry
 from bucketlearn.adapters.memory import FIRESTORE_MAX_DOCUMENT_BYTES, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import FAILED
+from bucketlearn.domain.lifecycle import FAILED
 from bucketlearn.entrypoints import functions as entrypoints
 from bucketlearn.errors import BackendRejectedError, TransientError
 from bucketlearn.local.relay import cloudevent_for

@@ -22,7 +22,7 @@ from bucketlearn import codec
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
-from bucketlearn.domain.job import CANCELLED, DONE, FAILED
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.ingest.parts import part_address
 from bucketlearn.options import NONE, JobOptions

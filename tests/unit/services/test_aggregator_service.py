@@ -13,7 +13,8 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
-from bucketlearn.domain.job import DONE, SPLITTING, TRAINING, Job, round_key
+from bucketlearn.domain.job import Job, round_key
+from bucketlearn.domain.lifecycle import DONE, SPLITTING, TRAINING
 from bucketlearn.domain.version import Version
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import ResultMessage, VersionCommit

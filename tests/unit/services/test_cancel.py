@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
-from bucketlearn.domain.job import CANCELLED, DONE, RUNNING
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, RUNNING
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.services import aggregate as aggregator

@@ -13,7 +13,8 @@ import pytest
 
 from bucketlearn import codec
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.domain.job import DONE, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
 from bucketlearn.entrypoints.cli import common

@@ -227,7 +227,7 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     4 well-separated classes), with a head trained on one part; its runtime's model is built and
     has predicted once, so that what is traced afterwards is the evaluation's own memory."""
     from bucketlearn import codec
-    from bucketlearn.domain.job import EXPORTING, RUNNING
+    from bucketlearn.domain.lifecycle import EXPORTING, RUNNING
     from bucketlearn.ingest.manifest import Manifest
     from bucketlearn.ml.model import ModelSpec, build_model
     from bucketlearn.ml.training import optimizer_state, train_task
@@ -308,7 +308,7 @@ def test_export_memory_does_not_grow_with_the_holdout() -> None:
     on the whole holdout stream over its parts, one at a time, adding up accuracy, loss and
     class counts; 4x the holdout rows leave the export's peak within 1.3x (before: the whole
     holdout was loaded and concatenated, twice its size at once)."""
-    from bucketlearn.domain.job import DONE
+    from bucketlearn.domain.lifecycle import DONE
 
     # Prepare
     small_svc, small_job = exporting_job(16)

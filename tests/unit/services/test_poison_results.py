@@ -22,7 +22,7 @@ from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryRegistry
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
-from bucketlearn.domain.job import DONE
+from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.errors import TransientError
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RESULT, ResultMessage, RuntimeCache

@@ -12,7 +12,7 @@ from bucketlearn.config import (
     AutoscalerSettings,
     load_autoscaler_settings,
 )
-from bucketlearn.domain.job import Job, round_key
+from bucketlearn.domain.job import Job, ending_fields, round_key
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
@@ -71,7 +71,9 @@ def seed_job(registry: MemoryRegistry, job_id: str, planned: int, status: str = 
         "published": round_key(1, round_index) if published else None,
         "plan": plan.to_dict(), "tasks_per_epoch": planned},
         Version(0, "w0"))
-    registry.update_job(job_id, {"status": status})
+    registry.update_job(job_id, {"status": "RUNNING"})
+    if status != "RUNNING":
+        registry.update_job(job_id, ending_fields(status, 2.0))
 
 
 def test_outstanding_tasks_counts_the_tasks_of_active_published_rounds() -> None:
@@ -125,7 +127,7 @@ def test_autoscale_once_resizes_the_pool_and_remembers_when() -> None:
     state: dict[str, Any] = {}
     # Execute
     first = autoscale_once(registry, pool, POLICY, 100.0, state)
-    registry.update_job("a", {"status": "DONE"})
+    registry.update_job("a", ending_fields("DONE", 120.0))
     early = autoscale_once(registry, pool, POLICY, 130.0, state)
     late = autoscale_once(registry, pool, POLICY, 200.0, state)
     # Assert
@@ -145,7 +147,7 @@ def test_the_aggregator_pool_runs_while_a_job_is_active_and_stops_when_idle() ->
     state: dict[str, Any] = {}
     # Execute
     first = autoscale_once(registry, workers, POLICY, 100.0, state, aggregators, policy)
-    registry.update_job("a", {"status": "DONE"})
+    registry.update_job("a", ending_fields("DONE", 120.0))
     early = autoscale_once(registry, workers, POLICY, 130.0, state, aggregators, policy)
     late = autoscale_once(registry, workers, POLICY, 200.0, state, aggregators, policy)
     # Assert

@@ -13,7 +13,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import CANCELLED, DONE, QUEUED, REJECTED, RUNNING, TRAINING
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, QUEUED, REJECTED, RUNNING, TRAINING
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.search import (
     draw_candidates,

@@ -13,7 +13,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain import fold
-from bucketlearn.domain.job import DONE, FAILED
+from bucketlearn.domain.lifecycle import DONE, FAILED
 from bucketlearn.options import JobOptions
 from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services.learn import Learner

@@ -10,15 +10,8 @@ from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.domain.job import (
-    FAILED,
-    QUEUED,
-    REJECTED,
-    SPLITTING,
-    TRAINING,
-    Job,
-    round_key,
-)
+from bucketlearn.domain.job import Job, round_key
+from bucketlearn.domain.lifecycle import FAILED, QUEUED, REJECTED, SPLITTING, TRAINING
 from bucketlearn.domain.plan import epoch_tasks
 from bucketlearn.errors import (
     BackendRejectedError,

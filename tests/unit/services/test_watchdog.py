@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.adapters.memory import MemoryQueue
-from bucketlearn.domain.job import DONE, FAILED, FAILED_PHASE, QUEUED, SPLITTING, Job
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.lifecycle import DONE, FAILED, FAILED_PHASE, QUEUED, SPLITTING
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
 from bucketlearn.ports import NUDGE
 from bucketlearn.services import aggregate as aggregator
