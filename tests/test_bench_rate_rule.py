@@ -1,4 +1,4 @@
-"""The rate-rule benchmark's one-shot ensemble (issue #25, docs/TRAINING.md "What 8 learners
+"""The rate-rule benchmark's one-shot ensemble (docs/TRAINING.md "What 8 learners
 would need"): checked against the serial run it must reduce to, on the digits table."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The speed-up benchmark's arithmetic: time to accuracy, the projection to more learners and the
-round trip it reads off a run (issue #25). Hand-worked figures, no training."""
+round trip it reads off a run. Hand-worked figures, no training."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ IMAGE = ("digits28", "hmnist4", "shapes", "gratings")
 TABULAR = ("digits", "blobs12k", "wide20", "segment", "banana", "binary15k")
 TUNING = ("digits28", "hmnist4", "digits", "blobs12k", "wide20")
 HELD_OUT = ("shapes", "gratings", "segment", "banana", "binary15k")
-MIXED = ("trips", "penguins")  # text, dates and missing cells (issue #15); no decision used them
-# numeric targets (issue #15; parity in RMSE); no decision used them
+MIXED = ("trips", "penguins")  # text, dates and missing cells; no decision used them
+# numeric targets (parity in RMSE); no decision used them
 REGRESSION = ("friedman", "trips_tip", "penguins_mass")
 REGRESSION_TUNING = ("friedman2", "friedman3")  # for choosing the regression fold only
 ORDERS = ("shuffled", "sorted")
@@ -302,7 +302,7 @@ def _trips_table(count: int, seed: int) -> tuple[list[str], np.ndarray, np.ndarr
 
 
 def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
-    """Taxi-trip-like mixed types (issue #15): an id, a timestamp, three text columns (one of
+    """Taxi-trip-like mixed types: an id, a timestamp, three text columns (one of
     500 companies, Zipf-distributed), numbers with empty cells and ``NA``; the tip class comes
     from the city, the payment, the distance and the hour, plus noise (not learned perfectly)."""
     header, rows, score = _trips_table(count, seed)
@@ -311,7 +311,7 @@ def trips(path: Path, order: str, count: int = 20_000, seed: int = 5) -> Path:
 
 
 def trips_tip(path: Path, order: str, count: int = 20_000, seed: int = 7) -> Path:
-    """Trips with a numeric target (issue #15): the tip in dollars, from the same noisy score
+    """Trips with a numeric target: the tip in dollars, from the same noisy score
     as ``trips``' class (R² of a perfect model about 0.8: the noise is a fifth of the variance);
     another draw of the rows (seed 7)."""
     header, rows, score = _trips_table(count, seed)
@@ -357,7 +357,7 @@ def friedman3(path: Path, order: str, count: int = 12_000, seed: int = 17) -> Pa
 
 
 def penguins_mass(path: Path, order: str) -> Path:
-    """Palmer penguins with a numeric target (issue #15): ``body_mass_g`` (two rows have it
+    """Palmer penguins with a numeric target: ``body_mass_g`` (two rows have it
     ``NA``: left out as missing targets), the species a text feature; 344 rows."""
     header, rows, values = _penguins_without("body_mass_g")
     mass = np.array([float(v) if v not in ("NA", "") else np.nan for v in values])
@@ -406,7 +406,7 @@ WRITERS: dict[str, Callable[[Path, str], Path]] = {
     "friedman2": friedman2, "friedman3": friedman3,
     "hmnist4-12k": lambda path, order: hmnist4(path, order, 12_000),
     "hmnist4-48k": lambda path, order: hmnist4(path, order, 48_000),
-    # the held-out image kinds at the large image set's size (issue #25's long tasks)
+    # the held-out image kinds at the large image set's size (for the long-task layouts)
     "shapes-48k": lambda path, order: shapes(path, order, 48_000),
     "gratings-48k": lambda path, order: gratings(path, order, 48_000),
 }

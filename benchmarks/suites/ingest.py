@@ -6,7 +6,7 @@ put them in the page cache, and handed to each contender in a *fresh* process
 (``benchmarks.tools.ingest_worker``), so every peak RSS is that contender's own. Throughput is file MB
 (10^6 bytes) divided by the wall time of the call (imports and interpreter start excluded).
 
-Goals (issue 6): split throughput >= 0.5x pyarrow's on the same file; split peak RSS at ~500 MB
+Goals: split throughput >= 0.5x pyarrow's on the same file; split peak RSS at ~500 MB
 <= 1.2x its peak at ~50 MB.
 """
 
@@ -40,7 +40,7 @@ SMOKE = {"sizes_mb": [1], "repeats": {"1": 1}, "contenders": ["split", "pyarrow"
 
 
 def mixed_runs(tmp: Path, sizes: list[float], repeats: int) -> dict[str, Any]:
-    """Split and pyarrow on taxi-trip-like mixed-type files (issue #15): an identifier, a
+    """Split and pyarrow on taxi-trip-like mixed-type files: an identifier, a
     timestamp, text columns, numbers with empty cells and NA (``harness.data.write_mixed``)."""
     figures: dict[str, Any] = {}
     for size in sizes:

@@ -13,8 +13,8 @@ This is the measurement the fold in ``bucketlearn.domain.fold`` and the bound in
     moves R times a mean delta);
   * ``fedexp`` — FedExP's extrapolation (Jhunjhunwala et al., ICLR 2023): η = max(1,
     Σ|Δ_i|² / (2R |mean Δ|²));
-  * ``family`` — the rule bucketlearn used until issue #25: ``sum`` for an MLP, ``mean`` for a
-    CNN;
+  * ``family`` — the rule bucketlearn used before the per-task rate: ``sum`` for an MLP,
+    ``mean`` for a CNN;
   * ``scaled`` — the rule it uses (``TrainingPlan.task_rate_scale``): every task of a round of
     k at k times the job's learning rate, folded by ``mean``.
   Each with the version's optimizer state (averaged over the round), except ``mean-fresh`` and

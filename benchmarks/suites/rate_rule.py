@@ -1,10 +1,10 @@
-"""Choosing how a round of k tasks is trained and folded (issue #25): cells of one dataset, one
+"""Choosing how a round of k tasks is trained and folded: cells of one dataset, one
 seed, one R and one rule, trained in process on the pipeline's split, tasks and schedule.
 
 Rules (``fold``):
 
-* ``family`` — the rule until issue #25: the job's learning rate; η = R (the sum) for an MLP,
-  η = 1 (the mean) for a CNN;
+* ``family`` — the rule used before the per-task rate: the job's learning rate; η = R (the
+  sum) for an MLP, η = 1 (the mean) for a CNN;
 * ``eta`` with ``lr`` — every task at learning rate ``lr``, the version moves by ``eta`` times
   the mean delta (``"R"``: the round's size): ``lr = k·0.001`` with ``eta = 1`` is the rule the
   pipeline uses now (``TrainingPlan.task_rate_scale``);

@@ -1,4 +1,4 @@
-"""Which fold for a numeric target (issue #15): ``train-local`` against the simulated pipeline
+"""Which fold for a numeric target: ``train-local`` against the simulated pipeline
 (8 workers, the plan's R for the job as if ``parallel_tasks`` were the classification bound)
 with each server learning rate: the sum (η = R, the MLP's fold), the mean (η = 1, FedAvg) and
 √R. On the regression tuning sets only (``datasets.REGRESSION_TUNING``), both orders, seeds 0–2.

@@ -1,4 +1,4 @@
-"""Why a parallel round loses to serial training (issue #25): the same table, trained five ways.
+"""Why a parallel round loses to serial training: the same table, trained five ways.
 
 ``python -m benchmarks.suites.round_cause`` trains the diamonds table (53,940 rows as plotnine
 ships it, label ``cut``, 5 classes, 10 epochs, the defaults otherwise) in process, on the

@@ -1,4 +1,4 @@
-"""Benchmark — the round trip (issue #24): what a training round costs on its critical path.
+"""Benchmark — the round trip: what a training round costs on its critical path.
 
 On the real local stack (emulators, the upload function, the long-running aggregator, one
 learner process; TensorFlow on one thread in every process), each dataset is uploaded and
@@ -51,8 +51,8 @@ FULL = {
                                           "table with text and date columns, empty cells)",
                                 "rows": 120_000, "options": {"epochs": 2}},
                  # the same table in parallel rounds of 4, forced (its automatic plan trains one
-                 # task at a time since issue #25): what a parallel round costs; the one-worker
-                 # wall of a layout the plan turned down is not a goal
+                 # task at a time where rounds do not pay): what a parallel round costs; the
+                 # one-worker wall of a layout the plan turned down is not a goal
                  "trips-120k-r4": {"source": "the same rows as trips-120k, parallel_tasks=4",
                                    "data": "trips-120k", "rows": 120_000, "forced": True,
                                    "options": {"epochs": 2, "parallel_tasks": 4}}},

@@ -1,4 +1,4 @@
-"""Benchmark 7 — time to an accurate model with more workers (issue #25).
+"""Benchmark 7 — time to an accurate model with more workers.
 
 What a user feels: the wall time from the upload until the newest version's holdout accuracy is
 within 1 point of what ``train-local`` ends with (time to accuracy), and until DONE, for
@@ -48,7 +48,7 @@ FULL = {
                               "336,776 rows as published", "options": {"label_column": "origin"}},
         "diamonds": {"source": "plotnine==0.15.9 (PyPI wheel): plotnine/data/diamonds.csv, "
                                "53,940 rows as published", "options": {"label_column": "cut"}},
-        # the two layouts the plan chooses between (issue #25), each forced: rounds of the
+        # the two layouts the plan chooses between, each forced: rounds of the
         # bound's R one-shard tasks, and one task of up to four shards at a time (chained)
         "flights-r8": {"source": "the same rows as flights", "data": "flights",
                        "options": {"label_column": "origin", "parallel_tasks": 8}},

@@ -1,5 +1,5 @@
 """How long the Pub/Sub emulator takes to hand a published message to a subscriber: the floor
-of each Pub/Sub hop on a round's critical path on the local stack (issue #24).
+of each Pub/Sub hop on a round's critical path on the local stack.
 
 ``python -m benchmarks.tools.pubsub_latency [N]`` starts the emulators on free ports, publishes
 N small messages one at a time (with the adapters' batch settings, ``adapters.pubsub.BATCH``) and times, for each, from the

@@ -83,9 +83,9 @@ def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _lost_transaction(exc: BaseException) -> bool:
     """A transaction the backend no longer knows (it lost it with a dropped connection, or it
-    expired): InvalidArgument, yet the method run again begins a new one and may succeed. After
-    a Firestore outage mid-commit, taking it for a permanent answer ended a job's aggregation
-    "for good" and left the job without new versions (tests/e2e/test_crashes.py, 2026-11-27)."""
+    expired): InvalidArgument, yet the method run again begins a new one and may succeed. Taken
+    for a permanent answer after a Firestore outage mid-commit, it would end a job's aggregation
+    for good and leave the job without new versions (tests/e2e/test_crashes.py)."""
     text = str(exc).lower()
     return isinstance(exc, gexc.InvalidArgument) and "transaction" in text and (
         "invalid or closed" in text or "expired" in text)

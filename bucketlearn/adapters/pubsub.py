@@ -2,9 +2,9 @@
 (the aggregator pulls with streaming pull); the same code serves the emulator.
 
 Learners use unary pull with ``max_messages=1``: a streaming pull hands a subscriber messages
-beyond its flow-control limit on the emulator (measured: of four task messages, one learner held
-three while the other idled), which would serialise a round's tasks on one learner. A waiting
-unary pull is answered as soon as a message arrives (~50 ms on the emulator, as streaming pull).
+beyond its flow-control limit on the emulator (one learner can hold three of four task
+messages while another idles), which would serialise a round's tasks on one learner. A waiting
+unary pull is answered as soon as a message arrives.
 The aggregator is one consumer that wants every result at once: streaming pull.
 """
 
@@ -63,9 +63,9 @@ def _clients(settings: Settings) -> tuple[pubsub_v1.PublisherClient, pubsub_v1.S
     return pubsub_v1.PublisherClient(batch_settings=BATCH), pubsub_v1.SubscriberClient()
 
 
-# A message is sent at most 1 ms after publish() (the client's default waits 10 ms to batch:
-# measured 15 ms per publish on the emulator, 5 ms with this). Every publish here is on a
-# round's critical path and is awaited, so batching across calls would only add latency.
+# A message is sent at most 1 ms after publish() (the client's default waits 10 ms to batch).
+# Every publish here is on a round's critical path and is awaited, so batching across calls
+# would only add latency.
 BATCH = pubsub_v1.types.BatchSettings(max_latency=0.001)
 
 

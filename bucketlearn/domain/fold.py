@@ -6,38 +6,22 @@ server learning rate η (Reddi et al., "Adaptive Federated Optimization", ICLR 2
 
     x' = x + η · (1/R) Σ_i Δ_i
 
-and the optimizer state that goes with ``x'`` is the element-wise mean of the tasks' states (each
-is an estimate of the same moving averages, one per shard). With R = 1 both reduce to the one
-task's result: serial training, whatever η.
+and the optimizer state that goes with ``x'`` is the element-wise mean of the tasks' states. With
+R = 1 both reduce to the one task's result: serial training, whatever η.
 
 η is 1, the round's mean, and each task of a round of k trains at k times the job's learning
-rate (``domain.plan.TrainingPlan.task_rate_scale``; docs/TRAINING.md). The cause it
-answers was measured (``benchmarks/round_cause.py``): a round of k tasks from one version is k·b
-rows per step, but the mean of k Adam updates, each scaled by its own small-batch second
-moment, moves about 1/√k of one Adam step on those rows where batch noise dominates; one Adam
-step on the tasks' mean gradient matched serial training with a k-times batch. Adam's
-square-root rule for a k-times batch (Malladi et al., NeurIPS 2022) adds √k: k in all. On the
-tuning sets and a public 53,940-row table (seed 0, R = 2 and 4; docs/TRAINING.md) it was within
-a point of serial training where the rule below lost up to 5 points, and it held on the
-held-out sets.
+rate (``domain.plan.TrainingPlan.task_rate_scale``; why, and what it was measured against:
+docs/TRAINING.md, "The cure"). A job planned with ``rates = "family"`` keeps that rule: the
+job's rate, η = R (the round's sum) for an MLP, η = 1 (the mean) for a CNN. How many tasks a
+round may have (``domain.plan``) bounds how far either fold is from serial.
 
-Jobs planned before it (``rates = "family"``) keep their rule: the job's rate, and η by model
-family, **MLP: η = R, the round's sum** (Goyal et al.'s linear scaling rule for R·b rows),
-**CNN: η = 1, the round's mean** (the sum overshot on image sets).
-
-How many tasks a round may have (``domain.plan``) bounds how far either fold is from serial.
-
-**Exact with R = 1.** A learner writes the weights its task ended with, not ``x_i - x``: the
-aggregator takes the delta against the round's base in float64, where the difference of two
-float32 arrays is exact, so ``x + (x_i - x)`` is ``x_i`` to the last bit. (A float32 delta is
-rounded where a weight crosses zero or halves, and ``x + Δ`` then misses ``x_i`` by an ulp; CNN
-training can turn such an ulp into points of accuracy, so the pipeline and ``train-local`` would
-part ways by chance.) Results written as deltas (``content`` not ``"weights"``) still fold.
+**Exact with R = 1.** A result written as weights (``content == "weights"``, as learners write) is turned into a
+delta against the round's base in float64, where the difference of two float32 arrays is
+exact, so ``x + (x_i - x)`` is ``x_i`` to the last bit. Results written as deltas still fold.
 
 A delta is *refused* (never folded; its task is trained again) when it is not finite or when its
-norm is far outside the job's recent deltas (``check_delta``): one bad worker must not poison
-every later version. A task whose results are refused ``MAX_REFUSALS`` times in an epoch fails
-for good (``count_refusals``).
+norm is far outside the job's recent deltas (``check_delta``). A task whose results are refused
+``MAX_REFUSALS`` times in an epoch fails for good (``count_refusals``).
 """
 
 from __future__ import annotations
@@ -93,8 +77,8 @@ def task_delta(arrays: Sequence[np.ndarray], base: Sequence[np.ndarray], content
 
 def delta_norm(delta: Sequence[np.ndarray]) -> float:
     """The Euclidean norm of a delta over all its arrays (float64), summed by numpy, not by
-    BLAS: a BLAS call (``np.vdot``) woke OpenBLAS's threads, whose spinning after each call took
-    about a core of the aggregator's two on a chained job (docs/BENCHMARKS.md, section 3)."""
+    BLAS: a BLAS call (``np.vdot``) wakes OpenBLAS's threads, whose spinning after each call
+    takes about a core of the aggregator's on a chained job."""
     return math.sqrt(sum(float(np.square(d).sum()) for d in (np.asarray(a, np.float64)
                                                              for a in delta)))
 

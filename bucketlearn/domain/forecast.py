@@ -26,22 +26,19 @@ from typing import Any
 
 from bucketlearn.domain.plan import DECIDED_BOUND, DECIDED_NUMERIC, DECIDED_OPTION, TrainingPlan
 
-# One learner on one TensorFlow thread (2-core machine, in process, 2026-11-26; fitted on the
-# synthetic tuning tables blobs and trips and a 3,000-row image set): the image set's CNN
-# trained at 26 GFLOP/s (``ml.model.training_flops_per_row``); a small model's step costs a
-# fixed overhead that grows with its layers (a table's text and number columns add layers):
-# 0.36 ms with 5 layers (blobs), 0.62 ms with 13 (trips), of which 0.12-0.13 ms of FLOPs.
-# 20 GFLOP/s rather than 26: a learner shares its machine (on the local stack, with the
-# emulators; in the cloud, with its I/O threads), and a forecast a little long misleads less.
+# One learner on one TensorFlow thread, fitted in process (docs/TRAINING.md, "The forecast"):
+# its FLOP rate (``ml.model.training_flops_per_row``), a step's fixed overhead and a per-layer
+# part, a task's fixed part. 20 GFLOP/s rather than the 26 fitted: a learner shares its machine,
+# and a forecast a little long misleads less.
 LEARNER_FLOPS = 20e9
 STEP_SECONDS = 0.0001
 LAYER_STEP_SECONDS = 0.00003
-TASK_SECONDS = 0.015  # a task's fixed part in process: 13.6-13.7 ms on both tables
+TASK_SECONDS = 0.015  # a task's fixed part in process
 STATE_BYTES_PER_SECOND = 100e6  # one stream to or from Cloud Storage, about
 STATE_ARRAYS = 3  # weights, and Adam's two moments
 # The critical path of a parallel round, projected for the cloud with stated latencies by the
-# round-trip benchmark (docs/BENCHMARKS.md section 3: 0.37 s); the local stack measured
-# 0.14-0.4 s. A chained version's path overlaps its successor's training: what is left of it.
+# round-trip benchmark (docs/BENCHMARKS.md, section 3). A chained version's path overlaps its
+# successor's training: what is left of it.
 ROUND_SECONDS = 0.37
 CHAINED_VERSION_SECONDS = 0.05
 WORKER_CHOICES = (1, 2, 4, 8, 16, 32, 64)

@@ -395,24 +395,12 @@ def commit_fields(job: Job, head: Head, applied: int, failures: Sequence[str], s
 
 def ending_fields(status: str, now: float, error: str | None = None,
                   error_detail: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    """The field update that ends a job: the one place an ending is spelled, so every ending
-    (the export's DONE, a split's REJECTED, each FAILED, a cancel) records the same fields.
+    """The field update that ends a job with ``status`` (one of ``TERMINAL``, its phase
+    ``ENDING_PHASES[status]``) at ``now`` (``finished_at`` and ``updated_at``): every ending
+    records these fields; its writer decides only whether the job may still be ended.
 
-    Whoever writes it decides only whether the job may still be ended (``jobs.end_job``, the
-    split's claim, the watchdog's conditional update); what an ended job's document says is
-    decided here.
-
-    Args:
-        status: the ending, one of ``TERMINAL``; its phase is ``ENDING_PHASES[status]``.
-        now: when it ended: both ``finished_at`` and ``updated_at``.
-        error: why (the sentence the CLI and the dashboard show); left out when None.
-        error_detail: the problem as data (a rejection's file, row and column); left out when
-            None.
-        **extra: the other fields this ending records, written as given (``model_path`` and
-            ``head`` of a DONE, ``health`` of a diverging job, who cancelled and why).
-
-    Returns:
-        The field update (document keys, each a ``Job`` attribute).
+    ``error`` (the sentence shown) and ``error_detail`` (the problem as data) are left out when
+    None; ``extra`` fields (a DONE's ``model_path``, a cancel's who and why) are written as given.
 
     Raises:
         ValueError: ``status`` is not an ending, or ``extra`` names a field the ending sets

@@ -14,11 +14,9 @@ once H·R stays within a constant times the square root of the number of steps (
 SGD Converges Fast and Communicates Little", ICLR 2019: linear speedup for H = O(√(T/R)), T the
 steps per worker; with T = S/R for S serial steps, R·H ≤ c·√S). ``auto`` therefore takes the
 largest R with ``R * H <= PARALLEL_C * sqrt(S)``, S being the job's serial steps (epochs × batches
-per epoch) and H a shard's steps. The constant is measured (docs/TRAINING.md): 0.5 kept the
-synthetic tuning sets within a point under the fold used until 2026-11-27; under today's rule
-(every task of a round of k at k times the rate) two public tables ended 1.6 and 1.9 points
-below serial training at R·H/√S = 0.48–0.50 (flights, R = 16; diamonds, R = 7) and 0.22 and
-0.57 below at 0.25–0.28 (flights, R = 8; diamonds, R = 4): 0.25.
+per epoch) and H a shard's steps. The constant, 0.25, keeps two public tables (flights,
+diamonds) within a point of serial training under the fold's rule; at 0.5 they lost 1.6 and
+1.9 points (docs/TRAINING.md).
 
 A job that trains one task at a time (R = 1) groups several shards into a task
 (``serial_task_shards``: 4, up to 64 where the job keeps 8 tasks an epoch): the steps are the
@@ -42,9 +40,8 @@ MAX_PARALLEL_TASKS = 64
 SERIAL_TASK_SHARDS = 4
 # A job with shards to spare chains larger tasks: up to this many shards, keeping at least
 # CHAIN_TASKS_PER_EPOCH tasks an epoch (progress, evaluations and retries stay fine-grained).
-# 64 since 2026-11-27 (16 before): a chained version cost its learner, the aggregator and the
-# emulators about 45 ms of CPU on the stack, and flights' 661 versions took its job 80 s against
-# 57 s in 171 (docs/BENCHMARKS.md, section 3)
+# 64 rather than 16: a chained version costs its learner, the aggregator and the emulators
+# about 45 ms of CPU on the stack, so fewer, larger tasks end a large job sooner
 CHAIN_TASK_SHARDS = 64
 CHAIN_TASKS_PER_EPOCH = 8
 SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
@@ -192,10 +189,8 @@ def plan_training(shard_rows: Sequence[int], epochs: int, batch_size: int,
         requested: ``parallel_tasks`` from the job's options; None means auto.
         cap: the most tasks a round may have.
         regression: a numeric target. ``auto`` then trains one task at a time: with parallel
-            rounds (R = 3, every fold measured: the sum, the mean and √R) regression jobs ended
-            2.7 to 9.4 % above train-local's holdout RMSE on the regression tuning sets
-            (``benchmarks.regression_folds``, docs/REGRESSION.md), where classification jobs
-            stay within a point.
+            rounds every fold tried lost RMSE against train-local on numeric targets
+            (docs/REGRESSION.md, "One task at a time").
         shard_cells, max_task_bytes: a row's matrix cells and the most bytes of arrays a
             task may hold (``serial_task_shards``; 0: not bounded by bytes).
 
@@ -263,11 +258,10 @@ def check_total_tasks(plan: TrainingPlan, max_total_tasks: int,
 # Predicting how long a job trains, to refuse one the work bucket's lifecycle rule would
 # outlast: training a model of N parameters on one row costs about 6N
 # floating-point operations, forward and backward (Kaplan et al. 2020, "Scaling Laws for Neural
-# Language Models", C = 6ND); a round adds its critical path, priced at 1 s (the round-trip
-# benchmark's cloud projection is about 0.01 s; docs/BENCHMARKS.md), and a learner trains at
-# ``Limits.worker_flops`` (1 GFLOP/s by default, a quarter of what one TensorFlow thread reached
-# on this project's 2-core machine: digits' MLP, 6 x 17,226 parameters x 1,437 rows x 20 epochs
-# in 0.8 s is 3.7 GFLOP/s). Every factor errs long, and a job must fit in half the retention:
+# Language Models", C = 6ND); a round adds its critical path, priced at 1 s (well above the
+# round-trip benchmark's cloud projection; docs/BENCHMARKS.md), and a learner trains at
+# ``Limits.worker_flops`` (1 GFLOP/s by default, about a quarter of one TensorFlow thread on a
+# 2-core machine). Every factor errs long, and a job must fit in half the retention:
 # it may wait for workers, retry and be paused by an outage and still end before its shards go.
 FLOPS_PER_PARAMETER_ROW = 6
 PREDICTED_ROUND_SECONDS = 1.0

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-RECIPE = 2  # the model and training recipe new jobs get (1: the one before 2026-11-29)
+RECIPE = 2  # the model and training recipe new jobs get (1: the earlier, smaller recipe)
 
 BASE_BATCH = 256
 MAX_BATCH = 2048

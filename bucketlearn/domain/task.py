@@ -10,7 +10,7 @@ A task given up on leaves a failure marker in the deltas bucket (``FailureMarker
 ``publish.announce_failure``, read by the aggregator's ``results``). Whether a task's result is
 folded is not decided here but by the round (``domain.rounds``) and
 the job's position (``domain.job.done_tasks``): a record is what workers did, not what the model
-holds. ``trained`` is what documents written before 2026-11-26 say of a finished attempt.
+holds. ``trained`` is what older documents say of a finished attempt, and is still read.
 """
 
 from __future__ import annotations

@@ -127,10 +127,8 @@ def _write_pack(store: BlobStore, bucket: str, name: str,
 
 class PartWrites:
     """Part objects encoded and written on ``threads`` threads while the split reads on (the
-    store's ``write_threads``: Cloud Storage's adapter says 8, the in-memory store 0). One at a
-    time, a table's split waited on every write: a 120,000-row table's 378 parts took 0.8-1.2 s
-    of its 1.8-2.1 s split on the local stack, and would take 23 s in the cloud at the
-    round-trip benchmark's 60 ms a write (docs/BENCHMARKS.md, section 3).
+    store's ``write_threads``: Cloud Storage's adapter says 8, the in-memory store 0), so that
+    the split does not wait on each write in turn.
 
     With a ``pack_prefix``, parts are gathered in order into packs of about ``pack_bytes`` of
     rows, each written as one object ``<pack_prefix>NNNNN.bin`` (``_write_pack``); ``address``

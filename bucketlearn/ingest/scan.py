@@ -283,11 +283,9 @@ def _force_kinds(reading: Reading, forced: dict[str, str]) -> None:
 
 
 # Pass 1's parsed batches are kept for pass 2 while they stay within ``Limits.keep_parsed_bytes``:
-# pass 2 then neither reads the upload again nor parses it. A 12,000-row image CSV (90 MB; 113 MB
-# of float32) split in 1.82 s in process against 2.06-2.45 s. Batches that would outgrow the bound
-# are held compact (``compact.Compactor``: whole numbers as uint8 or int16), so the 48,000-row
-# one (373 MB; 452 MB of float32) is held in 113 MB (docs/BENCHMARKS.md, section 3); past the
-# bound even so, the upload is read twice, as every upload was.
+# pass 2 then neither reads the upload again nor parses it. Batches that would outgrow the bound
+# are held compact (``compact.Compactor``: whole numbers as uint8 or int16; a 373 MB image CSV,
+# 452 MB as float32, is held in 113 MB); past the bound even so, the upload is read twice.
 ARRAY_OVERHEAD_BYTES = 512  # beside an array's buffers: its C++ objects, buffer padding
 # Consecutive parsed batches compacted together, and given back together (at most a quarter of
 # the bound): a column is cast once a group rather than once a small batch. Compacting a group,

@@ -279,9 +279,9 @@ class Emulators:
     With ``uploads_bucket``, only that bucket's objects raise notifications, as in a deployment
     (Terraform's trigger watches the uploads bucket alone), and it is the uploads bucket of
     every stack on these emulators (``settings``). Without it, every bucket's objects do (each
-    shard part, result and model a notification the stacks' forwarders pull and drop: most of
-    the Pub/Sub emulator's CPU on a chained job here, measured in docs/BENCHMARKS.md, section
-    3), so stacks sharing the emulators may run at once, each with uploads of its own.
+    shard part, result and model a notification the stacks' forwarders pull and drop, which
+    costs the Pub/Sub emulator CPU), so stacks sharing the emulators may run at once, each with
+    uploads of its own.
     """
 
     logs: Path

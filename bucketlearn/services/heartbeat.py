@@ -45,11 +45,10 @@ class LearnerTuning:
     # Chaining (R = 1): a chained task's result is announced once the aggregator has committed
     # the version ``chain_depth - 1`` before its base; the learner waits up to
     # ``chain_confirm_seconds`` (at most the deployment's ``chain_grace_seconds``) for that,
-    # reading the job every ``chain_poll_seconds``. Depth 4 rather than 2: once a task trains
-    # in less than a version's commit path (result write, delivery, read, fold, write, commit:
-    # ~0.18 s on the local stack), the learner waited for every commit: digits on one learner
-    # took 3.0-3.9 s at depth 4 against 3.8-4.7 s at depth 2 (four jobs each on one stack;
-    # docs/BENCHMARKS.md section 3). A chain that breaks retrains at most that many tasks.
+    # reading the job every ``chain_poll_seconds``. Depth 4 rather than 2: a task may train in
+    # less than a version's commit path (result write, delivery, read, fold, write, commit),
+    # and at depth 2 the learner would wait for every commit. A chain that breaks retrains at
+    # most that many tasks.
     chain_depth: int = 4
     chain_confirm_seconds: float = 30.0
     chain_poll_seconds: float = 0.01

@@ -34,9 +34,9 @@ from bucketlearn.ports import Services
 MAX_JOBS_CACHED = 8
 # One user of TensorFlow at a time in a process, whatever the job: the aggregator evaluates in
 # a thread of its own and exports in each job's thread, and Keras builds and traces a model's
-# predict function unguarded. A CI run of five concurrent jobs hung with the evaluator's first
-# evaluation and all five exports in TensorFlow at once (2026-11-26); the same work one call
-# at a time costs nothing on 2 cores, where those calls compete for the CPU anyway.
+# predict function unguarded: five concurrent jobs can hang with an evaluation and five exports
+# in TensorFlow at once. One call at a time costs nothing on 2 cores, where those calls compete
+# for the CPU anyway.
 MODEL_LOCK = threading.RLock()
 # shard parts a learner reads at a time (``PartCache``)
 PARALLEL_READS = 4

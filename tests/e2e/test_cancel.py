@@ -1,4 +1,4 @@
-"""``bucketlearn cancel`` on the whole local stack (issue #14, item 11): a job followed by
+"""``bucketlearn cancel`` on the whole local stack: a job followed by
 ``submit --wait`` is cancelled while RUNNING; it ends CANCELLED, no version follows, the workers
 stop training it, and its last version downloads as a model plain Keras loads."""
 
@@ -94,7 +94,7 @@ def test_a_running_job_cancelled_from_the_cli_stops_and_keeps_its_model(make_sta
     assert status["cancel_reason"] == "e2e" and "(bucketlearn cancel)" in status["cancelled_by"]
     again = cli(stack, "cancel", job_id)
     assert again.returncode == 0 and "is already CANCELLED" in again.stdout
-    # Assert: the aggregator, told of the cancel, exported the last version (issue #26, item 11:
+    # Assert: the aggregator, told of the cancel, exported the last version (so that
     # it downloads from the models bucket alone), and plain Keras loads it
     assert wait_until(lambda: svc.registry.get_job(job_id).model_path is not None, 60)
     assert svc.store.stat(stack.settings.models_bucket, layout.model_path(job_id, head))

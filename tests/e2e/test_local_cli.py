@@ -1,5 +1,5 @@
 """``bucketlearn local up --detach`` / ``local env`` / ``local down`` as a user runs them, and what
-the CLI does when that stack is gone or dies under it (issue #14, items 9 and 10)."""
+the CLI does when that stack is gone or dies under it."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ resource "google_cloud_run_v2_service" "dashboard" {
 
 
 def test_checker_rejects_iap_enabled_on_the_ga_provider(schema: Schema) -> None:
-    # As dashboard.tf stood before issue 13: no provider argument, so hashicorp/google.
+    # As dashboard.tf once stood: no provider argument, so hashicorp/google.
     errors = check_config(snippet(DASHBOARD % ""), schema)
     assert len(errors) == 2, errors  # 6.47.0 and 6.50.0
     assert all("unsupported argument `iap_enabled`" in e and "google-beta 6.50.0" in e

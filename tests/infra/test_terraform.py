@@ -567,7 +567,7 @@ def test_results_subscription_has_one_consumer(module: Config) -> None:
                           # it announces a task it gave up on after refused results
                           "serviceAccount:${google_service_account.aggregate.email}",
                           # a nudge after "Cancel job", so the cancelled job's last version is
-                          # exported (issue #26 item 11)
+                          # exported
                           "serviceAccount:${google_service_account.dashboard.email}"}
     # The dashboard publishes and nothing more on Pub/Sub, and starts after that grant.
     assert {(rtype, role, target) for rtype, role, target in grants_to(module, "dashboard")

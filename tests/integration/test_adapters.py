@@ -61,7 +61,7 @@ def test_update_job_if_compares_fields(backend: Any) -> None:
 
 def test_update_job_if_matches_a_time_as_read(backend: Any) -> None:
     """A split's takeover expects ``claimed_at`` as it read it (a float): the same value read
-    back matches, a renewed one does not (issue #14, item 5)."""
+    back matches, a renewed one does not."""
     registry = backend.registry
     job_id = new_job(registry, claimed_at=time.time() + 0.123456789)
     read = registry.get_job(job_id)
@@ -292,7 +292,7 @@ def test_leases_are_exclusive_until_released_or_expired(backend: Any) -> None:
 
 
 def test_active_jobs_are_found_however_many_newer_jobs_ended(backend: Any) -> None:
-    """``list_active_jobs`` queries by status, not by age (issue #26, item 1)."""
+    """``list_active_jobs`` queries by status, not by age."""
     registry = backend.registry
     old = new_job(registry)
     registry.update_job(old, {"status": "RUNNING", "created_at": 1.0})
@@ -345,7 +345,7 @@ def test_an_admission_reads_the_job_and_the_attempts_so_far_at_once(backend: Any
 
 
 def test_the_newest_versions_and_one_epochs_tasks_are_read_alone(backend: Any) -> None:
-    """What the dashboard reads (issue #26, item 7): ``list_versions(last=n)`` returns the newest
+    """What the dashboard reads: ``list_versions(last=n)`` returns the newest
     n versions in order, with the figures carried by the versions read put back (and only
     those); ``list_tasks(epoch=e)`` returns that epoch's task documents."""
     # Prepare
@@ -511,7 +511,7 @@ def test_pinned_read_never_yields_another_generation(backend: Any) -> None:
 
 
 def test_a_versioned_bucket_serves_a_replaced_generation_to_a_pinned_read(backend: Any) -> None:
-    """The uploads bucket keeps noncurrent versions (issue #26, item 3): after a re-upload of
+    """The uploads bucket keeps noncurrent versions: after a re-upload of
     the same name, a read pinned to the first generation still reads the first upload's bytes,
     from its start and in the middle of a stream; a plain read reads the new one."""
     store = backend.store

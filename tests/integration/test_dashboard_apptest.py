@@ -369,7 +369,7 @@ def test_empty_registry_renders(app):
     assert any("No jobs yet" in i.value for i in at.info)
 
 
-# --- cancel (issue #14, item 11) ------------------------------------------------------------------
+# --- cancel ---------------------------------------------------------------------------------------
 
 def test_cancel_button_asks_first_then_cancels_the_job(app, seeded, registry):
     """The job page's "Cancel job" asks for confirmation; confirmed, the core's cancel_job ends
@@ -418,7 +418,7 @@ def test_a_job_that_has_ended_has_no_cancel_button(app, seeded):
         assert not [b for b in at.button if b.key == "cancel_job"], job_id
 
 
-# --- what users wrote, shown as text (issue #26, item 14) -----------------------------------------
+# --- what users wrote, shown as text --------------------------------------------------------------
 
 LURE = "[Session expired – sign in](https://evil.example/login)"
 LURED_ID = "lure-0000000000a1"
@@ -474,7 +474,7 @@ def markdown_html(markdown: str) -> str:
     return MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(markdown)
 
 
-# --- the upload form (issue #26, items 8 and 3) ---------------------------------------------------
+# --- the upload form ------------------------------------------------------------------------------
 
 UPLOADED_NAME = re.compile(r"^dashboard/[0-9a-f]{16}/digits\.csv$")
 

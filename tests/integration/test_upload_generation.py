@@ -2,7 +2,7 @@
 
 These tests overwrite the upload while it is being split. In the uploads bucket, which keeps
 noncurrent versions (as Terraform creates it), the split goes on reading its own generation and
-the job trains the first file (issue #26, item 3); in a bucket that keeps none, the generation
+the job trains the first file; in a bucket that keeps none, the generation
 is gone and the job is REJECTED with a clear reason. Never a crash (a KeyError for a label only
 the new file has) nor shards dealt from two files. fake-gcs-server, like Cloud Storage, serves a
 pinned generation while it exists and answers 404 once it is gone.

@@ -175,7 +175,7 @@ def safetensors_bytes(header, body=None, length=None):
     return (len(raw) if length is None else length).to_bytes(8, "little") + raw + body
 
 
-# --- mixed-type tables (issue #15) ---------------------------------------------------------------
+# --- mixed-type tables ---------------------------------------------------------------------------
 
 MIXED_HEADER = ["trip_id", "city", "payment", "distance", "fare", "start", "flag", "label"]
 

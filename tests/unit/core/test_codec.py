@@ -18,7 +18,7 @@ from tests.unit.helpers import safetensors_bytes, tensor_entry
 
 
 def _npz(**arrays) -> bytes:
-    """An .npz archive (the format stored before issue #27), pickles allowed."""
+    """An .npz archive (the format stored before safetensors), pickles allowed."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
@@ -129,7 +129,7 @@ def test_planted_pickles_are_refused_never_unpickled():
     b"",
     b"\x93NUMPY" + b"\x00" * 20,
     b"\x80\x04\x95" + b"\x00" * 30,  # a pickle protocol 4 header
-    _npz(w0000=np.ones(3, np.float32)),  # the format stored before issue #27
+    _npz(w0000=np.ones(3, np.float32)),  # the format stored before safetensors
 ], ids=["text", "empty", "npy-header", "pickle-stream", "npz-archive"])
 def test_garbage_bytes_are_refused(data):
     """Bytes that are not a safetensors object raise CorruptObjectError."""
@@ -189,7 +189,7 @@ def test_checksum_is_sha256_of_bytes():
     assert a != b
 
 
-# --- malformed objects: only CorruptObjectError escapes (issue #14, item 4) ----------------------
+# --- malformed objects: only CorruptObjectError escapes ------------------------------------------
 
 W = "w0000"
 MALFORMED = {

@@ -1,4 +1,4 @@
-"""One classification of retryable errors (issue #16): the core's, extended by the adapters'."""
+"""One classification of retryable errors: the core's, extended by the adapters'."""
 
 from __future__ import annotations
 

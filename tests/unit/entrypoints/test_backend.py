@@ -1,4 +1,4 @@
-"""Which backend a CLI command talks to, and what it says when there is none (issue #14, 9)."""
+"""Which backend a CLI command talks to, and what it says when there is none."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``bucketlearn cancel`` and how the other commands treat a CANCELLED job (issue #14, item 11):
+"""``bucketlearn cancel`` and how the other commands treat a CANCELLED job:
 messages and exit codes, on the in-memory ports (handed to ``cli.main`` by ``run_cli``)."""
 
 from __future__ import annotations

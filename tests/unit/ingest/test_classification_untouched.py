@@ -1,8 +1,8 @@
-"""Numeric targets (issue #15) leave classification alone: a classification upload's shards,
+"""Numeric targets leave classification alone: a classification upload's shards,
 holdout, statistics and class counts are, array for array and byte for byte within the arrays,
 what the code wrote before regression existed. The digests below hash each part's arrays (names,
 dtypes, shapes, bytes) and its name without the extension, not the object's bytes, so that the
-container (safetensors since issue #27, ``.npz`` before) is not what is compared; they were
+container (safetensors now, ``.npz`` before) is not what is compared; they were
 computed with this function on commit 4c86960, the last to store ``.npz``, whose parts this test
 had until then compared byte for byte with those of commit 4486f22, the code before regression."""
 

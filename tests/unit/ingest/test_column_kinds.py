@@ -1,4 +1,4 @@
-"""Ingest of tables with text, dates and missing cells (issue #15): kinds, codes, what is left
+"""Ingest of tables with text, dates and missing cells: kinds, codes, what is left
 out, and the problems that still reject a file naming row and column."""
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_shard_sizes_are_close_to_rows_per_shard(split_case):
 
 
 def test_fewer_rows_per_class_than_shards_leaves_no_shard_empty(tmp_path):
-    """100 classes x 18 rows, rows_per_shard=8, seed 33 (issue #14, item 2): every shard gets
+    """100 classes x 18 rows, rows_per_shard=8, seed 33: every shard gets
     rows (the per-class deal left shard 67 empty, and its task failed the job)."""
     # Prepare
     path = write_sorted_csv(tmp_path / "many.csv", [18] * 100, n_features=3)

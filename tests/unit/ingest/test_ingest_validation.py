@@ -300,7 +300,7 @@ FIRST = csv_bytes(["x", "label"], [[i, ["a", "b"][i % 2]] for i in range(40)])
      "15 rows of class 'a' where the first pass counted 20"),
 ], ids=["new-label", "more-rows-of-a-class", "fewer-rows-of-a-class"])
 def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
-    """Pass 2 meeting a label, or class counts, pass 1 did not (issue #14, item 6): an
+    """Pass 2 meeting a label, or class counts, pass 1 did not: an
     InvalidInputError naming row and column, never a KeyError or silently skewed shards."""
     # Prepare
     source = _changing_source(FIRST, second)
@@ -326,7 +326,7 @@ def test_an_empty_feature_cell_is_missing_not_a_rejection():
     assert np.isnan(x).sum() == 1 and np.isnan(x[:, 0]).sum() == 1
 
 
-# --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
+# --- the deployment's limits on one upload's cost ----------------------------------------------
 
 def _counting_source(data, name):
     """A source from memory that counts how often it is opened (once per pass, and the header)."""

@@ -103,7 +103,7 @@ def test_split_keeps_every_row_once_with_balanced_shards(table, rows_per_shard, 
 @given(class_sizes=st.lists(st.integers(2, 24), min_size=20, max_size=120),
        rows_per_shard=st.integers(8, 12), seed=st.integers(0, 2**31 - 1))
 def test_many_small_classes_leave_no_shard_empty(class_sizes, rows_per_shard, seed) -> None:
-    """Classes with fewer training rows than there are shards (issue #14, item 2; the per-class
+    """Classes with fewer training rows than there are shards (the per-class
     deal left a shard empty for ~5 % of seeds): every shard gets floor(N/S) or ceil(N/S) rows and
     at most one row of each class."""
     # Prepare

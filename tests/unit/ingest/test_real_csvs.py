@@ -1,4 +1,4 @@
-"""Real CSVs exactly as published, from packages that ship them (issue #15): they split without
+"""Real CSVs exactly as published, from packages that ship them: they split without
 editing, with the kinds and the notes a user would expect."""
 
 from __future__ import annotations

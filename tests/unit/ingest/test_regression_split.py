@@ -1,4 +1,4 @@
-"""Numeric targets at ingest (issue #15): the task decided from the first block, rows stratified
+"""Numeric targets at ingest: the task decided from the first block, rows stratified
 by quantile bins of the target, float32 targets in shards and holdout, and the problems that
 reject a regression file naming row and column."""
 

@@ -1,4 +1,4 @@
-"""What a local stack leaves when it dies is found from its state file and stopped (issue #14, 10):
+"""What a local stack leaves when it dies is found from its state file and stopped:
 by ``local down``, by ``local up`` before it starts a new one, and by the supervisor when one
 process's guard was killed outright."""
 

@@ -1,4 +1,4 @@
-"""The exported model of a mixed table takes raw CSV rows (issue #15): strings, empty cells and
+"""The exported model of a mixed table takes raw CSV rows: strings, empty cells and
 dates go in, the core's probabilities come out, with plain Keras in safe mode."""
 
 from __future__ import annotations

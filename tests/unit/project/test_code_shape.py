@@ -1,5 +1,5 @@
-"""The shape the code is kept in (issue #16): short functions in the core package; and in the
-benchmarks (issue #27), short functions and files, and suites that import no other suite."""
+"""The shape the code is kept in: short functions in the core package; and in the
+benchmarks, short functions and files, and suites that import no other suite."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_no_function_in_the_benchmarks_is_longer_than_60_lines() -> None:
 
 @pytest.mark.parametrize("root", [CORE, BENCHMARKS], ids=["bucketlearn", "benchmarks"])
 def test_no_file_is_longer_than_500_lines(root: Path) -> None:
-    """A file a person can read whole (issue #27): the core package and the benchmarks."""
+    """A file a person can read whole: the core package and the benchmarks."""
     # Execute
     lengths = {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
                for path in sorted(root.rglob("*.py"))}
@@ -98,7 +98,7 @@ def test_the_layering_contracts_hold() -> None:
 
 
 def test_services_jobs_re_exports_nothing() -> None:
-    """``services.jobs`` offers only what it defines (issue #27): every name taken from it,
+    """``services.jobs`` offers only what it defines: every name taken from it,
     ``from bucketlearn.services.jobs import x`` or ``jobs.x`` after ``from bucketlearn.services
     import jobs``, is one of its own; a job's vocabulary comes from ``bucketlearn.domain.job``,
     the status object from ``services.status``, ``wait_terminal`` from ``services.waiting``."""

@@ -1,5 +1,5 @@
 """Every relative link in the README and docs/ points at a file that exists, and every
-``#anchor`` at a heading of that file (the README was split into docs/ pages: issue #16)."""
+``#anchor`` at a heading of that file (the README was split into docs/ pages)."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monk
 
 
 def test_a_late_publish_never_moves_published_back(tmp_path):
-    """``published`` names the job's last published round and never goes back (issue #14):
+    """``published`` names the job's last published round and never goes back:
     an invocation that read the job at round 0 and publishes it after the fold of round 0 has
     published round 1 leaves ``published`` at round 1 (before: it wrote round 0 back, so the
     aggregator and the watchdog took round 1 for unpublished and published it again)."""
@@ -497,7 +497,7 @@ def test_a_read_ahead_that_failed_is_read_again_at_the_fold(tmp_path):
 
 @pytest.mark.parametrize("case", ["bad-header", "terabyte-header"])
 def test_undecodable_delta_is_retrained_not_wedging_the_job(tmp_path, case):
-    """A delta whose header is not JSON or declares a 4 TiB array (issue #14, item 4): the
+    """A delta whose header is not JSON or declares a 4 TiB array: the
     aggregator treats it as corrupt (deleted, its task published again) instead of raising on
     every run while planning the same delta."""
     # Prepare
@@ -627,7 +627,7 @@ def test_commit_version_refuses_folding_a_round_twice(registry):
 
 
 def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_path):
-    """Rounds of 2 tasks (issue #25): each task steps at twice the job's learning rate, from
+    """Rounds of 2 tasks: each task steps at twice the job's learning rate, from
     version 0, and version 1 is the mean of the two tasks' weights (η = 1), not their sum."""
     # Prepare
     from bucketlearn.domain.plan import step_rates

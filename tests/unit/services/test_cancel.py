@@ -1,4 +1,4 @@
-"""Cancelling a job (issue #14, item 11) on the in-memory ports: the job ends CANCELLED, workers
+"""Cancelling a job on the in-memory ports: the job ends CANCELLED, workers
 acknowledge its tasks without training, the aggregator folds and exports nothing more (not even a
 fold or an export already in flight), a split in progress stops, and the last version stays
 downloadable as a .keras that plain Keras loads in safe mode."""
@@ -161,7 +161,7 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
 def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkeypatch):
     """The cancel lands while the export evaluates the final model: the job is not marked DONE
     (before: DONE overwrote CANCELLED); it stays CANCELLED, and its head version is exported as
-    a cancelled job's is (issue #26, item 11: so that it downloads from the models bucket)."""
+    a cancelled job's is (so that it downloads from the models bucket)."""
     # Prepare: the cancel lands in the export's evaluation (export.py's evaluate_parts has no
     # other caller; the store's reads would not single it out: the last version's evaluation
     # reads the same holdout parts, in the same exporting phase)

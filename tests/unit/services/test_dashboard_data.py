@@ -639,7 +639,7 @@ def test_download_note_says_which_versions_cannot_be_downloaded():
     assert "without a model" in downloads.download_note(a_job(status="REJECTED"), [], [])
 
 
-# --- cancel (issue #14, item 11) ------------------------------------------------------------------
+# --- cancel ---------------------------------------------------------------------------------------
 
 CANCELLED = {"status": "CANCELLED", "phase": "cancelled",
              "error": "cancelled by ana@example.com (dashboard) at 2026-11-03 14:05:09 UTC"}

@@ -217,7 +217,7 @@ def test_shards_and_deltas_are_pickle_free(tmp_path: Path) -> None:
     assert any(layout.parse_delta_path(n) for _, n in names)
 
 
-# --- bounded evaluation and export memory (issue #14, item 8) ------------------------------------
+# --- bounded evaluation and export memory --------------------------------------------------------
 
 HOLDOUT_FEATURES, HOLDOUT_CLASSES, ROWS_PER_PART = 32, 4, 4096  # 512 KiB of x per part
 
@@ -284,7 +284,7 @@ def traced_peak(call: Any) -> int:
 
 
 def test_evaluation_memory_does_not_grow_with_the_holdout() -> None:
-    """Invariant 5 for the aggregator (issue #14, item 8): evaluating a version on a sample of
+    """Invariant 5 for the aggregator: evaluating a version on a sample of
     2,000 holdout rows reads only the parts the sample draws from, one at a time; 4x the holdout
     rows leave the peak within 1.3x (before: the whole holdout was read and then subsampled,
     so the peak grew with it: 16 -> 64 parts of 512 KiB)."""
@@ -304,7 +304,7 @@ def test_evaluation_memory_does_not_grow_with_the_holdout() -> None:
 
 
 def test_export_memory_does_not_grow_with_the_holdout() -> None:
-    """Invariant 5 for the export (issue #14, item 8): the final evaluation and the health check
+    """Invariant 5 for the export: the final evaluation and the health check
     on the whole holdout stream over its parts, one at a time, adding up accuracy, loss and
     class counts; 4x the holdout rows leave the export's peak within 1.3x (before: the whole
     holdout was loaded and concatenated, twice its size at once)."""

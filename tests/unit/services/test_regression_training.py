@@ -1,4 +1,4 @@
-"""Numeric targets end to end on the in-memory ports (issue #15): the pipeline takes
+"""Numeric targets end to end on the in-memory ports: the pipeline takes
 train-local's steps to the bit with one task at a time, versions record RMSE, MAE and R², the
 status object says so, and the exported model predicts numbers in the target's units from raw
 rows (loading with plain Keras in safe mode)."""

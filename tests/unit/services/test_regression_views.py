@@ -1,4 +1,4 @@
-"""What a user sees of a numeric target (issue #15): the status object, the CLI's lines and the
+"""What a user sees of a numeric target: the status object, the CLI's lines and the
 dashboard's figures, from documents as the aggregator writes them (no TensorFlow)."""
 
 from __future__ import annotations

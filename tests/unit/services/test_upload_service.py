@@ -274,7 +274,7 @@ class ReuploadingStore(MemoryBlobStore):
     [[i, "a" if i < 25 else "b"] for i in range(30)],  # the same labels, other class counts
 ], ids=["new-label", "other-class-counts"])
 def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
-    """The object is overwritten after pass 1 (issue #14, item 6) in a bucket that keeps no
+    """The object is overwritten after pass 1 in a bucket that keeps no
     noncurrent versions: pass 2 reads the event's generation or nothing, so the job is REJECTED
     with a clear reason (before: generation N+1's
     rows dealt with N's class counts, or KeyError on a new label and an HTTP 500 retry loop)."""
@@ -365,7 +365,7 @@ def test_memory_store_reads_only_the_pinned_generation():
 
 
 def test_label_over_1_mib_is_rejected_with_a_short_reason():
-    """A 1.2 MB label (issue #14, item 7): REJECTED naming row and column, the limit and the
+    """A 1.2 MB label: REJECTED naming row and column, the limit and the
     label's length with a short prefix; before, the job document listing it was over 1 MiB,
     which Firestore refuses (InvalidArgument -> HTTP 500 -> retried for a day)."""
     # Prepare
@@ -456,7 +456,7 @@ def test_input_problem_texts_are_bounded():
     assert len(problem.describe()) < 6 * MAX_REASON_CHARS
 
 
-# --- the split's claim (issue #14, item 5) -------------------------------------------------------
+# --- the split's claim ---------------------------------------------------------------------------
 
 LEASE = 60.0
 
@@ -525,7 +525,7 @@ def claimed_services(store_factory):
 
 
 def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(long_csv):
-    """The split renews ``claimed_at`` while it streams (issue #14, item 5): the same event
+    """The split renews ``claimed_at`` while it streams: the same event
     retried 90 s into a split whose lease is 60 s finds the claim fresh and is told to retry
     (TransientError); there is one split, not two (before: the retried event took the
     'abandoned' split over and split the file a second time alongside the first)."""
@@ -559,8 +559,8 @@ def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(l
 
 
 def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_csv):
-    """Another invocation takes the split over while this one is stalled mid-pass 2 (issue #14,
-    item 5): at its next renewal this one finds the claim gone and stops with TransientError;
+    """Another invocation takes the split over while this one is stalled mid-pass 2: at
+    its next renewal this one finds the claim gone and stops with TransientError;
     it writes no manifest, no version 0, publishes nothing and leaves the job as the other
     invocation's (before: it went on to the end, wrote the manifest and v0's weights over the
     other's, and only the claim check of start_training stopped it)."""
@@ -634,7 +634,7 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
     assert len(svc.queue.published) == len(jobs.current_round_tasks(job))
 
 
-# --- the deployment's limits on one upload's cost (issue #26) ----------------------------------
+# --- the deployment's limits on one upload's cost ----------------------------------------------
 
 # 200 rows of 2 classes, shards of 8 rows, one shard per task: 20 tasks per epoch, 60 in all
 BUSY_OPTIONS = {"epochs": "3", "rows_per_shard": "8", "parallel_tasks": "2",

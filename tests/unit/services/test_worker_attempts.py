@@ -59,8 +59,8 @@ def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
 def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Two failed shard reads, then the storage is back: the worker keeps the message and trains
-    (ACK) instead of nacking: every nack is a Pub/Sub delivery towards dead-lettering (issue #14,
-    item 1). One attempt is counted."""
+    (ACK) instead of nacking: every nack is a Pub/Sub delivery towards dead-lettering.
+    One attempt is counted."""
     # Prepare
     svc, job_id = start_job(tmp_path)
     real_read = svc.store.read_range  # a part is a range of its pack
@@ -86,7 +86,7 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
 def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """record_attempt's write lands but its answer is lost (an outage between the write and the
-    read-back): the retry with the same attempt key counts once (issue #14, item 3)."""
+    read-back): the retry with the same attempt key counts once."""
     # Prepare
     svc, job_id = start_job(tmp_path)
     real = svc.registry.record_attempt
@@ -111,7 +111,7 @@ def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
 def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A transient failure outlasts the worker's patience and the refund fails too (the registry
-    is down): the attempt is owed, and given back with the next task (issue #14, item 3)."""
+    is down): the attempt is owed, and given back with the next task."""
     # Prepare
     svc, job_id = start_job(tmp_path)
     real_read, real_refund = svc.store.read_range, svc.registry.refund_attempt
