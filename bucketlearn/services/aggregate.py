@@ -40,7 +40,7 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, Services, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.ending import wind_up
-from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, record_evaluation
+from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, Scoring, record_evaluation
 from bucketlearn.services.export import export_final
 from bucketlearn.services.pool import SearchWriter
 from bucketlearn.services.publish import publish_round
@@ -177,7 +177,7 @@ class JobAggregator:
                 self._settle_ended(self.job)
             return did
         if job.phase == EXPORTING:
-            export_final(self.svc, job, self.selector.state)
+            export_final(self.svc, job, self.selector.state, self.evaluator.scoring.evaluate_parts)
             job = self.refresh()
             if job is None or job.is_terminal:
                 self._settle_ended(job)
@@ -452,9 +452,9 @@ def _settle(action: Callable[[], None]) -> None:
         log.debug("could not settle a result message", exc_info=True)
 
 
-def aggregate_job(svc: Services, job_id: str) -> Outcome:
+def aggregate_job(svc: Services, job_id: str, scoring: Scoring | None = None) -> Outcome:
     """One synchronous pass over a job (the tests, the simulation): take its lease, hear the
-    deltas bucket, fold every complete round (evaluating each version) and export it when done.
+    deltas bucket, fold every complete round (measured with ``scoring``) and export it when done.
 
     Returns:
         ACCEPTED when it ran; BUSY if another aggregator holds the job's lease.
@@ -464,7 +464,7 @@ def aggregate_job(svc: Services, job_id: str) -> Outcome:
                                       svc.settings.aggregator_lease_seconds):
         return Outcome.BUSY
     try:
-        aggregator = JobAggregator(svc, job_id, InlineEvaluator(), holder=holder)
+        aggregator = JobAggregator(svc, job_id, InlineEvaluator(scoring), holder=holder)
         aggregator.take_on()
         deadline = time.monotonic() + svc.settings.aggregate_budget_seconds
         for _ in range(100_000):

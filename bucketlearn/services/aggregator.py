@@ -46,7 +46,7 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, lease_name
-from bucketlearn.services.evaluate import checkpoint_score, evaluate_version, record_late_evaluation
+from bucketlearn.services.evaluate import Scoring, record_late_evaluation
 from bucketlearn.services.publish import publish_round
 from bucketlearn.services.results import list_deltas
 
@@ -80,10 +80,11 @@ class _Evaluator:
     seconds it rests ``domain.version.evaluation_rest(e)`` (``eval_cpu_share`` of a core at
     most): the versions committed meanwhile are skipped but the newest. A checkpoint's
     validation score (``score_checkpoint``) is never skipped: checkpoints are scored first, in
-    the order they came, without resting."""
+    the order they came, without resting. What it measures with is its ``scoring``."""
 
-    def __init__(self, svc: Services, stop: threading.Event) -> None:
+    def __init__(self, svc: Services, stop: threading.Event, scoring: Scoring) -> None:
         self.svc = svc
+        self.scoring = scoring
         self.stop = stop
         self._pending: dict[str, tuple[_JobSlot, int, list[Any]]] = {}
         self._checkpoints: list[tuple[_JobSlot, int, int, list[Any]]] = []
@@ -95,6 +96,8 @@ class _Evaluator:
         evaluator = self
 
         class _Bound:
+            scoring = evaluator.scoring
+
             def submit(self, aggregator: JobAggregator, version: int,
                        weights: list[Any]) -> None:
                 with evaluator._lock:
@@ -132,7 +135,7 @@ class _Evaluator:
             if job is None or job.is_terminal:
                 continue
             started = time.perf_counter()
-            found = evaluate_version(self.svc, job, weights, version)
+            found = self.scoring.evaluate_version(self.svc, job, weights, version)
             if found is not None:
                 slot.deliver(found)
             resting_until = time.monotonic() + evaluation_rest(
@@ -144,7 +147,7 @@ class _Evaluator:
         if job is None or job.is_terminal:
             return
         try:
-            score = checkpoint_score(self.svc, job, epoch, version, weights)
+            score = self.scoring.checkpoint_score(self.svc, job, epoch, version, weights)
         except Exception:  # noqa: BLE001 - the export scores every checkpoint it lacks
             log.warning("job %s: could not score v%d", job.job_id, version, exc_info=True)
             return
@@ -284,15 +287,18 @@ class AggregatorService:
         stop: set to stop (SIGTERM): each job's slot finishes its step, leases are released and
             unsettled messages go back to Pub/Sub.
         tuning: pacing.
+        scoring: what versions, checkpoints and exports are measured with (None: production's
+            ``evaluate.Scoring``; a test hands in its own).
     """
 
     def __init__(self, svc: Services, stop: threading.Event,
-                 tuning: AggregatorTuning = AggregatorTuning()) -> None:
+                 tuning: AggregatorTuning = AggregatorTuning(),
+                 scoring: Scoring | None = None) -> None:
         self.svc = svc
         self.stop = stop
         self.tuning = tuning
         self.identity = f"{svc.identity}-{layout.new_nonce()}"
-        self.evaluator = _Evaluator(svc, stop)
+        self.evaluator = _Evaluator(svc, stop, scoring or Scoring())
         self.slots: dict[str, _JobSlot] = {}
         self._lock = threading.Lock()
         self._renewer = threading.Thread(target=self._renew, name="leases", daemon=True)

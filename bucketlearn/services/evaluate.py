@@ -8,12 +8,15 @@ evaluation that arrives once its job's aggregation has ended. Where the evaluati
 (``aggregate.aggregate_job``, the synchronous pass); the long-running aggregator evaluates in a
 thread of its own (``services.aggregator``). Either hands the figures to the job's
 ``JobAggregator.evaluated`` (the job's health watched, the figures carried by its next commit).
+What the measuring is made of is a ``Scoring`` (the defaults here, or a test's own).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +25,7 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import holdout_fields, regression_fields, regression_headline
 from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.version import Evaluation
-from bucketlearn.ml.training import evaluate_detail
+from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import Services
 from bucketlearn.services.runtime import job_runtime
 
@@ -31,7 +34,10 @@ log = logging.getLogger(__name__)
 
 class Evaluator(Protocol):
     """Where a committed version's holdout evaluation happens, and a checkpoint's validation
-    score (never skipped: the aggregator's ``validated`` hears each)."""
+    score (never skipped: the aggregator's ``validated`` hears each), measured with its
+    ``scoring`` (which the job's export measures the final model with too)."""
+
+    scoring: Scoring
 
     def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None: ...
 
@@ -40,19 +46,24 @@ class Evaluator(Protocol):
 
 
 class InlineEvaluator:
-    """Evaluate each committed version at once and write its figures (the synchronous pass)."""
+    """Evaluate each committed version at once and write its figures (the synchronous pass),
+    measured with ``scoring`` (None: the production ``Scoring``)."""
+
+    def __init__(self, scoring: Scoring | None = None) -> None:
+        self.scoring = scoring or Scoring()
 
     def score_checkpoint(self, aggregator: Any, epoch: int, version: int,
                          weights: list[Any]) -> None:
         job = aggregator.job
         if job is not None:
-            aggregator.validated(checkpoint_score(aggregator.svc, job, epoch, version, weights))
+            aggregator.validated(self.scoring.checkpoint_score(aggregator.svc, job, epoch,
+                                                               version, weights))
 
     def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None:
         job = aggregator.job
         if job is None:
             return
-        found = evaluate_version(aggregator.svc, job, weights, version)
+        found = self.scoring.evaluate_version(aggregator.svc, job, weights, version)
         if found is None:
             return
         evaluation, loss = found
@@ -89,6 +100,25 @@ def checkpoint_score(svc: Services, job: Job, epoch: int, version: int,
     with runtime.lock:
         return validation_score(runtime.model, weights, *runtime.validation(), runtime.spec,
                                 epoch, version)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What an aggregation measures models with, named so that a test hands in its own (to
+    slow one down, fail one, or act in the middle of one) instead of patching this module.
+
+    Each field keeps its default's signature and contract: ``evaluate_version`` a committed
+    version's holdout figures (None: not evaluated), ``checkpoint_score`` a checkpoint's
+    validation score (raises when it cannot score it), ``evaluate_parts`` the export's
+    evaluation of the final model on the whole holdout (``ml.training.evaluate_parts``).
+    Taken by ``InlineEvaluator``, ``aggregate.aggregate_job`` and
+    ``aggregator.AggregatorService``; the defaults are production's.
+    """
+
+    evaluate_version: Callable[[Services, Job, list[Any], int],
+                               tuple[Evaluation, float] | None] = evaluate_version
+    checkpoint_score: Callable[[Services, Job, int, int, list[Any]], Score] = checkpoint_score
+    evaluate_parts: Callable[..., Any] = evaluate_parts
 
 
 def validation_score(model: Any, weights: list[Any], x: np.ndarray, y: np.ndarray,

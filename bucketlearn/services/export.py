@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bucketlearn import layout
@@ -30,13 +31,15 @@ from bucketlearn.services.selection import complete
 log = logging.getLogger(__name__)
 
 
-def export_final(svc: Services, job: Job, state: Selection | None = None) -> None:
+def export_final(svc: Services, job: Job, state: Selection | None = None,
+                 evaluate: Callable[..., Any] = evaluate_parts) -> None:
     """Export the job's model as ``models/<job>/latest.keras`` (and ``v<N>.keras``), then mark
     DONE; a degenerate final model ends the job FAILED instead (``domain.health``).
 
     The model is the best checkpoint by validation (``selection.complete``, from ``state``,
     what the aggregator's selection knew), or the head for a job that selects nothing; the
-    job's ``head`` at DONE is that version, with its figures on the whole holdout.
+    job's ``head`` at DONE is that version, with its figures on the whole holdout, measured
+    by ``evaluate`` (``ml.training.evaluate_parts``'s contract; the aggregator's ``Scoring``).
     """
     started = time.perf_counter()
     runtime = job_runtime(svc, job)
@@ -47,8 +50,8 @@ def export_final(svc: Services, job: Job, state: Selection | None = None) -> Non
     weights = runtime.state(head.weights_path, head.digest)[0]
     with runtime.lock:
         # the whole holdout, one part at a time: never all of it in memory
-        found = evaluate_parts(runtime.model, weights, runtime.holdout_parts(),
-                               runtime.spec.task)
+        found = evaluate(runtime.model, weights, runtime.holdout_parts(),
+                         runtime.spec.task)
         model_data = _export_bytes(job, runtime, found, head.version)
         ranked = column_importance(job, runtime, weights)
     now = svc.clock()

@@ -51,7 +51,7 @@ from bucketlearn.services import jobs
 from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender, expiry
 from bucketlearn.services.publish import announce_failure
 from bucketlearn.services.runtime import job_runtime, models_built, part_cache
-from bucketlearn.services.segment import run_segment
+from bucketlearn.services.segment import SegmentTrainer, run_segment, train_segment
 
 log = logging.getLogger(__name__)
 SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
@@ -86,18 +86,19 @@ class _Trained:
 class Learner:
     def __init__(self, svc: Services, worker_id: str | None = None,
                  stop: threading.Event | None = None, max_models: int = 0,
-                 tuning: LearnerTuning = LearnerTuning(), chain: bool = False) -> None:
+                 tuning: LearnerTuning = LearnerTuning(), chain: bool = False,
+                 segment_trainer: SegmentTrainer = train_segment) -> None:
         self.svc = svc
         self.tuning = tuning
-        # Once this process has built this many models (``runtime.models_built``: one per job,
-        # again if the job left the runtime cache), ``run`` returns between tasks with
-        # ``recycle`` set: the process is to be replaced (bucketlearn.entrypoints.worker; 0:
-        # never)
+        # Once this process has built this many models (``runtime.models_built``: one per job, again
+        # if the job left the runtime cache), ``run`` returns between tasks with ``recycle`` set:
+        # the process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
         self.max_models = max_models
         self.recycle = False
         # chain rounds at R = 1 (a learner process does; the in-process simulation, which folds
         # between tasks in one thread, does not)
         self.chain = chain
+        self.segment_trainer = segment_trainer  # a searched job's segments' (a test's own)
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
         self.tasks_done = 0
         self.started_at = svc.clock()
@@ -151,7 +152,7 @@ class Learner:
             return Decision.NACK  # shutting down: let another worker have it
         if task.segment:  # one candidate through one rung of a searched job
             self.heartbeat("busy", task)
-            done = run_segment(self.svc, task, self.worker_id, delivery_attempt)
+            done = run_segment(self.svc, task, self.worker_id, delivery_attempt, self.segment_trainer)
             self.tasks_done += int(done)
             self.heartbeat("idle")
             return Decision.ACK if done else Decision.NACK
@@ -322,10 +323,9 @@ class Learner:
 
     def announce(self, trained: _Trained, chained: bool = False,
                  attempt_key: str | None = None) -> ResultMessage:
-        """Write a trained task's result to the deltas bucket under its attempt's key, then
-        publish the message naming it (never before the object exists). Without
-        ``attempt_key``, an attempt is recorded first: a result is only ever written under a
-        key the registry holds."""
+        """Write a trained task's result to the deltas bucket under its attempt's key, then publish
+        the message naming it (never before the object exists). Without ``attempt_key``, an attempt
+        is recorded first: a result is only ever written under a key the registry holds."""
         svc, task = self.svc, trained.task
         if attempt_key is None:
             attempt_key, _ = self._record_attempt(task, svc.clock(), None)

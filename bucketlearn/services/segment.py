@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bucketlearn import codec, layout
@@ -74,6 +74,10 @@ def train_segment(svc: Services, job: Any, task: TaskMessage) -> bytes:
         "tasks": standing.rung_tasks[-1] if standing.rung_tasks else 0})
 
 
+# trains the segment a task names and returns its end state: ``train_segment``'s contract
+SegmentTrainer = Callable[[Services, Any, TaskMessage], bytes]
+
+
 def announce_segment(svc: Services, task: TaskMessage, data: bytes, worker_id: str,
                      seconds: float) -> None:
     """Write a segment's end state under a new name, then announce it."""
@@ -87,9 +91,11 @@ def announce_segment(svc: Services, task: TaskMessage, data: bytes, worker_id: s
 
 
 def run_segment(svc: Services, task: TaskMessage, worker_id: str,
-                delivery_attempt: int | None = None) -> bool:
-    """Process one segment message; True to acknowledge it, False to have it delivered again
-    (its training failed and attempts remain)."""
+                delivery_attempt: int | None = None,
+                train: SegmentTrainer = train_segment) -> bool:
+    """Process one segment message, trained by ``train`` (``train_segment``'s contract; a test
+    hands in its own); True to acknowledge it, False to have it delivered again (its training
+    failed and attempts remain)."""
     job = svc.registry.get_job(task.job_id)
     if job is None or job.is_terminal or not job.search:
         log.info("segment %s: the job is %s; nothing to do", task.task_id,
@@ -115,7 +121,7 @@ def run_segment(svc: Services, task: TaskMessage, worker_id: str,
         return True
     began = time.perf_counter()
     try:
-        data = train_segment(svc, job, task)
+        data = train(svc, job, task)
         announce_segment(svc, task, data, worker_id, time.perf_counter() - began)
     except Exception as exc:  # noqa: BLE001 - every failure is retried, then the line dropped
         transient = svc.transient(exc)

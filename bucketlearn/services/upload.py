@@ -42,9 +42,9 @@ from bucketlearn.events import (  # noqa: F401
     is_control,
 )
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.ingest.split import Outline, split_upload
+from bucketlearn.ingest.split import Outline
 from bucketlearn.ingest.stream import SourceFile
-from bucketlearn.ml.model import build_model, model_cost, spec_for
+from bucketlearn.ml.model import model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
 from bucketlearn.options import AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
@@ -59,6 +59,7 @@ from bucketlearn.services.planning import (
 )
 from bucketlearn.services.pool import publish_first
 from bucketlearn.services.split_claim import SplitClaim
+from bucketlearn.services.upload_steps import UploadSteps
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,10 @@ def _claim_existing(svc: Services, job_id: str, claim: str, now: float) -> Outco
     return Outcome.DUPLICATE
 
 
-def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | None]:
-    """Turn one upload event into (at most) one job.
+def handle_upload(svc: Services, event: StorageEvent, steps: UploadSteps | None = None
+                  ) -> tuple[Outcome, str | None]:
+    """Turn one upload event into (at most) one job, split and its model built with ``steps``
+    (``upload_steps.UploadSteps``; None: production's).
 
     Returns:
         (outcome, job id). ACCEPTED: the job was split and epoch 1 published; DUPLICATE: a
@@ -138,7 +141,7 @@ def handle_upload(svc: Services, event: StorageEvent) -> tuple[Outcome, str | No
             return settled, job_id
     held = SplitClaim(svc, job_id, claim, now)
     try:
-        return _split_claimed(svc, event, held, file)
+        return _split_claimed(svc, event, held, file, steps or UploadSteps())
     except BackendRejectedError as exc:
         fail(svc, held, f"{file}: a backend refused to store the job's state, so it cannot "
                         f"go on: {exc}")
@@ -206,7 +209,7 @@ def _check_upload(svc: Services, event: StorageEvent, file: str
 
 
 def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
-                   file: str) -> tuple[Outcome, str | None]:
+                   file: str, steps: UploadSteps) -> tuple[Outcome, str | None]:
     """The split of an upload whose job this invocation has claimed (see handle_upload)."""
     job_id = held.job_id
     checked = _check_upload(svc, event, file)
@@ -223,16 +226,16 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                                                            generation=event.generation))
     settings = svc.settings
     try:
-        manifest = split_upload(source, svc.store, settings.work_bucket, job_id, options,
-                                settings.limits, progress=held.renew,
-                                check=lambda outline: check_outline(outline, options,
-                                                                    settings.limits, file))
+        manifest = steps.split(source, svc.store, settings.work_bucket, job_id, options,
+                               settings.limits, progress=held.renew,
+                               check=lambda outline: check_outline(outline, options,
+                                                                   settings.limits, file))
         options, budget = budgeted(options, outline_of(manifest), file)
         _refuse_if_over(search_refusal(manifest, options), file)
         spec = spec_for(manifest, options, file)
         plan = plan_within_limits(outline_of(manifest), options, settings.limits, file)
         # the model is built once the cheap checks passed (a rejected upload builds none)
-        model = build_model(spec, manifest.mean, manifest.variance, manifest.schema,
+        model = steps.build(spec, manifest.mean, manifest.variance, manifest.schema,
                         manifest.preprocessing)
         cost = model_cost(model)
         plan = automatic_layout(plan, manifest, options, settings.limits, cost)

@@ -48,13 +48,14 @@ def train_pending(svc: Any, count: int) -> None:
         received.ack()
 
 
-def run_rounds(svc: Any, job_id: str, limit: int = 100) -> None:
-    """Train and fold every published round until the queue stays empty."""
+def run_rounds(svc: Any, job_id: str, limit: int = 100, scoring: Any = None) -> None:
+    """Train and fold every published round until the queue stays empty (the folds measure
+    with ``scoring``, an ``evaluate.Scoring``; None: production's)."""
     for _ in range(limit):
         if not len(svc.queue):
             return
         train_pending(svc, len(svc.queue))
-        aggregate.aggregate_job(svc, job_id)
+        aggregate.aggregate_job(svc, job_id, scoring)
     raise AssertionError(f"job {job_id}: still publishing rounds after {limit}")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +126,19 @@ def _print_search(result: Any) -> None:
     print(f"selected: {result.selected['reason']}")
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
-    load_tensorflow(args.verbose)
-    from bucketlearn.services.models import predict_file  # noqa: PLC0415
+# predicts for every row of a CSV with a .keras model: ``services.models.predict_file``'s contract
+Predictor = Callable[[str, str, str | None], dict[str, Any]]
 
-    result = predict_file(args.model, args.file, args.output)
+
+def cmd_predict(args: argparse.Namespace, predict: Predictor | None = None) -> int:
+    """Print (or write to ``args.output``) the predictions ``predict`` makes for ``args.file``
+    with ``args.model``, and the figures against its label column; None: ``predict_file``,
+    imported here so that the CLI starts without TensorFlow (a test hands in its own)."""
+    load_tensorflow(args.verbose)
+    if predict is None:
+        from bucketlearn.services.models import predict_file as predict  # noqa: PLC0415
+
+    result = predict(args.model, args.file, args.output)
     if args.json:
         emit(result)
         return EXIT_OK

@@ -24,10 +24,12 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
+from bucketlearn.faults import inject
 from bucketlearn.ingest.parts import part_address
 from bucketlearn.options import NONE, JobOptions
 from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
 from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
+from bucketlearn.services.evaluate import Scoring
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.runtime import AHEAD, part_cache
@@ -104,17 +106,17 @@ def upload(svc: Any, path: Path, options: JobOptions) -> str:
 
 @pytest.fixture
 def run_job(tmp_path: Path) -> Iterator[Any]:
-    """Start the aggregator service and ``learners`` chaining learner threads on a job; stop
-    every thread afterwards."""
+    """Start the aggregator service (measuring with ``scoring``, production's if None) and
+    ``learners`` chaining learner threads on a job; stop every thread afterwards."""
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
     def start(options: JobOptions, learners: int = 1, settings: Settings | None = None,
-              rows: int = 400) -> Running:
+              rows: int = 400, scoring: Scoring | None = None) -> Running:
         svc = dataclasses.replace(memory_services(settings), registry=CountingRegistry())
         path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=rows, n_classes=3, n_features=4)
         job_id = upload(svc, path, options)
-        service = AggregatorService(svc, stop, TUNING)
+        service = AggregatorService(svc, stop, TUNING, scoring)
         workers = [Learner(dataclasses.replace(svc, cache=RuntimeCache()), f"w{i}",
                            tuning=LEARNING, chain=True) for i in range(learners)]
         threads.append(threading.Thread(target=service.run, daemon=True))
@@ -194,26 +196,25 @@ def test_evaluations_travel_with_later_commits(run_job):
     assert job.head.evaluated_version == job.head.version == job.selection["best"]["version"]
 
 
-def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch):
+def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job):
     """With ``eval_cpu_share`` 0.2 the background evaluator rests four times an evaluation's
     length after each one (evaluations made slow here: 60 ms), so the versions committed
     meanwhile go unevaluated but the newest; the figures still reach the versions."""
     # Prepare
     from bucketlearn.domain.version import evaluation_rest
-    from bucketlearn.services import aggregator
 
-    real = aggregator.evaluate_version
+    real = Scoring().evaluate_version
 
     def slow_evaluation(*args: Any) -> Any:
         time.sleep(0.06)
         return real(*args)
 
-    monkeypatch.setattr(aggregator, "evaluate_version", slow_evaluation)
     settings = dataclasses.replace(Settings(), eval_cpu_share=0.2)
     # long enough to outlast the first evaluation's rest (that evaluation also builds the
     # predict function: on a slow machine over a second, so a rest at its 5-s cap)
     running = run_job(JobOptions(epochs=16, rows_per_shard=32, parallel_tasks=1,
-                                 validation_fraction=NONE), settings=settings, rows=1000)
+                                 validation_fraction=NONE), settings=settings, rows=1000,
+                      scoring=Scoring(evaluate_version=slow_evaluation))
     # Execute
     job = wait_ended(running.svc, running.job_id)
     # Assert
@@ -227,15 +228,13 @@ def test_the_evaluator_rests_to_keep_to_its_share_of_a_core(run_job, monkeypatch
             rest + later.aggregator["eval_seconds"]), (earlier.version, later.version)
 
 
-def test_an_evaluation_that_ends_after_its_job_reaches_its_version(run_job, monkeypatch):
+def test_an_evaluation_that_ends_after_its_job_reaches_its_version(run_job):
     """A job that trains faster than its first evaluation (a chained job of a small table: the
     first evaluation also builds the predict function) ends before the figures are in: they
     reach their version's document all the same (they used to be dropped with the job's slot,
     leaving a finished job without a curve), and the head keeps the export's figures."""
     # Prepare: every evaluation is measured, then handed over only once its job has ended
-    from bucketlearn.services import aggregator
-
-    real = aggregator.evaluate_version
+    real = Scoring().evaluate_version
     measured: list[int] = []
 
     def evaluation_that_ends_late(svc: Any, job: Any, weights: Any, version: int) -> Any:
@@ -244,8 +243,8 @@ def test_an_evaluation_that_ends_after_its_job_reaches_its_version(run_job, monk
         assert wait_until(lambda: svc.registry.get_job(job.job_id).is_terminal, timeout=60)
         return found
 
-    monkeypatch.setattr(aggregator, "evaluate_version", evaluation_that_ends_late)
-    running = run_job(JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1))
+    running = run_job(JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1),
+                      scoring=Scoring(evaluate_version=evaluation_that_ends_late))
     registry = running.svc.registry
     # Execute
     job = wait_ended(running.svc, running.job_id)
@@ -564,7 +563,7 @@ def test_a_cancelled_job_is_exported_by_the_aggregator(tmp_path):
         models, layout.model_path(job_id, 0)), 0)
 
 
-def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
+def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path):
     """A backend refusing the version's commit for good (Firestore's InvalidArgument) ends the
     job FAILED saying why, instead of retrying every second for ever."""
     # Prepare
@@ -575,12 +574,11 @@ def test_a_permanent_error_ends_the_job_with_its_reason(tmp_path, monkeypatch):
                     JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1))
     Learner(svc, "w1").process(svc.queue.pull(0).message)
 
-    def refused(commit):
+    def refused(real, commit):
         raise BackendRejectedError("firestore commit version: InvalidArgument: too large")
 
-    monkeypatch.setattr(svc.registry, "commit_version", refused)
     stop = threading.Event()
-    service = AggregatorService(svc, stop, TUNING)
+    service = AggregatorService(inject(svc, "registry", commit_version=refused), stop, TUNING)
     # Execute
     thread = threading.Thread(target=service.run, kwargs={
         "until": lambda: svc.registry.get_job(job_id).is_terminal}, daemon=True)
@@ -641,13 +639,12 @@ def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path)
                     JobOptions(epochs=1, rows_per_shard=32, parallel_tasks=1,
                                validation_fraction=NONE))
     reads: list[tuple[str, str]] = []
-    read = svc.store.read_range
 
-    def recorded(bucket: str, name: str, offset: int, length: int) -> bytes:
+    def recorded(real: Any, bucket: str, name: str, offset: int, length: int) -> bytes:
         reads.append((part_address(name, offset, length), threading.current_thread().name))
-        return read(bucket, name, offset, length)
+        return real(bucket, name, offset, length)
 
-    svc.store.read_range = recorded  # parts are packed: each is read as a range of its pack
+    svc = inject(svc, "store", read_range=recorded)  # a packed part: a range of its pack
     learner = Learner(svc, "w-ahead", tuning=LEARNING, chain=True)
     job = svc.registry.get_job(job_id)
     first = learner.train(svc.queue.pull(0).message, job)
@@ -712,25 +709,21 @@ def test_training_stops_where_validation_stopped_improving_with_train_locals_mod
     assert len(checkpoints) >= serial.selection["stop_epoch"] - 1
 
 
-def test_a_lost_checkpoint_score_is_made_up_and_training_still_stops_early(run_job, tmp_path,
-                                                                          monkeypatch):
+def test_a_lost_checkpoint_score_is_made_up_and_training_still_stops_early(run_job, tmp_path):
     """The evaluator fails to score epoch 2's checkpoint (as after a takeover, whose new holder
     never scored the epochs before it): when epoch 3's score comes, epoch 2's is scored from its
     stored weights, and the job stops where train-local stops instead of training its whole
     budget."""
     # Prepare: the evaluator's checkpoint scoring fails once, for epoch 2
-    from bucketlearn.services import aggregator as service_module
-
-    real = service_module.checkpoint_score
+    real = Scoring().checkpoint_score
 
     def lose_epoch_two(svc, job, epoch, version, weights):
         if epoch == 2:
             raise OSError("injected: the score of epoch 2 is lost")
         return real(svc, job, epoch, version, weights)
 
-    monkeypatch.setattr(service_module, "checkpoint_score", lose_epoch_two)
     options = JobOptions(epochs=40, rows_per_shard=32, parallel_tasks=1, patience=2)
-    running = run_job(options, rows=1000)
+    running = run_job(options, rows=1000, scoring=Scoring(checkpoint_score=lose_epoch_two))
     serial = train_local(str(tmp_path / "blobs.csv"), options, svc=memory_services())
     # Execute
     job = wait_ended(running.svc, running.job_id)

@@ -20,7 +20,7 @@ from bucketlearn.options import JobOptions
 from bucketlearn.ports import ResultMessage, VersionCommit
 from bucketlearn.services import jobs
 from bucketlearn.services.aggregate import JobAggregator, aggregate_job
-from bucketlearn.services.evaluate import InlineEvaluator
+from bucketlearn.services.evaluate import InlineEvaluator, Scoring
 from bucketlearn.services.learn import Learner
 from bucketlearn.services.serial import sample_figures, simulate_pipeline, train_local
 from bucketlearn.services.status import status_object
@@ -184,28 +184,30 @@ def test_versions_record_where_the_fold_time_went(pipeline):
         assert 0.0 <= v.figure("holdout_accuracy") <= 1.0 and v.figure("holdout_loss") > 0
 
 
-def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path, monkeypatch):
+def test_the_next_round_is_published_before_the_fold_is_evaluated(tmp_path):
     """Workers wait for the commit, not the evaluation: the version that completes epoch 1
     publishes epoch 2's first round before its holdout evaluation and its validation score
     run."""
-    # Prepare
-    from bucketlearn.services import evaluate as evaluation
+    # Prepare: the fold measures with a Scoring that notes what was published at each measure
     from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=5, validation="auto")
     planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     seen: list[tuple[int, int]] = []  # (head version at evaluation, epoch-2 tasks published)
-    real = evaluation.evaluate_detail
 
-    def evaluate(*args, **kwargs):
-        second = sum(1 for m in svc.queue.published if m.epoch == 2)
-        seen.append((int(svc.registry.get_job(job_id).version), second))
-        return real(*args, **kwargs)
+    def noting(real):
+        def evaluate(*args):
+            second = sum(1 for m in svc.queue.published if m.epoch == 2)
+            seen.append((int(svc.registry.get_job(job_id).version), second))
+            return real(*args)
+        return evaluate
 
-    monkeypatch.setattr(evaluation, "evaluate_detail", evaluate)
+    production = Scoring()
+    scoring = Scoring(evaluate_version=noting(production.evaluate_version),
+                      checkpoint_score=noting(production.checkpoint_score))
     train_pending(svc, planned)
     # Execute
-    aggregate_job(svc, job_id)
+    aggregate_job(svc, job_id, scoring)
     # Assert
     job = svc.registry.get_job(job_id)
     assert job.epoch == 2 and job.published == round_key(2, 0)

@@ -1,6 +1,6 @@
 """Every case in tests/data/bad/cases.json, uploaded and handled: REJECTED with a precise reason.
 
-Each case goes through ``upload_service.handle_upload`` on the in-memory ports exactly as the upload
+Each case goes through ``upload.handle_upload`` on the in-memory ports exactly as the upload
 function would run it: the bytes (committed under tests/data/bad, or generated into tmp) are
 uploaded with the case's object metadata under its object name, with the case's limits as the
 deployment's limits. The job must end REJECTED, its error must name the file (gs://bucket/name)
@@ -20,8 +20,8 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.services import upload as upload_service
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services.upload_steps import UploadSteps
 from tests.unit.helpers import (
     BAD_DIR,
     assert_rejection_reason,
@@ -65,13 +65,13 @@ def test_manifest_is_complete_and_well_formed() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=bad_case_id)
 def test_bad_upload_is_rejected_with_file_row_column_expected_found(
-        case: dict[str, Any], generated_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        case: dict[str, Any], generated_dir: Path) -> None:
     """handle_upload: REJECTED, the job says where and why, nothing left behind, no model built."""
     # Prepare
     def no_model(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a rejected upload must not build a Keras model")
 
-    monkeypatch.setattr(upload_service, "build_model", no_model)
+    steps = UploadSteps(build=no_model)
     settings = dataclasses.replace(Settings(), limits=Limits(**case.get("limits", {})))
     svc = memory_services(settings)
     name = bad_case_object_name(case)
@@ -80,7 +80,7 @@ def test_bad_upload_is_rejected_with_file_row_column_expected_found(
                                  metadata=dict(case["metadata"]))
     event = StorageEvent(info.bucket, info.name, info.generation, info.size)
     # Execute
-    outcome, job_id = handle_upload(svc, event)
+    outcome, job_id = handle_upload(svc, event, steps)
     # Assert
     assert outcome is Outcome.REJECTED
     assert job_id == layout.job_id_for(info.bucket, name, info.generation)
@@ -91,7 +91,7 @@ def test_bad_upload_is_rejected_with_file_row_column_expected_found(
     assert list(svc.store.list(settings.work_bucket, layout.job_prefix(job_id))) == []
     assert list(svc.store.list(settings.models_bucket)) == []
     assert svc.queue.published == []
-    assert handle_upload(svc, event) == (Outcome.DUPLICATE, job_id)  # acked, never redone
+    assert handle_upload(svc, event, steps) == (Outcome.DUPLICATE, job_id)  # acked, not redone
 
 
 def test_rejections_leave_other_jobs_alone(generated_dir: Path) -> None:

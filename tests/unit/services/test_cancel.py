@@ -14,16 +14,17 @@ from bucketlearn import layout
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, RUNNING
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
+from bucketlearn.faults import inject
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import export as export_service
 from bucketlearn.services import jobs
-from bucketlearn.services import upload as upload_service
 from bucketlearn.services.autoscale import outstanding_tasks
 from bucketlearn.services.cancel import CancelResult, cancel_job
+from bucketlearn.services.evaluate import Scoring
 from bucketlearn.services.learn import Decision, Learner
 from bucketlearn.services.models import model_bytes, predict_file
 from bucketlearn.services.status import status_object
 from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services.upload_steps import UploadSteps
 from bucketlearn.services.waiting import wait_terminal
 from tests.unit.helpers import csv_bytes, write_blobs_csv
 from tests.unit.steps import run_rounds, start_job, train_pending
@@ -133,22 +134,20 @@ def test_the_aggregator_folds_nothing_after_a_cancel_even_with_results_waiting(r
     assert delta_objects(svc, job_id) == []
 
 
-def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
+def test_a_fold_racing_the_cancel_cannot_commit(running):
     """The cancel lands between the fold's read and its commit: the registry refuses the commit
     (before: it committed v2 and set the job RUNNING again, undoing the cancel)."""
     # Prepare
     svc, job_id = running
     train_pending(svc, 2)
-    real_commit = svc.registry.commit_version
 
-    def cancel_then_commit(commit):
+    def cancel_then_commit(real, commit):
         cancel_job(svc, job_id, BY)
-        return real_commit(commit)
+        return real(commit)
 
-    monkeypatch.setattr(svc.registry, "commit_version", cancel_then_commit)
     published = len(svc.queue.published)
     # Execute
-    aggregator.aggregate_job(svc, job_id)
+    aggregator.aggregate_job(inject(svc, "registry", commit_version=cancel_then_commit), job_id)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (job.status, job.version) == (CANCELLED, 1)
@@ -158,15 +157,15 @@ def test_a_fold_racing_the_cancel_cannot_commit(running, monkeypatch):
     assert len(svc.queue.published) == published  # no next round
 
 
-def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkeypatch):
+def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path):
     """The cancel lands while the export evaluates the final model: the job is not marked DONE
     (before: DONE overwrote CANCELLED); it stays CANCELLED, and its head version is exported as
     a cancelled job's is (so that it downloads from the models bucket)."""
-    # Prepare: the cancel lands in the export's evaluation (export.py's evaluate_parts has no
-    # other caller; the store's reads would not single it out: the last version's evaluation
-    # reads the same holdout parts, in the same exporting phase)
+    # Prepare: the cancel lands in the export's evaluation (the Scoring's evaluate_parts: the
+    # export is its only user; the store's reads would not single it out: the last version's
+    # evaluation reads the same holdout parts, in the same exporting phase)
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
-    real_evaluate = export_service.evaluate_parts
+    real_evaluate = Scoring().evaluate_parts
     exporting = []
 
     def evaluate(*args, **kwargs):
@@ -174,9 +173,8 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
         cancel_job(svc, job_id, BY)
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(export_service, "evaluate_parts", evaluate)
     # Execute
-    run_rounds(svc, job_id)
+    run_rounds(svc, job_id, scoring=Scoring(evaluate_parts=evaluate))
     # Assert
     job = svc.registry.get_job(job_id)
     models = svc.settings.models_bucket
@@ -186,24 +184,21 @@ def test_an_export_racing_the_cancel_does_not_mark_the_job_done(tmp_path, monkey
     assert svc.store.stat(models, layout.model_path(job_id, job.version)) is not None
 
 
-def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path,
-                                                                             monkeypatch):
+def test_a_cancel_after_the_export_wrote_its_files_is_not_overwritten_by_done(tmp_path):
     """The narrowest window: the .keras files are written, DONE is not yet. DONE is written
     only onto a job that has not ended, so the cancel stands (the files hold its head, which
     the cancelled job's wind-up records as its model)."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=5)
-    real_write = svc.store.write_bytes
 
-    def write(bucket, name, *args, **kwargs):
-        info = real_write(bucket, name, *args, **kwargs)
+    def write(real, bucket, name, *args, **kwargs):
+        info = real(bucket, name, *args, **kwargs)
         if name == layout.model_path(job_id):
             cancel_job(svc, job_id, BY)
         return info
 
-    monkeypatch.setattr(svc.store, "write_bytes", write)
     # Execute
-    run_rounds(svc, job_id)
+    run_rounds(inject(svc, "store", write_bytes=write), job_id)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (job.status, job.phase) == (CANCELLED, "cancelled")
@@ -275,9 +270,9 @@ def upload(svc: Any, name: str, data: bytes) -> StorageEvent:
     return StorageEvent(info.bucket, info.name, info.generation, info.size)
 
 
-def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the split cancel its own job once it has read the whole upload."""
-    real = upload_service.split_upload
+def cancel_during_split(svc: Any) -> UploadSteps:
+    """Upload steps whose split cancels its own job once it has read the whole upload."""
+    real = UploadSteps().split
 
     def split_then_cancel(source, store, bucket, job_id, *args, **kwargs):
         try:
@@ -285,10 +280,10 @@ def cancel_during_split(svc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         finally:
             cancel_job(svc, job_id, BY, "during the split")
 
-    monkeypatch.setattr(upload_service, "split_upload", split_then_cancel)
+    return UploadSteps(split=split_then_cancel)
 
 
-def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch):
+def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path):
     """The splitter does not resurrect it: no version 0 (its weights, written just before, are
     deleted), no task published, its shards removed;
     the event redelivered is a duplicate (before: start_training was refused, the function
@@ -298,10 +293,10 @@ def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch)
 
     svc = memory_services()
     event = upload(svc, "blobs.csv", write_blobs_csv(tmp_path / "b.csv", n_rows=300).read_bytes())
-    cancel_during_split(svc, monkeypatch)
+    steps = cancel_during_split(svc)
     # Execute
-    outcome, job_id = handle_upload(svc, event)
-    again, _ = handle_upload(svc, event)
+    outcome, job_id = handle_upload(svc, event, steps)
+    again, _ = handle_upload(svc, event, steps)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (outcome, again) == (Outcome.CANCELLED, Outcome.DUPLICATE)
@@ -315,7 +310,7 @@ def test_a_job_cancelled_during_its_split_stays_cancelled(tmp_path, monkeypatch)
         model_bytes(svc, job_id, None)
 
 
-def test_a_problem_found_after_a_cancel_does_not_overwrite_it(monkeypatch):
+def test_a_problem_found_after_a_cancel_does_not_overwrite_it():
     """A bad upload cancelled while it is read stays CANCELLED: the rejection that follows
     does not replace the cancel (before: REJECTED overwrote it)."""
     # Prepare
@@ -324,9 +319,9 @@ def test_a_problem_found_after_a_cancel_does_not_overwrite_it(monkeypatch):
     svc = memory_services()
     rows = [[i, i % 2] for i in range(20)] + [["abc", 1]]
     event = upload(svc, "bad.csv", csv_bytes(["x", "label"], rows))
-    cancel_during_split(svc, monkeypatch)
+    steps = cancel_during_split(svc)
     # Execute
-    _, job_id = handle_upload(svc, event)
+    _, job_id = handle_upload(svc, event, steps)
     # Assert
     job = svc.registry.get_job(job_id)
     assert (job.status, job.cancel_reason) == (CANCELLED, "during the split")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.faults import inject
 from bucketlearn.services.heartbeat import LearnerTuning, Reporter
 from bucketlearn.services.learn import Learner
 from tests.unit.helpers import eventually
@@ -61,18 +62,15 @@ def test_the_state_is_written_again_while_nothing_changes(monkeypatch: pytest.Mo
     assert set(recorder.states()) == {"idle"}
 
 
-def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                          ) -> None:
+def test_run_writes_no_heartbeat_per_task(tmp_path: Path) -> None:
     """Six tasks in well under a second: "idle" at the start, at most one write from the
     reporter, "stopped" at the end; before, every task wrote "busy" and "idle"."""
     # Prepare
     svc, job_id = start_job(tmp_path, parallel_tasks=5)  # one round of every task, published
     planned = int(svc.registry.get_job(job_id).tasks_per_epoch)
     writes: list[str] = []
-    real = svc.registry.heartbeat
-    monkeypatch.setattr(svc.registry, "heartbeat",
-                        lambda worker_id, fields: (writes.append(fields["state"]),
-                                                   real(worker_id, fields)))
+    svc = inject(svc, "registry", heartbeat=lambda real, worker_id, fields: (
+        writes.append(fields["state"]), real(worker_id, fields)))
     # Execute
     handled = Learner(svc, "w1").run(threading.Event(), max_tasks=planned, pull_timeout=0.1)
     # Assert
@@ -85,22 +83,20 @@ def test_run_writes_no_heartbeat_per_task(tmp_path: Path, monkeypatch: pytest.Mo
     assert doc["expire_at"].timestamp() == pytest.approx(doc["last_seen"] + 24 * 3600)
 
 
-def test_a_late_heartbeat_never_lands_after_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_late_heartbeat_never_lands_after_stopped() -> None:
     """A reporter write still in flight when ``run`` ends (a slow registry, longer than the
     reporter's join) lands before "stopped", never after it."""
     # Prepare: the reporter writes often; its writes take longer than run waits for it
-    svc = memory_services()
-    monkeypatch.setattr(svc.queue, "pull", lambda timeout: time.sleep(timeout))
-    real = svc.registry.heartbeat
     in_flight = threading.Event()
 
-    def slow_from_the_reporter(worker_id: str, fields: dict[str, Any]) -> None:
+    def slow_from_the_reporter(real: Any, worker_id: str, fields: dict[str, Any]) -> None:
         if threading.current_thread().name == "heartbeat":
             in_flight.set()
             time.sleep(1.0)
         real(worker_id, fields)
 
-    monkeypatch.setattr(svc.registry, "heartbeat", slow_from_the_reporter)
+    svc = inject(inject(memory_services(), "queue", pull=lambda real, timeout: time.sleep(timeout)),
+                 "registry", heartbeat=slow_from_the_reporter)
     stop = threading.Event()
     threading.Thread(target=lambda: in_flight.wait(10) and stop.set(), daemon=True).start()
     # Execute: run ends while the reporter's write is in flight

@@ -28,6 +28,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
+from bucketlearn.faults import inject
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import ShardWriter, read_part
 from bucketlearn.ingest.split import split_upload
@@ -35,7 +36,7 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import BlobInfo
 from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import export, results
+from bucketlearn.services import export
 from tests.unit.helpers import blobs_rows, csv_bytes
 from tests.unit.steps import run_rounds, start_job, train_pending
 
@@ -45,29 +46,26 @@ def weight_objects(svc: Any, job_id: str) -> set[str]:
 
 
 def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """Invariants 3 and 4: the crash leaves an unreferenced object; the rerun applies everything."""
     # Prepare
     svc, job_id = start_job(tmp_path)
     train_pending(svc, 2)
     before = weight_objects(svc, job_id)
-    real_commit = svc.registry.commit_version
 
-    def crash(commit: Any) -> bool:
+    def crash(real: Any, commit: Any) -> bool:
         raise RuntimeError("killed between the weights write and the commit")
 
-    monkeypatch.setattr(svc.registry, "commit_version", crash)
     # Execute
     with pytest.raises(RuntimeError):
-        aggregator.aggregate_job(svc, job_id)
+        aggregator.aggregate_job(inject(svc, "registry", commit_version=crash), job_id)
     # Assert: an orphan weights object, the head still on v0 and pointing at v0's object
     orphans = weight_objects(svc, job_id) - before
     assert len(orphans) == 1
     job = svc.registry.get_job(job_id)
     assert job.version == 0 and job.head.weights_path in before
     assert [v.version for v in svc.registry.list_versions(job_id)] == [0]
-    # Execute: the lease expires, the event is retried
-    monkeypatch.setattr(svc.registry, "commit_version", real_commit)
+    # Execute: the lease expires, the event is retried (commits work again)
     svc.registry.leases.clear()
     aggregator.aggregate_job(svc, job_id)
     run_rounds(svc, job_id)
@@ -81,15 +79,20 @@ def test_crash_between_weights_write_and_commit_leaves_no_dangling_pointer(
     assert all(v.weights_path not in orphans for v in versions)
 
 
-def test_rerun_after_commit_changes_nothing(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rerun_after_commit_changes_nothing(tmp_path: Path) -> None:
     """Invariant 2: a crash after the commit (before cleanup/ack) is retried without effect."""
     # Prepare
     svc, job_id = start_job(tmp_path, epochs=2)
     train_pending(svc, 2)
-    monkeypatch.setattr(results, "_delete", lambda svc, name: None)  # deltas stay
+
+    def keep_deltas(real: Any, bucket: str, name: str) -> None:
+        if bucket != svc.settings.deltas_bucket:  # the results stay after their commit
+            real(bucket, name)
+
+    svc = inject(svc, "store", delete=keep_deltas)
     aggregator.aggregate_job(svc, job_id)
     after_first = svc.registry.get_job(job_id)
+    assert list(svc.store.list(svc.settings.deltas_bucket)), "the deltas were deleted"
     # Execute: the same event delivered again, the deltas still in the bucket
     aggregator.aggregate_job(svc, job_id)
     aggregator.aggregate_job(svc, job_id)

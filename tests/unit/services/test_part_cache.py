@@ -11,6 +11,7 @@ import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.faults import inject
 from bucketlearn.ingest.parts import encode_part
 from bucketlearn.services.runtime import AHEAD, PartCache
 from tests.unit.helpers import wait_until
@@ -133,9 +134,8 @@ def test_reads_ahead_run_on_their_own_thread(svc):
     names = parts_in(svc, 2)
     cache = PartCache(max_bytes=1 << 20)
     threads: dict[str, str] = {}
-    read = svc.store.read_bytes
-    svc.store.read_bytes = lambda b, n: (threads.setdefault(n, threading.current_thread().name),
-                                         read(b, n))[1]
+    svc = inject(svc, "store", read_bytes=lambda real, b, n: (
+        threads.setdefault(n, threading.current_thread().name), real(b, n))[1])
     # Execute
     cache.prefetch(svc, names[:1])
     cache.rows(svc, names)

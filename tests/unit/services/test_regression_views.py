@@ -72,13 +72,14 @@ def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     assert headline.is_regression(summary) and not headline.is_regression({"task": "classification"})
 
 
-def test_predict_prints_numbers_and_the_figures_against_the_label_column(monkeypatch, capsys):
-    from bucketlearn.services import models
+def test_predict_prints_numbers_and_the_figures_against_the_label_column(capsys):
+    from bucketlearn.entrypoints.cli.model_commands import cmd_predict
 
     found = {"rows": 2, "label_column": "y", "task": "regression", "predictions": [4867.7637, 3.5],
              "rmse": 264.6, "mae": 211.9, "r2": 0.891, "scored_rows": 2}
-    monkeypatch.setattr(models, "predict_file", lambda *args: found)
-    code = cli.main(["predict", "m.keras", "rows.csv"])
+    args = cli.build_parser().parse_args(["predict", "m.keras", "rows.csv"])
+    assert args.func is cmd_predict
+    code = cmd_predict(args, predict=lambda *args: found)
     out, err = capsys.readouterr()
     assert code == 0 and out.splitlines() == ["4867.76", "3.5"]
     assert "RMSE 264.6, MAE 211.9, R² 0.891 against column 'y' (2 rows" in err

@@ -121,21 +121,18 @@ def _train_all(svc, learner, limit=100):
     return handled
 
 
-def _searched_to_the_end(table, monkeypatch, fault):
+def _searched_to_the_end(table, fault):
     """A searched job of ``table`` trained by one learner to its end, each segment's training
     first handed to ``fault(task)`` (which may raise); the job as it ended."""
-    from bucketlearn.services import segment
-
-    real = segment.train_segment
+    from bucketlearn.services.segment import train_segment
 
     def faulty(svc, job, task):
         fault(task)
-        return real(svc, job, task)
+        return train_segment(svc, job, task)
 
-    monkeypatch.setattr(segment, "train_segment", faulty)
     svc = memory_services()
     job_id = _start(table, svc)
-    learner = Learner(svc, "w-0")
+    learner = Learner(svc, "w-0", segment_trainer=faulty)
     for _ in range(20):
         _train_all(svc, learner)
         aggregate_job(svc, job_id)
@@ -187,15 +184,14 @@ def test_a_duplicated_result_and_a_lost_publish_change_nothing(table, local):
     assert done.head.holdout_accuracy == local.accuracy
 
 
-def test_a_segment_that_always_fails_drops_its_candidate_and_the_job_goes_on(table,
-                                                                             monkeypatch):
+def test_a_segment_that_always_fails_drops_its_candidate_and_the_job_goes_on(table):
     # Prepare: candidate 3's training raises, every time
     def failing(task):
         if task.task_index == 3:
             raise RuntimeError("out of memory (injected)")
 
     # Execute
-    job = _searched_to_the_end(table, monkeypatch, failing)
+    job = _searched_to_the_end(table, failing)
     # Assert
     assert job.status == DONE, job.error
     dropped = next(c for c in status_object(job)["candidates"] if c["index"] == 3)
@@ -287,7 +283,7 @@ def test_an_ordinary_result_under_a_searched_job_is_not_taken_for_a_segment(tabl
     assert job.search["lines"] == {} and not job.is_terminal
 
 
-def test_an_outage_does_not_spend_a_segments_attempts(table, monkeypatch):
+def test_an_outage_does_not_spend_a_segments_attempts(table):
     # Prepare: candidate 1's first seven trainings meet a backend outage
     outages = {"left": 7}
 
@@ -297,7 +293,7 @@ def test_an_outage_does_not_spend_a_segments_attempts(table, monkeypatch):
             raise TransientError("storage unreachable (injected)")
 
     # Execute
-    job = _searched_to_the_end(table, monkeypatch, flaky)
+    job = _searched_to_the_end(table, flaky)
     # Assert: more failures than attempts allowed, and candidate 1 trained all the same
     assert job.status == DONE, job.error
     assert outages["left"] == 0

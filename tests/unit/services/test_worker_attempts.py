@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bucketlearn.errors import TransientError
+from bucketlearn.faults import inject
 from bucketlearn.services.heartbeat import LearnerTuning
 from bucketlearn.services.learn import Decision, Learner
 from tests.unit.steps import start_job
@@ -15,19 +16,18 @@ from tests.unit.steps import start_job
 
 @pytest.mark.parametrize("error, counted", [(ConnectionError("connection reset"), 0),
                                             (ValueError("not an npz"), 1)])
-def test_attempts_count_only_real_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           error: Exception, counted: int) -> None:
+def test_attempts_count_only_real_failures(tmp_path: Path, error: Exception,
+                                           counted: int) -> None:
     # Prepare: every shard read fails with ``error``; a transient one for longer than the worker
     # keeps a task through an outage
     svc, job_id = start_job(tmp_path)
-    real_read = svc.store.read_range  # a part is a range of its pack
 
-    def failing_read(bucket: str, name: str, offset: int, length: int) -> Any:
+    def failing_read(real: Any, bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name:
             raise error
-        return real_read(bucket, name, offset, length)
+        return real(bucket, name, offset, length)
 
-    monkeypatch.setattr(svc.store, "read_range", failing_read)
+    svc = inject(svc, "store", read_range=failing_read)  # a part is a range of its pack
     received = svc.queue.pull(0)
     # Execute
     tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
@@ -56,22 +56,20 @@ def test_a_task_records_when_its_message_arrived(tmp_path: Path) -> None:
     assert (result.job_id, result.task_index, result.kind) == (job_id, task.task_index, "result")
 
 
-def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path) -> None:
     """Two failed shard reads, then the storage is back: the worker keeps the message and trains
     (ACK) instead of nacking: every nack is a Pub/Sub delivery towards dead-lettering.
     One attempt is counted."""
     # Prepare
     svc, job_id = start_job(tmp_path)
-    real_read = svc.store.read_range  # a part is a range of its pack
     failures = iter([True, True])
 
-    def flaky_read(bucket: str, name: str, offset: int, length: int) -> Any:
+    def flaky_read(real: Any, bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name and next(failures, False):
             raise ConnectionError("connection reset")
-        return real_read(bucket, name, offset, length)
+        return real(bucket, name, offset, length)
 
-    monkeypatch.setattr(svc.store, "read_range", flaky_read)
+    svc = inject(svc, "store", read_range=flaky_read)  # a part is a range of its pack
     received = svc.queue.pull(0)
     # Execute
     tuning = LearnerTuning(transient_backoff_seconds=0.01)
@@ -83,22 +81,20 @@ def test_a_short_outage_is_ridden_out_holding_the_task(tmp_path: Path,
     assert [m.task_index for m in svc.results.published] == [task.task_index]
 
 
-def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(tmp_path: Path) -> None:
     """record_attempt's write lands but its answer is lost (an outage between the write and the
     read-back): the retry with the same attempt key counts once."""
     # Prepare
     svc, job_id = start_job(tmp_path)
-    real = svc.registry.record_attempt
     lost = iter([True])
 
-    def answer_lost(*args: Any, **kwargs: Any) -> int:
+    def answer_lost(real: Any, *args: Any, **kwargs: Any) -> int:
         count = real(*args, **kwargs)
         if next(lost, False):
             raise TransientError("deadline exceeded reading the attempt back")
         return count
 
-    monkeypatch.setattr(svc.registry, "record_attempt", answer_lost)
+    svc = inject(svc, "registry", record_attempt=answer_lost)
     received = svc.queue.pull(0)
     # Execute
     tuning = LearnerTuning(transient_backoff_seconds=0.0)
@@ -108,27 +104,24 @@ def test_a_lost_answer_to_record_attempt_does_not_spend_an_attempt(
     assert decision is Decision.ACK and task.attempts == 1
 
 
-def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_attempt_that_could_not_be_given_back_is_given_back_later(tmp_path: Path) -> None:
     """A transient failure outlasts the worker's patience and the refund fails too (the registry
     is down): the attempt is owed, and given back with the next task."""
     # Prepare
     svc, job_id = start_job(tmp_path)
-    real_read, real_refund = svc.store.read_range, svc.registry.refund_attempt
     down = {"storage": True, "refunds": True}
 
-    def read(bucket: str, name: str, offset: int, length: int) -> Any:
+    def read(real: Any, bucket: str, name: str, offset: int, length: int) -> Any:
         if "/shards/" in name and down["storage"]:
             raise ConnectionError("connection reset")
-        return real_read(bucket, name, offset, length)
+        return real(bucket, name, offset, length)
 
-    def refund(*args: Any, **kwargs: Any) -> None:
+    def refund(real: Any, *args: Any, **kwargs: Any) -> None:
         if down["refunds"]:
             raise TransientError("firestore unavailable")
-        real_refund(*args, **kwargs)
+        real(*args, **kwargs)
 
-    monkeypatch.setattr(svc.store, "read_range", read)
-    monkeypatch.setattr(svc.registry, "refund_attempt", refund)
+    svc = inject(inject(svc, "store", read_range=read), "registry", refund_attempt=refund)
     tuning = LearnerTuning(transient_backoff_seconds=0.0, transient_retry_seconds=0.0)
     learner = Learner(svc, "w1", tuning=tuning)
     first = svc.queue.pull(0)
@@ -144,20 +137,18 @@ def test_an_attempt_that_could_not_be_given_back_is_given_back_later(
     assert second is Decision.ACK and task.attempts == 1  # the outage's attempt was given back
 
 
-def test_a_count_ahead_of_the_record_does_not_fail_the_task(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_count_ahead_of_the_record_does_not_fail_the_task(tmp_path: Path) -> None:
     """The admission counts the keys it read and its own; a refund landing in between leaves
     the record one attempt lower. The learner reads the record again before failing the task:
     within the attempts allowed, the task trains and is announced."""
     # Prepare: the admission's count says one attempt over the limit; the record holds one
     svc, job_id = start_job(tmp_path)
-    real = svc.registry.record_attempt
 
-    def ahead(*args: Any, **kwargs: Any) -> int:
+    def ahead(real: Any, *args: Any, **kwargs: Any) -> int:
         real(*args, **kwargs)
         return svc.settings.max_task_attempts + 1
 
-    monkeypatch.setattr(svc.registry, "record_attempt", ahead)
+    svc = inject(svc, "registry", record_attempt=ahead)
     received = svc.queue.pull(0)
     # Execute
     decision = Learner(svc, "w1").process(received.message)
