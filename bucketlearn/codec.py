@@ -214,7 +214,7 @@ def decode_state(data: bytes, what: str = "state", max_header_bytes: int = MAX_H
 
 def encode_segment(weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray],
                    best: Sequence[np.ndarray], meta: Mapping[str, Any]) -> bytes:
-    """A search segment's end state (``services.segment``): a line's weights (``w…``),
+    """A search segment's end state (``loops.segment``): a line's weights (``w…``),
     optimizer state (``o…``) and best weights by validation (``b…``), with its metadata."""
     return encode_arrays({**_named("w", weights), **_named("o", optimizer),
                           **_named("b", best)}, meta)

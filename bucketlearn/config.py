@@ -99,7 +99,7 @@ class Settings:
     aggregator_lease_seconds: float = 15.0
     max_event_age_seconds: float = 24 * 3600.0
     eval_max_rows: int = 5_000
-    # The synchronous aggregation pass (``services.aggregate.aggregate_job``: the tests and the
+    # The synchronous aggregation pass (``aggregation.writer.aggregate_job``: the tests and the
     # in-process simulation) starts no fold or export after this many seconds.
     aggregate_budget_seconds: float = 420.0
     # R = 1: how long the aggregator waits for a chained round's result beyond what the chain's

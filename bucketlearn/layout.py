@@ -113,7 +113,7 @@ def failure_marker_path(job_id: str, epoch: int, task_index: int, nonce: str) ->
 
 
 def segment_prefix(job_id: str) -> str:
-    """A searched job's segment results (``services.segment``), apart from any round's."""
+    """A searched job's segment results (``loops.segment``), apart from any round's."""
     return f"{job_id}/search/"
 
 

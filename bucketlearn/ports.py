@@ -96,7 +96,7 @@ class TaskMessage:
     # the digest of the base version's arrays (``codec.state_digest``): a learner that holds a
     # state of that digest (the one its last task ended with) trains from it without a download
     base_digest: str = ""
-    # a searched job's segment (``services.pool``): candidate ``task_index`` trained through
+    # a searched job's segment (``usecases.search_publish``): candidate ``task_index`` trained through
     # rung ``epoch`` from ``weights_path`` (its line's state after the rung before; none: new)
     segment: bool = False
 
@@ -146,7 +146,7 @@ class TaskMessage:
 
 
 RESULT, FAILED, NUDGE = "result", "failed", "nudge"
-SEGMENT = "segment"  # a searched job's segment trained (``services.pool``)
+SEGMENT = "segment"  # a searched job's segment trained (``usecases.search_publish``)
 RESULT_KINDS = (RESULT, FAILED, NUDGE, SEGMENT)
 
 
@@ -409,15 +409,15 @@ class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
 
 @dataclass
 class RuntimeCache:
-    """What one process keeps between its service calls (``services.runtime``): a slot for each
+    """What one process keeps between its service calls (``services.caches``): a slot for each
     thing, each filled on first use. Not shared between processes; a simulated learner gets its
     own (``dataclasses.replace(svc, cache=RuntimeCache())``), as a separate process would have.
 
     Attributes:
-        runtimes: each job's ``services.runtime.JobRuntime`` (its model, manifest, holdout and
+        runtimes: each job's ``services.caches.JobRuntime`` (its model, manifest, holdout and
             last state), by job id, the most recently used last (``job_runtime`` keeps at most
             ``MAX_JOBS_CACHED``).
-        parts: the shard-part cache (``services.runtime.PartCache``), once made.
+        parts: the shard-part cache (``services.caches.PartCache``), once made.
         models_built: how many models this process has built (TensorFlow keeps some memory for
             each until the process exits: a learner hands over to a fresh process past a number).
     """

@@ -32,7 +32,7 @@ def split_rows(path: Path, given: dict[str, Any]) -> tuple[Any, ...]:
     from bucketlearn.ingest.parts import load_parts
     from bucketlearn.ingest.split import split_upload
     from bucketlearn.options import resolve_options
-    from bucketlearn.services.serial import local_source
+    from bucketlearn.usecases.train_local import local_source
 
     options = resolve_options(metadata={**{k: str(v) for k, v in given.items()},
                                         "validation_fraction": "none"})

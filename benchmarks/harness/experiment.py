@@ -31,8 +31,8 @@ class Experiment:
         from bucketlearn.ml.model import build_model, spec_for
         from bucketlearn.ml.training import optimizer_state
         from bucketlearn.options import JobOptions
-        from bucketlearn.services.serial import local_source
-        from bucketlearn.services.upload import budgeted, outline_of
+        from bucketlearn.usecases.train_local import local_source
+        from bucketlearn.usecases.upload import budgeted, outline_of
 
         self.options = JobOptions(seed=seed, epochs=epochs, **options)
         svc = memory_services()

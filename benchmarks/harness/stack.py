@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.harness.paths import DIGITS
 from benchmarks.harness.procs import log
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.waiting import wait_terminal
 
 BENCH_UPLOADS = "bench-uploads"
 

@@ -7,14 +7,14 @@ and six tables (the MLP, the default 10 epochs), each **shuffled and sorted by l
 (``benchmarks/suites/methods.py``); ``datasets.HELD_OUT`` were run only here, once the code was final,
 and are reported in a table of their own.
 
-The baseline is ``bucketlearn.services.serial.train_local`` in this process (the same split and holdout,
+The baseline is ``bucketlearn.usecases.train_local.train_local`` in this process (the same split and holdout,
 the same tasks one after another). Beside it, as a reference that serial training through tasks
 is ordinary serial training, ``fit`` is Keras ``model.fit`` over the same training rows in one
 shuffled stream with the same learning-rate schedule. The pipeline is measured
   * on the **real local stack** (emulators, both functions, the relay, worker processes) with 1,
     2 and 4 workers, each job run ``repeats`` times (the stack is made of separate processes:
     nothing forces them to agree to the last bit);
-  * with ``bucketlearn.services.serial.simulate_pipeline`` — the real upload, learner and aggregator code
+  * with ``bucketlearn.usecases.train_local.simulate_pipeline`` — the real upload, learner and aggregator code
     on the in-memory ports — with 8 and 16 workers whose tasks overlap in time.
 Serial training, the simulation and the stack's learners all run TensorFlow on one thread
 (``benchmarks.run.ONE_THREAD``): with R = 1 the pipeline then takes serial training's steps to the
@@ -95,8 +95,8 @@ def fit_reference(path: Path, options: Any) -> float:
     from bucketlearn.ml.model import build_model, spec_for
     from bucketlearn.ml.recipe import one_hot_classes
     from bucketlearn.ml.training import evaluate_detail
-    from bucketlearn.services.serial import local_source
-    from bucketlearn.services.upload import budgeted, outline_of
+    from bucketlearn.usecases.train_local import local_source
+    from bucketlearn.usecases.upload import budgeted, outline_of
 
     svc = memory_services()
     manifest = split_upload(local_source(str(path)), svc.store, svc.settings.work_bucket, "fit",
@@ -272,7 +272,8 @@ def one_seed(name: str, order: str, seed: int, path: Path, options: Any,
              params: dict[str, Any]) -> dict[str, Any]:
     """One seed of a cell: serial training, the fit reference and the simulations."""
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.services.serial import simulate_pipeline, train_local
+    from bucketlearn.local.simulation import simulate_pipeline
+    from bucketlearn.usecases.train_local import train_local
 
     log(f"parity: serial {name}/{order} seed {seed}")
     serial = train_local(str(path), options, svc=memory_services())
@@ -379,7 +380,7 @@ def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) ->
     cells = assemble(params, checkpoint.seeds, checkpoint.stack)
     conclude(result, cells)
     result["notes"].append(
-        "sim-W = bucketlearn.services.serial.simulate_pipeline with W workers (in-process, in-memory "
+        "sim-W = bucketlearn.usecases.train_local.simulate_pipeline with W workers (in-process, in-memory "
         "ports); stack-W = the real local stack on the emulators with W worker processes, each "
         "job run `repeats` times; fit = Keras fit on the same rows and holdout (a reference)")
     result["notes"].append(

@@ -33,8 +33,9 @@ def measure(name: str, order: str, seed: int, path: Path) -> dict[str, Any]:
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.domain import fold
     from bucketlearn.domain.plan import plan_training
+    from bucketlearn.local.simulation import simulate_pipeline
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import simulate_pipeline, train_local
+    from bucketlearn.usecases.train_local import train_local
 
     serial = train_local(str(path), JobOptions(seed=seed), svc=memory_services())
     shards = [s.rows for s in serial.manifest.shards]

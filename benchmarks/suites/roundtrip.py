@@ -341,7 +341,7 @@ def smoke_figures(path: Path, options: Any) -> dict[str, Any]:
     """The smoke run: the in-process simulation on metered in-memory ports (no stack)."""
     from bucketlearn.adapters.metered import Meter, metered
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.services.serial import simulate_pipeline
+    from bucketlearn.local.simulation import simulate_pipeline
 
     meter = Meter()
     svc = metered(memory_services(), meter)

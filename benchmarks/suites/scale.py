@@ -117,11 +117,11 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     """A real job on the in-memory ports: each round's results written directly (trained on the
     round's version), then folded, for the whole of epoch 1."""
     from bucketlearn import codec, layout
+    from bucketlearn.aggregation.writer import aggregate_job
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.options import JobOptions
-    from bucketlearn.services import jobs
-    from bucketlearn.services.aggregate import aggregate_job
-    from bucketlearn.services.upload import StorageEvent, handle_upload
+    from bucketlearn.services import task_messages
+    from bucketlearn.usecases.upload import StorageEvent, handle_upload
 
     path = write_tiny_csv(tmp / "wide.csv", features, classes, rows)
     svc = memory_services()
@@ -149,7 +149,7 @@ def aggregator_end_to_end(features: int, classes: int, rows: int, rows_per_shard
     aggregate_job(svc, job_id)  # warm: builds the job's model and loads the holdout
     elapsed = 0.0
     while (job := svc.registry.get_job(job_id)).epoch == 1 and not job.is_terminal:
-        for index in jobs.current_round_tasks(job):
+        for index in task_messages.current_round_tasks(job):
             write_result(index, int(job.version))
         t = time.perf_counter()
         aggregate_job(svc, job_id)

@@ -27,7 +27,7 @@ SMOKE = {"datasets": ["digits"], "schedules": ["wsd", "constant"], "seeds": [0],
 def run(out: Path, smoke: bool = False, params: dict[str, Any] | None = None) -> dict[str, Any]:
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.usecases.train_local import train_local
 
     params = params or (SMOKE if smoke else FULL)
     result = new_result("schedules", smoke, params)

@@ -142,7 +142,7 @@ def sampled_target(found: dict[str, Any], target: float, metric: str) -> float:
     (flights' delay: 4.77 on the sample, 4.53 on the holdout, for the same model). So a numeric
     target's RMSE is carried to the sample by the run's final model: its last evaluated RMSE
     over its RMSE on the whole holdout. For results saved before train-local reported its
-    figures on the sample itself (``serial.sample_figures``, used when present)."""
+    figures on the sample itself (``train_local.sample_figures``, used when present)."""
     evaluated, final = found.get("evaluated") or [], found.get("rmse")
     if metric != "rmse" or not evaluated or not final:
         return target
@@ -215,7 +215,7 @@ def run_stack(cells: dict[str, tuple[Path, Any]], workers: int, tmp: Path) -> di
 def simulated(path: Path, options: Any) -> dict[str, Any]:
     """The smoke run's stand-in for the stack: ``simulate_pipeline`` with 2 workers."""
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.services.serial import simulate_pipeline
+    from bucketlearn.local.simulation import simulate_pipeline
 
     svc = memory_services()
     t0 = time.time()

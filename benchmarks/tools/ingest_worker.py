@@ -90,7 +90,7 @@ def run_split(path: str, store_kind: str, args: argparse.Namespace) -> dict[str,
     from bucketlearn.ingest import split as ingest
     from bucketlearn.ingest.stream import READ_AHEAD_BLOCKS, READ_BLOCK_BYTES, SourceFile
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import local_source
+    from bucketlearn.usecases.train_local import local_source
 
     options = JobOptions()
     limits = Limits()
@@ -191,7 +191,7 @@ def probe_readahead(path: str) -> dict[str, Any]:
     from bucketlearn.ingest import readahead
     from bucketlearn.ingest import stream as ingest
     from bucketlearn.ingest.sniff import read_header
-    from bucketlearn.services.serial import local_source
+    from bucketlearn.usecases.train_local import local_source
 
     columns = read_header(local_source(path), Limits())
     out: dict[str, Any] = {}
@@ -249,7 +249,7 @@ def probe_stages(path: str) -> dict[str, Any]:
     from bucketlearn.ingest.parts import HoldoutWriter, ShardWriter
     from bucketlearn.ingest.stream import READ_BLOCK_BYTES
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import local_source
+    from bucketlearn.usecases.train_local import local_source
 
     peaks: dict[str, float] = {}
 

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def main(name: str) -> None:
-    import bucketlearn.services.search as search
+    import bucketlearn.usecases.local_search as search
     from benchmarks.harness.baseline import source
     from benchmarks.harness.paths import CACHE
     from bucketlearn.bootstrap import memory_services

@@ -20,7 +20,7 @@ def main(path: str, options: str) -> None:
     from bucketlearn.bootstrap import memory_services
     from bucketlearn.domain.recipe import RECIPE
     from bucketlearn.options import JobOptions
-    from bucketlearn.services.serial import sample_figures, train_local
+    from bucketlearn.usecases.train_local import sample_figures, train_local
 
     svc = memory_services()
     given = json.loads(options)
@@ -30,7 +30,7 @@ def main(path: str, options: str) -> None:
     count = given.pop("search", 0)  # candidates of a search (0: one model)
     started = time.perf_counter()
     if count:
-        from bucketlearn.services.search import search_local
+        from bucketlearn.usecases.local_search import search_local
 
         result = search_local(path, JobOptions(**given), count, svc=svc, recipe=recipe)
     else:

@@ -181,7 +181,7 @@ class Job:
     # how long the plan should train, on how many learners (``domain.forecast``)
     forecast: Mapping[str, Any] | None = None
     feature_importance: Mapping[str, Any] | None = None  # the export's (domain.importance)
-    search: Mapping[str, Any] | None = None  # a searched job's candidates (services.pool)
+    search: Mapping[str, Any] | None = None  # a searched job's candidates (usecases.search_publish)
     dataset: Mapping[str, Any] | None = None
     model: Mapping[str, Any] | None = None
     head: Head | None = None
@@ -229,7 +229,7 @@ class Job:
     @property
     def status_and_phase(self) -> dict[str, Any]:
         """How the job stands (status and phase) as read: what a write that ends it expects to
-        find unchanged (``jobs.end_job``, the watchdog), so no ending overwrites another."""
+        find unchanged (``endings.end_job``, the watchdog), so no ending overwrites another."""
         return {"status": self.status, "phase": self.phase}
 
     @property
@@ -439,7 +439,7 @@ def utc_text(seconds: float) -> str:
 
 
 def cancel_fields(by: str, reason: str | None, now: float) -> dict[str, Any]:
-    """The job is cancelled (``services.cancel``): the ending CANCELLED with when, who (``by``,
+    """The job is cancelled (``usecases.cancel``): the ending CANCELLED with when, who (``by``,
     "someone" when blank) and why (``reason``, if given), each text at most
     ``MAX_CANCEL_CHARS``; ``error`` says all three in one sentence, as it does for other
     endings."""

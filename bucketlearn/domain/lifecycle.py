@@ -9,7 +9,7 @@ CANCELLED (by a user). The phase refines what the pipeline is doing; each ending
 field update against the document it changes (both registries ask it on every job write, so a
 disallowed move is refused wherever it is attempted). An ended job changes no more, but for
 ``AFTER_ENDING``: what its wind-up may still record. ``ending_fields`` is the one place an
-ending's fields are spelled; ``services.jobs.end_job`` the one path that writes them (with the
+ending's fields are spelled; ``services.endings.end_job`` the one path that writes them (with the
 guard its caller expects), the version commit's FAILED excepted: that one is written inside the
 commit's transaction, under ``job.commit_refusal``. Pure: mappings in, answers out.
 """

@@ -11,9 +11,9 @@ log = logging.getLogger("bucketlearn.aggregator")
 
 
 def main() -> None:
+    from bucketlearn.aggregation.process import AggregatorService  # noqa: PLC0415
     from bucketlearn.bootstrap import process_services  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.services.aggregator import AggregatorService  # noqa: PLC0415
 
     svc = process_services()
     setup_logging(svc.settings.log_format)

@@ -1,7 +1,7 @@
 """The bucketlearn dashboard's page (``streamlit run dashboard/app.py``): ``main(services)``.
 
 Layout and widgets only; what is shown is computed in the modules of
-``bucketlearn.services.dashboard`` (unit-tested), one for each part of the page. The page is
+``bucketlearn.views`` (unit-tested), one for each part of the page. The page is
 handed its Services: ``main`` takes a factory, which ``dashboard/app.py`` gives as
 ``bootstrap.process_services`` (settings from the environment, made once per process) and the
 AppTest as its own (``AppTest.from_function`` passes it in). Each run calls the factory once and
@@ -33,8 +33,9 @@ from bucketlearn.entrypoints.dashboard_tabs import (
 )
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry, Services
-from bucketlearn.services.cancel import cancel_job
-from bucketlearn.services.dashboard import (
+from bucketlearn.usecases.cancel import cancel_job
+from bucketlearn.usecases.model_files import model_bytes
+from bucketlearn.views import (
     actions,
     downloads,
     headline,
@@ -42,8 +43,7 @@ from bucketlearn.services.dashboard import (
     options_data,
     reads,
 )
-from bucketlearn.services.dashboard.formats import plain, timestamp
-from bucketlearn.services.models import model_bytes
+from bucketlearn.views.formats import plain, timestamp
 
 JOB_LIMIT = 100
 UNREADABLE = object()  # a query failed (already reported)

@@ -1,7 +1,7 @@
 """The tabs of the dashboard's job page, drawn from what the page read (``JobView``).
 
 Layout and widgets only, as the page (``bucketlearn.entrypoints.dashboard``): what each tab
-shows is computed in ``bucketlearn.services.dashboard``. The page draws its header (status,
+shows is computed in ``bucketlearn.views``. The page draws its header (status,
 source, the headline figures) and then one tab per name of ``headline.job_tabs``, each by the
 function of ``TABS`` of that name; a tab to come (a search's candidates, batch predictions, a
 model's lineage) is one more name there and one more function here.
@@ -22,17 +22,17 @@ from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services
-from bucketlearn.services.dashboard import (
+from bucketlearn.views import (
     costs,
     headline,
     importance,
+    leaderboard,
     options_data,
-    search,
     throughput,
-    training,
+    training_figures,
     workers_tasks,
 )
-from bucketlearn.services.dashboard.formats import plain
+from bucketlearn.views.formats import plain
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def metric_row(items: list[tuple[str, str]]) -> None:
 
 
 def line_chart(container: Any, points: pd.DataFrame, x: str, title: str) -> None:
-    """Lines through the points of ``training.curve`` (x, figure, value), each point marked:
+    """Lines through the points of ``training_figures.curve`` (x, figure, value), each point marked:
     a figure known at a few versions is still drawn (a line needs two points; a point, one)."""
     kind = "T" if x == "time" else "Q"
     chart = alt.Chart(points).mark_line(point=True).encode(
@@ -78,12 +78,12 @@ def training_tab(svc: Services, view: JobView) -> None:
     """The learning curve (the holdout figures and the losses by version or by time), then a
     version's holdout report."""
     if view.job.search:  # a searched job: its candidates, not one line of versions
-        board, note = search.leaderboard(view.job)
+        board, note = leaderboard.leaderboard(view.job)
         st.markdown("**Candidates** (best first)")
         st.dataframe(board, hide_index=True, width="stretch")
         st.caption(plain(note))
         return
-    frame = training.version_frame(view.versions)
+    frame = training_figures.version_frame(view.versions)
     regression = headline.is_regression(view.summary)
     figure = "holdout_rmse" if regression else "holdout_accuracy"
     validation = figure.replace("holdout_", "validation_")
@@ -93,16 +93,16 @@ def training_tab(svc: Services, view: JobView) -> None:
     x = st.radio("x axis", ("version", "time"), horizontal=True, key="training_x")
     left, right = st.columns(2)
     if regression:  # a numeric target: its error in the target's units
-        line_chart(left, training.curve(frame, ["validation_rmse", "holdout_rmse",
+        line_chart(left, training_figures.curve(frame, ["validation_rmse", "holdout_rmse",
                                                 "holdout_mae"], x), x, "RMSE and MAE by " + x)
     else:
-        line_chart(left, training.curve(frame, ["validation_accuracy", "holdout_accuracy",
+        line_chart(left, training_figures.curve(frame, ["validation_accuracy", "holdout_accuracy",
                                                 "holdout_macro_f1"], x), x,
                    "Accuracy and macro-F1 by " + x)
-    line_chart(right, training.curve(frame, ["validation_loss", "holdout_loss", "train_loss"],
+    line_chart(right, training_figures.curve(frame, ["validation_loss", "holdout_loss", "train_loss"],
                                      x), x, "Loss by " + x)
     model = view.job.head.version if view.job.head is not None else None
-    if note := training.curve_note(frame, figure, view.job.status == DONE, model):
+    if note := training_figures.curve_note(frame, figure, view.job.status == DONE, model):
         st.caption(note)
     report_section(view.job, view.versions)
 
@@ -110,14 +110,14 @@ def training_tab(svc: Services, view: JobView) -> None:
 def report_section(job: Job, versions: list[Version]) -> None:
     """One version's figures beyond accuracy: macro-F1, the majority baseline, ROC AUC (two
     classes), per-class precision/recall and the confusion matrix (the newest by default)."""
-    numbers = training.evaluated_versions(versions)
+    numbers = training_figures.evaluated_versions(versions)
     if not numbers:
         return
     st.markdown("**Holdout report**")
     picked = st.selectbox("Version", numbers, key="report_version",
                           format_func=lambda n: f"v{n}" + (" (newest)" if n == numbers[0] else ""))
     version = next((v for v in versions if v.version == picked), None)
-    report = training.version_report(version, job.classes)
+    report = training_figures.version_report(version, job.classes)
     metric_row(report["metrics"])
     if report["warning"] and picked != job.version:  # the head's is shown at the top
         st.warning(f"v{picked}: {plain(report['warning'])}")
@@ -234,7 +234,7 @@ TABS: dict[str, Callable[[Services, JobView], None]] = {
 
 
 def importance_section(job: Job) -> None:
-    """Which columns the exported model relies on (``services.dashboard.importance``)."""
+    """Which columns the exported model relies on (``views.importance``)."""
     frame, note = importance.importance_view(job)
     if not note:
         return

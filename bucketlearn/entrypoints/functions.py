@@ -69,7 +69,7 @@ def handle_upload_event(cloud_event: Any, svc: Services) -> str:
     Raises:
         RetryLater: transient trouble (HTTP 503): Eventarc retries the event.
     """
-    from bucketlearn.services.upload import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
+    from bucketlearn.usecases.upload import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
     if event.bucket != svc.settings.uploads_bucket:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bucketlearn.local.processes import set_parent_death_signal
-from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
+from bucketlearn.loops.learner_process import LEARNER_CHILD_ENV, RECYCLE_EXIT
 
 log = logging.getLogger("bucketlearn.worker")
 
@@ -78,7 +78,7 @@ def learner_main() -> None:
     ``RECYCLE_EXIT``)."""
     from bucketlearn.bootstrap import process_services  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.services.learn import Learner  # noqa: PLC0415
+    from bucketlearn.loops.learner import Learner  # noqa: PLC0415
 
     svc = process_services()
     setup_logging(svc.settings.log_format)

@@ -61,7 +61,7 @@ class LocalStack:
     forwarder: Any = None  # storage notifications -> the upload function
     emulators: Emulators | None = None
     name_prefix: str = "bucketlearn"
-    scaling: Any = None  # a bucketlearn.services.autoscale.ScalingPolicy, or None for a fixed worker count
+    scaling: Any = None  # a bucketlearn.loops.autoscale.ScalingPolicy, or None for a fixed worker count
     _retired: set[str] = field(default_factory=set)
     _registry: Any = None
     _services: Any = None
@@ -228,9 +228,9 @@ class LocalStack:
 
     def _watchdog_pass(self) -> None:
         """The watchdog's pass over the stack's jobs, every ``WATCHDOG_EVERY_SECONDS``: what the
-        cloud's controller job does every minute (``bucketlearn.services.watchdog``)."""
+        cloud's controller job does every minute (``bucketlearn.loops.watchdog``)."""
         from bucketlearn.bootstrap import google_services  # noqa: PLC0415
-        from bucketlearn.services.watchdog import watchdog_pass  # noqa: PLC0415
+        from bucketlearn.loops.watchdog import watchdog_pass  # noqa: PLC0415
 
         now = time.monotonic()
         if now - self._watched_at < WATCHDOG_EVERY_SECONDS or self.settings is None:
@@ -258,7 +258,7 @@ class LocalStack:
     def rescale(self) -> int:
         """One local autoscaling step with the shared policy; returns the worker count."""
         from bucketlearn.adapters.firestore import FirestoreRegistry  # noqa: PLC0415
-        from bucketlearn.services.autoscale import desired_workers, outstanding_tasks  # noqa: PLC0415
+        from bucketlearn.loops.autoscale import desired_workers, outstanding_tasks  # noqa: PLC0415
 
         assert self.settings is not None and self.scaling is not None
         if self._registry is None:

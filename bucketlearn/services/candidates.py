@@ -1,6 +1,6 @@
 """A search's candidate as it trains (``domain.search``): its options and model, its line
 (``line.TrainingLine``) and how far a rung takes it, where it stands. The same in one process
-(``services.search``) and a segment at a time on a learner (``services.segment``)."""
+(``usecases.local_search``) and a segment at a time on a learner (``loops.segment``)."""
 
 from __future__ import annotations
 

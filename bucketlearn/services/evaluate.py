@@ -6,7 +6,7 @@ the head is that version); ``record_late_evaluation`` on the version's document 
 evaluation that arrives once its job's aggregation has ended. Where the evaluation happens is an
 ``Evaluator``: ``InlineEvaluator`` evaluates each version as it is committed
 (``aggregate.aggregate_job``, the synchronous pass); the long-running aggregator evaluates in a
-thread of its own (``services.aggregator``). Either hands the figures to the job's
+thread of its own (``aggregation.process``). Either hands the figures to the job's
 ``JobAggregator.evaluated`` (the job's health watched, the figures carried by its next commit).
 What the measuring is made of is a ``Scoring`` (the defaults here, or a test's own).
 """
@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,49 +27,9 @@ from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.version import Evaluation
 from bucketlearn.ml.training import evaluate_detail, evaluate_parts
 from bucketlearn.ports import Services
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services.caches import job_runtime
 
 log = logging.getLogger(__name__)
-
-
-class Evaluator(Protocol):
-    """Where a committed version's holdout evaluation happens, and a checkpoint's validation
-    score (never skipped: the aggregator's ``validated`` hears each), measured with its
-    ``scoring`` (which the job's export measures the final model with too)."""
-
-    scoring: Scoring
-
-    def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None: ...
-
-    def score_checkpoint(self, aggregator: Any, epoch: int, version: int,
-                         weights: list[Any]) -> None: ...
-
-
-class InlineEvaluator:
-    """Evaluate each committed version at once and write its figures (the synchronous pass),
-    measured with ``scoring`` (None: the production ``Scoring``)."""
-
-    def __init__(self, scoring: Scoring | None = None) -> None:
-        self.scoring = scoring or Scoring()
-
-    def score_checkpoint(self, aggregator: Any, epoch: int, version: int,
-                         weights: list[Any]) -> None:
-        job = aggregator.job
-        if job is not None:
-            aggregator.validated(self.scoring.checkpoint_score(aggregator.svc, job, epoch,
-                                                               version, weights))
-
-    def submit(self, aggregator: Any, version: int, weights: list[Any]) -> None:
-        job = aggregator.job
-        if job is None:
-            return
-        found = self.scoring.evaluate_version(aggregator.svc, job, weights, version)
-        if found is None:
-            return
-        evaluation, loss = found
-        if aggregator.evaluated(evaluation, loss) is None and aggregator.job is not None:
-            aggregator.job = record_evaluation(aggregator.svc, aggregator.job, evaluation)
-            aggregator.evaluations.clear()
 
 
 def evaluate_version(svc: Services, job: Job, weights: list[Any], version: int

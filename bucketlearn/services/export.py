@@ -23,9 +23,9 @@ from bucketlearn.ml.importance import permutation_importance
 from bucketlearn.ml.model import export_keras, model_inputs
 from bucketlearn.ml.training import evaluate_parts
 from bucketlearn.ports import Services
-from bucketlearn.services import jobs
+from bucketlearn.services import endings
+from bucketlearn.services.caches import JobRuntime, job_runtime
 from bucketlearn.services.evaluate import headline, holdout_figures
-from bucketlearn.services.runtime import JobRuntime, job_runtime
 from bucketlearn.services.selection import complete
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
     now = svc.clock()
     problem = degenerate(job, runtime, found)
     if problem is not None:
-        if jobs.end_job(svc.registry, job.job_id, fail_fields(now, problem))[0]:
+        if endings.end_job(svc.registry, job.job_id, fail_fields(now, problem))[0]:
             log.error("job %s: %s", job.job_id, problem)
         return
     current = svc.registry.get_job(job.job_id)
@@ -72,7 +72,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
                                                                  6)}
     selected = {"selection": final.to_dict(int(job.options.get("patience") or 0))
                 } if best is not None else {}
-    ended, current = jobs.end_job(svc.registry, job.job_id, ending_fields(
+    ended, current = endings.end_job(svc.registry, job.job_id, ending_fields(
         DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
         feature_importance=ranked, **selected))

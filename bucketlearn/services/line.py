@@ -18,9 +18,9 @@ from bucketlearn.ml.model import build_model
 from bucketlearn.ml.training import optimizer_state, train_task
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
+from bucketlearn.services.caches import read_validation_sample
 from bucketlearn.services.evaluate import validation_score
 from bucketlearn.services.planning import chained_plan
-from bucketlearn.services.runtime import read_validation_sample
 
 
 class TrainingLine:

@@ -37,7 +37,7 @@ from bucketlearn.domain.rounds import DeltaRef, RoundObjects
 from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Received, ResultMessage, Services
-from bucketlearn.services.jobs import task_doc_id
+from bucketlearn.services.task_messages import task_doc_id
 
 log = logging.getLogger(__name__)
 

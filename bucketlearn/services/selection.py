@@ -21,8 +21,8 @@ from bucketlearn.domain.lifecycle import EXPORTING, RUNNING, TRAINING
 from bucketlearn.domain.recipe import Score, Selection, advance
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services
+from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.evaluate import checkpoint_score
-from bucketlearn.services.runtime import job_runtime
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import pytest
 from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.domain import lifecycle as L
 from bucketlearn.domain.job import Job, ending_fields, fail_fields
-from bucketlearn.services.jobs import end_job
+from bucketlearn.services.endings import end_job
 
 SPLITTING = {"job_id": "j", "status": "QUEUED", "phase": "splitting"}
 TRAINING = {"job_id": "j", "status": "RUNNING", "phase": "training"}

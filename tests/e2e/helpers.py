@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.services import waiting
+from bucketlearn.usecases import waiting
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "data" / "digits.csv"
@@ -52,7 +52,7 @@ def assert_ledger_consistent(svc: Any, job_id: str) -> list[dict[str, Any]]:
     assert set(applied) <= planned and job.tasks_applied == len(applied)
     if stopped >= plan.epochs:
         assert set(applied) == planned and job.tasks_applied == job.tasks_planned
-    # once the job has ended only the exported version's weights are kept (services.ending)
+    # once the job has ended only the exported version's weights are kept (aggregation.wind_up)
     assert svc.store.stat(svc.settings.models_bucket, job.head.weights_path) is not None
     return versions
 

@@ -11,7 +11,7 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
-from bucketlearn.services.autoscale import ScalingPolicy
+from bucketlearn.loops.autoscale import ScalingPolicy
 
 pytestmark = pytest.mark.e2e
 DIGITS = Path(__file__).resolve().parents[2] / "data" / "digits.csv"

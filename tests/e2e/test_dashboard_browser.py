@@ -20,7 +20,7 @@ from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.domain.head import attach_head
 from bucketlearn.options import default_text
-from bucketlearn.services.dashboard.options_data import form_fields
+from bucketlearn.views.options_data import form_fields
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

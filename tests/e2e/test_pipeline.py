@@ -72,7 +72,7 @@ def test_sorted_csv_in_parallel_rounds_matches_serial_training(stack: Any, tmp_p
     rows = sorted(lines[1:], key=lambda line: int(line.rsplit(",", 1)[1]))
     sorted_csv = tmp_path / "digits_sorted.csv"
     sorted_csv.write_text("\n".join([lines[0], *rows]) + "\n")
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.usecases.train_local import train_local
 
     # Execute
     # (a round's tasks take several steps each: 10 epochs in batches of 32)
@@ -108,7 +108,8 @@ def test_small_image_set_matches_serial_training_step_for_step(stack: Any,
     # Prepare
     from benchmarks.harness.datasets import hmnist4
     from bucketlearn import codec
-    from bucketlearn.services.serial import simulate_pipeline, train_local
+    from bucketlearn.local.simulation import simulate_pipeline
+    from bucketlearn.usecases.train_local import train_local
 
     data = hmnist4(tmp_path / "hmnist4_small.csv", "sorted", count=1600)
     options = JobOptions(epochs=4, rows_per_shard=128)
@@ -167,7 +168,7 @@ def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack:
     cells) trains without editing, to train-local's accuracy; the status names the column
     kinds; the downloaded model predicts raw rows with empty cells and an unseen island."""
     penguins = REPO / "data" / "penguins.csv"
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.usecases.train_local import train_local
 
     # Execute
     serial = train_local(str(penguins), JobOptions(label_column="species"),
@@ -196,7 +197,7 @@ def test_a_numeric_target_trains_to_train_locals_rmse_and_predicts_numbers(stack
     regression under ``task=auto``; the job's RMSE is train-local's; the downloaded model
     predicts grams from raw rows, an unseen island and empty cells included."""
     penguins = REPO / "data" / "penguins.csv"
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.usecases.train_local import train_local
 
     new_rows = tmp_path / "new_penguins.csv"
     new_rows.write_text("species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,sex,year\n"
@@ -229,7 +230,7 @@ def test_a_searched_upload_trains_its_candidates_on_the_pool(stack: Any, tmp_pat
     accuracy), status says every candidate's standing, and the downloaded model (their mean)
     predicts raw rows."""
     penguins = REPO / "data" / "penguins.csv"
-    from bucketlearn.services.search import search_local
+    from bucketlearn.usecases.local_search import search_local
 
     options = JobOptions(label_column="species", epochs=9)
     # Execute

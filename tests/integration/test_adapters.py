@@ -142,7 +142,7 @@ def test_commits_in_a_row_after_an_outside_write_stay_correct(backend: Any) -> N
     after another writer touched the job (the condition fails; a transaction decides) are both
     taken; one on a job cancelled in between is refused."""
     # Prepare
-    from bucketlearn.services.cancel import cancel_job
+    from bucketlearn.usecases.cancel import cancel_job
 
     registry = backend.registry
     job_id = new_job(registry)
@@ -166,7 +166,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
     have been v2 is refused once the job is CANCELLED (status, version and epoch untouched), by
     the Firestore transaction as by the in-memory lock."""
     # Prepare
-    from bucketlearn.services.cancel import cancel_job
+    from bucketlearn.usecases.cancel import cancel_job
 
     registry = backend.registry
     job_id = new_job(registry)
@@ -186,7 +186,7 @@ def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
 def test_a_job_cancelled_during_its_split_is_not_made_trainable(backend: Any) -> None:
     """start_training refuses a job cancelled while it was split, even with the right claim."""
     # Prepare
-    from bucketlearn.services.cancel import cancel_job
+    from bucketlearn.usecases.cancel import cancel_job
 
     registry = backend.registry
     job_id = new_job(registry)

@@ -30,7 +30,7 @@ from bucketlearn.domain.metrics import classification_report, holdout_fields
 from bucketlearn.domain.version import Version
 from bucketlearn.options import OPTION_NAMES, default_text
 from bucketlearn.ports import Services, VersionCommit
-from bucketlearn.services.dashboard import formats, headline
+from bucketlearn.views import formats, headline
 
 RUNNING_ID = "digits-0123456789ab"
 DONE_ID = "iris-00000000000d"
@@ -641,9 +641,9 @@ def test_a_searched_job_shows_its_candidates_best_first_and_what_was_selected(ap
                                                                                registry):
     """The Training tab of a searched job: its leaderboard (finalists first, pruned with the
     rung that pruned them) and a sentence on what was selected and what the search cost."""
+    from bucketlearn.aggregation.search_writer import _line_doc
     from bucketlearn.domain.recipe import Score
     from bucketlearn.domain.search import draw_candidates, rungs, search_record
-    from bucketlearn.services.pool import _line_doc
 
     record = search_record(draw_candidates(6, 0, 64, 0.01), rungs(6, 9))
     for index, value in enumerate([0.9, 0.7, 0.85, 0.6, 0.8, 0.5]):

@@ -16,7 +16,7 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.domain.lifecycle import REJECTED
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import csv_bytes
 
 pytestmark = pytest.mark.integration

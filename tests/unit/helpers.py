@@ -14,7 +14,7 @@ import numpy as np
 
 from bucketlearn.domain.lifecycle import REJECTED
 from bucketlearn.options import JobOptions
-from bucketlearn.services import upload as upload_service
+from bucketlearn.usecases import upload as upload_service
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 REPO_DIR = Path(__file__).resolve().parents[2]

@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 
 from bucketlearn import codec, layout
+from bucketlearn.aggregation import writer as aggregate
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain import task as attempt
-from bucketlearn.services import aggregate, jobs
-from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.loops.learner import Decision, Learner
+from bucketlearn.services import task_messages
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import write_blobs_csv
 
 
@@ -87,7 +88,7 @@ def record_attempt(svc: Any, task: Any, worker_id: str = "w-test") -> str:
     a result of that attempt is written under)."""
     key = layout.new_nonce()
     svc.registry.record_attempt(
-        task.job_id, jobs.task_doc_id(task.job_id, task.epoch, task.task_index),
+        task.job_id, task_messages.task_doc_id(task.job_id, task.epoch, task.task_index),
         attempt.started(task.task_id, task.epoch, task.task_index, task.round, task.rows,
                         worker_id, 0.0, None, None), key)
     return key

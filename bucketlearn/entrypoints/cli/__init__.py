@@ -2,7 +2,7 @@
 
 Talks to the local stack when one is running in this directory (``.bucketlearn/local.json``),
 otherwise to Google Cloud as configured by the environment (``BUCKETLEARN_TARGET=cloud`` forces
-the cloud even when a local stack runs). ``bucketlearn.entrypoints.backend`` decides; when there is nothing to
+the cloud even when a local stack runs). ``bucketlearn.entrypoints.target`` decides; when there is nothing to
 talk to (no stack, a stack that stopped, no project, no credentials) a command says so and exits
 with code 4.
 

@@ -4,7 +4,7 @@ talks to (``connect``, ``services``, ``stack_check``), the job option flags, JSO
 Which adapters serve a command is not decided here: ``cli.main`` is handed a Services factory
 (``ServicesFactory``; ``bootstrap.google_services`` by default) and puts it on the parsed
 arguments as ``args.services``; ``connect`` finds the target (the local stack or the cloud,
-``bucketlearn.entrypoints.backend``) and makes the Services for its settings with that factory.
+``bucketlearn.entrypoints.target``) and makes the Services for its settings with that factory.
 A test hands ``main`` a factory that returns its in-memory Services."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.config import Settings, load_settings, local_state_dir
-from bucketlearn.entrypoints.backend import LOCAL, StackWatch, Target, resolve_target
+from bucketlearn.entrypoints.target import LOCAL, StackWatch, Target, resolve_target
 from bucketlearn.options import OPTION_SPECS, default_text
 from bucketlearn.ports import Services
 
@@ -39,7 +39,7 @@ def state_home() -> Path:
 
 def connect(args: argparse.Namespace) -> tuple[Services, Target]:
     """Services for the backend this command goes to (made by ``args.services``, the factory
-    ``cli.main`` was handed), and that target (``bucketlearn.entrypoints.backend``)."""
+    ``cli.main`` was handed), and that target (``bucketlearn.entrypoints.target``)."""
     target = resolve_target(os.environ, state_home())
     return args.services(load_settings(target.environ)), target
 

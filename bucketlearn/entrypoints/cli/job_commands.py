@@ -29,8 +29,8 @@ from bucketlearn.entrypoints.cli.common import (
 from bucketlearn.entrypoints.cli.printing import format_accuracy, print_status, progress_line
 from bucketlearn.errors import NoTargetError, UnreachableError
 from bucketlearn.options import resolve_options
-from bucketlearn.services.status import status_object
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.waiting import wait_terminal
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -135,7 +135,7 @@ def canceller() -> str:
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a job: exit 0 when it is CANCELLED (now or before), 6 when it had already ended
     otherwise, 1 when there is no such job."""
-    from bucketlearn.services.cancel import CancelResult, cancel_job  # noqa: PLC0415
+    from bucketlearn.usecases.cancel import CancelResult, cancel_job  # noqa: PLC0415
 
     outcome = cancel_job(common.services(args), args.job, canceller(), args.reason)
     refused = outcome.result is CancelResult.ALREADY_ENDED

@@ -16,7 +16,6 @@ from typing import Any
 
 from bucketlearn import layout
 from bucketlearn.config import load_settings
-from bucketlearn.entrypoints.backend import START_HINT, StackWatch, stack_problem, started_text
 from bucketlearn.entrypoints.cli.common import (
     EXIT_JOB_FAILED,
     EXIT_NO_TARGET,
@@ -28,7 +27,8 @@ from bucketlearn.entrypoints.cli.common import (
 from bucketlearn.entrypoints.cli.job_commands import follow
 from bucketlearn.entrypoints.cli.printing import figure_text
 from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
-from bucketlearn.services.status import status_object
+from bucketlearn.entrypoints.target import START_HINT, StackWatch, stack_problem, started_text
+from bucketlearn.usecases.status import status_object
 
 
 def clear_dead_stack(home: Path) -> dict[str, Any] | None:
@@ -54,7 +54,7 @@ def dead_stack_report(outcome: Any) -> str:
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
-    from bucketlearn.entrypoints.backend import RESTART_HINT, probe_stack  # noqa: PLC0415
+    from bucketlearn.entrypoints.target import RESTART_HINT, probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import LocalStack  # noqa: PLC0415
 
     home = state_home()
@@ -92,7 +92,7 @@ def scaling_policy(args: argparse.Namespace) -> Any:
     """A ScalingPolicy when --min-workers/--max-workers are given, else None (fixed --workers)."""
     if args.min_workers is None and args.max_workers is None:
         return None
-    from bucketlearn.services.autoscale import ScalingPolicy  # noqa: PLC0415
+    from bucketlearn.loops.autoscale import ScalingPolicy  # noqa: PLC0415
 
     minimum = 0 if args.min_workers is None else args.min_workers
     maximum = max(minimum, 1) if args.max_workers is None else args.max_workers
@@ -156,7 +156,7 @@ def cmd_local_down(args: argparse.Namespace) -> int:
 
 def running_stack_state() -> dict[str, Any] | None:
     """The state of the stack running here; None, after saying why on stderr, when none is."""
-    from bucketlearn.entrypoints.backend import probe_stack  # noqa: PLC0415
+    from bucketlearn.entrypoints.target import probe_stack  # noqa: PLC0415
     from bucketlearn.local.stack import load_state  # noqa: PLC0415
 
     home = state_home()
@@ -236,7 +236,7 @@ def demo_job(svc: Any, state: dict[str, Any], path: Path, metadata: dict[str, st
     code = follow(svc, job_id, args.timeout, as_json=False, check=StackWatch(state).check)
     if code != EXIT_OK:
         return code
-    from bucketlearn.services.models import model_bytes, predict_file  # noqa: PLC0415
+    from bucketlearn.usecases.model_files import model_bytes, predict_file  # noqa: PLC0415
 
     with tensorflow_quietly(args.verbose):  # (a DONE job's is exported: no TensorFlow)
         blob, version = model_bytes(svc, job_id, None)

@@ -22,7 +22,7 @@ from bucketlearn.options import resolve_options
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
+    from bucketlearn.usecases.model_files import model_bytes  # noqa: PLC0415
 
     svc = common.services(args)
     with tensorflow_quietly(args.verbose):  # (only a model built from weights loads it)
@@ -37,14 +37,14 @@ def cmd_download(args: argparse.Namespace) -> int:
 def cmd_train_local(args: argparse.Namespace) -> int:
     load_tensorflow(args.verbose)
     from bucketlearn.bootstrap import memory_services  # noqa: PLC0415
-    from bucketlearn.services.models import serial_sidecar  # noqa: PLC0415
-    from bucketlearn.services.serial import train_local  # noqa: PLC0415
+    from bucketlearn.usecases.model_files import serial_sidecar  # noqa: PLC0415
+    from bucketlearn.usecases.train_local import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
     count = options.search
     # in-memory services of its own: the split stays in this process
     if count:
-        from bucketlearn.services.search import search_local  # noqa: PLC0415
+        from bucketlearn.usecases.local_search import search_local  # noqa: PLC0415
 
         result = search_local(args.file, options, count, load_settings().limits,
                               svc=memory_services())
@@ -126,7 +126,7 @@ def _print_search(result: Any) -> None:
     print(f"selected: {result.selected['reason']}")
 
 
-# predicts for every row of a CSV with a .keras model: ``services.models.predict_file``'s contract
+# predicts for every row of a CSV with a .keras model: ``usecases.model_files.predict_file``'s contract
 Predictor = Callable[[str, str, str | None], dict[str, Any]]
 
 
@@ -136,7 +136,7 @@ def cmd_predict(args: argparse.Namespace, predict: Predictor | None = None) -> i
     imported here so that the CLI starts without TensorFlow (a test hands in its own)."""
     load_tensorflow(args.verbose)
     if predict is None:
-        from bucketlearn.services.models import predict_file as predict  # noqa: PLC0415
+        from bucketlearn.usecases.model_files import predict_file as predict  # noqa: PLC0415
 
     result = predict(args.model, args.file, args.output)
     if args.json:

@@ -12,7 +12,7 @@ from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.target import REGRESSION
-from bucketlearn.services.status import status_object
+from bucketlearn.usecases.status import status_object
 
 
 def format_accuracy(value: Any) -> str:

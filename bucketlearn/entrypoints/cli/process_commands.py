@@ -16,7 +16,7 @@ from bucketlearn.entrypoints.cli.common import EXIT_OK, emit
 def watchdog_once(svc: Any) -> dict[str, Any]:
     """One watchdog pass: dead letters into failure markers, then stalled jobs moved on."""
     from bucketlearn.adapters.pubsub import PubSubQueue  # noqa: PLC0415
-    from bucketlearn.services.watchdog import drain_dead_letters, watchdog_pass  # noqa: PLC0415
+    from bucketlearn.loops.watchdog import drain_dead_letters, watchdog_pass  # noqa: PLC0415
 
     markers = 0
     if svc.settings.dead_letter_subscription:
@@ -37,7 +37,7 @@ def cmd_autoscale(args: argparse.Namespace) -> int:
     from bucketlearn.adapters.cloudrun import CloudRunWorkerPool  # noqa: PLC0415
     from bucketlearn.config import load_autoscaler_settings  # noqa: PLC0415
     from bucketlearn.logs import setup_logging  # noqa: PLC0415
-    from bucketlearn.services.autoscale import (  # noqa: PLC0415
+    from bucketlearn.loops.autoscale import (  # noqa: PLC0415
         JOBS_PER_AGGREGATOR,
         ScalingPolicy,
         autoscale_once,

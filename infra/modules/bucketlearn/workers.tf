@@ -184,7 +184,7 @@ resource "google_cloud_run_v2_worker_pool" "aggregator" {
 #
 # Every minute Cloud Scheduler starts a one-task Cloud Run job that runs `bucketlearn autoscale`
 # (same image as the workers). The command first makes the watchdog's pass
-# (bucketlearn/services/watchdog.py): it drains the dead-letter sink (BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION,
+# (bucketlearn/loops/watchdog.py): it drains the dead-letter sink (BUCKETLEARN_DEAD_LETTER_SUBSCRIPTION,
 # with dead_letter_enabled) into failure markers in the deltas bucket; then, for every active job
 # that showed no progress for BUCKETLEARN_STALL_SECONDS, it publishes the round's missing tasks
 # again (reading the job's manifest in the work bucket), or publishes a nudge message for the

@@ -37,17 +37,17 @@ from hypothesis import strategies as st
 
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.codec import CorruptObjectError
 from bucketlearn.domain import task as attempt
 from bucketlearn.domain.lifecycle import QUEUED
 from bucketlearn.ingest.manifest import Manifest
+from bucketlearn.loops.learner import Decision, Learner
 from bucketlearn.ports import TaskMessage
-from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import jobs
-from bucketlearn.services import upload as upload_service
-from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services import task_messages
+from bucketlearn.usecases import upload as upload_service
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from tests.conftest import overwrite_packed_part
 from tests.unit.helpers import REPO_DIR, csv_bytes, safetensors_bytes, write_blobs_csv
 
@@ -142,7 +142,7 @@ def start_job(tmp_path: Path, **metadata: str) -> tuple[Any, str]:
 def record_attempt(svc: Any, job_id: str, task_index: int, key: str) -> None:
     """Count an attempt at task ``task_index`` of epoch 1 under ``key``, as a learner would."""
     task_id = layout.task_id_for(job_id, 1, task_index)
-    svc.registry.record_attempt(job_id, jobs.task_doc_id(job_id, 1, task_index),
+    svc.registry.record_attempt(job_id, task_messages.task_doc_id(job_id, 1, task_index),
                                 attempt.started(task_id, 1, task_index, 0, 64, "w", 0.0, None,
                                                 None), key)
 

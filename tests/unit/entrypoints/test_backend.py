@@ -15,7 +15,7 @@ from bucketlearn.adapters.memory import MemoryRegistry
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import DONE, RUNNING
 from bucketlearn.entrypoints import cli
-from bucketlearn.entrypoints.backend import (
+from bucketlearn.entrypoints.target import (
     CLOUD,
     ENVIRONMENT,
     LOCAL,
@@ -27,7 +27,7 @@ from bucketlearn.entrypoints.backend import (
 )
 from bucketlearn.errors import NoTargetError, TransientError, UnreachableError
 from bucketlearn.local import processes
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.waiting import wait_terminal
 
 HOME = Path("/work/project/.bucketlearn")
 STATE: dict[str, Any] = {

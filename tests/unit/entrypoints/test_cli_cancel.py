@@ -19,7 +19,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
     """A RUNNING job at v1 on in-memory services (the CLI's, through ``run_cli``)."""
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     train_pending(svc, 2)
-    from bucketlearn.services.aggregate import aggregate_job
+    from bucketlearn.aggregation.writer import aggregate_job
 
     aggregate_job(svc, job_id)
     monkeypatch.setattr(job_commands, "canceller", lambda: "alice@laptop (bucketlearn cancel)")

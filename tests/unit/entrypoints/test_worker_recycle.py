@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.recycle import LEARNER_CHILD_ENV, RECYCLE_EXIT
-from bucketlearn.services.runtime import models_built
-from bucketlearn.services.upload import StorageEvent, handle_upload
+from bucketlearn.loops.learner import Learner
+from bucketlearn.loops.learner_process import LEARNER_CHILD_ENV, RECYCLE_EXIT
+from bucketlearn.services.caches import models_built
+from bucketlearn.usecases.upload import StorageEvent, handle_upload
 from tests.unit.helpers import write_blobs_csv
 
 

@@ -19,7 +19,7 @@ from bucketlearn.config import Limits
 from bucketlearn.ingest.parts import decode_part, read_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import NONE, JobOptions
-from bucketlearn.services.serial import local_source
+from bucketlearn.usecases.train_local import local_source
 from tests.unit.helpers import REPO_DIR, csv_bytes, write_blobs_csv
 
 # manifest fields that existed before regression (new fields are allowed, these must not change)

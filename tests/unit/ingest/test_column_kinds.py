@@ -148,8 +148,8 @@ def test_counting_a_text_column_stays_bounded():
 def test_status_and_dashboard_name_the_kinds_and_what_was_left_out():
     from bucketlearn.domain.job import Job
     from bucketlearn.entrypoints.cli.printing import columns_lines
-    from bucketlearn.services.dashboard import options_data
-    from bucketlearn.services.status import status_object
+    from bucketlearn.usecases.status import status_object
+    from bucketlearn.views import options_data
 
     manifest, _ = split(csv_bytes(MIXED_HEADER, mixed_rows(200)))
     job = Job("j", status="RUNNING", phase="training", dataset=manifest.summary())

@@ -15,7 +15,7 @@ from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import PartWrites, ShardWriter, load_parts
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import NONE, JobOptions
-from bucketlearn.services.serial import local_source
+from bucketlearn.usecases.train_local import local_source
 from tests.unit.helpers import csv_bytes, source_from_bytes
 
 BUCKET = "work"

@@ -17,7 +17,7 @@ from bucketlearn.ingest.parts import load_parts, read_part
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
-from bucketlearn.services.serial import local_source
+from bucketlearn.usecases.train_local import local_source
 from tests.unit.helpers import DATA_DIR, csv_bytes, source_from_bytes
 
 BAD = DATA_DIR / "bad"

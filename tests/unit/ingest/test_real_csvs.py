@@ -13,7 +13,7 @@ from bucketlearn.config import Limits
 from bucketlearn.domain.columns import CATEGORY, DATE, NUMERIC
 from bucketlearn.ingest.split import split_upload
 from bucketlearn.options import JobOptions
-from bucketlearn.services.serial import local_source
+from bucketlearn.usecases.train_local import local_source
 
 
 def packaged(package: str, *parts: str) -> Path:
@@ -58,7 +58,7 @@ def test_seattle_temp_max_is_a_numeric_target_learned_from_the_other_columns():
     (°C, 67 distinct values in the first block) from temp_min, precipitation, wind and the
     weather's text; train-local's holdout R² is that of a learned model."""
     from bucketlearn.bootstrap import memory_services
-    from bucketlearn.services.serial import train_local
+    from bucketlearn.usecases.train_local import train_local
 
     path = packaged("vega_datasets", "_data", "seattle-weather.csv")
     options = {"label_column": "temp_max", "epochs": 4, "rows_per_shard": 128}

@@ -22,7 +22,7 @@ from bucketlearn.ml.model import (
 )
 from bucketlearn.ml.tabular import DATE_VOCABULARY, parse_dates_in_graph
 from bucketlearn.options import JobOptions
-from bucketlearn.services.models import _read_for_prediction, predict_file
+from bucketlearn.usecases.model_files import _read_for_prediction, predict_file
 from tests.unit.helpers import (
     MIXED_HEADER,
     csv_bytes,
@@ -81,7 +81,7 @@ def test_the_raw_row_model_gives_the_cores_probabilities(exported):
         pa.RecordBatch.from_arrays([table.column(n).combine_chunks()
                                     for n in manifest.feature_names], manifest.feature_names))
     assert np.isnan(x[1:3]).any() and x[1, 0] == 0.0  # missing cells; an unseen city (code 0)
-    from bucketlearn.services.models import _predict_raw_rows
+    from bucketlearn.usecases.model_files import _predict_raw_rows
 
     raw = _predict_raw_rows(model, table, sidecar["inputs"])
     np.testing.assert_allclose(raw, np.asarray(core.predict_on_batch(x)), atol=1e-6)

@@ -20,21 +20,21 @@ import pytest
 
 from bucketlearn import codec
 from bucketlearn.adapters.memory import MemoryRegistry
+from bucketlearn.aggregation.process import AggregatorService, AggregatorTuning
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED
 from bucketlearn.domain.usage import estimate_cost
 from bucketlearn.faults import inject
 from bucketlearn.ingest.parts import part_address
+from bucketlearn.loops.heartbeat import LearnerTuning
+from bucketlearn.loops.learner import Learner
 from bucketlearn.options import NONE, JobOptions
 from bucketlearn.ports import NUDGE, ResultMessage, RuntimeCache
-from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
+from bucketlearn.services.caches import AHEAD, part_cache
 from bucketlearn.services.evaluate import Scoring
-from bucketlearn.services.heartbeat import LearnerTuning
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.runtime import AHEAD, part_cache
-from bucketlearn.services.serial import train_local
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.train_local import train_local
+from bucketlearn.usecases.waiting import wait_terminal
 from tests.unit import steps
 from tests.unit.helpers import wait_until, write_blobs_csv
 
@@ -261,7 +261,7 @@ def test_parallel_rounds_on_two_learners_give_the_simulations_versions(run_job, 
     """R = 2 with two learners and the long-running aggregator: the same versions, to the
     bit, as the synchronous in-process simulation of the same upload."""
     # Prepare
-    from bucketlearn.services.serial import simulate_pipeline
+    from bucketlearn.local.simulation import simulate_pipeline
 
     options = JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=2)
     running = run_job(options, learners=2)
@@ -513,7 +513,7 @@ def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
     # Prepare
     from bucketlearn import layout
     from bucketlearn.errors import JobStateError
-    from bucketlearn.services.models import model_bytes
+    from bucketlearn.usecases.model_files import model_bytes
 
     running = run_job(JobOptions(epochs=2, rows_per_shard=32, parallel_tasks=1))
     svc = running.svc
@@ -538,8 +538,8 @@ def test_a_cancelled_job_is_exported_by_the_aggregator(tmp_path):
     model downloads from the models bucket alone."""
     # Prepare
     from bucketlearn import layout
-    from bucketlearn.services.cancel import cancel_job
-    from bucketlearn.services.models import model_bytes
+    from bucketlearn.usecases.cancel import cancel_job
+    from bucketlearn.usecases.model_files import model_bytes
 
     svc = memory_services()
     job_id = upload(svc, write_blobs_csv(tmp_path / "b.csv", n_rows=200),

@@ -11,20 +11,21 @@ import pytest
 
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryRegistry
+from bucketlearn.aggregation.evaluators import InlineEvaluator, Scoring
+from bucketlearn.aggregation.writer import JobAggregator, aggregate_job
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
 from bucketlearn.domain.job import Job, round_key
 from bucketlearn.domain.lifecycle import DONE, SPLITTING, TRAINING
 from bucketlearn.domain.version import Version
+from bucketlearn.local.simulation import simulate_pipeline
+from bucketlearn.loops.learner import Learner
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import ResultMessage, VersionCommit
-from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import JobAggregator, aggregate_job
-from bucketlearn.services.evaluate import InlineEvaluator, Scoring
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.serial import sample_figures, simulate_pipeline, train_local
-from bucketlearn.services.status import status_object
-from bucketlearn.services.upload import Outcome
+from bucketlearn.services import task_messages
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.train_local import sample_figures, train_local
+from bucketlearn.usecases.upload import Outcome
 from tests.unit.helpers import (
     safetensors_bytes,
     tensor_entry,
@@ -221,12 +222,12 @@ def test_a_late_publish_never_moves_published_back(tmp_path):
     published round 1 leaves ``published`` at round 1 (before: it wrote round 0 back, so the
     aggregator and the watchdog took round 1 for unpublished and published it again)."""
     # Prepare
-    from bucketlearn.services.publish import publish_round
+    from bucketlearn.usecases.publish import publish_round
     from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
     read_at_round_0 = svc.registry.get_job(job_id)
-    train_pending(svc, len(jobs.current_round_tasks(read_at_round_0)))
+    train_pending(svc, len(task_messages.current_round_tasks(read_at_round_0)))
     aggregate_job(svc, job_id)
     after_fold = svc.registry.get_job(job_id)
     assert (after_fold.round, after_fold.published) == (1, round_key(1, 1))
@@ -635,7 +636,7 @@ def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_pat
     from bucketlearn.domain.plan import step_rates
     from bucketlearn.ingest.parts import load_parts
     from bucketlearn.ml.training import train_task
-    from bucketlearn.services.runtime import job_runtime
+    from bucketlearn.services.caches import job_runtime
     from tests.unit.steps import start_job, train_pending
 
     svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
@@ -680,7 +681,7 @@ def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, 
     beside it, as ``status --json``, the CLI and the dashboard say it."""
     # Prepare
     from bucketlearn.entrypoints.cli import printing
-    from bucketlearn.services.dashboard import headline, throughput
+    from bucketlearn.views import headline, throughput
 
     job = pipeline["job"]
     # Execute

@@ -20,8 +20,8 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
-from bucketlearn.services.upload_steps import UploadSteps
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.usecases.upload_steps import UploadSteps
 from tests.unit.helpers import (
     BAD_DIR,
     assert_rejection_reason,

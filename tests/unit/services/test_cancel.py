@@ -11,21 +11,21 @@ from typing import Any
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, RUNNING
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.faults import inject
-from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services import jobs
-from bucketlearn.services.autoscale import outstanding_tasks
-from bucketlearn.services.cancel import CancelResult, cancel_job
+from bucketlearn.loops.autoscale import outstanding_tasks
+from bucketlearn.loops.learner import Decision, Learner
+from bucketlearn.services import task_messages
 from bucketlearn.services.evaluate import Scoring
-from bucketlearn.services.learn import Decision, Learner
-from bucketlearn.services.models import model_bytes, predict_file
-from bucketlearn.services.status import status_object
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
-from bucketlearn.services.upload_steps import UploadSteps
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.cancel import CancelResult, cancel_job
+from bucketlearn.usecases.model_files import model_bytes, predict_file
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.usecases.upload_steps import UploadSteps
+from bucketlearn.usecases.waiting import wait_terminal
 from tests.unit.helpers import csv_bytes, write_blobs_csv
 from tests.unit.steps import run_rounds, start_job, train_pending
 
@@ -33,7 +33,7 @@ BY = "alice@laptop (bucketlearn cancel)"
 
 
 def round_size(svc: Any, job_id: str) -> int:
-    return len(jobs.current_round_tasks(svc.registry.get_job(job_id)))
+    return len(task_messages.current_round_tasks(svc.registry.get_job(job_id)))
 
 
 @pytest.fixture

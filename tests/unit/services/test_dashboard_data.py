@@ -31,7 +31,7 @@ from bucketlearn.options import (
     resolve_options,
 )
 from bucketlearn.ports import VersionCommit
-from bucketlearn.services.dashboard import (
+from bucketlearn.views import (
     actions,
     costs,
     downloads,
@@ -41,7 +41,7 @@ from bucketlearn.services.dashboard import (
     options_data,
     reads,
     throughput,
-    training,
+    training_figures,
     workers_tasks,
 )
 from tests.unit.helpers import REPO_DIR
@@ -444,15 +444,15 @@ def test_epoch_progress_comes_from_the_jobs_position_and_its_versions():
 
 
 def test_version_frame_by_version_and_time():
-    frame = training.version_frame(list(reversed(VERSIONS)))
+    frame = training_figures.version_frame(list(reversed(VERSIONS)))
     assert list(frame["version"]) == [0, 1, 2, 3]
     assert math.isnan(frame["holdout_accuracy"][0])
     assert list(frame["holdout_accuracy"][1:]) == [0.5, 0.75, 0.875]
     assert list(frame["train_loss"][1:]) == [1.5, 1.0, 0.52]
     assert list(frame["tasks"]) == [0, 2, 2, 2]
     assert frame["time"][3] == pd.Timestamp(T0 + 30, unit="s", tz="UTC")
-    empty = training.version_frame([])
-    assert empty.empty and list(empty.columns) == list(training.VERSION_COLUMNS)
+    empty = training_figures.version_frame([])
+    assert empty.empty and list(empty.columns) == list(training_figures.VERSION_COLUMNS)
 
 
 def test_throughput_frame_bins_and_keeps_empty_bins():
@@ -801,16 +801,16 @@ def test_a_version_written_before_the_report_still_renders_with_dashes():
     """An old version document (no macro-F1, no report): every new figure is a dash, the tables
     are empty with a note saying why, no warning; its macro-F1 column is NaN."""
     # Execute
-    shown = training.version_report(VERSIONS[3], ["0", "1", "2"])
-    frame = training.version_frame(VERSIONS)
+    shown = training_figures.version_report(VERSIONS[3], ["0", "1", "2"])
+    frame = training_figures.version_frame(VERSIONS)
     # Assert
     assert dict(shown["metrics"]) == {"Accuracy": "87.5%", "Macro-F1": "—",
                                       "Majority baseline": "—"}
     assert shown["per_class"].empty and shown["confusion"].empty
     assert shown["warning"] is None and "before they were recorded" in shown["note"]
     assert frame["holdout_macro_f1"].isna().all()
-    assert training.version_report(None, [])["per_class"].empty
-    assert training.evaluated_versions(VERSIONS) == [3, 2, 1]
+    assert training_figures.version_report(None, [])["per_class"].empty
+    assert training_figures.evaluated_versions(VERSIONS) == [3, 2, 1]
 
 
 def test_a_versions_report_gives_per_class_tables_and_the_majority_warning():
@@ -820,7 +820,7 @@ def test_a_versions_report_gives_per_class_tables_and_the_majority_warning():
     # Prepare
     doc = _evaluated(4, [[9, 0], [1, 0]])
     # Execute
-    shown = training.version_report(doc, ["cat", "dog"])
+    shown = training_figures.version_report(doc, ["cat", "dog"])
     # Assert
     metrics = dict(shown["metrics"])
     assert metrics["Accuracy"] == "90.0%" and metrics["Majority baseline"] == "90.0%"
@@ -838,7 +838,7 @@ def test_a_truncated_report_says_what_it_leaves_out():
     # Prepare
     doc = _evaluated(2, np.diag([3, 1, 2]).tolist(), max_classes=2)
     # Execute
-    shown = training.version_report(doc, ["a", "b", "c"])
+    shown = training_figures.version_report(doc, ["a", "b", "c"])
     # Assert
     assert list(shown["per_class"]["class"]) == ["a", "c"]
     assert list(shown["confusion"].columns) == ["a", "c"]
@@ -880,36 +880,36 @@ def test_a_finished_jobs_versions_carry_its_final_figures_from_its_head():
         svc.registry.versions[(job.job_id, doc["version"])] = doc
     # Execute
     versions = reads.job_bundle(svc.registry, job.job_id, T0 + 10)["versions"]
-    frame = training.version_frame(versions)
+    frame = training_figures.version_frame(versions)
     # Assert
     accuracy = frame["holdout_accuracy"]
     assert accuracy.isna().tolist() == [True, False, True, False]
     assert accuracy[1] == 0.4 and accuracy[3] == 0.815  # the head's, over the version's 0.79
     assert versions[3].figure("holdout_macro_f1") == 0.8
-    assert training.evaluated_versions(versions) == [3, 1]
+    assert training_figures.evaluated_versions(versions) == [3, 1]
 
 
 def test_a_sparse_curve_is_a_line_through_the_versions_evaluated():
     """Holdout figures on versions 1 and 3 only, train loss on every folded version: each
     figure's points are its own versions' (a chart draws no line broken at every gap)."""
     # Prepare
-    frame = training.version_frame([
+    frame = training_figures.version_frame([
         version(0, T0), version(1, T0 + 1, acc=0.5, loss=1.0, train=1.2),
         version(2, T0 + 2, train=1.0), version(3, T0 + 3, acc=0.8, loss=0.5, train=0.6)])
     # Execute
-    accuracy = training.curve(frame, ["holdout_accuracy", "holdout_macro_f1"])
-    loss = training.curve(frame, ["holdout_loss", "train_loss"], x="version")
+    accuracy = training_figures.curve(frame, ["holdout_accuracy", "holdout_macro_f1"])
+    loss = training_figures.curve(frame, ["holdout_loss", "train_loss"], x="version")
     # Assert
     assert accuracy.values.tolist() == [[1, "Holdout accuracy", 0.5], [3, "Holdout accuracy", 0.8]]
     assert loss.groupby("figure")["version"].apply(list).to_dict() == {
         "Holdout loss": [1, 3], "Train loss": [1, 2, 3]}
-    assert "2 of the 4 versions shown" in training.curve_note(frame, "holdout_accuracy", True)
-    assert "v3, the final model, on the whole holdout" in training.curve_note(
+    assert "2 of the 4 versions shown" in training_figures.curve_note(frame, "holdout_accuracy", True)
+    assert "v3, the final model, on the whole holdout" in training_figures.curve_note(
         frame, "holdout_accuracy", True)
-    assert "final model" not in training.curve_note(frame, "holdout_accuracy", False)
-    assert "v1, the final model" in training.curve_note(frame, "holdout_accuracy", True, 1)
-    every = training.version_frame(VERSIONS[1:])
-    assert training.curve_note(every, "holdout_accuracy", True) == ""
+    assert "final model" not in training_figures.curve_note(frame, "holdout_accuracy", False)
+    assert "v1, the final model" in training_figures.curve_note(frame, "holdout_accuracy", True, 1)
+    every = training_figures.version_frame(VERSIONS[1:])
+    assert training_figures.curve_note(every, "holdout_accuracy", True) == ""
 
 
 @pytest.mark.parametrize("binary", [False, True])
@@ -985,7 +985,7 @@ def test_the_upload_form_asks_label_column_and_epochs_first():
 
 def test_the_column_ranking_is_drawn_or_says_why_not():
     # Prepare
-    from bucketlearn.services.dashboard import importance
+    from bucketlearn.views import importance
 
     ranked = {"columns": [{"column": "a", "importance": 0.2}], "metric": "r2", "baseline": 0.8,
               "rows": 50, "repeats": 3}

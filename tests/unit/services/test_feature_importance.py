@@ -9,9 +9,9 @@ import numpy as np
 
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.entrypoints.cli.printing import print_status
+from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.options import JobOptions
-from bucketlearn.services.serial import simulate_pipeline
-from bucketlearn.services.status import status_object
+from bucketlearn.usecases.status import status_object
 
 
 def write_planted(path: Path, rows: int = 1200, seed: int = 0) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.faults import inject
-from bucketlearn.services.heartbeat import LearnerTuning, Reporter
-from bucketlearn.services.learn import Learner
+from bucketlearn.loops.heartbeat import LearnerTuning, Reporter
+from bucketlearn.loops.learner import Learner
 from tests.unit.helpers import eventually
 from tests.unit.steps import start_job
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec
+from bucketlearn.aggregation.writer import aggregate_job
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.metrics import confusion_rows
 from bucketlearn.domain.plan import class_weights
 from bucketlearn.entrypoints.cli import common
+from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.ml.model import ModelSpec, build_model
 from bucketlearn.ml.training import (
     EPSILON,
@@ -28,10 +30,9 @@ from bucketlearn.ml.training import (
     train_task,
 )
 from bucketlearn.options import JobOptions
-from bucketlearn.services.aggregate import aggregate_job
-from bucketlearn.services.serial import simulate_pipeline, train_local
-from bucketlearn.services.status import status_object
-from bucketlearn.services.upload import StorageEvent, handle_upload
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.train_local import train_local
+from bucketlearn.usecases.upload import StorageEvent, handle_upload
 from tests.unit.helpers import write_imbalanced_csv
 from tests.unit.steps import train_pending
 

@@ -24,6 +24,7 @@ import pytest
 import safetensors.numpy
 
 from bucketlearn import layout
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits
 from bucketlearn.domain.head import Head
@@ -35,7 +36,6 @@ from bucketlearn.ingest.split import split_upload
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import BlobInfo
-from bucketlearn.services import aggregate as aggregator
 from bucketlearn.services import export
 from tests.unit.helpers import blobs_rows, csv_bytes
 from tests.unit.steps import run_rounds, start_job, train_pending
@@ -234,7 +234,7 @@ def exporting_job(parts: int) -> tuple[Any, dict[str, Any]]:
     from bucketlearn.ingest.manifest import Manifest
     from bucketlearn.ml.model import ModelSpec, build_model
     from bucketlearn.ml.training import optimizer_state, train_task
-    from bucketlearn.services.runtime import job_runtime
+    from bucketlearn.services.caches import job_runtime
 
     svc = memory_services()
     job_id = f"holdout-{parts:04d}-000000000000"
@@ -291,7 +291,7 @@ def test_evaluation_memory_does_not_grow_with_the_holdout() -> None:
     2,000 holdout rows reads only the parts the sample draws from, one at a time; 4x the holdout
     rows leave the peak within 1.3x (before: the whole holdout was read and then subsampled,
     so the peak grew with it: 16 -> 64 parts of 512 KiB)."""
-    from bucketlearn.services.runtime import job_runtime
+    from bucketlearn.services.caches import job_runtime
 
     # Prepare
     small_svc, small_job = exporting_job(16)
@@ -335,7 +335,7 @@ def test_holdout_sample_is_uniform_reproducible_and_reads_old_manifests() -> Non
 
     from bucketlearn.domain.deal import holdout_sample
     from bucketlearn.ingest.manifest import Manifest
-    from bucketlearn.services.runtime import JobRuntime
+    from bucketlearn.services.caches import JobRuntime
 
     # Prepare
     part_rows = [4096, 100, 4096, 0, 2000]

@@ -13,7 +13,7 @@ from bucketlearn.adapters.memory import MemoryBlobStore
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.faults import inject
 from bucketlearn.ingest.parts import encode_part
-from bucketlearn.services.runtime import AHEAD, PartCache
+from bucketlearn.services.caches import AHEAD, PartCache
 from tests.unit.helpers import wait_until
 
 

@@ -20,19 +20,19 @@ import pytest
 
 from bucketlearn import codec, layout
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryRegistry
+from bucketlearn.aggregation.evaluators import InlineEvaluator
+from bucketlearn.aggregation.process import AggregatorService, AggregatorTuning
+from bucketlearn.aggregation.writer import JobAggregator, aggregate_job, lease_name
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Settings
 from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.errors import TransientError
+from bucketlearn.loops.heartbeat import LearnerTuning
+from bucketlearn.loops.learner import Learner
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RESULT, ResultMessage, RuntimeCache
-from bucketlearn.services.aggregate import JobAggregator, aggregate_job, lease_name
-from bucketlearn.services.aggregator import AggregatorService, AggregatorTuning
-from bucketlearn.services.evaluate import InlineEvaluator
-from bucketlearn.services.heartbeat import LearnerTuning
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.serial import train_local
-from bucketlearn.services.waiting import wait_terminal
+from bucketlearn.usecases.train_local import train_local
+from bucketlearn.usecases.waiting import wait_terminal
 from tests.unit import steps
 from tests.unit.helpers import wait_until, write_blobs_csv
 

@@ -10,11 +10,12 @@ import pytest
 
 from bucketlearn import codec
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.ml.model import export_keras, read_sidecar
 from bucketlearn.options import JobOptions
-from bucketlearn.services.models import model_bytes, predict_file, serial_sidecar
-from bucketlearn.services.serial import simulate_pipeline, train_local
-from bucketlearn.services.status import status_object
+from bucketlearn.usecases.model_files import model_bytes, predict_file, serial_sidecar
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.train_local import train_local
 from tests.unit.helpers import REPO_DIR, csv_bytes, outputs_without_bucketlearn
 
 PENGUINS = REPO_DIR / "data" / "penguins.csv"

@@ -8,8 +8,8 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.version import Version
 from bucketlearn.entrypoints import cli
 from bucketlearn.entrypoints.cli import printing
-from bucketlearn.services.dashboard import headline, jobs_list, options_data, training
-from bucketlearn.services.status import status_object
+from bucketlearn.usecases.status import status_object
+from bucketlearn.views import headline, jobs_list, options_data, training_figures
 
 DATASET = {"rows": 342, "train_rows": 274, "holdout_rows": 68, "features": 7,
            "label_column": "body_mass_g", "classes": [], "label_kind": "float",
@@ -61,10 +61,10 @@ def test_the_dashboard_shows_rmse_mae_r2_per_version_and_the_target():
     metrics = {label: value for row in headline.headline_rows(summary) for label, value in row}
     assert metrics["Holdout RMSE"] == "236.8100" and metrics["Holdout R²"] == "0.9133"
     assert "Holdout accuracy" not in metrics
-    frame = training.version_frame([VERSION])
+    frame = training_figures.version_frame([VERSION])
     assert frame.loc[0, "holdout_rmse"] == 236.81 and frame.loc[0, "holdout_r2"] == 0.9133
-    assert training.evaluated_versions([VERSION]) == [3]
-    report = training.version_report(VERSION, [])
+    assert training_figures.evaluated_versions([VERSION]) == [3]
+    report = training_figures.version_report(VERSION, [])
     assert dict(report["metrics"])["MAE"] == "193.9300" and report["per_class"].empty
     facts = options_data.dataset_facts(job)
     assert facts["task"] == "regression" and facts["rows without a target (left out)"] == 2

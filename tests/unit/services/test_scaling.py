@@ -16,7 +16,7 @@ from bucketlearn.domain.job import Job, ending_fields, round_key
 from bucketlearn.domain.plan import TrainingPlan
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import ConfigError
-from bucketlearn.services.autoscale import (
+from bucketlearn.loops.autoscale import (
     ScalingPolicy,
     autoscale_once,
     desired_workers,

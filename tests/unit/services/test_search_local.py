@@ -11,9 +11,9 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.errors import ConfigError
 from bucketlearn.ml.model import export_keras
 from bucketlearn.options import JobOptions
-from bucketlearn.services.models import predict_file, serial_sidecar
-from bucketlearn.services.search import search_local
-from bucketlearn.services.serial import train_local
+from bucketlearn.usecases.local_search import search_local
+from bucketlearn.usecases.model_files import predict_file, serial_sidecar
+from bucketlearn.usecases.train_local import train_local
 from tests.unit.helpers import SEARCH_OPTIONS, csv_bytes, write_search_table
 
 write_table, OPTIONS = write_search_table, SEARCH_OPTIONS

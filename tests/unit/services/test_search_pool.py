@@ -1,4 +1,4 @@
-"""A searched job on the learner pool (``services.pool``, ``services.segment``): the real upload,
+"""A searched job on the learner pool (``usecases.search_publish``, ``loops.segment``): the real upload,
 learner and aggregator code on the in-memory ports. The model it selects is
 ``train-local --search``'s to the bit whatever the number of learners; a duplicated result, a
 writer that died before publishing, a segment that fails every attempt and a cancel each do
@@ -11,6 +11,9 @@ import dataclasses
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.aggregation.evaluators import InlineEvaluator
+from bucketlearn.aggregation.search_writer import _line_doc
+from bucketlearn.aggregation.writer import JobAggregator, aggregate_job
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.config import Limits, Settings
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, QUEUED, REJECTED, RUNNING, TRAINING
@@ -26,20 +29,17 @@ from bucketlearn.domain.search import (
     standings,
 )
 from bucketlearn.errors import TransientError
+from bucketlearn.local.simulation import simulate_pipeline
+from bucketlearn.loops.learner import Learner
+from bucketlearn.loops.watchdog import watchdog_pass
 from bucketlearn.ml.model import export_keras, load_model
 from bucketlearn.options import NONE
 from bucketlearn.ports import SEGMENT, ResultMessage
-from bucketlearn.services.aggregate import JobAggregator, aggregate_job
-from bucketlearn.services.cancel import cancel_job
-from bucketlearn.services.dashboard.search import leaderboard
-from bucketlearn.services.evaluate import InlineEvaluator
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.pool import _line_doc
-from bucketlearn.services.search import search_local
-from bucketlearn.services.serial import simulate_pipeline
-from bucketlearn.services.status import status_object
-from bucketlearn.services.upload import StorageEvent, handle_upload
-from bucketlearn.services.watchdog import watchdog_pass
+from bucketlearn.usecases.cancel import cancel_job
+from bucketlearn.usecases.local_search import search_local
+from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.upload import StorageEvent, handle_upload
+from bucketlearn.views.leaderboard import leaderboard
 from tests.unit.helpers import SEARCH_OPTIONS as OPTIONS
 from tests.unit.helpers import write_search_table as write_table
 
@@ -124,7 +124,7 @@ def _train_all(svc, learner, limit=100):
 def _searched_to_the_end(table, fault):
     """A searched job of ``table`` trained by one learner to its end, each segment's training
     first handed to ``fault(task)`` (which may raise); the job as it ended."""
-    from bucketlearn.services.segment import train_segment
+    from bucketlearn.loops.segment import train_segment
 
     def faulty(svc, job, task):
         fault(task)

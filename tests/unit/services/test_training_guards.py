@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from bucketlearn import layout
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain import fold
 from bucketlearn.domain.lifecycle import DONE, FAILED
+from bucketlearn.local.simulation import simulate_pipeline
+from bucketlearn.loops.learner import Learner
 from bucketlearn.options import JobOptions
-from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.serial import simulate_pipeline
 from tests.unit.helpers import csv_bytes
 from tests.unit.steps import run_rounds, start_job, write_bad_result
 

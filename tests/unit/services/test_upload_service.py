@@ -20,8 +20,8 @@ from bucketlearn.errors import (
     TransientError,
 )
 from bucketlearn.ingest.manifest import Manifest
-from bucketlearn.services import jobs
-from bucketlearn.services.upload import Outcome, StorageEvent, handle_upload
+from bucketlearn.services import task_messages
+from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import REPO_DIR, csv_bytes
 
 
@@ -120,7 +120,7 @@ def test_new_generation_is_a_new_job(digits_job):
     assert new_job_id == layout.job_id_for(new_event.bucket, new_event.name,
                                            new_event.generation)
     assert len([m for m in svc.queue.published if m.job_id == new_job_id]) == \
-        len(jobs.current_round_tasks(svc.registry.get_job(new_job_id)))
+        len(task_messages.current_round_tasks(svc.registry.get_job(new_job_id)))
 
 
 class RecordingStore(MemoryBlobStore):
@@ -554,7 +554,7 @@ def test_a_long_split_renews_its_claim_so_a_retried_event_does_not_split_again(l
     assert svc.store.opens == 3
     assert svc.store.parts_written > 100
     assert job.claimed_at > started + LEASE  # renewed as the split went on
-    round_tasks = jobs.current_round_tasks(job)
+    round_tasks = task_messages.current_round_tasks(job)
     assert sorted(m.task_index for m in svc.queue.published) == sorted(round_tasks)
 
 
@@ -631,7 +631,7 @@ def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
     assert job.error is None and job.error_detail is None
     assert [i.name for i in svc.store.list(svc.settings.work_bucket, "jobs/")] == other[1]
     assert layout.manifest_path(job_id) in work_objects(svc, job_id)
-    assert len(svc.queue.published) == len(jobs.current_round_tasks(job))
+    assert len(svc.queue.published) == len(task_messages.current_round_tasks(job))
 
 
 # --- the deployment's limits on one upload's cost ----------------------------------------------
@@ -732,7 +732,7 @@ def test_the_outline_pass_1_checks_is_the_split_the_job_trains():
     from bucketlearn.ingest.split import split_upload
     from bucketlearn.ingest.stream import SourceFile
     from bucketlearn.options import resolve_options
-    from bucketlearn.services.upload import outline_of
+    from bucketlearn.usecases.upload import outline_of
 
     svc = memory_services()
     event = upload(svc, "busy.csv", busy_table(), metadata=BUSY_OPTIONS)

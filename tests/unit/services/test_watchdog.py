@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from bucketlearn.adapters.memory import MemoryQueue
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import DONE, FAILED, FAILED_PHASE, QUEUED, SPLITTING
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, decide
+from bucketlearn.loops.learner import Learner
+from bucketlearn.loops.watchdog import drain_dead_letters, watchdog_pass
 from bucketlearn.ports import NUDGE
-from bucketlearn.services import aggregate as aggregator
-from bucketlearn.services.learn import Learner
-from bucketlearn.services.watchdog import drain_dead_letters, watchdog_pass
 from tests.unit.steps import run_rounds, start_job
 
 STALL = 600.0

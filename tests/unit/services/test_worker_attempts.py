@@ -9,8 +9,8 @@ import pytest
 
 from bucketlearn.errors import TransientError
 from bucketlearn.faults import inject
-from bucketlearn.services.heartbeat import LearnerTuning
-from bucketlearn.services.learn import Decision, Learner
+from bucketlearn.loops.heartbeat import LearnerTuning
+from bucketlearn.loops.learner import Decision, Learner
 from tests.unit.steps import start_job
 
 

@@ -19,15 +19,15 @@ from bucketlearn.domain.lifecycle import (
 )
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.domain.version import Version
-from bucketlearn.services.dashboard.formats import (
+from bucketlearn.usecases.status import status_object
+from bucketlearn.views.formats import (
     format_cost_short,
     format_duration,
     format_number,
     format_percent,
 )
-from bucketlearn.services.dashboard.jobs_list import reason, source_file
-from bucketlearn.services.dashboard.throughput import eta_seconds, progress, remaining_tasks
-from bucketlearn.services.status import status_object
+from bucketlearn.views.jobs_list import reason, source_file
+from bucketlearn.views.throughput import eta_seconds, progress, remaining_tasks
 
 
 def job_summary(job: Job, versions: list[Version], now: float

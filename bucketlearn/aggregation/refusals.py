@@ -10,10 +10,10 @@ from bucketlearn import layout
 from bucketlearn.domain import fold
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.rounds import DeltaRef, RoundObjects
-from bucketlearn.services import jobs
-from bucketlearn.services.publish import announce_failure
+from bucketlearn.services import task_messages
+from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.results import Heard
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.usecases.publish import announce_failure
 
 log = logging.getLogger(__name__)
 
@@ -52,4 +52,4 @@ def refuse(aggregator: Any, job: Job, objects: RoundObjects, refused: dict[int, 
             retrain.append(task_index)
     if retrain:
         shards = job_runtime(aggregator.svc, job).manifest.shards
-        aggregator.svc.queue.publish(jobs.round_messages(job, shards, retrain))
+        aggregator.svc.queue.publish(task_messages.round_messages(job, shards, retrain))

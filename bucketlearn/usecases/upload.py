@@ -57,9 +57,9 @@ from bucketlearn.services.planning import (
     searched_over,
     searched_plan,
 )
-from bucketlearn.services.pool import publish_first
-from bucketlearn.services.split_claim import SplitClaim
-from bucketlearn.services.upload_steps import UploadSteps
+from bucketlearn.usecases.search_publish import publish_first
+from bucketlearn.usecases.split_claim import SplitClaim
+from bucketlearn.usecases.upload_steps import UploadSteps
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bucketlearn.domain.metrics import confusion_rows, majority_warning
 from bucketlearn.domain.version import Version
-from bucketlearn.services.dashboard.formats import (
+from bucketlearn.views.formats import (
     as_float,
     as_int,
     format_number,

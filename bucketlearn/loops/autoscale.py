@@ -21,7 +21,7 @@ from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding
 from bucketlearn.errors import ConfigError
 from bucketlearn.ports import Registry
-from bucketlearn.services import jobs
+from bucketlearn.services import task_messages
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def outstanding_tasks(registry: Registry) -> int:
             continue
         if job.epoch < 1 or not job.is_published:
             continue
-        total += outstanding(job.search) if job.search else len(jobs.current_round_tasks(job))
+        total += outstanding(job.search) if job.search else len(task_messages.current_round_tasks(job))
     return total
 
 

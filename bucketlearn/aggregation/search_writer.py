@@ -1,9 +1,9 @@
 """A searched job (option ``search`` N) on the learner pool: its candidates trained side by
 side, the rungs settled by the job's one writer, the mean of the finalists exported.
 
-The search is ``train-local --search``'s (``services.search``, ``domain.search``), cut into
+The search is ``train-local --search``'s (``usecases.local_search``, ``domain.search``), cut into
 segments: a segment is one candidate trained through one rung, by whichever learner pulls it
-(``services.segment``). The job's record (``Job.search``: ``domain.search.search_record``)
+(``loops.segment``). The job's record (``Job.search``: ``domain.search.search_record``)
 holds the candidates, the rungs, the segments published and each candidate's line as its
 last recorded segment left it.
 
@@ -35,25 +35,22 @@ from bucketlearn.domain.recipe import Score
 from bucketlearn.domain.search import (
     Candidate,
     best_through,
-    draw_candidates,
     due,
     lines_of,
-    outstanding_pairs,
     pair,
     plan_of,
     recorded_rung,
-    rungs,
-    search_record,
     settle,
     standings,
 )
 from bucketlearn.domain.usage import added
 from bucketlearn.errors import TransientError
-from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import build_model, export_keras
 from bucketlearn.ml.training import evaluate_parts
-from bucketlearn.ports import Received, ResultMessage, Services, TaskMessage
+from bucketlearn.ports import Received, ResultMessage, Services
+from bucketlearn.services.caches import JobRuntime, job_runtime
 from bucketlearn.services.candidates import candidate_spec, mean_of
+from bucketlearn.services.endings import end_job
 from bucketlearn.services.evaluate import headline, holdout_figures
 from bucketlearn.services.export import (
     column_importance,
@@ -61,90 +58,9 @@ from bucketlearn.services.export import (
     model_sidecar,
     write_model,
 )
-from bucketlearn.services.jobs import end_job
-from bucketlearn.services.publish import publish_round
-from bucketlearn.services.runtime import JobRuntime, job_runtime
+from bucketlearn.usecases.search_publish import publish_due, write_search
 
 log = logging.getLogger(__name__)
-
-def publish_first(svc: Services, job: Job, manifest: Manifest | None = None) -> None:
-    """A job just split goes to the learners: a searched job's first rung (``start_search``),
-    any other job's first round (``publish.publish_round``)."""
-    if job.options.get("search"):
-        start_search(svc, job)
-    else:
-        publish_round(svc, job, manifest)
-
-
-def start_search(svc: Services, job: Job) -> None:
-    """Give a job that has just been split its search record (candidates drawn from its seed,
-    the rungs for its epochs) and publish the first rung. Idempotent: a record already
-    written is kept, and only the segments not yet published go out."""
-    record = job.search
-    if not record or "candidates" not in record:
-        spec = job_runtime(svc, job).spec
-        options = job.options
-        record = search_record(
-            draw_candidates(int(options["search"]), int(options["seed"]),
-                            int(options["batch_size"]), float(options["learning_rate"]),
-                            spec.kind == "cnn", spec.regression),
-            rungs(int(options["search"]), int(options["epochs"])))
-        if not svc.registry.update_job_if(job.job_id, {**job.status_and_phase, "search": None},
-                                          {"search": record}):
-            current = svc.registry.get_job(job.job_id)
-            if current is None or current.is_terminal or not current.search:
-                return
-            job = current
-        else:
-            job = job.updated({"search": record})
-    publish_due(svc, job)
-
-
-def publish_due(svc: Services, job: Job, pairs: list[tuple[int, int]] | None = None) -> Job:
-    """Publish the segments due (``domain.search.due``; ``pairs`` when the caller has them),
-    then record them published (and the job's round, so it counts as published); the job as
-    it then stands."""
-    record = dict(job.search or {})
-    if pairs is None:
-        pairs = due(record, settle(plan_of(record), lines_of(record)))
-    if not pairs and job.is_published:
-        return job
-    svc.queue.publish(_messages(svc, job, pairs))
-    record["published"] = list(record.get("published") or []) + [pair(c, r) for c, r in pairs]
-    fields = {"search": record, "published": job.round_key, "published_at": svc.clock()}
-    if not _write(svc, job, fields, fenced=bool(job.aggregated_by)):
-        raise TransientError(f"job {job.job_id}: could not record its segments published")
-    log.info("job %s: published %d segments (%s)", job.job_id, len(pairs),
-             ", ".join(f"candidate {c} rung {r}" for c, r in pairs))
-    return job.updated(fields)
-
-
-def _write(svc: Services, job: Job, fields: dict[str, Any], fenced: bool = True) -> bool:
-    """A write about the search while the job stands as read, its search record unchanged
-    since (the upload's first publish and the writer never overwrite each other) and, for its
-    writer (``fenced``), still held by the same one (``Job.aggregated_by``)."""
-    expect = {**job.status_and_phase, "search": job.search}
-    return svc.registry.update_job_if(
-        job.job_id, {**expect, "aggregated_by": job.aggregated_by} if fenced else expect,
-        fields)
-
-
-def republish_outstanding(svc: Services, job: Job) -> int:
-    """Publish again the segments published and not yet recorded (a message lost for good);
-    a second result of one is dropped by the writer. Returns how many."""
-    record = job.search or {}
-    pairs = outstanding_pairs(record)
-    svc.queue.publish(_messages(svc, job, pairs))
-    return len(pairs)
-
-
-def _messages(svc: Services, job: Job, pairs: list[tuple[int, int]]) -> list[TaskMessage]:
-    """The segment messages of ``pairs`` (candidate, rung): each from its line's last state."""
-    lines = (job.search or {}).get("lines") or {}
-    rows = job_runtime(svc, job).manifest.train_rows
-    return [TaskMessage(job_id=job.job_id, epoch=r, task_index=c, parts=(), rows=rows, round=r,
-                        weights_path=(lines.get(str(c)) or {}).get("weights_path", "")
-                        if r else "", segment=True) for c, r in pairs]
 
 
 @dataclass
@@ -232,7 +148,7 @@ class SearchWriter:
         used = dict((heard.message.stats or {}).get("usage") or {}) if heard.message else {}
         fields = {"search": record, "usage": added(job.usage, used), "status": RUNNING,
                   "updated_at": svc.clock()}
-        if not _write(svc, job, fields):
+        if not write_search(svc, job, fields):
             current = svc.registry.get_job(self.job_id)
             if current is None or current.is_terminal:
                 return current or job, False

@@ -20,8 +20,8 @@ from bucketlearn.domain.task import FailureMarker
 from bucketlearn.errors import TransientError
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ports import FAILED, ResultMessage, Services
-from bucketlearn.services import jobs
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.services import task_messages
+from bucketlearn.services.caches import job_runtime
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def publish_round(svc: Services, job: Job, manifest: Manifest | None = None,
     """
     if manifest is None:
         manifest = job_runtime(svc, job).manifest
-    messages = jobs.round_messages(job, manifest.shards, task_indices)
+    messages = task_messages.round_messages(job, manifest.shards, task_indices)
     svc.queue.publish(messages)
     key = job.round_key
     if record and not _record_published(svc, job, key):

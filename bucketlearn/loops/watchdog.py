@@ -27,11 +27,11 @@ from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding_pairs
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
-from bucketlearn.services import jobs
-from bucketlearn.services.pool import republish_outstanding
-from bucketlearn.services.publish import announce_failure
+from bucketlearn.services import endings, task_messages
+from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.results import list_deltas
-from bucketlearn.services.runtime import job_runtime
+from bucketlearn.usecases.publish import announce_failure
+from bucketlearn.usecases.search_publish import republish_outstanding
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,11 @@ def _decide(svc: Services, job: Job, now: float) -> WatchdogAction | None:
     with_result: set[int] = set()
     if job.phase == TRAINING and job.plan is not None:
         epoch = job.epoch
-        round_tasks = list(jobs.current_round_tasks(job))
+        round_tasks = list(task_messages.current_round_tasks(job))
         with_result = {ref.task_index for ref in list_deltas(svc, job.job_id, epoch)}
         for task_index in round_tasks:
             task = svc.registry.get_task(job.job_id,
-                                         jobs.task_doc_id(job.job_id, epoch, task_index))
+                                         task_messages.task_doc_id(job.job_id, epoch, task_index))
             if task is not None:
                 activity += [task.started_at or 0.0, task.finished_at or 0.0]
     return decide(job, round_tasks, done_tasks(job), with_result, max(activity), now,
@@ -81,7 +81,7 @@ def _search_stalled(svc: Services, job: Job, activity: list[float], now: float
     (a message lost for good; a second result is dropped by the writer)."""
     pairs = outstanding_pairs(job.search or {})
     for candidate, rung in pairs:
-        task = svc.registry.get_task(job.job_id, jobs.task_doc_id(job.job_id, rung, candidate))
+        task = svc.registry.get_task(job.job_id, task_messages.task_doc_id(job.job_id, rung, candidate))
         if task is not None:
             activity += [task.started_at or 0.0, task.finished_at or 0.0]
     quiet = now - max(activity)
@@ -109,9 +109,9 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
         nudge(svc, job_id, decided.reason)  # a result written but never announced is heard
     elif decided.action == REPUBLISH:
         shards = job_runtime(svc, job).manifest.shards
-        svc.queue.publish(jobs.round_messages(job, shards, decided.tasks))
+        svc.queue.publish(task_messages.round_messages(job, shards, decided.tasks))
     elif decided.action == FAIL:
-        jobs.end_job(svc.registry, job_id, fail_fields(now, decided.reason),
+        endings.end_job(svc.registry, job_id, fail_fields(now, decided.reason),
                      expect=job.status_and_phase)
         return
     svc.registry.update_job(job_id, {"watchdog_at": now,

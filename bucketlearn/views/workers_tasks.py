@@ -14,7 +14,7 @@ from bucketlearn.domain.job import Job, done_tasks
 from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
-from bucketlearn.services.dashboard.formats import as_float, as_int, format_duration, timestamp
+from bucketlearn.views.formats import as_float, as_int, format_duration, timestamp
 
 ALIVE_SECONDS = 30.0          # a worker is alive if its heartbeat is at most this old
 TASK_STATES = ("queued", "running", "retrying", "done", "failed")

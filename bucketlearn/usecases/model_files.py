@@ -24,8 +24,8 @@ def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes,
     job's manifest (this needs TensorFlow, as the CLI and the dashboard have).
     """
     from bucketlearn.ml.model import export_keras  # noqa: PLC0415
+    from bucketlearn.services.caches import JobRuntime  # noqa: PLC0415
     from bucketlearn.services.export import model_sidecar  # noqa: PLC0415
-    from bucketlearn.services.runtime import JobRuntime  # noqa: PLC0415
 
     job = svc.registry.get_job(job_id)
     if job is None:

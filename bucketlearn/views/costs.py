@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bucketlearn.services.dashboard.formats import as_float, format_cost
+from bucketlearn.views.formats import as_float, format_cost
 
 # what each counted quantity of ``Job.usage`` (``domain.usage.USAGE_KEYS``) is called on the
 # page, in this order

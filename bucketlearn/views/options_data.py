@@ -12,7 +12,7 @@ from bucketlearn.domain.columns import kinds_text
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.target import CLASSIFICATION, REGRESSION
 from bucketlearn.options import OPTION_SPECS, default_text, option_text
-from bucketlearn.services.dashboard.formats import as_float, as_int
+from bucketlearn.views.formats import as_float, as_int
 
 # The options most people set, up front in the upload form; the others are in its "Advanced"
 # section. A new everyday option (a search over models, once there is one) joins these.

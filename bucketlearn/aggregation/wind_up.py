@@ -44,7 +44,7 @@ def wind_up(svc: Services, job: Job) -> None:
 
 def _export_cancelled(svc: Services, job: Job) -> None:
     """The head version as ``latest.keras`` and ``v<N>.keras``; ``model_path`` recorded."""
-    from bucketlearn.services.models import model_bytes  # noqa: PLC0415
+    from bucketlearn.usecases.model_files import model_bytes  # noqa: PLC0415
 
     try:
         data, version = model_bytes(svc, job.job_id, job.version)

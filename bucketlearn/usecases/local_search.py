@@ -6,7 +6,7 @@ the steps ``train-local`` takes. The rungs are trained in order, the candidates 
 index order; promotions follow the scores alone (``domain.search.settle``). At the end the
 mean of the finalists is the model, evaluated once on the holdout. A candidate whose training
 loss is no longer a number is dropped with its reason. On the learner pool the same search is
-cut into segments (``services.pool``) and selects the same model.
+cut into segments (``usecases.search_publish``) and selects the same model.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from bucketlearn.errors import ConfigError, PermanentError
 from bucketlearn.ml.model import spec_for
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
+from bucketlearn.services.caches import read_validation_sample
 from bucketlearn.services.candidates import Standing, candidate_line, mean_of, train_to
-from bucketlearn.services.runtime import read_validation_sample
-from bucketlearn.services.serial import (
+from bucketlearn.usecases.train_local import (
     SerialResult,
     TrainingLine,
     evaluate_holdout,

@@ -9,7 +9,7 @@ from bucketlearn.domain.job import claim_renewal_due, may_start_training, splitt
 from bucketlearn.domain.lifecycle import SPLITTING
 from bucketlearn.errors import TransientError
 from bucketlearn.ports import Services
-from bucketlearn.services.jobs import end_job
+from bucketlearn.services.endings import end_job
 
 CLAIM_WRITE_ATTEMPTS = 3
 
@@ -47,11 +47,11 @@ class SplitClaim:
                              "job document kept changing)")
 
     def end(self, fields: dict[str, Any]) -> bool:
-        """End the job with ``fields`` (REJECTED or FAILED: ``jobs.end_job``) if this claim still
+        """End the job with ``fields`` (REJECTED or FAILED: ``endings.end_job``) if this claim still
         holds it; False (nothing written) when it does not or the job has ended.
 
         Raises:
-            TransientError: the job kept changing (``jobs.end_job``).
+            TransientError: the job kept changing (``endings.end_job``).
         """
         return end_job(self.svc.registry, self.job_id, fields,
                        expect=splitting_under(self.claim))[0]

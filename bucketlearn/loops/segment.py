@@ -1,4 +1,4 @@
-"""A learner's part in a searched job (``services.pool``): one segment trained and announced.
+"""A learner's part in a searched job (``usecases.search_publish``): one segment trained and announced.
 
 A segment message names a candidate (``task_index``), a rung (``epoch``) and the state the
 candidate's line ended its previous rung with (``weights_path``; none for the first rung). The
@@ -27,10 +27,10 @@ from bucketlearn.domain import task as attempt
 from bucketlearn.domain.search import Candidate, plan_of, recorded_rung
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import SEGMENT, ResultMessage, Services, TaskMessage
-from bucketlearn.services import jobs
+from bucketlearn.services import task_messages
+from bucketlearn.services.caches import job_runtime, part_cache
 from bucketlearn.services.candidates import Standing, candidate_line, train_to
 from bucketlearn.services.line import TrainingLine
-from bucketlearn.services.runtime import job_runtime, part_cache
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def run_segment(svc: Services, task: TaskMessage, worker_id: str,
     if recorded_rung(job.search, task.task_index) >= task.epoch:
         log.info("segment %s: already recorded", task.task_id)
         return True
-    doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
+    doc_id = task_messages.task_doc_id(task.job_id, task.epoch, task.task_index)
     now, key = svc.clock(), layout.new_nonce()
     attempts = svc.registry.record_attempt(task.job_id, doc_id, attempt.started(
         task.task_id, task.epoch, task.task_index, task.epoch, task.rows, worker_id, now, now,

@@ -1,4 +1,4 @@
-"""The serial baseline (``bucketlearn train-local``) and an in-process pipeline simulation.
+"""The serial baseline (``bucketlearn train-local``).
 
 ``train_local`` runs the *same* split (same options, same seed, hence the same holdout), builds
 the same model with the same initial weights and optimizer, and trains it in one process through
@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +35,10 @@ from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import spec_for
 from bucketlearn.ml.training import evaluate_detail
 from bucketlearn.options import JobOptions
-from bucketlearn.ports import RuntimeCache, Services
+from bucketlearn.ports import Services
+from bucketlearn.services.caches import read_holdout_sample
 from bucketlearn.services.line import TrainingLine
 from bucketlearn.services.planning import budgeted, outline_of
-from bucketlearn.services.runtime import read_holdout_sample
 
 
 @dataclass
@@ -116,47 +115,3 @@ def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[s
     found = evaluate_detail(result.model, result.weights, x, y, result.spec.task)
     return {"accuracy": found.accuracy, "loss": found.loss, "rmse": found.report.get("rmse"),
             "rows": len(y)}
-
-
-def simulate_pipeline(path: str, options: JobOptions, workers: int = 2, *,
-                      svc: Services) -> dict[str, Any]:
-    """Run upload -> learners -> aggregator in-process with ``workers`` overlapping tasks, on
-    ``svc`` (in-memory services of the run's own: the upload, the job and its versions stay
-    there and are returned as ``"svc"``)."""
-    from bucketlearn.services.aggregate import aggregate_job  # noqa: PLC0415
-    from bucketlearn.services.learn import Learner  # noqa: PLC0415
-    from bucketlearn.services.upload import StorageEvent, handle_upload  # noqa: PLC0415
-
-    with open(path, "rb") as handle:
-        info = svc.store.write_bytes(svc.settings.uploads_bucket, os.path.basename(path),
-                                     handle.read(), "text/csv", options.to_metadata())
-    _, job_id = handle_upload(svc, StorageEvent(info.bucket, info.name, info.generation, info.size))
-    assert job_id is not None
-    # one model (and optimizer) per worker, as in separate processes: each its own runtime cache
-    learners = [Learner(dataclasses.replace(svc, cache=RuntimeCache()), f"sim-{i}")
-                for i in range(workers)]
-    in_flight: deque[tuple[Any, Learner]] = deque()
-    pulled = 0
-    started = time.perf_counter()
-    for _ in range(1_000_000):
-        job = svc.registry.get_job(job_id)
-        assert job is not None
-        if job.is_terminal:
-            break
-        while len(in_flight) < workers:
-            received = svc.queue.pull(0)
-            if received is None:
-                break
-            in_flight.append((received, learners[pulled % workers]))
-            pulled += 1
-        if not in_flight:
-            aggregate_job(svc, job_id)
-            continue
-        received, learner = in_flight.popleft()
-        decision = learner.handle(received)
-        received.ack() if decision.value == "ack" else received.nack()
-        aggregate_job(svc, job_id)
-    job = svc.registry.get_job(job_id)
-    assert job is not None
-    return {"job": job, "seconds": time.perf_counter() - started,
-            "versions": svc.registry.list_versions(job_id), "svc": svc}

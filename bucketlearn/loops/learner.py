@@ -20,8 +20,8 @@ What a round waits for is kept off its critical path:
 
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
 ``max_task_attempts`` the task is FAILED, its failure marker written and announced, the message
-acked. A searched job's segment is ``services.segment``'s. Pace, heartbeat and a task's lease:
-``services.heartbeat``; the learner process: ``entrypoints.worker``.
+acked. A searched job's segment is ``loops.segment``'s. Pace, heartbeat and a task's lease:
+``loops.heartbeat``; the learner process: ``entrypoints.worker``.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from bucketlearn.domain.plan import class_weights, step_rates
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import NotFoundError, PermanentError
 from bucketlearn.faults import crash_point
+from bucketlearn.loops.heartbeat import Heartbeats, LearnerTuning, LeaseExtender, expiry
+from bucketlearn.loops.segment import SegmentTrainer, run_segment, train_segment
 from bucketlearn.ml.training import LocalResult, train_task
 from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
-from bucketlearn.services import jobs
-from bucketlearn.services.heartbeat import Heartbeats, LearnerTuning, LeaseExtender, expiry
-from bucketlearn.services.publish import announce_failure
-from bucketlearn.services.runtime import job_runtime, models_built, part_cache
-from bucketlearn.services.segment import SegmentTrainer, run_segment, train_segment
+from bucketlearn.services import task_messages
+from bucketlearn.services.caches import job_runtime, models_built, part_cache
+from bucketlearn.usecases.publish import announce_failure
 
 log = logging.getLogger(__name__)
 SLOW_SECONDS = 2.0  # an announcement or a chain's wait slower than this is logged
@@ -197,7 +197,7 @@ class Learner:
         """Read the job and, when the task is still to train, count this attempt (before the
         result can be announced: a task that crashes its worker still runs out of attempts)."""
         registry = self.svc.registry
-        doc_id = jobs.task_doc_id(task.job_id, task.epoch, task.task_index)
+        doc_id = task_messages.task_doc_id(task.job_id, task.epoch, task.task_index)
         job, known = self._with_retries(lambda: registry.read_for_attempt(task.job_id, doc_id))
         skip = skip_reason(job, task.base_version, bool(task.weights_path or task.base_digest))
         if skip is not None:
@@ -210,7 +210,7 @@ class Learner:
                         ) -> tuple[str, int]:
         """Count one attempt at ``task`` under a new key, the nonce its result is written under
         (only a recorded attempt's result is folded); returns (the key, the attempts so far)."""
-        doc_id, key = jobs.task_doc_id(task.job_id, task.epoch, task.task_index), layout.new_nonce()
+        doc_id, key = task_messages.task_doc_id(task.job_id, task.epoch, task.task_index), layout.new_nonce()
         fields = attempt.started(task.task_id, task.epoch, task.task_index, task.round, task.rows,
                                  self.worker_id, self.svc.clock(), pulled_at, delivery_attempt)
         return key, self._with_retries(
@@ -379,7 +379,7 @@ class Learner:
         if following is None:
             return None
         shards = job_runtime(self.svc, job).manifest.shards
-        [message] = jobs.position_messages(job, shards, following[0], following[1],
+        [message] = task_messages.position_messages(job, shards, following[0], following[1],
                                            task.base_version + 1, "", base_digest)
         return message
 

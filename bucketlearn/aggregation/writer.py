@@ -13,9 +13,9 @@ committed with the job's position, counters, next round, last evaluation and hea
 commit (``domain.job.commit_refusal`` decides inside it, the holder's fence included). Then the
 next round is published, unless this one-task round's learner chains into it (R = 1).
 
-Evaluation is off the critical path (``services.evaluate``): the long-running aggregator
-evaluates in a thread of its own and hands the figures to the next commit (``aggregate_job``,
-the synchronous pass, as it commits). A searched job's steps are its ``pool.SearchWriter``'s.
+Evaluation is off the critical path (``evaluators``): the process evaluates on a thread of its
+own, calling ``evaluated`` back (``aggregate_job``, the synchronous pass, evaluates inline).
+A searched job's steps are its ``search_writer.SearchWriter``'s.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import codec, layout, ports
+from bucketlearn.aggregation.evaluators import Evaluator, InlineEvaluator
+from bucketlearn.aggregation.refusals import refuse
+from bucketlearn.aggregation.search_writer import SearchWriter
+from bucketlearn.aggregation.wind_up import wind_up
 from bucketlearn.domain import fold, health
 from bucketlearn.domain.job import Job, commit_fields, done_tasks, fail_fields
 from bucketlearn.domain.lifecycle import EXPORTING, RUNNING, TRAINING
@@ -38,16 +42,13 @@ from bucketlearn.errors import TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, Services, VersionCommit
-from bucketlearn.services import jobs
-from bucketlearn.services.ending import wind_up
-from bucketlearn.services.evaluate import Evaluator, InlineEvaluator, Scoring, record_evaluation
+from bucketlearn.services import endings, task_messages
+from bucketlearn.services.caches import job_runtime
+from bucketlearn.services.evaluate import Scoring, record_evaluation
 from bucketlearn.services.export import export_final
-from bucketlearn.services.pool import SearchWriter
-from bucketlearn.services.publish import publish_round
-from bucketlearn.services.refusals import refuse
 from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, list_deltas
-from bucketlearn.services.runtime import job_runtime
 from bucketlearn.services.selection import Selector, checkpoint_epoch, selecting
+from bucketlearn.usecases.publish import publish_round
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +77,20 @@ class JobAggregator:
     Args:
         svc: the services.
         job_id: the job.
-        evaluator: where committed versions are evaluated.
+        evaluator: where committed versions are evaluated (calling ``evaluated`` back).
         collect_in_background: delete a committed round's results on the reader threads.
+        carry_evaluations: figures wait for the next commit (or ``flush_evaluations``).
         holder: the identity of the aggregator that holds the job's lease: ``take_on`` fences
             the job with it, and every write about the job's training expects it.
     """
 
     def __init__(self, svc: Services, job_id: str, evaluator: Evaluator,
-                 collect_in_background: bool = False, holder: str = "") -> None:
+                 collect_in_background: bool = False, holder: str = "",
+                 carry_evaluations: bool = False) -> None:
         self.svc = svc
+        self.carry_evaluations = carry_evaluations
         self.holder = holder
-        # delete a committed round's results on the reader threads, after the fold has
-        # published what comes next, not on the job's thread (the long-running aggregator):
-        # R deletes in sequence sat between a parallel round's publish and the next results
+        # results deleted on the reader threads, after the fold published what comes next
         self.collect_in_background = collect_in_background
         self.job_id = job_id
         self.evaluator = evaluator
@@ -103,7 +105,7 @@ class JobAggregator:
         self._fold_started = time.perf_counter()
         self.reader = ResultReader(svc)  # its result objects, read ahead and at the fold
         self.selector = Selector(svc, job_id)  # the version it exports, and when it stops
-        self.search = SearchWriter(svc, job_id)  # a searched job's (``services.pool``)
+        self.search = SearchWriter(svc, job_id)  # a searched job's (``search_writer``)
 
     # -- what the aggregator knows ----------------------------------------------------------------
     def refresh(self) -> Job | None:
@@ -205,7 +207,7 @@ class JobAggregator:
         refs = [h.ref for h in self.heard.values() if h.epoch == job.epoch]
         # a late duplicate of a folded round's task is garbage (acknowledged and deleted, so
         # it holds no prefetch slot); a chaining learner's result of a later round waits
-        objects = sort_round(jobs.current_round_tasks(job), done_tasks(job), refs,
+        objects = sort_round(task_messages.current_round_tasks(job), done_tasks(job), refs,
                              job.tasks_per_epoch)
         # results of past epochs are garbage too (their rounds were folded)
         objects.garbage.extend(h.ref for h in self.heard.values() if h.epoch < job.epoch)
@@ -314,11 +316,13 @@ class JobAggregator:
         """Hand a committed version to the evaluator: its holdout figures when it applied a
         result, its validation score when it closes an epoch of a job that selects."""
         version = commit.version.version
-        if trained:
-            self.evaluator.submit(self, version, weights)
+        current = self.job
+        if trained and current is not None:
+            self.evaluator.submit(self.svc, current, version, weights, self.evaluated)
         closed = checkpoint_epoch(job, commit.job_fields)
-        if closed is not None and selecting(job) and self.selector.state.stop_epoch is None:
-            self.evaluator.score_checkpoint(self, closed, version, weights)
+        if closed is not None and selecting(job) and self.selector.state.stop_epoch is None \
+                and current is not None:
+            self.evaluator.score_checkpoint(self.svc, current, closed, version, weights, self.validated)
 
     def _chained(self, read: Read, digest: str) -> ResultMessage | None:
         """The message of a one-task round's result whose learner chains into the next round,
@@ -417,9 +421,12 @@ class JobAggregator:
                                        chance)
         self.health = after.to_dict()
         self.evaluations.append(evaluation)
+        if reason is None and not self.carry_evaluations:
+            self.job = record_evaluation(self.svc, job, evaluation)
+            self.evaluations.clear()
         if reason is not None:
             now = self.svc.clock()
-            if jobs.end_job(self.svc.registry, job.job_id,
+            if endings.end_job(self.svc.registry, job.job_id,
                             fail_fields(now, reason, health=self.health))[0]:
                 log.error("job %s: %s", job.job_id, reason)
             self.refresh()

@@ -10,8 +10,8 @@ from typing import Any
 from bucketlearn import layout
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED, REJECTED
-from bucketlearn.services.dashboard.formats import as_float, format_duration, plain, timestamp
-from bucketlearn.services.dashboard.throughput import average_eta_seconds, progress
+from bucketlearn.views.formats import as_float, format_duration, plain, timestamp
+from bucketlearn.views.throughput import average_eta_seconds, progress
 
 
 def source_file(job: Job) -> str:

@@ -1,6 +1,6 @@
 """Cancelling a job: the one service the CLI (``bucketlearn cancel``) and the dashboard call.
 
-Cancelling is one conditional write to the job document (``jobs.end_job``): any status that has
+Cancelling is one conditional write to the job document (``endings.end_job``): any status that has
 not ended becomes CANCELLED, with who cancelled it, when and why (``domain.job.cancel_fields``). Everything else follows from
 CANCELLED being terminal: workers acknowledge the job's tasks without training them
 (``domain.task.skip_reason``), the aggregator stops (``_drain``) and neither registry commits a
@@ -9,7 +9,7 @@ export does not mark it DONE, a split in progress does not make it trainable
 (``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
 tasks. The cancel announces itself to the aggregator (a nudge on the results topic), which
 exports the head version as ``models/<job>/latest.keras`` and winds the job up
-(``services.ending``); until then ``models.model_bytes`` builds the ``.keras`` from the stored
+(``aggregation.wind_up``); until then ``models.model_bytes`` builds the ``.keras`` from the stored
 weights.
 """
 
@@ -24,7 +24,7 @@ from bucketlearn.domain.job import cancel_fields
 from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
-from bucketlearn.services import jobs
+from bucketlearn.services import endings
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class CancelOutcome:
 
 def _tell_the_aggregator(svc: Services, job_id: str, by: str) -> None:
     """A nudge on the results topic: the aggregator exports the cancelled job's last version
-    and winds it up (``services.ending``). Best effort: the cancel has happened either way."""
+    and winds it up (``aggregation.wind_up``). Best effort: the cancel has happened either way."""
     from bucketlearn.ports import NUDGE, ResultMessage  # noqa: PLC0415
 
     try:
@@ -82,7 +82,7 @@ def cancel_job(svc: Services, job_id: str, by: str, reason: str | None = None) -
         NotFoundError: there is no such job.
         TransientError: the registry is unavailable, or the job changed on every attempt.
     """
-    ended, job = jobs.end_job(svc.registry, job_id, cancel_fields(by, reason, svc.clock()))
+    ended, job = endings.end_job(svc.registry, job_id, cancel_fields(by, reason, svc.clock()))
     if job is None:
         raise NotFoundError(f"job {job_id}: no such job")
     version = job.version

@@ -2,7 +2,7 @@
 
 ``bucketlearn aggregator`` (a Cloud Run worker pool in the cloud, a process of the local stack)
 pulls the results topic with a streaming pull. A message's job is served by a ``_JobSlot``: a
-thread holding the job's ``JobAggregator`` (``services.aggregate``), fed through an inbox, so a
+thread holding the job's ``JobAggregator`` (``aggregation.writer``), fed through an inbox, so a
 round of one job never waits on another job's fold or export. Before it serves a job the process
 takes the job's lease and renews it every third of ``aggregator_lease_seconds`` while it serves
 it; a message for a job whose lease another aggregator holds goes back to Pub/Sub for a few
@@ -38,17 +38,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import layout
-from bucketlearn.domain.job import fail_fields
+from bucketlearn.aggregation.evaluators import Evaluated, Validated
+from bucketlearn.aggregation.writer import JobAggregator, lease_name
+from bucketlearn.domain.job import Job, fail_fields
 from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.version import evaluation_rest
 from bucketlearn.errors import PermanentError
 from bucketlearn.faults import crash_point
 from bucketlearn.ports import NUDGE, Received, ResultMessage, Services
-from bucketlearn.services import jobs
-from bucketlearn.services.aggregate import JobAggregator, lease_name
+from bucketlearn.services import endings, task_messages
 from bucketlearn.services.evaluate import Scoring, record_late_evaluation
-from bucketlearn.services.publish import publish_round
 from bucketlearn.services.results import list_deltas
+from bucketlearn.usecases.publish import publish_round
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,8 @@ class _Evaluator:
         self.svc = svc
         self.scoring = scoring
         self.stop = stop
-        self._pending: dict[str, tuple[_JobSlot, int, list[Any]]] = {}
-        self._checkpoints: list[tuple[_JobSlot, int, int, list[Any]]] = []
+        self._pending: dict[str, tuple[_JobSlot, int, list[Any], Evaluated]] = {}
+        self._checkpoints: list[tuple[_JobSlot, int, int, list[Any], Validated]] = []
         self._lock = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
 
@@ -98,16 +99,16 @@ class _Evaluator:
         class _Bound:
             scoring = evaluator.scoring
 
-            def submit(self, aggregator: JobAggregator, version: int,
-                       weights: list[Any]) -> None:
+            def submit(self, svc: Services, job: Job, version: int, weights: list[Any],
+                       done: Evaluated) -> None:
                 with evaluator._lock:
-                    evaluator._pending[slot.job_id] = (slot, version, weights)
+                    evaluator._pending[slot.job_id] = (slot, version, weights, done)
                     evaluator._lock.notify()
 
-            def score_checkpoint(self, aggregator: JobAggregator, epoch: int, version: int,
-                                 weights: list[Any]) -> None:
+            def score_checkpoint(self, svc: Services, job: Job, epoch: int, version: int,
+                                 weights: list[Any], done: Validated) -> None:
                 with evaluator._lock:
-                    evaluator._checkpoints.append((slot, epoch, version, weights))
+                    evaluator._checkpoints.append((slot, epoch, version, weights, done))
                     evaluator._lock.notify()
 
         return _Bound()
@@ -127,7 +128,7 @@ class _Evaluator:
                     continue
                 if checkpoint is None:
                     job_id = next(iter(self._pending))
-                    slot, version, weights = self._pending.pop(job_id)
+                    slot, version, weights, done = self._pending.pop(job_id)
             if checkpoint is not None:
                 self._score(*checkpoint)
                 continue
@@ -137,11 +138,12 @@ class _Evaluator:
             started = time.perf_counter()
             found = self.scoring.evaluate_version(self.svc, job, weights, version)
             if found is not None:
-                slot.deliver(found)
+                slot.deliver(found, done)
             resting_until = time.monotonic() + evaluation_rest(
                 time.perf_counter() - started, self.svc.settings.eval_cpu_share)
 
-    def _score(self, slot: _JobSlot, epoch: int, version: int, weights: list[Any]) -> None:
+    def _score(self, slot: _JobSlot, epoch: int, version: int, weights: list[Any],
+               done: Validated) -> None:
         """A checkpoint's validation score, to its slot (the export scores it if this fails)."""
         job = slot.aggregator.job
         if job is None or job.is_terminal:
@@ -151,7 +153,7 @@ class _Evaluator:
         except Exception:  # noqa: BLE001 - the export scores every checkpoint it lacks
             log.warning("job %s: could not score v%d", job.job_id, version, exc_info=True)
             return
-        slot.inbox.put(("validated", score))
+        slot.inbox.put(("validated", (score, done)))
 
 
 class _JobSlot:
@@ -162,6 +164,7 @@ class _JobSlot:
         self.service = service
         self.job_id = job_id
         self.aggregator = JobAggregator(service.svc, job_id, service.evaluator.bind(self),
+                                        carry_evaluations=True,
                                         collect_in_background=True, holder=service.identity)
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.lost = threading.Event()  # its lease went to another aggregator, or ran out
@@ -190,13 +193,13 @@ class _JobSlot:
             self.ended.set()
             self.service.let_go(self)
 
-    def deliver(self, found: tuple[Any, float]) -> None:
+    def deliver(self, found: tuple[Any, float], done: Evaluated) -> None:
         """An evaluation from the evaluator (``evaluate_version``'s answer): into the inbox
         while the slot serves its job; written on its version's document at once when the slot
         has closed (the job ended while the version was being evaluated)."""
         with self.closing:
             if not self.closed:
-                self.inbox.put(("evaluation", found))
+                self.inbox.put(("evaluation", (found, done)))
                 return
         self.service.record_late(self.job_id, [found[0]])
 
@@ -241,11 +244,12 @@ class _JobSlot:
                     received.ack()
                 else:
                     aggregator.hear(message, received)
-            elif kind == "evaluation":
-                evaluation, loss = item
-                aggregator.evaluated(evaluation, loss)
-            elif kind == "validated":
-                aggregator.validated(item)
+            elif kind in ("evaluation", "validated"):  # the evaluator's answer, to its callback
+                found, done = item
+                if kind == "evaluation":
+                    done(*found)
+                else:
+                    done(found)
 
     def _fail(self, exc: PermanentError) -> None:
         """End the job FAILED with a permanent error's reason (a backend refused a write for
@@ -253,7 +257,7 @@ class _JobSlot:
         now = self.service.svc.clock()
         reason = f"the aggregation failed for good: {type(exc).__name__}: {exc}"
         log.error("job %s: %s", self.job_id, reason)
-        jobs.end_job(self.service.svc.registry, self.job_id, fail_fields(now, reason))
+        endings.end_job(self.service.svc.registry, self.job_id, fail_fields(now, reason))
         self.aggregator.job = self.aggregator.refresh()
         self.aggregator.step()  # the job has ended: its messages are settled, it is wound up
 
@@ -408,7 +412,7 @@ class AggregatorService:
                 or job.search:  # a search's writer publishes what is due itself
             return
         heard = {ref.task_index for ref in list_deltas(self.svc, job.job_id, job.epoch)}
-        missing = [t for t in jobs.current_round_tasks(job) if t not in heard]
+        missing = [t for t in task_messages.current_round_tasks(job) if t not in heard]
         if missing:
             publish_round(self.svc, job, task_indices=missing, record=False)
 
@@ -437,7 +441,7 @@ class AggregatorService:
             if kind == "message":
                 item[1].nack()
             elif kind == "evaluation":
-                kept.append(item[0])
+                kept.append(item[0][0])
             # a "validated" score is dropped: the export scores every checkpoint it lacks
         self.record_late(slot.job_id, kept)
         if not slot.lost.is_set():
