@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 _LEVELS = {"WARNING": "WARNING", "ERROR": "ERROR", "CRITICAL": "CRITICAL", "INFO": "INFO",
            "DEBUG": "DEBUG"}
@@ -32,3 +33,16 @@ def setup_logging(log_format: str = "text", level: int = logging.INFO) -> None:
     root.setLevel(level)
     for noisy in ("urllib3", "google", "absl", "tensorflow", "werkzeug"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Stopwatch:
+    """Seconds between successive ``lap`` calls, by name (``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 6)
+        self._last = now

@@ -12,7 +12,7 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.rounds import DeltaRef, RoundObjects
 from bucketlearn.services import task_messages
 from bucketlearn.services.caches import job_runtime
-from bucketlearn.services.results import Heard
+from bucketlearn.services.results import HeardResult
 from bucketlearn.usecases.publish import announce_failure
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def refuse(aggregator: Any, job: Job, objects: RoundObjects, refused: dict[int, 
             path = announce_failure(aggregator.svc, job_id, epoch, task_index,
                                     f"task {task_id}: its result was refused {times} "
                                     f"times, last because {reason}", round_index=job.round)
-            aggregator.heard.setdefault(path, Heard(DeltaRef(path, task_index, True), epoch))
+            aggregator.heard.setdefault(path, HeardResult(DeltaRef(path, task_index, True), epoch))
         else:
             retrain.append(task_index)
     if retrain:

@@ -41,12 +41,19 @@ from bucketlearn.domain.version import Evaluation, Version
 from bucketlearn.errors import TransientError
 from bucketlearn.events import Outcome
 from bucketlearn.faults import crash_point
+from bucketlearn.logs import Stopwatch
 from bucketlearn.ports import FAILED, NUDGE, Received, ResultMessage, Services, VersionCommit
 from bucketlearn.services import endings, task_messages
 from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.evaluate import Scoring, record_evaluation
 from bucketlearn.services.export import export_final
-from bucketlearn.services.results import Heard, Read, ResultReader, delete_all, list_deltas
+from bucketlearn.services.results import (
+    HeardResult,
+    ResultReader,
+    RoundRead,
+    delete_all,
+    list_deltas,
+)
 from bucketlearn.services.selection import Selector, checkpoint_epoch, selecting
 from bucketlearn.usecases.publish import publish_round
 
@@ -95,7 +102,7 @@ class JobAggregator:
         self.job_id = job_id
         self.evaluator = evaluator
         self.job: Job | None = None
-        self.heard: dict[str, Heard] = {}  # by object name
+        self.heard: dict[str, HeardResult] = {}  # by object name
         self.chain: Chain | None = None
         self.evaluations: list[Evaluation] = []  # measured, not yet carried by a commit
         self.health: dict[str, Any] | None = None
@@ -149,7 +156,7 @@ class JobAggregator:
         earlier = self.heard.get(message.path)
         if earlier is not None and earlier.received is not None and received is not None:
             earlier.received.ack()  # the same announcement delivered twice
-        self.heard[message.path] = Heard(DeltaRef(message.path, parsed.task_index,
+        self.heard[message.path] = HeardResult(DeltaRef(message.path, parsed.task_index,
                                                   message.kind == FAILED), parsed.epoch,
                                          message, received, time.time())
         if message.kind != FAILED:
@@ -164,7 +171,7 @@ class JobAggregator:
         if job is None:
             return
         for ref in list_deltas(self.svc, self.job_id, job.epoch):
-            self.heard.setdefault(ref.name, Heard(ref, job.epoch))
+            self.heard.setdefault(ref.name, HeardResult(ref, job.epoch))
 
     # -- doing what is due ------------------------------------------------------------------------
     def step(self) -> bool:
@@ -237,7 +244,7 @@ class JobAggregator:
         commit was refused (the job is read again)."""
         started = self.svc.clock()
         self._fold_started = time.perf_counter()
-        steps = _Stopwatch()
+        steps = Stopwatch()
         runtime = job_runtime(self.svc, job)
         head = job.head
         assert head is not None  # a trainable job has its head since the split
@@ -292,7 +299,7 @@ class JobAggregator:
                  f", chained by {chained.worker_id}" if chained else "")
         return True
 
-    def _after_commit(self, read: Read, chained: ResultMessage | None,
+    def _after_commit(self, read: RoundRead, chained: ResultMessage | None,
                       commit_seconds: float) -> None:
         """Publish the next round (unless a learner chains into it), settle the round's
         messages, collect its objects."""
@@ -324,7 +331,7 @@ class JobAggregator:
                 and current is not None:
             self.evaluator.score_checkpoint(self.svc, current, closed, version, weights, self.validated)
 
-    def _chained(self, read: Read, digest: str) -> ResultMessage | None:
+    def _chained(self, read: RoundRead, digest: str) -> ResultMessage | None:
         """The message of a one-task round's result whose learner chains into the next round,
         when the fold is exactly that result's end state (R = 1)."""
         if len(read.results) != 1 or read.failures:
@@ -334,7 +341,7 @@ class JobAggregator:
             return None
         return message
 
-    def _commit(self, job: Job, read: Read, new_version: int, weights_path: str,
+    def _commit(self, job: Job, read: RoundRead, new_version: int, weights_path: str,
                 checksum: str | None, digest: str, chained: ResultMessage | None,
                 planning_started: float, timings: dict[str, float],
                 server_lr: float) -> VersionCommit:
@@ -485,16 +492,3 @@ def aggregate_job(svc: Services, job_id: str, scoring: Scoring | None = None) ->
     finally:
         svc.registry.release_lease(lease_name(job_id), holder)
     return Outcome.ACCEPTED
-
-
-class _Stopwatch:
-    """Seconds between successive ``lap`` calls, by name (``time.perf_counter``)."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = round(now - self._last, 6)
-        self._last = now

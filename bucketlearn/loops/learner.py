@@ -7,7 +7,7 @@ task. Delivery is at least once: a task may be trained twice; the aggregator app
 
 What a round waits for is kept off its critical path:
 
-* a learner keeps what it read: shard parts (``runtime.PartCache``: written once, read every
+* a learner keeps what it read: shard parts (``caches.PartCache``: written once, read every
   epoch; a chaining learner reads its next task's parts while it trains) and the state its last
   task ended with, so a task that names that state's digest reads no weights;
 * the job read and the attempt record (``_admit``) run beside the training, not before it; the
@@ -90,7 +90,7 @@ class Learner:
                  segment_trainer: SegmentTrainer = train_segment) -> None:
         self.svc = svc
         self.tuning = tuning
-        # Once this process has built this many models (``runtime.models_built``: one per job, again
+        # Once this process has built this many models (``caches.models_built``: one per job, again
         # if the job left the runtime cache), ``run`` returns between tasks with ``recycle`` set:
         # the process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
         self.max_models = max_models

@@ -3,12 +3,9 @@
 ``evaluate_version`` measures one version on the job's fixed evaluation sample;
 ``record_evaluation`` writes the figures on the version's document (and on the job's head while
 the head is that version); ``record_late_evaluation`` on the version's document only, for an
-evaluation that arrives once its job's aggregation has ended. Where the evaluation happens is an
-``Evaluator``: ``InlineEvaluator`` evaluates each version as it is committed
-(``aggregate.aggregate_job``, the synchronous pass); the long-running aggregator evaluates in a
-thread of its own (``aggregation.process``). Either hands the figures to the job's
-``JobAggregator.evaluated`` (the job's health watched, the figures carried by its next commit).
-What the measuring is made of is a ``Scoring`` (the defaults here, or a test's own).
+evaluation that arrives once its job's aggregation has ended. What the measuring is made of is a
+``Scoring`` (the defaults here, or a test's own); where an aggregation evaluates is its
+``aggregation.evaluators.Evaluator``'s.
 """
 
 from __future__ import annotations
@@ -71,8 +68,8 @@ class Scoring:
     version's holdout figures (None: not evaluated), ``checkpoint_score`` a checkpoint's
     validation score (raises when it cannot score it), ``evaluate_parts`` the export's
     evaluation of the final model on the whole holdout (``ml.training.evaluate_parts``).
-    Taken by ``InlineEvaluator``, ``aggregate.aggregate_job`` and
-    ``aggregator.AggregatorService``; the defaults are production's.
+    Taken by ``evaluators.InlineEvaluator``, ``writer.aggregate_job`` and
+    ``process.AggregatorService`` (``bucketlearn.aggregation``); the defaults are production's.
     """
 
     evaluate_version: Callable[[Services, Job, list[Any], int],

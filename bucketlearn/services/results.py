@@ -7,11 +7,11 @@ decides, for each of its results, one of:
 
 * **stale** (garbage: deleted, no refusal counted): it was trained from another state than
   the job's head (a chain that broke); it is never folded;
-* **refused** (``Read.refused``, with the reason ``check_result`` gives): its object is gone or
+* **refused** (``RoundRead.refused``, with the reason ``check_result`` gives): its object is gone or
   unreadable, its arrays are not the model's shapes, or ``domain.fold.check_delta`` finds it not
   finite or an outlier; it is never folded, its task trains again or fails for good
   (``domain.fold.count_refusals``: refused ``MAX_REFUSALS`` times in an epoch);
-* **applied** (``Read.results``): every other result; the round folds them into its version.
+* **applied** (``RoundRead.results``): every other result; the round folds them into its version.
 
 A failure marker (a task given up on) is read for its reason. The deltas bucket's listing
 (``list_deltas``) is the aggregator's backstop for results whose messages were lost; results of
@@ -46,7 +46,7 @@ PREFETCH_LIMIT = 64  # result objects read ahead of their round's fold, at most
 
 
 @dataclass
-class Heard:
+class HeardResult:
     """A result object or failure marker the aggregator knows of: from its message (which is
     acknowledged once the result is folded or found to be garbage) or from a listing."""
 
@@ -58,7 +58,7 @@ class Heard:
 
 
 @dataclass
-class Read:
+class RoundRead:
     """A complete round's objects, read and checked."""
 
     results: list[fold.TaskResult] = field(default_factory=list)
@@ -71,7 +71,7 @@ class Read:
 
 
 @dataclass(frozen=True)
-class Loaded:
+class LoadedResult:
     """A result object as read: what its bytes decode to (the arrays, optimizer state and
     metadata, or the reason they could not be decoded; None when it was gone), and the keys of
     the attempts its task's record counts (the object's nonce must be one of them; None when
@@ -101,7 +101,7 @@ class ResultReader:
         self._readers: ThreadPoolExecutor | None = None
         self._records: ThreadPoolExecutor | None = None
         # result objects read (and decoded) as their messages come, before the round is complete
-        self.prefetched: dict[str, Future[Loaded]] = {}
+        self.prefetched: dict[str, Future[LoadedResult]] = {}
 
     def follow(self, job: Job | None) -> None:
         """Bound reads by ``job``'s model (``result_bytes_bound``), as it is now known."""
@@ -120,14 +120,14 @@ class ResultReader:
             self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="read-results")
         return self._readers
 
-    def _load(self, name: str) -> Loaded:
+    def _load(self, name: str) -> LoadedResult:
         """The object's bytes decoded, and its task's attempt keys (read beside it)."""
         if self._records is None:
             self._records = ThreadPoolExecutor(READERS, thread_name_prefix="read-attempts")
         keys = self._records.submit(self._attempt_keys, name)
         raw = self.read_object(name)
         decoded = None if raw is None else decode_result(raw, name, self.max_bytes)
-        return Loaded(decoded, keys.result(timeout=self.read_seconds))
+        return LoadedResult(decoded, keys.result(timeout=self.read_seconds))
 
     def _attempt_keys(self, name: str) -> frozenset[str]:
         parsed = layout.parse_delta_path(name)
@@ -137,7 +137,7 @@ class ResultReader:
             parsed.job_id, task_doc_id(parsed.job_id, parsed.epoch, parsed.task_index))
         return frozenset(record.keys) if record is not None else frozenset()
 
-    def loaded(self, name: str) -> Future[Loaded]:
+    def loaded(self, name: str) -> Future[LoadedResult]:
         """A result object's read: the one under way since its message came, or a new one
         (also when that one failed: storage may be back)."""
         reading = self.prefetched.pop(name, None)
@@ -161,22 +161,22 @@ class ResultReader:
         except NotFoundError:
             return None
 
-    def _wait(self, reading: Future[Loaded], name: str, deadline: float) -> Loaded:
+    def _wait(self, reading: Future[LoadedResult], name: str, deadline: float) -> LoadedResult:
         """A read's outcome by the fold's ``deadline``; past it, a result that could not be
         read (refused: its task trains again), and the read is abandoned."""
         try:
             return reading.result(timeout=max(0.0, deadline - time.monotonic()))
         except FuturesTimeout:
             reading.cancel()
-            return Loaded(f"unreadable: gs://…/{name} was not read and checked within "
+            return LoadedResult(f"unreadable: gs://…/{name} was not read and checked within "
                           f"{self.read_seconds:.0f} s")
 
     def read_round(self, job: Job, objects: RoundObjects, base: list[Any], base_optimizer: list[Any],
-                   heard: dict[str, Heard],
-                   applied: Callable[[ResultMessage | None], None]) -> Read:
+                   heard: dict[str, HeardResult],
+                   applied: Callable[[ResultMessage | None], None]) -> RoundRead:
         """Read and check every result of a complete round (``READERS`` at a time); read its
         failure markers. ``applied`` is told of each result's message as it is applied."""
-        read = Read()
+        read = RoundRead()
         shapes = [tuple(b.shape) for b in base]
         optimizer_shapes = [tuple(o.shape) for o in base_optimizer]
         recent = job.delta_norm
@@ -250,7 +250,7 @@ def result_bytes_bound(job: Job | None) -> int | None:
     return 16 * int(parameters) + codec.RESULT_HEADER_BYTES
 
 
-def _unrecorded(loaded: Loaded, name: str) -> str | None:
+def _unrecorded(loaded: LoadedResult, name: str) -> str | None:
     """Why a result object is no attempt's the registry recorded (None: it is): its nonce,
     the attempt's key, is not among its task's."""
     parsed = layout.parse_delta_path(name)
@@ -260,7 +260,7 @@ def _unrecorded(loaded: Loaded, name: str) -> str | None:
             "learner's result)")
 
 
-def check_result(loaded: Loaded, name: str, base: list[Any], shapes: list[Any],
+def check_result(loaded: LoadedResult, name: str, base: list[Any], shapes: list[Any],
                  optimizer_shapes: list[Any], recent: float | None
                  ) -> tuple[str | None, fold.TaskResult | None, dict[str, Any]]:
     """Check one decoded result object and say why it must not be folded (None: fold it)."""

@@ -9,7 +9,7 @@ export does not mark it DONE, a split in progress does not make it trainable
 (``start_training`` refuses), the watchdog leaves it alone and the autoscaler counts none of its
 tasks. The cancel announces itself to the aggregator (a nudge on the results topic), which
 exports the head version as ``models/<job>/latest.keras`` and winds the job up
-(``aggregation.wind_up``); until then ``models.model_bytes`` builds the ``.keras`` from the stored
+(``aggregation.wind_up``); until then ``model_files.model_bytes`` builds the ``.keras`` from the stored
 weights.
 """
 

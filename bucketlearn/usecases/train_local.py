@@ -8,11 +8,7 @@ row order in every task and the same learning rate at every step. So the only di
 the pipeline takes exactly these steps, to the bit (the aggregator takes each delta exactly:
 ``domain.fold``), on the same machine and TensorFlow thread settings.
 
-``simulate_pipeline`` runs the real upload, learner and aggregator code on the in-memory ports
-with W workers whose tasks overlap in time (each trains the round's task it pulled). Training in
-synchronous rounds makes the result independent of W: it only changes how long a round takes.
-
-Both are handed their ``Services`` (``svc``) by the caller, as every service is: the CLI, the
+It is handed its ``Services`` (``svc``) by the caller, as every service is: the CLI, the
 tests and the benchmarks pass fresh in-memory ones (``bootstrap.memory_services()``), which the
 split, the results and the versions fill.
 """
@@ -107,7 +103,7 @@ def split_locally(path: str, options: JobOptions, limits: Limits,
 
 def sample_figures(result: SerialResult, svc: Services, max_rows: int) -> dict[str, Any]:
     """``train_local``'s final model measured on the evaluation sample a pipeline job's
-    versions are measured on (``runtime.read_holdout_sample``: the same ``max_rows``, the same
+    versions are measured on (``caches.read_holdout_sample``: the same ``max_rows``, the same
     seed, hence the same rows), so a version's figure and ``train-local``'s compare like for
     like: accuracy, loss, and a numeric target's RMSE (None for classes), and the rows."""
     x, y = read_holdout_sample(svc, result.manifest, list(result.manifest.holdout_part_rows),

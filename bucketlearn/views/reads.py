@@ -3,7 +3,7 @@
 handed (its entry point, ``dashboard/app.py``, picks the Services), the read limits and the
 cache and refresh periods the page (``bucketlearn.entrypoints.dashboard``) uses.
 
-Documents read (field names as written by split.py, aggregator.py and worker.py):
+Documents read (field names as written by ingest/split.py, aggregation/writer.py and loops/learner.py):
 
 * job: status, phase, file/source, created_at, version, epoch, options, dataset, head,
   tasks_planned, tasks_applied, tasks_failed, started_at, error, error_detail;
