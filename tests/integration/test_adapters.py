@@ -17,7 +17,7 @@ import pytest
 
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue, MemoryRegistry
 from bucketlearn.domain.head import Head
-from bucketlearn.domain.job import Job
+from bucketlearn.domain.job import Job, ending_fields
 from bucketlearn.domain.version import Version
 from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
 from bucketlearn.ports import TaskMessage, VersionCommit
@@ -298,7 +298,7 @@ def test_active_jobs_are_found_however_many_newer_jobs_ended(backend: Any) -> No
     registry.update_job(old, {"status": "RUNNING", "created_at": 1.0})
     ended = [new_job(registry) for _ in range(3)]
     for job_id in ended:
-        registry.update_job(job_id, {"status": "REJECTED", "created_at": time.time()})
+        registry.update_job(job_id, {**ending_fields("REJECTED", 2.0), "created_at": time.time()})
     active = {j.job_id for j in registry.list_active_jobs()}
     assert old in active and not active & set(ended)
 
