@@ -35,6 +35,7 @@ MODEL_KINDS = ("auto", "mlp", "cnn")
 LR_SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
 NONE = -1  # validation_fraction: no validation rows (the option's "none")
 OFF = 0  # search: one configuration, no candidates
+SEARCH_AUTO = -1  # search: as many candidates as the job's size calls for (``auto_as``)
 AUTO = 0  # an option the job decides for its size (parallel_tasks: bucketlearn.domain.plan;
 # epochs, batch_size, learning_rate, validation_fraction, patience: bucketlearn.domain.recipe)
 
@@ -50,7 +51,8 @@ class OptionSpec:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
-    auto: bool = False  # a number that also takes "auto" (stored as AUTO = 0)
+    auto: bool = False  # a number that also takes "auto" (stored as ``auto_as``)
+    auto_as: int = AUTO
     none: bool = False  # a number that also takes "none" (stored as NONE = -1)
     off: bool = False  # a number that also takes "off" (stored as OFF = 0)
     items: bool = False  # a comma-separated list of names (may be empty; stored as the text)
@@ -128,9 +130,11 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "and there are more than 20 distinct ones, else classes; classification; "
                "regression", choices=TASKS, label="Task (classes or a numeric target)"),
     OptionSpec("search", int, OFF,
-               "off (one configuration) or N candidate configurations trained side by side, "
-               "pruned by successive halving on the validation rows; the model is the mean of "
-               "the best four", SEARCH_MIN, SEARCH_MAX, off=True, label="Candidates searched"),
+               "off (one configuration), N candidate configurations trained side by side, "
+               "pruned by successive halving on the validation rows (the model is the mean of "
+               "the best four), or auto (8 from 20,000 training rows, else off)", SEARCH_MIN,
+               SEARCH_MAX, off=True, auto=True, auto_as=SEARCH_AUTO,
+               label="Candidates searched"),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -214,7 +218,7 @@ def default_text(name: str) -> str:
 def option_text(name: str, value: Any) -> str:
     """An option's value as a user writes it (``auto`` for an automatic number, ``none``)."""
     spec = _SPEC_BY_NAME.get(name)
-    if spec is not None and spec.auto and value == AUTO:
+    if spec is not None and spec.auto and value == spec.auto_as:
         return "auto"
     if spec is not None and spec.none and value == NONE:
         return "none"
@@ -248,7 +252,7 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
             raise ConfigError(name, "a non-empty name of at most 256 characters", raw, source)
         return value
     if spec.auto and isinstance(raw, str) and raw.strip().lower() == "auto":
-        return AUTO
+        return spec.auto_as
     if spec.none and isinstance(raw, str) and raw.strip().lower() == "none":
         return NONE
     if spec.off and isinstance(raw, str) and raw.strip().lower() == "off":

@@ -9,11 +9,11 @@ from bucketlearn.config import Limits
 from bucketlearn.domain.columns import is_matrix, matrix_width
 from bucketlearn.domain.plan import OverLimit, TrainingPlan, plan_training
 from bucketlearn.domain.recipe import Budget, resolve_budget
-from bucketlearn.domain.search import candidate_epochs, rungs
+from bucketlearn.domain.search import auto_search, candidate_epochs, rungs
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.split import Outline
 from bucketlearn.ml.model import model_kind
-from bucketlearn.options import JobOptions
+from bucketlearn.options import NONE, SEARCH_AUTO, JobOptions
 
 
 def outline_of(manifest: Manifest) -> Outline:
@@ -24,16 +24,21 @@ def outline_of(manifest: Manifest) -> Outline:
 
 def budgeted(options: JobOptions, outline: Outline, file: str) -> tuple[JobOptions, Budget]:
     """``options`` with each automatic epochs, batch size, learning rate and patience resolved
-    for the rows the job trains on and its model (``domain.recipe.resolve_budget``), and the
-    budget that says what each became and why."""
+    for the rows the job trains on and its model (``domain.recipe.resolve_budget``), and
+    ``search=auto`` (``domain.search.auto_search``), and the budget that says what each became
+    and why."""
     image = model_kind(options.model, matrix_width(outline.schema), is_matrix(outline.schema),
                        file) == "cnn"
     budget = resolve_budget(sum(outline.shard_rows), image, options.epochs or None,
                             options.batch_size or None, options.learning_rate or None,
                             options.patience or None)
+    search = options.search
+    if search == SEARCH_AUTO:
+        search, why = auto_search(sum(outline.shard_rows), options.validation_fraction != NONE)
+        budget = dataclasses.replace(budget, reasons={**budget.reasons, "search": why})
     return dataclasses.replace(options, epochs=budget.epochs, batch_size=budget.batch_size,
-                               learning_rate=budget.learning_rate,
-                               patience=budget.patience), budget
+                               learning_rate=budget.learning_rate, patience=budget.patience,
+                               search=search), budget
 
 
 def plan_for(outline: Outline, options: JobOptions, limits: Limits,
@@ -74,6 +79,16 @@ def searched_over(over: OverLimit | None, plan: TrainingPlan, options: JobOption
         found=f"{over.found} (a search of {options.search} candidates: "
               f"{searched_plan(plan, options).epochs} candidate-epochs for {plan.epochs} "
               "epochs of one model)")
+
+
+def auto_search_off(options: JobOptions, budget: Budget, over: OverLimit
+                    ) -> tuple[JobOptions, Budget]:
+    """``search=auto`` turned off because the search it chose is ``over`` one of the
+    deployment's limits (a search the user asked for is refused instead): the options and the
+    budget saying why."""
+    why = f"off: {options.search} candidates would be over a limit ({over.found})"
+    return (dataclasses.replace(options, search=0),
+            dataclasses.replace(budget, reasons={**budget.reasons, "search": why}))
 
 
 def searched_plan(plan: TrainingPlan, options: JobOptions) -> TrainingPlan:

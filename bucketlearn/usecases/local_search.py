@@ -26,6 +26,7 @@ from bucketlearn.domain.search import (
     settle,
 )
 from bucketlearn.errors import ConfigError, PermanentError
+from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ml.model import spec_for
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
@@ -55,9 +56,11 @@ class SearchResult(SerialResult):
 
 
 def search_local(path: str, options: JobOptions, count: int, limits: Limits | None = None, *,
-                 svc: Services, recipe: int = RECIPE) -> SearchResult:
+                 svc: Services, recipe: int = RECIPE,
+                 split: tuple[Manifest, JobOptions] | None = None) -> SearchResult:
     """Search ``count`` candidates for ``path`` in one process and return the selected model,
-    evaluated on the job's holdout.
+    evaluated on the job's holdout. ``split``: ``split_locally``'s answer, made already on
+    ``svc``.
 
     Raises:
         ConfigError: the job holds no validation rows to select on.
@@ -65,7 +68,7 @@ def search_local(path: str, options: JobOptions, count: int, limits: Limits | No
     """
     started = time.perf_counter()
     limits = limits or Limits()
-    manifest, options = split_locally(path, options, limits, svc)
+    manifest, options = split or split_locally(path, options, limits, svc)
     spec = spec_for(manifest, options, local_source(path).display_name, recipe)
     if not manifest.validation_rows:
         raise ConfigError("search", "validation rows to select on (at least 100 training "

@@ -61,17 +61,19 @@ def local_source(path: str) -> SourceFile:
 
 def train_local(path: str, options: JobOptions, limits: Limits | None = None, *,
                 svc: Services, recipe: int = RECIPE,
-                on_epoch: Callable[[int, float, list[Any]], None] | None = None) -> SerialResult:
+                on_epoch: Callable[[int, float, list[Any]], None] | None = None,
+                split: tuple[Manifest, JobOptions] | None = None) -> SerialResult:
     """Train serially on the same split and tasks the pipeline would use, scoring each epoch's
     last state on the validation rows and stopping where the pipeline would
     (``domain.recipe.select``); evaluate the best on the same holdout. The split is written to
     ``svc``'s work bucket (in-memory services: nothing else is read or written). ``recipe``:
     the model's (1: the one before recipe 2, for benchmarks that compare the two).
     ``on_epoch(epoch, seconds, weights)`` is called with each epoch's last state before it is
-    scored (a benchmark's trace; its time counts)."""
+    scored (a benchmark's trace; its time counts). ``split``: ``split_locally``'s answer for
+    ``path``, made already on ``svc``."""
     started = time.perf_counter()
     limits = limits or Limits()
-    manifest, options = split_locally(path, options, limits, svc)
+    manifest, options = split or split_locally(path, options, limits, svc)
     spec = spec_for(manifest, options, local_source(path).display_name, recipe)
     line = TrainingLine(svc, manifest, options, spec, limits, started, on_epoch=on_epoch)
     while not line.train_epoch():

@@ -46,9 +46,10 @@ from bucketlearn.ingest.split import Outline
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import model_cost, spec_for
 from bucketlearn.ml.training import optimizer_state
-from bucketlearn.options import AUTO, JobOptions, resolve_options
+from bucketlearn.options import AUTO, SEARCH_AUTO, JobOptions, resolve_options
 from bucketlearn.ports import BlobInfo, Services
 from bucketlearn.services.planning import (
+    auto_search_off,
     budgeted,
     chained_plan,
     outline_of,
@@ -230,6 +231,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                                settings.limits, progress=held.renew,
                                check=lambda outline: check_outline(outline, options,
                                                                    settings.limits, file))
+        auto = options.search == SEARCH_AUTO
         options, budget = budgeted(options, outline_of(manifest), file)
         _refuse_if_over(search_refusal(manifest, options), file)
         spec = spec_for(manifest, options, file)
@@ -239,9 +241,12 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
                         manifest.preprocessing)
         cost = model_cost(model)
         plan = automatic_layout(plan, manifest, options, settings.limits, cost)
-        _refuse_if_over(searched_over(over_limits(
-            searched_plan(plan, options), manifest, options, settings.limits, cost.parameters),
-            plan, options), file)
+        over = searched_over(over_limits(searched_plan(plan, options), manifest, options,
+                                         settings.limits, cost.parameters), plan, options)
+        if over is not None and auto and options.search:  # auto stays within the limits
+            options, budget = auto_search_off(options, budget, over)
+            over = over_limits(plan, manifest, options, settings.limits, cost.parameters)
+        _refuse_if_over(over, file)
     except ObjectChangedError as exc:
         reject(svc, held, _replaced_while_read(file, exc.expected_generation, exc.found))
         return Outcome.REJECTED, job_id

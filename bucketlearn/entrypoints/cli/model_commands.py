@@ -4,6 +4,7 @@ baseline, in one process), ``predict`` (a .keras model over a CSV's rows)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
 from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
 from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
-from bucketlearn.options import resolve_options
+from bucketlearn.options import SEARCH_AUTO, resolve_options
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -34,22 +35,31 @@ def cmd_download(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _train_or_search(path: str, options: Any) -> tuple[Any, Any]:
+    """``train_local``'s or, with a search, ``search_local``'s result for ``path``, on in-memory
+    services of its own (the split stays in this process), and the options it ran with
+    (``search=auto`` resolved by the split)."""
+    from bucketlearn.bootstrap import memory_services  # noqa: PLC0415
+    from bucketlearn.usecases.train_local import split_locally, train_local  # noqa: PLC0415
+
+    svc, limits, split = memory_services(), load_settings().limits, None
+    if options.search == SEARCH_AUTO:  # how many candidates is the split's to say
+        split = split_locally(path, options, limits, svc)
+        options = dataclasses.replace(options, search=split[1].search)
+    if not options.search:
+        return train_local(path, options, limits, svc=svc, split=split), options
+    from bucketlearn.usecases.local_search import search_local  # noqa: PLC0415
+
+    return search_local(path, options, options.search, limits, svc=svc, split=split), options
+
+
 def cmd_train_local(args: argparse.Namespace) -> int:
     load_tensorflow(args.verbose)
-    from bucketlearn.bootstrap import memory_services  # noqa: PLC0415
     from bucketlearn.usecases.model_files import serial_sidecar  # noqa: PLC0415
-    from bucketlearn.usecases.train_local import train_local  # noqa: PLC0415
 
     options = resolve_options(overrides=option_overrides(args))
+    result, options = _train_or_search(args.file, options)
     count = options.search
-    # in-memory services of its own: the split stays in this process
-    if count:
-        from bucketlearn.usecases.local_search import search_local  # noqa: PLC0415
-
-        result = search_local(args.file, options, count, load_settings().limits,
-                              svc=memory_services())
-    else:
-        result = train_local(args.file, options, load_settings().limits, svc=memory_services())
     if args.output:
         from bucketlearn.ml.model import export_keras  # noqa: PLC0415
 

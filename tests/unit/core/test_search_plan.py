@@ -9,6 +9,7 @@ from bucketlearn.domain.search import (
     Candidate,
     Line,
     Verdict,
+    auto_search,
     best_through,
     candidate_epochs,
     draw_candidates,
@@ -18,7 +19,14 @@ from bucketlearn.domain.search import (
     settle,
 )
 from bucketlearn.errors import ConfigError
-from bucketlearn.options import OFF, parse_option, resolve_options
+from bucketlearn.options import (
+    OFF,
+    SEARCH_AUTO,
+    JobOptions,
+    option_text,
+    parse_option,
+    resolve_options,
+)
 
 
 def test_the_first_candidate_is_the_default_and_the_draw_is_the_seeds():
@@ -100,9 +108,30 @@ def test_the_projected_wall_waits_for_each_rung():
 
 
 @pytest.mark.parametrize("raw,count", [("off", OFF), ("OFF", OFF), ("8", 8),
-                                       (" 64 ", 64), ("2", 2)])
-def test_search_is_off_or_a_count(raw, count):
+                                       (" 64 ", 64), ("2", 2), ("auto", SEARCH_AUTO),
+                                       (" Auto", SEARCH_AUTO)])
+def test_search_is_off_auto_or_a_count(raw, count):
     assert parse_option("search", raw, "command line") == count
+
+
+def test_search_auto_is_written_and_read_back_as_auto():
+    options = JobOptions(search=SEARCH_AUTO)
+    assert option_text("search", SEARCH_AUTO) == "auto" and option_text("search", OFF) == "off"
+    assert options.to_metadata()["search"] == "auto"
+    assert resolve_options(options.to_metadata()).search == SEARCH_AUTO
+    assert resolve_options(environ={"BUCKETLEARN_DEFAULT_SEARCH": "auto"}).search == SEARCH_AUTO
+
+
+@pytest.mark.parametrize("rows,validates,count,says", [
+    (344, True, 0, "off: 344 training rows, below 20,000"),
+    (19_999, True, 0, "off: 19,999 training rows"),
+    (20_000, True, 8, "8 candidates: 20,000 training rows"),
+    (269_420, True, 8, "8 candidates: 269,420 training rows"),
+    (269_420, False, 0, "off: no validation rows"),
+])
+def test_search_auto_searches_where_the_measured_search_paid(rows, validates, count, says):
+    found, why = auto_search(rows, validates)
+    assert found == count and why.startswith(says)
 
 
 @pytest.mark.parametrize("raw", ["1", "65", "eight", "", "-3"])

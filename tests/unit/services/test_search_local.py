@@ -4,10 +4,13 @@ the mean of the finalists) exports and loads in safe mode with raw rows in."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.entrypoints import cli
 from bucketlearn.errors import ConfigError
 from bucketlearn.ml.model import export_keras
 from bucketlearn.options import JobOptions
@@ -111,3 +114,16 @@ def test_an_image_search_varies_the_rate_batch_and_seed_of_the_cnn(tmp_path):
     assert {(c["width"], c["depth"]) for c in result.candidates} == {(None, None)}
     assert "smoothing" not in result.candidates[1]["configuration"]  # said as the CNN's
     assert result.accuracy > 0.7 and len(result.selected["candidates"]) == 3
+
+
+def test_train_local_search_auto_trains_the_default_model_on_a_small_table(tmp_path, capsys):
+    # Prepare
+    table = write_table(tmp_path / "t.csv")
+    plain = train_local(str(table), OPTIONS, svc=memory_services())
+    # Execute
+    code = cli.main(["train-local", str(table), "--search", "auto", "--epochs", "9",
+                     "--rows-per-shard", "64", "--patience", "9", "--json"])
+    # Assert: auto is off below 20,000 training rows, so the model is train-local's default
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["options"]["search"] == 0 and "search" not in report
+    assert report["accuracy"] == plain.accuracy

@@ -33,7 +33,7 @@ from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.loops.learner import Learner
 from bucketlearn.loops.watchdog import watchdog_pass
 from bucketlearn.ml.model import export_keras, load_model
-from bucketlearn.options import NONE
+from bucketlearn.options import NONE, SEARCH_AUTO
 from bucketlearn.ports import SEGMENT, ResultMessage
 from bucketlearn.usecases.cancel import cancel_job
 from bucketlearn.usecases.local_search import search_local
@@ -325,6 +325,36 @@ def test_the_deployments_limits_count_every_candidates_epochs(table):
     assert svc.registry.get_job(plain).status != REJECTED
     job = svc.registry.get_job(searched)
     assert job.status == REJECTED and f"{2 * tasks}" in job.error
+
+
+def test_search_auto_stays_off_on_a_small_table_and_says_why(table):
+    # Execute
+    svc = memory_services()
+    job = svc.registry.get_job(_start(table, svc, dataclasses.replace(OPTIONS,
+                                                                      search=SEARCH_AUTO)))
+    # Assert: trained as the default job, the reason recorded with the job's budget
+    assert job.status == QUEUED and job.phase == TRAINING and not job.search
+    assert job.options["search"] == 0
+    assert job.budget["reasons"]["search"].startswith("off: ") and "below 20,000" in \
+        job.budget["reasons"]["search"]
+
+
+def test_search_auto_searches_a_large_table_within_the_deployments_limits(tmp_path):
+    # Prepare: 30,000 rows, about 24,000 of them to train on
+    big = write_table(tmp_path / "big.csv", n=30_000)
+    options = dataclasses.replace(OPTIONS, search=SEARCH_AUTO, rows_per_shard=4096)
+    svc = memory_services()
+    # Execute
+    job = svc.registry.get_job(_start(big, svc, options))
+    tasks = svc.registry.get_job(_start(big, svc, dataclasses.replace(options, search=0),
+                                        name="plain.csv")).plan.total_tasks
+    limited = memory_services(Settings(limits=Limits(max_total_tasks=2 * tasks)))
+    fitted = limited.registry.get_job(_start(big, limited, options))
+    # Assert: 8 candidates where they pay; off (not REJECTED) where they would be over a limit
+    assert job.options["search"] == 8 and job.search["count"] == 8
+    assert job.budget["reasons"]["search"].startswith("8 candidates: ")
+    assert fitted.status == QUEUED and fitted.options["search"] == 0 and not fitted.search
+    assert "would be over a limit" in fitted.budget["reasons"]["search"]
 
 
 def test_the_watchdog_publishes_again_the_segments_a_stalled_search_waits_for(table):
