@@ -182,6 +182,9 @@ class FirestoreRegistry:
             data = snap.to_dict() if snap.exists else None
             if not may_start_training(Job.from_doc(data) if data is not None else None, claim):
                 return False
+            refusal = move_refusal(data or {}, job_fields)
+            if refusal is not None:
+                raise ValueError(f"jobs/{job_id}: {refusal}")
             transaction.set(self._version(job_id, version.version), version.to_doc())
             transaction.update(job_ref, dict(job_fields))
             return True
@@ -201,6 +204,9 @@ class FirestoreRegistry:
             job = Job.from_doc(job_snap.to_dict()) if job_snap.exists else None
             if commit_refusal(job, version_snap.exists, commit) is not None:
                 return False
+            refusal = move_refusal(job_snap.to_dict(), commit.job_fields)
+            if refusal is not None:
+                raise ValueError(f"jobs/{commit.job_id}: {refusal}")
             transaction.create(version_ref, commit.version.to_doc())
             transaction.update(job_ref, dict(commit.job_fields))
             return True

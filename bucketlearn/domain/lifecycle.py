@@ -6,8 +6,10 @@ DONE (its model exported), REJECTED (a bad file, at the split), FAILED (a reason
 CANCELLED (by a user). The phase refines what the pipeline is doing; each ending has its own.
 
 ``STATUS_MOVES`` and ``PHASE_MOVES`` are the from → to tables; ``move_refusal`` asks them of a
-field update against the document it changes (both registries ask it on every job write, so a
-disallowed move is refused wherever it is attempted). An ended job changes no more, but for
+field update against the document it changes: both registries on every write that reads the
+job first (a conditional write, the start and the commit transactions, an evaluation's record),
+the in-memory one on every job write (the suite's check), so a disallowed move is refused
+wherever it is attempted and a conditional write never moves an ended job. An ended job changes no more, but for
 ``AFTER_ENDING``: what its wind-up may still record. ``ending_fields`` is the one place an
 ending's fields are spelled; ``services.endings.end_job`` the one path that writes them (with the
 guard its caller expects), the version commit's FAILED excepted: that one is written inside the

@@ -112,11 +112,12 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
         svc.queue.publish(task_messages.round_messages(job, shards, decided.tasks))
     elif decided.action == FAIL:
         endings.end_job(svc.registry, job_id, fail_fields(now, decided.reason),
-                     expect=job.status_and_phase)
+                        expect=job.status_and_phase)
         return
-    svc.registry.update_job(job_id, {"watchdog_at": now,
-                                     "watchdog_actions": job.watchdog_actions + 1,
-                                     "last_watchdog_action": decided.reason[:500]})
+    # while the job stands as read: one that ended meanwhile records nothing more
+    svc.registry.update_job_if(job_id, job.status_and_phase, {
+        "watchdog_at": now, "watchdog_actions": job.watchdog_actions + 1,
+        "last_watchdog_action": decided.reason[:500]})
 
 
 def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000) -> int:

@@ -55,14 +55,15 @@ PUBLISH_RECORD_ATTEMPTS = 3
 def _record_published(svc: Services, job: Job, key: str) -> bool:
     """Record ``key`` as the job's last published round, only while the job is still where it
     was when the round was published (epoch, round and version), so ``published`` never goes
-    back to an older round; False when the job has moved on."""
+    back to an older round; False when the job has moved on or ended (an ended job records no
+    round)."""
     position = job.epoch_round_version
     for _ in range(PUBLISH_RECORD_ATTEMPTS):
         if svc.registry.update_job_if(job.job_id, position, publish_fields(job, svc.clock())):
             return True
         # refused: the job moved on, or (Firestore) another write landed between read and write
         current = svc.registry.get_job(job.job_id)
-        if current is None or current.epoch_round_version != position:
+        if current is None or current.is_terminal or current.epoch_round_version != position:
             return False
     raise TransientError(f"job {job.job_id}: could not record round {key} as published "
                          f"after {PUBLISH_RECORD_ATTEMPTS} attempts (the job document kept "

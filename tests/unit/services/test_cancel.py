@@ -5,6 +5,8 @@ downloadable as a .keras that plain Keras loads in safe mode."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +14,19 @@ import pytest
 
 from bucketlearn import layout
 from bucketlearn.aggregation import writer as aggregator
+from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, RUNNING
 from bucketlearn.domain.task import skip_reason
 from bucketlearn.errors import JobStateError, NotFoundError
 from bucketlearn.faults import inject
 from bucketlearn.loops.autoscale import outstanding_tasks
 from bucketlearn.loops.learner import Decision, Learner
+from bucketlearn.loops.watchdog import watchdog_pass
 from bucketlearn.services import task_messages
 from bucketlearn.services.evaluate import Scoring
 from bucketlearn.usecases.cancel import CancelResult, cancel_job
 from bucketlearn.usecases.model_files import model_bytes, predict_file
+from bucketlearn.usecases.publish import publish_round
 from bucketlearn.usecases.status import status_object
 from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from bucketlearn.usecases.upload_steps import UploadSteps
@@ -351,3 +356,58 @@ def test_wait_terminal_returns_on_cancelled(running):
     job = wait_terminal(svc.registry, job_id, timeout=5, poll=0.01)
     # Assert
     assert job.status == CANCELLED and time.monotonic() - started < 1
+
+
+def test_a_round_published_just_after_the_cancel_is_not_recorded_and_nothing_fails(tmp_path):
+    """A writer that read the job just before it was cancelled publishes a round: the record of
+    it is refused like any write to an ended job, and the publish ends quietly."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+    job = svc.registry.get_job(job_id)
+    cancel_job(svc, job_id, "me")
+    published = svc.registry.get_job(job_id).published
+    # Execute
+    publish_round(svc, job)
+    # Assert
+    after = svc.registry.get_job(job_id)
+    assert after.status == CANCELLED and after.published == published
+
+
+def test_an_upload_cancelled_between_its_start_and_its_publish_is_accepted_and_stays_cancelled(
+        tmp_path):
+    # Prepare: the cancel lands right after training starts, before the first round's record
+    svc = memory_services()
+    path = write_blobs_csv(tmp_path / "blobs.csv", n_rows=400)
+
+    def start_then_cancel(real, job_id, *args, **kwargs):
+        started = real(job_id, *args, **kwargs)
+        cancel_job(svc, job_id, "me")
+        return started
+
+    info = svc.store.write_bytes(svc.settings.uploads_bucket, path.name, path.read_bytes(),
+                                 "text/csv", {"epochs": "1", "rows_per_shard": "64",
+                                              "parallel_tasks": "2"})
+    event = StorageEvent(info.bucket, info.name, info.generation, info.size)
+    # Execute
+    outcome, job_id = handle_upload(inject(svc, "registry", start_training=start_then_cancel),
+                                    event)
+    # Assert
+    assert outcome == Outcome.ACCEPTED
+    assert svc.registry.get_job(job_id).status == CANCELLED
+
+
+def test_the_watchdog_acts_on_a_job_that_ends_meanwhile_without_writing_to_it(tmp_path):
+    # Prepare: the job is cancelled while the watchdog publishes its stalled round again
+    svc, job_id = start_job(tmp_path, epochs=1, parallel_tasks=2)
+
+    def publish_then_cancel(real, messages):
+        real(messages)
+        cancel_job(svc, job_id, "me")
+
+    later = dataclasses.replace(svc, clock=lambda: time.time() + 10_000)
+    # Execute
+    actions = watchdog_pass(inject(later, "queue", publish=publish_then_cancel))
+    # Assert: the action is reported; the ended job got none of the watchdog's bookkeeping
+    job = svc.registry.get_job(job_id)
+    assert [a["job_id"] for a in actions] == [job_id]
+    assert job.status == CANCELLED and job.watchdog_actions == 0 and job.watchdog_at is None
