@@ -99,22 +99,25 @@ class PredictionRecord:
         return {k: v for k, v in self.to_doc().items() if k not in ("claim", "claimed_at")}
 
 
-def request_refusal(job_id: str, status: str | None, has_version: bool, requests: int,
+def request_refusal(job_id: str, status: str | None, exported: bool, requests: int,
                     max_requests: int, size: int, max_bytes: int) -> str | None:
     """Why a request for ``job_id`` is refused before its rows are read, or None.
 
     Args:
         status: the job's status (None: no such job).
-        has_version: whether the job has a model version (a CANCELLED job without one has
-            nothing to predict with).
+        exported: whether the job has an exported model (``Job.model_path``; a CANCELLED job
+            has one once its head was exported).
         requests: the job's requests so far, this one included.
         size: the input's bytes.
     """
     if status is None:
         return f"job {job_id}: no such job"
-    if status not in PREDICTING_STATUSES or (status == CANCELLED and not has_version):
+    if status not in PREDICTING_STATUSES:
         return (f"job {job_id} is {status}: expected a job that is DONE (or CANCELLED with an "
                 "exported model) to predict with")
+    if not exported:
+        return (f"job {job_id} is {status} and has no exported model: expected a job that is "
+                "DONE (or CANCELLED with an exported model) to predict with")
     if requests > max_requests:
         return (f"job {job_id}: expected at most {max_requests} prediction requests a job "
                 f"(BUCKETLEARN_MAX_PREDICT_REQUESTS); found {requests}")
