@@ -264,7 +264,11 @@ def csv_chunks(loaded: LoadedModel, batches: Iterator[RowBatch],
 
 class ChunkStream(io.RawIOBase):
     """A readable stream of an iterator's byte chunks (``write_stream`` reads it to its end);
-    what the iterator raises reaches the reader, so a failed prediction writes no object."""
+    what the iterator raises reaches the reader, so a failed prediction writes no object.
+
+    ``read(n)`` returns ``n`` bytes unless the chunks end first: a resumable upload takes a
+    shorter read for the last one (Cloud Storage's client would end the object there).
+    """
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         super().__init__()
@@ -277,6 +281,23 @@ class ChunkStream(io.RawIOBase):
 
     def tell(self) -> int:
         return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        parts: list[bytes] = []
+        got = 0
+        while size is None or size < 0 or got < size:
+            if not self._pending:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._pending = memoryview(chunk)
+            take = len(self._pending) if size is None or size < 0 else min(
+                size - got, len(self._pending))
+            parts.append(bytes(self._pending[:take]))
+            self._pending = self._pending[take:]
+            got += take
+        self._position += got
+        return b"".join(parts)
 
     def readinto(self, buffer: Any) -> int:
         while not self._pending:
