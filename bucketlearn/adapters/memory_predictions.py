@@ -35,6 +35,8 @@ class MemoryPredictions:
 
     def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
                           claim: str | None = None) -> bool:
+        _document_id(job_id)
+        _document_id(request_id)
         unknown = sorted(set(fields) - _FIELDS)
         if unknown:  # (stricter than Firestore: the suite's typo check)
             raise ValueError(f"{_path(job_id, request_id)}: expected fields of "
@@ -48,6 +50,8 @@ class MemoryPredictions:
             return True
 
     def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None:
+        _document_id(job_id)
+        _document_id(request_id)
         with self._lock:
             stored = self.predictions.get((job_id, request_id))
             return PredictionRecord.from_doc(copy.deepcopy(stored)) if stored else None
