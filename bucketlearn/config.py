@@ -71,6 +71,11 @@ class Limits:
     # the floating-point operations per second one learner is assumed to train at, for that
     # prediction (domain.plan.predict_seconds); low on purpose
     worker_flops: int = 1_000_000_000
+    # a batch prediction request's input (``predict/<job>/<name>.csv``): it is streamed in
+    # bounded batches, so this bounds the function's time (its timeout), not its memory
+    max_predict_bytes: int = 1024**3
+    # prediction requests a job may have had (every state), each a status record of its own
+    max_predict_requests: int = 1_000
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,8 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_KEEP_PARSED_BYTES": "keep_parsed_bytes",
     "BUCKETLEARN_PACK_BYTES": "pack_bytes",
     "BUCKETLEARN_WORK_RETENTION_DAYS": "work_retention_days",
+    "BUCKETLEARN_MAX_PREDICT_BYTES": "max_predict_bytes",
+    "BUCKETLEARN_MAX_PREDICT_REQUESTS": "max_predict_requests",
     "BUCKETLEARN_WORKER_FLOPS": "worker_flops",
 }
 

@@ -91,6 +91,50 @@ def model_path(job_id: str, version: int | None = None) -> str:
     return f"models/{job_id}/v{version:06d}.keras"
 
 
+def predictions_path(job_id: str, name: str) -> str:
+    """A batch prediction's output: ``predictions/<job>/<name>.csv`` (``name`` as
+    ``parse_predict_name`` checked it: one path segment of the request's object name)."""
+    return f"predictions/{job_id}/{name}.csv"
+
+
+# --- uploads bucket: batch prediction requests --------------------------------------------------
+
+PREDICT_PREFIX = "predict/"  # an object here is a request to predict, not an upload to train on
+PREDICT_NAME_RE = re.compile(r"^predict/(?P<job>[^/]+)/(?P<name>[^/]+)\.csv$", re.IGNORECASE)
+_PREDICT_NAME_CHARS = re.compile(r"^[A-Za-z0-9._ -]{1,200}$")
+
+
+def predict_object_name(job_id: str, file_name: str) -> str:
+    """Where a file is uploaded to be predicted with ``job_id``'s model."""
+    return f"predict/{job_id}/{file_name}"
+
+
+def parse_predict_name(object_name: str) -> tuple[str, str] | None:
+    """(job id, name without ``.csv``) of ``predict/<JOB>/<NAME>.csv``; None for any other
+    name, or when JOB is not a job id or NAME holds characters other than letters, digits,
+    ``.``, ``_``, ``-`` and spaces (it names the output object)."""
+    found = PREDICT_NAME_RE.match(object_name)
+    if found is None or not is_job_id(found["job"]) or found["name"] in (".", "..") \
+            or not _PREDICT_NAME_CHARS.match(found["name"]):
+        return None
+    return found["job"], found["name"]
+
+
+def prediction_id_for(object_name: str, generation: int | str) -> str:
+    """The id of the request one generation of a ``predict/`` object makes: the same object
+    and generation (a re-delivered event) give the same id, a new generation a new one.
+
+    Returns:
+        ``<slug>-<generation>-<8 hex>``: the slug and generation for people, the hash for
+        uniqueness.
+    """
+    base = object_name.rsplit("/", 1)[-1]
+    base = base[:-4] if base.lower().endswith(".csv") else base
+    slug = _SLUG_RE.sub("-", base.lower()).strip("-")[:28].strip("-") or "predict"
+    digest = hashlib.sha256(f"{object_name}\x00{generation}".encode()).hexdigest()
+    return f"{slug}-{generation}-{digest[:8]}"
+
+
 # --- deltas bucket -----------------------------------------------------------------------------
 
 def job_delta_prefix(job_id: str) -> str:

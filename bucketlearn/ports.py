@@ -18,6 +18,7 @@ from bucketlearn import errors, layout, messages
 from bucketlearn.config import Settings
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
+from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 
@@ -401,7 +402,30 @@ class WorkerDocuments(Protocol):
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None: ...
 
 
-class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments, Protocol):
+class PredictionRecords(Protocol):
+    """A job's batch prediction requests (``jobs/<job>/predictions/<request>``): one status
+    record each (``domain.prediction.PredictionRecord``)."""
+
+    def create_prediction(self, record: PredictionRecord) -> bool:
+        """Create the record if no record of its id exists under its job: True when created
+        (False: a re-delivered event's request, already recorded)."""
+        ...
+
+    def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
+                          claim: str | None = None) -> bool:
+        """Update fields of a record (``PredictionRecord``'s attributes); with ``claim``, only
+        while the record's claim is that one. False when it is not (or there is no record)."""
+        ...
+
+    def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None: ...
+
+    def count_predictions(self, job_id: str) -> int:
+        """How many requests the job has had (every state)."""
+        ...
+
+
+class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
+               PredictionRecords, Protocol):
     """The model registry and job ledger (Firestore in the cloud): the ports above, one per
     collection, in one backend (``adapters.firestore``, and ``adapters.memory`` for tests).
     A function that needs only one collection can take that port alone."""

@@ -6,6 +6,7 @@ Layout::
     jobs/{job}/versions/{v:06d}     one per version: weights path, digest, tasks applied or
                                     given up on (with their learners' timings), figures
     jobs/{job}/tasks/{e-t}          per task: attempts, state, worker, timings (workers write)
+    jobs/{job}/predictions/{req}    per batch prediction request: state, rows, seconds, error
     leases/{name}                   one aggregation writer per job
     workers/{id}                    heartbeats
     control/{name}                  controller state (the autoscaler's last change)
@@ -34,6 +35,7 @@ from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job, commit_refusal, may_start_training
 from bucketlearn.domain.lifecycle import QUEUED, RUNNING, is_terminal, move_refusal
+from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import BackendRejectedError, NotFoundError, TransientError, bounded
@@ -332,6 +334,42 @@ class FirestoreRegistry:
         if epoch is not None:
             query = query.where(filter=firestore.FieldFilter("epoch", "==", epoch))
         return [TaskRecord.from_doc(snap.to_dict()) for snap in query.stream(timeout=TIMEOUT)]
+
+    # -- batch prediction requests ---------------------------------------------------------------
+    def _prediction(self, job_id: str, request_id: str) -> firestore.DocumentReference:
+        return self._job(job_id).collection("predictions").document(request_id)
+
+    def create_prediction(self, record: PredictionRecord) -> bool:
+        try:
+            self._prediction(record.job_id, record.request_id).create(record.to_doc(),
+                                                                      timeout=TIMEOUT)
+            return True
+        except (gexc.AlreadyExists, gexc.Conflict):
+            return False
+
+    def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
+                          claim: str | None = None) -> bool:
+        ref = self._prediction(job_id, request_id)
+        try:
+            if claim is None:
+                ref.update(dict(fields), timeout=TIMEOUT)
+                return True
+            snap = ref.get(timeout=TIMEOUT)
+            if not snap.exists or (snap.to_dict() or {}).get("claim") != claim:
+                return False
+            ref.update(dict(fields), option=self.client.write_option(
+                last_update_time=snap.update_time), timeout=TIMEOUT)
+            return True
+        except (gexc.FailedPrecondition, gexc.NotFound):
+            return False
+
+    def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None:
+        doc = _read(self._prediction(job_id, request_id))
+        return PredictionRecord.from_doc(doc) if doc is not None else None
+
+    def count_predictions(self, job_id: str) -> int:
+        (result,) = self._job(job_id).collection("predictions").count().get(timeout=TIMEOUT)
+        return int(result[0].value)
 
     # -- leases and heartbeats --------------------------------------------------------------------
     def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:

@@ -16,11 +16,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from bucketlearn import messages as wire
+from bucketlearn.adapters.firestore_rules import (  # noqa: F401 - also the tests' import
+    FIRESTORE_MAX_DOCUMENT_BYTES,
+    check_document,
+    document_size,
+    firestore_size,
+    nested_array,
+)
+from bucketlearn.adapters.memory_predictions import MemoryPredictions
 from bucketlearn.domain.job import Head, Job, commit_refusal, may_start_training, unknown_fields
 from bucketlearn.domain.lifecycle import TERMINAL, is_terminal, move_refusal
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
-from bucketlearn.errors import BackendRejectedError, NotFoundError, ObjectChangedError
+from bucketlearn.errors import NotFoundError, ObjectChangedError
 from bucketlearn.ports import BlobInfo, Lease, VersionCommit
 
 
@@ -211,43 +219,6 @@ class _Raw:
         self.raw = raw
 
 
-FIRESTORE_MAX_DOCUMENT_BYTES = 1_048_576
-
-
-def firestore_size(value: Any) -> int:
-    """Storage size of a Firestore value, by Firestore's rules (strings: UTF-8 bytes + 1)."""
-    if value is None or isinstance(value, bool):
-        return 1
-    if isinstance(value, (int, float)):
-        return 8
-    if isinstance(value, str):
-        return len(value.encode("utf-8", errors="surrogatepass")) + 1
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(firestore_size(str(k)) + firestore_size(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return sum(firestore_size(v) for v in value)
-    return 8  # timestamps and other scalars
-
-
-def document_size(path: str, fields: Mapping[str, Any]) -> int:
-    """Storage size of the document at ``path`` (e.g. 'jobs/j1/versions/000001') with ``fields``:
-    its name (each path segment + 1, plus 16), its fields, plus 32 bytes."""
-    name = sum(len(part.encode()) + 1 for part in path.split("/")) + 16
-    return name + firestore_size(dict(fields)) + 32
-
-
-def nested_array(value: Any, inside_array: bool = False) -> bool:
-    """Whether a value holds an array directly inside an array, which Firestore refuses (an
-    array of maps that hold arrays is fine)."""
-    if isinstance(value, Mapping):
-        return any(nested_array(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return inside_array or any(nested_array(v, inside_array=True) for v in value)
-    return False
-
-
 def _check_job_update(job_id: str, stored: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
     """Refuse a job update naming a field ``Job`` does not have (stricter than Firestore, which
     stores any key: the suite's typo check, as a misspelt field would be written and never
@@ -259,21 +230,7 @@ def _check_job_update(job_id: str, stored: Mapping[str, Any], fields: Mapping[st
     refusal = move_refusal(stored, fields)
     if refusal is not None:
         raise ValueError(f"jobs/{job_id}: {refusal}")
-    _check_document(f"jobs/{job_id}", {**stored, **fields})
-
-
-def _check_document(path: str, fields: Mapping[str, Any]) -> None:
-    """Refuse, as Firestore does (InvalidArgument), a document larger than 1 MiB or with an
-    array directly inside an array."""
-    size = document_size(path, fields)
-    if size > FIRESTORE_MAX_DOCUMENT_BYTES:
-        raise BackendRejectedError(
-            f"firestore write of {path}: expected a document of at most "
-            f"{FIRESTORE_MAX_DOCUMENT_BYTES} bytes (Firestore's limit); found {size} bytes")
-    if nested_array(fields):
-        raise BackendRejectedError(
-            f"firestore write of {path}: expected no array directly inside an array "
-            f"(Firestore's rule); found one")
+    check_document(f"jobs/{job_id}", {**stored, **fields})
 
 
 def _document_ids(method: Any) -> Any:
@@ -300,7 +257,7 @@ _TASK_METHODS = {"read_for_attempt", "record_attempt", "refund_attempt", "update
                  "get_task"}
 
 
-class MemoryRegistry:
+class MemoryRegistry(MemoryPredictions):
     """The registry in memory; documents over Firestore's 1 MiB, and ids Firestore's client
     refuses, are refused as it would."""
 
@@ -316,6 +273,7 @@ class MemoryRegistry:
         self.leases: dict[str, tuple[str, float]] = {}
         self.workers: dict[str, dict[str, Any]] = {}
         self.controls: dict[str, dict[str, Any]] = {}
+        self.predictions: dict[tuple[str, str], dict[str, Any]] = {}
         self.commits = 0
 
     def create_job(self, job: Job) -> bool:
@@ -323,7 +281,7 @@ class MemoryRegistry:
             if job.job_id in self.jobs:
                 return False
             doc = job.to_doc()
-            _check_document(f"jobs/{job.job_id}", doc)
+            check_document(f"jobs/{job.job_id}", doc)
             self.jobs[job.job_id] = copy.deepcopy(doc)
             return True
 
@@ -367,7 +325,7 @@ class MemoryRegistry:
             if not may_start_training(Job.from_doc(job) if job is not None else None, claim):
                 return False
             version_doc = version.to_doc()
-            _check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
+            check_document(f"jobs/{job_id}/versions/{version.version:06d}", version_doc)
             _check_job_update(job_id, job, job_fields)
             self.versions[(job_id, version.version)] = version_doc
             job.update(copy.deepcopy(dict(job_fields)))
@@ -383,7 +341,7 @@ class MemoryRegistry:
                 return False
             assert job is not None
             version_doc = commit.version.to_doc()
-            _check_document(f"jobs/{commit.job_id}/versions/{version:06d}", version_doc)
+            check_document(f"jobs/{commit.job_id}/versions/{version:06d}", version_doc)
             _check_job_update(commit.job_id, job, commit.job_fields)
             self.versions[(commit.job_id, version)] = version_doc
             job.update(copy.deepcopy(commit.job_fields))
@@ -396,7 +354,7 @@ class MemoryRegistry:
             doc = self.versions.get((job_id, version))
             if doc is None:
                 return False
-            _check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
+            check_document(f"jobs/{job_id}/versions/{version:06d}", {**doc, **version_fields})
             job = self.jobs.get(job_id)
             head_fields = {"head": head.to_doc()} if head is not None else {}
             current = (head is not None and job is not None and job.get("version") == version
@@ -429,7 +387,7 @@ class MemoryRegistry:
                        attempt_key: str, known_keys: Sequence[str] | None = None) -> int:
         with self._lock:
             task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id})
-            _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
+            check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
             keys = attempt_keys(task)
             known = keys if known_keys is None else known_keys
             task.update(copy.deepcopy(dict(fields)))
@@ -447,7 +405,7 @@ class MemoryRegistry:
     def update_task(self, job_id: str, task_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
             task = self.tasks.setdefault((job_id, task_id), {"task_id": task_id})
-            _check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
+            check_document(f"jobs/{job_id}/tasks/{task_id}", {**task, **fields})
             task.update(copy.deepcopy(dict(fields)))
 
     def get_task(self, job_id: str, task_id: str) -> TaskRecord | None:
@@ -478,7 +436,7 @@ class MemoryRegistry:
     def heartbeat(self, worker_id: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
             worker = self.workers.setdefault(worker_id, {"worker_id": worker_id})
-            _check_document(f"workers/{worker_id}", {**worker, **fields})
+            check_document(f"workers/{worker_id}", {**worker, **fields})
             worker.update(dict(fields))
 
     def list_workers(self, seen_since: float | None = None) -> list[dict[str, Any]]:
@@ -493,7 +451,7 @@ class MemoryRegistry:
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None:
         with self._lock:
             control = self.controls.setdefault(name, {})
-            _check_document(f"control/{name}", {**control, **fields})
+            check_document(f"control/{name}", {**control, **fields})
             control.update(copy.deepcopy(dict(fields)))
 
 

@@ -236,6 +236,12 @@ class MeteredRegistry(_Metered):
         "list_workers": ("firestore.query", _no_job, _reads),
         "get_control": ("firestore.read", _no_job, _reads),
         "set_control": ("firestore.write", _no_job, _writes(1)),
+        "create_prediction": ("firestore.write", lambda record, *a, **k: record.job_id,
+                              _writes(1)),
+        "update_prediction": ("firestore.conditional", _first, _conditional),
+        "get_prediction": ("firestore.read", _first, _reads),
+        "count_predictions": ("firestore.query", _first, lambda *a, **k: {
+            "firestore_reads": 1}),
     }
 
 

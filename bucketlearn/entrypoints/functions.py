@@ -56,19 +56,25 @@ def upload_handler(services: Callable[[], Services] = process_services
 
 
 def handle_upload_event(cloud_event: Any, svc: Services) -> str:
-    """Storage finalize event on the uploads bucket -> split (at most one job per upload).
+    """Storage finalize event on the uploads bucket -> split (at most one job per upload), or,
+    for an object under ``predict/``, a batch prediction (``usecases.batch_predict``: at most
+    one per generation).
 
     Args:
         cloud_event: the Eventarc ``object.finalized`` CloudEvent.
         svc: the Services to use.
 
     Returns:
-        The outcome's name; returning (HTTP 200) acks the event, permanent failures included:
-        retrying them for a day would change nothing.
+        The outcome's name (the job's, or the prediction's); returning (HTTP 200) acks the
+        event, permanent failures included: retrying them for a day would change nothing.
 
     Raises:
         RetryLater: transient trouble (HTTP 503): Eventarc retries the event.
     """
+    from bucketlearn.usecases.batch_predict import (  # noqa: PLC0415
+        handle_predict,
+        is_predict_request,
+    )
     from bucketlearn.usecases.upload import StorageEvent, display_uri, handle_upload  # noqa: PLC0415
 
     event = StorageEvent.from_cloudevent_data(cloud_event.data, _event_time(cloud_event))
@@ -77,13 +83,16 @@ def handle_upload_event(cloud_event: Any, svc: Services) -> str:
                     svc.settings.uploads_bucket)
         return "ignored"
     shown = display_uri(event.bucket, event.name)
+    # predict/<job>/<name>.csv asks for predictions with a job's model: no job is made
+    handle = handle_predict if is_predict_request(event) else handle_upload
     try:
-        outcome, job_id = handle_upload(svc, event)
+        outcome, job_id = handle(svc, event)
     except TransientError as exc:
         log.warning("upload %s: %s; the event will be retried", shown, exc)
         raise RetryLater(str(exc)) from exc
     except PermanentError as exc:
         log.error("upload %s: %s; not retried (retrying cannot help)", shown, exc)
         return Outcome.FAILED.value
-    log.info("upload %s -> %s (job %s)", shown, outcome.value, job_id)
+    log.info("upload %s -> %s (%s %s)", shown, outcome.value,
+             "prediction" if handle is handle_predict else "job", job_id)
     return outcome.value

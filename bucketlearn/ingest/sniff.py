@@ -101,8 +101,9 @@ def _header_column_at(line: bytes, position: int) -> str | None:
     return None if b'"' in prefix else f"#{prefix.count(b',') + 1}"
 
 
-def read_header(source: SourceFile, limits: Limits) -> list[str]:
-    """Check the file as a whole (size, compression, binary) and return its column names."""
+def read_header(source: SourceFile, limits: Limits, min_columns: int = 2) -> list[str]:
+    """Check the file as a whole (size, compression, binary) and return its column names (at
+    least ``min_columns``: a feature and a label to train on; a file to predict may have one)."""
     name = source.display_name
     if source.size == 0:
         raise rejected(name, "the file is empty", expected="a header line and data rows",
@@ -144,7 +145,7 @@ def read_header(source: SourceFile, limits: Limits) -> list[str]:
                        expected=f"at most {limits.max_columns} columns",
                        found=f"{len(names)} columns")
     _check_column_names(name, names)
-    if len(names) < 2:
+    if len(names) < min_columns:
         raise rejected(name, "the file has a single column", row=0,
                        expected="at least one feature column and a label column",
                        found=f"only '{abbrev(names[0])}'{_separator_hint(names[0])}")

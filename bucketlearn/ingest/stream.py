@@ -126,12 +126,13 @@ def diagnose(source: SourceFile, columns: list[str], label: str, limits: Limits,
     """Re-read the file line by line to name the first bad row and column exactly.
 
     Rows are numbered like the fast path numbers them: data rows from 1, empty lines skipped.
+    A ``label`` not among ``columns`` (a file to predict, without one) checks no label.
     With ``target_row``, only that row is checked (the fast path already knows where the problem
     is and wants its exact text); None when that row shows no problem. Without it, a problem the
     line-by-line check cannot see is reported with pyarrow's message.
     """
     file = source.display_name
-    label_index = columns.index(label)
+    label_index = columns.index(label) if label in columns else -1
     limit = limits.max_line_bytes
     with source.opener() as raw:
         lines = _lines(raw, limit)

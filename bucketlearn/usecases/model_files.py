@@ -1,19 +1,30 @@
-"""Getting models out: download any version as ``.keras``, and predict original label values."""
+"""Getting models out: download any version as ``.keras``, and predict original label values
+(a batch at a time: ``prediction_rows``)."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
 
 from bucketlearn import layout
+from bucketlearn.config import Limits
 from bucketlearn.domain.lifecycle import DONE
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.errors import JobStateError, NotFoundError, PermanentError
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import Services
+from bucketlearn.usecases.prediction_rows import (
+    LoadedModel,
+    RowBatch,
+    predicted_labels,
+    predicted_rows,
+    unbounded,
+)
 
 
 def model_bytes(svc: Services, job_id: str, version: int | None) -> tuple[bytes, int]:
@@ -95,25 +106,44 @@ def _normalize_label(value: Any, kind: str) -> str:
 
 
 def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str, Any]:
-    """Predict every row of a CSV; return predictions (original label values) and accuracy."""
-    from bucketlearn.ml.model import load_model  # noqa: PLC0415
+    """Predict every row of a CSV; return predictions (original label values) and, when the
+    file has the label column, the figures against it (accuracy; a numeric target's RMSE, MAE,
+    R²). Read a batch at a time (``prediction_rows``); the predictions are kept in memory (or
+    written to ``output`` as ``row,prediction`` lines) and the figures tallied batch by batch.
 
-    model, sidecar = load_model(model_path)
-    features: list[str] = sidecar["feature_names"]
-    label = sidecar.get("label_column")
-    classes: list[str] = sidecar["class_names"]
-    table, header = _read_for_prediction(csv_path, sidecar, features, label)
-    outputs = _model_outputs(model, table, sidecar, features, csv_path)
-    if sidecar.get("task") == REGRESSION:
-        predicted, result = _regression_result(outputs, table, sidecar, header)
+    Raises:
+        InvalidInputError: a row that cannot be read (its row and column named), or missing
+            feature columns (named).
+    """
+    from bucketlearn.domain.metrics import RegressionTally  # noqa: PLC0415
+
+    loaded = LoadedModel.load(model_path)
+    size = os.path.getsize(csv_path)
+    source = SourceFile(display_name=csv_path, size=size,
+                        opener=lambda: open(csv_path, "rb"))  # noqa: SIM115 - closed by ingest
+    header, batches = predicted_rows(source, loaded, unbounded(Limits()))
+    label = loaded.label if loaded.label in header else None
+    predicted: list[Any] = []
+    hits, tally = 0, RegressionTally()
+    for batch in batches:
+        values = predicted_labels(loaded, batch.outputs)
+        predicted.extend(values)
+        if label is not None and loaded.regression:
+            truth, scored = _numeric_truth(batch, label, loaded.markers, values)
+            tally.add(np.asarray(scored), np.asarray(truth))
+        elif label is not None:
+            kind = loaded.sidecar.get("label_kind", "str")
+            hits += sum(p == _normalize_label(t, kind) for p, t in zip(
+                values, batch.cells.column(label).to_pylist(), strict=True))
+    result: dict[str, Any] = {"rows": len(predicted), "label_column": loaded.label}
+    if loaded.regression:
+        result.update(task=REGRESSION, rmse=None, mae=None, r2=None, scored_rows=0)
+        if tally.rows:
+            report = tally.report()
+            result.update(rmse=report["rmse"], mae=report["mae"], r2=report["r2"],
+                          scored_rows=tally.rows)
     else:
-        predicted = [classes[i] for i in np.argmax(outputs, axis=1)]
-        result = {"rows": len(predicted), "label_column": label, "accuracy": None}
-        if label in header:
-            truth = [_normalize_label(v, sidecar.get("label_kind", "str"))
-                     for v in table.column(label).to_pylist()]
-            result["accuracy"] = float(np.mean([p == t for p, t in zip(predicted, truth,
-                                                                      strict=False)]))
+        result["accuracy"] = hits / len(predicted) if label is not None and predicted else None
     if output:
         with open(output, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
@@ -125,99 +155,23 @@ def predict_file(model_path: str, csv_path: str, output: str | None) -> dict[str
     return result
 
 
-def _model_outputs(model: Any, table: Any, sidecar: dict[str, Any], features: list[str],
-                   csv_path: str) -> np.ndarray:
-    """The model's outputs for every row: class probabilities, or a regression's targets."""
-    if sidecar.get("inputs"):
-        return _predict_raw_rows(model, table, sidecar["inputs"])
-    x = np.column_stack([table.column(f).to_numpy(zero_copy_only=False) for f in features])
-    if not np.isfinite(x).all():
-        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0]) + 1
-        raise PermanentError(f"{csv_path}: row {row}: expected finite feature values (this "
-                             "model was trained on complete numeric rows)")
-    return np.asarray(model.predict(x.astype(np.float32), batch_size=1024, verbose=0))
+def _numeric_truth(batch: RowBatch, label: str, markers: list[str], predicted: list[float]
+                   ) -> tuple[list[float], list[float]]:
+    """A numeric target's values in the label column and the predictions of those rows; an
+    empty cell or a missing value is left out, as at training.
 
-
-def _regression_result(outputs: np.ndarray, table: Any, sidecar: dict[str, Any],
-                       header: list[str]) -> tuple[list[float], dict[str, Any]]:
-    """A numeric target's predictions (floats, in the target's units) and, when the CSV has
-    the label column, RMSE, MAE and R² over its rows that have a number there (an empty cell
-    or a missing value is left out, as at training)."""
-    from bucketlearn.domain.metrics import RegressionTally  # noqa: PLC0415
-
-    predicted = [float(v) for v in np.asarray(outputs, dtype=np.float64).reshape(-1)]
-    label = sidecar.get("label_column")
-    result: dict[str, Any] = {"rows": len(predicted), "label_column": label, "task": REGRESSION,
-                              "rmse": None, "mae": None, "r2": None, "scored_rows": 0}
-    if label in header:
-        markers = set(sidecar.get("missing_values") or [])
-        truth, scored = [], []
-        for i, value in enumerate(table.column(label).to_pylist()):
-            text = (value or "").strip()
-            if not text or value in markers:
-                continue
-            try:
-                truth.append(float(text))
-            except ValueError:
-                raise PermanentError(f"row {i + 1}, column {label!r}: expected a number (or a "
-                                     f"missing value); found {text[:60]!r}") from None
-            scored.append(predicted[i])
-        tally = RegressionTally()
-        tally.add(np.asarray(scored), np.asarray(truth))
-        if tally.rows:
-            report = tally.report()
-            result.update(rmse=report["rmse"], mae=report["mae"], r2=report["r2"],
-                          scored_rows=tally.rows)
-    return predicted, result
-
-
-def _read_for_prediction(csv_path: str, sidecar: dict[str, Any], features: list[str],
-                         label: str | None) -> tuple[Any, list[str]]:
-    """The CSV's feature (and label) columns as pyarrow reads them at ingest: numbers as float32
-    (missing markers null), text and dates as strings."""
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.csv as pacsv  # noqa: PLC0415
-
-    header = pacsv.open_csv(csv_path).schema.names
-    missing = [f for f in features if f not in header]
-    if missing:
-        raise PermanentError(
-            f"{csv_path}: expected the model's feature columns; missing: "
-            f"{', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}")
-    kinds = {c["name"]: c["kind"] for c in sidecar.get("columns", [])}
-    types = {f: pa.float32() if kinds.get(f, "numeric") == "numeric" else pa.string()
-             for f in features}
-    if label in header:
-        types[label] = pa.string()
-    markers = sidecar.get("missing_values", [])
-    try:
-        table = pacsv.read_csv(csv_path, convert_options=pacsv.ConvertOptions(
-            column_types=types, include_columns=features + ([label] if label in header else []),
-            strings_can_be_null=False, null_values=["", *markers]))
-    except pa.ArrowInvalid as exc:
-        raise PermanentError(f"{csv_path}: expected numeric values in the model's numeric "
-                             f"columns (or a missing value: empty, {', '.join(markers)}); "
-                             f"found: {exc}") from None
-    return table, header
-
-
-def _predict_raw_rows(model: Any, table: Any, inputs: dict[str, str],
-                      batch: int = 1024) -> np.ndarray:
-    """Class probabilities from the raw-row model, a batch of rows at a time (Keras's
-    ``predict`` does not take string arrays in a dict: the model is called on tensors)."""
-    import tensorflow as tf  # noqa: PLC0415
-
-    columns = {name: table.column(name) for name in inputs}
-    out = []
-    for start in range(0, max(table.num_rows, 1), batch):
-        feed = {}
-        for name, input_name in inputs.items():
-            values = columns[name].slice(start, batch)
-            if values.type == "string":
-                cells = np.array(values.to_pylist(), dtype=object).reshape(-1, 1)
-                feed[input_name] = tf.constant(cells, dtype=tf.string)
-            else:
-                cells = values.fill_null(np.nan).to_numpy(zero_copy_only=False)
-                feed[input_name] = tf.constant(cells.reshape(-1, 1), dtype=tf.float32)
-        out.append(np.asarray(model(feed, training=False)))
-    return np.concatenate(out)[:table.num_rows]
+    Raises:
+        PermanentError: a label cell that is neither a number nor missing (row and column).
+    """
+    truth, scored = [], []
+    for i, value in enumerate(batch.cells.column(label).to_pylist()):
+        text = (value or "").strip()
+        if not text or value in markers:
+            continue
+        try:
+            truth.append(float(text))
+        except ValueError:
+            raise PermanentError(f"row {batch.first_row + i}, column {label!r}: expected a "
+                                 f"number (or a missing value); found {text[:60]!r}") from None
+        scored.append(predicted[i])
+    return truth, scored

@@ -812,6 +812,35 @@ def test_learners_have_exactly_what_they_need(module: Config) -> None:
     assert "${google_pubsub_subscription_iam_member.worker_subscriber}" in pool["depends_on"]
 
 
+def test_the_upload_function_has_exactly_what_it_needs(module: Config) -> None:
+    # Read uploads, write shards, create the first weights (create-only), publish the first
+    # round; Firestore. Batch prediction: read models/ (a job's exported model) and write
+    # predictions/ (replacing an earlier output of the same name), each under a condition on
+    # the object's name: no read of weights/, no replace or delete of an exported model.
+    work, uploads = "${google_storage_bucket.work.name}", "${google_storage_bucket.uploads.name}"
+    models = "${google_storage_bucket.models.name}"
+    assert grants_to(module, "split") == {
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", uploads),
+        ("google_storage_bucket_iam_member", "roles/storage.objectUser", work),
+        ("google_storage_bucket_iam_member", "roles/storage.objectCreator", models),
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", models),
+        ("google_storage_bucket_iam_member", "roles/storage.objectUser", models),
+        ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
+         "${google_pubsub_topic.tasks.name}"),
+        ("google_project_iam_member", "roles/datastore.user", "project"),
+    }
+    prefixes = module.locals["split_models_prefix_roles"]
+    assert {p["prefix"]: p["role"] for p in prefixes.values()} == {
+        "models/": "roles/storage.objectViewer", "predictions/": "roles/storage.objectUser"}
+    grant = module.resource("google_storage_bucket_iam_member", "split_models_prefixes")
+    (condition,) = grant["condition"]
+    assert condition["expression"].replace('\\"', '"') == (
+        'resource.name.startsWith("projects/_/buckets/${google_storage_bucket.models.name}'
+        '/objects/${each.value.prefix}")')
+    function = module.resource("google_cloudfunctions2_function", "split")
+    assert "${google_storage_bucket_iam_member.split_models_prefixes}" in function["depends_on"]
+
+
 # --- CPU and memory ----------------------------------------------------------------------------
 
 # Cloud Run's rule (docs: configuring CPU limits and memory limits; 2nd gen functions run on Cloud

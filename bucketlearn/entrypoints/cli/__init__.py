@@ -156,9 +156,16 @@ def _add_model_commands(sub: Any) -> None:
     add_option_flags(train)
     train.set_defaults(func=cmd_train_local)
 
-    predict = sub.add_parser("predict", help="predict label values for every row of a CSV")
-    predict.add_argument("model")
-    predict.add_argument("file")
+    predict = sub.add_parser(
+        "predict", help="predict label values for every row of a CSV: with a .keras model here "
+                        "(predict MODEL.keras FILE.csv), or with a job's model through the "
+                        "buckets (predict --job JOB FILE.csv -o OUT.csv)")
+    predict.add_argument("model", help="a .keras model (with --job: the CSV to predict)")
+    predict.add_argument("file", nargs="?", help="the CSV to predict (not with --job)")
+    predict.add_argument("--job", help="predict with this job's exported model, by an upload to "
+                                       "predict/JOB/ and the upload function")
+    predict.add_argument("--timeout", type=float, default=900.0,
+                         help="with --job: seconds to wait for the predictions (default 900)")
     predict.add_argument("-o", "--output", help="write predictions to this CSV")
     predict.add_argument("--json", action="store_true")
     predict.set_defaults(func=cmd_predict)

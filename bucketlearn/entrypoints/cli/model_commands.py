@@ -17,7 +17,14 @@ from bucketlearn.domain.metrics import regression_headline
 from bucketlearn.domain.recipe import Score, selection_sentence
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.entrypoints.cli import common
-from bucketlearn.entrypoints.cli.common import EXIT_OK, emit, option_overrides
+from bucketlearn.entrypoints.cli.common import (
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    emit,
+    option_overrides,
+)
 from bucketlearn.entrypoints.cli.quiet import load_tensorflow, tensorflow_quietly
 from bucketlearn.options import SEARCH_AUTO, resolve_options
 
@@ -143,7 +150,10 @@ Predictor = Callable[[str, str, str | None], dict[str, Any]]
 def cmd_predict(args: argparse.Namespace, predict: Predictor | None = None) -> int:
     """Print (or write to ``args.output``) the predictions ``predict`` makes for ``args.file``
     with ``args.model``, and the figures against its label column; None: ``predict_file``,
-    imported here so that the CLI starts without TensorFlow (a test hands in its own)."""
+    imported here so that the CLI starts without TensorFlow (a test hands in its own). With
+    ``--job``: ``cmd_predict_job``."""
+    if args.job is not None or args.file is None:
+        return cmd_predict_job(args)
     load_tensorflow(args.verbose)
     if predict is None:
         from bucketlearn.usecases.model_files import predict_file as predict  # noqa: PLC0415
@@ -164,4 +174,45 @@ def cmd_predict(args: argparse.Namespace, predict: Predictor | None = None) -> i
         print(f"{regression_headline(result['rmse'], result['mae'], result['r2'])} against "
               f"column '{result['label_column']}' ({result['scored_rows']} rows with a number "
               "there)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_predict_job(args: argparse.Namespace) -> int:
+    """``predict --job JOB FILE.csv [-o OUT.csv]``: upload FILE to ``predict/JOB/``, wait for the
+    upload function's predictions (``args.timeout``), download them. Exit codes: 0 DONE, 1 the
+    request FAILED or was REJECTED (the reason on stderr), 2 a usage error, 3 a timeout."""
+    from bucketlearn.usecases import predict_requests as requests  # noqa: PLC0415
+
+    if args.job is None or args.file is not None:
+        print("error: expected `predict MODEL.keras FILE.csv` or `predict --job JOB FILE.csv`",
+              file=sys.stderr)
+        return EXIT_USAGE
+    path = args.model  # (with --job, the one positional is the CSV)
+    if not Path(path).is_file():
+        print(f"error: {path}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    svc, target = common.connect(args)
+    submitted = requests.submit_prediction(svc, args.job, path)
+    print(f"uploaded {path} to predict/{args.job}/ (request {submitted.request_id}); waiting "
+          f"up to {args.timeout:.0f}s", file=sys.stderr)
+    record = requests.wait_prediction(svc, submitted, args.timeout,
+                                      check=common.stack_check(target))
+    if record is None:
+        print(f"timed out after {args.timeout:.0f}s waiting for request {submitted.request_id} "
+              f"of job {args.job} (is the upload function running?)", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if record.state != "DONE":
+        if args.json:
+            emit(record.status())
+        print(f"request {record.request_id} {record.state}: {record.error}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    out = args.output or f"{Path(requests.request_name(path)).stem}.predictions.csv"
+    requests.download_predictions(svc, record, out)
+    if args.json:
+        emit({**record.status(), "downloaded_to": out})
+    else:
+        rate = record.rows / record.seconds if record.seconds else float("nan")
+        print(f"wrote {record.rows} predictions to {out} in {record.seconds:.1f}s "
+              f"({rate:,.0f} rows/s; job {args.job}, gs://{svc.settings.models_bucket}/"
+              f"{record.output})")
     return EXIT_OK

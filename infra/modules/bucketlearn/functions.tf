@@ -86,6 +86,7 @@ resource "google_cloudfunctions2_function" "split" {
     google_project_iam_member.eventarc_receiver,
     google_project_iam_member.gcs_agent_pubsub_publisher,
     google_storage_bucket_iam_member.split,
+    google_storage_bucket_iam_member.split_models_prefixes,
     google_pubsub_topic_iam_member.split_publisher,
     google_project_iam_member.firestore_users,
   ]

@@ -30,7 +30,7 @@ resource "google_service_account" "split" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-split"
   display_name = "bucketlearn split function"
-  description  = "Runs the on_upload Cloud Function: reads uploads, writes shards, creates jobs, publishes tasks."
+  description  = "Runs the on_upload Cloud Function: reads uploads, writes shards, creates jobs, publishes tasks; predicts predict/ uploads with a job's exported model."
 
   depends_on = [google_project_service.apis]
 }
@@ -208,6 +208,17 @@ locals {
     models  = { bucket = google_storage_bucket.models.name, role = "roles/storage.objectCreator" }
   }
 
+  # Batch prediction (predict/<job>/<name>.csv in the uploads bucket, which the split function
+  # already reads): the function reads a job's exported model (models/<job>/latest.keras) and
+  # writes predictions/<job>/<name>.csv, which a new upload of the same name replaces (a
+  # replace needs delete). Each grant is held to its prefix by an IAM condition on the object's
+  # name, so the function can neither read weights/ nor replace or delete an exported model.
+  # The dashboard's objectViewer on the models bucket already reads predictions/.
+  split_models_prefix_roles = {
+    models_read       = { prefix = "models/", role = "roles/storage.objectViewer" }
+    predictions_write = { prefix = "predictions/", role = "roles/storage.objectUser" }
+  }
+
   aggregate_bucket_roles = {
     work   = { bucket = google_storage_bucket.work.name, role = "roles/storage.objectViewer" }
     deltas = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectUser" }
@@ -246,6 +257,20 @@ resource "google_storage_bucket_iam_member" "split" {
   bucket = each.value.bucket
   role   = each.value.role
   member = "serviceAccount:${google_service_account.split.email}"
+}
+
+resource "google_storage_bucket_iam_member" "split_models_prefixes" {
+  for_each = local.split_models_prefix_roles
+
+  bucket = google_storage_bucket.models.name
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.split.email}"
+
+  condition {
+    title       = "bucketlearn-split-${each.key}"
+    description = "Objects under ${each.value.prefix} in the models bucket only (batch prediction)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.models.name}/objects/${each.value.prefix}\")"
+  }
 }
 
 resource "google_storage_bucket_iam_member" "aggregate" {

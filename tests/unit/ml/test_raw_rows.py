@@ -12,17 +12,18 @@ from bucketlearn.config import Limits
 from bucketlearn.domain.columns import DATE_CHARS, parse_date
 from bucketlearn.ingest.columns import Encoder
 from bucketlearn.ingest.split import split_upload
+from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ml.model import (
     ModelSpec,
     build_model,
     export_keras,
     keras_module,
-    load_model,
     model_inputs,
 )
 from bucketlearn.ml.tabular import DATE_VOCABULARY, parse_dates_in_graph
 from bucketlearn.options import JobOptions
-from bucketlearn.usecases.model_files import _read_for_prediction, predict_file
+from bucketlearn.usecases.model_files import predict_file
+from bucketlearn.usecases.prediction_rows import LoadedModel, predict_raw_rows, predicted_rows
 from tests.unit.helpers import (
     MIXED_HEADER,
     csv_bytes,
@@ -74,17 +75,20 @@ def exported(tmp_path_factory):
 
 
 def test_the_raw_row_model_gives_the_cores_probabilities(exported):
+    """The rows read a batch at a time as ``predict`` reads them, typed as at ingest: the
+    raw-row model's outputs are its core's on the encoded rows."""
     manifest, core, path, csv_path = exported
-    model, sidecar = load_model(str(path))
-    table, _ = _read_for_prediction(str(csv_path), sidecar, sidecar["feature_names"], "label")
+    loaded = LoadedModel.load(str(path))
+    source = SourceFile(str(csv_path), csv_path.stat().st_size, lambda: open(csv_path, "rb"))
+    _, batches = predicted_rows(source, loaded, Limits())
+    (batch,) = list(batches)
     x = Encoder(manifest.schema, manifest.missing_values).encode(
-        pa.RecordBatch.from_arrays([table.column(n).combine_chunks()
-                                    for n in manifest.feature_names], manifest.feature_names))
+        pa.RecordBatch.from_arrays([batch.typed[n] for n in manifest.feature_names],
+                                   manifest.feature_names))
     assert np.isnan(x[1:3]).any() and x[1, 0] == 0.0  # missing cells; an unseen city (code 0)
-    from bucketlearn.usecases.model_files import _predict_raw_rows
-
-    raw = _predict_raw_rows(model, table, sidecar["inputs"])
+    raw = predict_raw_rows(loaded.model, batch.typed, loaded.sidecar["inputs"], batch.rows)
     np.testing.assert_allclose(raw, np.asarray(core.predict_on_batch(x)), atol=1e-6)
+    np.testing.assert_allclose(batch.outputs, raw, atol=1e-6)
 
 
 def test_the_exported_model_loads_with_plain_keras_in_safe_mode(exported):

@@ -1,0 +1,72 @@
+"""The in-memory registry's batch prediction records (``ports.PredictionRecords``), a part of
+``memory.MemoryRegistry``: one record per request under its job, created if absent, updated
+under a claim, as the Firestore adapter keeps them."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from bucketlearn.adapters.firestore_rules import check_document
+from bucketlearn.domain.prediction import PredictionRecord
+
+_FIELDS = frozenset(PredictionRecord("r", "j").to_doc())
+
+
+class MemoryPredictions:
+    """``ports.PredictionRecords`` in memory (the registry's ``predictions`` and ``_lock``)."""
+
+    _lock: threading.RLock
+    predictions: dict[tuple[str, str], dict[str, Any]]
+
+    def create_prediction(self, record: PredictionRecord) -> bool:
+        _document_id(record.job_id)
+        _document_id(record.request_id)
+        with self._lock:
+            key = (record.job_id, record.request_id)
+            if key in self.predictions:
+                return False
+            doc = record.to_doc()
+            check_document(_path(*key), doc)
+            self.predictions[key] = copy.deepcopy(doc)
+            return True
+
+    def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
+                          claim: str | None = None) -> bool:
+        _document_id(job_id)
+        _document_id(request_id)
+        unknown = sorted(set(fields) - _FIELDS)
+        if unknown:  # (stricter than Firestore: the suite's typo check)
+            raise ValueError(f"{_path(job_id, request_id)}: expected fields of "
+                             f"PredictionRecord; found {unknown}")
+        with self._lock:
+            stored = self.predictions.get((job_id, request_id))
+            if stored is None or (claim is not None and stored.get("claim") != claim):
+                return False
+            check_document(_path(job_id, request_id), {**stored, **fields})
+            stored.update(copy.deepcopy(dict(fields)))
+            return True
+
+    def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None:
+        _document_id(job_id)
+        _document_id(request_id)
+        with self._lock:
+            stored = self.predictions.get((job_id, request_id))
+            return PredictionRecord.from_doc(copy.deepcopy(stored)) if stored else None
+
+    def count_predictions(self, job_id: str) -> int:
+        with self._lock:
+            return sum(1 for (j, _) in self.predictions if j == job_id)
+
+
+def _path(job_id: str, request_id: str) -> str:
+    return f"jobs/{job_id}/predictions/{request_id}"
+
+
+def _document_id(value: Any) -> None:
+    """Refuse, as the Firestore client does (ValueError), an id that is not a document's."""
+    if not isinstance(value, str) or "/" in value or value in ("", ".", ".."):
+        raise ValueError(f"{value!r} is not a document id (a Firestore path has an even "
+                         "number of elements)")

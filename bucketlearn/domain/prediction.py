@@ -1,0 +1,127 @@
+"""A batch prediction request: an object at ``predict/<JOB>/<NAME>.csv`` in the uploads bucket,
+predicted with JOB's exported model into ``predictions/<JOB>/<NAME>.csv`` in the models bucket.
+
+Pure: the request's record (``PredictionRecord``, its document built by ``to_doc`` and read by
+``from_doc``), its states, and the rules that refuse a request before any row is read
+(``request_refusal``). The use case that does the I/O is ``usecases.batch_predict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from bucketlearn.domain.lifecycle import CANCELLED, DONE
+
+
+class RequestState(StrEnum):
+    """A request's state (stored as its value: ``"DONE"``): RUNNING until it ends; DONE (the
+    output is written), FAILED (a row or the model could not be used: the error names the row
+    and column), REJECTED (refused before any row was read: the job, the bounds, the name)."""
+
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    REJECTED = "REJECTED"
+
+
+ENDED = (RequestState.DONE, RequestState.FAILED, RequestState.REJECTED)
+# the statuses of a job whose exported model may predict (a CANCELLED one only once its head
+# was exported: the use case finds out by reading it)
+PREDICTING_STATUSES = (DONE, CANCELLED)
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    """One request's status record (``jobs/<job>/predictions/<request_id>``).
+
+    Attributes:
+        request_id: ``layout.prediction_id_for`` of the object's name and generation: a
+            re-delivered event finds the same record, a re-upload (a new generation) makes a new
+            one.
+        job_id: the job whose model predicts.
+        source: the input object (``bucket``, ``name``, ``generation``, ``size``).
+        state: RUNNING, DONE, FAILED or REJECTED.
+        rows: data rows predicted so far (all of them once DONE).
+        seconds: from the claim to the end (the output written).
+        error: why it FAILED or was REJECTED (row and column for a bad row).
+        problem: a bad row's ``errors.InputProblem.to_dict()`` (row, column, expected, found).
+        output: the predictions object in the models bucket, once DONE.
+        claim, claimed_at: the invocation working on it and when it last said so (a retried
+            event takes a claim over once it is older than the lease).
+    """
+
+    request_id: str
+    job_id: str
+    source: Mapping[str, Any] = field(default_factory=dict)
+    state: str = RequestState.RUNNING
+    rows: int = 0
+    seconds: float | None = None
+    error: str | None = None
+    problem: Mapping[str, Any] | None = None
+    output: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    claim: str = ""
+    claimed_at: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "job_id": self.job_id,
+                "source": dict(self.source), "state": str(self.state), "rows": self.rows,
+                "seconds": self.seconds, "error": self.error,
+                "problem": dict(self.problem) if self.problem is not None else None,
+                "output": self.output, "created_at": self.created_at,
+                "updated_at": self.updated_at, "claim": self.claim,
+                "claimed_at": self.claimed_at}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> PredictionRecord:
+        seconds = doc.get("seconds")
+        return cls(request_id=str(doc["request_id"]), job_id=str(doc["job_id"]),
+                   source=dict(doc.get("source") or {}),
+                   state=str(doc.get("state", RequestState.RUNNING)),
+                   rows=int(doc.get("rows") or 0),
+                   seconds=float(seconds) if seconds is not None else None,
+                   error=doc.get("error"), problem=doc.get("problem"),
+                   output=doc.get("output"), created_at=float(doc.get("created_at") or 0.0),
+                   updated_at=float(doc.get("updated_at") or 0.0),
+                   claim=str(doc.get("claim") or ""),
+                   claimed_at=float(doc.get("claimed_at") or 0.0))
+
+    def status(self) -> dict[str, Any]:
+        """What a client shows: the record without its claim."""
+        return {k: v for k, v in self.to_doc().items() if k not in ("claim", "claimed_at")}
+
+
+def request_refusal(job_id: str, status: str | None, exported: bool, requests: int,
+                    max_requests: int, size: int, max_bytes: int) -> str | None:
+    """Why a request for ``job_id`` is refused before its rows are read, or None.
+
+    Args:
+        status: the job's status (None: no such job).
+        exported: whether the job has an exported model (``Job.model_path``; a CANCELLED job
+            has one once its head was exported).
+        requests: the job's requests so far, this one included.
+        size: the input's bytes.
+    """
+    if status is None:
+        return f"job {job_id}: no such job"
+    if status not in PREDICTING_STATUSES:
+        return (f"job {job_id} is {status}: expected a job that is DONE (or CANCELLED with an "
+                "exported model) to predict with")
+    if not exported:
+        return (f"job {job_id} is {status} and has no exported model: expected a job that is "
+                "DONE (or CANCELLED with an exported model) to predict with")
+    if requests > max_requests:
+        return (f"job {job_id}: expected at most {max_requests} prediction requests a job "
+                f"(BUCKETLEARN_MAX_PREDICT_REQUESTS); found {requests}")
+    if size > max_bytes:
+        return (f"expected a file of at most {max_bytes} bytes (BUCKETLEARN_MAX_PREDICT_BYTES); "
+                f"found {size} bytes")
+    return None

@@ -1,0 +1,115 @@
+"""Batch prediction's ports, run against the in-memory implementations *and* the emulators: the
+request records (created once, updated under a claim, counted per job), the streamed write of
+the output, and a request routed by the upload function end to end on the Google adapters."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+from cloudevents.http import from_http
+
+from bucketlearn import layout
+from bucketlearn.domain.job import Job
+from bucketlearn.domain.prediction import PredictionRecord
+from bucketlearn.entrypoints.functions import handle_upload_event
+from bucketlearn.local.relay import cloudevent_for
+from bucketlearn.usecases.batch_predict import ChunkStream
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["memory", "emulator"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        from bucketlearn.bootstrap import memory_services
+
+        return memory_services()
+    return request.getfixturevalue("cloud")
+
+
+def job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:12]}"
+
+
+def test_a_request_is_recorded_once_updated_under_its_claim_and_counted(backend: Any) -> None:
+    registry, job = backend.registry, job_id()
+    record = PredictionRecord("rows-1001-abcdef01", job, source={"name": "predict/x.csv"},
+                              claim="c1", claimed_at=1.5, created_at=1.0)
+    # Execute / Assert
+    assert registry.create_prediction(record) is True
+    assert registry.create_prediction(record) is False  # a re-delivered event's
+    assert registry.get_prediction(job, record.request_id) == record
+    assert registry.update_prediction(job, record.request_id, {"rows": 5}, claim="other") is False
+    assert registry.update_prediction(job, record.request_id,
+                                      {"rows": 7, "state": "DONE", "seconds": 0.25,
+                                       "problem": {"row": 3, "column": "b"}}, claim="c1") is True
+    read = registry.get_prediction(job, record.request_id)
+    assert (read.rows, read.state, read.seconds, read.problem["row"]) == (7, "DONE", 0.25, 3)
+    assert registry.update_prediction(job, "no-such-request", {"rows": 1}, claim="c1") is False
+    assert registry.get_prediction(job, "no-such-request") is None
+    registry.create_prediction(PredictionRecord("rows-1002-abcdef02", job))
+    registry.create_prediction(PredictionRecord("rows-1003-abcdef03", job_id()))
+    assert registry.count_predictions(job) == 2
+
+
+def test_a_generator_is_written_as_one_object_and_a_failing_one_writes_none(backend: Any
+                                                                           ) -> None:
+    """The output's bytes, streamed (20 MiB: more than one of the adapter's 16 MiB chunks);
+    when the generator raises, the error reaches the writer and no object is made."""
+    store, bucket = backend.store, backend.settings.models_bucket
+    block = b"0123456789abcdef" * 65536  # 1 MiB
+
+    def chunks(count: int, fail: bool = False) -> Any:
+        for _ in range(count):
+            yield block
+        if fail:
+            raise ValueError("row 7: not a number")
+
+    info = store.write_stream(bucket, "predictions/j/out.csv", ChunkStream(chunks(20)),
+                              "text/csv")
+    assert info.size == 20 * len(block)
+    assert store.read_range(bucket, "predictions/j/out.csv", 19 * len(block), 16) == block[:16]
+    with pytest.raises(ValueError, match="row 7"):
+        store.write_stream(bucket, "predictions/j/failed.csv", ChunkStream(chunks(2, True)),
+                           "text/csv")
+    assert store.stat(bucket, "predictions/j/failed.csv") is None
+
+
+def test_the_upload_function_predicts_a_predict_object_with_a_done_jobs_model(
+        backend: Any, tmp_path: Any) -> None:
+    """A DONE job's exported model in the models bucket; an object under predict/<job>/ in the
+    uploads bucket, its event as the relay sends it: the predictions are in the models bucket,
+    the record DONE, no job made; the same event again is a duplicate."""
+    from bucketlearn.bootstrap import memory_services
+    from bucketlearn.local.simulation import simulate_pipeline
+    from bucketlearn.options import JobOptions
+    from bucketlearn.usecases.model_files import model_bytes
+    from tests.unit.helpers import write_blobs_csv
+
+    svc = backend
+    run = simulate_pipeline(str(write_blobs_csv(tmp_path / "blobs.csv", n_rows=300)),
+                            JobOptions(epochs=1, rows_per_shard=64), svc=memory_services())
+    job = run["job"]
+    svc.store.write_bytes(svc.settings.models_bucket, layout.model_path(job.job_id),
+                          model_bytes(run["svc"], job.job_id, None)[0], "application/zip")
+    assert svc.registry.create_job(Job.from_doc({**job.to_doc(), "created_at": time.time()}))
+    info = svc.store.write_bytes(svc.settings.uploads_bucket,
+                                 layout.predict_object_name(job.job_id, "rows.csv"),
+                                 b"f0,f1,f2,f3\n0.1,0.2,0.3,0.4\n1,2,3,4\n", "text/csv")
+    headers, body = cloudevent_for(info)
+    event = from_http(headers, json.dumps(body))
+    jobs = len(svc.registry.list_jobs())
+    # Execute
+    answer = handle_upload_event(event, svc)
+    # Assert
+    assert answer == "accepted" and len(svc.registry.list_jobs()) == jobs
+    request_id = layout.prediction_id_for(info.name, info.generation)
+    record = svc.registry.get_prediction(job.job_id, request_id)
+    assert record.state == "DONE" and record.rows == 2
+    text = svc.store.read_bytes(svc.settings.models_bucket, record.output).decode()
+    assert text.splitlines()[0].startswith('"f0","f1","f2","f3","prediction","probability_0"')
+    assert handle_upload_event(event, svc) == "duplicate"
