@@ -73,6 +73,12 @@ def manifest_path(job_id: str) -> str:
     return f"jobs/{job_id}/manifest.json"
 
 
+def kept_manifest_path(job_id: str) -> str:
+    """An ended job's manifest, kept in the models bucket beside its model (the work bucket's
+    copy is deleted when the job is wound up): what a job continued from it reads."""
+    return f"models/{job_id}/manifest.json"
+
+
 def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
 

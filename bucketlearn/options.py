@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ LR_SCHEDULES = ("flat_cosine", "wsd", "cosine", "constant")
 NONE = -1  # validation_fraction: no validation rows (the option's "none")
 OFF = 0  # search: one configuration, no candidates
 SEARCH_AUTO = -1  # search: as many candidates as the job's size calls for (``auto_as``)
+CONTINUE_PATTERN = r"[a-z0-9][a-z0-9-]{0,60}(@[0-9]{1,9})?"  # continue_from: JOB[@VERSION]
 AUTO = 0  # an option the job decides for its size (parallel_tasks: bucketlearn.domain.plan;
 # epochs, batch_size, learning_rate, validation_fraction, patience: bucketlearn.domain.recipe)
 
@@ -61,6 +63,9 @@ class OptionSpec:
     label: str = ""  # the option in words (the dashboard's form); its name when empty
     # the default in words when it is no value a user could type (``default_text``)
     default_words: str | None = None
+    # a text value must match this (``re.fullmatch``); ``pattern_words`` says it in words
+    pattern: str | None = None
+    pattern_words: str = ""
 
     @property
     def title(self) -> str:
@@ -135,6 +140,13 @@ OPTION_SPECS: tuple[OptionSpec, ...] = (
                "the best four), or auto (8 from 20,000 training rows, else off)", SEARCH_MIN,
                SEARCH_MAX, off=True, auto=True, auto_as=SEARCH_AUTO,
                label="Candidates searched"),
+    OptionSpec("continue_from", str, None,
+               "JOB or JOB@VERSION: start from that finished job's model (its latest version, "
+               "or the one named) and keep its columns, vocabularies and scaling; the file "
+               "needs the job's columns and labels it saw (docs/CONTINUED.md)",
+               pattern=CONTINUE_PATTERN, pattern_words="JOB or JOB@VERSION, e.g. "
+               "digits-3f2a9c1b7e4d@12", label="Continue from job",
+               default_words="none (a new model)"),
 )
 OPTION_NAMES = tuple(spec.name for spec in OPTION_SPECS)
 _SPEC_BY_NAME = {spec.name: spec for spec in OPTION_SPECS}
@@ -165,6 +177,7 @@ class JobOptions:
     validation_fraction: float = _SPEC_BY_NAME["validation_fraction"].default
     patience: int = _SPEC_BY_NAME["patience"].default
     search: int = _SPEC_BY_NAME["search"].default
+    continue_from: str | None = _SPEC_BY_NAME["continue_from"].default
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -193,6 +206,14 @@ class JobOptions:
     def forced_kinds(self) -> dict[str, str]:
         """``column_kinds`` as {column: kind} (validated when the option was parsed)."""
         return {column: kind.lower() for column, kind in parse_pairs(parse_list(self.column_kinds))}
+
+    @property
+    def parent(self) -> tuple[str, int | None] | None:
+        """``continue_from`` as (job id, version; None: the job's latest), or None."""
+        if not self.continue_from:
+            return None
+        job_id, _, version = self.continue_from.partition("@")
+        return job_id, int(version) if version else None
 
     def with_overrides(self, **overrides: Any) -> JobOptions:
         """Return a copy with the non-None overrides applied (after validation)."""
@@ -250,6 +271,8 @@ def parse_option(name: str, raw: Any, source: str) -> Any:
                 raise ConfigError(name, "one of " + ", ".join(spec.choices), raw, source)
         elif not value or len(value) > 256:
             raise ConfigError(name, "a non-empty name of at most 256 characters", raw, source)
+        elif spec.pattern is not None and not re.fullmatch(spec.pattern, value):
+            raise ConfigError(name, spec.pattern_words, raw, source)
         return value
     if spec.auto and isinstance(raw, str) and raw.strip().lower() == "auto":
         return spec.auto_as

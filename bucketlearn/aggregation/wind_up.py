@@ -7,6 +7,8 @@ call (a redelivered nudge, another aggregator) changes nothing:
 * a CANCELLED job's last version is exported as ``models/<job>/latest.keras`` and
   ``v<N>.keras``, as a DONE job's is, so its model downloads from the models bucket (the
   dashboard's account cannot read the work bucket the model would otherwise be built from);
+* the manifest is kept beside the model (``models/<job>/manifest.json``), for a job continued
+  from it;
 * the job's work prefix (shards, holdout, manifest) is deleted, rather than left to the work
   bucket's lifecycle, which could otherwise delete a long-running job's shards under it;
 * every version's weights but the head's are deleted: a job of a million tasks would otherwise
@@ -36,6 +38,8 @@ def wind_up(svc: Services, job: Job) -> None:
     if job.status == CANCELLED and job.version is not None and job.model_path is None \
             and not job.search:  # a search cancelled has no one model to keep
         _export_cancelled(svc, job)
+    if job.head is not None and not job.search:
+        _keep_manifest(svc, job.job_id)
     _delete(svc, svc.settings.work_bucket, layout.job_prefix(job.job_id))
     head = job.head.weights_path if job.head is not None else None
     _delete(svc, svc.settings.models_bucket, f"weights/{job.job_id}/", keep=head)
@@ -55,6 +59,20 @@ def _export_cancelled(svc: Services, job: Job) -> None:
     svc.registry.update_job_if(job.job_id, {"status": CANCELLED},
                                {"model_path": layout.model_path(job.job_id)})
     log.info("job %s: cancelled at v%d; that version exported", job.job_id, version)
+
+
+def _keep_manifest(svc: Services, job_id: str) -> None:
+    """The job's manifest copied beside its model (``layout.kept_manifest_path``), before the
+    work bucket's is deleted: a job continued from it keeps its columns and scaling. Already
+    kept (the export writes it) or already deleted: nothing to do."""
+    kept = layout.kept_manifest_path(job_id)
+    if svc.store.stat(svc.settings.models_bucket, kept) is not None:
+        return
+    try:
+        raw = svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id))
+    except NotFoundError:
+        return
+    svc.store.write_bytes(svc.settings.models_bucket, kept, raw, "application/json")
 
 
 def _delete(svc: Services, bucket: str, prefix: str, keep: str | None = None) -> int:

@@ -209,6 +209,9 @@ class Job:
     cancel_reason: str | None = None
     model_path: str | None = None
     final_holdout_rows: int | None = None
+    # a continued job's parent: {job_id, version}, and at DONE the parent's model's figures on
+    # this job's holdout (``parent_holdout``)
+    continued_from: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -297,6 +300,7 @@ class Job:
             cancelled_by=get("cancelled_by"), cancel_reason=get("cancel_reason"),
             model_path=get("model_path"),
             final_holdout_rows=_optional(get("final_holdout_rows"), int),
+            continued_from=get("continued_from"),
             extra={k: v for k, v in doc.items() if k not in JOB_FIELDS})
 
 

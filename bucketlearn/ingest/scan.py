@@ -404,16 +404,17 @@ class Scan:
 
 def count_pass(source: SourceFile, columns: list[str], label: str, features: list[str],
                limits: Limits, options: JobOptions, read_block_bytes: int,
-               progress: Progress | None) -> Scan:
+               progress: Progress | None, kinds: dict[str, str] | None = None) -> Scan:
     """Pass 1: the classes, their row counts, the label kind, the columns' profiles and the read
     block that fits, and its batches for pass 2 where they are within
     ``limits.keep_parsed_bytes`` (``ParsedBatches``). Starts again (nothing is written in pass
     1) with a larger block when a row does not fit, or with a column read as text when one
-    thought numeric turns out to be."""
+    thought numeric turns out to be. ``kinds``: each feature column's kind, read as given rather
+    than sniffed (a continued job's parent's); None: sniffed, then ``column_kinds``."""
     block, largest = _block_sizes(limits, read_block_bytes)
     reading, sniffed = _sniff_kinds(source, columns, label, features, options.missing_markers,
                                     block)
-    _force_kinds(reading, options.forced_kinds)
+    _force_kinds(reading, options.forced_kinds if kinds is None else kinds)
     task, reason = decide_task(options.task, sniffed.all_numbers, sniffed.distinct,
                                sniffed.rows, sniffed.capped)
     targets = None

@@ -61,6 +61,13 @@ from bucketlearn.domain.plan import check_shard_bytes
 from bucketlearn.domain.target import bin_edges, bin_of
 from bucketlearn.ingest import stream
 from bucketlearn.ingest.columns import Encoder
+from bucketlearn.ingest.frozen import (
+    freeze_manifest,
+    frozen_features,
+    frozen_kinds,
+    frozen_options,
+    frozen_schema,
+)
 from bucketlearn.ingest.manifest import Manifest, Shard
 from bucketlearn.ingest.parts import HoldoutWriter, PartWrites, ShardWriter
 from bucketlearn.ingest.problems import abbrev, changed_while_read, rejected
@@ -271,23 +278,28 @@ class _Sinks:
     stats: RunningStats
     target_stats: RunningStats
     sample: RowSample
+    # the class number each row is stored as, by its class in the file (a continued job's: the
+    # parent's numbers; None: the file's own)
+    relabel: np.ndarray | None = None
 
     @classmethod
     def make(cls, writes: PartWrites, job_id: str, plan: SplitPlan, width: int,
-             buffer_bytes: int, seed: int) -> _Sinks:
+             buffer_bytes: int, seed: int, relabel: np.ndarray | None = None) -> _Sinks:
         """Writers through ``writes`` (a few parts at once behind the deal, a quarter of
-        ``buffer_bytes`` in flight)."""
+        ``buffer_bytes`` in flight); ``relabel``: the class numbers rows are stored as."""
         held_bytes = max(64 * 1024, min(HOLDOUT_PART_BYTES, buffer_bytes // 4))
         return cls(ShardWriter(writes, job_id, plan.deal.sizes(), buffer_bytes),
                    HoldoutWriter(writes, job_id, held_bytes),
                    HoldoutWriter(writes, job_id, held_bytes, layout.validation_part_path),
                    RunningStats(width), RunningStats(1),
-                   RowSample(scaling.sample_rows(width), width, seed))
+                   RowSample(scaling.sample_rows(width), width, seed), relabel)
 
     def take(self, x: np.ndarray, y: np.ndarray, strata: np.ndarray, dealt: tuple[np.ndarray,
              np.ndarray, np.ndarray], regression: bool) -> None:
         """One batch's rows, dealt (``_Dealer.deal``)."""
         is_holdout, is_validation, shard_of_row = dealt
+        if self.relabel is not None and not regression:
+            y = self.relabel[y]
         self.holdout.add(x[is_holdout], y[is_holdout])
         self.validation.add(x[is_validation], y[is_validation])
         train = np.flatnonzero(~is_holdout & ~is_validation & (strata >= 0))
@@ -343,7 +355,8 @@ def _deal_pass(source: SourceFile, columns: list[str], label: str, limits: Limit
 def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id: str,
                  options: JobOptions, limits: Limits, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                  read_block_bytes: int = READ_BLOCK_BYTES, progress: Progress | None = None,
-                 check: Callable[[Outline], None] | None = None) -> Manifest:
+                 check: Callable[[Outline], None] | None = None,
+                 frozen: Manifest | None = None) -> Manifest:
     """Validate and split one uploaded CSV into shards and a holdout in the work bucket: pass 1
     counts the classes and profiles the columns (kinds sniffed from the first block), then
     ``decide_columns`` and ``plan_split`` decide columns, holdout and deal; pass 2
@@ -360,6 +373,7 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
         read_block_bytes: the CSV read block to try first (then ``2 x max_line_bytes``).
         progress: called before each record batch of both passes; what it raises ends the split.
         check: called with pass 1's ``Outline`` before pass 2; what it raises ends the split.
+        frozen: a continued job's parent's manifest, whose columns it keeps (``ingest.frozen``).
 
     Returns:
         The manifest (also written to ``jobs/<job>/manifest.json``).
@@ -369,15 +383,19 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
     """
     file = source.display_name
     columns = read_header(source, limits)
+    options = options if frozen is None else frozen_options(options, frozen)
+    kept = None if frozen is None else frozen_features(columns, frozen, file)
     label = choose_label_column(columns, options.label_column, file)
-    features = _features_read(columns, label, options, file)
+    features = kept if kept is not None else _features_read(columns, label, options, file)
     scan = count_pass(source, columns, label, features, limits, options, read_block_bytes,
-                      progress)
-    schema, dropped = _decide_schema(scan, options, file)
+                      progress, None if frozen is None else frozen_kinds(frozen))
+    schema, dropped, relabel = ((*_decide_schema(scan, options, file), None) if frozen is None
+                                else frozen_schema(scan.classes, scan.class_counts, frozen, file))
     plan = _split_plan(scan, schema, file, label, options, limits, check)
     encoder = Encoder(schema, options.missing_markers)
     with PartWrites.for_job(store, work_bucket, job_id, buffer_bytes, limits.pack_bytes) as writes:
-        sinks = _Sinks.make(writes, job_id, plan, encoder.width, buffer_bytes, options.seed)
+        sinks = _Sinks.make(writes, job_id, plan, encoder.width, buffer_bytes, options.seed,
+                            relabel)
         shard_list = _deal_pass(source, columns, label, limits, scan, progress, plan,
                                 _Dealer(plan, options.holdout_fraction, file, label), encoder,
                                 sinks)
@@ -386,6 +404,8 @@ def split_upload(source: SourceFile, store: BlobStore, work_bucket: str, job_id:
                          options)
     if scan.targets is not None:
         _as_regression(manifest, scan, plan, sinks.target_stats)
+    if frozen is not None:
+        freeze_manifest(manifest, frozen, relabel)
     store.write_bytes(work_bucket, layout.manifest_path(job_id), manifest.to_json(),
                       "application/json")
     log.info("split %s: %d rows, %d classes, %d shards, %d holdout rows, %d columns left out",

@@ -54,6 +54,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
                          runtime.spec.task)
         model_data = _export_bytes(job, runtime, found, head.version)
         ranked = column_importance(job, runtime, weights)
+        parent = parent_on_holdout(svc, job, runtime, evaluate)
     now = svc.clock()
     problem = degenerate(job, runtime, found)
     if problem is not None:
@@ -67,6 +68,8 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
     figures = holdout_figures(found, runtime.spec.regression)
     version = head.version
     write_model(svc, job.job_id, version, model_data)
+    svc.store.write_bytes(svc.settings.models_bucket, layout.kept_manifest_path(job.job_id),
+                          runtime.manifest.to_json(), "application/json")
     head = head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
@@ -75,12 +78,37 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
     ended, current = endings.end_job(svc.registry, job.job_id, ending_fields(
         DONE, now, model_path=layout.model_path(job.job_id), head=head.to_doc(),
         final_holdout_rows=found.rows, usage=added(job.usage, used),  # the export's too
-        feature_importance=ranked, **selected))
+        feature_importance=ranked, **selected, **parent))
     if not ended:  # cancelled during the export: it stays so (the files are its head version)
         log.info("job %s ended (%s) during its export: not marked DONE", job.job_id,
                  current.status if current is not None else None)
         return
     log.info("job %s: DONE at v%d, holdout %s", job.job_id, version, headline(found))
+
+
+def parent_on_holdout(svc: Services, job: Job, runtime: JobRuntime,
+                      evaluate: Callable[..., Any]) -> dict[str, Any]:
+    """A continued job's ``continued_from`` with its parent's model's figures on this job's
+    whole holdout beside its own (``parent_holdout``: accuracy, loss, macro-F1, or RMSE, MAE
+    and R²), measured on its version 0, which holds the parent's weights as they were; {} for a
+    job continued from none. A failure is logged, never the export's (no figures then)."""
+    if not job.continued_from:
+        return {}
+    try:
+        first = svc.registry.get_version(job.job_id, 0)
+        assert first is not None
+        found = evaluate(runtime.model, runtime.state(first.weights_path)[0],
+                         runtime.holdout_parts(), runtime.spec.task)
+    except Exception:  # noqa: BLE001 - the model is exported without the comparison
+        log.warning("job %s: its parent's model was not evaluated", job.job_id, exc_info=True)
+        return {}
+    figures = holdout_figures(found, runtime.spec.regression)
+    compared = ({k.removeprefix("holdout_"): figures[k] for k in ("holdout_rmse", "holdout_mae",
+                                                                   "holdout_r2")}
+                if runtime.spec.regression else
+                {"accuracy": found.accuracy, "macro_f1": figures["holdout_macro_f1"]})
+    return {"continued_from": {**job.continued_from, "parent_holdout": {
+        **compared, "loss": found.loss, "rows": found.rows}}}
 
 
 def degenerate(job: Job, runtime: JobRuntime, found: Any) -> str | None:

@@ -49,6 +49,9 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
         "updated_at": job.updated_at,
         "finished_at": job.finished_at,
         "model_path": job.model_path,
+        # a continued job's parent {job_id, version} (and at DONE, ``parent_holdout``: the
+        # parent's model's figures on this job's holdout)
+        "continued_from": dict(job.continued_from) if job.continued_from else None,
         **head_figures(head, job.classes),
         # numeric targets: the task, how it was decided, the head's RMSE/MAE/R²
         "task": dataset.get("task") or CLASSIFICATION,

@@ -58,6 +58,7 @@ from bucketlearn.services.planning import (
     searched_over,
     searched_plan,
 )
+from bucketlearn.usecases.continue_from import Parent, continued_options, find_parent
 from bucketlearn.usecases.search_publish import publish_first
 from bucketlearn.usecases.split_claim import SplitClaim
 from bucketlearn.usecases.upload_steps import UploadSteps
@@ -181,8 +182,9 @@ def _split_crashed(svc: Services, held: SplitClaim, file: str, exc: Exception) -
 
 
 def _check_upload(svc: Services, event: StorageEvent, file: str
-                  ) -> InputProblem | tuple[BlobInfo, JobOptions]:
-    """The upload's object and options before any row is read, or why it cannot be split."""
+                  ) -> InputProblem | tuple[BlobInfo, JobOptions, Parent | None]:
+    """The upload's object and options, and the job it continues (``continue_from``), before
+    any row is read; or why it cannot be split."""
     if len(event.name) > MAX_OBJECT_NAME or any(is_control(ch) for ch in event.name):
         found = (f"a name of {len(event.name)} characters" if len(event.name) > MAX_OBJECT_NAME
                  else "control characters: " + ", ".join(
@@ -206,7 +208,11 @@ def _check_upload(svc: Services, event: StorageEvent, file: str
         return InputProblem(file=file, message=f"invalid upload option '{exc.key}'", column=None,
                             expected=exc.expected,
                             found=found if len(found) <= 80 else found[:80] + "…")
-    return info, options
+    try:
+        options = continued_options(options, file)
+        return info, options, find_parent(svc, options, file)
+    except InvalidInputError as exc:
+        return exc.problem
 
 
 def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
@@ -217,7 +223,7 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
     if isinstance(checked, InputProblem):
         reject(svc, held, checked)
         return Outcome.REJECTED, job_id
-    info, options = checked
+    info, options, parent = checked
     if not held.update({"options": options.to_dict(), "updated_at": svc.clock()}):
         raise held.lost()
     # every pass reads the event's generation: a re-upload of the same name during the split
@@ -230,15 +236,15 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
         manifest = steps.split(source, svc.store, settings.work_bucket, job_id, options,
                                settings.limits, progress=held.renew,
                                check=lambda outline: check_outline(outline, options,
-                                                                   settings.limits, file))
+                                                                   settings.limits, file),
+                               **({} if parent is None else {"frozen": parent.manifest}))
         auto = options.search == SEARCH_AUTO
         options, budget = budgeted(options, outline_of(manifest), file)
         _refuse_if_over(search_refusal(manifest, options), file)
-        spec = spec_for(manifest, options, file)
+        spec = spec_for(manifest, options, file) if parent is None else \
+            parent.child_spec(options)
         plan = plan_within_limits(outline_of(manifest), options, settings.limits, file)
-        # the model is built once the cheap checks passed (a rejected upload builds none)
-        model = steps.build(spec, manifest.mean, manifest.variance, manifest.schema,
-                        manifest.preprocessing)
+        model = _built(steps, spec, manifest, parent)
         cost = model_cost(model)
         plan = automatic_layout(plan, manifest, options, settings.limits, cost)
         over = searched_over(over_limits(searched_plan(plan, options), manifest, options,
@@ -261,13 +267,23 @@ def _split_claimed(svc: Services, event: StorageEvent, held: SplitClaim,
             reject(svc, held, exc.problem)
         return Outcome.REJECTED, job_id
     job = start_training(svc, job_id, held.claim, manifest, spec.to_dict(), plan, model,
-                         cost, options, budget)
+                         cost, options, budget, None if parent is None else parent.record())
     if job is None:  # cancelled while it was being split: it stays CANCELLED, untrained
         log.warning("job %s ended during its split; its shards are removed", job_id)
         _remove_partial_shards(svc, job_id)
         return Outcome.CANCELLED, job_id
     publish_first(svc, job, manifest)
     return Outcome.ACCEPTED, job_id
+
+
+def _built(steps: UploadSteps, spec: Any, manifest: Manifest, parent: Parent | None) -> Any:
+    """The job's model, built once the cheap checks passed (a rejected upload builds none); a
+    continued job's holds its parent's version's weights (its version 0)."""
+    model = steps.build(spec, manifest.mean, manifest.variance, manifest.schema,
+                        manifest.preprocessing)
+    if parent is not None:
+        model.set_weights(parent.weights)
+    return model
 
 
 def _replaced_while_read(file: str, generation: int, found: str) -> InputProblem:
@@ -354,12 +370,14 @@ def _refuse_if_over(over: OverLimit | None, file: str) -> None:
 
 def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
                    spec: dict[str, Any], plan: TrainingPlan, model: Any, cost: ModelCost,
-                   options: JobOptions, budget: Budget) -> Job | None:
+                   options: JobOptions, budget: Budget,
+                   continued_from: dict[str, Any] | None = None) -> Job | None:
     """Write version 0 (initial weights and optimizer state) and make the job trainable with
     ``plan``, if this invocation still owns the split; return the job document, or None when
     the job ended (was cancelled) during the split. ``model``: ``spec``'s model as built; the
     job records the plan's forecast (``domain.forecast``) with ``cost``, what it costs, and
-    its ``options`` as its ``budget`` resolved them.
+    its ``options`` as its ``budget`` resolved them, and the job it continues
+    (``continued_from``: {job_id, version}; None: a new model).
 
     Raises:
         TransientError: another invocation took the split over.
@@ -380,6 +398,8 @@ def start_training(svc: Services, job_id: str, claim: str, manifest: Manifest,
         # what the split used: its calls, and one invocation of the upload function
         {**svc.usage(job_id), "function_invocations": 1.0})
     job_fields.update(options=options.to_dict(), budget=budget.to_dict())
+    if continued_from is not None:
+        job_fields["continued_from"] = continued_from
     if not svc.registry.start_training(job_id, claim, job_fields, first):
         _delete_quietly(svc, svc.settings.models_bucket, weights_path)  # never referenced
         current = svc.registry.get_job(job_id)

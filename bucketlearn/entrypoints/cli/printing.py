@@ -46,6 +46,17 @@ def columns_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def continued_text(parent: dict[str, Any], status: dict[str, Any]) -> str:
+    """The job a continued job started from, and its model's figure on this job's holdout."""
+    text = f"{parent['job_id']} v{parent['version']}"
+    figures = parent.get("parent_holdout")
+    if figures:
+        mine = figure_text(status)
+        theirs = figure_text({**figures, "task": status.get("task")})
+        text += f" (on this job's holdout: its model {theirs}, this job's {mine})"
+    return text
+
+
 def print_status(status: dict[str, Any]) -> None:
     print(f"job:       {status['job_id']}")
     print(f"status:    {status['status']}")
@@ -53,6 +64,8 @@ def print_status(status: dict[str, Any]) -> None:
         label = "cancelled:" if status["status"] == CANCELLED else "error:"
         print(f"{label:11s}{status['error']}")
     print(f"version:   {status['version']}")
+    if status.get("continued_from"):
+        print(f"continues: {continued_text(status['continued_from'], status)}")
     if status.get("task") == REGRESSION:
         print(f"target:    numeric ({status.get('task_reason') or 'task=regression'})")
         print(f"holdout:   {figure_text(status)}")

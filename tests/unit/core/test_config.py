@@ -285,3 +285,17 @@ def test_column_kinds_is_parsed_into_pairs_and_a_bad_pair_names_itself():
         with pytest.raises(ConfigError) as excinfo:
             parse_option("column_kinds", bad, "metadata")
         assert "column_kinds" in str(excinfo.value) and repr(found) in str(excinfo.value)
+
+
+def test_continue_from_takes_a_job_and_optionally_a_version():
+    # Execute
+    latest = resolve_options(metadata={"continue-from": "digits-3f2a9c1b7e4d"})
+    named = resolve_options(overrides={"continue_from": " digits-3f2a9c1b7e4d@12 "})
+    # Assert
+    assert latest.parent == ("digits-3f2a9c1b7e4d", None)
+    assert named.parent == ("digits-3f2a9c1b7e4d", 12)
+    assert JobOptions().parent is None and JobOptions().continue_from is None
+    for bad in ("Digits", "digits@", "digits@v3", "digits@1@2", "a b"):
+        with pytest.raises(ConfigError) as excinfo:
+            parse_option("continue_from", bad, "metadata")
+        assert "JOB or JOB@VERSION" in str(excinfo.value)
