@@ -79,6 +79,12 @@ def kept_manifest_path(job_id: str) -> str:
     return f"models/{job_id}/manifest.json"
 
 
+def kept_weights_path(job_id: str, version: int) -> str:
+    """An ended job's exported version's training state, kept beside its model: what a job
+    continued from it starts from (the upload function reads ``models/``, not ``weights/``)."""
+    return f"models/{job_id}/v{version:06d}.safetensors"
+
+
 def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
 

@@ -7,8 +7,8 @@ call (a redelivered nudge, another aggregator) changes nothing:
 * a CANCELLED job's last version is exported as ``models/<job>/latest.keras`` and
   ``v<N>.keras``, as a DONE job's is, so its model downloads from the models bucket (the
   dashboard's account cannot read the work bucket the model would otherwise be built from);
-* the manifest is kept beside the model (``models/<job>/manifest.json``), for a job continued
-  from it;
+* the manifest and the head's state are kept beside the model (``models/<job>/manifest.json``,
+  ``v<N>.safetensors``; a DONE job's since its export), for a job continued from it;
 * the job's work prefix (shards, holdout, manifest) is deleted, rather than left to the work
   bucket's lifecycle, which could otherwise delete a long-running job's shards under it;
 * every version's weights but the head's are deleted: a job of a million tasks would otherwise
@@ -26,7 +26,7 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.errors import NotFoundError
 from bucketlearn.ports import Services
-from bucketlearn.services.export import write_model
+from bucketlearn.services.export import keep_for_continuing, write_model
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def wind_up(svc: Services, job: Job) -> None:
             and not job.search:  # a search cancelled has no one model to keep
         _export_cancelled(svc, job)
     if job.head is not None and not job.search:
-        _keep_manifest(svc, job.job_id)
+        _keep_for_continuing(svc, job)
     _delete(svc, svc.settings.work_bucket, layout.job_prefix(job.job_id))
     head = job.head.weights_path if job.head is not None else None
     _delete(svc, svc.settings.models_bucket, f"weights/{job.job_id}/", keep=head)
@@ -61,18 +61,20 @@ def _export_cancelled(svc: Services, job: Job) -> None:
     log.info("job %s: cancelled at v%d; that version exported", job.job_id, version)
 
 
-def _keep_manifest(svc: Services, job_id: str) -> None:
-    """The job's manifest copied beside its model (``layout.kept_manifest_path``), before the
-    work bucket's is deleted: a job continued from it keeps its columns and scaling. Already
-    kept (the export writes it) or already deleted: nothing to do."""
-    kept = layout.kept_manifest_path(job_id)
-    if svc.store.stat(svc.settings.models_bucket, kept) is not None:
+def _keep_for_continuing(svc: Services, job: Job) -> None:
+    """The job's manifest and head's state kept beside its model (``keep_for_continuing``),
+    before the work prefix and old weights are deleted: a cancelled job's (a DONE job's were
+    kept at its export: nothing to do). Its manifest already deleted: nothing to do."""
+    assert job.head is not None
+    bucket = svc.settings.models_bucket
+    if svc.store.stat(bucket, layout.kept_weights_path(job.job_id, job.head.version)):
         return
     try:
-        raw = svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job_id))
+        raw = svc.store.read_bytes(svc.settings.work_bucket, layout.manifest_path(job.job_id))
+        keep_for_continuing(svc, job.job_id, job.head, raw)
     except NotFoundError:
-        return
-    svc.store.write_bytes(svc.settings.models_bucket, kept, raw, "application/json")
+        log.warning("job %s: not kept for continued training (its manifest or head's state is "
+                    "gone)", job.job_id)
 
 
 def _delete(svc: Services, bucket: str, prefix: str, keep: str | None = None) -> int:

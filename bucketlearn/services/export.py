@@ -68,8 +68,7 @@ def export_final(svc: Services, job: Job, state: Selection | None = None,
     figures = holdout_figures(found, runtime.spec.regression)
     version = head.version
     write_model(svc, job.job_id, version, model_data)
-    svc.store.write_bytes(svc.settings.models_bucket, layout.kept_manifest_path(job.job_id),
-                          runtime.manifest.to_json(), "application/json")
+    keep_for_continuing(svc, job.job_id, head, runtime.manifest.to_json())
     head = head.evaluated(found.accuracy, found.loss, figures)  # the whole holdout's
     used = {**svc.usage(job.job_id), "aggregator_seconds": round(time.perf_counter() - started,
                                                                  6)}
@@ -126,6 +125,20 @@ def write_model(svc: Services, job_id: str, version: int, data: bytes) -> None:
     for path in (layout.model_path(job_id, version), layout.model_path(job_id)):
         svc.store.write_bytes(svc.settings.models_bucket, path, data,
                               "application/octet-stream")
+
+
+def keep_for_continuing(svc: Services, job_id: str, head: Head, manifest: bytes) -> None:
+    """What a job continued from this one reads, kept beside its exported model (the models
+    bucket's ``models/``, which the upload function reads, unlike ``weights/`` and a wound-up
+    job's work prefix): the ``manifest`` (``layout.kept_manifest_path``) and ``head``'s state
+    (``layout.kept_weights_path``), in that order: the state kept says both are. Written
+    again the same when called again."""
+    bucket = svc.settings.models_bucket
+    state = svc.store.read_bytes(bucket, head.weights_path)
+    svc.store.write_bytes(bucket, layout.kept_manifest_path(job_id), manifest,
+                          "application/json")
+    svc.store.write_bytes(bucket, layout.kept_weights_path(job_id, head.version), state,
+                          "application/octet-stream")
 
 
 def column_importance(job: Job, runtime: JobRuntime, weights: Any,

@@ -6,8 +6,10 @@ first step).
 
 The parent must be a job that ended DONE, or CANCELLED with a version, trained without a
 search (a searched job's model is the mean of several); the version is the one it exported (its
-head: a DONE job's best by validation, a cancelled job's last) unless ``JOB@VERSION`` names
-another whose weights are still kept (an ended job keeps only its head's). Each refusal is an
+head: a DONE job's best by validation, a cancelled job's last; ``JOB@VERSION`` may name only
+that one). Both are read from what the job keeps beside its model (``models/<JOB>/``:
+``services.export.keep_for_continuing``, at a DONE job's export, at a cancelled job's wind-up),
+which the upload function may read. Each refusal is an
 ``InvalidInputError`` the upload ends REJECTED with, naming what was expected and found.
 """
 
@@ -91,11 +93,14 @@ def find_parent(svc: Services, options: JobOptions, file: str) -> Parent | None:
                        f"a version from 0 to {job.version} (the one it exported: "
                        f"v{job.head.version})", f"v{number}")
     try:
-        data = svc.store.read_bytes(svc.settings.models_bucket, version.weights_path)
+        data = svc.store.read_bytes(svc.settings.models_bucket,
+                                    layout.kept_weights_path(job_id, number))
     except NotFoundError:
-        raise _refused(file, f"the weights of version {number} of job {job_id} were deleted "
-                             "when it ended", f"the version it exported: "
-                             f"{job_id}@{job.head.version}", f"v{number}") from None
+        raise _refused(file, f"version {number} of job {job_id} is not kept to continue from",
+                       f"the version it exported: {job_id}@{job.head.version}",
+                       f"v{number}, whose weights went when the job ended"
+                       + ("" if number != job.head.version else
+                          " (a cancelled job's head is kept once it is wound up)")) from None
     weights = codec.decode_state(data, f"weights of {job_id} v{number}")[0]
     return Parent(job_id, number, _manifest(svc, job_id, file),
                   ModelSpec.from_dict(dict(job.model or {})), weights)
@@ -122,14 +127,12 @@ def _finished_job(svc: Services, job_id: str, file: str) -> Job:
 
 
 def _manifest(svc: Services, job_id: str, file: str) -> Manifest:
-    """The parent's manifest: kept beside its model once it was exported, else (an ended job
-    not yet wound up) the work bucket's."""
-    for bucket, path in ((svc.settings.models_bucket, layout.kept_manifest_path(job_id)),
-                         (svc.settings.work_bucket, layout.manifest_path(job_id))):
-        try:
-            return Manifest.from_json(svc.store.read_bytes(bucket, path))
-        except NotFoundError:
-            continue
-    raise _refused(file, f"the columns of job {job_id} are no longer kept",
-                   f"{layout.kept_manifest_path(job_id)} in the models bucket",
-                   "no such object (the job ended before continued training kept it)")
+    """The parent's manifest, kept beside its model (before its state: see
+    ``keep_for_continuing``)."""
+    try:
+        return Manifest.from_json(svc.store.read_bytes(svc.settings.models_bucket,
+                                                       layout.kept_manifest_path(job_id)))
+    except NotFoundError:
+        raise _refused(file, f"the columns of job {job_id} are not kept",
+                       f"{layout.kept_manifest_path(job_id)} in the models bucket",
+                       "no such object") from None

@@ -8,16 +8,19 @@ import numpy as np
 import pytest
 
 from bucketlearn import codec, layout
+from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain.job import Job
-from bucketlearn.domain.lifecycle import DONE, REJECTED, SPLITTING
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, REJECTED, SPLITTING
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.options import JobOptions
+from bucketlearn.usecases.cancel import cancel_job
 from bucketlearn.usecases.model_files import model_bytes, predict_file
 from bucketlearn.usecases.status import status_object
 from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
-from tests.unit.helpers import MIXED_HEADER, csv_bytes, mixed_rows
+from tests.unit.helpers import MIXED_HEADER, blobs_rows, csv_bytes, mixed_rows
+from tests.unit.steps import start_job, train_pending
 
 OPTIONS = {"epochs": 2, "rows_per_shard": 64, "parallel_tasks": 1}
 
@@ -196,3 +199,99 @@ def test_the_cli_status_names_the_parent_and_both_figures(halves, capsys):
     assert line.startswith(f"continues: {parent.job_id} v{parent.head.version} (on this job's "
                            "holdout: its model accuracy 0.")
     assert np.isfinite(child.continued_from["parent_holdout"]["loss"])
+
+
+def test_a_version_whose_weights_went_with_the_parents_end_is_refused(halves):
+    """An ended job keeps its exported version's weights only: an earlier one is refused,
+    naming the version to continue from instead."""
+    svc, parent, *_ = halves
+    assert parent.head.version > 0
+    job = rejected(svc, "first_version.csv", csv_bytes(MIXED_HEADER, mixed_rows(60)),
+                   {"continue_from": f"{parent.job_id}@0"})
+    assert "is not kept to continue from" in job.error
+    assert job.error_detail["expected"] == (f"the version it exported: "
+                                            f"{parent.job_id}@{parent.head.version}")
+
+
+def target_rows(n, seed):
+    """y = 30 a - 20 b + 1000 + noise, with a text column: a numeric target far from 0."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    kind = rng.choice(["x", "y", "z"], size=n)
+    y = 30 * a - 20 * b + 1000 + 5 * (kind == "x") + rng.normal(scale=2.0, size=n)
+    return [[f"{a[i]:.5f}", f"{b[i]:.5f}", kind[i], f"{y[i]:.3f}"] for i in range(n)]
+
+
+def test_a_numeric_target_continues_with_the_parents_target_scaling(tmp_path):
+    """A regression parent's target scaling is kept: the child's model predicts in the same
+    units, and its report gives the parent's RMSE on the child's holdout."""
+    # Prepare
+    header = ["a", "b", "kind", "y"]
+    rows = target_rows(600, seed=5)
+    first, second = tmp_path / "t1.csv", tmp_path / "t2.csv"
+    first.write_bytes(csv_bytes(header, rows[:300]))
+    second.write_bytes(csv_bytes(header, rows[300:]))
+    svc = memory_services()
+    options = {"epochs": 3, "rows_per_shard": 64, "parallel_tasks": 1}
+    parent = simulate_pipeline(str(first), JobOptions(**options), svc=svc)["job"]
+    # Execute
+    child = simulate_pipeline(str(second), JobOptions(**options, continue_from=parent.job_id),
+                              svc=svc)["job"]
+    # Assert
+    assert parent.status == DONE and child.status == DONE, child.error
+    assert child.model["target_mean"] == parent.model["target_mean"]
+    assert child.model["target_std"] == parent.model["target_std"]
+    compared = status_object(child)["continued_from"]["parent_holdout"]
+    assert compared["rmse"] > 0 and "accuracy" not in compared
+    path = tmp_path / "child.keras"
+    path.write_bytes(model_bytes(svc, child.job_id, None)[0])
+    assert predict_file(str(path), str(first), None)["r2"] > 0.5
+
+
+def test_a_file_with_fewer_of_the_parents_classes_continues(tmp_path):
+    """Integer classes 0, 1, 2 in the parent; the child's file has 0 and 2 only: its rows are
+    stored as the parent's class numbers, the model keeps its three outputs, and the report
+    is of the classes the child's holdout has. Class 1, never trained on again, is forgotten
+    (docs/CONTINUED.md says so): the parent's first half is predicted right but for it."""
+    # Prepare
+    header = ["f0", "f1", "f2", "label"]
+    rows = blobs_rows(600, 3, 3, seed=2)
+    first, second = tmp_path / "b1.csv", tmp_path / "b2.csv"
+    first.write_bytes(csv_bytes(header, rows[:300]))
+    second.write_bytes(csv_bytes(header, [r for r in rows[300:] if r[-1] != 1]))
+    svc = memory_services()
+    parent = simulate_pipeline(str(first), JobOptions(**OPTIONS), svc=svc)["job"]
+    # Execute
+    child = simulate_pipeline(str(second), JobOptions(**OPTIONS, continue_from=parent.job_id),
+                              svc=svc)["job"]
+    # Assert
+    assert child.status == DONE, child.error
+    assert child.classes == ["0", "1", "2"] and child.dataset["class_counts"][1] == 0
+    status = status_object(child)
+    assert status["accuracy"] > 0.9 and status["continued_from"]["parent_holdout"]["accuracy"] > 0.9
+    path = tmp_path / "child.keras"
+    path.write_bytes(model_bytes(svc, child.job_id, None)[0])
+    assert predict_file(str(path), str(second), None)["accuracy"] > 0.9
+    assert predict_file(str(path), str(first), None)["accuracy"] > 0.6  # 1 in 3 is class 1
+
+
+def test_a_cancelled_job_with_a_version_can_be_continued_once_wound_up(tmp_path):
+    """A job cancelled at v1: its wind-up keeps its manifest and head's state beside its
+    model, and a job continued from it starts from v1's weights."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    train_pending(svc, len(svc.queue))
+    aggregator.aggregate_job(svc, job_id)
+    cancel_job(svc, job_id, "test")
+    aggregator.aggregate_job(svc, job_id)  # finds it ended: winds it up
+    parent = svc.registry.get_job(job_id)
+    kept = layout.kept_weights_path(job_id, parent.head.version)
+    # Execute
+    outcome, child = submit(svc, "more.csv", (tmp_path / "blobs.csv").read_bytes(),
+                            {"continue_from": job_id, "epochs": "1"})
+    # Assert
+    assert parent.status == CANCELLED and parent.head.version == 1
+    assert outcome is Outcome.ACCEPTED, child.error
+    assert child.continued_from == {"job_id": job_id, "version": 1}
+    ours = weights_of(svc, svc.registry.get_version(child.job_id, 0).weights_path)
+    assert [w.tobytes() for w in ours] == [w.tobytes() for w in weights_of(svc, kept)]
