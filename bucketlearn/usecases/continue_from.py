@@ -101,6 +101,10 @@ def find_parent(svc: Services, options: JobOptions, file: str) -> Parent | None:
                        f"v{number}, whose weights went when the job ended"
                        + ("" if number != job.head.version else
                           " (a cancelled job's head is kept once it is wound up)")) from None
+    if version.checksum and codec.checksum(data) != version.checksum:
+        raise _refused(file, f"the kept state of version {number} of job {job_id} is not the "
+                             "one its version document records", version.checksum,
+                       codec.checksum(data))
     weights = codec.decode_state(data, f"weights of {job_id} v{number}")[0]
     return Parent(job_id, number, _manifest(svc, job_id, file),
                   ModelSpec.from_dict(dict(job.model or {})), weights)

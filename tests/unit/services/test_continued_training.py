@@ -295,3 +295,19 @@ def test_a_cancelled_job_with_a_version_can_be_continued_once_wound_up(tmp_path)
     assert child.continued_from == {"job_id": job_id, "version": 1}
     ours = weights_of(svc, svc.registry.get_version(child.job_id, 0).weights_path)
     assert [w.tobytes() for w in ours] == [w.tobytes() for w in weights_of(svc, kept)]
+
+
+def test_a_kept_state_that_is_not_the_versions_is_refused(halves):
+    """The kept state is checked against the version's checksum before it is used."""
+    svc, parent, *_ = halves
+    bucket, kept = svc.settings.models_bucket, layout.kept_weights_path(
+        parent.job_id, parent.head.version)
+    original = svc.store.read_bytes(bucket, kept)
+    svc.store.write_bytes(bucket, kept, b"not a state", "application/octet-stream")
+    try:
+        job = rejected(svc, "tampered.csv", csv_bytes(MIXED_HEADER, mixed_rows(60)),
+                       {"continue_from": parent.job_id})
+    finally:
+        svc.store.write_bytes(bucket, kept, original, "application/octet-stream")
+    assert "is not the one its version document records" in job.error
+    assert job.error_detail["expected"] == parent.head.checksum
