@@ -115,7 +115,7 @@ def _finished_job(svc: Services, job_id: str, file: str) -> Job:
     job = svc.registry.get_job(job_id)
     if job is None:
         raise _refused(file, "no such job to continue from",
-                       "the id of a job that ended DONE (bucketlearn jobs lists them)",
+                       "the id of a job that ended DONE (bucketlearn status lists them)",
                        f"no job '{job_id}'")
     if not (job.status == DONE or job.status == CANCELLED) or job.head is None \
             or job.version is None or not job.model:
