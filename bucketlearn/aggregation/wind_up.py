@@ -38,8 +38,8 @@ def wind_up(svc: Services, job: Job) -> None:
     if job.status == CANCELLED and job.version is not None and job.model_path is None \
             and not job.search:  # a search cancelled has no one model to keep
         _export_cancelled(svc, job)
-    if job.head is not None and not job.search:
-        _keep_for_continuing(svc, job)
+    if job.status == CANCELLED and job.head is not None and not job.search:
+        _keep_for_continuing(svc, job)  # a FAILED job is never continued from
     _delete(svc, svc.settings.work_bucket, layout.job_prefix(job.job_id))
     head = job.head.weights_path if job.head is not None else None
     _delete(svc, svc.settings.models_bucket, f"weights/{job.job_id}/", keep=head)

@@ -10,11 +10,12 @@ import pytest
 from bucketlearn import codec, layout
 from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
-from bucketlearn.domain.job import Job
-from bucketlearn.domain.lifecycle import CANCELLED, DONE, REJECTED, SPLITTING
+from bucketlearn.domain.job import Job, fail_fields
+from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED, REJECTED, SPLITTING
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.options import JobOptions
+from bucketlearn.services import endings
 from bucketlearn.usecases.cancel import cancel_job
 from bucketlearn.usecases.model_files import model_bytes, predict_file
 from bucketlearn.usecases.status import status_object
@@ -311,3 +312,19 @@ def test_a_kept_state_that_is_not_the_versions_is_refused(halves):
         svc.store.write_bytes(bucket, kept, original, "application/octet-stream")
     assert "is not the one its version document records" in job.error
     assert job.error_detail["expected"] == parent.head.checksum
+
+
+def test_a_failed_job_keeps_nothing_for_continuing(tmp_path):
+    """A FAILED job is never continued from: its wind-up keeps no manifest or state."""
+    # Prepare
+    svc, job_id = start_job(tmp_path, epochs=2, parallel_tasks=2)
+    train_pending(svc, len(svc.queue))
+    aggregator.aggregate_job(svc, job_id)
+    endings.end_job(svc.registry, job_id, fail_fields(svc.clock(), "a test's failure"))
+    # Execute
+    aggregator.aggregate_job(svc, job_id)  # finds it ended: winds it up
+    # Assert
+    job = svc.registry.get_job(job_id)
+    assert job.status == FAILED and job.head.version == 1
+    assert svc.store.stat(svc.settings.models_bucket,
+                          layout.kept_weights_path(job_id, job.head.version)) is None
