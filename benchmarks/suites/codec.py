@@ -1,4 +1,4 @@
-"""Issue #27: the formats bucketlearn stores arrays in, measured side by side.
+"""The formats bucketlearn stores arrays in, measured side by side.
 
     python -m benchmarks.suites.codec [--repeats 15] [--mutations 2000] [--out benchmarks/results/codec.json]
 

@@ -254,12 +254,15 @@ def job_page(svc: Services) -> None:
 
 
 def job_header(summary: dict) -> None:
-    """The job's status as a badge, its source file and when it was created."""
+    """The job's status as a badge, its source file and when it was created, and the job it
+    was continued from."""
     status, color = headline.status_badge(summary)
     created = timestamp(summary["created_at"])
     when = f" · created {created:%Y-%m-%d %H:%M:%S} UTC" if created is not None else ""
     st.badge(status, color=color)
     st.caption(f"{plain(summary['source'])}{when}")
+    if (lineage := headline.lineage_text(summary)) is not None:
+        st.caption(lineage)
 
 
 def model_tab(svc: Services, view: JobView) -> None:

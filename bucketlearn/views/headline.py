@@ -50,6 +50,25 @@ def job_summary(job: Job, versions: list[Version], now: float
     }
 
 
+def lineage_text(summary: Mapping[str, Any]) -> str | None:
+    """For a continued job, the job and version it started from, linked to that job's page,
+    and (once DONE) the parent's model beside this job's on this job's holdout; None for
+    any other job."""
+    parent = summary.get("continued_from")
+    if not parent:
+        return None
+    text = f"Continued from [{parent['job_id']}](?job={parent['job_id']}) v{parent['version']}"
+    theirs = parent.get("parent_holdout") or {}
+    if is_regression(summary) and theirs.get("rmse") is not None:
+        return (f"{text}: on this job's holdout its model's RMSE {format_number(theirs['rmse'])}, "
+                f"this job's {format_number(summary.get('rmse'))}")
+    if theirs.get("accuracy") is not None:
+        return (f"{text}: on this job's holdout its model's accuracy "
+                f"{format_percent(theirs['accuracy'])}, this job's "
+                f"{format_percent(summary.get('accuracy'))}")
+    return text
+
+
 def is_regression(summary: Mapping[str, Any]) -> bool:
     """A ``job_summary`` (or status object) of a numeric target."""
     return summary.get("task") == REGRESSION

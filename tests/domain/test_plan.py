@@ -230,7 +230,7 @@ def test_the_option_table_and_the_plan_know_the_same_class_weights():
 
 
 def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():
-    """Issue #26: 10,000 tasks per epoch × 1,000 epochs is 10 million tasks from a 1 MB file.
+    """10,000 tasks per epoch × 1,000 epochs is 10 million tasks from a 1 MB file.
     A plan is within the limit up to it exactly; past it, the reason names tasks per epoch ×
     epochs, the limit, and epochs or a rows_per_shard that would fit."""
     # Prepare
@@ -252,7 +252,7 @@ def test_a_plan_over_the_total_task_limit_says_by_how_much_and_what_to_change():
 
 
 def test_a_plan_predicted_to_outlast_the_work_retention_says_by_how_much():
-    """Issue #26, item 2: 6 FLOPs per parameter and row spread over the round's learners, plus
+    """6 FLOPs per parameter and row spread over the round's learners, plus
     1 s per round, must fit in half the work bucket's retention; past it the reason names the
     prediction's factors, the budget, and the epochs or the retention that would fit."""
     # Prepare
@@ -277,7 +277,7 @@ def test_a_plan_predicted_to_outlast_the_work_retention_says_by_how_much():
 
 
 def test_a_shard_over_the_memory_budget_says_its_bytes_and_what_fits():
-    """Issue #26: rows_per_shard=1,000,000 on a 300-column table is a 1.2 GB shard; the limit
+    """Rows_per_shard=1,000,000 on a 300-column table is a 1.2 GB shard; the limit
     holds up to its last byte, and the reason names rows × (cells + label) × 4 bytes."""
     # Prepare
     budget = 256 * 1024**2

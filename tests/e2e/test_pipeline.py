@@ -164,7 +164,7 @@ def test_bad_upload_is_rejected_and_next_upload_trains(stack: Any, tmp_path: Pat
 
 def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack: Any,
                                                                            tmp_path: Path) -> None:
-    """Issue #15 as a user meets it: Palmer penguins exactly as published (text columns, NA
+    """Text columns and missing cells as a user meets them: Palmer penguins exactly as published (text columns, NA
     cells) trains without editing, to train-local's accuracy; the status names the column
     kinds; the downloaded model predicts raw rows with empty cells and an unseen island."""
     penguins = REPO / "data" / "penguins.csv"
@@ -193,7 +193,7 @@ def test_a_table_with_text_and_missing_cells_trains_and_predicts_raw_rows(stack:
 def test_a_numeric_target_trains_to_train_locals_rmse_and_predicts_numbers(stack: Any,
                                                                            tmp_path: Path
                                                                            ) -> None:
-    """Issue #15's numeric targets end to end: penguins' ``body_mass_g`` (two rows ``NA``) is a
+    """Numeric targets end to end: penguins' ``body_mass_g`` (two rows ``NA``) is a
     regression under ``task=auto``; the job's RMSE is train-local's; the downloaded model
     predicts grams from raw rows, an unseen island and empty cells included."""
     penguins = REPO / "data" / "penguins.csv"

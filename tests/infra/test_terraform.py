@@ -1202,7 +1202,7 @@ def test_the_dead_letter_sink_has_one_consumer(module: Config) -> None:
     assert members == ["serviceAccount:${google_service_account.autoscaler.email}"]
 
 def test_the_dashboard_can_write_job_documents_to_cancel_them(module: Config) -> None:
-    """Issue #14 item 11: the dashboard's "Cancel job" button writes the job's document, which
+    """The dashboard's "Cancel job" button writes the job's document, which
     roles/datastore.viewer cannot; it gets roles/datastore.user like the other writers, on the
     same (optionally conditioned) grant, and no separate viewer grant is left behind."""
     # Prepare
@@ -1331,7 +1331,7 @@ PROJECT_NUMBER = "123456789012"
 
 
 def test_the_build_account_reaches_only_the_builds_buckets(module: Config, tmp_path: Path) -> None:
-    """Issue #26 item 9: code a build runs (a hostile package's install script in the split
+    """Code a build runs (a hostile package's install script in the split
     function's build) acts as the build account. With storage.objectAdmin on the whole project
     it could replace models/<job>/latest.keras, which users load. Every project-level storage
     role of the build account carries a condition, and the conditions let through the build's
@@ -1390,7 +1390,7 @@ def test_the_build_account_reaches_only_the_builds_buckets(module: Config, tmp_p
 
 
 def test_the_build_account_pushes_to_the_images_repository_only(module: Config) -> None:
-    """Issue #26 item 9: artifactregistry.writer on the one repository, not the project, and
+    """Artifactregistry.writer on the one repository, not the project, and
     the split function's build pushes there (build_config.docker_repository) instead of to
     gcf-artifacts, where the account now has no role. The image builds (deploy.sh) wait for
     the grant: time_sleep.iam_propagation depends on it, and deploy.sh applies that first."""
@@ -1430,7 +1430,7 @@ def grants_to_build(module: Config) -> set[tuple[str, str, str]]:
 
 
 def test_the_build_account_has_no_role_on_the_pipelines_buckets(module: Config) -> None:
-    """Issue #26 item 9: bucket-level grants to the build account: the sources bucket only."""
+    """Bucket-level grants to the build account: the sources bucket only."""
     buckets = {target for rtype, _role, target in grants_to_build(module)
                if rtype == "google_storage_bucket_iam_member"}
     assert buckets == {"${google_storage_bucket.sources.name}"}
@@ -1446,7 +1446,7 @@ def test_the_build_account_has_no_role_on_the_pipelines_buckets(module: Config) 
 def test_an_environment_has_no_firestore_role_on_another_environments_database(
         module: Config, example: Config, tmp_path: Path, mine: tuple[str, str | None],
         theirs: tuple[str, str | None]) -> None:
-    """Issue #26 item 10: two environments in one project (two name_prefixes, two databases;
+    """Two environments in one project (two name_prefixes, two databases;
     the default prefix keeps (default)). Firestore roles exist only at project level, so each
     of the module's accounts gets its role under a condition naming this environment's
     database and nothing else, by default and in the example: the other environment's
@@ -1504,7 +1504,7 @@ def test_one_service_account_per_component(module: Config) -> None:
 
 
 def test_the_dashboard_can_only_create_uploads(module: Config) -> None:
-    """Issue #26, item 3: the dashboard writes each upload under a name of its own, so its role
+    """The dashboard writes each upload under a name of its own, so its role
     on the uploads bucket is create-only: it can neither replace nor delete an upload."""
     roles = module.locals["dashboard_bucket_roles"]
     assert roles["uploads"]["role"] == "roles/storage.objectCreator"

@@ -162,7 +162,7 @@ def test_commits_in_a_row_after_an_outside_write_stay_correct(backend: Any) -> N
 
 
 def test_no_version_is_committed_onto_a_cancelled_job(backend: Any) -> None:
-    """Issue #14 item 11: a fold racing a cancel cannot advance the job. The commit that would
+    """A fold racing a cancel cannot advance the job. The commit that would
     have been v2 is refused once the job is CANCELLED (status, version and epoch untouched), by
     the Firestore transaction as by the in-memory lock."""
     # Prepare

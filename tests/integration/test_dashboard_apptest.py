@@ -248,7 +248,7 @@ def test_job_page_shows_the_head_version_and_accuracy(app, seeded):
 
 
 def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
-    """Issue #24: the estimated cost beside the accuracy, and the usage behind it by item."""
+    """The estimated cost beside the accuracy, and the usage behind it by item."""
     registry.update_job(RUNNING_ID, {"usage": {"firestore_writes": 250, "worker_seconds": 7.5,
                                                "storage_class_a": 30}})
     at = _run(app, RUNNING_ID)
@@ -263,7 +263,7 @@ def test_job_page_shows_what_the_job_used_and_cost(app, seeded, registry):
 
 def test_job_page_shows_the_plan_its_forecast_and_what_the_job_measured(app, seeded,
                                                                           registry):
-    """Issue #25: the plan (R, steps, how it was decided), the forecast by number of learners
+    """The plan (R, steps, how it was decided), the forecast by number of learners
     with the suggestion and one process, and the job's measured time beside it."""
     # Prepare
     job = registry.get_job(RUNNING_ID)

@@ -223,7 +223,7 @@ class StuckRegistry:
 
 @pytest.mark.timeout(60)
 def test_a_read_that_retries_longer_than_the_watch_allows_ends_the_wait_in_time() -> None:
-    """Issue #26, item 13: after `local down`, `submit --wait` waited 4.5-6 minutes, as one
+    """After `local down`, `submit --wait` waited 4.5-6 minutes, as one
     registry read retried past the 60 s the watch allows. Each read is bounded by what is left
     of that budget: UnreachableError once it is spent, not when the client gives up."""
     # Prepare

@@ -2,7 +2,7 @@
 (retry), and how backend errors are classified at the Firestore adapter.
 
 Events are built as the local relay sends them (``relay.cloudevent_for``, binary mode) and
-parsed by the CloudEvents SDK, as the functions framework does. Issue #14, item 7: a write that
+parsed by the CloudEvents SDK, as the functions framework does. A write that
 Firestore refuses for good (InvalidArgument, e.g. a document over 1 MiB) used to escape as an
 exception (HTTP 500), so Eventarc retried the event for a day.
 """

@@ -317,7 +317,7 @@ def test_a_pass_that_reads_another_file_is_a_clear_problem(second, row, found):
 
 
 def test_an_empty_feature_cell_is_missing_not_a_rejection():
-    """Issue #15: the empty cell at row 5 of column 'a' (a REJECTED file before) is a missing
+    """The empty cell at row 5 of column 'a' (a REJECTED file before) is a missing
     value: the job trains, the cell is NaN in its part and the model imputes it."""
     manifest, store = split_file(GOOD / "missing_cell.csv")
     assert [c.missing for c in manifest.schema] == [1, 0]

@@ -54,7 +54,7 @@ def test_seattle_weather_with_a_non_iso_date_column():
 
 
 def test_seattle_temp_max_is_a_numeric_target_learned_from_the_other_columns():
-    """Issue #15, numeric targets: vega's Seattle weather as published, predicting temp_max
+    """Numeric targets: vega's Seattle weather as published, predicting temp_max
     (°C, 67 distinct values in the first block) from temp_min, precipitation, wind and the
     weather's text; train-local's holdout R² is that of a learned model."""
     from bucketlearn.bootstrap import memory_services

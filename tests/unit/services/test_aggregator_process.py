@@ -507,7 +507,7 @@ def test_a_job_whose_holder_died_with_its_results_is_served_without_a_message(tm
 
 
 def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
-    """Issue #26, items 2 and 4: once DONE, the job's work prefix (shards, holdout, manifest)
+    """Once DONE, the job's work prefix (shards, holdout, manifest)
     and every version's weights but the head's are deleted; the exported model stays, and a
     version whose weights are gone says which one can be downloaded."""
     # Prepare
@@ -533,7 +533,7 @@ def test_an_ended_job_keeps_its_model_and_nothing_else(run_job):
 
 
 def test_a_cancelled_job_is_exported_by_the_aggregator(tmp_path):
-    """Issue #26, item 11: a cancel tells the aggregator (a nudge on the results topic), which
+    """A cancel tells the aggregator (a nudge on the results topic), which
     exports the job's last version as latest.keras, records it and winds the job up, so the
     model downloads from the models bucket alone."""
     # Prepare

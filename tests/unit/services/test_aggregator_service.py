@@ -676,7 +676,7 @@ def test_a_rounds_tasks_train_at_k_times_the_rate_and_fold_by_their_mean(tmp_pat
 
 
 def test_the_status_says_the_plans_forecast_and_what_the_job_measured(pipeline, capsys):
-    """Issue #25: the upload forecasts the job (its rounds are the versions it then commits;
+    """The upload forecasts the job (its rounds are the versions it then commits;
     1 to R = 3 learners; the suggestion among them) and the status shows what it measured
     beside it, as ``status --json``, the CLI and the dashboard say it."""
     # Prepare

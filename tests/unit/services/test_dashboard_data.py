@@ -235,8 +235,21 @@ def test_job_summary_has_the_headline_numbers():
     assert summary["remaining"] == 14 and summary["eta_seconds"] == pytest.approx(70.0)
 
 
+def test_a_continued_job_names_its_parent_and_both_models_on_its_holdout():
+    parent = {"job_id": "penguins-a-6aaf0b02c5d9", "version": 9}
+    running = headline.job_summary(a_job(continued_from=parent), VERSIONS, T0 + 30)
+    done = headline.job_summary(a_job(continued_from={**parent, "parent_holdout": {
+        "accuracy": 0.8, "loss": 0.5, "rows": 35}}), VERSIONS, T0 + 30)
+    assert headline.lineage_text(headline.job_summary(a_job(), VERSIONS, T0)) is None
+    assert headline.lineage_text(running) == (
+        "Continued from [penguins-a-6aaf0b02c5d9](?job=penguins-a-6aaf0b02c5d9) v9")
+    assert headline.lineage_text(done) == (
+        "Continued from [penguins-a-6aaf0b02c5d9](?job=penguins-a-6aaf0b02c5d9) v9: on this "
+        "job's holdout its model's accuracy 80.0%, this job's 87.5%")
+
+
 def test_what_a_job_used_and_cost_is_shown_beside_its_accuracy():
-    """Issue #24: the job's counted usage, its estimated cost by item and in total, and the
+    """The job's counted usage, its estimated cost by item and in total, and the
     date of the prices, from the same status object ``status --json`` prints."""
     usage = {"firestore_writes": 300, "firestore_reads": 1200, "worker_seconds": 12.25,
              "storage_class_a": 40, "pubsub_messages": 200, "something_new": 3}
@@ -367,7 +380,7 @@ def a_long_job(registry: MemoryRegistry, job_id: str, versions: int,
 
 
 def test_the_job_page_reads_the_newest_versions_and_the_current_epochs_tasks_only():
-    """Issue #26, item 7: a job of 250 versions over 3 epochs (100 tasks each) reads its newest
+    """A job of 250 versions over 3 epochs (100 tasks each) reads its newest
     VERSIONS_SHOWN versions and its 50 task documents of epoch 3, not 251 versions and 250
     tasks, and its counts still cover the whole job; the overview reads none."""
     # Prepare
@@ -716,7 +729,7 @@ UPLOADED = re.compile(r"^dashboard/[0-9a-f]{16}/digits\.csv$")
 
 
 def test_upload_csv_streams_the_file_under_a_name_of_its_own():
-    """Issue #26, items 8 and 3: the file is written from its stream, with its options, under
+    """The file is written from its stream, with its options, under
     ``dashboard/<16 hex>/<name>``, so two uploads of one name are two objects, two jobs."""
     # Prepare
     svc = memory_services()
@@ -770,7 +783,7 @@ def rendered(markdown: str) -> str:
     "www.evil.example https://evil.example ana@example.com",
 ])
 def test_a_user_string_renders_as_the_text_it_is(text):
-    """Issue #26, item 14: ``plain`` escapes what Markdown would act on, so a user's string
+    """``plain`` escapes what Markdown would act on, so a user's string
     renders as its own text (line breaks as spaces), with no link, image, tag or block."""
     html = rendered(formats.plain(text))
     assert "<a " not in html and "<img" not in html and "<b>" not in html

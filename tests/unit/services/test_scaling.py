@@ -91,7 +91,7 @@ def test_outstanding_tasks_counts_the_tasks_of_active_published_rounds() -> None
 
 
 def test_newer_ended_jobs_never_hide_a_running_one() -> None:
-    """Issue #26, item 1: 600 newer jobs that ended (empty uploads, rejected in seconds) do not
+    """600 newer jobs that ended (empty uploads, rejected in seconds) do not
     push an older running job out of what the autoscaler counts (before: it read the newest 500
     jobs only, counted 0 outstanding tasks and shrank the pool to its minimum)."""
     # Prepare

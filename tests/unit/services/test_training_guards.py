@@ -103,7 +103,7 @@ def overlapping_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_diverging_job_ends_failed_with_advice_not_done(overlapping_csv: Path) -> None:
-    """Issue #14's learning_rate=1 job: before, it ended DONE with a model that answered one
+    """The learning_rate=1 job: before, it ended DONE with a model that answered one
     class (accuracy 0.33). Now it ends FAILED saying training diverged and which learning rate
     to try, and no model is exported."""
     # Execute

@@ -300,7 +300,7 @@ def test_reupload_between_passes_is_rejected_not_mixed(new_rows):
 
 
 def test_a_reupload_of_the_same_name_leaves_the_first_split_its_own_bytes():
-    """Issue #26, item 3: the uploads bucket keeps noncurrent versions (as Terraform creates
+    """The uploads bucket keeps noncurrent versions (as Terraform creates
     it), and every pass reads the event's generation, so a re-upload of the same name during
     the split leaves the first job training its own file (before: the live generation was
     compared, and the first job was REJECTED); the re-upload gets a job of its own."""
@@ -597,7 +597,7 @@ def test_a_split_whose_claim_was_taken_over_stops_and_writes_nothing_more(long_c
 
 
 def test_a_stale_splitter_never_rejects_a_job_another_invocation_started():
-    """Issue #14, item 5: invocation A claims the split and stalls past the lease before it
+    """Invocation A claims the split and stalls past the lease before it
     reads the upload; the retried event (B) takes the split over, splits the file and starts
     training; then the user uploads the same name again, and A finds its generation gone. A's
     rejection is conditional on its claim and the splitting phase, so it changes nothing: the
@@ -677,7 +677,7 @@ def test_a_job_over_the_total_task_limit_is_rejected_before_version_0():
 
 
 def test_a_job_predicted_to_outlast_the_work_retention_is_rejected_before_version_0():
-    """Issue #26, item 2: on a deployment whose learners are assumed to train at 1 FLOP/s, the
+    """On a deployment whose learners are assumed to train at 1 FLOP/s, the
     busy table's job would outlast half of a 1-day retention: REJECTED naming the prediction,
     nothing left in the work bucket, no version 0; at 1 GFLOP/s the same upload trains."""
     # Prepare
@@ -765,7 +765,7 @@ def test_a_job_at_the_total_task_limit_trains():
 @pytest.mark.parametrize("requested, expected", [(None, 1), ("2", 2)])
 def test_an_automatic_plan_trains_one_task_at_a_time_where_rounds_would_not_end_sooner(
         requested, expected):
-    """Issue #25: 600 rows in 8-row shards and batches of 8, 2 epochs: the bound allows rounds
+    """600 rows in 8-row shards and batches of 8, 2 epochs: the bound allows rounds
     of 2 one-step tasks, but a round's critical path (0.37 s) dwarfs their compute, so the
     automatic plan chains one task of 7 shards at a time and records why; a parallel_tasks
     the user set is kept."""

@@ -1,5 +1,5 @@
 """Every job ends (invariant 8): the watchdog finds stalled jobs and gets them moving, on the
-in-memory ports. Issue #14, item 1: before, a lost task hung its job forever."""
+in-memory ports. Before, a lost task hung its job forever."""
 
 from __future__ import annotations
 
