@@ -60,3 +60,14 @@ class StorageEvent:
         return cls(bucket=str(data["bucket"]), name=str(data["name"]),
                    generation=int(data.get("generation") or 0), size=int(data.get("size") or 0),
                    event_time=event_time)
+
+
+def skipped(event: StorageEvent, now: float, max_age_seconds: float) -> str | None:
+    """Why an uploads-bucket event is acknowledged and left alone (IGNORED): not a ``.csv``
+    object, or older than ``max_age_seconds`` (Eventarc's retries of a lost event); None when it
+    is to be handled."""
+    if not event.name.lower().endswith(".csv"):
+        return "not a .csv object"
+    if event.event_time and now - event.event_time > max_age_seconds:
+        return f"an event older than {max_age_seconds}s"
+    return None

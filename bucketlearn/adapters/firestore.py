@@ -34,7 +34,7 @@ from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job, commit_refusal, may_start_training
-from bucketlearn.domain.lifecycle import QUEUED, RUNNING, is_terminal, move_refusal
+from bucketlearn.domain.lifecycle import QUEUED, RUNNING, ended_refuses, move_refusal
 from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
@@ -153,10 +153,10 @@ class FirestoreRegistry:
             data = snap.to_dict() if snap.exists else None
             if data is None or any(data.get(k) != v for k, v in expect.items()):
                 return False
+            if ended_refuses(data, fields):  # an ended job: a condition not met
+                return False
             refusal = move_refusal(data, fields)
-            if refusal is not None:  # ended: a conditional write never moves it; else a bug
-                if is_terminal(data.get("status")):
-                    return False
+            if refusal is not None:  # a move the table does not allow: a bug
                 raise ValueError(f"jobs/{job_id}: {refusal}")
             ref.update(dict(fields), option=self.client.write_option(
                 last_update_time=snap.update_time), timeout=TIMEOUT)

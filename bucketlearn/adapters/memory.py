@@ -25,7 +25,7 @@ from bucketlearn.adapters.firestore_rules import (  # noqa: F401 - also the test
 )
 from bucketlearn.adapters.memory_predictions import MemoryPredictions
 from bucketlearn.domain.job import Head, Job, commit_refusal, may_start_training, unknown_fields
-from bucketlearn.domain.lifecycle import TERMINAL, is_terminal, move_refusal
+from bucketlearn.domain.lifecycle import TERMINAL, ended_refuses, move_refusal
 from bucketlearn.domain.task import TaskRecord, attempt_keys
 from bucketlearn.domain.version import Version, attach_evaluations
 from bucketlearn.errors import NotFoundError, ObjectChangedError
@@ -302,7 +302,7 @@ class MemoryRegistry(MemoryPredictions):
         with self._lock:
             job = self.jobs.get(job_id)
             if job is None or any(job.get(k) != v for k, v in expect.items()) \
-                    or (is_terminal(job.get("status")) and move_refusal(job, fields)):
+                    or ended_refuses(job, fields):
                 return False  # not as expected, or ended (a conditional write never moves it)
             _check_job_update(job_id, job, fields)
             job.update(copy.deepcopy(dict(fields)))

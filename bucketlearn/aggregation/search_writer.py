@@ -58,7 +58,7 @@ from bucketlearn.services.export import (
     model_sidecar,
     write_model,
 )
-from bucketlearn.usecases.search_publish import publish_due, write_search
+from bucketlearn.usecases.search_publish import publish_due, search_fence, write_search
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,7 @@ def _end(svc: Services, job: Job, fields: dict[str, Any]) -> bool:
     Raises:
         TransientError: it changed otherwise (read it again and decide again).
     """
-    ended, current = end_job(svc.registry, job.job_id, fields, expect={
-        **job.status_and_phase, "search": job.search, "aggregated_by": job.aggregated_by})
+    ended, current = end_job(svc.registry, job.job_id, fields, expect=search_fence(job))
     if ended:
         return True
     if current is None or current.is_terminal:

@@ -23,7 +23,14 @@ from enum import StrEnum
 from typing import Any
 
 
-class Status(StrEnum):
+class _Stored(StrEnum):
+    """A value stored in a job document as its text; messages show that text ('RUNNING')."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Status(_Stored):
     """How a job stands for its user (stored as its value: ``"RUNNING"``)."""
 
     QUEUED = "QUEUED"
@@ -33,11 +40,8 @@ class Status(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
 
-    def __repr__(self) -> str:  # messages show the stored value: 'RUNNING'
-        return repr(self.value)
 
-
-class Phase(StrEnum):
+class Phase(_Stored):
     """What the pipeline is doing with a job (stored as its value: ``"training"``)."""
 
     SPLITTING = "splitting"
@@ -47,9 +51,6 @@ class Phase(StrEnum):
     REJECTED = "rejected"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-    def __repr__(self) -> str:  # messages show the stored value: 'training'
-        return repr(self.value)
 
 
 QUEUED, RUNNING, DONE = Status.QUEUED, Status.RUNNING, Status.DONE
@@ -89,6 +90,12 @@ AFTER_ENDING: Mapping[str, frozenset[str]] = {FAILED: frozenset({"head"}),
 def is_terminal(status: str | None) -> bool:
     """The job has ended (its ending stands: nothing moves it on)."""
     return status in TERMINAL
+
+
+def ended_refuses(stored: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """A conditional write ``fields`` that the ended job ``stored`` refuses as an unmet
+    condition (False for a job that has not ended, or a write ``AFTER_ENDING`` allows)."""
+    return is_terminal(stored.get("status")) and move_refusal(stored, fields) is not None
 
 
 def move_refusal(stored: Mapping[str, Any], fields: Mapping[str, Any]) -> str | None:

@@ -39,7 +39,7 @@ from bucketlearn.errors import (
     TransientError,
     bounded,
 )
-from bucketlearn.events import Outcome, StorageEvent, display_uri
+from bucketlearn.events import Outcome, StorageEvent, display_uri, skipped
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
 from bucketlearn.usecases.prediction_rows import (
@@ -78,14 +78,9 @@ def handle_predict(svc: Services, event: StorageEvent, load: ModelLoader | None 
     Raises:
         TransientError: a backend failed; the event should be retried (the claim is let go).
     """
-    file = display_uri(event.bucket, event.name)
-    if not event.name.lower().endswith(".csv"):
-        log.info("ignoring %s: not a .csv object", file)
-        return Outcome.IGNORED, None
-    now = svc.clock()
-    if event.event_time and now - event.event_time > svc.settings.max_event_age_seconds:
-        log.warning("dropping event for %s: older than %ss", file,
-                    svc.settings.max_event_age_seconds)
+    file, now = display_uri(event.bucket, event.name), svc.clock()
+    if (why := skipped(event, now, svc.settings.max_event_age_seconds)) is not None:
+        log.info("ignoring %s: %s", file, why)
         return Outcome.IGNORED, None
     parsed = layout.parse_predict_name(event.name)
     if parsed is None:

@@ -92,10 +92,14 @@ def write_search(svc: Services, job: Job, fields: dict[str, Any], fenced: bool =
     """A write about the search while the job stands as read, its search record unchanged
     since (the upload's first publish and the writer never overwrite each other) and, for its
     writer (``fenced``), still held by the same one (``Job.aggregated_by``)."""
+    return svc.registry.update_job_if(job.job_id, search_fence(job, fenced), fields)
+
+
+def search_fence(job: Job, fenced: bool = True) -> dict[str, Any]:
+    """What a write about the search expects unchanged since ``job`` was read: its status,
+    phase and search record, and for its writer (``fenced``) its holder."""
     expect = {**job.status_and_phase, "search": job.search}
-    return svc.registry.update_job_if(
-        job.job_id, {**expect, "aggregated_by": job.aggregated_by} if fenced else expect,
-        fields)
+    return {**expect, "aggregated_by": job.aggregated_by} if fenced else expect
 
 
 def republish_outstanding(svc: Services, job: Job) -> int:

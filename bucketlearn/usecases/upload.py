@@ -40,6 +40,7 @@ from bucketlearn.events import (  # noqa: F401
     StorageEvent,
     display_uri,
     is_control,
+    skipped,
 )
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.split import Outline
@@ -126,14 +127,9 @@ def handle_upload(svc: Services, event: StorageEvent, steps: UploadSteps | None 
             failed; the event should be retried.
         BackendRejectedError: a backend refused the job document itself; there is no job to end.
     """
-    file = display_uri(event.bucket, event.name)
-    if not event.name.lower().endswith(".csv"):
-        log.info("ignoring %s: not a .csv object", file)
-        return Outcome.IGNORED, None
-    now = svc.clock()
-    if event.event_time and now - event.event_time > svc.settings.max_event_age_seconds:
-        log.warning("dropping event for %s: older than %ss", file,
-                    svc.settings.max_event_age_seconds)
+    file, now = display_uri(event.bucket, event.name), svc.clock()
+    if (why := skipped(event, now, svc.settings.max_event_age_seconds)) is not None:
+        log.info("ignoring %s: %s", file, why)
         return Outcome.IGNORED, None
     job_id = layout.job_id_for(event.bucket, event.name, event.generation)
     claim = layout.new_nonce()
