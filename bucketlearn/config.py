@@ -32,6 +32,9 @@ FAULT_POINTS = frozenset({
     "learner.before_publish",     # result written, not announced: the learner dies
     "learner.before_ack",         # result announced, task message not acked: dies
     "queue.duplicate_publish",    # every task (and result) message is published twice
+    "predict.mid_part",           # a part of a batch prediction half done: the learner dies
+    "predict.before_record",      # a part's object written, not recorded: dies
+    "predict.before_ack",         # a part recorded (the request ended if it was the last): dies
 })
 
 
@@ -76,6 +79,9 @@ class Limits:
     max_predict_bytes: int = 1024**3
     # prediction requests a job may have had (every state), each a status record of its own
     max_predict_requests: int = 1_000
+    # a prediction request larger than this is fanned out over the learners in parts of about
+    # this many bytes (at most 32, Cloud Storage's compose limit); 0: always in the function
+    predict_part_bytes: int = 16 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,7 @@ LIMITS_ENV: dict[str, str] = {
     "BUCKETLEARN_WORK_RETENTION_DAYS": "work_retention_days",
     "BUCKETLEARN_MAX_PREDICT_BYTES": "max_predict_bytes",
     "BUCKETLEARN_MAX_PREDICT_REQUESTS": "max_predict_requests",
+    "BUCKETLEARN_PREDICT_PART_BYTES": "predict_part_bytes",
     "BUCKETLEARN_WORKER_FLOPS": "worker_flops",
 }
 

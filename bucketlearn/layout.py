@@ -109,6 +109,12 @@ def predictions_path(job_id: str, name: str) -> str:
     return f"predictions/{job_id}/{name}.csv"
 
 
+def prediction_part_path(job_id: str, request_id: str, part: int) -> str:
+    """One part of a fanned-out request's output, composed into ``predictions_path`` and then
+    deleted: ``predictions/<job>/.parts/<request>/<part>.csv``."""
+    return f"predictions/{job_id}/.parts/{request_id}/{part:03d}.csv"
+
+
 # --- uploads bucket: batch prediction requests --------------------------------------------------
 
 PREDICT_PREFIX = "predict/"  # an object here is a request to predict, not an upload to train on

@@ -21,6 +21,7 @@ from bucketlearn.domain.job import Job
 from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
+from bucketlearn.prediction_messages import PREDICT_KIND, PredictPart
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,10 @@ class BlobStore(Protocol):
         sooner): a packed part (``ingest.parts.read_part``)."""
         ...
 
-    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
-        """A stream of the object's bytes; with ``generation``, of that generation only.
+    def open_read(self, bucket: str, name: str, generation: int | None = None,
+                  start: int = 0) -> IO[bytes]:
+        """A stream of the object's bytes from byte ``start``; with ``generation``, of that
+        generation only.
 
         A pinned stream never yields another generation's bytes: when the object is no longer
         ``generation`` (replaced or deleted), opening it or reading it (at the latest when the
@@ -73,6 +76,12 @@ class BlobStore(Protocol):
     def list(self, bucket: str, prefix: str = "") -> Iterator[BlobInfo]: ...
 
     def delete(self, bucket: str, name: str) -> None: ...
+
+    def compose(self, bucket: str, name: str, sources: Sequence[str], content_type: str,
+                metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        """Write ``name`` as the objects ``sources`` (at most 32, in the same bucket) one after
+        another, without moving their bytes through the caller."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -115,11 +124,13 @@ class TaskMessage:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskMessage:
         """A task message as published, every field checked (``bucketlearn.messages``): its
-        parts and weights inside its own job's folders.
+        parts and weights inside its own job's folders (kind ``predict``: a ``PredictPart``).
 
         Raises:
             MessageError: a field is missing or holds what it cannot.
         """
+        if data.get("kind") == PREDICT_KIND:
+            return PredictPart.from_dict(dict(data))  # type: ignore[return-value]
         job_id = messages.job_id(data.get("job_id"))
         parts = data.get("parts")
         if not isinstance(parts, list) or len(parts) > messages.MAX_PARTS:
@@ -423,6 +434,17 @@ class PredictionRecords(Protocol):
         """How many requests the job has had (every state)."""
         ...
 
+    def record_prediction_part(self, job_id: str, request_id: str, part: int,
+                               entry: Mapping[str, Any]) -> PredictionRecord | None:
+        """Record what part ``part`` of a fanned-out request came to (``part_results``,
+        keyed by the part's number; recorded again, the last entry stands: a part's rows are
+        the same whoever predicts them) and return the record after (None: no record)."""
+        ...
+
+    def running_predictions(self) -> list[PredictionRecord]:
+        """Every job's requests that are RUNNING (the autoscaler counts their parts)."""
+        ...
+
 
 class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
                PredictionRecords, Protocol):
@@ -444,11 +466,13 @@ class RuntimeCache:
         parts: the shard-part cache (``services.caches.PartCache``), once made.
         models_built: how many models this process has built (TensorFlow keeps some memory for
             each until the process exits: a learner hands over to a fresh process past a number).
+        predictors: exported models loaded to predict with, by job (``usecases.predict_parts``).
     """
 
     runtimes: OrderedDict[str, Any] = field(default_factory=OrderedDict)
     parts: Any = None
     models_built: int = 0
+    predictors: OrderedDict[str, Any] = field(default_factory=OrderedDict)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+from google.cloud.firestore_v1.field_path import FieldPath
 
 from bucketlearn.adapters import google_errors
 from bucketlearn.config import Settings, export_emulator_env
@@ -370,6 +371,25 @@ class FirestoreRegistry:
     def count_predictions(self, job_id: str) -> int:
         (result,) = self._job(job_id).collection("predictions").count().get(timeout=TIMEOUT)
         return int(result[0].value)
+
+    def record_prediction_part(self, job_id: str, request_id: str, part: int,
+                               entry: Mapping[str, Any]) -> PredictionRecord | None:
+        """One field of the record written (parts recording at once do not contend), then the
+        record read."""
+        ref = self._prediction(job_id, request_id)
+        key = FieldPath("part_results", str(part)).to_api_repr()
+        try:
+            ref.update({key: dict(entry)}, timeout=TIMEOUT)
+        except gexc.NotFound:
+            return None
+        return self.get_prediction(job_id, request_id)
+
+    def running_predictions(self) -> list[PredictionRecord]:
+        """A collection-group query on ``state`` (its index: infra/firestore.tf)."""
+        query = self.client.collection_group("predictions").where(
+            filter=firestore.FieldFilter("state", "==", "RUNNING"))
+        return [PredictionRecord.from_doc(snap.to_dict()) for snap in
+                query.stream(timeout=TIMEOUT)]
 
     # -- leases and heartbeats --------------------------------------------------------------------
     def acquire_lease(self, name: str, holder: str, seconds: float) -> Lease:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from google.api_core import exceptions as gexc
@@ -147,7 +147,8 @@ class GcsBlobStore:
         except _TRANSIENT as exc:
             raise TransientError(f"gs://{bucket}/{name}: download failed: {exc}") from exc
 
-    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
+    def open_read(self, bucket: str, name: str, generation: int | None = None,
+                  start: int = 0) -> IO[bytes]:
         """A stream of the object; with ``generation``, every range read asks for that
         generation (``?generation=``), which Cloud Storage and fake-gcs-server serve for as long
         as it exists: in the uploads bucket, which keeps noncurrent versions, a re-upload of the
@@ -162,6 +163,8 @@ class GcsBlobStore:
             if generation is None:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
             raise self.changed(bucket, name, generation) from None
+        if start:
+            reader.seek(start)  # the next range request starts there
         if generation is None:
             return reader
         return _PinnedReader(reader, self, bucket, name, generation)
@@ -195,6 +198,24 @@ class GcsBlobStore:
             self.client.bucket(bucket).blob(name).delete(timeout=TIMEOUT, retry=_RETRY)
         except gexc.NotFound:
             return
+
+    def compose(self, bucket: str, name: str, sources: Sequence[str], content_type: str,
+                metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        """One object of ``sources`` (at most 32, Cloud Storage's limit) composed server-side;
+        composing the same sources again writes the same bytes."""
+        target = self.client.bucket(bucket).blob(name)
+        target.content_type = content_type
+        if metadata:
+            target.metadata = dict(metadata)
+        try:
+            target.compose([self.client.bucket(bucket).blob(s) for s in sources],
+                           timeout=TIMEOUT, retry=_RETRY)
+        except gexc.NotFound as exc:
+            raise NotFoundError(f"gs://{bucket}/{name}: a source to compose is missing: "
+                                f"{exc}") from None
+        except _TRANSIENT as exc:
+            raise TransientError(f"gs://{bucket}/{name}: compose failed: {exc}") from exc
+        return _info(target)
 
     def ensure_bucket(self, bucket: str, versioned: bool = False) -> None:
         """Create a bucket if missing (local stack only; Terraform owns buckets in the cloud),

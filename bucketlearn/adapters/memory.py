@@ -86,8 +86,15 @@ class MemoryBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object")
             return self._objects[(bucket, name)][0]
 
-    def open_read(self, bucket: str, name: str, generation: int | None = None) -> IO[bytes]:
-        """A snapshot of the object (of ``generation``: ObjectChangedError if it is gone)."""
+    def open_read(self, bucket: str, name: str, generation: int | None = None,
+                  start: int = 0) -> IO[bytes]:
+        """A snapshot of the object from byte ``start`` (of ``generation``:
+        ObjectChangedError if it is gone)."""
+        stream = self._open(bucket, name, generation)
+        stream.seek(start)
+        return stream
+
+    def _open(self, bucket: str, name: str, generation: int | None) -> io.BytesIO:
         with self._lock:
             found = self._objects.get((bucket, name))
             kept = self._noncurrent.get((bucket, name, generation or -1))
@@ -112,6 +119,13 @@ class MemoryBlobStore:
             infos = sorted((info for (b, n), (_, info) in self._objects.items()
                             if b == bucket and n.startswith(prefix)), key=lambda i: i.name)
         return iter(infos)
+
+    def compose(self, bucket: str, name: str, sources: Sequence[str], content_type: str,
+                metadata: Mapping[str, str] | None = None) -> BlobInfo:
+        if len(sources) > 32:
+            raise ValueError(f"expected at most 32 objects to compose; found {len(sources)}")
+        data = b"".join(self._data(bucket, source) for source in sources)
+        return self.write_bytes(bucket, name, data, content_type, metadata)
 
     def delete(self, bucket: str, name: str) -> None:
         with self._lock:

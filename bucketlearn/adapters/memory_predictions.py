@@ -60,6 +60,25 @@ class MemoryPredictions:
         with self._lock:
             return sum(1 for (j, _) in self.predictions if j == job_id)
 
+    def record_prediction_part(self, job_id: str, request_id: str, part: int,
+                               entry: Mapping[str, Any]) -> PredictionRecord | None:
+        _document_id(job_id)
+        _document_id(request_id)
+        with self._lock:
+            stored = self.predictions.get((job_id, request_id))
+            if stored is None:
+                return None
+            results = stored.setdefault("part_results", {})
+            check_document(_path(job_id, request_id), {
+                **stored, "part_results": {**results, str(part): dict(entry)}})
+            results[str(part)] = copy.deepcopy(dict(entry))
+            return PredictionRecord.from_doc(copy.deepcopy(stored))
+
+    def running_predictions(self) -> list[PredictionRecord]:
+        with self._lock:
+            return [PredictionRecord.from_doc(copy.deepcopy(doc))
+                    for doc in self.predictions.values() if doc.get("state") == "RUNNING"]
+
 
 def _path(job_id: str, request_id: str) -> str:
     return f"jobs/{job_id}/predictions/{request_id}"

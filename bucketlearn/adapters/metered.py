@@ -242,6 +242,8 @@ class MeteredRegistry(_Metered):
         "get_prediction": ("firestore.read", _first, _reads),
         "count_predictions": ("firestore.query", _first, lambda *a, **k: {
             "firestore_reads": 1}),
+        "record_prediction_part": ("firestore.write", _first, _writes(1, 1)),
+        "running_predictions": ("firestore.query", _no_job, _reads),
     }
 
 
@@ -270,6 +272,7 @@ class MeteredStore(_Metered):
         "list": ("storage.list", lambda bucket, prefix="", *a, **k: job_of_name(prefix),
                  lambda *a, **k: {"storage_class_a": 1}),
         "delete": ("storage.delete", _name_job, lambda *a, **k: {"storage_deletes": 1}),
+        "compose": ("storage.write", _name_job, lambda *a, **k: {"storage_class_a": 1}),
     }
 
 

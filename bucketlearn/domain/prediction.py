@@ -8,12 +8,14 @@ Pure: the request's record (``PredictionRecord``, its document built by ``to_doc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from bucketlearn.domain.lifecycle import CANCELLED, DONE
+from bucketlearn.errors import InputProblem
 
 
 class RequestState(StrEnum):
@@ -51,6 +53,11 @@ class PredictionRecord:
         output: the predictions object in the models bucket, once DONE.
         claim, claimed_at: the invocation working on it and when it last said so (a retried
             event takes a claim over once it is older than the lease).
+        parts: how many parts the request was fanned out in over the learners (0: predicted
+            by the function that heard the upload).
+        part_results: what each part came to, by its number as a string: ``rows`` and
+            ``seconds`` (and ``worker``); a part that could not be predicted ``error``, and
+            ``problem`` for a bad row (its row counted within the part).
     """
 
     request_id: str
@@ -66,6 +73,8 @@ class PredictionRecord:
     updated_at: float = 0.0
     claim: str = ""
     claimed_at: float = 0.0
+    parts: int = 0
+    part_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -78,7 +87,8 @@ class PredictionRecord:
                 "problem": dict(self.problem) if self.problem is not None else None,
                 "output": self.output, "created_at": self.created_at,
                 "updated_at": self.updated_at, "claim": self.claim,
-                "claimed_at": self.claimed_at}
+                "claimed_at": self.claimed_at, "parts": self.parts,
+                "part_results": {k: dict(v) for k, v in self.part_results.items()}}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> PredictionRecord:
@@ -92,11 +102,60 @@ class PredictionRecord:
                    output=doc.get("output"), created_at=float(doc.get("created_at") or 0.0),
                    updated_at=float(doc.get("updated_at") or 0.0),
                    claim=str(doc.get("claim") or ""),
-                   claimed_at=float(doc.get("claimed_at") or 0.0))
+                   claimed_at=float(doc.get("claimed_at") or 0.0),
+                   parts=int(doc.get("parts") or 0),
+                   part_results={str(k): dict(v) for k, v in
+                                 (doc.get("part_results") or {}).items()})
 
     def status(self) -> dict[str, Any]:
         """What a client shows: the record without its claim."""
-        return {k: v for k, v in self.to_doc().items() if k not in ("claim", "claimed_at")}
+        return {k: v for k, v in self.to_doc().items()
+                if k not in ("claim", "claimed_at", "part_results")}
+
+
+def part_ranges(size: int, part_bytes: int, max_parts: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) that split a file of ``size`` bytes into parts of about
+    ``part_bytes`` (at most ``max_parts``, as even as can be): one range when ``part_bytes`` is
+    0 or the file fits in one part."""
+    if part_bytes <= 0 or size <= part_bytes:
+        return [(0, size)]
+    count = min(max_parts, math.ceil(size / part_bytes))
+    bounds = [size * i // count for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+@dataclass(frozen=True)
+class PartsOutcome:
+    """What a fanned-out request came to once every part is recorded: its rows, and, when a
+    part could not be predicted, the first such part's error (a bad row's counted from the
+    file's first data row)."""
+
+    rows: int
+    error: str | None = None
+    problem: Mapping[str, Any] | None = None
+
+
+def parts_outcome(results: Mapping[str, Mapping[str, Any]], parts: int) -> PartsOutcome | None:
+    """The outcome of a request of ``parts`` parts whose recorded ``part_results`` are
+    ``results``, or None while a part is not recorded."""
+    if parts < 1 or any(str(k) not in results for k in range(parts)):
+        return None
+    rows = 0
+    for k in range(parts):
+        entry = results[str(k)]
+        if entry.get("error") is None:
+            rows += int(entry.get("rows") or 0)
+            continue
+        problem = entry.get("problem")
+        if problem is None:
+            return PartsOutcome(rows, str(entry["error"]))
+        found = dict(problem)
+        if found.get("row") is not None:
+            found["row"] = rows + int(found["row"])
+        described = InputProblem(**{key: found.get(key) for key in (
+            "file", "message", "row", "column", "expected", "found")}).describe()
+        return PartsOutcome(rows, described, found)
+    return PartsOutcome(rows)
 
 
 def request_refusal(job_id: str, status: str | None, exported: bool, requests: int,

@@ -5,8 +5,8 @@ instance count: ``bucketlearn autoscale`` (a Cloud Run job run every minute by C
 in the cloud, the ``bucketlearn local up --min-workers/--max-workers`` supervisor locally. Both
 ask ``desired_workers`` (pure, unit-tested) with the number of *outstanding* tasks, read from the
 registry: tasks of every active job's current, published round that are neither applied nor
-failed. This is exact (no metric delay), counts in-flight tasks too, and reads one document per
-active job.
+failed, and parts of batch predictions not yet predicted. This is exact (no metric delay),
+counts in-flight tasks too, and reads one document per active job or running request.
 """
 
 from __future__ import annotations
@@ -73,7 +73,14 @@ def outstanding_tasks(registry: Registry) -> int:
         if job.epoch < 1 or not job.is_published:
             continue
         total += outstanding(job.search) if job.search else len(task_messages.current_round_tasks(job))
-    return total
+    return total + outstanding_parts(registry)
+
+
+def outstanding_parts(registry: Registry) -> int:
+    """Parts of running batch prediction requests fanned out over the learners that are not
+    recorded yet (``usecases.predict_parts``)."""
+    return sum(max(0, record.parts - len(record.part_results))
+               for record in registry.running_predictions() if record.parts)
 
 
 def active_jobs(registry: Registry) -> int:

@@ -20,8 +20,9 @@ What a round waits for is kept off its critical path:
 
 Attempts are counted in Firestore (the Pub/Sub emulator has no dead-lettering): after
 ``max_task_attempts`` the task is FAILED, its failure marker written and announced, the message
-acked. A searched job's segment is ``loops.segment``'s. Pace, heartbeat and a task's lease:
-``loops.heartbeat``; the learner process: ``entrypoints.worker``.
+acked. A searched job's segment is ``loops.segment``'s, a part of a batch prediction
+``usecases.predict_parts``'s. Pace, heartbeat and a task's lease: ``loops.heartbeat``; the
+learner process: ``entrypoints.worker``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from bucketlearn.loops.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
 from bucketlearn.loops.segment import SegmentTrainer, run_segment, train_segment
 from bucketlearn.ml.training import LocalResult, train_task
 from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
+from bucketlearn.prediction_messages import PredictPart
 from bucketlearn.services import task_messages
 from bucketlearn.services.caches import job_runtime, models_built, part_cache
+from bucketlearn.usecases.predict_parts import predict_part
 from bucketlearn.usecases.publish import announce_failure
 
 log = logging.getLogger(__name__)
@@ -90,13 +93,11 @@ class Learner:
                  segment_trainer: SegmentTrainer = train_segment) -> None:
         self.svc = svc
         self.tuning = tuning
-        # Once this process has built this many models (``caches.models_built``: one per job, again
-        # if the job left the runtime cache), ``run`` returns between tasks with ``recycle`` set:
-        # the process is to be replaced (bucketlearn.entrypoints.worker; 0: never)
+        # past this many models built (``caches.models_built``), ``run`` returns between tasks
+        # with ``recycle`` set: a fresh process replaces this one (entrypoints.worker; 0: never)
         self.max_models = max_models
         self.recycle = False
-        # chain rounds at R = 1 (a learner process does; the in-process simulation, which folds
-        # between tasks in one thread, does not)
+        # chain rounds at R = 1 (a learner process does; the in-process simulation does not)
         self.chain = chain
         self.segment_trainer = segment_trainer  # a searched job's segments' (a test's own)
         self.worker_id = worker_id or svc.settings.worker_id or svc.identity
@@ -150,12 +151,8 @@ class Learner:
         self._settle_refunds()
         if self.stop.is_set():
             return Decision.NACK  # shutting down: let another worker have it
-        if task.segment:  # one candidate through one rung of a searched job
-            self.heartbeat("busy", task)
-            done = run_segment(self.svc, task, self.worker_id, delivery_attempt, self.segment_trainer)
-            self.tasks_done += int(done)
-            self.heartbeat("idle")
-            return Decision.ACK if done else Decision.NACK
+        if isinstance(task, PredictPart) or task.segment:
+            return self._aside(task, delivery_attempt)
         pulled_at = self.svc.clock() if pulled_at is None else pulled_at
         admission = self._io.submit(self._admit, task, pulled_at, delivery_attempt)
         runtime_job = self._known_job(task.job_id)
@@ -179,13 +176,27 @@ class Learner:
                 and self.fail_task(task, admitted.doc_id, admitted.attempts - 1)):
             return Decision.ACK
         assert admitted.job is not None
-        following = self._next_task(admitted.job, trained) if self.chain else None
+        following = (self._following(admitted.job, task, trained.end_digest) if self.chain
+                     else None)
         self._with_retries(lambda: self.announce(trained, following is not None, admitted.key))
         self.tasks_done += 1
         if following is not None:
             self._chain(admitted.job, trained, following)
         self.heartbeat("idle")
         return Decision.ACK
+
+    def _aside(self, task: TaskMessage | PredictPart, delivery_attempt: int | None) -> Decision:
+        """A task outside a job's rounds: a searched job's candidate through one rung
+        (``loops.segment``), or a part of a batch prediction (``usecases.predict_parts``)."""
+        self.heartbeat("busy", task)  # type: ignore[arg-type]
+        if isinstance(task, PredictPart):
+            done = predict_part(self.svc, task, delivery_attempt, self.worker_id)
+        else:
+            done = run_segment(self.svc, task, self.worker_id, delivery_attempt,
+                               self.segment_trainer)
+        self.tasks_done += int(done)
+        self.heartbeat("idle")
+        return Decision.ACK if done else Decision.NACK
 
     def _known_job(self, job_id: str) -> Job | None:
         """The job as this process's runtime cache knows it (its model is built), or None."""
@@ -215,7 +226,7 @@ class Learner:
                                  self.worker_id, self.svc.clock(), pulled_at, delivery_attempt)
         return key, self._with_retries(
             lambda: self.svc.registry.record_attempt(task.job_id, doc_id, fields, key, known),
-            on_give_up=lambda: self._owe_refund(task.job_id, doc_id, key))
+            on_give_up=lambda: self._owed_refunds.append((task.job_id, doc_id, key)))
 
     def _with_retries(self, call: Callable[[], Any],
                       on_give_up: Callable[[], None] | None = None) -> Any:
@@ -256,7 +267,7 @@ class Learner:
                     "transient" if transient else "counted", exc,
                     exc_info=not isinstance(exc, (PermanentError, NotFoundError, OSError)))
         if transient:  # a backend outage is not the task's fault: give the attempt back
-            self._owe_refund(task.job_id, admitted.doc_id, admitted.key)
+            self._owed_refunds.append((task.job_id, admitted.doc_id, admitted.key))
             self._settle_refunds()
         try:
             self.svc.registry.update_task(task.job_id, admitted.doc_id, attempt.retrying(
@@ -264,9 +275,6 @@ class Learner:
         except Exception:  # noqa: BLE001 - the registry may be the backend that is down
             log.warning("could not record the failure of %s", task.task_id)
         return Decision.NACK
-
-    def _owe_refund(self, job_id: str, doc_id: str, key: str) -> None:
-        self._owed_refunds.append((job_id, doc_id, key))
 
     def _settle_refunds(self) -> None:
         """Give back the attempts owed (those a backend outage kept this worker from giving back
@@ -283,18 +291,15 @@ class Learner:
         """Train the task from the version it names (or from ``state``, a chain's last end
         state); return its result and figures."""
         svc = self.svc
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         runtime = job_runtime(svc, job)
         base, optimizer = state or runtime.state(task.weights_path, task.base_digest)
         x, y = part_cache(svc).rows(svc, list(task.parts))
         if self.chain:
             self._read_ahead(job, task)
-        t1 = time.perf_counter()
-        options = job.options
+        t1, options = time.perf_counter(), job.options
         batch_size = int(options["batch_size"])
-        plan = job.plan
-        scale = plan.task_rate_scale(task.round) if plan is not None else 1.0
+        scale = job.plan.task_rate_scale(task.round) if job.plan is not None else 1.0
         rates = step_rates(float(options["learning_rate"]) * scale,
                            str(options.get("lr_schedule", "constant")), task.span,
                            math.ceil(len(y) / batch_size))
@@ -354,7 +359,7 @@ class Learner:
         written = time.perf_counter()
         svc.results.publish([message])
         published = time.perf_counter()
-        if published - started > SLOW_SECONDS:  # an operator's clue to a slow backend
+        if published - started > SLOW_SECONDS:  # a clue to a slow backend
             log.warning("task %s: announcing its result took %.1f s (result write %.1f s, "
                         "publish %.1f s)", task.task_id, published - started, written - started,
                         published - written)
@@ -362,11 +367,6 @@ class Learner:
         return message
 
     # -- chaining (R = 1) -------------------------------------------------------------------------
-    def _next_task(self, job: Job, trained: _Trained) -> TaskMessage | None:
-        """The next round's task when this learner may chain into it (``_following``), from
-        the state ``trained`` ended with: the version the fold of that task will be."""
-        return self._following(job, trained.task, trained.end_digest)
-
     def _following(self, job: Job, task: TaskMessage, base_digest: str) -> TaskMessage | None:
         """The task of the round after ``task``, from ``base_digest``, when this learner may
         chain into it: the job trains one task at a time, that round exists (not the export)
@@ -413,7 +413,7 @@ class Learner:
                 log.info("chain stops at %s: the aggregator did not commit the states it "
                          "trained from", task.task_id)
                 return
-            following = self._next_task(admitted.job or job, trained)
+            following = self._following(admitted.job or job, task, trained.end_digest)
             made[task.base_version + 1] = trained.end_digest
             if pending is not None:
                 pending.result()  # announcements go out in order; a failed one ends the chain

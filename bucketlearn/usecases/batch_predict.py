@@ -7,7 +7,9 @@ The upload function hands such an event here instead of to ``usecases.upload`` (
 The input is streamed: read a block at a time from the pinned generation
 (``prediction_rows.predicted_rows``) and written as it is predicted through the store's
 ``write_stream``, so a file larger than the function's memory works; its time is bounded by
-``Limits.max_predict_bytes`` (and the function's timeout).
+``Limits.max_predict_bytes`` (and the function's timeout). A file larger than
+``Limits.predict_part_bytes`` is not predicted here: it is fanned out in parts over the
+learners (``usecases.predict_parts``), and the request is ACCEPTED, RUNNING until they end it.
 
 Every request has a status record (``domain.prediction.PredictionRecord``, in the registry
 under its job), keyed by the object's name and generation: a re-delivered event finds it and
@@ -31,7 +33,12 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bucketlearn import layout
-from bucketlearn.domain.prediction import PredictionRecord, RequestState, request_refusal
+from bucketlearn.domain.prediction import (
+    PredictionRecord,
+    RequestState,
+    part_ranges,
+    request_refusal,
+)
 from bucketlearn.errors import (
     InvalidInputError,
     NotFoundError,
@@ -42,6 +49,7 @@ from bucketlearn.errors import (
 from bucketlearn.events import Outcome, StorageEvent, display_uri, skipped
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
+from bucketlearn.prediction_messages import MAX_PARTS, PredictPart
 from bucketlearn.usecases.prediction_rows import (
     LoadedModel,
     RowBatch,
@@ -96,6 +104,9 @@ def handle_predict(svc: Services, event: StorageEvent, load: ModelLoader | None 
         _end(svc, request, RequestState.REJECTED, error=f"{file}: {refusal}")
         return Outcome.REJECTED, request.request_id
     sized = dataclasses.replace(event, size=refusal)
+    ranges = part_ranges(refusal, svc.settings.limits.predict_part_bytes, MAX_PARTS)
+    if len(ranges) > 1:
+        return _fan_out(svc, sized, request, ranges), request.request_id
     return _run(svc, sized, request, layout.predictions_path(job_id, name), load), \
         request.request_id
 
@@ -113,7 +124,7 @@ def _claimed(svc: Services, event: StorageEvent, job_id: str, now: float
     if svc.registry.create_prediction(record):
         return record
     existing = svc.registry.get_prediction(job_id, request_id)
-    if existing is None or existing.ended:
+    if existing is None or existing.ended or existing.parts:
         log.info("prediction %s of job %s: duplicate event ignored", request_id, job_id)
         return None
     if now - existing.claimed_at < svc.settings.lease_seconds:
@@ -142,6 +153,30 @@ def _refusal(svc: Services, event: StorageEvent, job_id: str) -> str | int:
                               svc.registry.count_predictions(job_id),
                               limits.max_predict_requests, info.size, limits.max_predict_bytes)
     return info.size if refused is None else refused
+
+
+def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
+             ranges: list[tuple[int, int]]) -> Outcome:
+    """Publish a part a range (``usecases.predict_parts`` predicts them on the learners), then
+    record how many: the record stays RUNNING until the last part ends it."""
+    parts = [PredictPart(job_id=request.job_id, request_id=request.request_id, part=k,
+                         parts=len(ranges), bucket=event.bucket, name=event.name,
+                         generation=event.generation, start=start, end=end)
+             for k, (start, end) in enumerate(ranges)]
+    try:
+        svc.queue.publish(parts)
+        svc.registry.update_prediction(request.job_id, request.request_id,
+                                       {"parts": len(parts), "updated_at": svc.clock()})
+    except Exception as exc:
+        if not svc.transient(exc):
+            raise
+        svc.registry.update_prediction(request.job_id, request.request_id,
+                                       {"claimed_at": 0.0}, claim=request.claim)
+        raise TransientError(f"{display_uri(event.bucket, event.name)}: publishing "
+                             f"{len(parts)} parts: {type(exc).__name__}: {exc}") from exc
+    log.info("prediction %s of job %s: %d bytes in %d parts for the learners",
+             request.request_id, request.job_id, event.size, len(parts))
+    return Outcome.ACCEPTED
 
 
 def _run(svc: Services, event: StorageEvent, request: PredictionRecord, output: str,
@@ -242,11 +277,11 @@ class _Progress:
 
 
 def csv_chunks(loaded: LoadedModel, batches: Iterator[RowBatch],
-               progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
-    """The output CSV's bytes, a batch of rows at a time (the header with the first): the
-    input's cells, then ``prediction_rows.output_columns``. ``progress`` is told each batch's
-    rows once they are predicted."""
-    header = True
+               progress: Callable[[int], None] | None = None, header: bool = True
+               ) -> Iterator[bytes]:
+    """The output CSV's bytes, a batch of rows at a time (the header with the first, unless
+    ``header`` is False): the input's cells, then ``prediction_rows.output_columns``.
+    ``progress`` is told each batch's rows once they are predicted."""
     for batch in batches:
         out = io.BytesIO()
         pacsv.write_csv(pa.Table.from_batches([output_batch(loaded, batch)]), out,

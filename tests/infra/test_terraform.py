@@ -795,13 +795,16 @@ def test_aggregator_has_exactly_what_it_needs(module: Config) -> None:
 
 
 def test_learners_have_exactly_what_they_need(module: Config) -> None:
-    # Pull tasks, read shards and weights, write results and announce them.
+    # Pull tasks, read shards and weights, write results and announce them; predict the parts
+    # of a large batch prediction (read predict/, write and compose predictions/).
     work, deltas = "${google_storage_bucket.work.name}", "${google_storage_bucket.deltas.name}"
-    models = "${google_storage_bucket.models.name}"
+    models, uploads = "${google_storage_bucket.models.name}", "${google_storage_bucket.uploads.name}"
     assert grants_to(module, "worker") == {
         ("google_storage_bucket_iam_member", "roles/storage.objectViewer", work),
         ("google_storage_bucket_iam_member", "roles/storage.objectViewer", models),
         ("google_storage_bucket_iam_member", "roles/storage.objectCreator", deltas),
+        ("google_storage_bucket_iam_member", "roles/storage.objectViewer", uploads),
+        ("google_storage_bucket_iam_member", "roles/storage.objectUser", models),
         ("google_pubsub_subscription_iam_member", "roles/pubsub.subscriber",
          "${google_pubsub_subscription.tasks.name}"),
         ("google_pubsub_topic_iam_member", "roles/pubsub.publisher",
@@ -810,6 +813,17 @@ def test_learners_have_exactly_what_they_need(module: Config) -> None:
     }
     pool = module.resource("google_cloud_run_v2_worker_pool", "learners")
     assert "${google_pubsub_subscription_iam_member.worker_subscriber}" in pool["depends_on"]
+    # the two prediction grants each held to their prefix by a condition on the object's name
+    prefixes = module.locals["worker_prefix_roles"]
+    assert {(p["bucket"], p["prefix"], p["role"]) for p in prefixes.values()} == {
+        (uploads, "predict/", "roles/storage.objectViewer"),
+        (models, "predictions/", "roles/storage.objectUser")}
+    (condition,) = module.resource("google_storage_bucket_iam_member",
+                                   "worker_prefixes")["condition"]
+    assert condition["expression"].replace('\\"', '"') == (
+        'resource.name.startsWith("projects/_/buckets/${each.value.bucket}'
+        '/objects/${each.value.prefix}")')
+    assert "${google_storage_bucket_iam_member.worker_prefixes}" in pool["depends_on"]
 
 
 def test_the_upload_function_has_exactly_what_it_needs(module: Config) -> None:
@@ -984,6 +998,19 @@ def test_worker_heartbeats_expire(module: Config) -> None:
     assert "google_firestore_field" in (MODULE / "firestore.tf").read_text()
     # The collection the heartbeats are written to.
     assert re.search(r'collection\(\s*"workers"\s*\)', FIRESTORE_ADAPTER.read_text())
+
+
+def test_the_running_predictions_query_has_its_collection_group_index(module: Config) -> None:
+    """The autoscaler's collection-group query on predictions' state (the adapter's
+    running_predictions) is served by a single-field index of collection-group scope."""
+    field = module.resource("google_firestore_field", "predictions_state")
+    assert (field["collection"], field["field"]) == ("predictions", "state")
+    assert field["index_config"][0]["indexes"] == [
+        {"order": "ASCENDING", "query_scope": "COLLECTION_GROUP"}]
+    assert field["database"] == "${local.firestore_database}"
+    adapter = FIRESTORE_ADAPTER.read_text()
+    assert 'collection_group("predictions")' in adapter
+    assert 'FieldFilter("state", "==", "RUNNING")' in adapter
 
 
 FIRESTORE_DATABASE_USES = {

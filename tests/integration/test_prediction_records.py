@@ -113,3 +113,47 @@ def test_the_upload_function_predicts_a_predict_object_with_a_done_jobs_model(
     text = svc.store.read_bytes(svc.settings.models_bucket, record.output).decode()
     assert text.splitlines()[0].startswith('"f0","f1","f2","f3","prediction","probability_0"')
     assert handle_upload_event(event, svc) == "duplicate"
+
+
+def test_parts_are_recorded_one_entry_each_and_running_requests_are_listed(backend: Any
+                                                                           ) -> None:
+    registry, job = backend.registry, job_id()
+    record = PredictionRecord("rows-2001-abcdef01", job, claim="c1")
+    assert registry.create_prediction(record)
+    registry.update_prediction(job, record.request_id, {"parts": 3})
+    # Execute / Assert
+    after = registry.record_prediction_part(job, record.request_id, 2,
+                                            {"rows": 10, "seconds": 0.5, "worker": "w"})
+    assert after.parts == 3 and after.part_results == {
+        "2": {"rows": 10, "seconds": 0.5, "worker": "w"}}
+    after = registry.record_prediction_part(job, record.request_id, 0, {
+        "rows": 4, "error": "bad", "problem": {"row": 3, "column": "b"}})
+    assert sorted(after.part_results) == ["0", "2"]
+    assert after.part_results["0"]["problem"]["row"] == 3
+    assert after.claim == "c1" and after.state == "RUNNING"  # the rest of the record kept
+    assert registry.record_prediction_part(job, "no-such-request", 0, {"rows": 1}) is None
+    running = [r.request_id for r in registry.running_predictions() if r.job_id == job]
+    assert running == [record.request_id]
+    registry.update_prediction(job, record.request_id, {"state": "DONE"})
+    assert [r for r in registry.running_predictions() if r.job_id == job] == []
+
+
+def test_objects_are_composed_and_a_pinned_stream_starts_at_an_offset(backend: Any) -> None:
+    store, bucket = backend.store, backend.settings.models_bucket
+    folder = f"predictions/{job_id()}"
+    names = [f"{folder}/.parts/r/{k:03d}.csv" for k in range(3)]
+    pieces = [f"part {k}\n".encode() * (1000 * (k + 1)) for k in range(3)]
+    for name, piece in zip(names, pieces, strict=True):
+        store.write_bytes(bucket, name, piece, "text/csv")
+    # Execute
+    info = store.compose(bucket, f"{folder}/all.csv", names, "text/csv", {"request_id": "r"})
+    # Assert
+    assert store.read_bytes(bucket, f"{folder}/all.csv") == b"".join(pieces)
+    assert info.size == sum(map(len, pieces))
+    stat = store.stat(bucket, f"{folder}/all.csv")
+    assert stat.metadata.get("request_id") == "r" and stat.content_type == "text/csv"
+    uploads = backend.settings.uploads_bucket
+    data = b"".join(pieces)
+    up = store.write_bytes(uploads, f"predict/{folder}.csv", data, "text/csv")
+    with store.open_read(uploads, up.name, up.generation, start=12345) as stream:
+        assert stream.read() == data[12345:]

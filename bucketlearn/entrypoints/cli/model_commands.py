@@ -179,7 +179,8 @@ def cmd_predict(args: argparse.Namespace, predict: Predictor | None = None) -> i
 
 def cmd_predict_job(args: argparse.Namespace) -> int:
     """``predict --job JOB FILE.csv [-o OUT.csv]``: upload FILE to ``predict/JOB/``, wait for the
-    upload function's predictions (``args.timeout``), download them. Exit codes: 0 DONE, 1 the
+    predictions (the upload function's, or its learners' for a large file; ``args.timeout``),
+    download them. Exit codes: 0 DONE, 1 the
     request FAILED or was REJECTED (the reason on stderr), 2 a usage error, 3 a timeout."""
     from bucketlearn.usecases import predict_requests as requests  # noqa: PLC0415
 
@@ -212,7 +213,8 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
         emit({**record.status(), "downloaded_to": out})
     else:
         rate = record.rows / record.seconds if record.seconds else float("nan")
+        spread = f"; {record.parts} parts on the learners" if record.parts else ""
         print(f"wrote {record.rows} predictions to {out} in {record.seconds:.1f}s "
-              f"({rate:,.0f} rows/s; job {args.job}, gs://{svc.settings.models_bucket}/"
-              f"{record.output})")
+              f"({rate:,.0f} rows/s{spread}; job {args.job}, "
+              f"gs://{svc.settings.models_bucket}/{record.output})")
     return EXIT_OK

@@ -70,3 +70,23 @@ resource "google_firestore_field" "workers_expire_at" {
 
   depends_on = [google_project_service.apis, google_firestore_database.this]
 }
+
+# The autoscaler counts the parts of running batch predictions (collection "predictions" under
+# each job) with one collection-group query on state == "RUNNING"
+# (adapters/firestore.py: running_predictions). Firestore keeps single-field indexes at
+# collection scope only by default; a collection-group query needs this one.
+resource "google_firestore_field" "predictions_state" {
+  project    = var.project_id
+  database   = local.firestore_database
+  collection = "predictions"
+  field      = "state"
+
+  index_config {
+    indexes {
+      order       = "ASCENDING"
+      query_scope = "COLLECTION_GROUP"
+    }
+  }
+
+  depends_on = [google_project_service.apis, google_firestore_database.this]
+}

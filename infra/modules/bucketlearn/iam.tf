@@ -50,7 +50,7 @@ resource "google_service_account" "worker" {
   project      = var.project_id
   account_id   = "${var.name_prefix}-worker"
   display_name = "bucketlearn learner worker"
-  description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes results, announces them on the results topic."
+  description  = "Runs the learner worker pool: pulls tasks, reads shards and weights, writes results, announces them on the results topic; predicts the parts of large batch predictions."
 
   depends_on = [google_project_service.apis]
 }
@@ -231,6 +231,20 @@ locals {
     deltas = { bucket = google_storage_bucket.deltas.name, role = "roles/storage.objectCreator" }
   }
 
+  # A large batch prediction is fanned out in parts over the learners: a learner reads its
+  # part of predict/<job>/<name>.csv in the uploads bucket, writes the part under
+  # predictions/<job>/.parts/ in the models bucket, and the last part composes them into
+  # predictions/<job>/<name>.csv and deletes them (compose and delete need objectUser). Each
+  # grant is held to its prefix by an IAM condition on the object's name.
+  worker_prefix_roles = {
+    predict_read = {
+      bucket = google_storage_bucket.uploads.name, prefix = "predict/", role = "roles/storage.objectViewer"
+    }
+    predictions_write = {
+      bucket = google_storage_bucket.models.name, prefix = "predictions/", role = "roles/storage.objectUser"
+    }
+  }
+
   # The upload form writes each file under a name of its own (dashboard/<16 random hex>/<name>),
   # never over another object: create-only (objectCreator), no read, no delete, so the dashboard
   # can neither replace nor remove what anyone uploaded (issue #26, item 3).
@@ -287,6 +301,20 @@ resource "google_storage_bucket_iam_member" "worker" {
   bucket = each.value.bucket
   role   = each.value.role
   member = "serviceAccount:${google_service_account.worker.email}"
+}
+
+resource "google_storage_bucket_iam_member" "worker_prefixes" {
+  for_each = local.worker_prefix_roles
+
+  bucket = each.value.bucket
+  role   = each.value.role
+  member = "serviceAccount:${google_service_account.worker.email}"
+
+  condition {
+    title       = "bucketlearn-worker-${each.key}"
+    description = "Objects under ${each.value.prefix} only (batch prediction parts)."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/${each.value.bucket}/objects/${each.value.prefix}\")"
+  }
 }
 
 resource "google_storage_bucket_iam_member" "dashboard" {

@@ -86,6 +86,7 @@ resource "google_cloud_run_v2_worker_pool" "learners" {
   depends_on = [
     google_project_service.apis,
     google_storage_bucket_iam_member.worker,
+    google_storage_bucket_iam_member.worker_prefixes,
     google_pubsub_subscription_iam_member.worker_subscriber,
     google_project_iam_member.firestore_users,
   ]

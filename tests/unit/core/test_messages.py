@@ -10,6 +10,7 @@ import pytest
 
 from bucketlearn import layout, messages
 from bucketlearn.ports import FAILED, NUDGE, RESULT, ResultMessage, TaskMessage
+from bucketlearn.prediction_messages import PredictPart
 
 JOB = "digits-3f2a9c1b7e4d"
 DIGEST = "sha256:" + "ab" * 32
@@ -171,4 +172,36 @@ def test_a_task_message_reaching_outside_its_job_is_refused(raw: bytes, says: st
     # Execute
     message, problem = messages.decoder(TaskMessage)(raw)
     # Assert
+    assert message is None and problem is not None and problem.startswith(says), problem
+
+
+def predict_part(**fields) -> bytes:
+    """A batch prediction part's body as the upload function sends it, ``fields`` changed."""
+    body = PredictPart(job_id=JOB, request_id="rows-17-0a1b2c3d", part=1, parts=3,
+                       bucket="bl-uploads", name=f"predict/{JOB}/rows.csv", generation=17,
+                       start=100, end=200).to_dict()
+    body.update(fields)
+    return json.dumps(body).encode()
+
+
+def test_a_prediction_part_comes_through_the_tasks_topic_unchanged() -> None:
+    message, problem = messages.decoder(TaskMessage)(predict_part())
+    assert problem is None and isinstance(message, PredictPart)
+    assert (message.part, message.parts, message.start, message.end) == (1, 3, 100, 200)
+    assert message.task_id == f"{JOB}:predict-rows-17-0a1b2c3d-1"
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (predict_part(name="predict/other-3f2a9c1b7e4d/rows.csv"),
+     f"name: expected an object predict/{JOB}/<name>.csv"),
+    (predict_part(name="uploads/rows.csv"), "name: expected an object predict/"),
+    (predict_part(part=3), "part: expected a whole number from 0 to 2"),
+    (predict_part(parts=33), "parts: expected a whole number from 1 to 32"),
+    (predict_part(end=100), "end: expected a whole number from 101"),
+    (predict_part(request_id="../x"), "request_id: expected a request id"),
+], ids=["other-jobs-file", "not-a-request", "part-past-parts", "too-many-parts",
+        "empty-range", "path-in-id"])
+def test_a_prediction_part_reaching_outside_its_request_is_refused(raw: bytes, says: str
+                                                                  ) -> None:
+    message, problem = messages.decoder(TaskMessage)(raw)
     assert message is None and problem is not None and problem.startswith(says), problem

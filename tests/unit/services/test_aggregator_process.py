@@ -358,7 +358,7 @@ def test_a_chained_result_whose_message_is_late_is_folded_from_the_listing(tmp_p
     wait_until(lambda: svc.registry.get_job(job_id).version >= 1)
     published = len(svc.queue.published)
     # Execute: the next result is written once the job is served; its message never arrives
-    following = learner._next_task(job, first)
+    following = learner._following(job, first.task, first.end_digest)
     second = learner.train(following, job, (first.result.weights, first.result.optimizer))
     learner.announce(second, chained=True)
     svc.results._items.pop()
@@ -648,7 +648,7 @@ def test_a_chaining_learner_reads_its_next_tasks_parts_while_it_trains(tmp_path)
     learner = Learner(svc, "w-ahead", tuning=LEARNING, chain=True)
     job = svc.registry.get_job(job_id)
     first = learner.train(svc.queue.pull(0).message, job)
-    following = learner._next_task(job, first)
+    following = learner._following(job, first.task, first.end_digest)
     assert following is not None
     # Execute
     held = wait_until(lambda: all(p in part_cache(svc)._parts for p in following.parts), 10)

@@ -1,0 +1,77 @@
+"""The task message of one part of a batch prediction request fanned out over the learners
+(``usecases.predict_parts``): it travels on the tasks topic beside the training tasks
+(``ports.TaskMessage.from_dict`` hands a body of kind ``predict`` to ``PredictPart.from_dict``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bucketlearn import layout, messages
+
+PREDICT_KIND = "predict"
+MAX_PARTS = 32  # Cloud Storage composes at most 32 objects into one
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}$")
+
+
+@dataclass(frozen=True)
+class PredictPart:
+    """Part ``part`` of ``parts`` of request ``request_id``: the rows of the input object's
+    generation whose lines start in bytes [``start``, ``end``) (a line that starts before
+    ``end`` is read to its end; the header line is never a row).
+
+    Every part of a request names the same object, generation and ``parts``; the part that
+    finds every part recorded writes the output (``usecases.predict_parts.finish``).
+    """
+
+    job_id: str
+    request_id: str
+    part: int
+    parts: int
+    bucket: str
+    name: str
+    generation: int
+    start: int
+    end: int
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.job_id}:predict-{self.request_id}-{self.part}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": PREDICT_KIND, "job_id": self.job_id, "request_id": self.request_id,
+                "part": self.part, "parts": self.parts, "bucket": self.bucket,
+                "name": self.name, "generation": self.generation, "start": self.start,
+                "end": self.end}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PredictPart:
+        """A part message as published, every field checked: the object one of this job's
+        ``predict/`` requests, the part within the parts, the range within a file.
+
+        Raises:
+            MessageError: a field is missing or holds what it cannot.
+        """
+        job_id = messages.job_id(data.get("job_id"))
+        name = messages.text(data.get("name"), "name", 1024)
+        parsed = layout.parse_predict_name(name)
+        if parsed is None or parsed[0] != job_id:
+            raise messages.MessageError("name", f"an object predict/{job_id}/<name>.csv", name)
+        parts = messages.integer(data.get("parts"), "parts", 1, MAX_PARTS)
+        start = messages.integer(data.get("start"), "start", 0, 2**50)
+        end = messages.integer(data.get("end"), "end", start + 1, 2**50)
+        request_id = data.get("request_id")
+        if not isinstance(request_id, str) or not _REQUEST_ID.match(request_id):
+            raise messages.MessageError("request_id", "a request id (letters, digits, '._-')",
+                                        request_id)
+        bucket = data.get("bucket")
+        if not isinstance(bucket, str) or not _BUCKET.match(bucket):
+            raise messages.MessageError("bucket", "a bucket name", bucket)
+        return cls(job_id=job_id, request_id=request_id,
+                   part=messages.integer(data.get("part"), "part", 0, parts - 1), parts=parts,
+                   bucket=bucket, name=name,
+                   generation=messages.integer(data.get("generation"), "generation", 0, 2**62),
+                   start=start, end=end)

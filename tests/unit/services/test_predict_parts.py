@@ -1,0 +1,197 @@
+"""A large batch prediction fanned out over the learners, on the in-memory ports: the upload
+function publishes a part a byte range, learners predict the parts, the last part composes them
+into the output; the output is the function's own, whatever the boundaries, duplicates and
+deaths; a bad row is named by its row in the file."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import threading
+
+import numpy as np
+import pytest
+
+from bucketlearn import layout
+from bucketlearn.bootstrap import memory_services
+from bucketlearn.events import Outcome, StorageEvent
+from bucketlearn.local.simulation import simulate_pipeline
+from bucketlearn.loops.autoscale import outstanding_parts
+from bucketlearn.loops.learner import Learner
+from bucketlearn.options import JobOptions
+from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.usecases import batch_predict, predict_parts
+from tests.unit.helpers import REPO_DIR
+
+PENGUINS = REPO_DIR / "data" / "penguins.csv"
+
+
+@pytest.fixture(scope="module")
+def penguins_job():
+    """A DONE classification job (text columns, NA cells) and a file of its rows without the
+    label, 6 copies (2,064 rows)."""
+    run = simulate_pipeline(str(PENGUINS), JobOptions(label_column="species", epochs=2),
+                            svc=memory_services())
+    assert run["job"].status == "DONE"
+    lines = PENGUINS.read_text().splitlines()
+    header = ",".join(lines[0].split(",")[1:])
+    body = [",".join(line.split(",")[1:]) for line in lines[1:]] * 6
+    return run["svc"], run["job"].job_id, (header + "\n" + "\n".join(body) + "\n").encode()
+
+
+def with_part_bytes(svc, part_bytes: int):
+    limits = dataclasses.replace(svc.settings.limits, predict_part_bytes=part_bytes)
+    return dataclasses.replace(svc, settings=dataclasses.replace(svc.settings, limits=limits))
+
+
+def upload(svc, job_id: str, name: str, data: bytes):
+    info = svc.store.write_bytes(svc.settings.uploads_bucket,
+                                 layout.predict_object_name(job_id, name), data, "text/csv")
+    event = StorageEvent(info.bucket, info.name, info.generation, info.size)
+    outcome, request_id = batch_predict.handle_predict(svc, event)
+    return outcome, request_id, event
+
+
+def run_learner(svc, messages: int) -> int:
+    """A learner on ``svc`` handling up to ``messages`` messages (it stops at an empty queue)."""
+    return Learner(svc).run(threading.Event(), max_tasks=messages, pull_timeout=0.05)
+
+
+def output(svc, job_id: str, name: str) -> list[dict[str, str]]:
+    data = svc.store.read_bytes(svc.settings.models_bucket,
+                                layout.predictions_path(job_id, name))
+    return list(csv.DictReader(io.StringIO(data.decode())))
+
+
+def parts_left(svc, job_id: str, request_id: str) -> list[str]:
+    prefix = f"predictions/{job_id}/.parts/{request_id}/"
+    return [b.name for b in svc.store.list(svc.settings.models_bucket, prefix)]
+
+
+def test_a_fanned_out_file_is_predicted_as_the_function_predicts_it(penguins_job):
+    """Three parts on the learners: the output has the function's rows, cells and predictions
+    (the probabilities to float32's precision), in order; the record is DONE with every row
+    once, and the parts' objects are gone."""
+    svc, job_id, data = penguins_job
+    inline = upload(with_part_bytes(svc, 0), job_id, "whole.csv", data)
+    assert inline[0] is Outcome.ACCEPTED
+    fanned = with_part_bytes(svc, len(data) // 3 + 1)
+    # Execute
+    outcome, request_id, _ = upload(fanned, job_id, "parts.csv", data)
+    published = [m for m in svc.queue.published if isinstance(m, PredictPart)
+                 and m.request_id == request_id]
+    assert outcome is Outcome.ACCEPTED and len(published) == 3
+    assert svc.registry.get_prediction(job_id, request_id).state == "RUNNING"
+    assert outstanding_parts(svc.registry) == 3
+    run_learner(fanned, 3)
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert record.state == "DONE" and record.parts == 3 and record.rows == 2064
+    assert record.output == f"predictions/{job_id}/parts.csv"
+    assert outstanding_parts(svc.registry) == 0
+    expected, got = output(svc, job_id, "whole"), output(svc, job_id, "parts")
+    assert len(got) == 2064 and list(got[0]) == list(expected[0])
+    assert [r["prediction"] for r in got] == [r["prediction"] for r in expected]
+    assert [r["island"] for r in got] == [r["island"] for r in expected]
+    probabilities = [c for c in expected[0] if c.startswith("probability_")]
+    np.testing.assert_allclose([[float(r[c]) for c in probabilities] for r in got],
+                               [[float(r[c]) for c in probabilities] for r in expected],
+                               rtol=1e-5, atol=1e-6)
+    assert parts_left(svc, job_id, request_id) == []
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_every_line_is_in_exactly_one_part_wherever_the_boundaries_fall(crlf):
+    """The parts' rows, read as files of their own, are the file's rows once each, in order,
+    for every place two boundaries can fall (a boundary on a newline, just after it, inside a
+    line; the last line without its newline)."""
+    end = b"\r\n" if crlf else b"\n"
+    rows = [f"{i},{'x' * (i % 5)}".encode() for i in range(12)]
+    data = b"a,b" + end + end.join(rows)  # no newline after the last row
+    svc = memory_services()
+    info = svc.store.write_bytes("in", "predict/job-0123456789ab/f.csv", data, "text/csv")
+    for first in range(1, len(data)):
+        for second in range(first + 1, len(data), 3):
+            bounds = [0, first, second, len(data)]
+            got = []
+            for k in range(3):
+                task = PredictPart("job-0123456789ab", "r", k, 3, "in", info.name,
+                                   info.generation, bounds[k], bounds[k + 1])
+                text = b"".join(predict_parts.PartReader(svc, task).chunks())
+                lines = text.split(end)
+                assert lines[0] == b"a,b", (bounds, k)
+                got.extend(line for line in lines[1:] if line)
+            assert got == rows, bounds
+
+
+def test_a_duplicated_part_and_a_learner_dead_mid_part_apply_once(penguins_job):
+    """Part 2 predicted by a learner that died before recording it (its object written), then
+    delivered twice more: the output and the rows are those of one clean run."""
+    svc, job_id, data = penguins_job
+    fanned = with_part_bytes(svc, len(data) // 3 + 1)
+    outcome, request_id, _ = upload(fanned, job_id, "dup.csv", data)
+    assert outcome is Outcome.ACCEPTED
+    part = next(m for m in svc.queue.published if isinstance(m, PredictPart)
+                and m.request_id == request_id and m.part == 2)
+    predict_parts._predict(fanned, part, "dead-learner")  # wrote its object, then died
+    svc.queue.publish([part])  # and a duplicate
+    # Execute
+    run_learner(fanned, 4)
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert record.state == "DONE" and record.rows == 2064
+    got, given = output(svc, job_id, "dup"), list(csv.DictReader(io.StringIO(data.decode())))
+    assert [{c: r[c] for c in given[0]} for r in got] == given
+
+
+def test_a_bad_row_in_a_later_part_fails_the_request_naming_its_row(penguins_job):
+    svc, job_id, data = penguins_job
+    lines = data.decode().splitlines()
+    bad_row = 1900  # a data row (from 1) in the last part
+    cells = lines[bad_row].split(",")
+    cells[1] = "long"  # bill_length_mm, a number column
+    lines[bad_row] = ",".join(cells)
+    bad = ("\n".join(lines) + "\n").encode()
+    fanned = with_part_bytes(svc, len(bad) // 3 + 1)
+    # Execute
+    outcome, request_id, _ = upload(fanned, job_id, "bad.csv", bad)
+    run_learner(fanned, 3)
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert outcome is Outcome.ACCEPTED and record.state == "FAILED"
+    assert record.problem["row"] == bad_row and record.problem["column"] == "bill_length_mm"
+    assert f"row {bad_row}" in record.error and "found: long" in record.error
+    assert record.output is None and parts_left(svc, job_id, request_id) == []
+    with pytest.raises(Exception, match="no such object"):
+        svc.store.read_bytes(svc.settings.models_bucket, layout.predictions_path(job_id, "bad"))
+
+
+def test_a_part_that_kills_its_learner_every_time_fails_the_request_naming_it(penguins_job):
+    svc, job_id, data = penguins_job
+    fanned = with_part_bytes(svc, len(data) // 2 + 1)
+    outcome, request_id, _ = upload(fanned, job_id, "poison.csv", data)
+    part = next(m for m in svc.queue.published if isinstance(m, PredictPart)
+                and m.request_id == request_id and m.part == 1)
+    attempts = fanned.settings.max_task_attempts
+    # Execute: part 0 predicted; part 1's last delivery comes after every attempt was spent
+    assert predict_parts.predict_part(fanned, part, attempts + 1, "w") is True
+    run_learner(fanned, 2)
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert outcome is Outcome.ACCEPTED and record.state == "FAILED"
+    assert "part 2 of 2" in record.error and f"after {attempts} attempts" in record.error
+
+
+def test_a_duplicate_upload_event_after_the_fan_out_publishes_nothing(penguins_job):
+    svc, job_id, data = penguins_job
+    fanned = with_part_bytes(svc, len(data) // 2 + 1)
+    outcome, request_id, event = upload(fanned, job_id, "twice.csv", data)
+    published = len(svc.queue.published)
+    # Execute
+    again, same = batch_predict.handle_predict(fanned, event)
+    # Assert
+    assert outcome is Outcome.ACCEPTED and again is Outcome.DUPLICATE and same == request_id
+    assert len(svc.queue.published) == published
+    run_learner(fanned, 2)
+    assert svc.registry.get_prediction(job_id, request_id).rows == 2064
