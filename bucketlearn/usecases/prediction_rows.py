@@ -32,7 +32,11 @@ from bucketlearn.ingest.sniff import read_header
 from bucketlearn.ingest.stream import SourceFile
 
 READ_BLOCK_BYTES = stream.READ_BLOCK_BYTES
-PREDICT_BATCH_ROWS = 1024  # rows the model is called on at once
+PREDICT_BATCH_ROWS = 1024  # rows a matrix model's ``predict`` takes at once
+# rows a raw-row model is called on at once: each call runs the model eagerly (op by op), so
+# its cost is mostly per call; 8,192 rows a call predicted penguins' 65,536 rows at 197,000
+# rows/s against 58,000 at 1,024, the same outputs to the bit
+RAW_BATCH_ROWS = 8192
 PROBABILITY_PREFIX = "probability_"
 
 
@@ -188,7 +192,7 @@ def model_outputs(loaded: LoadedModel, typed: dict[str, pa.Array], rows: int,
 
 
 def predict_raw_rows(model: Any, columns: dict[str, Any], inputs: dict[str, str], rows: int,
-                     batch: int = PREDICT_BATCH_ROWS) -> np.ndarray:
+                     batch: int = RAW_BATCH_ROWS) -> np.ndarray:
     """The raw-row model's outputs, ``batch`` rows at a time (Keras's ``predict`` does not take
     string arrays in a dict: the model is called on tensors)."""
     import tensorflow as tf  # noqa: PLC0415
