@@ -136,6 +136,11 @@ def test_a_large_file_is_fanned_out_over_the_learners(stack: Any, penguins: str,
     assert (again.state, again.rows, again.updated_at) == ("DONE", rows, record["updated_at"])
     assert svc.store.stat(stack.settings.models_bucket, record["output"]).generation == \
         output.generation
+    faults.record(RESULTS, "a fanned-out request's upload event delivered again",
+                  "the storage event of a DONE 3-part request posted to the upload function a "
+                  "second time", "the record unchanged (DONE, its rows, its updated_at); the "
+                  "output not rewritten (same generation); nothing published", rows=rows,
+                  parts=3)
 
 
 def test_a_learner_killed_at_each_step_of_a_part_loses_no_row(stack: Any, penguins: str,
