@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import uuid
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import DIGITS
-from benchmarks.harness.procs import log
+from benchmarks.harness.procs import log, process_table, tree_cpu
 from bucketlearn.usecases.waiting import wait_terminal
 
 BENCH_UPLOADS = "bench-uploads"
@@ -38,19 +39,40 @@ def emulators(home: Path) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def local_stack(home: Path, workers: int, emus: Any, label: str, timeout: float = 240,
-                **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+                prefix: str | None = None, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """A started LocalStack on shared emulators (no dashboard) and its Google services; stopped
-    afterwards. ``kwargs`` go to LocalStack (e.g. ``extra_env``)."""
+    afterwards. Its resources are named under ``prefix`` (None: a new one from ``label``): a
+    stack started on the same emulators with an earlier stack's prefix finds that one's jobs,
+    models and records. ``kwargs`` go to LocalStack (e.g. ``extra_env``)."""
     from bucketlearn.bootstrap import google_services
     from bucketlearn.local.stack import LocalStack
 
     stack = LocalStack(home=home, workers=workers, dashboard=False, emulators=emus,
-                       name_prefix=unique_prefix(label), **kwargs)
+                       name_prefix=prefix or unique_prefix(label), **kwargs)
     stack.start(timeout=timeout)
     try:
         yield stack, google_services(stack.settings)
     finally:
         stack.stop()
+
+
+def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
+    """CPU seconds so far per component: each started process and all its descendants (gcloud's
+    Java emulators included); the relay and the polling run in this process."""
+    table = process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[str, float] = {}
+    groups = {**{f"emulator:{n}": p for n, p in emus.procs.items()}, **stack.procs}
+    for name, proc in groups.items():
+        if proc.popen is None:
+            continue
+        key = "workers" if name.startswith("worker-") else name
+        out[key] = out.get(key, 0.0) + tree_cpu(proc.popen.pid, table, children)
+    usage = os.times()
+    out["benchmark process (relay, polling)"] = usage.user + usage.system
+    return out
 
 
 def gcp_storage_emulator_argv(port: int) -> list[str]:

@@ -32,8 +32,8 @@ import numpy as np
 
 from benchmarks.harness.data import scratch_dir
 from benchmarks.harness.figures import median, stats
-from benchmarks.harness.procs import log, process_table, tree_cpu
-from benchmarks.harness.stack import emulators, local_stack, submit, wait_ended
+from benchmarks.harness.procs import log
+from benchmarks.harness.stack import cpu_snapshot, emulators, local_stack, submit, wait_ended
 from benchmarks.report.markdown import md_table
 from benchmarks.report.results import goal, new_result
 
@@ -210,25 +210,6 @@ def counts_diff(before: dict[str, dict[str, Any]], after: dict[str, dict[str, An
                 if delta:
                     total[target][coll] = total[target].get(coll, 0) + delta
     return total
-
-
-def cpu_snapshot(stack: Any, emus: Any) -> dict[str, float]:
-    """CPU seconds so far per component: each started process and all its descendants (gcloud's
-    Java emulators included); the relay and the polling run in this process."""
-    table = process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out: dict[str, float] = {}
-    groups = {**{f"emulator:{n}": p for n, p in emus.procs.items()}, **stack.procs}
-    for name, proc in groups.items():
-        if proc.popen is None:
-            continue
-        key = "workers" if name.startswith("worker-") else name
-        out[key] = out.get(key, 0.0) + tree_cpu(proc.popen.pid, table, children)
-    usage = os.times()
-    out["benchmark process (relay, polling)"] = usage.user + usage.system
-    return out
 
 
 def wait_workers_ready(svc: Any, stack: Any, timeout: float = 300) -> int:
