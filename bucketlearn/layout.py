@@ -109,10 +109,13 @@ def predictions_path(job_id: str, name: str) -> str:
     return f"predictions/{job_id}/{name}.csv"
 
 
+PREDICTION_PARTS_PREFIX = "predictions/.parts/"  # a lifecycle rule deletes what is left here
+
+
 def prediction_part_path(job_id: str, request_id: str, part: int) -> str:
     """One part of a fanned-out request's output, composed into ``predictions_path`` and then
-    deleted: ``predictions/<job>/.parts/<request>/<part>.csv``."""
-    return f"predictions/{job_id}/.parts/{request_id}/{part:03d}.csv"
+    deleted: ``predictions/.parts/<job>/<request>/<part>.csv``."""
+    return f"{PREDICTION_PARTS_PREFIX}{job_id}/{request_id}/{part:03d}.csv"
 
 
 # --- uploads bucket: batch prediction requests --------------------------------------------------

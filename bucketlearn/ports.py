@@ -249,8 +249,7 @@ class ResultMessage:
 
 class Received(Protocol):
     """One delivered message: its decoded body (None when it is not one of ours) and how to
-    settle it. ``extend(s)`` sets its ack deadline to ``s`` seconds from now (0: redeliver
-    at once)."""
+    settle it. ``extend(s)``: its ack deadline ``s`` seconds from now (0: redeliver now)."""
 
     message: Any
     raw: bytes
@@ -436,9 +435,13 @@ class PredictionRecords(Protocol):
 
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
-        """Record what part ``part`` of a fanned-out request came to (``part_results``,
-        keyed by the part's number; recorded again, the last entry stands: a part's rows are
-        the same whoever predicts them) and return the record after (None: no record)."""
+        """Record what part ``part`` of a fanned-out request came to (``part_results``; the
+        last entry stands) and return the record after (None: no record)."""
+        ...
+
+    def count_part_attempt(self, job_id: str, request_id: str, part: int
+                           ) -> PredictionRecord | None:
+        """Count one attempt at part ``part`` (``part_attempts``); the record after."""
         ...
 
     def running_predictions(self) -> list[PredictionRecord]:
@@ -456,8 +459,7 @@ class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,
 @dataclass
 class RuntimeCache:
     """What one process keeps between its service calls (``services.caches``): a slot for each
-    thing, each filled on first use. Not shared between processes; a simulated learner gets its
-    own (``dataclasses.replace(svc, cache=RuntimeCache())``), as a separate process would have.
+    thing, each filled on first use. Not shared: a simulated learner gets its own, as a process.
 
     Attributes:
         runtimes: each job's ``services.caches.JobRuntime`` (its model, manifest, holdout and

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketlearn import layout, messages
+from bucketlearn.domain.prediction import PredictionRecord
 
 PREDICT_KIND = "predict"
 MAX_PARTS = 32  # Cloud Storage composes at most 32 objects into one
@@ -36,6 +37,7 @@ class PredictPart:
     generation: int
     start: int
     end: int
+    model_generation: int = 0  # the exported model's generation (0: whatever is latest)
 
     @property
     def task_id(self) -> str:
@@ -45,7 +47,7 @@ class PredictPart:
         return {"kind": PREDICT_KIND, "job_id": self.job_id, "request_id": self.request_id,
                 "part": self.part, "parts": self.parts, "bucket": self.bucket,
                 "name": self.name, "generation": self.generation, "start": self.start,
-                "end": self.end}
+                "end": self.end, "model_generation": self.model_generation}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PredictPart:
@@ -74,4 +76,17 @@ class PredictPart:
                    part=messages.integer(data.get("part"), "part", 0, parts - 1), parts=parts,
                    bucket=bucket, name=name,
                    generation=messages.integer(data.get("generation"), "generation", 0, 2**62),
-                   start=start, end=end)
+                   start=start, end=end, model_generation=messages.integer(
+                       messages.get(data, "model_generation", 0), "model_generation", 0, 2**62))
+
+
+def parts_of(record: PredictionRecord, which: list[int] | None = None) -> list[PredictPart]:
+    """The messages of a fanned-out request's parts (of ``which`` only, when given), as its
+    record describes them (``part_ends``, ``source``, ``model_generation``)."""
+    source, ends = record.source, list(record.part_ends)
+    starts = [0, *ends[:-1]]
+    return [PredictPart(job_id=record.job_id, request_id=record.request_id, part=k,
+                        parts=len(ends), bucket=str(source["bucket"]), name=str(source["name"]),
+                        generation=int(source["generation"]), start=starts[k], end=ends[k],
+                        model_generation=record.model_generation)
+            for k in (range(len(ends)) if which is None else which)]

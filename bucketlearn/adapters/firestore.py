@@ -384,6 +384,17 @@ class FirestoreRegistry:
             return None
         return self.get_prediction(job_id, request_id)
 
+    def count_part_attempt(self, job_id: str, request_id: str, part: int
+                           ) -> PredictionRecord | None:
+        """An increment of one field (attempts at once do not contend), then the record."""
+        ref = self._prediction(job_id, request_id)
+        key = FieldPath("part_attempts", str(part)).to_api_repr()
+        try:
+            ref.update({key: firestore.Increment(1)}, timeout=TIMEOUT)
+        except gexc.NotFound:
+            return None
+        return self.get_prediction(job_id, request_id)
+
     def running_predictions(self) -> list[PredictionRecord]:
         """A collection-group query on ``state`` (its index: infra/firestore.tf)."""
         query = self.client.collection_group("predictions").where(

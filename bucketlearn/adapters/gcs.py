@@ -164,7 +164,13 @@ class GcsBlobStore:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
             raise self.changed(bucket, name, generation) from None
         if start:
-            reader.seek(start)  # the next range request starts there
+            try:
+                reader.seek(start)  # the next range request starts there
+            except gexc.NotFound:
+                reader.close()
+                if generation is None:
+                    raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
+                raise self.changed(bucket, name, generation) from None
         if generation is None:
             return reader
         return _PinnedReader(reader, self, bucket, name, generation)

@@ -74,6 +74,18 @@ class MemoryPredictions:
             results[str(part)] = copy.deepcopy(dict(entry))
             return PredictionRecord.from_doc(copy.deepcopy(stored))
 
+    def count_part_attempt(self, job_id: str, request_id: str, part: int
+                           ) -> PredictionRecord | None:
+        _document_id(job_id)
+        _document_id(request_id)
+        with self._lock:
+            stored = self.predictions.get((job_id, request_id))
+            if stored is None:
+                return None
+            attempts = stored.setdefault("part_attempts", {})
+            attempts[str(part)] = int(attempts.get(str(part), 0)) + 1
+            return PredictionRecord.from_doc(copy.deepcopy(stored))
+
     def running_predictions(self) -> list[PredictionRecord]:
         with self._lock:
             return [PredictionRecord.from_doc(copy.deepcopy(doc))

@@ -243,6 +243,7 @@ class MeteredRegistry(_Metered):
         "count_predictions": ("firestore.query", _first, lambda *a, **k: {
             "firestore_reads": 1}),
         "record_prediction_part": ("firestore.write", _first, _writes(1, 1)),
+        "count_part_attempt": ("firestore.write", _first, _writes(1, 1)),
         "running_predictions": ("firestore.query", _no_job, _reads),
     }
 

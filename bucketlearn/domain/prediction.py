@@ -55,9 +55,14 @@ class PredictionRecord:
             event takes a claim over once it is older than the lease).
         parts: how many parts the request was fanned out in over the learners (0: predicted
             by the function that heard the upload).
+        part_ends: where each part's byte range ends (a part starts where the one before
+            ends), so the parts can be published again (``prediction_messages.parts_of``).
+        model_generation: the generation of the job's exported model every part predicts with.
         part_results: what each part came to, by its number as a string: ``rows`` and
-            ``seconds`` (and ``worker``); a part that could not be predicted ``error``, and
-            ``problem`` for a bad row (its row counted within the part).
+            ``seconds`` (and ``worker``, ``at``); a part that could not be predicted
+            ``error``, and ``problem`` for a bad row (its row counted within the part).
+        part_attempts: deliveries of each part that began predicting it, by its number.
+        republished: how many times the watchdog published the unrecorded parts again.
     """
 
     request_id: str
@@ -74,7 +79,11 @@ class PredictionRecord:
     claim: str = ""
     claimed_at: float = 0.0
     parts: int = 0
+    part_ends: tuple[int, ...] = ()
+    model_generation: int = 0
     part_results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    part_attempts: Mapping[str, int] = field(default_factory=dict)
+    republished: int = 0
 
     @property
     def ended(self) -> bool:
@@ -88,7 +97,9 @@ class PredictionRecord:
                 "output": self.output, "created_at": self.created_at,
                 "updated_at": self.updated_at, "claim": self.claim,
                 "claimed_at": self.claimed_at, "parts": self.parts,
-                "part_results": {k: dict(v) for k, v in self.part_results.items()}}
+                "part_ends": list(self.part_ends), "model_generation": self.model_generation,
+                "part_results": {k: dict(v) for k, v in self.part_results.items()},
+                "part_attempts": dict(self.part_attempts), "republished": self.republished}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> PredictionRecord:
@@ -104,13 +115,27 @@ class PredictionRecord:
                    claim=str(doc.get("claim") or ""),
                    claimed_at=float(doc.get("claimed_at") or 0.0),
                    parts=int(doc.get("parts") or 0),
+                   part_ends=tuple(int(e) for e in doc.get("part_ends") or ()),
+                   model_generation=int(doc.get("model_generation") or 0),
                    part_results={str(k): dict(v) for k, v in
-                                 (doc.get("part_results") or {}).items()})
+                                 (doc.get("part_results") or {}).items()},
+                   part_attempts={str(k): int(v) for k, v in
+                                  (doc.get("part_attempts") or {}).items()},
+                   republished=int(doc.get("republished") or 0))
 
     def status(self) -> dict[str, Any]:
         """What a client shows: the record without its claim."""
-        return {k: v for k, v in self.to_doc().items()
-                if k not in ("claim", "claimed_at", "part_results")}
+        return {k: v for k, v in self.to_doc().items() if k not in (
+            "claim", "claimed_at", "part_ends", "part_results", "part_attempts")}
+
+    def unrecorded_parts(self) -> list[int]:
+        """The parts not recorded yet (none for a request the function predicts itself)."""
+        return [k for k in range(self.parts) if str(k) not in self.part_results]
+
+    def last_activity(self) -> float:
+        """When the request was last updated or a part of it last recorded."""
+        return max([self.updated_at, self.created_at, *(
+            float(entry.get("at") or 0.0) for entry in self.part_results.values())])
 
 
 def part_ranges(size: int, part_bytes: int, max_parts: int) -> list[tuple[int, int]]:

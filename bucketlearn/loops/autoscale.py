@@ -78,9 +78,14 @@ def outstanding_tasks(registry: Registry) -> int:
 
 def outstanding_parts(registry: Registry) -> int:
     """Parts of running batch prediction requests fanned out over the learners that are not
-    recorded yet (``usecases.predict_parts``)."""
-    return sum(max(0, record.parts - len(record.part_results))
-               for record in registry.running_predictions() if record.parts)
+    recorded yet (``usecases.predict_parts``); 0, with a warning, when they cannot be read
+    (the jobs' tasks are still served)."""
+    try:
+        running = registry.running_predictions()
+    except Exception:  # noqa: BLE001 - e.g. its index still building after a deployment
+        log.warning("autoscale: could not read the running batch predictions", exc_info=True)
+        return 0
+    return sum(len(record.unrecorded_parts()) for record in running)
 
 
 def active_jobs(registry: Registry) -> int:

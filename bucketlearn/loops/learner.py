@@ -189,11 +189,9 @@ class Learner:
         """A task outside a job's rounds: a searched job's candidate through one rung
         (``loops.segment``), or a part of a batch prediction (``usecases.predict_parts``)."""
         self.heartbeat("busy", task)  # type: ignore[arg-type]
-        if isinstance(task, PredictPart):
-            done = predict_part(self.svc, task, delivery_attempt, self.worker_id)
-        else:
-            done = run_segment(self.svc, task, self.worker_id, delivery_attempt,
-                               self.segment_trainer)
+        done = (predict_part(self.svc, task, delivery_attempt, self.worker_id, self._with_retries)
+                if isinstance(task, PredictPart) else run_segment(
+                    self.svc, task, self.worker_id, delivery_attempt, self.segment_trainer))
         self.tasks_done += int(done)
         self.heartbeat("idle")
         return Decision.ACK if done else Decision.NACK

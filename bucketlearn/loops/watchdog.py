@@ -14,7 +14,10 @@ starts every minute), locally by the stack's supervisor. What to do is decided b
 
 It looks at every job that has not ended (``list_active_jobs``), however many newer ones exist.
 ``drain_dead_letters`` turns task messages Pub/Sub gave up on (the dead-letter sink) into failure
-markers, so the round folds without them and the job's ``max_failed_tasks`` decides its fate.
+markers, so the round folds without them and the job's ``max_failed_tasks`` decides its fate; a
+batch prediction's part it gives up on ends its request FAILED naming it. Fanned-out batch
+predictions that stand still get their unrecorded parts published again
+(``usecases.predict_parts.sweep_predictions``).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding_pairs
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
+from bucketlearn.prediction_messages import PredictPart
 from bucketlearn.services import endings, task_messages
 from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.results import list_deltas
+from bucketlearn.usecases.predict_parts import give_up_part, sweep_predictions
 from bucketlearn.usecases.publish import announce_failure
 from bucketlearn.usecases.search_publish import republish_outstanding
 
@@ -51,6 +56,10 @@ def watchdog_pass(svc: Services, now: float | None = None) -> list[dict[str, Any
                                 "tasks": decided.tasks, "reason": decided.reason})
         except Exception:  # noqa: BLE001 - one job's trouble must not stop the others'
             log.exception("watchdog: could not look after job %s", job.job_id)
+    try:
+        actions.extend(sweep_predictions(svc, now))
+    except Exception:  # noqa: BLE001 - the jobs were looked after; the requests next time
+        log.exception("watchdog: could not look after the batch predictions")
     return actions
 
 
@@ -122,19 +131,29 @@ def _act(svc: Services, job: Job, decided: WatchdogAction, now: float) -> None:
 
 def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000) -> int:
     """Announce a failure for every task message in the dead-letter sink (unless its task is
-    done already) and acknowledge it; returns how many failures were announced."""
+    done already), or give up a batch prediction's part, and acknowledge it; returns how many
+    failures were recorded. A letter that cannot be settled now (a backend down) is left for
+    the next pass, and the others are still drained."""
     written = 0
     for _ in range(limit):
         received = dead_letters.pull(timeout=1.0)
         if received is None:
             break
         task = received.message
-        if task is not None and _still_open(svc, task.job_id, task.epoch, task.task_index):
-            announce_failure(svc, task.job_id, task.epoch, task.task_index,
-                             f"task {task.task_id}: Pub/Sub gave up delivering it "
-                             f"(dead-lettered after {received.delivery_attempt or 'its'} "
-                             "deliveries)", round_index=task.round)
-            written += 1
+        why = (f"Pub/Sub gave up delivering it (dead-lettered after "
+               f"{received.delivery_attempt or 'its'} deliveries)")
+        try:
+            if isinstance(task, PredictPart):
+                give_up_part(svc, task, why)
+                written += 1
+            elif task is not None and _still_open(svc, task.job_id, task.epoch,
+                                                  task.task_index):
+                announce_failure(svc, task.job_id, task.epoch, task.task_index,
+                                 f"task {task.task_id}: {why}", round_index=task.round)
+                written += 1
+        except Exception:  # noqa: BLE001 - left unacknowledged: it comes back
+            log.exception("watchdog: could not settle the dead letter %r", received.raw[:200])
+            continue
         received.ack()
     return written
 

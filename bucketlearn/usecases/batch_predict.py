@@ -26,7 +26,7 @@ import io
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -49,11 +49,12 @@ from bucketlearn.errors import (
 from bucketlearn.events import Outcome, StorageEvent, display_uri, skipped
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
-from bucketlearn.prediction_messages import MAX_PARTS, PredictPart
+from bucketlearn.prediction_messages import MAX_PARTS, parts_of
 from bucketlearn.usecases.prediction_rows import (
     LoadedModel,
     RowBatch,
     output_batch,
+    output_columns,
     predicted_rows,
 )
 
@@ -157,21 +158,23 @@ def _refusal(svc: Services, event: StorageEvent, job_id: str) -> str | int:
 
 def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
              ranges: list[tuple[int, int]]) -> Outcome:
-    """Publish a part a range (``usecases.predict_parts`` predicts them on the learners), then
-    record how many: the record stays RUNNING until the last part ends it."""
-    parts = [PredictPart(job_id=request.job_id, request_id=request.request_id, part=k,
-                         parts=len(ranges), bucket=event.bucket, name=event.name,
-                         generation=event.generation, start=start, end=end)
-             for k, (start, end) in enumerate(ranges)]
+    """Record the parts (their ranges and the model's generation), then publish a message a
+    part (``usecases.predict_parts`` predicts them on the learners): the record stays RUNNING
+    until the last part ends it. Should the publish fail, the event's retry finds the parts
+    recorded and does nothing more: the watchdog publishes a request's unrecorded parts again
+    once it has been still for ``Settings.stall_seconds``."""
+    model = svc.store.stat(svc.settings.models_bucket, layout.model_path(request.job_id))
+    fields = {"parts": len(ranges), "part_ends": [end for _, end in ranges],
+              "model_generation": 0 if model is None else model.generation,
+              "updated_at": svc.clock()}
+    svc.registry.update_prediction(request.job_id, request.request_id, fields)
+    parts = parts_of(dataclasses.replace(request, part_ends=tuple(fields["part_ends"]),
+                                         model_generation=fields["model_generation"]))
     try:
         svc.queue.publish(parts)
-        svc.registry.update_prediction(request.job_id, request.request_id,
-                                       {"parts": len(parts), "updated_at": svc.clock()})
     except Exception as exc:
         if not svc.transient(exc):
             raise
-        svc.registry.update_prediction(request.job_id, request.request_id,
-                                       {"claimed_at": 0.0}, claim=request.claim)
         raise TransientError(f"{display_uri(event.bucket, event.name)}: publishing "
                              f"{len(parts)} parts: {type(exc).__name__}: {exc}") from exc
     log.info("prediction %s of job %s: %d bytes in %d parts for the learners",
@@ -190,11 +193,11 @@ def _run(svc: Services, event: StorageEvent, request: PredictionRecord, output: 
             event.bucket, event.name, generation=event.generation))
         limits = dataclasses.replace(svc.settings.limits,
                                      max_file_bytes=svc.settings.limits.max_predict_bytes)
-        _, batches = predicted_rows(source, loaded, limits)
+        columns, batches = predicted_rows(source, loaded, limits)
         rows = _Progress(svc, request)
         svc.store.write_stream(
             svc.settings.models_bucket, output,
-            ChunkStream(csv_chunks(loaded, batches, rows.count)), "text/csv",
+            ChunkStream(csv_chunks(loaded, batches, rows.count, columns=columns)), "text/csv",
             {"job_id": request.job_id, "request_id": request.request_id})
     except _LostClaim:
         log.warning("prediction %s: taken over by another invocation", request.request_id)
@@ -277,11 +280,12 @@ class _Progress:
 
 
 def csv_chunks(loaded: LoadedModel, batches: Iterator[RowBatch],
-               progress: Callable[[int], None] | None = None, header: bool = True
-               ) -> Iterator[bytes]:
+               progress: Callable[[int], None] | None = None, header: bool = True,
+               columns: Sequence[str] = ()) -> Iterator[bytes]:
     """The output CSV's bytes, a batch of rows at a time (the header with the first, unless
-    ``header`` is False): the input's cells, then ``prediction_rows.output_columns``.
-    ``progress`` is told each batch's rows once they are predicted."""
+    ``header`` is False; with no row, the header alone, of the input's ``columns``): the
+    input's cells, then ``prediction_rows.output_columns``. ``progress`` is told each batch's
+    rows once they are predicted."""
     for batch in batches:
         out = io.BytesIO()
         pacsv.write_csv(pa.Table.from_batches([output_batch(loaded, batch)]), out,
@@ -289,6 +293,11 @@ def csv_chunks(loaded: LoadedModel, batches: Iterator[RowBatch],
         header = False
         if progress is not None:
             progress(batch.rows)
+        yield out.getvalue()
+    if header and columns:
+        out = io.BytesIO()
+        names = [*columns, *output_columns(loaded)]
+        pacsv.write_csv(pa.table({n: pa.array([], pa.string()) for n in names}), out)
         yield out.getvalue()
 
 

@@ -9,27 +9,37 @@ predicted twice, by a duplicated message or after a learner died mid-part, write
 object and the same entry); the request's record keeps one entry a part
 (``Registry.record_prediction_part``), so its rows are counted once; a message is acknowledged
 only once its part is recorded and, if it was the last, the request ended, so a learner killed
-anywhere leaves a message that comes back; composing again writes the same bytes. A part whose
-delivery is tried more than ``Settings.max_task_attempts`` times (its learner dies each time)
-is recorded as failed, and the request ends FAILED naming it. A bad row ends the request FAILED
-naming the row counted from the file's first data row, as the function's own reading would.
+anywhere leaves a message that comes back; composing again writes the same bytes; every part
+predicts with the model generation the request recorded. Attempts at a part are counted on the
+record (``Registry.count_part_attempt``): one begun more than ``Settings.max_task_attempts``
+times (its learner dies each time) is recorded as failed, and the request ends FAILED naming
+it; a backend outage is retried by the learner while it keeps the message. A part's message
+that is lost (or dead-lettered) is published again, then given up, by the watchdog
+(``sweep_predictions``, ``give_up_part``). A bad row ends the request FAILED naming the row
+counted from the file's first data row, as the function's own reading would.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from bucketlearn import layout
 from bucketlearn.domain.prediction import PredictionRecord, RequestState, parts_outcome
-from bucketlearn.errors import InvalidInputError, NotFoundError, PermanentError, TransientError
+from bucketlearn.errors import (
+    InvalidInputError,
+    NotFoundError,
+    ObjectChangedError,
+    PermanentError,
+    TransientError,
+)
 from bucketlearn.events import display_uri
 from bucketlearn.faults import crash_point
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
-from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.prediction_messages import PredictPart, parts_of
 from bucketlearn.usecases.batch_predict import ChunkStream, csv_chunks, load_model_bytes
 from bucketlearn.usecases.prediction_rows import LoadedModel, predicted_rows
 
@@ -37,77 +47,97 @@ log = logging.getLogger(__name__)
 
 READ_BYTES = 1 << 20  # how much of the input a part reads at a time
 MAX_MODELS_KEPT = 2  # exported models a learner keeps loaded to predict with
+MAX_REPUBLISHES = 3  # times the watchdog publishes a still request's parts again
+
+
+# runs a call, retrying it through a backend outage (the learner's ``_with_retries``)
+Retry = Callable[[Callable[[], Any]], Any]
 
 
 def predict_part(svc: Services, task: PredictPart, delivery_attempt: int | None,
-                 worker_id: str) -> bool:
-    """Predict one part (unless it is recorded) and, when every part is, end the request.
+                 worker_id: str, retry: Retry = lambda call: call()) -> bool:
+    """Count an attempt at one part, predict it (unless it is recorded, or its attempts are
+    spent) and, when every part is recorded, end the request.
 
     Returns:
         True when the message is done with (acknowledge it); False to have it back (a backend
-        failed).
+        failed for longer than ``retry`` retries).
     """
     try:
-        record = svc.registry.get_prediction(task.job_id, task.request_id)
+        record = retry(lambda: svc.registry.count_part_attempt(task.job_id, task.request_id,
+                                                               task.part))
         if record is None or record.ended:
             log.info("prediction %s part %d: the request is %s; nothing to do", task.request_id,
                      task.part, "unknown" if record is None else record.state)
+            if record is not None:
+                _delete(svc, [_part_path(task)])  # a late duplicate's part, if it wrote one
             return True
         if str(task.part) not in record.part_results:
-            entry = _given_up(svc, task, delivery_attempt) or _predict(svc, task, worker_id)
+            attempts = max(record.part_attempts.get(str(task.part), 0), delivery_attempt or 0)
+            entry = _given_up(svc, task, attempts) or retry(
+                lambda: _predict(svc, task, worker_id))
             crash_point(svc.settings, "predict.before_record")
-            record = svc.registry.record_prediction_part(task.job_id, task.request_id,
-                                                         task.part, entry)
+            record = retry(lambda: svc.registry.record_prediction_part(
+                task.job_id, task.request_id, task.part, {**entry, "at": svc.clock()}))
             if record is None:
                 return True
-        finish(svc, task, record)
+        retry(lambda: finish(svc, task, record))
         crash_point(svc.settings, "predict.before_ack")
-    except TransientError:
+    except Exception:  # noqa: BLE001 - a backend still down: the part comes back
         log.warning("prediction %s part %d: a backend failed; the part comes back",
                     task.request_id, task.part, exc_info=True)
         return False
     return True
 
 
-def _given_up(svc: Services, task: PredictPart, delivery_attempt: int | None
-              ) -> dict[str, Any] | None:
-    """The entry of a part delivered more times than tasks are tried (its learner died each
+def _given_up(svc: Services, task: PredictPart, attempts: int) -> dict[str, Any] | None:
+    """The entry of a part begun more times than tasks are tried (its learner died each
     time), or None."""
     allowed = svc.settings.max_task_attempts
-    if delivery_attempt is None or delivery_attempt <= allowed:
+    if attempts <= allowed:
         return None
-    log.error("prediction %s part %d: delivered %d times; given up", task.request_id,
-              task.part, delivery_attempt)
-    return {"rows": 0, "error": f"{display_uri(task.bucket, task.name)}: part {task.part + 1} "
-            f"of {task.parts} (bytes {task.start} to {task.end}) was not predicted after "
-            f"{allowed} attempts: expected a learner to finish it; found none did"}
+    log.error("prediction %s part %d: begun %d times; given up", task.request_id, task.part,
+              attempts)
+    return {"rows": 0, "error": f"{_where(task)} was not predicted after {allowed} attempts: "
+            "expected a learner to finish it; found none did"}
+
+
+def _where(task: PredictPart) -> str:
+    return (f"{display_uri(task.bucket, task.name)}: part {task.part + 1} of {task.parts} "
+            f"(bytes {task.start} to {task.end})")
 
 
 def _predict(svc: Services, task: PredictPart, worker_id: str) -> dict[str, Any]:
-    """Predict the part's rows into its object: its entry (rows, or why it could not be)."""
+    """Predict the part's rows into its object: its entry (rows, or why it could not be).
+
+    Raises:
+        TransientError: a backend failed (the call is retried; the part is not recorded).
+    """
     started, rows = svc.clock(), [0]
     file = display_uri(task.bucket, task.name)
     try:
-        loaded = loaded_model(svc, task.job_id)
+        loaded = loaded_model(svc, task.job_id, task.model_generation)
         reader = PartReader(svc, task)
         source = SourceFile(display_name=file, size=task.end - task.start,
                             opener=lambda: ChunkStream(reader.chunks()))
         limits = dataclasses.replace(svc.settings.limits,
                                      max_file_bytes=svc.settings.limits.max_predict_bytes)
-        _, batches = predicted_rows(source, loaded, limits)
+        header, batches = predicted_rows(source, loaded, limits)
+
         def predicted(count: int) -> None:
             rows[0] += count
             crash_point(svc.settings, "predict.mid_part")
 
-        chunks = csv_chunks(loaded, batches, predicted, header=task.part == 0)
+        chunks = csv_chunks(loaded, batches, predicted, header=task.part == 0, columns=header)
         svc.store.write_stream(svc.settings.models_bucket, _part_path(task),
                                ChunkStream(chunks), "text/csv")
     except InvalidInputError as exc:
         return {"rows": rows[0], "error": exc.problem.describe(),
                 "problem": exc.problem.to_dict()}
     except PermanentError as exc:
-        return {"rows": rows[0], "error": f"{file}: {exc}"}
-    except Exception as exc:  # noqa: BLE001 - transient: the part comes back; else recorded
+        said = str(exc)
+        return {"rows": rows[0], "error": said if said.startswith(file) else f"{file}: {said}"}
+    except Exception as exc:  # noqa: BLE001 - transient: retried; else recorded
         if svc.transient(exc):
             raise TransientError(f"{file}: {type(exc).__name__}: {exc}") from exc
         log.error("prediction %s part %d failed", task.request_id, task.part, exc_info=exc)
@@ -120,8 +150,8 @@ class PartReader:
     header line (read once), then the lines that start in [``task.start``, ``task.end``), each
     whole; part 0 is the file's first bytes, its header included."""
 
-    def __init__(self, svc: Services, task: PredictPart) -> None:
-        self.store, self.task = svc.store, task
+    def __init__(self, svc: Services, task: PredictPart, read_bytes: int = READ_BYTES) -> None:
+        self.store, self.task, self.read_bytes = svc.store, task, read_bytes
         self.max_line = svc.settings.limits.max_line_bytes
         self._header: bytes | None = None
 
@@ -132,37 +162,41 @@ class PartReader:
     def header(self) -> bytes:
         if self._header is None:
             with self._open() as stream:
-                self._header, _ = _first_line(stream, self.max_line, self.task.name)
+                self._header, _ = _first_line(stream, self.max_line, self.task.name,
+                                              self.read_bytes)
         return self._header
 
     def chunks(self) -> Iterator[bytes]:
         task = self.task
         if task.start == 0:
-            yield from _lines_until(self._open(), 0, b"", task.end)
+            yield from _lines_until(self._open(), 0, b"", task.end, self.read_bytes)
             return
         yield self.header()
         stream = self._open(task.start - 1)  # a line starts at ``start`` when this is a newline
-        skipped, rest = _first_line(stream, self.max_line, task.name)
-        yield from _lines_until(stream, task.start - 1 + len(skipped), rest, task.end)
+        skipped, rest = _first_line(stream, self.max_line, task.name, self.read_bytes)
+        yield from _lines_until(stream, task.start - 1 + len(skipped), rest, task.end,
+                                self.read_bytes)
 
 
-def _first_line(stream: IO[bytes], limit: int, name: str) -> tuple[bytes, bytes]:
+def _first_line(stream: IO[bytes], limit: int, name: str, read_bytes: int
+                ) -> tuple[bytes, bytes]:
     """The stream's bytes through its first newline (all of them if it has none), and those
     read past it."""
     line = bytearray()
     while b"\n" not in line:
-        chunk = stream.read(64 * 1024)
+        chunk = stream.read(min(read_bytes, 64 * 1024))
         if not chunk:
             return bytes(line), b""
         line += chunk
-        if len(line) > limit + 64 * 1024 and b"\n" not in line:
+        if len(line) > limit + read_bytes and b"\n" not in line:
             raise PermanentError(f"{name}: expected lines of at most {limit} bytes "
                                  "(BUCKETLEARN_MAX_LINE_BYTES); found a longer one")
     end = line.index(b"\n") + 1
     return bytes(line[:end]), bytes(line[end:])
 
 
-def _lines_until(stream: IO[bytes], position: int, chunk: bytes, end: int) -> Iterator[bytes]:
+def _lines_until(stream: IO[bytes], position: int, chunk: bytes, end: int, read_bytes: int
+                 ) -> Iterator[bytes]:
     """From ``position`` on (``chunk``: bytes there already read): the bytes before ``end``,
     then through the newline that ends the line under way at ``end`` (nothing more when
     ``end`` starts a line). Closes the stream."""
@@ -170,7 +204,7 @@ def _lines_until(stream: IO[bytes], position: int, chunk: bytes, end: int) -> It
         last = b"\n"
         while position < end:
             if not chunk:
-                chunk = stream.read(READ_BYTES)
+                chunk = stream.read(read_bytes)
                 if not chunk:
                     return
             last = chunk[:end - position]
@@ -179,7 +213,7 @@ def _lines_until(stream: IO[bytes], position: int, chunk: bytes, end: int) -> It
             chunk = chunk[len(last):]
         while not last.endswith(b"\n"):
             if not chunk:
-                chunk = stream.read(READ_BYTES)
+                chunk = stream.read(read_bytes)
                 if not chunk:
                     return
             newline = chunk.find(b"\n")
@@ -190,17 +224,28 @@ def _lines_until(stream: IO[bytes], position: int, chunk: bytes, end: int) -> It
         stream.close()
 
 
-def loaded_model(svc: Services, job_id: str) -> LoadedModel:
-    """The job's exported model, loaded once per process while it is not replaced (kept by the
-    generation of ``models/<job>/latest.keras``)."""
+def loaded_model(svc: Services, job_id: str, generation: int = 0) -> LoadedModel:
+    """The job's exported model (``models/<job>/latest.keras``; of ``generation``, when not 0),
+    loaded once per process and kept by generation; a load counts as a model built (a learner
+    hands over to a fresh process past ``max_models``)."""
     bucket, path = svc.settings.models_bucket, layout.model_path(job_id)
-    info = svc.store.stat(bucket, path)
-    if info is None:
-        raise PermanentError(f"job {job_id}: expected its exported model at {path}; found none")
+    if not generation:
+        info = svc.store.stat(bucket, path)
+        if info is None:
+            raise PermanentError(f"job {job_id}: expected its exported model at {path}; "
+                                 "found none")
+        generation = info.generation
     kept = svc.cache.predictors
-    key = f"{job_id}@{info.generation}"
+    key = f"{job_id}@{generation}"
     if key not in kept:
-        kept[key] = load_model_bytes(svc.store.read_bytes(bucket, path))
+        try:
+            with svc.store.open_read(bucket, path, generation) as stream:
+                data = stream.read()
+        except (NotFoundError, ObjectChangedError):
+            raise PermanentError(f"job {job_id}: expected its exported model at {path}, "
+                                 f"generation {generation}; found none") from None
+        kept[key] = load_model_bytes(data)
+        svc.cache.models_built += 1
         while len(kept) > MAX_MODELS_KEPT:
             kept.popitem(last=False)
     kept.move_to_end(key)
@@ -211,12 +256,13 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     """End the request once every part is recorded: DONE with the parts composed into the
     output, or FAILED naming the first part's error; then delete the parts' objects."""
     outcome = parts_outcome(record.part_results, task.parts)
-    if outcome is None or record.ended:
+    if outcome is None:
         return
-    bucket = svc.settings.models_bucket
     parts = [_part_path(dataclasses.replace(task, part=k)) for k in range(task.parts)]
-    fields: dict[str, Any] = {"rows": outcome.rows, "parts": task.parts,
-                              "updated_at": svc.clock(),
+    if record.ended:
+        _delete(svc, parts)  # a finisher died while deleting them
+        return
+    fields: dict[str, Any] = {"rows": outcome.rows, "updated_at": svc.clock(),
                               "seconds": round(svc.clock() - record.created_at, 3)}
     if outcome.error is not None:
         fields.update(state=str(RequestState.FAILED), error=outcome.error,
@@ -224,7 +270,7 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     else:
         output = layout.predictions_path(task.job_id, layout.parse_predict_name(task.name)[1])
         try:
-            svc.store.compose(bucket, output, parts, "text/csv",
+            svc.store.compose(svc.settings.models_bucket, output, parts, "text/csv",
                               {"job_id": task.job_id, "request_id": task.request_id})
         except NotFoundError:  # another delivery of a last part ended it and deleted them
             again = svc.registry.get_prediction(task.job_id, task.request_id)
@@ -235,11 +281,60 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     svc.registry.update_prediction(task.job_id, task.request_id, fields)
     log.info("prediction %s of job %s: %s, %d rows in %d parts", task.request_id, task.job_id,
              fields["state"], outcome.rows, task.parts)
-    for part in parts:
+    _delete(svc, parts)
+
+
+def give_up_part(svc: Services, task: PredictPart, reason: str) -> None:
+    """Record a part that will not be predicted (unless it is recorded) and end the request
+    if it was the last: Pub/Sub gave up delivering it, or the watchdog republishing it."""
+    record = svc.registry.get_prediction(task.job_id, task.request_id)
+    if record is None or record.ended:
+        return
+    if str(task.part) not in record.part_results:
+        log.error("prediction %s part %d: %s", task.request_id, task.part, reason)
+        record = svc.registry.record_prediction_part(task.job_id, task.request_id, task.part, {
+            "rows": 0, "error": f"{_where(task)} was not predicted: {reason}",
+            "at": svc.clock()})
+    if record is not None:
+        finish(svc, task, record)
+
+
+def sweep_predictions(svc: Services, now: float) -> list[dict[str, Any]]:
+    """Look after fanned-out requests still for ``Settings.stall_seconds`` (a part's message
+    lost, or never published): publish their unrecorded parts again (a part predicted twice
+    is recorded once), up to ``MAX_REPUBLISHES`` times; then give those parts up, so the
+    request ends FAILED naming them. Returns what was done."""
+    done = []
+    for record in svc.registry.running_predictions():
+        missing = record.unrecorded_parts()
+        if not record.part_ends or now - record.last_activity() < svc.settings.stall_seconds:
+            continue
+        if not missing:  # every part recorded, the finisher gone: finish it
+            finish(svc, parts_of(record, [0])[0], record)
+            done.append({"request_id": record.request_id, "action": "finish"})
+        elif record.republished >= MAX_REPUBLISHES:
+            for task in parts_of(record, missing):
+                give_up_part(svc, task, f"its message was published {record.republished + 1} "
+                             "times and no learner recorded it")
+            done.append({"request_id": record.request_id, "action": "give up",
+                         "parts": missing})
+        else:
+            svc.queue.publish(parts_of(record, missing))
+            svc.registry.update_prediction(record.job_id, record.request_id, {
+                "republished": record.republished + 1, "updated_at": now})
+            done.append({"request_id": record.request_id, "action": "republish",
+                         "parts": missing})
+        log.warning("prediction %s of job %s: still since %.0f: %s", record.request_id,
+                    record.job_id, record.last_activity(), done[-1])
+    return done
+
+
+def _delete(svc: Services, paths: list[str]) -> None:
+    for path in paths:
         try:
-            svc.store.delete(bucket, part)
-        except Exception:  # noqa: BLE001 - a part left behind costs storage only
-            log.warning("could not delete %s", part, exc_info=True)
+            svc.store.delete(svc.settings.models_bucket, path)
+        except Exception:  # noqa: BLE001 - a part left behind: the bucket's rule deletes it
+            log.warning("could not delete %s", path, exc_info=True)
 
 
 def _part_path(task: PredictPart) -> str:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from bucketlearn.config import Limits
 from bucketlearn.domain.columns import NUMERIC
 from bucketlearn.domain.target import REGRESSION
-from bucketlearn.errors import InvalidInputError, PermanentError
+from bucketlearn.errors import InvalidInputError
 from bucketlearn.ingest import stream
 from bucketlearn.ingest.problems import abbrev, rejected
 from bucketlearn.ingest.sniff import read_header
@@ -182,9 +182,11 @@ def model_outputs(loaded: LoadedModel, typed: dict[str, pa.Array], rows: int,
     if not np.isfinite(x).all():
         row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0])
         column = loaded.features[int(np.nonzero(~np.isfinite(x[row]))[0][0])]
-        raise PermanentError(f"{file}: row {first_row + row}, column '{column}': expected a "
-                             "finite feature value (this model was trained on complete numeric "
-                             "rows); found a missing or non-finite value")
+        value = float(x[row, loaded.features.index(column)])
+        raise rejected(file, "a feature value is missing or not finite", row=first_row + row,
+                       column=column, expected="a finite number (this model was trained on "
+                       "complete numeric rows)", found="an empty cell or a missing-value marker"
+                       if np.isnan(value) else str(value))
     if not rows:
         return np.zeros((0, max(1, len(loaded.classes))), np.float32)
     return np.asarray(loaded.model.predict(x.astype(np.float32),

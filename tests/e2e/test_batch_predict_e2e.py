@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from bucketlearn import layout
 from bucketlearn.bootstrap import google_services
 from bucketlearn.local.relay import cloudevent_for
 from tests.e2e import faults
@@ -125,7 +126,7 @@ def test_a_large_file_is_fanned_out_over_the_learners(stack: Any, penguins: str,
     assert [r["prediction"] for r in got] == predicted_here(stack, penguins, big, tmp_path)
     svc = google_services(stack.settings)
     assert list(svc.store.list(stack.settings.models_bucket,
-                               f"predictions/{penguins}/.parts/")) == []
+                               f"{layout.PREDICTION_PARTS_PREFIX}{penguins}/")) == []
     # the same upload event again (a re-delivery): answered, and nothing done twice
     info = svc.store.stat(stack.settings.uploads_bucket, f"predict/{penguins}/big.csv")
     output = svc.store.stat(stack.settings.models_bucket, record["output"])
@@ -171,7 +172,7 @@ def test_a_learner_killed_at_each_step_of_a_part_loses_no_row(stack: Any, pengui
     assert len(got) == rows
     svc = google_services(stack.settings)
     assert list(svc.store.list(stack.settings.models_bucket,
-                               f"predictions/{penguins}/.parts/")) == []
+                               f"{layout.PREDICTION_PARTS_PREFIX}{penguins}/")) == []
     assert [r["prediction"] for r in got] == predicted_here(stack, penguins, big, tmp_path)
     for point, what in zip(PART_POINTS, ("half way through predicting a part",
                                          "after writing a part's object, before recording it",

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from bucketlearn import layout
 from bucketlearn.config import LIMITS_ENV, ONE_THREAD_BLAS, SETTINGS_ENV, load_autoscaler_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -959,7 +960,9 @@ def test_models_bucket_deletes_noncurrent_generations_by_count_and_by_age(
             "with_state": "ARCHIVED"} in deletes
     assert {"days_since_noncurrent_time": "${var.models_noncurrent_retention_days}",
             "with_state": "ARCHIVED"} in deletes
-    assert len(deletes) == 2, deletes  # nothing deletes a live model
+    parts = {"age": 1, "matches_prefix": [layout.PREDICTION_PARTS_PREFIX], "with_state": "ANY"}
+    assert parts in deletes  # a batch prediction's parts, a day after written
+    assert len(deletes) == 3, deletes  # nothing else deletes a live model
     variable = module.variables["models_noncurrent_retention_days"]
     assert variable["type"] in ("${number}", "number"), variable["type"]
     assert variable["default"] == 7
@@ -1006,7 +1009,10 @@ def test_the_running_predictions_query_has_its_collection_group_index(module: Co
     field = module.resource("google_firestore_field", "predictions_state")
     assert (field["collection"], field["field"]) == ("predictions", "state")
     assert field["index_config"][0]["indexes"] == [
-        {"order": "ASCENDING", "query_scope": "COLLECTION_GROUP"}]
+        {"order": "ASCENDING", "query_scope": "COLLECTION_GROUP"},
+        {"order": "ASCENDING", "query_scope": "COLLECTION"}]  # the default kept too
+    controller = module.resource("google_cloud_run_v2_job", "autoscaler")
+    assert "${google_firestore_field.predictions_state}" in controller["depends_on"]
     assert field["database"] == "${local.firestore_database}"
     adapter = FIRESTORE_ADAPTER.read_text()
     assert 'collection_group("predictions")' in adapter

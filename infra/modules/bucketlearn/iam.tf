@@ -233,7 +233,7 @@ locals {
 
   # A large batch prediction is fanned out in parts over the learners: a learner reads its
   # part of predict/<job>/<name>.csv in the uploads bucket, writes the part under
-  # predictions/<job>/.parts/ in the models bucket, and the last part composes them into
+  # predictions/.parts/<job>/ in the models bucket, and the last part composes them into
   # predictions/<job>/<name>.csv and deletes them (compose and delete need objectUser). Each
   # grant is held to its prefix by an IAM condition on the object's name.
   worker_prefix_roles = {

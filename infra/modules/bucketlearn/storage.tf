@@ -166,6 +166,20 @@ resource "google_storage_bucket" "models" {
     }
   }
 
+  # The parts of a batch prediction fanned out over the learners, composed into its output and
+  # deleted within minutes; a part left behind (a learner died while deleting), and the
+  # noncurrent copy a deleted part leaves in this versioned bucket, go a day after written.
+  lifecycle_rule {
+    action {
+      type = "Delete"
+    }
+    condition {
+      age            = 1
+      matches_prefix = ["predictions/.parts/"]
+      with_state     = "ANY"
+    }
+  }
+
   lifecycle_rule {
     action {
       type = "AbortIncompleteMultipartUpload"

@@ -266,6 +266,8 @@ resource "google_cloud_run_v2_job" "autoscaler" {
     google_pubsub_topic_iam_member.autoscaler_publisher,
     google_pubsub_topic_iam_member.autoscaler_results_publisher,
     google_pubsub_subscription_iam_member.autoscaler_dead_letter_subscriber,
+    # its count of running batch predictions' parts is a collection-group query on this index
+    google_firestore_field.predictions_state,
   ]
 }
 
