@@ -414,8 +414,7 @@ class WorkerDocuments(Protocol):
 
 
 class PredictionRecords(Protocol):
-    """A job's batch prediction requests (``jobs/<job>/predictions/<request>``): one status
-    record each (``domain.prediction.PredictionRecord``)."""
+    """A job's batch prediction requests, a status record each (``jobs/<job>/predictions/*``)."""
 
     def create_prediction(self, record: PredictionRecord) -> bool:
         """Create the record if no record of its id exists under its job: True when created
@@ -433,6 +432,9 @@ class PredictionRecords(Protocol):
     def count_predictions(self, job_id: str) -> int:
         """How many requests the job has had (every state)."""
         ...
+
+    def list_predictions(self, job_id: str, limit: int = 20) -> list[PredictionRecord]:
+        """The job's newest ``limit`` records, newest first (by ``created_at``)."""
 
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:

@@ -60,6 +60,17 @@ class MemoryPredictions:
         with self._lock:
             return sum(1 for (j, _) in self.predictions if j == job_id)
 
+    def list_predictions(self, job_id: str, limit: int = 20) -> list[PredictionRecord]:
+        """Newest first; records created at the same time by id, descending (as Firestore
+        orders them: its implicit order on the id follows the last field's direction)."""
+        _document_id(job_id)
+        with self._lock:
+            docs = sorted(((doc.get("created_at") or 0.0, request_id, doc)
+                           for (j, request_id), doc in self.predictions.items() if j == job_id),
+                          key=lambda found: found[:2], reverse=True)
+            return [PredictionRecord.from_doc(copy.deepcopy(doc))
+                    for _, _, doc in docs[:max(0, limit)]]
+
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
         _document_id(job_id)

@@ -113,6 +113,25 @@ class PredictionRecord:
                 if k not in ("claim", "claimed_at", "part_results")}
 
 
+def source_file(source: Mapping[str, Any]) -> str:
+    """The file name of a request's ``source`` (the last segment of its object's name)."""
+    return str(source.get("name") or "").rsplit("/", 1)[-1]
+
+
+def error_text(error: str, source: Mapping[str, Any]) -> str:
+    """A request's ``error`` without the input's ``gs://`` address it starts with, for a list
+    that names the file beside it ("row 5, column 'b': …"; any other error as it is)."""
+    uri = f"gs://{source.get('bucket')}/{source.get('name')}"
+    return error[len(uri):].lstrip(",: ") if error.startswith(uri) else error
+
+
+def rows_per_second(rows: Any, seconds: Any) -> float | None:
+    """``rows`` over ``seconds`` (None without seconds, or with none elapsed)."""
+    if seconds is None or float(seconds) <= 0:
+        return None
+    return int(rows or 0) / float(seconds)
+
+
 def part_ranges(size: int, part_bytes: int, max_parts: int) -> list[tuple[int, int]]:
     """Byte ranges [start, end) that split a file of ``size`` bytes into parts of about
     ``part_bytes`` (at most ``max_parts``, as even as can be): one range when ``part_bytes`` is

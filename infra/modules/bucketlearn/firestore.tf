@@ -74,7 +74,8 @@ resource "google_firestore_field" "workers_expire_at" {
 # The autoscaler counts the parts of running batch predictions (collection "predictions" under
 # each job) with one collection-group query on state == "RUNNING"
 # (adapters/firestore.py: running_predictions). Firestore keeps single-field indexes at
-# collection scope only by default; a collection-group query needs this one.
+# collection scope only by default; a collection-group query needs this one. (A job's listing,
+# list_predictions, orders its own collection on created_at: the default index serves it.)
 resource "google_firestore_field" "predictions_state" {
   project    = var.project_id
   database   = local.firestore_database
