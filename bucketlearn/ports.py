@@ -18,10 +18,9 @@ from bucketlearn import errors, layout, messages
 from bucketlearn.config import Settings
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
-from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
-from bucketlearn.prediction_messages import PREDICT_KIND, PredictPart
+from bucketlearn.prediction_ports import PREDICT_KIND, PredictionRecords, PredictPart
 
 
 @dataclass(frozen=True)
@@ -410,43 +409,6 @@ class WorkerDocuments(Protocol):
     def get_control(self, name: str) -> dict[str, Any] | None: ...
 
     def set_control(self, name: str, fields: Mapping[str, Any]) -> None: ...
-
-
-class PredictionRecords(Protocol):
-    """A job's batch prediction requests (``jobs/<job>/predictions/<request>``): one status
-    record each (``domain.prediction.PredictionRecord``)."""
-
-    def create_prediction(self, record: PredictionRecord) -> bool:
-        """Create the record if no record of its id exists under its job: True when created
-        (False: a re-delivered event's request, already recorded)."""
-        ...
-
-    def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
-                          claim: str | None = None) -> bool:
-        """Update fields of a record (``PredictionRecord``'s attributes); with ``claim``, only
-        while the record's claim is that one. False when it is not (or there is no record)."""
-        ...
-
-    def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None: ...
-
-    def count_predictions(self, job_id: str) -> int:
-        """How many requests the job has had (every state)."""
-        ...
-
-    def record_prediction_part(self, job_id: str, request_id: str, part: int,
-                               entry: Mapping[str, Any]) -> PredictionRecord | None:
-        """Record what part ``part`` of a fanned-out request came to (``part_results``; the
-        last entry stands) and return the record after (None: no record)."""
-        ...
-
-    def count_part_attempt(self, job_id: str, request_id: str, part: int
-                           ) -> PredictionRecord | None:
-        """Count one attempt at part ``part`` (``part_attempts``); the record after."""
-        ...
-
-    def running_predictions(self) -> list[PredictionRecord]:
-        """Every job's requests that are RUNNING (the autoscaler counts their parts)."""
-        ...
 
 
 class Registry(JobDocuments, VersionLedger, TaskLedger, Leases, WorkerDocuments,

@@ -372,6 +372,16 @@ class FirestoreRegistry:
         (result,) = self._job(job_id).collection("predictions").count().get(timeout=TIMEOUT)
         return int(result[0].value)
 
+    def list_predictions(self, job_id: str, limit: int = 20) -> list[PredictionRecord]:
+        """One query on the job's ``predictions``: a single-field order needs no composite
+        index."""
+        if limit < 1:  # (Firestore reads a limit of 0 as none)
+            return []
+        query = (self._job(job_id).collection("predictions")
+                 .order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit))
+        return [PredictionRecord.from_doc(snap.to_dict()) for snap in
+                query.stream(timeout=TIMEOUT)]
+
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
         """One field of the record written (parts recording at once do not contend), then the

@@ -1,4 +1,4 @@
-"""The in-memory registry's batch prediction records (``ports.PredictionRecords``), a part of
+"""The in-memory registry's batch prediction records (``prediction_ports.PredictionRecords``), a part of
 ``memory.MemoryRegistry``: one record per request under its job, created if absent, updated
 under a claim, as the Firestore adapter keeps them."""
 
@@ -16,7 +16,7 @@ _FIELDS = frozenset(PredictionRecord("r", "j").to_doc())
 
 
 class MemoryPredictions:
-    """``ports.PredictionRecords`` in memory (the registry's ``predictions`` and ``_lock``)."""
+    """``prediction_ports.PredictionRecords`` in memory (the registry's ``predictions`` and ``_lock``)."""
 
     _lock: threading.RLock
     predictions: dict[tuple[str, str], dict[str, Any]]
@@ -59,6 +59,17 @@ class MemoryPredictions:
     def count_predictions(self, job_id: str) -> int:
         with self._lock:
             return sum(1 for (j, _) in self.predictions if j == job_id)
+
+    def list_predictions(self, job_id: str, limit: int = 20) -> list[PredictionRecord]:
+        """Newest first; records created at the same time by id, descending (as Firestore
+        orders them: its implicit order on the id follows the last field's direction)."""
+        _document_id(job_id)
+        with self._lock:
+            docs = sorted(((doc.get("created_at") or 0.0, request_id, doc)
+                           for (j, request_id), doc in self.predictions.items() if j == job_id),
+                          key=lambda found: found[:2], reverse=True)
+            return [PredictionRecord.from_doc(copy.deepcopy(doc))
+                    for _, _, doc in docs[:max(0, limit)]]
 
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:

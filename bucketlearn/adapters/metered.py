@@ -242,6 +242,7 @@ class MeteredRegistry(_Metered):
         "get_prediction": ("firestore.read", _first, _reads),
         "count_predictions": ("firestore.query", _first, lambda *a, **k: {
             "firestore_reads": 1}),
+        "list_predictions": ("firestore.query", _first, _reads),
         "record_prediction_part": ("firestore.write", _first, _writes(1, 1)),
         "count_part_attempt": ("firestore.write", _first, _writes(1, 1)),
         "running_predictions": ("firestore.query", _no_job, _reads),

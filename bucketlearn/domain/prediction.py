@@ -56,7 +56,7 @@ class PredictionRecord:
         parts: how many parts the request was fanned out in over the learners (0: predicted
             by the function that heard the upload).
         part_ends: where each part's byte range ends (a part starts where the one before
-            ends), so the parts can be published again (``prediction_messages.parts_of``).
+            ends), so the parts can be published again (``prediction_ports.parts_of``).
         model_generation: the generation of the job's exported model every part predicts with.
         part_results: what each part came to, by its number as a string: ``rows`` and
             ``seconds`` (and ``worker``, ``at``); a part that could not be predicted
@@ -136,6 +136,25 @@ class PredictionRecord:
         """When the request was last updated or a part of it last recorded."""
         return max([self.updated_at, self.created_at, *(
             float(entry.get("at") or 0.0) for entry in self.part_results.values())])
+
+
+def source_file(source: Mapping[str, Any]) -> str:
+    """The file name of a request's ``source`` (the last segment of its object's name)."""
+    return str(source.get("name") or "").rsplit("/", 1)[-1]
+
+
+def error_text(error: str, source: Mapping[str, Any]) -> str:
+    """A request's ``error`` without the input's ``gs://`` address it starts with, for a list
+    that names the file beside it ("row 5, column 'b': …"; any other error as it is)."""
+    uri = f"gs://{source.get('bucket')}/{source.get('name')}"
+    return error[len(uri):].lstrip(",: ") if error.startswith(uri) else error
+
+
+def rows_per_second(rows: Any, seconds: Any) -> float | None:
+    """``rows`` over ``seconds`` (None without seconds, or with none elapsed)."""
+    if seconds is None or float(seconds) <= 0:
+        return None
+    return int(rows or 0) / float(seconds)
 
 
 def part_ranges(size: int, part_bytes: int, max_parts: int) -> list[tuple[int, int]]:

@@ -226,7 +226,8 @@ def job_page(svc: Services) -> None:
     now = time.time()
     job, versions = bundle["job"], bundle["versions"]
     s = headline.job_summary(job, versions, now)
-    view = JobView(job, versions, bundle["tasks"], bundle["workers"], s, now)
+    view = JobView(job, versions, bundle["tasks"], bundle["workers"], s, now,
+                   bundle["predictions"], bundle["prediction_count"])
     job_header(s)
     cancel_controls(svc, job)
     if s["status"] == REJECTED:
@@ -246,7 +247,7 @@ def job_page(svc: Services) -> None:
         st.progress(s["progress"], text=plain(headline.progress_text(s)))
     if note := headline.versions_note(job, versions):
         st.caption(note)
-    names = headline.job_tabs(job)
+    names = headline.job_tabs(job, view.prediction_count)
     parts = {**TABS, "Model": model_tab}
     for name, tab in zip(names, st.tabs(names), strict=True):
         with tab:

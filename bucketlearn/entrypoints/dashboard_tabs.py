@@ -3,14 +3,14 @@
 Layout and widgets only, as the page (``bucketlearn.entrypoints.dashboard``): what each tab
 shows is computed in ``bucketlearn.views``. The page draws its header (status,
 source, the headline figures) and then one tab per name of ``headline.job_tabs``, each by the
-function of ``TABS`` of that name; a tab to come (a search's candidates, batch predictions, a
+function of ``TABS`` of that name; a tab only some jobs have (batch predictions; to come: a
 model's lineage) is one more name there and one more function here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import altair as alt
@@ -19,6 +19,7 @@ import streamlit as st
 
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import DONE
+from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.task import TaskRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.ports import Services
@@ -28,6 +29,7 @@ from bucketlearn.views import (
     importance,
     leaderboard,
     options_data,
+    predictions,
     throughput,
     training_figures,
     workers_tasks,
@@ -39,7 +41,7 @@ from bucketlearn.views.formats import plain
 class JobView:
     """What the job page read and made of it: the job, its newest versions, its current
     epoch's tasks, the workers seen lately, its summary (``headline.job_summary``), the time
-    of the read."""
+    of the read, and its newest batch prediction requests and how many it has."""
 
     job: Job
     versions: list[Version]
@@ -47,6 +49,8 @@ class JobView:
     workers: list[dict]
     summary: dict[str, Any]
     now: float
+    predictions: list[PredictionRecord] = field(default_factory=list)
+    prediction_count: int = 0
 
 
 def metric_row(items: list[tuple[str, str]]) -> None:
@@ -226,11 +230,28 @@ def options_section(job: Job) -> None:
         st.dataframe(pd.DataFrame(columns), hide_index=True, width="stretch")
 
 
+def predictions_tab(svc: Services, view: JobView) -> None:
+    """The job's newest batch prediction requests (``views.predictions``), newest first."""
+    st.markdown("**Batch predictions** (newest first)")
+    st.dataframe(
+        predictions.prediction_frame(view.predictions, svc.settings.models_bucket),
+        hide_index=True, width="stretch", column_config={
+            "when": st.column_config.DatetimeColumn("when (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "rows": st.column_config.NumberColumn("rows", format="localized"),
+            "seconds": st.column_config.NumberColumn("seconds", format="%.1f"),
+            "rows_per_s": st.column_config.NumberColumn("rows/s", format="localized"),
+            "parts": st.column_config.NumberColumn("parts", format="%d"),
+            "result": st.column_config.TextColumn("output or error", width="large")})
+    st.caption(plain(predictions.prediction_note(len(view.predictions), view.prediction_count,
+                                                 view.job.job_id)))
+
+
 # The page's tabs by name (``headline.job_tabs``), each drawn by one function of (the page's
 # Services, what it read); "Model" is the page's own (it reads the models bucket, cached there)
 TABS: dict[str, Callable[[Services, JobView], None]] = {
     "Training": training_tab, "Throughput": throughput_tab, "Workers & tasks": workers_tab,
-    "Usage & cost": usage_tab, "Options & data": options_tab}
+    "Usage & cost": usage_tab, "Options & data": options_tab,
+    headline.PREDICTIONS_TAB: predictions_tab}
 
 
 def importance_section(job: Job) -> None:

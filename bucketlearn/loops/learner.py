@@ -50,7 +50,7 @@ from bucketlearn.loops.heartbeat import Heartbeats, LearnerTuning, LeaseExtender
 from bucketlearn.loops.segment import SegmentTrainer, run_segment, train_segment
 from bucketlearn.ml.training import LocalResult, train_task
 from bucketlearn.ports import RESULT, ReceivedTask, ResultMessage, Services, TaskMessage
-from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.prediction_ports import PredictPart
 from bucketlearn.services import task_messages
 from bucketlearn.services.caches import job_runtime, models_built, part_cache
 from bucketlearn.usecases.predict_parts import predict_part

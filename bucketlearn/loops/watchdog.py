@@ -30,7 +30,7 @@ from bucketlearn.domain.lifecycle import TRAINING
 from bucketlearn.domain.search import outstanding_pairs
 from bucketlearn.domain.watchdog import AGGREGATE, FAIL, PUBLISH, REPUBLISH, WatchdogAction, decide
 from bucketlearn.ports import NUDGE, ResultMessage, Services, TaskQueue
-from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.prediction_ports import PredictPart
 from bucketlearn.services import endings, task_messages
 from bucketlearn.services.caches import job_runtime
 from bucketlearn.services.results import list_deltas

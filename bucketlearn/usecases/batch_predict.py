@@ -49,7 +49,7 @@ from bucketlearn.errors import (
 from bucketlearn.events import Outcome, StorageEvent, display_uri, skipped
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
-from bucketlearn.prediction_messages import MAX_PARTS, parts_of
+from bucketlearn.prediction_ports import MAX_PARTS, parts_of
 from bucketlearn.usecases.prediction_rows import (
     LoadedModel,
     RowBatch,

@@ -1,6 +1,6 @@
 """A large batch prediction request fanned out over the learners: each part is the rows whose
 lines start in a byte range of the input (``domain.prediction.part_ranges``), predicted by
-whichever learner pulls its message (``prediction_messages.PredictPart``) into an object of its
+whichever learner pulls its message (``prediction_ports.PredictPart``) into an object of its
 own (``layout.prediction_part_path``); the part that finds every part recorded composes them
 into the output and ends the request (``finish``).
 
@@ -39,7 +39,7 @@ from bucketlearn.events import display_uri
 from bucketlearn.faults import crash_point
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
-from bucketlearn.prediction_messages import PredictPart, parts_of
+from bucketlearn.prediction_ports import PredictPart, parts_of
 from bucketlearn.usecases.batch_predict import ChunkStream, csv_chunks, load_model_bytes
 from bucketlearn.usecases.prediction_rows import LoadedModel, predicted_rows
 

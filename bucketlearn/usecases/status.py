@@ -13,6 +13,9 @@ from bucketlearn.domain.metrics import beats_majority, confusion_rows, majority_
 from bucketlearn.domain.search import outstanding, standings
 from bucketlearn.domain.target import CLASSIFICATION
 from bucketlearn.domain.usage import summary as usage_summary
+from bucketlearn.prediction_ports import PredictionRecords
+
+RECENT_PREDICTIONS = 5  # the requests one job's status lists (the dashboard lists more)
 
 
 def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
@@ -73,6 +76,21 @@ def status_object(job: Job, models_bucket: str | None = None) -> dict[str, Any]:
     if models_bucket and result["model_path"]:
         result["model_uri"] = f"gs://{models_bucket}/{result['model_path']}"
     return result
+
+
+def prediction_summary(records: PredictionRecords, job_id: str,
+                       models_bucket: str | None = None) -> dict[str, Any]:
+    """The job's batch prediction requests for its status (``predictions``): ``count`` (every
+    state) and ``recent``, the newest ``RECENT_PREDICTIONS`` records' ``status()`` (with
+    ``output_uri`` once DONE, given the bucket). Two reads at most: a count, then, when there is
+    any, one limited query."""
+    count = records.count_predictions(job_id)
+    recent = records.list_predictions(job_id, RECENT_PREDICTIONS) if count else []
+    shown = [record.status() for record in recent]
+    for entry in shown:
+        if models_bucket and entry.get("output"):
+            entry["output_uri"] = f"gs://{models_bucket}/{entry['output']}"
+    return {"count": count, "recent": shown}
 
 
 def training_fields(job: Job) -> dict[str, Any]:

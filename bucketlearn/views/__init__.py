@@ -19,5 +19,6 @@ it writes the upload form's CSV (``actions.upload_csv``) and cancels a job with 
 * ``costs``: the Usage & cost tab;
 * ``options_data``: the Options & data tab (options, dataset facts, columns);
 * ``downloads``: the Model tab (exported models, what can be downloaded);
+* ``predictions``: the Batch predictions tab (a job's newest requests, shown when it has any);
 * ``actions``: the "Cancel job" button's words and the upload form.
 """

@@ -117,16 +117,18 @@ def headline_rows(summary: Mapping[str, Any]) -> list[list[tuple[str, str]]]:
 
 
 # The job page: a header (status, source, the headline), then one tab per part of the page, in
-# this order. A part to come (a search's candidates and their leaderboard, batch predictions,
-# continued training and a model's lineage) is a tab named here, shown for the jobs that have
-# one, and drawn by the page's function of that name: the header stays as it is.
+# this order. A part only some jobs have (batch predictions; to come: continued training and a
+# model's lineage) is a tab named here, shown for the jobs that have one, and drawn by the
+# page's function of that name: the header stays as it is.
 JOB_TABS = ("Training", "Throughput", "Workers & tasks", "Usage & cost", "Options & data",
             "Model")
+PREDICTIONS_TAB = "Batch predictions"
 
 
-def job_tabs(job: Job) -> list[str]:
-    """The tabs of ``job``'s page, in order (``JOB_TABS``; every job has them all today)."""
-    return list(JOB_TABS)
+def job_tabs(job: Job, predictions: int = 0) -> list[str]:
+    """The tabs of ``job``'s page, in order: ``JOB_TABS``, then ``PREDICTIONS_TAB`` for a job
+    with ``predictions`` (its batch prediction requests) above 0."""
+    return [*JOB_TABS, *([PREDICTIONS_TAB] if predictions > 0 else [])]
 
 
 def progress_text(summary: Mapping[str, Any]) -> str:

@@ -27,6 +27,7 @@ from bucketlearn.domain.forecast import ModelCost, forecast_plan
 from bucketlearn.domain.head import Head
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.metrics import classification_report, holdout_fields
+from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.domain.version import Version
 from bucketlearn.options import OPTION_NAMES, default_text
 from bucketlearn.ports import Services, VersionCommit
@@ -663,3 +664,45 @@ def test_a_searched_job_shows_its_candidates_best_first_and_what_was_selected(ap
     assert any(n.startswith("Selected: the mean of the 4 finalists; the mean against the best "
                             "candidate alone: +1.00 points") and "42 learner vCPU-seconds" in n
                for n in notes), notes
+
+
+def test_a_job_with_batch_predictions_lists_them_newest_first(app, seeded, services, registry):
+    """The Batch predictions tab of a job that has requests: a row each (when, file, state, rows,
+    seconds, rows/s, parts, the output or why it failed) and how many there are; a job without
+    requests has no such tab."""
+    # Prepare
+    def request(n: int, name: str, **fields) -> PredictionRecord:
+        object_name = layout.predict_object_name(DONE_ID, name)
+        return PredictionRecord(
+            layout.prediction_id_for(object_name, 100 + n), DONE_ID, created_at=seeded - 60 + n,
+            source={"bucket": "bucketlearn-uploads", "name": object_name,
+                    "generation": 100 + n, "size": 10}, **fields)
+
+    registry.create_prediction(request(1, "new.csv", state="DONE", rows=2000, seconds=0.5,
+                                       parts=4, output=f"predictions/{DONE_ID}/new.csv"))
+    registry.create_prediction(request(2, "bad.csv", state="FAILED", rows=0, seconds=0.1, error=(
+        f"gs://bucketlearn-uploads/predict/{DONE_ID}/bad.csv, row 3, column 'petal_width': a "
+        "feature value is not a number; expected a number; found: abc")))
+    registry.create_prediction(request(3, "big.csv", rows=1200))  # RUNNING
+    # Execute
+    at = _run(app, DONE_ID)
+    # Assert
+    assert [t.label for t in at.tabs][-2:] == ["Model", "Batch predictions"]
+    (table,) = [d.value for d in at.dataframe if "result" in d.value.columns]
+    assert list(table["file"]) == ["big.csv", "bad.csv", "new.csv"]
+    assert list(table["state"]) == ["RUNNING", "FAILED", "DONE"]
+    assert list(table["rows"]) == [1200, 0, 2000]
+    assert table["seconds"].iloc[2] == 0.5 and table["rows_per_s"].iloc[2] == 4000
+    assert table["parts"].iloc[2] == 4 and pd.isna(table["parts"].iloc[1])
+    assert table["when"].iloc[2] == pd.Timestamp(seeded - 59, unit="s", tz="UTC")
+    models = services.settings.models_bucket
+    assert list(table["result"]) == [
+        "running", "row 3, column 'petal_width': a feature value is not a number; expected a "
+        "number; found: abc", f"gs://{models}/predictions/{DONE_ID}/new.csv"]
+    assert any(text_of(c.value).startswith("The job's 3 requests. To predict another file: "
+                                           f"bucketlearn predict --job {DONE_ID} FILE.csv")
+               for c in at.caption), [c.value for c in at.caption]
+    at.selectbox(key="job_picker").select(RUNNING_ID).run()
+    assert not at.exception and at.query_params["job"] == RUNNING_ID
+    assert [t.label for t in at.tabs] == list(headline.JOB_TABS)
+    assert not [d for d in at.dataframe if "result" in d.value.columns]

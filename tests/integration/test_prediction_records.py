@@ -1,6 +1,7 @@
 """Batch prediction's ports, run against the in-memory implementations *and* the emulators: the
-request records (created once, updated under a claim, counted per job), the streamed write of
-the output, and a request routed by the upload function end to end on the Google adapters."""
+request records (created once, updated under a claim, counted and listed per job), the streamed
+write of the output, and a request routed by the upload function end to end on the Google
+adapters."""
 
 from __future__ import annotations
 
@@ -54,6 +55,34 @@ def test_a_request_is_recorded_once_updated_under_its_claim_and_counted(backend:
     registry.create_prediction(PredictionRecord("rows-1002-abcdef02", job))
     registry.create_prediction(PredictionRecord("rows-1003-abcdef03", job_id()))
     assert registry.count_predictions(job) == 2
+
+
+def test_a_jobs_requests_are_listed_newest_first_up_to_a_limit(backend: Any) -> None:
+    """Ordered by ``created_at``, newest first (two made at the same time: by id, descending),
+    at most ``limit``, only the job's own; each record read back whole."""
+    registry, job, other = backend.registry, job_id(), job_id()
+    made = {"rows-1001-aaaaaaaa": 1.0, "rows-1003-cccccccc": 3.0, "rows-1002-bbbbbbbb": 2.0,
+            "rows-1004-dddddddd": 2.0}
+    records = {request_id: PredictionRecord(
+        request_id, job, source={"bucket": "up", "name": f"predict/{job}/{request_id}.csv",
+                                 "generation": 7, "size": 10},
+        state="DONE", rows=int(at * 10), seconds=at / 4, output=f"predictions/{job}/x.csv",
+        created_at=at, updated_at=at + 1, parts=2,
+        part_results={"0": {"rows": 1}, "1": {"rows": 2}}) for request_id, at in made.items()}
+    for record in records.values():
+        assert registry.create_prediction(record)
+    registry.create_prediction(PredictionRecord("rows-1005-eeeeeeee", other, created_at=9.0))
+    # Execute
+    newest = registry.list_predictions(job, 2)
+    every = registry.list_predictions(job)
+    # Assert
+    assert [r.request_id for r in newest] == ["rows-1003-cccccccc", "rows-1004-dddddddd"]
+    assert [r.request_id for r in every] == ["rows-1003-cccccccc", "rows-1004-dddddddd",
+                                             "rows-1002-bbbbbbbb", "rows-1001-aaaaaaaa"]
+    assert every == [records[r.request_id] for r in every]
+    assert [r.job_id for r in registry.list_predictions(other)] == [other]
+    assert registry.list_predictions(job_id()) == []
+    assert registry.list_predictions(job, 0) == []
 
 
 def test_a_generator_is_written_as_one_object_and_a_failing_one_writes_none(backend: Any

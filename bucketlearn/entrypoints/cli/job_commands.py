@@ -29,7 +29,7 @@ from bucketlearn.entrypoints.cli.common import (
 from bucketlearn.entrypoints.cli.printing import format_accuracy, print_status, progress_line
 from bucketlearn.errors import NoTargetError, UnreachableError
 from bucketlearn.options import resolve_options
-from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.status import prediction_summary, status_object
 from bucketlearn.usecases.waiting import wait_terminal
 
 
@@ -83,7 +83,7 @@ def follow(svc: Any, job_id: str, timeout: float, as_json: bool, check: Any = No
     if job is None or not job.is_terminal:
         print(f"job {job_id}: still not finished after {timeout:.0f}s", file=sys.stderr)
         return EXIT_TIMEOUT
-    status = status_object(job, svc.settings.models_bucket)
+    status = job_status(svc, job)
     if as_json:
         emit(status)
     else:
@@ -96,6 +96,14 @@ def exit_code(job: Job) -> int:
     return {DONE: EXIT_OK, CANCELLED: EXIT_CANCELLED}.get(str(job.status), EXIT_JOB_FAILED)
 
 
+def job_status(svc: Any, job: Job) -> dict[str, Any]:
+    """One job's status object, with its batch prediction requests (``predictions``)."""
+    status = status_object(job, svc.settings.models_bucket)
+    status["predictions"] = prediction_summary(svc.registry, job.job_id,
+                                               svc.settings.models_bucket)
+    return status
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     svc = common.services(args)
     if args.job:
@@ -103,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if job is None:
             print(f"job {args.job}: no such job", file=sys.stderr)
             return EXIT_JOB_FAILED
-        status = status_object(job, svc.settings.models_bucket)
+        status = job_status(svc, job)
         emit(status) if args.json else print_status(status)
         return EXIT_OK
     rows = [status_object(j, svc.settings.models_bucket) for j in svc.registry.list_jobs(50)]

@@ -10,6 +10,7 @@ from bucketlearn.domain.forecast import plan_lines
 from bucketlearn.domain.job import Job
 from bucketlearn.domain.lifecycle import CANCELLED
 from bucketlearn.domain.metrics import regression_headline
+from bucketlearn.domain.prediction import RequestState, error_text, source_file
 from bucketlearn.domain.recipe import selection_sentence
 from bucketlearn.domain.target import REGRESSION
 from bucketlearn.usecases.status import status_object
@@ -57,6 +58,35 @@ def continued_text(parent: dict[str, Any], status: dict[str, Any]) -> str:
     return text
 
 
+def prediction_lines(summary: dict[str, Any] | None) -> list[str]:
+    """The job's batch prediction requests (``status["predictions"]``): a heading with how
+    many, then one line for each of the newest, as ``prediction_line``; none without any."""
+    summary = summary or {}
+    count, recent = int(summary.get("count") or 0), list(summary.get("recent") or [])
+    if not count:
+        return []
+    newest = f", the newest {len(recent)}" if len(recent) < count else ""
+    heading = f"predictions: {count} request{'s' if count != 1 else ''}{newest}"
+    return [heading, *(f"  {prediction_line(entry)}" for entry in recent)]
+
+
+def prediction_line(entry: dict[str, Any]) -> str:
+    """'DONE     rows.csv: 2,000 rows in 0.4 s, 2 parts -> gs://…/rows.csv', the rows so far of
+    a RUNNING request, or why one FAILED (after its rows) or was REJECTED (its file named once)."""
+    source, state = entry.get("source") or {}, str(entry.get("state") or "?")
+    seconds, parts = entry.get("seconds"), int(entry.get("parts") or 0)
+    took = (f" in {seconds:.1f} s" if seconds is not None
+            else " so far" if state == RequestState.RUNNING else "")
+    rows = (f" {int(entry.get('rows') or 0):,} rows{took}"
+            + (f", {parts} parts" if parts > 0 else ""))
+    text = f"{state:8s} {source_file(source) or '?'}:"
+    if entry.get("error"):
+        rows = "" if state == RequestState.REJECTED else f"{rows}:"
+        return f"{text}{rows} {error_text(str(entry['error']), source)}"
+    output = entry.get("output_uri") or entry.get("output")
+    return f"{text}{rows}" + (f" -> {output}" if output else "")
+
+
 def print_status(status: dict[str, Any]) -> None:
     print(f"job:       {status['job_id']}")
     print(f"status:    {status['status']}")
@@ -98,3 +128,5 @@ def print_status(status: dict[str, Any]) -> None:
     elif status["status"] == CANCELLED and status.get("version") is not None:
         print(f"model:     v{status['version']}, built from its weights by: bucketlearn "
               f"download {status['job_id']}")
+    for line in prediction_lines(status.get("predictions")):
+        print(line)

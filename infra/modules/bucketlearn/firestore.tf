@@ -75,7 +75,8 @@ resource "google_firestore_field" "workers_expire_at" {
 # each job) with one collection-group query on state == "RUNNING"
 # (adapters/firestore.py: running_predictions). Firestore keeps single-field indexes at
 # collection scope only by default; a collection-group query needs this one. Setting a field's
-# indexes replaces its defaults, so the collection-scope one is kept here too.
+# indexes replaces its defaults, so the collection-scope one is kept here too. (A job's listing,
+# list_predictions, orders its own collection on created_at: the default index serves it.)
 resource "google_firestore_field" "predictions_state" {
   project    = var.project_id
   database   = local.firestore_database

@@ -10,7 +10,7 @@ import pytest
 
 from bucketlearn import layout, messages
 from bucketlearn.ports import FAILED, NUDGE, RESULT, ResultMessage, TaskMessage
-from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.prediction_ports import PredictPart
 
 JOB = "digits-3f2a9c1b7e4d"
 DIGEST = "sha256:" + "ab" * 32

@@ -26,7 +26,7 @@ from bucketlearn.loops.learner import Learner
 from bucketlearn.loops.watchdog import drain_dead_letters, watchdog_pass
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RuntimeCache, TaskMessage
-from bucketlearn.prediction_messages import PredictPart
+from bucketlearn.prediction_ports import PredictPart
 from bucketlearn.usecases import batch_predict, predict_parts
 from tests.unit.helpers import REPO_DIR
 

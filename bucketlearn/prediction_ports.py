@@ -1,13 +1,16 @@
-"""The task message of one part of a batch prediction request fanned out over the learners
-(``usecases.predict_parts``): it travels on the tasks topic beside the training tasks
-(``ports.TaskMessage.from_dict`` hands a body of kind ``predict`` to ``PredictPart.from_dict``).
+"""Batch prediction's ports: the registry's records of a job's requests (``PredictionRecords``,
+a part of ``ports.Registry``), and the task message of one part of a request fanned out over the
+learners (``PredictPart``, ``usecases.predict_parts``), which travels on the tasks topic beside
+the training tasks (``ports.TaskMessage.from_dict`` hands a body of kind ``predict`` to
+``PredictPart.from_dict``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bucketlearn import layout, messages
 from bucketlearn.domain.prediction import PredictionRecord
@@ -90,3 +93,42 @@ def parts_of(record: PredictionRecord, which: list[int] | None = None) -> list[P
                         generation=int(source["generation"]), start=starts[k], end=ends[k],
                         model_generation=record.model_generation)
             for k in (range(len(ends)) if which is None else which)]
+
+
+class PredictionRecords(Protocol):
+    """A job's batch prediction requests, a status record each (``jobs/<job>/predictions/*``)."""
+
+    def create_prediction(self, record: PredictionRecord) -> bool:
+        """Create the record if no record of its id exists under its job: True when created
+        (False: a re-delivered event's request, already recorded)."""
+        ...
+
+    def update_prediction(self, job_id: str, request_id: str, fields: Mapping[str, Any],
+                          claim: str | None = None) -> bool:
+        """Update fields of a record (``PredictionRecord``'s attributes); with ``claim``, only
+        while the record's claim is that one. False when it is not (or there is no record)."""
+        ...
+
+    def get_prediction(self, job_id: str, request_id: str) -> PredictionRecord | None: ...
+
+    def count_predictions(self, job_id: str) -> int:
+        """How many requests the job has had (every state)."""
+        ...
+
+    def list_predictions(self, job_id: str, limit: int = 20) -> list[PredictionRecord]:
+        """The job's newest ``limit`` records, newest first (by ``created_at``)."""
+
+    def record_prediction_part(self, job_id: str, request_id: str, part: int,
+                               entry: Mapping[str, Any]) -> PredictionRecord | None:
+        """Record what part ``part`` of a fanned-out request came to (``part_results``; the
+        last entry stands) and return the record after (None: no record)."""
+        ...
+
+    def count_part_attempt(self, job_id: str, request_id: str, part: int
+                           ) -> PredictionRecord | None:
+        """Count one attempt at part ``part`` (``part_attempts``); the record after."""
+        ...
+
+    def running_predictions(self) -> list[PredictionRecord]:
+        """Every job's requests that are RUNNING (the autoscaler counts their parts)."""
+        ...
