@@ -21,7 +21,8 @@ SUITES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
           "schedules": "6. Choosing the learning-rate schedule (tuning datasets only)",
           "speedup": "7. Time to an accurate model with more workers"}
 NAMES = tuple(SUITES)
-STANDALONE = ("rate_rule", "round_cause", "regression_folds", "storage_emulators", "codec")
+STANDALONE = ("rate_rule", "round_cause", "regression_folds", "storage_emulators", "codec",
+              "continued")
 
 
 def load(name: str) -> ModuleType:
