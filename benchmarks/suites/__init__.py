@@ -22,7 +22,7 @@ SUITES = {"ingest": "1. Ingestion", "parity": "2. Accuracy parity",
           "speedup": "7. Time to an accurate model with more workers"}
 NAMES = tuple(SUITES)
 STANDALONE = ("rate_rule", "round_cause", "regression_folds", "storage_emulators", "codec",
-              "batch_predict")
+              "batch_predict", "continued")
 
 
 def load(name: str) -> ModuleType:
