@@ -35,6 +35,9 @@ MIN_STEPS = 2000
 PASSES = 20
 MAX_ROWS_SEEN = 2_400_000  # rows trained on in all, beyond MIN_STEPS' worth
 MAX_EPOCHS = 200
+# a continued job starts from a trained model: its automatic budget is this share of a new
+# job's (steps, passes and rows seen), its batch, rate and patience rules the same
+CONTINUED_SHARE = 0.25
 VALIDATION_FRACTION = 0.1
 MIN_VALIDATED_ROWS = 100  # training rows below which no validation rows are held out
 VALIDATION_MAX_ROWS = 10_000  # validation rows a version is scored on (a fixed sample)
@@ -72,12 +75,13 @@ def auto_learning_rate(batch_size: int, image: bool) -> float:
     return round(rate * math.sqrt(batch_size / base), 8)
 
 
-def auto_epochs(train_rows: int, batch_size: int, image: bool = False) -> int:
+def auto_epochs(train_rows: int, batch_size: int, image: bool = False, share: float = 1.0
+                ) -> int:
     """Passes over the training rows: at least ``MIN_STEPS`` steps, at least ``PASSES`` passes
-    up to ``MAX_ROWS_SEEN`` rows in all (the image model: ``CNN_STEPS`` steps); at most
-    ``MAX_EPOCHS``."""
-    rows = (CNN_STEPS * batch_size if image else
-            max(MIN_STEPS * batch_size, min(PASSES * train_rows, MAX_ROWS_SEEN)))
+    up to ``MAX_ROWS_SEEN`` rows in all (the image model: ``CNN_STEPS`` steps), each times
+    ``share`` (a continued job's: ``CONTINUED_SHARE``); at most ``MAX_EPOCHS``."""
+    rows = share * (CNN_STEPS * batch_size if image else
+                    max(MIN_STEPS * batch_size, min(PASSES * train_rows, MAX_ROWS_SEEN)))
     return max(1, min(MAX_EPOCHS, math.ceil(rows / max(1, train_rows))))
 
 
@@ -99,17 +103,20 @@ def auto_patience(epochs: int) -> int:
 
 
 def resolve_budget(rows: int, image: bool, epochs: int | None, batch_size: int | None,
-                   learning_rate: float | None, patience: int | None) -> Budget:
+                   learning_rate: float | None, patience: int | None,
+                   continued: bool = False) -> Budget:
     """What each ``auto`` (None) becomes for a job training on ``rows`` rows (its shards', the
     holdout and validation rows out); a value given is kept.
 
     Args:
         rows: the rows the job trains on.
         image: the image model (a CNN) trains; its batch and rate are its own.
+        continued: the job continues another's model (``CONTINUED_SHARE`` of the epochs).
     """
     batch = batch_size or auto_batch(rows, image)
     rate = learning_rate or auto_learning_rate(batch, image)
-    passes = epochs or auto_epochs(rows, batch, image)
+    share = CONTINUED_SHARE if continued else 1.0
+    passes = epochs or auto_epochs(rows, batch, image, share)
     waits = patience or auto_patience(passes)
     reasons = {}
     if batch_size is None:
@@ -119,9 +126,13 @@ def resolve_budget(rows: int, image: bool, epochs: int | None, batch_size: int |
     if learning_rate is None:
         reasons["learning_rate"] = f"{rate:g}: the base rate x sqrt(batch / base batch)"
     if epochs is None:
-        reasons["epochs"] = (f"{passes}: {CNN_STEPS:,} steps of the image model" if image else
-                             f"{passes}: at least {MIN_STEPS:,} steps and {PASSES} passes, at "
-                             f"most {MAX_ROWS_SEEN:,} rows in all beyond that")
+        reasons["epochs"] = (f"{passes}: {share * CNN_STEPS:,.0f} steps of the image model"
+                             if image else f"{passes}: at least {share * MIN_STEPS:,.0f} steps "
+                             f"and {share * PASSES:g} passes, at most "
+                             f"{share * MAX_ROWS_SEEN:,.0f} rows in all beyond that")
+        if continued:
+            reasons["epochs"] += (f" (a continued job's: {CONTINUED_SHARE:g} of a new job's "
+                                  "budget, since it starts from a trained model)")
     if patience is None:
         reasons["patience"] = f"{waits}: a quarter of the epochs, at least 5"
     return Budget(passes, batch, rate, waits, reasons)

@@ -31,7 +31,7 @@ def budgeted(options: JobOptions, outline: Outline, file: str) -> tuple[JobOptio
                        file) == "cnn"
     budget = resolve_budget(sum(outline.shard_rows), image, options.epochs or None,
                             options.batch_size or None, options.learning_rate or None,
-                            options.patience or None)
+                            options.patience or None, continued=options.parent is not None)
     search = options.search
     if search == SEARCH_AUTO:
         search, why = auto_search(sum(outline.shard_rows), options.validation_fraction != NONE)

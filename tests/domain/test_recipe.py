@@ -38,6 +38,21 @@ def test_the_image_model_takes_a_fixed_number_of_steps(rows: int, epochs: int) -
     assert (epochs - 1) * rows < R.CNN_STEPS * R.CNN_BATCH <= epochs * rows or epochs == 1
 
 
+@pytest.mark.parametrize(("rows", "batch", "epochs"), [
+    (3_000, 256, 43),         # 500 steps of 256 rows (a new job: 171)
+    (43_000, 256, 5),         # 5 passes (a new job: 20)
+    (270_000, 1024, 3),       # 600,000 rows in all, beyond 500 steps (a new job: 9)
+])
+def test_a_continued_job_takes_a_quarter_of_a_new_jobs_budget(rows: int, batch: int,
+                                                              epochs: int) -> None:
+    assert R.auto_epochs(rows, batch, share=R.CONTINUED_SHARE) == epochs
+    budget = R.resolve_budget(rows, False, None, batch, None, None, continued=True)
+    assert budget.epochs == epochs and "a continued job's" in budget.reasons["epochs"]
+    assert budget.patience == R.auto_patience(epochs)
+    assert "continued" not in R.resolve_budget(rows, False, None, batch, None, None
+                                               ).reasons["epochs"]
+
+
 def test_a_value_given_is_kept_and_every_auto_says_why() -> None:
     # Execute
     given = R.resolve_budget(5_000, False, epochs=7, batch_size=64, learning_rate=0.01,

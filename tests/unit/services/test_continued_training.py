@@ -4,18 +4,22 @@ with the parent's columns, vocabularies and scaling; and each refusal names its 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from bucketlearn import codec, layout
 from bucketlearn.aggregation import writer as aggregator
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.domain import recipe
 from bucketlearn.domain.job import Job, fail_fields
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED, REJECTED, SPLITTING
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.options import JobOptions
 from bucketlearn.services import endings
+from bucketlearn.services.caches import job_runtime
 from bucketlearn.usecases.cancel import cancel_job
 from bucketlearn.usecases.model_files import model_bytes, predict_file
 from bucketlearn.usecases.status import status_object
@@ -328,3 +332,22 @@ def test_a_failed_job_keeps_nothing_for_continuing(tmp_path):
     assert job.status == FAILED and job.head.version == 1
     assert svc.store.stat(svc.settings.models_bucket,
                           layout.kept_weights_path(job_id, job.head.version)) is None
+
+
+def test_a_continued_job_with_auto_epochs_takes_a_quarter_of_a_new_jobs(halves):
+    """The same rows uploaded as a new job and as a continued one, epochs left to auto (a
+    batch of 16, so neither is capped): the continued job's epochs are the recipe's quarter
+    budget, and its budget says why."""
+    svc, parent, _, _, _, second, _ = halves
+    metadata = {"rows_per_shard": "64", "batch_size": "16"}
+    # Execute
+    _, fresh = submit(svc, "second_new.csv", second.read_bytes(), metadata)
+    _, continued = submit(svc, "second_cont.csv", second.read_bytes(),
+                          {**metadata, "continue_from": parent.job_id})
+    # Assert
+    rows = sum(s.rows for s in job_runtime(svc, fresh).manifest.shards)
+    assert fresh.options["epochs"] == recipe.auto_epochs(rows, 16) == math.ceil(2000 * 16 / rows)
+    assert continued.options["epochs"] == recipe.auto_epochs(rows, 16, share=0.25) == \
+        math.ceil(500 * 16 / rows)
+    assert "a continued job's" in continued.budget["reasons"]["epochs"]
+    assert "a continued job's" not in fresh.budget["reasons"]["epochs"]
