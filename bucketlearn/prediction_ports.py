@@ -120,13 +120,16 @@ class PredictionRecords(Protocol):
 
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
-        """Record what part ``part`` of a fanned-out request came to (``part_results``; the
-        last entry stands) and return the record after (None: no record)."""
+        """Record what part ``part`` of a fanned-out request came to (``part_results``), only
+        while the request is RUNNING and the part has no entry: an entry, once recorded, never
+        changes, so whoever finishes the request finds the same outcome. Returns the record
+        after (None: no record)."""
         ...
 
-    def count_part_attempt(self, job_id: str, request_id: str, part: int
+    def count_part_attempt(self, job_id: str, request_id: str, part: int, at: float
                            ) -> PredictionRecord | None:
-        """Count one attempt at part ``part`` (``part_attempts``); the record after."""
+        """Count one attempt at part ``part`` (``part_attempts``), ``at`` the request's
+        ``updated_at`` (its parts are under way); the record after (None: no record)."""
         ...
 
     def running_predictions(self) -> list[PredictionRecord]:

@@ -384,23 +384,35 @@ class FirestoreRegistry:
 
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
-        """One field of the record written (parts recording at once do not contend), then the
-        record read."""
+        """One field of the record written, conditional on the document as read (a part
+        entry that another writer recorded first stands; a conflict reads and tries again)."""
         ref = self._prediction(job_id, request_id)
         key = FieldPath("part_results", str(part)).to_api_repr()
-        try:
-            ref.update({key: dict(entry)}, timeout=TIMEOUT)
-        except gexc.NotFound:
-            return None
-        return self.get_prediction(job_id, request_id)
+        for _ in range(20):
+            snap = ref.get(timeout=TIMEOUT)
+            if not snap.exists:
+                return None
+            record = PredictionRecord.from_doc(snap.to_dict() or {})
+            if record.ended or str(part) in record.part_results:
+                return record
+            try:
+                ref.update({key: dict(entry)}, option=self.client.write_option(
+                    last_update_time=snap.update_time), timeout=TIMEOUT)
+            except gexc.FailedPrecondition:
+                continue  # written meanwhile (another part, an attempt): read it again
+            except gexc.NotFound:
+                return None
+            return self.get_prediction(job_id, request_id)
+        raise TransientError(f"prediction {request_id}: part {part} not recorded: the record "
+                             "changed under every one of 20 tries")
 
-    def count_part_attempt(self, job_id: str, request_id: str, part: int
+    def count_part_attempt(self, job_id: str, request_id: str, part: int, at: float
                            ) -> PredictionRecord | None:
         """An increment of one field (attempts at once do not contend), then the record."""
         ref = self._prediction(job_id, request_id)
         key = FieldPath("part_attempts", str(part)).to_api_repr()
         try:
-            ref.update({key: firestore.Increment(1)}, timeout=TIMEOUT)
+            ref.update({key: firestore.Increment(1), "updated_at": at}, timeout=TIMEOUT)
         except gexc.NotFound:
             return None
         return self.get_prediction(job_id, request_id)

@@ -80,12 +80,14 @@ class MemoryPredictions:
             if stored is None:
                 return None
             results = stored.setdefault("part_results", {})
+            if stored.get("state") != "RUNNING" or str(part) in results:
+                return PredictionRecord.from_doc(copy.deepcopy(stored))
             check_document(_path(job_id, request_id), {
                 **stored, "part_results": {**results, str(part): dict(entry)}})
             results[str(part)] = copy.deepcopy(dict(entry))
             return PredictionRecord.from_doc(copy.deepcopy(stored))
 
-    def count_part_attempt(self, job_id: str, request_id: str, part: int
+    def count_part_attempt(self, job_id: str, request_id: str, part: int, at: float
                            ) -> PredictionRecord | None:
         _document_id(job_id)
         _document_id(request_id)
@@ -95,6 +97,7 @@ class MemoryPredictions:
                 return None
             attempts = stored.setdefault("part_attempts", {})
             attempts[str(part)] = int(attempts.get(str(part), 0)) + 1
+            stored["updated_at"] = at
             return PredictionRecord.from_doc(copy.deepcopy(stored))
 
     def running_predictions(self) -> list[PredictionRecord]:

@@ -125,8 +125,17 @@ class PredictionRecord:
 
     def status(self) -> dict[str, Any]:
         """What a client shows: the record without its claim."""
-        return {k: v for k, v in self.to_doc().items() if k not in (
-            "claim", "claimed_at", "part_ends", "part_results", "part_attempts")}
+        return {**{k: v for k, v in self.to_doc().items() if k not in (
+            "claim", "claimed_at", "part_ends", "part_results", "part_attempts")},
+            "rows": self.rows_so_far}
+
+    @property
+    def rows_so_far(self) -> int:
+        """``rows``; while a fanned-out request runs, its recorded parts' rows."""
+        if self.parts and not self.ended:
+            return sum(int(e.get("rows") or 0) for e in self.part_results.values()
+                       if e.get("error") is None)
+        return self.rows
 
     def unrecorded_parts(self) -> list[int]:
         """The parts not recorded yet (none for a request the function predicts itself)."""

@@ -100,7 +100,12 @@ def handle_predict(svc: Services, event: StorageEvent, load: ModelLoader | None 
     request = _claimed(svc, event, job_id, now)
     if request is None:
         return Outcome.DUPLICATE, layout.prediction_id_for(event.name, event.generation)
-    refusal = _refusal(svc, event, job_id)
+    try:
+        refusal = _refusal(svc, event, job_id)
+    except Exception as exc:
+        if not svc.transient(exc):
+            raise
+        raise _let_go(svc, request, file, exc) from exc
     if isinstance(refusal, str):
         _end(svc, request, RequestState.REJECTED, error=f"{file}: {refusal}")
         return Outcome.REJECTED, request.request_id
@@ -163,23 +168,45 @@ def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
     until the last part ends it. Should the publish fail, the event's retry finds the parts
     recorded and does nothing more: the watchdog publishes a request's unrecorded parts again
     once it has been still for ``Settings.stall_seconds``."""
-    model = svc.store.stat(svc.settings.models_bucket, layout.model_path(request.job_id))
-    fields = {"parts": len(ranges), "part_ends": [end for _, end in ranges],
-              "model_generation": 0 if model is None else model.generation,
-              "updated_at": svc.clock()}
-    svc.registry.update_prediction(request.job_id, request.request_id, fields)
+    file = display_uri(event.bucket, event.name)
+    try:
+        model = svc.store.stat(svc.settings.models_bucket, layout.model_path(request.job_id))
+        if model is None:
+            _end(svc, request, RequestState.FAILED, error=f"{file}: job {request.job_id}: "
+                 f"expected its exported model at {layout.model_path(request.job_id)}; "
+                 "found none")
+            return Outcome.FAILED
+        fields = {"parts": len(ranges), "part_ends": [end for _, end in ranges],
+                  "model_generation": model.generation, "updated_at": svc.clock()}
+        svc.registry.update_prediction(request.job_id, request.request_id, fields)
+    except Exception as exc:
+        if not svc.transient(exc):
+            raise
+        raise _let_go(svc, request, file, exc) from exc
     parts = parts_of(dataclasses.replace(request, part_ends=tuple(fields["part_ends"]),
-                                         model_generation=fields["model_generation"]))
+                                         model_generation=model.generation))
     try:
         svc.queue.publish(parts)
     except Exception as exc:
         if not svc.transient(exc):
             raise
-        raise TransientError(f"{display_uri(event.bucket, event.name)}: publishing "
-                             f"{len(parts)} parts: {type(exc).__name__}: {exc}") from exc
+        raise TransientError(f"{file}: publishing {len(parts)} parts: "
+                             f"{type(exc).__name__}: {exc}") from exc
     log.info("prediction %s of job %s: %d bytes in %d parts for the learners",
              request.request_id, request.job_id, event.size, len(parts))
     return Outcome.ACCEPTED
+
+
+def _let_go(svc: Services, request: PredictionRecord, file: str, exc: Exception
+            ) -> TransientError:
+    """A backend failed before the request's work began: the claim let go, so the event's
+    retry takes the request over at once; the error to raise."""
+    try:
+        svc.registry.update_prediction(request.job_id, request.request_id,
+                                       {"claimed_at": 0.0}, claim=request.claim)
+    except Exception:  # noqa: BLE001 - the registry is down too: the lease runs out instead
+        log.warning("prediction %s: could not let its claim go", request.request_id)
+    return TransientError(f"{file}: {type(exc).__name__}: {exc}")
 
 
 def _run(svc: Services, event: StorageEvent, request: PredictionRecord, output: str,

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 READ_BYTES = 1 << 20  # how much of the input a part reads at a time
 MAX_MODELS_KEPT = 2  # exported models a learner keeps loaded to predict with
 MAX_REPUBLISHES = 3  # times the watchdog publishes a still request's parts again
+GIVE_UP_SECONDS = 86_400.0  # still this long after its republishes: its parts are given up
 
 
 # runs a call, retrying it through a backend outage (the learner's ``_with_retries``)
@@ -63,9 +64,9 @@ def predict_part(svc: Services, task: PredictPart, delivery_attempt: int | None,
         True when the message is done with (acknowledge it); False to have it back (a backend
         failed for longer than ``retry`` retries).
     """
-    try:
-        record = retry(lambda: svc.registry.count_part_attempt(task.job_id, task.request_id,
-                                                               task.part))
+    try:  # counted once a delivery (a retried increment could count twice)
+        record = svc.registry.count_part_attempt(task.job_id, task.request_id, task.part,
+                                                 svc.clock())
         if record is None or record.ended:
             log.info("prediction %s part %d: the request is %s; nothing to do", task.request_id,
                      task.part, "unknown" if record is None else record.state)
@@ -300,33 +301,51 @@ def give_up_part(svc: Services, task: PredictPart, reason: str) -> None:
 
 
 def sweep_predictions(svc: Services, now: float) -> list[dict[str, Any]]:
-    """Look after fanned-out requests still for ``Settings.stall_seconds`` (a part's message
-    lost, or never published): publish their unrecorded parts again (a part predicted twice
-    is recorded once), up to ``MAX_REPUBLISHES`` times; then give those parts up, so the
-    request ends FAILED naming them. Returns what was done."""
+    """Look after requests still for ``Settings.stall_seconds``: a fanned-out one gets its
+    unrecorded parts published again (a part predicted twice is recorded once; its messages
+    may be lost, or never published), up to ``MAX_REPUBLISHES`` times, and once still for
+    ``GIVE_UP_SECONDS`` more they are given up (the request ends FAILED naming them); one the
+    upload function predicts, whose claim is that old, ends FAILED (its invocation died and
+    its event was not retried). Returns what was done."""
     done = []
     for record in svc.registry.running_predictions():
-        missing = record.unrecorded_parts()
-        if not record.part_ends or now - record.last_activity() < svc.settings.stall_seconds:
+        try:
+            action = _sweep(svc, record, now)
+        except Exception:  # noqa: BLE001 - one request's trouble must not stop the others'
+            log.exception("prediction %s: could not look after it", record.request_id)
             continue
-        if not missing:  # every part recorded, the finisher gone: finish it
-            finish(svc, parts_of(record, [0])[0], record)
-            done.append({"request_id": record.request_id, "action": "finish"})
-        elif record.republished >= MAX_REPUBLISHES:
-            for task in parts_of(record, missing):
-                give_up_part(svc, task, f"its message was published {record.republished + 1} "
-                             "times and no learner recorded it")
-            done.append({"request_id": record.request_id, "action": "give up",
-                         "parts": missing})
-        else:
-            svc.queue.publish(parts_of(record, missing))
-            svc.registry.update_prediction(record.job_id, record.request_id, {
-                "republished": record.republished + 1, "updated_at": now})
-            done.append({"request_id": record.request_id, "action": "republish",
-                         "parts": missing})
-        log.warning("prediction %s of job %s: still since %.0f: %s", record.request_id,
-                    record.job_id, record.last_activity(), done[-1])
+        if action is not None:
+            done.append({"request_id": record.request_id, **action})
+            log.warning("prediction %s of job %s: still since %.0f: %s", record.request_id,
+                        record.job_id, record.last_activity(), action)
     return done
+
+
+def _sweep(svc: Services, record: PredictionRecord, now: float) -> dict[str, Any] | None:
+    still = now - max(record.last_activity(), record.claimed_at)
+    if still < svc.settings.stall_seconds:
+        return None
+    if not record.part_ends:
+        svc.registry.update_prediction(record.job_id, record.request_id, {
+            "state": str(RequestState.FAILED), "updated_at": now, "error": (
+                f"the invocation predicting it stopped {still:.0f} s ago and its event was not "
+                "retried: expected it to end; upload the file again")}, claim=record.claim)
+        return {"action": "fail"}
+    missing = record.unrecorded_parts()
+    if not missing:  # every part recorded, the finisher gone: finish it
+        finish(svc, parts_of(record, [0])[0], record)
+        return {"action": "finish"}
+    if record.republished < MAX_REPUBLISHES:
+        svc.queue.publish(parts_of(record, missing))
+        svc.registry.update_prediction(record.job_id, record.request_id, {
+            "republished": record.republished + 1, "updated_at": now})
+        return {"action": "republish", "parts": missing}
+    if still < GIVE_UP_SECONDS:
+        return None
+    for task in parts_of(record, missing):
+        give_up_part(svc, task, f"its message was published {record.republished + 1} times "
+                     f"and no learner recorded it in {still:.0f} s")
+    return {"action": "give up", "parts": missing}
 
 
 def _delete(svc: Services, paths: list[str]) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from bucketlearn.config import Limits
 from bucketlearn.domain.recipe import RECIPE
+from bucketlearn.errors import ConfigError
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.ingest.parts import load_parts
 from bucketlearn.ingest.split import split_upload
@@ -96,7 +97,16 @@ def evaluate_holdout(svc: Services, manifest: Manifest, model: Any,
 def split_locally(path: str, options: JobOptions, limits: Limits,
                   svc: Services) -> tuple[Manifest, JobOptions]:
     """The split the pipeline would make of ``path`` (written to ``svc``'s work bucket), and
-    the options with their budget resolved for it."""
+    the options with their budget resolved for it.
+
+    Raises:
+        ConfigError: ``continue_from`` is set (a job continues another through the buckets;
+            ``train-local`` trains a new model).
+    """
+    if options.parent is not None:
+        raise ConfigError("continue_from", "a job submitted through the buckets (train-local "
+                          "trains a new model, in one process)",
+                          f"continue_from={options.continue_from}")
     source = local_source(path)
     manifest = split_upload(source, svc.store, svc.settings.work_bucket, "local", options, limits)
     options, _ = budgeted(options, outline_of(manifest), source.display_name)

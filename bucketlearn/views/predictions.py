@@ -34,7 +34,7 @@ def prediction_frame(records: Iterable[PredictionRecord],
         rate = rows_per_second(record.rows, record.seconds)
         rows.append({
             "when": timestamp(record.created_at or None), "file": source_file(record.source),
-            "state": str(record.state), "rows": record.rows, "seconds": record.seconds,
+            "state": str(record.state), "rows": record.rows_so_far, "seconds": record.seconds,
             "rows_per_s": (round(rate, 1) if rate is not None
                            and record.state == RequestState.DONE else None),
             "parts": record.parts or None,

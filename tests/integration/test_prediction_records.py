@@ -161,10 +161,13 @@ def test_parts_are_recorded_one_entry_each_and_running_requests_are_listed(backe
     assert after.part_results["0"]["problem"]["row"] == 3
     assert after.claim == "c1" and after.state == "RUNNING"  # the rest of the record kept
     assert registry.record_prediction_part(job, "no-such-request", 0, {"rows": 1}) is None
-    registry.count_part_attempt(job, record.request_id, 1)
-    counted = registry.count_part_attempt(job, record.request_id, 1)
+    registry.count_part_attempt(job, record.request_id, 1, 5.0)
+    counted = registry.count_part_attempt(job, record.request_id, 1, 6.0)
     assert counted.part_attempts == {"1": 2} and sorted(counted.part_results) == ["0", "2"]
-    assert registry.count_part_attempt(job, "no-such-request", 0) is None
+    assert counted.updated_at == 6.0
+    assert registry.count_part_attempt(job, "no-such-request", 0, 7.0) is None
+    again = registry.record_prediction_part(job, record.request_id, 2, {"rows": 0, "error": "x"})
+    assert again.part_results["2"] == {"rows": 10, "seconds": 0.5, "worker": "w"}  # it stands
     running = [r.request_id for r in registry.running_predictions() if r.job_id == job]
     assert running == [record.request_id]
     registry.update_prediction(job, record.request_id, {"state": "DONE"})

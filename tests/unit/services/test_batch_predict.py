@@ -277,3 +277,20 @@ def test_the_output_is_streamed_a_batch_at_a_time(target_job):
     assert len(chunks) >= 3
     text = b"".join(chunks).decode()
     assert text.count("prediction") == 1 and text.count("\n") == len(rows) + 1
+
+
+def test_an_empty_cell_for_a_model_of_complete_numbers_names_its_row_and_column(target_job):
+    """The model trained on complete numeric rows (a matrix model) cannot take a missing cell:
+    the request FAILS naming row 3's ``a``, as an input problem (so a fanned-out request counts
+    its row from the file's start)."""
+    svc, job_id, _ = target_job
+    rows = target_rows(5, seed=5)
+    rows[2][0] = ""
+    # Execute
+    outcome, request_id, _ = request(svc, job_id, "hole.csv", csv_bytes(["a", "b", "y"], rows))
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert outcome is Outcome.FAILED and record.state == "FAILED"
+    assert (record.problem["row"], record.problem["column"]) == (3, "a")
+    assert "a finite number" in record.problem["expected"]
+    assert record.problem["found"] == "an empty cell or a missing-value marker"

@@ -15,6 +15,7 @@ from bucketlearn.bootstrap import memory_services
 from bucketlearn.domain import recipe
 from bucketlearn.domain.job import Job, fail_fields
 from bucketlearn.domain.lifecycle import CANCELLED, DONE, FAILED, REJECTED, SPLITTING
+from bucketlearn.errors import ConfigError
 from bucketlearn.ingest.manifest import Manifest
 from bucketlearn.local.simulation import simulate_pipeline
 from bucketlearn.options import JobOptions
@@ -23,6 +24,7 @@ from bucketlearn.services.caches import job_runtime
 from bucketlearn.usecases.cancel import cancel_job
 from bucketlearn.usecases.model_files import model_bytes, predict_file
 from bucketlearn.usecases.status import status_object
+from bucketlearn.usecases.train_local import train_local
 from bucketlearn.usecases.upload import Outcome, StorageEvent, handle_upload
 from tests.unit.helpers import MIXED_HEADER, blobs_rows, csv_bytes, mixed_rows
 from tests.unit.steps import start_job, train_pending
@@ -351,3 +353,12 @@ def test_a_continued_job_with_auto_epochs_takes_a_quarter_of_a_new_jobs(halves):
         math.ceil(500 * 16 / rows)
     assert "a continued job's" in continued.budget["reasons"]["epochs"]
     assert "a continued job's" not in fresh.budget["reasons"]["epochs"]
+
+
+def test_train_local_refuses_to_continue_a_job(halves):
+    """``train-local`` trains a new model in one process: a continued job goes through the
+    buckets (before, the flag was taken and a new model trained on a quarter budget)."""
+    _, parent, _, _, _, second, _ = halves
+    with pytest.raises(ConfigError, match="continue_from"):
+        train_local(str(second), JobOptions(**OPTIONS, continue_from=parent.job_id),
+                    svc=memory_services())

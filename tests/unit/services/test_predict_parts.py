@@ -16,6 +16,7 @@ import pytest
 from bucketlearn import layout
 from bucketlearn.adapters.memory import MemoryBlobStore, MemoryQueue
 from bucketlearn.bootstrap import memory_services
+from bucketlearn.domain.prediction import PredictionRecord
 from bucketlearn.errors import TransientError
 from bucketlearn.events import Outcome, StorageEvent
 from bucketlearn.faults import inject
@@ -26,7 +27,7 @@ from bucketlearn.loops.learner import Learner
 from bucketlearn.loops.watchdog import drain_dead_letters, watchdog_pass
 from bucketlearn.options import JobOptions
 from bucketlearn.ports import RuntimeCache, TaskMessage
-from bucketlearn.prediction_ports import PredictPart
+from bucketlearn.prediction_ports import PredictPart, parts_of
 from bucketlearn.usecases import batch_predict, predict_parts
 from tests.unit.helpers import REPO_DIR
 
@@ -191,7 +192,7 @@ def test_a_part_that_kills_its_learner_every_time_fails_the_request_naming_it(pe
         assert predict_parts.predict_part(fanned, part, attempts + 1, "w") is True
     else:
         for _ in range(attempts):  # learners that died before recording it
-            svc.registry.count_part_attempt(job_id, request_id, 1)
+            svc.registry.count_part_attempt(job_id, request_id, 1, svc.clock())
         assert predict_parts.predict_part(fanned, part, None, "w") is True
     run_learner(fanned, 2)
     # Assert
@@ -217,8 +218,9 @@ def test_a_duplicate_upload_event_after_the_fan_out_publishes_nothing(penguins_j
 def test_a_lost_part_is_published_again_by_the_watchdog_then_given_up(penguins_job):
     """Part 1's message lost: once the request has been still for the stall time the watchdog
     publishes it again (and the request ends DONE); a part still unrecorded after every
-    republish is given up, and the request ends FAILED naming it."""
+    republish, and a day more, is given up, and the request ends FAILED naming it."""
     svc, job_id, data = penguins_job
+    stall = svc.settings.stall_seconds
     fanned = with_part_bytes(svc, len(data) // 3 + 1)
     outcome, request_id, _ = upload(fanned, job_id, "lost.csv", data)
     lost = [m for m in svc.queue.published if isinstance(m, PredictPart)
@@ -228,11 +230,12 @@ def test_a_lost_part_is_published_again_by_the_watchdog_then_given_up(penguins_j
         received.ack() if received.message == lost[0] else received.nack()
     run_learner(fanned, 2)
     assert svc.registry.get_prediction(job_id, request_id).unrecorded_parts() == [1]
-    later = svc.clock() + svc.settings.stall_seconds + 1
-    assert [a for a in watchdog_pass(fanned, later - 2 * svc.settings.stall_seconds)
+    now = svc.clock()
+    assert [a for a in watchdog_pass(fanned, now + stall / 2)
             if a.get("request_id") == request_id] == []  # not still for long enough
     # Execute
-    actions = [a for a in watchdog_pass(fanned, later) if a.get("request_id") == request_id]
+    actions = [a for a in watchdog_pass(fanned, now + stall + 1)
+               if a.get("request_id") == request_id]
     run_learner(fanned, 1)
     # Assert
     assert actions == [{"request_id": request_id, "action": "republish", "parts": [1]}]
@@ -244,10 +247,80 @@ def test_a_lost_part_is_published_again_by_the_watchdog_then_given_up(penguins_j
         received.ack()  # every part lost
     svc.registry.update_prediction(job_id, request_id,
                                    {"republished": predict_parts.MAX_REPUBLISHES})
-    actions = [a for a in watchdog_pass(fanned, later) if a.get("request_id") == request_id]
+    now = svc.clock()
+    waiting = [a for a in watchdog_pass(fanned, now + stall + 1)
+               if a.get("request_id") == request_id]
+    actions = [a for a in watchdog_pass(fanned, now + predict_parts.GIVE_UP_SECONDS + 1)
+               if a.get("request_id") == request_id]
     record = svc.registry.get_prediction(job_id, request_id)
-    assert actions[0]["action"] == "give up" and record.state == "FAILED"
+    assert waiting == [] and actions[0]["action"] == "give up" and record.state == "FAILED"
     assert "part 1 of 3" in record.error and "no learner recorded it" in record.error
+
+
+def test_a_recorded_part_stands_whoever_records_it_after(penguins_job):
+    """A part recorded, then given up by the watchdog (or a late success after a give-up): the
+    first entry stands, so the request keeps the outcome it ended with, and its output."""
+    svc, job_id, data = penguins_job
+    fanned = with_part_bytes(svc, len(data) // 2 + 1)
+    outcome, request_id, _ = upload(fanned, job_id, "raced.csv", data)
+    run_learner(fanned, 2)
+    part = parts_of(svc.registry.get_prediction(job_id, request_id), [1])[0]
+    # Execute
+    predict_parts.give_up_part(fanned, part, "the watchdog's give-up, too late")
+    # Assert
+    record = svc.registry.get_prediction(job_id, request_id)
+    assert record.state == "DONE" and record.error is None and record.rows == 2064
+    assert "error" not in record.part_results["1"]
+    outcome, failed_id, _ = upload(fanned, job_id, "raced-2.csv", data)
+    part = parts_of(svc.registry.get_prediction(job_id, failed_id), [1])[0]
+    predict_parts.give_up_part(fanned, part, "given up first")
+    run_learner(fanned, 2)  # the success comes late
+    record = svc.registry.get_prediction(job_id, failed_id)
+    assert record.state == "FAILED" and "given up first" in record.error
+    assert "error" in record.part_results["1"] and record.output is None
+
+
+def test_a_backend_failing_at_the_fan_out_lets_the_claim_go_for_the_retry(penguins_job):
+    svc, job_id, data = penguins_job
+    failures = [1]
+
+    def down_once(real, *args, **kwargs):
+        if failures[0] and "parts" in args[2]:
+            failures[0] -= 1
+            raise TransientError("firestore is unavailable")
+        return real(*args, **kwargs)
+
+    flaky = inject(with_part_bytes(svc, len(data) // 2 + 1), "registry",
+                   update_prediction=down_once)
+    info = svc.store.write_bytes(svc.settings.uploads_bucket,
+                                 layout.predict_object_name(job_id, "flaky.csv"), data,
+                                 "text/csv")
+    event = StorageEvent(info.bucket, info.name, info.generation, info.size)
+    # Execute
+    with pytest.raises(TransientError):
+        batch_predict.handle_predict(flaky, event)
+    request_id = layout.prediction_id_for(info.name, info.generation)
+    let_go = svc.registry.get_prediction(job_id, request_id)
+    again, _ = batch_predict.handle_predict(flaky, event)  # the event's retry, at once
+    run_learner(flaky, 2)
+    # Assert
+    assert let_go.claimed_at == 0.0 and let_go.parts == 0
+    assert again is Outcome.ACCEPTED
+    assert svc.registry.get_prediction(job_id, request_id).state == "DONE"
+
+
+def test_a_request_whose_function_died_unretried_is_ended_by_the_watchdog(penguins_job):
+    svc, job_id, _ = penguins_job
+    record = PredictionRecord("stuck-1-0a0b0c0d", job_id, source={"name": "predict/x.csv"},
+                              created_at=100.0, updated_at=100.0, claim="c", claimed_at=100.0)
+    svc.registry.create_prediction(record)
+    # Execute
+    actions = [a for a in watchdog_pass(svc, 100.0 + svc.settings.stall_seconds + 1)
+               if a.get("request_id") == record.request_id]
+    # Assert
+    ended = svc.registry.get_prediction(job_id, record.request_id)
+    assert actions == [{"request_id": record.request_id, "action": "fail"}]
+    assert ended.state == "FAILED" and "upload the file again" in ended.error
 
 
 def test_a_dead_lettered_part_fails_its_request_and_the_drain_goes_on(penguins_job):
@@ -268,7 +341,7 @@ def test_a_dead_lettered_part_fails_its_request_and_the_drain_goes_on(penguins_j
     # Execute
     drained = drain_dead_letters(fanned, sink)
     # Assert
-    assert drained == 1 and sink.pull(0) is None  # both acknowledged
+    assert drained == 1 and len(sink.acked) == 2  # both acknowledged
     record = svc.registry.get_prediction(job_id, request_id)
     assert record.state == "FAILED" and "part 2 of 2" in record.error
     assert "Pub/Sub gave up delivering it" in record.error

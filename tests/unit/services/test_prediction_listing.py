@@ -46,6 +46,9 @@ def a_request(n: int, name: str, state: str = "DONE", job_id: str = JOB, **field
         **{**(done if state == "DONE" else {}), **fields})
 
 
+FIVE_PARTS = {str(k): {"rows": 8_000, "seconds": 1.0} for k in range(5)}  # of 8: 40,000 rows
+
+
 def bad_row(job_id: str, name: str) -> str:
     """A bad row's error as the use case words it (the input's address first)."""
     return (f"gs://{UPLOADS}/{layout.predict_object_name(job_id, name)}, row 5, column "
@@ -66,7 +69,7 @@ def svc():
         assert registry.create_prediction(a_request(n, name))
     assert registry.create_prediction(a_request(
         6, "bad rows.csv", "FAILED", rows=4, seconds=0.3, error=bad_row(JOB, "bad rows.csv")))
-    assert registry.create_prediction(a_request(7, "big.csv", "RUNNING", rows=40_000, parts=8))
+    assert registry.create_prediction(a_request(7, "big.csv", "RUNNING", parts=8, part_results=FIVE_PARTS))
     registry.create_prediction(a_request(9, "other.csv", job_id="digits-0123456789ab"))
     registry.create_prediction(a_request(8, "x.csv", job_id="digits-0123456789ab"))
     meter.counts.clear()  # (the seeding's writes)
@@ -180,7 +183,7 @@ def test_an_error_not_naming_the_input_is_shown_whole():
 
 def test_the_table_has_a_row_a_request_newest_first():
     # Prepare
-    records = [a_request(7, "big.csv", "RUNNING", rows=40_000, parts=8),
+    records = [a_request(7, "big.csv", "RUNNING", parts=8, part_results=FIVE_PARTS),
                a_request(6, "bad rows.csv", "FAILED", rows=4, seconds=0.25,
                          error=bad_row(JOB, "bad rows.csv")),
                a_request(5, "e.csv", parts=3)]
