@@ -151,7 +151,7 @@ def drain_dead_letters(svc: Services, dead_letters: TaskQueue, limit: int = 1000
                 announce_failure(svc, task.job_id, task.epoch, task.task_index,
                                  f"task {task.task_id}: {why}", round_index=task.round)
                 written += 1
-        except Exception:  # noqa: BLE001 - left unacknowledged: it comes back
+        except Exception:  # noqa: BLE001 - left unacknowledged: it comes back after its deadline
             log.exception("watchdog: could not settle the dead letter %r", received.raw[:200])
             continue
         received.ack()

@@ -255,7 +255,8 @@ def loaded_model(svc: Services, job_id: str, generation: int = 0) -> LoadedModel
 
 def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     """End the request once every part is recorded: DONE with the parts composed into the
-    output, or FAILED naming the first part's error; then delete the parts' objects."""
+    output, or FAILED naming the first part's error (or a newer upload of the same name, whose
+    request owns the output); then delete the parts' objects."""
     outcome = parts_outcome(record.part_results, task.parts)
     if outcome is None:
         return
@@ -265,7 +266,13 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
         return
     fields: dict[str, Any] = {"rows": outcome.rows, "updated_at": svc.clock(),
                               "seconds": round(svc.clock() - record.created_at, 3)}
-    if outcome.error is not None:
+    newer = _newer_upload(svc, task)
+    if outcome.error is None and newer is not None:
+        fields.update(state=str(RequestState.FAILED), error=(
+            f"{display_uri(task.bucket, task.name)}: a newer upload of the same name "
+            f"(generation {newer}) owns the output; expected this request's to be the latest; "
+            "its predictions were not written"))
+    elif outcome.error is not None:
         fields.update(state=str(RequestState.FAILED), error=outcome.error,
                       problem=None if outcome.problem is None else dict(outcome.problem))
     else:
@@ -283,6 +290,14 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     log.info("prediction %s of job %s: %s, %d rows in %d parts", task.request_id, task.job_id,
              fields["state"], outcome.rows, task.parts)
     _delete(svc, parts)
+
+
+def _newer_upload(svc: Services, task: PredictPart) -> int | None:
+    """The generation of a newer upload of the request's name (its request writes the same
+    output, so this older one must not overwrite it), or None."""
+    current = svc.store.stat(task.bucket, task.name)
+    return current.generation if current is not None and \
+        current.generation > task.generation else None
 
 
 def give_up_part(svc: Services, task: PredictPart, reason: str) -> None:

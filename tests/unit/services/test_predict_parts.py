@@ -419,3 +419,25 @@ def test_every_part_predicts_with_the_model_the_request_recorded(penguins_job):
     assert recorded > 0 and record.state == "DONE", record.error
     assert list(versioned.cache.predictors) == [f"{job_id}@{recorded}"]
     assert versioned.cache.models_built == 1
+
+
+def test_an_older_request_finishing_late_leaves_a_newer_uploads_output_alone(penguins_job):
+    """The same name uploaded again while the first request's parts wait: the newer request
+    writes the output; the older one, finishing after, ends FAILED saying so and writes
+    nothing over it."""
+    svc, job_id, data = penguins_job
+    fanned = with_part_bytes(svc, len(data) // 2 + 1)
+    outcome, older, _ = upload(fanned, job_id, "same.csv", data)
+    waiting = [svc.queue.pull(0.1) for _ in range(2)]  # the older request's parts, held
+    newer_rows = b"\n".join(data.split(b"\n")[:11]) + b"\n"  # 10 rows: predicted inline
+    outcome, newer, _ = upload(fanned, job_id, "same.csv", newer_rows)
+    for received in waiting:
+        received.nack()
+    # Execute
+    run_learner(fanned, 2)
+    # Assert
+    assert svc.registry.get_prediction(job_id, newer).state == "DONE"
+    record = svc.registry.get_prediction(job_id, older)
+    assert record.state == "FAILED" and "a newer upload of the same name" in record.error
+    assert len(output(svc, job_id, "same")) == 10
+    assert parts_left(svc, job_id, older) == []
