@@ -22,6 +22,7 @@ Leases are taken with create/update *preconditions*, not transactions: the emula
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -385,7 +386,8 @@ class FirestoreRegistry:
     def record_prediction_part(self, job_id: str, request_id: str, part: int,
                                entry: Mapping[str, Any]) -> PredictionRecord | None:
         """One field of the record written, conditional on the document as read (a part
-        entry that another writer recorded first stands; a conflict reads and tries again)."""
+        entry that another writer recorded first stands; a conflict reads and tries again):
+        the record after is the one read with the entry, no second read."""
         ref = self._prediction(job_id, request_id)
         key = FieldPath("part_results", str(part)).to_api_repr()
         for _ in range(20):
@@ -402,7 +404,8 @@ class FirestoreRegistry:
                 continue  # written meanwhile (another part, an attempt): read it again
             except gexc.NotFound:
                 return None
-            return self.get_prediction(job_id, request_id)
+            return dataclasses.replace(record, part_results={**record.part_results,
+                                                             str(part): dict(entry)})
         raise TransientError(f"prediction {request_id}: part {part} not recorded: the record "
                              "changed under every one of 20 tries")
 

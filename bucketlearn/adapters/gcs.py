@@ -157,20 +157,17 @@ class GcsBlobStore:
         (gcp-storage-emulator, which ignores the parameter, is not the local stack's storage.)
         """
         blob = self.client.bucket(bucket).blob(name, generation=generation)
+        reader = None
         try:
             reader = blob.open("rb", chunk_size=8 * 1024 * 1024, timeout=TIMEOUT, retry=_RETRY)
+            if start:
+                reader.seek(start)  # the next range request starts there
         except gexc.NotFound:
+            if reader is not None:
+                reader.close()
             if generation is None:
                 raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
             raise self.changed(bucket, name, generation) from None
-        if start:
-            try:
-                reader.seek(start)  # the next range request starts there
-            except gexc.NotFound:
-                reader.close()
-                if generation is None:
-                    raise NotFoundError(f"gs://{bucket}/{name}: no such object") from None
-                raise self.changed(bucket, name, generation) from None
         if generation is None:
             return reader
         return _PinnedReader(reader, self, bucket, name, generation)

@@ -21,6 +21,7 @@ cannot be read ends the request FAILED, its record naming the first such row and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
@@ -100,12 +101,8 @@ def handle_predict(svc: Services, event: StorageEvent, load: ModelLoader | None 
     request = _claimed(svc, event, job_id, now)
     if request is None:
         return Outcome.DUPLICATE, layout.prediction_id_for(event.name, event.generation)
-    try:
+    with _letting_go(svc, request, file):
         refusal = _refusal(svc, event, job_id)
-    except Exception as exc:
-        if not svc.transient(exc):
-            raise
-        raise _let_go(svc, request, file, exc) from exc
     if isinstance(refusal, str):
         _end(svc, request, RequestState.REJECTED, error=f"{file}: {refusal}")
         return Outcome.REJECTED, request.request_id
@@ -169,7 +166,7 @@ def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
     recorded and does nothing more: the watchdog publishes a request's unrecorded parts again
     once it has been still for ``Settings.stall_seconds``."""
     file = display_uri(event.bucket, event.name)
-    try:
+    with _letting_go(svc, request, file):
         model = svc.store.stat(svc.settings.models_bucket, layout.model_path(request.job_id))
         if model is None:
             _end(svc, request, RequestState.FAILED, error=f"{file}: job {request.job_id}: "
@@ -179,10 +176,6 @@ def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
         fields = {"parts": len(ranges), "part_ends": [end for _, end in ranges],
                   "model_generation": model.generation, "updated_at": svc.clock()}
         svc.registry.update_prediction(request.job_id, request.request_id, fields)
-    except Exception as exc:
-        if not svc.transient(exc):
-            raise
-        raise _let_go(svc, request, file, exc) from exc
     parts = parts_of(dataclasses.replace(request, part_ends=tuple(fields["part_ends"]),
                                          model_generation=model.generation))
     try:
@@ -197,16 +190,21 @@ def _fan_out(svc: Services, event: StorageEvent, request: PredictionRecord,
     return Outcome.ACCEPTED
 
 
-def _let_go(svc: Services, request: PredictionRecord, file: str, exc: Exception
-            ) -> TransientError:
-    """A backend failed before the request's work began: the claim let go, so the event's
-    retry takes the request over at once; the error to raise."""
+@contextlib.contextmanager
+def _letting_go(svc: Services, request: PredictionRecord, file: str) -> Iterator[None]:
+    """A backend failing inside: the claim let go, so the event's retry takes the request over
+    at once, and a TransientError raised (anything else is raised as it is)."""
     try:
-        svc.registry.update_prediction(request.job_id, request.request_id,
-                                       {"claimed_at": 0.0}, claim=request.claim)
-    except Exception:  # noqa: BLE001 - the registry is down too: the lease runs out instead
-        log.warning("prediction %s: could not let its claim go", request.request_id)
-    return TransientError(f"{file}: {type(exc).__name__}: {exc}")
+        yield
+    except Exception as exc:
+        if not svc.transient(exc):
+            raise
+        try:
+            svc.registry.update_prediction(request.job_id, request.request_id,
+                                           {"claimed_at": 0.0}, claim=request.claim)
+        except Exception:  # noqa: BLE001 - the registry is down too: the lease runs out
+            log.warning("prediction %s: could not let its claim go", request.request_id)
+        raise TransientError(f"{file}: {type(exc).__name__}: {exc}") from exc
 
 
 def _run(svc: Services, event: StorageEvent, request: PredictionRecord, output: str,
@@ -214,36 +212,21 @@ def _run(svc: Services, event: StorageEvent, request: PredictionRecord, output: 
     """Predict the request's rows into ``output``; its record ends DONE or FAILED."""
     file = display_uri(event.bucket, event.name)
     started = svc.clock()
+    rows = _Progress(svc, request)
     try:
-        loaded = _model(svc, request.job_id, load)
-        source = SourceFile(display_name=file, size=event.size, opener=lambda: svc.store.open_read(
-            event.bucket, event.name, generation=event.generation))
-        limits = dataclasses.replace(svc.settings.limits,
-                                     max_file_bytes=svc.settings.limits.max_predict_bytes)
-        columns, batches = predicted_rows(source, loaded, limits)
-        rows = _Progress(svc, request)
-        svc.store.write_stream(
-            svc.settings.models_bucket, output,
-            ChunkStream(csv_chunks(loaded, batches, rows.count, columns=columns)), "text/csv",
-            {"job_id": request.job_id, "request_id": request.request_id})
+        with _letting_go(svc, request, file):
+            source = SourceFile(display_name=file, size=event.size, opener=lambda: (
+                svc.store.open_read(event.bucket, event.name, generation=event.generation)))
+            write_predictions(svc, source, _model(svc, request.job_id, load), output,
+                              rows.count, metadata={"job_id": request.job_id,
+                                                    "request_id": request.request_id})
     except _LostClaim:
         log.warning("prediction %s: taken over by another invocation", request.request_id)
         return Outcome.DUPLICATE
-    except InvalidInputError as exc:
-        _end(svc, request, RequestState.FAILED, started, error=exc.problem.describe(),
-             problem=exc.problem.to_dict())
-        return Outcome.FAILED
-    except PermanentError as exc:
-        _end(svc, request, RequestState.FAILED, started, error=f"{file}: {exc}")
-        return Outcome.FAILED
-    except Exception as exc:  # noqa: BLE001 - transient: retried; anything else: FAILED
-        if svc.transient(exc):
-            svc.registry.update_prediction(request.job_id, request.request_id,
-                                           {"claimed_at": 0.0}, claim=request.claim)
-            raise TransientError(f"{file}: {type(exc).__name__}: {exc}") from exc
-        log.error("prediction %s failed", request.request_id, exc_info=exc)
-        _end(svc, request, RequestState.FAILED, started,
-             error=f"{file}: {type(exc).__name__}: {bounded(str(exc), 500)}")
+    except TransientError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the file, the model or a bug: FAILED
+        _end(svc, request, RequestState.FAILED, started, **failure(exc, file))
         return Outcome.FAILED
     _end(svc, request, RequestState.DONE, started, rows=rows.rows, output=output)
     log.info("prediction %s of job %s: %d rows -> %s", request.request_id, request.job_id,
@@ -259,6 +242,32 @@ def _model(svc: Services, job_id: str, load: ModelLoader | None) -> LoadedModel:
         raise PermanentError(f"job {job_id}: expected its exported model at "
                              f"{layout.model_path(job_id)}; found none") from None
     return (load or load_model_bytes)(data)
+
+
+def write_predictions(svc: Services, source: SourceFile, loaded: LoadedModel, output: str,
+                      progress: Callable[[int], None], header: bool = True,
+                      metadata: dict[str, str] | None = None) -> None:
+    """``source``'s rows predicted by ``loaded`` and streamed into ``output`` in the models
+    bucket (``csv_chunks``; without the header line when ``header`` is False), read within
+    ``Limits.max_predict_bytes``; ``progress`` is told each batch's rows."""
+    limits = dataclasses.replace(svc.settings.limits,
+                                 max_file_bytes=svc.settings.limits.max_predict_bytes)
+    columns, batches = predicted_rows(source, loaded, limits)
+    svc.store.write_stream(svc.settings.models_bucket, output, ChunkStream(csv_chunks(
+        loaded, batches, progress, header=header, columns=columns)), "text/csv", metadata)
+
+
+def failure(exc: Exception, file: str) -> dict[str, Any]:
+    """A request's (or a part's) ``error`` (and ``problem``, for a bad row) for ``exc``, which
+    is not transient: a bad row named, a permanent error after the file, anything else (a
+    bug) with its type."""
+    if isinstance(exc, InvalidInputError):
+        return {"error": exc.problem.describe(), "problem": exc.problem.to_dict()}
+    if isinstance(exc, PermanentError):
+        said = str(exc)
+        return {"error": said if said.startswith(file) else f"{file}: {said}"}
+    log.error("prediction of %s failed", file, exc_info=exc)
+    return {"error": f"{file}: {type(exc).__name__}: {bounded(str(exc), 500)}"}
 
 
 def load_model_bytes(data: bytes) -> LoadedModel:

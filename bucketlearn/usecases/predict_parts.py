@@ -21,7 +21,6 @@ counted from the file's first data row, as the function's own reading would.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -29,7 +28,6 @@ from typing import IO, Any
 from bucketlearn import layout
 from bucketlearn.domain.prediction import PredictionRecord, RequestState, parts_outcome
 from bucketlearn.errors import (
-    InvalidInputError,
     NotFoundError,
     ObjectChangedError,
     PermanentError,
@@ -40,8 +38,13 @@ from bucketlearn.faults import crash_point
 from bucketlearn.ingest.stream import SourceFile
 from bucketlearn.ports import Services
 from bucketlearn.prediction_ports import PredictPart, parts_of
-from bucketlearn.usecases.batch_predict import ChunkStream, csv_chunks, load_model_bytes
-from bucketlearn.usecases.prediction_rows import LoadedModel, predicted_rows
+from bucketlearn.usecases.batch_predict import (
+    ChunkStream,
+    failure,
+    load_model_bytes,
+    write_predictions,
+)
+from bucketlearn.usecases.prediction_rows import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -116,33 +119,21 @@ def _predict(svc: Services, task: PredictPart, worker_id: str) -> dict[str, Any]
     """
     started, rows = svc.clock(), [0]
     file = display_uri(task.bucket, task.name)
+
+    def predicted(count: int) -> None:
+        rows[0] += count
+        crash_point(svc.settings, "predict.mid_part")
+
     try:
-        loaded = loaded_model(svc, task.job_id, task.model_generation)
         reader = PartReader(svc, task)
-        source = SourceFile(display_name=file, size=task.end - task.start,
-                            opener=lambda: ChunkStream(reader.chunks()))
-        limits = dataclasses.replace(svc.settings.limits,
-                                     max_file_bytes=svc.settings.limits.max_predict_bytes)
-        header, batches = predicted_rows(source, loaded, limits)
-
-        def predicted(count: int) -> None:
-            rows[0] += count
-            crash_point(svc.settings, "predict.mid_part")
-
-        chunks = csv_chunks(loaded, batches, predicted, header=task.part == 0, columns=header)
-        svc.store.write_stream(svc.settings.models_bucket, _part_path(task),
-                               ChunkStream(chunks), "text/csv")
-    except InvalidInputError as exc:
-        return {"rows": rows[0], "error": exc.problem.describe(),
-                "problem": exc.problem.to_dict()}
-    except PermanentError as exc:
-        said = str(exc)
-        return {"rows": rows[0], "error": said if said.startswith(file) else f"{file}: {said}"}
+        write_predictions(svc, SourceFile(display_name=file, size=task.end - task.start,
+                                          opener=lambda: ChunkStream(reader.chunks())),
+                          loaded_model(svc, task.job_id, task.model_generation),
+                          _part_path(task), predicted, header=task.part == 0)
     except Exception as exc:  # noqa: BLE001 - transient: retried; else recorded
         if svc.transient(exc):
             raise TransientError(f"{file}: {type(exc).__name__}: {exc}") from exc
-        log.error("prediction %s part %d failed", task.request_id, task.part, exc_info=exc)
-        return {"rows": rows[0], "error": f"{file}: {type(exc).__name__}: {exc}"[:1000]}
+        return {"rows": rows[0], **failure(exc, file)}
     return {"rows": rows[0], "seconds": round(svc.clock() - started, 3), "worker": worker_id}
 
 
@@ -260,7 +251,8 @@ def finish(svc: Services, task: PredictPart, record: PredictionRecord) -> None:
     outcome = parts_outcome(record.part_results, task.parts)
     if outcome is None:
         return
-    parts = [_part_path(dataclasses.replace(task, part=k)) for k in range(task.parts)]
+    parts = [layout.prediction_part_path(task.job_id, task.request_id, k)
+             for k in range(task.parts)]
     if record.ended:
         _delete(svc, parts)  # a finisher died while deleting them
         return
